@@ -1,0 +1,70 @@
+//! The kinds gitplane accepts from Git, with their scope and schema.
+
+use crate::schema::strict_schema;
+use k8s_openapi::api::{
+    apps::v1::{Deployment, ReplicaSet},
+    core::v1::{ConfigMap, Namespace, Pod, Service},
+};
+use kube_core::Resource;
+use schemars::JsonSchema;
+use serde_json::Value;
+use std::sync::LazyLock;
+
+/// One accepted kind.
+pub struct KindInfo {
+    pub api_version: String,
+    pub kind: String,
+    /// The resource name on the API paths (`deployments`).
+    pub plural: String,
+    pub namespaced: bool,
+    schema: fn() -> Value,
+}
+
+impl KindInfo {
+    fn of<K: Resource<DynamicType = ()> + JsonSchema>(namespaced: bool) -> Self {
+        KindInfo {
+            api_version: K::api_version(&()).into_owned(),
+            kind: K::kind(&()).into_owned(),
+            plural: K::plural(&()).into_owned(),
+            namespaced,
+            schema: strict_schema::<K>,
+        }
+    }
+
+    /// `Deployment.apps`, the kind part of a store key.
+    pub fn group_kind(&self) -> String {
+        crate::object::group_kind(&self.api_version, &self.kind)
+    }
+
+    /// The strict JSON Schema of this kind (what `schemas/` holds).
+    pub fn schema(&self) -> Value {
+        (self.schema)()
+    }
+
+    /// The file under `schemas/`: `apps-v1-deployment.json`, `v1-pod.json`.
+    pub fn schema_file_name(&self) -> String {
+        format!("{}-{}.json", self.api_version.replace('/', "-"), self.kind.to_lowercase())
+    }
+}
+
+static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
+    vec![
+        KindInfo::of::<Namespace>(false),
+        KindInfo::of::<ConfigMap>(true),
+        KindInfo::of::<Pod>(true),
+        KindInfo::of::<Service>(true),
+        KindInfo::of::<ReplicaSet>(true),
+        KindInfo::of::<Deployment>(true),
+        KindInfo::of::<crate::Application>(true),
+    ]
+});
+
+/// Every kind accepted from Git.
+pub fn accepted() -> &'static [KindInfo] {
+    &ACCEPTED
+}
+
+/// The accepted kind with this apiVersion and kind, if any.
+pub fn lookup(api_version: &str, kind: &str) -> Option<&'static KindInfo> {
+    ACCEPTED.iter().find(|k| k.api_version == api_version && k.kind == kind)
+}

@@ -1,0 +1,183 @@
+//! A shared informer, as client-go's: list the watched kinds, then follow the store's watch into
+//! an in-memory cache, and fan every change out to subscribers. Controllers and the scheduler
+//! read the cache and write through the store with compare-and-swap.
+//!
+//! A watch that falls behind compaction re-lists; subscribers then receive `Resync` and should
+//! re-enqueue everything (level-triggered, as Kubernetes controllers are).
+
+use crate::{Event, EventType, ListOptions, ObjectKey, Revision, Store, StoreError};
+use futures::StreamExt;
+use gitplane_api::kube_core::Resource;
+use gitplane_api::object::{from_value, kind_of};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, RwLock},
+    time::Duration,
+};
+use tokio::sync::{broadcast, watch};
+
+/// What subscribers receive.
+#[derive(Clone, Debug)]
+pub enum Notification {
+    Changed(Arc<Event>),
+    /// The cache was rebuilt from a fresh list: reconcile everything.
+    Resync,
+}
+
+type Objects = HashMap<String, BTreeMap<(String, String), Arc<Value>>>;
+
+/// The cached objects of the watched kinds.
+#[derive(Default)]
+pub struct Cache {
+    objects: RwLock<Objects>,
+}
+
+impl Cache {
+    pub fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        objects.get(&key.kind)?.get(&(key.namespace.clone(), key.name.clone())).cloned()
+    }
+
+    /// Objects of a kind, optionally in one namespace, ordered by namespace and name.
+    pub fn list(&self, kind: &str, namespace: Option<&str>) -> Vec<Arc<Value>> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        let Some(of_kind) = objects.get(kind) else { return Vec::new() };
+        match namespace {
+            Some(ns) => of_kind
+                .range((ns.to_owned(), String::new())..)
+                .take_while(|((n, _), _)| n == ns)
+                .map(|(_, v)| v.clone())
+                .collect(),
+            None => of_kind.values().cloned().collect(),
+        }
+    }
+
+    /// A typed object; objects that do not decode are skipped (and logged).
+    pub fn get_typed<K: Resource<DynamicType = ()> + DeserializeOwned>(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<K> {
+        decode(&*self.get(&ObjectKey::of::<K>(namespace, name))?)
+    }
+
+    pub fn list_typed<K: Resource<DynamicType = ()> + DeserializeOwned>(&self, namespace: Option<&str>) -> Vec<K> {
+        self.list(&kind_of::<K>(), namespace).iter().filter_map(|v| decode(v)).collect()
+    }
+
+    fn apply(&self, event: &Event) {
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        let Some(of_kind) = objects.get_mut(&event.key.kind) else { return };
+        let id = (event.key.namespace.clone(), event.key.name.clone());
+        match event.event_type {
+            EventType::Deleted => {
+                of_kind.remove(&id);
+            }
+            EventType::Added | EventType::Modified => {
+                of_kind.insert(id, Arc::new(event.object.clone()));
+            }
+        }
+    }
+
+    fn replace(&self, kind: &str, items: Vec<Value>) {
+        let fresh = items
+            .into_iter()
+            .filter_map(|v| {
+                let key = ObjectKey::from_value(&v).ok()?;
+                Some(((key.namespace, key.name), Arc::new(v)))
+            })
+            .collect();
+        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        objects.insert(kind.to_owned(), fresh);
+    }
+}
+
+fn decode<K: Resource<DynamicType = ()> + DeserializeOwned>(value: &Value) -> Option<K> {
+    match from_value(value.clone()) {
+        Ok(k) => Some(k),
+        Err(e) => {
+            tracing::warn!(error = %e, "cached object does not decode");
+            None
+        }
+    }
+}
+
+/// A running informer: its cache, its subscribers, and whether the first list is done.
+#[derive(Clone)]
+pub struct Informer {
+    cache: Arc<Cache>,
+    notifications: broadcast::Sender<Notification>,
+    synced: watch::Receiver<bool>,
+}
+
+impl Informer {
+    /// Starts list + watch of `kinds` (group kinds such as `Pod`, `Deployment.apps`).
+    pub fn spawn(store: Arc<dyn Store>, kinds: Vec<String>) -> Self {
+        let cache = Arc::new(Cache::default());
+        let (notifications, _) = broadcast::channel(16 * 1024);
+        let (synced_tx, synced) = watch::channel(false);
+        let informer = Informer { cache: cache.clone(), notifications: notifications.clone(), synced };
+        tokio::spawn(async move {
+            loop {
+                match run(&*store, &kinds, &cache, &notifications, &synced_tx).await {
+                    Err(StoreError::Expired { .. }) => tracing::info!("informer watch expired, re-listing"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "informer watch failed, re-listing");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Ok(()) => return, // the store has shut down
+                }
+            }
+        });
+        informer
+    }
+
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
+    }
+
+    /// Subscribe before reading the cache so no change between the two is missed.
+    pub fn subscribe(&self) -> broadcast::Receiver<Notification> {
+        self.notifications.subscribe()
+    }
+
+    /// Waits until the first list of every kind is in the cache.
+    pub async fn wait_synced(&self) {
+        let mut synced = self.synced.clone();
+        let _ = synced.wait_for(|s| *s).await;
+    }
+}
+
+async fn run(
+    store: &dyn Store,
+    kinds: &[String],
+    cache: &Cache,
+    notifications: &broadcast::Sender<Notification>,
+    synced: &watch::Sender<bool>,
+) -> Result<(), StoreError> {
+    // Each kind is listed at its own revision; an event at or below a kind's list revision is
+    // already in the cache and is skipped.
+    let mut listed: HashMap<&str, Revision> = HashMap::new();
+    for kind in kinds {
+        let list = store.list(kind, &ListOptions::default()).await?;
+        listed.insert(kind, list.revision);
+        cache.replace(kind, list.items);
+    }
+    let from = listed.values().copied().min().unwrap_or(0);
+    let mut events = store.watch(from).await?;
+    synced.send_replace(true);
+    let _ = notifications.send(Notification::Resync);
+    while let Some(event) = events.next().await {
+        let event = event?;
+        match listed.get(event.key.kind.as_str()) {
+            Some(rev) if event.revision > *rev => {
+                cache.apply(&event);
+                let _ = notifications.send(Notification::Changed(Arc::new(event)));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}

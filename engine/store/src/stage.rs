@@ -1,0 +1,146 @@
+//! How an op turns into the stored object: the server-managed metadata (`resourceVersion`,
+//! `uid`, `creationTimestamp`, `generation`) and the spec/status split. Pure functions, shared
+//! by every backend.
+
+use crate::{MAX_OBJECT_BYTES, ObjectKey, Result, Revision, StoreError};
+use serde_json::{Map, Value};
+
+/// Fields of `metadata` that only the store sets.
+const MANAGED: [&str; 4] = ["resourceVersion", "uid", "creationTimestamp", "generation"];
+
+fn metadata_mut(value: &mut Value) -> Result<&mut Map<String, Value>> {
+    value
+        .get_mut("metadata")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| StoreError::Invalid("object has no metadata".into()))
+}
+
+/// A new object: fresh uid and creation time, generation 1.
+pub fn create(mut value: Value, revision: Revision, uid: String, now: &str) -> Result<Value> {
+    let meta = metadata_mut(&mut value)?;
+    meta.insert("resourceVersion".into(), revision.to_string().into());
+    meta.insert("uid".into(), uid.into());
+    meta.insert("creationTimestamp".into(), now.into());
+    meta.insert("generation".into(), 1.into());
+    Ok(value)
+}
+
+/// The stored revision an update expects, if it carries one.
+pub fn expected_revision(value: &Value) -> Option<Revision> {
+    gitplane_api::object::resource_version(value)
+}
+
+/// An update of metadata and spec: keeps the stored status and managed metadata, bumps
+/// `generation` when anything but metadata and status changed.
+pub fn update(old: &Value, mut new: Value, revision: Revision) -> Result<Value> {
+    let spec_changed = without(old, &["metadata", "status"]) != without(&new, &["metadata", "status"]);
+    let generation = old["metadata"]["generation"].as_i64().unwrap_or(1) + i64::from(spec_changed);
+    copy_managed(old, &mut new)?;
+    let meta = metadata_mut(&mut new)?;
+    meta.insert("generation".into(), generation.into());
+    meta.insert("resourceVersion".into(), revision.to_string().into());
+    match (new.as_object_mut(), old.get("status")) {
+        (Some(obj), Some(status)) => {
+            obj.insert("status".into(), status.clone());
+        }
+        (Some(obj), None) => {
+            obj.remove("status");
+        }
+        (None, _) => return Err(StoreError::Invalid("object is not a JSON object".into())),
+    }
+    Ok(new)
+}
+
+/// A status write: only `status` changes; generation stays.
+pub fn update_status(old: &Value, new: &Value, revision: Revision) -> Result<Value> {
+    let mut stored = old.clone();
+    let obj = stored.as_object_mut().ok_or_else(|| StoreError::Invalid("stored object is not a JSON object".into()))?;
+    match new.get("status") {
+        Some(status) => obj.insert("status".into(), status.clone()),
+        None => obj.remove("status"),
+    };
+    metadata_mut(&mut stored)?.insert("resourceVersion".into(), revision.to_string().into());
+    Ok(stored)
+}
+
+/// The last state of a deleted object, stamped with the deleting revision.
+pub fn delete(old: &Value, revision: Revision) -> Result<Value> {
+    let mut last = old.clone();
+    metadata_mut(&mut last)?.insert("resourceVersion".into(), revision.to_string().into());
+    Ok(last)
+}
+
+/// Refuses objects over [`MAX_OBJECT_BYTES`] once serialized.
+pub fn check_size(key: &ObjectKey, serialized: &str) -> Result<()> {
+    if serialized.len() > MAX_OBJECT_BYTES {
+        return Err(StoreError::TooLarge { key: key.clone(), size: serialized.len(), limit: MAX_OBJECT_BYTES });
+    }
+    Ok(())
+}
+
+fn copy_managed(old: &Value, new: &mut Value) -> Result<()> {
+    let old_meta = old["metadata"].as_object();
+    let meta = metadata_mut(new)?;
+    for field in MANAGED {
+        match old_meta.and_then(|m| m.get(field)) {
+            Some(v) => meta.insert(field.into(), v.clone()),
+            None => meta.remove(field),
+        };
+    }
+    Ok(())
+}
+
+fn without(value: &Value, fields: &[&str]) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter().filter(|(k, _)| !fields.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment(replicas: i64) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
+               "spec": {"replicas": replicas}})
+    }
+
+    #[test]
+    fn create_stamps_managed_metadata() {
+        let v = create(deployment(1), 7, "u-1".into(), "2026-01-01T00:00:00Z").unwrap();
+        assert_eq!(v["metadata"]["resourceVersion"], "7");
+        assert_eq!(v["metadata"]["uid"], "u-1");
+        assert_eq!(v["metadata"]["generation"], 1);
+    }
+
+    #[test]
+    fn generation_follows_spec_only() {
+        let mut old = create(deployment(1), 7, "u-1".into(), "t").unwrap();
+        old["status"] = json!({"replicas": 1});
+        let mut relabeled = deployment(1);
+        relabeled["metadata"]["labels"] = json!({"a": "b"});
+        let same = update(&old, relabeled, 8).unwrap();
+        assert_eq!(same["metadata"]["generation"], 1);
+        assert_eq!(same["metadata"]["labels"]["a"], "b");
+        assert_eq!(same["status"]["replicas"], 1, "update keeps the stored status");
+        let scaled = update(&old, deployment(3), 9).unwrap();
+        assert_eq!(scaled["metadata"]["generation"], 2);
+        assert_eq!(scaled["metadata"]["uid"], "u-1");
+        assert_eq!(scaled["metadata"]["resourceVersion"], "9");
+    }
+
+    #[test]
+    fn status_write_keeps_spec_and_generation() {
+        let old = create(deployment(1), 7, "u-1".into(), "t").unwrap();
+        let mut new = deployment(5);
+        new["status"] = json!({"readyReplicas": 1});
+        let v = update_status(&old, &new, 8).unwrap();
+        assert_eq!(v["spec"]["replicas"], 1);
+        assert_eq!(v["status"]["readyReplicas"], 1);
+        assert_eq!(v["metadata"]["generation"], 1);
+    }
+}
