@@ -13,6 +13,8 @@ use std::fmt;
 pub const DEFAULT_NAMESPACE: &str = "default";
 /// The namespace of gitplane's own objects (Applications, node Leases).
 pub const SYSTEM_NAMESPACE: &str = "gitplane-system";
+/// The namespace of the node Leases that node agents renew, as in Kubernetes.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Annotation naming the Application that applied an object: the inventory used by prune.
 pub const APPLICATION_ANNOTATION: &str = "gitplane.io/application";
 

@@ -6,7 +6,7 @@
 //! re-enqueue everything (level-triggered, as Kubernetes controllers are).
 
 use crate::{Event, EventType, ListOptions, ObjectKey, Revision, Store, StoreError};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use gitplane_api::kube_core::Resource;
 use gitplane_api::object::{from_value, kind_of};
 use serde::de::DeserializeOwned;
@@ -104,12 +104,13 @@ fn decode<K: Resource<DynamicType = ()> + DeserializeOwned>(value: &Value) -> Op
     }
 }
 
-/// A running informer: its cache, its subscribers, and whether the first list is done.
+/// A running informer: its cache, its subscribers, and the revision the cache has reached
+/// (0 until the first list of every kind is in).
 #[derive(Clone)]
 pub struct Informer {
     cache: Arc<Cache>,
     notifications: broadcast::Sender<Notification>,
-    synced: watch::Receiver<bool>,
+    revision: watch::Receiver<Revision>,
 }
 
 impl Informer {
@@ -117,11 +118,11 @@ impl Informer {
     pub fn spawn(store: Arc<dyn Store>, kinds: Vec<String>) -> Self {
         let cache = Arc::new(Cache::default());
         let (notifications, _) = broadcast::channel(16 * 1024);
-        let (synced_tx, synced) = watch::channel(false);
-        let informer = Informer { cache: cache.clone(), notifications: notifications.clone(), synced };
+        let (revision_tx, revision) = watch::channel(0);
+        let informer = Informer { cache: cache.clone(), notifications: notifications.clone(), revision };
         tokio::spawn(async move {
             loop {
-                match run(&*store, &kinds, &cache, &notifications, &synced_tx).await {
+                match run(&*store, &kinds, &cache, &notifications, &revision_tx).await {
                     Err(StoreError::Expired { .. }) => tracing::info!("informer watch expired, re-listing"),
                     Err(e) => {
                         tracing::warn!(error = %e, "informer watch failed, re-listing");
@@ -145,8 +146,14 @@ impl Informer {
 
     /// Waits until the first list of every kind is in the cache.
     pub async fn wait_synced(&self) {
-        let mut synced = self.synced.clone();
-        let _ = synced.wait_for(|s| *s).await;
+        self.wait_for(1).await;
+    }
+
+    /// Waits until the cache reflects every commit up to `revision`: a controller that waits for
+    /// its own write reads its own write (no duplicate Pods from a stale cache).
+    pub async fn wait_for(&self, revision: Revision) {
+        let mut seen = self.revision.clone();
+        let _ = seen.wait_for(|r| *r >= revision).await;
     }
 }
 
@@ -155,7 +162,7 @@ async fn run(
     kinds: &[String],
     cache: &Cache,
     notifications: &broadcast::Sender<Notification>,
-    synced: &watch::Sender<bool>,
+    revision: &watch::Sender<Revision>,
 ) -> Result<(), StoreError> {
     // Each kind is listed at its own revision; an event at or below a kind's list revision is
     // already in the cache and is skipped.
@@ -167,17 +174,34 @@ async fn run(
     }
     let from = listed.values().copied().min().unwrap_or(0);
     let mut events = store.watch(from).await?;
-    synced.send_replace(true);
+    revision.send_replace(listed.values().copied().max().unwrap_or(0).max(1));
     let _ = notifications.send(Notification::Resync);
     while let Some(event) = events.next().await {
-        let event = event?;
-        match listed.get(event.key.kind.as_str()) {
-            Some(rev) if event.revision > *rev => {
-                cache.apply(&event);
-                let _ = notifications.send(Notification::Changed(Arc::new(event)));
-            }
-            _ => {}
+        let mut last = apply(event?, &listed, cache, notifications);
+        // Publish the revision once the events that are already here (a whole transaction,
+        // usually) are applied, so a waiter never sees half a transaction.
+        while let Some(Some(event)) = events.next().now_or_never() {
+            last = apply(event?, &listed, cache, notifications);
         }
+        revision.send_if_modified(|r| {
+            let advanced = last > *r;
+            *r = (*r).max(last);
+            advanced
+        });
     }
     Ok(())
+}
+
+fn apply(
+    event: Event,
+    listed: &HashMap<&str, Revision>,
+    cache: &Cache,
+    notifications: &broadcast::Sender<Notification>,
+) -> Revision {
+    let revision = event.revision;
+    if listed.get(event.key.kind.as_str()).is_some_and(|listed| revision > *listed) {
+        cache.apply(&event);
+        let _ = notifications.send(Notification::Changed(Arc::new(event)));
+    }
+    revision
 }

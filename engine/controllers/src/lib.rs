@@ -1,0 +1,42 @@
+//! The controller manager: level-triggered reconcilers over the informer cache.
+//!
+//! Each controller is a [`Reconciler`] (`reconcile(key, ctx) -> Action`) run by
+//! [`runtime::Controller`]: a deduplicating work queue fed by the informer, a per-key error
+//! backoff, one tracing span per reconcile. Controllers read the cache and write through the
+//! store with compare-and-swap; after a write they wait for the cache to reach their commit, so
+//! the next reconcile never acts on a state older than its own writes.
+
+pub mod deployment;
+pub mod garbage_collector;
+pub mod names;
+pub mod node_lifecycle;
+pub mod owner;
+pub mod replicaset;
+pub mod runtime;
+
+pub use runtime::{Action, Context, Controller, ReconcileError, Reconciler};
+
+use gitplane_store::{Store, informer::Informer};
+use std::sync::Arc;
+
+/// The group kinds the controllers need in the informer cache.
+pub fn watched_kinds() -> Vec<String> {
+    use gitplane_api::object::kind_of;
+    use k8s_openapi::api::{
+        apps::v1::{Deployment, ReplicaSet},
+        coordination::v1::Lease,
+        core::v1::{Node, Pod},
+    };
+    vec![kind_of::<Deployment>(), kind_of::<ReplicaSet>(), kind_of::<Pod>(), kind_of::<Node>(), kind_of::<Lease>()]
+}
+
+/// Starts every controller; the handles end them on drop of the runtime or abort.
+pub fn spawn_all(store: Arc<dyn Store>, informer: Informer) -> Vec<tokio::task::JoinHandle<()>> {
+    let ctx = Context::new(store, informer);
+    vec![
+        tokio::spawn(Controller::new(deployment::DeploymentController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(replicaset::ReplicaSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
+        tokio::spawn(Controller::new(node_lifecycle::NodeLifecycleController::default(), ctx).run()),
+    ]
+}

@@ -1,0 +1,20 @@
+//! Owner references: who controls whom.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+/// The controller reference to put on a dependent of `owner`.
+pub fn controller_ref(api_version: &str, kind: &str, owner: &ObjectMeta) -> OwnerReference {
+    OwnerReference {
+        api_version: api_version.into(),
+        kind: kind.into(),
+        name: owner.name.clone().unwrap_or_default(),
+        uid: owner.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Whether `meta` is controlled by the object with this uid.
+pub fn is_controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
+    meta.owner_references.iter().flatten().any(|r| r.controller == Some(true) && r.uid == uid)
+}

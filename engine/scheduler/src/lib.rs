@@ -1,0 +1,14 @@
+//! The scheduler: binds each pending Pod to a Ready node that fits it.
+//!
+//! As in Kubernetes' scheduling framework, a pure core ([`framework`]) runs named Filter and
+//! Score plugins ([`plugins`]) over a snapshot of the nodes; the thin loop in [`scheduler`]
+//! builds snapshots from the informer cache and writes bindings. The scheduler writes nothing
+//! but a Pod's `spec.nodeName` and its `PodScheduled` condition.
+
+pub mod framework;
+pub mod plugins;
+pub mod resources;
+pub mod scheduler;
+
+pub use framework::{NodeInfo, Profile, ScheduleError};
+pub use scheduler::Scheduler;
