@@ -68,3 +68,14 @@ pub fn accepted() -> &'static [KindInfo] {
 pub fn lookup(api_version: &str, kind: &str) -> Option<&'static KindInfo> {
     ACCEPTED.iter().find(|k| k.api_version == api_version && k.kind == kind)
 }
+
+/// The files of `schemas/`: (file name, pretty JSON with a trailing newline), one per kind.
+pub fn schema_files() -> Vec<(String, String)> {
+    accepted()
+        .iter()
+        .map(|k| {
+            let text = serde_json::to_string_pretty(&k.schema()).expect("schemas serialize");
+            (k.schema_file_name(), text + "\n")
+        })
+        .collect()
+}

@@ -4,13 +4,20 @@
 //! int-or-string values untyped. `kubectl --validate=strict` rejects unknown fields, and so do
 //! we: every object schema with declared properties gets `additionalProperties: false`.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_core::Resource;
 use schemars::{JsonSchema, generate::SchemaSettings};
 use serde_json::{Map, Value, json};
 
 /// The strict schema of kind `K`, pinned to its apiVersion and kind, with a required name.
 pub fn strict_schema<K: Resource<DynamicType = ()> + JsonSchema>() -> Value {
-    let mut schema = SchemaSettings::draft2020_12().into_generator().into_root_schema_for::<K>().to_value();
+    let mut generator = SchemaSettings::draft2020_12().into_generator();
+    // kube-derive leaves `metadata` out of custom resource schemas; every kind has one.
+    let metadata = generator.subschema_for::<ObjectMeta>().to_value();
+    let mut schema = generator.root_schema_for::<K>().to_value();
+    if let Some(properties) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        properties.entry("metadata").or_insert(metadata);
+    }
     make_strict(&mut schema);
     let root = schema.as_object_mut().expect("a root schema is an object");
     root.insert("title".into(), Value::String(K::kind(&()).into_owned()));
@@ -89,6 +96,22 @@ mod tests {
             "{errs:?}"
         );
         assert!(errs.iter().any(|e| e.starts_with("/spec: ") && e.contains("replicass")), "{errs:?}");
+    }
+
+    #[test]
+    fn applications_have_metadata() {
+        let schema = strict_schema::<crate::Application>();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let app = json!({"apiVersion": "gitplane.io/v1", "kind": "Application",
+                         "metadata": {"name": "demo", "namespace": "gitplane-system"}, "spec": {"repo": "demo"}});
+        assert!(
+            validator.is_valid(&app),
+            "{:?}",
+            validator.iter_errors(&app).map(|e| e.to_string()).collect::<Vec<_>>()
+        );
+        let nameless =
+            json!({"apiVersion": "gitplane.io/v1", "kind": "Application", "metadata": {}, "spec": {"repo": "x"}});
+        assert!(!validator.is_valid(&nameless));
     }
 
     #[test]

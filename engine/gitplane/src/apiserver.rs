@@ -1,0 +1,240 @@
+//! The read-only status API on Kubernetes paths (`/api`, `/apis`, discovery, list, get), served
+//! beside the node gRPC service on one listener. Every write answers 405 and says where to push.
+
+use axum::{
+    Json, Router,
+    extract::{Path, State},
+    http::{Method, StatusCode},
+    response::{IntoResponse, Response},
+    routing::{any, get},
+};
+use gitplane_store::{ListOptions, ObjectKey, Store};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// One served resource.
+struct Resource {
+    group: &'static str,
+    version: &'static str,
+    plural: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+}
+
+const RESOURCES: &[Resource] = &[
+    Resource { group: "", version: "v1", plural: "pods", kind: "Pod", namespaced: true },
+    Resource { group: "", version: "v1", plural: "services", kind: "Service", namespaced: true },
+    Resource { group: "", version: "v1", plural: "configmaps", kind: "ConfigMap", namespaced: true },
+    Resource { group: "", version: "v1", plural: "nodes", kind: "Node", namespaced: false },
+    Resource { group: "", version: "v1", plural: "namespaces", kind: "Namespace", namespaced: false },
+    Resource { group: "apps", version: "v1", plural: "deployments", kind: "Deployment", namespaced: true },
+    Resource { group: "apps", version: "v1", plural: "replicasets", kind: "ReplicaSet", namespaced: true },
+    Resource { group: "coordination.k8s.io", version: "v1", plural: "leases", kind: "Lease", namespaced: true },
+    Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },
+];
+
+impl Resource {
+    fn api_version(&self) -> String {
+        if self.group.is_empty() { self.version.to_owned() } else { format!("{}/{}", self.group, self.version) }
+    }
+
+    fn group_kind(&self) -> String {
+        gitplane_api::object::group_kind(&self.api_version(), self.kind)
+    }
+}
+
+#[derive(Clone)]
+struct ApiState {
+    store: Arc<dyn Store>,
+    /// Where desired state is written, for the 405 answer.
+    push_hint: Arc<str>,
+}
+
+/// The status API router.
+pub fn router(store: Arc<dyn Store>, push_hint: String) -> Router {
+    let state = ApiState { store, push_hint: push_hint.into() };
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/api", any(core_versions))
+        .route("/apis", any(group_list))
+        .route("/api/{*path}", any(core))
+        .route("/apis/{*path}", any(grouped))
+        .with_state(state)
+}
+
+fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message.into(), "reason": reason, "code": code.as_u16(),
+    });
+    (code, Json(body)).into_response()
+}
+
+fn read_only(state: &ApiState) -> Response {
+    status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "MethodNotAllowed",
+        format!(
+            "gitplane's API is read-only: desired state comes only from Git. Commit your change and push it to {}",
+            state.push_hint
+        ),
+    )
+}
+
+async fn core_versions(State(state): State<ApiState>, method: Method) -> Response {
+    if method != Method::GET {
+        return read_only(&state);
+    }
+    Json(json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})).into_response()
+}
+
+async fn group_list(State(state): State<ApiState>, method: Method) -> Response {
+    if method != Method::GET {
+        return read_only(&state);
+    }
+    let mut groups: Vec<(&str, &str)> =
+        RESOURCES.iter().filter(|r| !r.group.is_empty()).map(|r| (r.group, r.version)).collect();
+    groups.dedup();
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .map(|(g, v)| {
+            let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
+            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+        })
+        .collect();
+    Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})).into_response()
+}
+
+fn resource_list(group: &str, version: &str) -> Option<Value> {
+    let resources: Vec<Value> = RESOURCES
+        .iter()
+        .filter(|r| r.group == group && r.version == version)
+        .map(|r| {
+            json!({"name": r.plural, "singularName": r.kind.to_lowercase(), "namespaced": r.namespaced,
+                   "kind": r.kind, "verbs": ["get", "list"]})
+        })
+        .collect();
+    if resources.is_empty() {
+        return None;
+    }
+    let group_version = if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
+    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}))
+}
+
+async fn core(state: State<ApiState>, method: Method, Path(path): Path<String>) -> Response {
+    serve(state, method, "", &path).await
+}
+
+async fn grouped(state: State<ApiState>, method: Method, Path(path): Path<String>) -> Response {
+    match path.split_once('/') {
+        Some((group, rest)) => serve(state, method, group, rest).await,
+        None => status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find /apis/{path}")),
+    }
+}
+
+/// `{version}/[namespaces/{ns}/]{plural}[/{name}]` within one group.
+async fn serve(State(state): State<ApiState>, method: Method, group: &str, path: &str) -> Response {
+    if method != Method::GET {
+        return read_only(&state);
+    }
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let Some((version, rest)) = segments.split_first() else {
+        return status(StatusCode::NOT_FOUND, "NotFound", "no version in the path");
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some(*ns), rest),
+        _ => (None, rest),
+    };
+    let (plural, name) = match rest {
+        [] => {
+            return resource_list(group, version).map(|l| Json(l).into_response()).unwrap_or_else(|| {
+                status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    format!("the server has no API group version {group}/{version}"),
+                )
+            });
+        }
+        [plural] => (*plural, None),
+        [plural, name] => (*plural, Some(*name)),
+        _ => return status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find {path}")),
+    };
+    let Some(resource) = RESOURCES.iter().find(|r| r.group == group && r.version == *version && r.plural == plural)
+    else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("the server doesn't have a resource type \"{plural}\""),
+        );
+    };
+    match name {
+        Some(name) => get_one(&state, resource, namespace.unwrap_or(""), name).await,
+        None => list(&state, resource, namespace).await,
+    }
+}
+
+async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &str) -> Response {
+    let key = ObjectKey::new(resource.group_kind(), namespace, name);
+    match state.store.get(&key).await {
+        Ok(Some(object)) => Json(object).into_response(),
+        Ok(None) => status(StatusCode::NOT_FOUND, "NotFound", format!("{} \"{name}\" not found", resource.plural)),
+        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()),
+    }
+}
+
+async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>) -> Response {
+    let options = ListOptions { namespace: namespace.map(str::to_owned) };
+    match state.store.list(&resource.group_kind(), &options).await {
+        Ok(list) => Json(json!({
+            "apiVersion": resource.api_version(),
+            "kind": format!("{}List", resource.kind),
+            "metadata": {"resourceVersion": list.revision.to_string()},
+            "items": list.items,
+        }))
+        .into_response(),
+        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use gitplane_store::{Op, sqlite::SqliteStore};
+    use tower::ServiceExt;
+
+    async fn call(router: &Router, method: Method, uri: &str) -> (StatusCode, Value) {
+        let request = axum::http::Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let code = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    #[tokio::test]
+    async fn lists_and_gets_pods_and_refuses_writes() {
+        let store = Arc::new(SqliteStore::memory().await.unwrap());
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
+                         "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "podIP": "10.244.0.5"}});
+        store.txn(vec![Op::Create(pod)]).await.unwrap();
+        let router = router(store, "/srv/repos/demo.git".into());
+
+        let (code, all) = call(&router, Method::GET, "/api/v1/pods").await;
+        assert_eq!(code, StatusCode::OK);
+        assert_eq!(all["kind"], "PodList");
+        assert_eq!(all["items"][0]["spec"]["nodeName"], "n1");
+        let (_, in_ns) = call(&router, Method::GET, "/api/v1/namespaces/b/pods").await;
+        assert_eq!(in_ns["items"].as_array().unwrap().len(), 0);
+        let (code, one) = call(&router, Method::GET, "/api/v1/namespaces/a/pods/p").await;
+        assert_eq!((code, one["metadata"]["name"].as_str()), (StatusCode::OK, Some("p")));
+        let (code, missing) = call(&router, Method::GET, "/api/v1/namespaces/a/pods/q").await;
+        assert_eq!((code, missing["reason"].as_str()), (StatusCode::NOT_FOUND, Some("NotFound")));
+        let (code, refused) = call(&router, Method::DELETE, "/api/v1/namespaces/a/pods/p").await;
+        assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+        assert!(refused["message"].as_str().unwrap().contains("/srv/repos/demo.git"));
+        let (code, _) = call(&router, Method::GET, "/apis/apps/v1/namespaces/a/deployments").await;
+        assert_eq!(code, StatusCode::OK);
+        let (code, _) = call(&router, Method::GET, "/api/v1/widgets").await;
+        assert_eq!(code, StatusCode::NOT_FOUND);
+    }
+}

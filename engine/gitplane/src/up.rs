@@ -1,0 +1,188 @@
+//! `gitplane up`: the embedded appliance in one process.
+//!
+//! Control plane (SQLite store, source, scheduler, controllers, status API and node service on
+//! one listener), one in-process node agent, and, unless `--containerd-socket` names one, a
+//! containerd of its own configured from `templates/`. Ctrl-C (or SIGTERM) stops the agent
+//! first, which removes every Pod it runs, then containerd, then the control plane.
+
+use crate::{apiserver, bootstrap, nodeservice::NodeService, sync::SourceController};
+use anyhow::{Context as _, bail};
+use gitplane_nodeagent::{
+    agent::{self, AgentConfig},
+    containerd::{Containerd, ContainerdConfig},
+    cri::Cri,
+    images,
+    runtime::RuntimeConfig,
+};
+use gitplane_store::{Store, informer::Informer, sqlite::SqliteStore};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use tokio::task::JoinHandle;
+
+#[derive(clap::Args)]
+pub struct UpArgs {
+    /// Where the store, containerd and the pods' files live.
+    #[arg(long, default_value = "/var/lib/gitplane")]
+    data_dir: PathBuf,
+    /// Where the hosted bare repositories live (the `git push` targets).
+    #[arg(long, default_value = "repos")]
+    repos_dir: PathBuf,
+    /// The status API and node service address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Use this running containerd instead of starting one.
+    #[arg(long)]
+    containerd_socket: Option<PathBuf>,
+    /// The node's name; defaults to the host name.
+    #[arg(long)]
+    node_name: Option<String>,
+}
+
+/// Revisions of history kept for watchers; older ones are compacted away.
+const HISTORY: i64 = 10_000;
+const COMPACTION_PERIOD: Duration = Duration::from_secs(300);
+
+pub async fn up(args: UpArgs) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("gitplane up runs containers and programs networking: run it as root (sudo)");
+    }
+    let data_dir = absolute(&args.data_dir)?;
+    std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    let db = data_dir.join("store.db");
+    let store: Arc<dyn Store> =
+        Arc::new(SqliteStore::open(&db).await.with_context(|| format!("opening the store {}", db.display()))?);
+    bootstrap::namespaces(&store).await?;
+    let demo_repo = bootstrap::demo_repo(&args.repos_dir)?;
+    let repos_dir = demo_repo.parent().map(PathBuf::from).unwrap_or_default();
+    bootstrap::demo_application(&store).await?;
+
+    let mut control_plane: Vec<JoinHandle<()>> = Vec::new();
+    let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
+    control_plane.extend(gitplane_controllers::spawn_all(store.clone(), informer.clone()));
+    control_plane
+        .push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer, Default::default()).run()));
+    control_plane.push(tokio::spawn(SourceController::new(store.clone(), repos_dir).run()));
+    control_plane.push(tokio::spawn(compactor(store.clone())));
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
+    let push_hint = demo_repo.display().to_string();
+    let app = tonic::service::Routes::new(NodeService::new(store.clone()).into_server())
+        .into_axum_router()
+        .merge(apiserver::router(store.clone(), push_hint));
+    control_plane.push(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "API server stopped");
+        }
+    }));
+
+    let containerd = match &args.containerd_socket {
+        Some(_) => None,
+        None => {
+            let cfg = ContainerdConfig::new(data_dir.join("containerd"));
+            Some(Containerd::start(cfg).await.context("starting containerd")?)
+        }
+    };
+    let result = run_node(&args, &data_dir, containerd.as_ref(), &demo_repo).await;
+    if let Some(containerd) = containerd
+        && let Err(e) = containerd.stop().await
+    {
+        tracing::warn!(error = %e, "stopping containerd");
+    }
+    for task in control_plane {
+        task.abort();
+    }
+    result
+}
+
+/// Images, the node agent, the banner, and the wait for a stop signal.
+async fn run_node(
+    args: &UpArgs,
+    data_dir: &std::path::Path,
+    containerd: Option<&Containerd>,
+    demo_repo: &std::path::Path,
+) -> anyhow::Result<()> {
+    let socket = match (containerd, &args.containerd_socket) {
+        (Some(c), _) => c.socket(),
+        (None, Some(s)) => s.clone(),
+        (None, None) => unreachable!("up starts containerd when no socket is given"),
+    };
+    let cni_conf_dir =
+        containerd.map(|c| c.config().cni_conf_dir.clone()).unwrap_or_else(|| data_dir.join("cni/net.d"));
+    let cri =
+        Cri::connect(&socket).await.with_context(|| format!("connecting to containerd at {}", socket.display()))?;
+    let imported = images::ensure_images(&cri, &socket, &data_dir.join("images")).await?;
+    if !imported.is_empty() {
+        tracing::info!(?imported, "imported images");
+    }
+
+    let node_name = args.node_name.clone().unwrap_or_else(hostname);
+    let mut cfg = AgentConfig::new(format!("http://{}", args.listen), node_name, socket);
+    cfg.cni_conf_dir = cni_conf_dir;
+    cfg.cni_data_dir = data_dir.join("cni/ipam");
+    cfg.remove_pods_on_exit = true;
+    cfg.runtime = RuntimeConfig {
+        pod_log_dir: data_dir.join("pods/logs"),
+        pod_dir: data_dir.join("pods"),
+        ..RuntimeConfig::default()
+    };
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut agent = tokio::spawn(agent::run(cfg, stopped));
+
+    let listen = args.listen;
+    println!(
+        "gitplane is up.\n  \
+         push:   git clone {repo} && cd demo && edit, commit, then git push origin main\n  \
+         look:   curl http://{listen}/api/v1/pods\n  \
+         status: curl http://{listen}/apis/gitplane.io/v1/namespaces/gitplane-system/applications/demo\n\
+         Ctrl-C stops gitplane and removes its pods.",
+        repo = demo_repo.display(),
+    );
+
+    tokio::select! {
+        _ = stop_signal() => tracing::info!("stopping: removing pods"),
+        result = &mut agent => {
+            return match result {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(e).context("the node agent stopped"),
+                Err(e) => Err(e).context("the node agent panicked"),
+            };
+        }
+    }
+    let _ = stop.send(true);
+    match agent.await {
+        Ok(result) => result.context("the node agent stopped with an error"),
+        Err(e) => Err(e).context("the node agent panicked"),
+    }
+}
+
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+}
+
+/// Keeps [`HISTORY`] revisions of watch history.
+async fn compactor(store: Arc<dyn Store>) {
+    let mut tick = tokio::time::interval(COMPACTION_PERIOD);
+    loop {
+        tick.tick().await;
+        if let Ok(revision) = store.revision().await
+            && revision > HISTORY
+            && let Err(e) = store.compact(revision - HISTORY).await
+        {
+            tracing::warn!(error = %e, "compaction failed");
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "node".into())
+}
+
+fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {
+    Ok(if path.is_absolute() { path.to_path_buf() } else { std::env::current_dir()?.join(path) })
+}

@@ -1,0 +1,729 @@
+//! Documents into objects gitplane accepts: known kind, strict schema, Kubernetes names and
+//! scope, no server-managed fields, no duplicates, the namespace defaulted.
+
+use crate::{
+    ManifestError,
+    error::{MASK, is_secret, show_value},
+    locate::escape,
+    manifest::{Document, Locator},
+};
+use gitplane_api::{
+    kinds::{self, KindInfo},
+    object::ObjectKey,
+};
+use jsonschema::error::ValidationErrorKind;
+use serde_json::{Map, Value};
+use std::{collections::HashMap, fmt};
+
+/// Fields of `metadata` that the server sets: a value for them in Git is a mistake (often a
+/// `kubectl get -o yaml` pasted into the repository). `null` is accepted and dropped, as
+/// `kubectl create --dry-run -o yaml` writes `creationTimestamp: null`.
+const SERVER_MANAGED: [&str; 8] = [
+    "resourceVersion",
+    "uid",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "selfLink",
+];
+
+/// Messages longer than this quote no value: an `anyOf` error would print a whole object.
+const MAX_MESSAGE: usize = 240;
+
+/// An object accepted from Git, ready to apply.
+#[derive(Clone, PartialEq)]
+pub struct Manifest {
+    pub file: String,
+    /// 0-based position of the document in its file.
+    pub index: usize,
+    /// 1-based line where the document starts.
+    pub line: usize,
+    pub key: ObjectKey,
+    /// The object as written, with its namespace defaulted (namespaced kinds) and without
+    /// `status` or null server-managed fields.
+    pub value: Value,
+}
+
+impl fmt::Debug for Manifest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Manifest")
+            .field("file", &self.file)
+            .field("index", &self.index)
+            .field("line", &self.line)
+            .field("key", &self.key)
+            .field("value", &crate::redacted(&self.value))
+            .finish()
+    }
+}
+
+/// The compiled schemas of the accepted kinds: build once, share (it is `Send + Sync`).
+pub struct Validator {
+    kinds: Vec<Kind>,
+}
+
+struct Kind {
+    info: &'static KindInfo,
+    validator: jsonschema::Validator,
+    /// The schema itself, to suggest the field meant by an unknown one.
+    schema: Value,
+}
+
+impl Default for Validator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One thing wrong in a document, before its line is known.
+struct Problem {
+    /// Shown as the error's path.
+    pointer: Option<String>,
+    /// Where the line is looked up, when more precise than `pointer` (an unknown field).
+    at: Option<String>,
+    message: String,
+}
+
+impl Problem {
+    fn at(pointer: impl Into<String>, message: impl Into<String>) -> Self {
+        Problem { pointer: Some(pointer.into()), at: None, message: message.into() }
+    }
+
+    fn whole(message: impl Into<String>) -> Self {
+        Problem { pointer: None, at: None, message: message.into() }
+    }
+}
+
+impl Validator {
+    /// Compiles the schema of every accepted kind.
+    ///
+    /// # Panics
+    /// If a schema of `gitplane-api` does not compile: the schemas are fixed at build time and a
+    /// test compiles them all, so this is a bug of gitplane, never of the input.
+    pub fn new() -> Self {
+        let kinds = kinds::accepted()
+            .iter()
+            .map(|info| {
+                let schema = info.schema();
+                match jsonschema::validator_for(&schema) {
+                    Ok(validator) => Kind { info, validator, schema },
+                    Err(e) => panic!("the schema of {} does not compile: {e}", info.kind),
+                }
+            })
+            .collect();
+        Validator { kinds }
+    }
+
+    /// Validates parsed documents. Every error of every document is returned; on success the
+    /// objects come in the order of the documents.
+    pub fn validate(&self, docs: Vec<Document>, default_namespace: &str) -> Result<Vec<Manifest>, Vec<ManifestError>> {
+        let mut manifests = Vec::with_capacity(docs.len());
+        let mut errors = Vec::new();
+        // Where each key was first defined, to name both places of a duplicate.
+        let mut seen: HashMap<ObjectKey, (String, Locator)> = HashMap::new();
+        for mut doc in docs {
+            // Error path only: the label and the lines cost nothing to valid documents.
+            let error = |doc: &Document, line: usize, problem: Problem| ManifestError {
+                file: doc.file.clone(),
+                line: Some(line),
+                column: None,
+                document: Some(doc.index),
+                object: object_label(&doc.value),
+                path: problem.pointer.filter(|p| !p.is_empty()),
+                message: problem.message,
+            };
+            let key = match self.check(&mut doc.value, default_namespace) {
+                Ok(key) => key,
+                Err(problems) => {
+                    let lines = doc.lines();
+                    let mut located: Vec<_> = problems
+                        .into_iter()
+                        .map(|p| {
+                            let at = p.at.as_deref().or(p.pointer.as_deref()).unwrap_or("");
+                            (lines.line_of(at), p)
+                        })
+                        .collect();
+                    located.sort_by_key(|(line, _)| *line);
+                    errors.extend(located.into_iter().map(|(line, p)| error(&doc, line, p)));
+                    continue;
+                }
+            };
+            if let Some((first_file, first)) = seen.get(&key) {
+                let first_line = first.lines().line_of("/metadata/name");
+                let line = doc.lines().line_of("/metadata/name");
+                let message = format!("{key} is also defined at {first_file}:{first_line}: keep only one of them");
+                errors.push(error(&doc, line, Problem::at("/metadata/name", message)));
+                continue;
+            }
+            seen.insert(key.clone(), (doc.file.clone(), doc.locator()));
+            manifests.push(Manifest { file: doc.file, index: doc.index, line: doc.line, key, value: doc.value });
+        }
+        if errors.is_empty() { Ok(manifests) } else { Err(errors) }
+    }
+
+    /// Checks one object and normalizes it (status dropped, namespace defaulted): its key, or
+    /// everything wrong with it.
+    fn check(&self, value: &mut Value, default_namespace: &str) -> Result<ObjectKey, Vec<Problem>> {
+        let Some(object) = value.as_object_mut() else {
+            return Err(vec![Problem::whole(not_an_object(value))]);
+        };
+        let (api_version, kind) = match (type_field(object, "apiVersion"), type_field(object, "kind")) {
+            (Ok(api_version), Ok(kind)) => (api_version, kind),
+            (api_version, kind) => return Err([api_version.err(), kind.err()].into_iter().flatten().collect()),
+        };
+        let Some(found) = self.kinds.iter().find(|k| k.info.api_version == api_version && k.info.kind == kind) else {
+            return Err(vec![self.unknown_kind(api_version, kind)]);
+        };
+        let info = found.info;
+        // Status is the server's: Kubernetes ignores it on create and update, and so do we.
+        object.remove("status");
+        if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            metadata.retain(|field, value| !(value.is_null() && SERVER_MANAGED.contains(&field.as_str())));
+        }
+
+        let mut problems = schema_problems(&found.validator, &found.schema, value, &info.kind);
+        problems.extend(metadata_problems(value, info));
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        normalize(value, info, default_namespace)
+    }
+
+    fn unknown_kind(&self, api_version: &str, kind: &str) -> Problem {
+        if let Some(Kind { info, .. }) = self.kinds.iter().find(|k| k.info.kind == kind) {
+            return Problem::at(
+                "/apiVersion",
+                format!(
+                    "{kind} is accepted as apiVersion {}, not {api_version}: set apiVersion: {}",
+                    info.api_version, info.api_version
+                ),
+            );
+        }
+        let accepted: Vec<_> = self.kinds.iter().map(|k| format!("{} ({})", k.info.kind, k.info.api_version)).collect();
+        Problem::at(
+            "/kind",
+            format!("kind {kind} (apiVersion {api_version}) is not accepted; accepted kinds: {}", accepted.join(", ")),
+        )
+    }
+}
+
+/// `Deployment web`, as far as the object says.
+fn object_label(value: &Value) -> Option<String> {
+    let kind = value.get("kind")?.as_str()?;
+    match value.get("metadata").and_then(|m| m.get("name")).and_then(Value::as_str) {
+        Some(name) => Some(format!("{kind} {name}")),
+        None => Some(kind.to_owned()),
+    }
+}
+
+fn not_an_object(value: &Value) -> String {
+    let what = match value {
+        Value::Array(_) => {
+            return "the document is a list, not an object: write each object as its own YAML document, separated by ---"
+                .into();
+        }
+        Value::String(_) => "a string",
+        Value::Number(_) => "a number",
+        Value::Bool(_) => "a boolean",
+        Value::Null | Value::Object(_) => "empty",
+    };
+    format!("the document is {what}, not an object: a manifest is a mapping with apiVersion, kind and metadata")
+}
+
+/// The string of `apiVersion` or `kind`, which decide the schema and so come before it.
+fn type_field<'a>(object: &'a Map<String, Value>, field: &str) -> Result<&'a str, Problem> {
+    let pointer = format!("/{field}");
+    match object.get(field) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        None | Some(Value::Null) | Some(Value::String(_)) => Err(Problem::whole(format!(
+            "{field} is missing: every object needs apiVersion and kind, e.g. apiVersion: apps/v1 and kind: Deployment"
+        ))),
+        Some(other) => {
+            let shown = show_value(None, &pointer, other);
+            Err(Problem::at(pointer, format!("{shown} is not a valid {field}: write a string")))
+        }
+    }
+}
+
+fn schema_problems(validator: &jsonschema::Validator, schema: &Value, value: &Value, kind: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for e in validator.iter_errors(value) {
+        let pointer = e.instance_path().to_string();
+        if let ValidationErrorKind::AdditionalProperties { unexpected } = e.kind() {
+            // The known fields sit beside `additionalProperties` in the schema.
+            let known = e
+                .schema_path()
+                .as_str()
+                .strip_suffix("/additionalProperties")
+                .and_then(|at| schema.pointer(&format!("{at}/properties")))
+                .and_then(Value::as_object);
+            // One error per field, each on its own line.
+            for field in unexpected {
+                let mut message = format!("unknown field {field:?}");
+                if let Some(meant) = known.and_then(|known| closest(field, known.keys())) {
+                    message.push_str(&format!(" (did you mean {meant:?}?)"));
+                }
+                problems.push(Problem {
+                    at: Some(format!("{pointer}/{}", escape(field))),
+                    pointer: Some(pointer.clone()),
+                    message,
+                });
+            }
+            continue;
+        }
+        let message = if is_secret(Some(kind), &pointer) {
+            e.masked_with(MASK).to_string()
+        } else {
+            let message = e.to_string();
+            if message.len() > MAX_MESSAGE { e.masked_with("the value").to_string() } else { message }
+        };
+        problems.push(Problem::at(pointer, message));
+    }
+    problems
+}
+
+/// The known field closest to a misspelt one, if close enough to be what was meant.
+fn closest<'a>(field: &str, known: impl Iterator<Item = &'a String>) -> Option<&'a str> {
+    // Long keys are not typos, and the distance is quadratic.
+    if field.len() > 64 {
+        return None;
+    }
+    let max = (field.chars().count() / 3).max(1);
+    known.map(|k| (edit_distance(field, k), k.as_str())).filter(|(d, _)| *d <= max).min().map(|(_, k)| k)
+}
+
+/// Optimal string alignment distance: Levenshtein plus transpositions (`lables` for `labels`).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
+    let mut rows = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in rows.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in rows[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut d = (rows[i - 1][j] + 1).min(rows[i][j - 1] + 1).min(rows[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d = d.min(rows[i - 2][j - 2] + 1);
+            }
+            rows[i][j] = d;
+        }
+    }
+    rows[a.len()][b.len()]
+}
+
+/// What the schema cannot say about metadata: name syntax, scope, server-managed fields.
+fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let Some(metadata) = value.get("metadata").and_then(Value::as_object) else {
+        return problems;
+    };
+    let kind = Some(info.kind.as_str());
+    if let Some(Value::String(name)) = metadata.get("name") {
+        let syntax = match info.kind.as_str() {
+            "Namespace" => DnsName::Label,
+            // Kubernetes: Service names become DNS labels and must start with a letter.
+            "Service" => DnsName::Rfc1035Label,
+            _ => DnsName::Subdomain,
+        };
+        if let Err(why) = syntax.check(name) {
+            let shown = show_value(kind, "/metadata/name", &Value::String(name.clone()));
+            problems.push(Problem::at("/metadata/name", format!("{shown} is not a valid {} name: {why}", info.kind)));
+        }
+    }
+    if let Some(Value::String(namespace)) = metadata.get("namespace").filter(|ns| !is_empty_namespace(ns)) {
+        if !info.namespaced {
+            problems.push(Problem::at(
+                "/metadata/namespace",
+                format!("{} is cluster-scoped and takes no namespace: remove metadata.namespace", info.kind),
+            ));
+        } else if let Err(why) = DnsName::Label.check(namespace) {
+            let shown = show_value(kind, "/metadata/namespace", &Value::String(namespace.clone()));
+            problems.push(Problem::at("/metadata/namespace", format!("{shown} is not a valid namespace: {why}")));
+        }
+    }
+    for field in SERVER_MANAGED {
+        if metadata.get(field).is_some_and(|v| !v.is_null()) {
+            problems.push(Problem::at(format!("/metadata/{field}"), "remove it: the server manages it"));
+        }
+    }
+    problems
+}
+
+fn is_empty_namespace(namespace: &Value) -> bool {
+    namespace.is_null() || namespace.as_str() == Some("")
+}
+
+/// Defaults the namespace and returns the key. Runs on an object that passed its schema and the
+/// metadata checks.
+fn normalize(value: &mut Value, info: &KindInfo, default_namespace: &str) -> Result<ObjectKey, Vec<Problem>> {
+    let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return Err(vec![Problem::whole("metadata is missing")]);
+    };
+    if metadata.get("namespace").is_some_and(is_empty_namespace) {
+        metadata.remove("namespace");
+    }
+    if info.namespaced && !metadata.contains_key("namespace") {
+        metadata.insert("namespace".into(), Value::String(default_namespace.to_owned()));
+    }
+    let namespace = metadata.get("namespace").and_then(Value::as_str).unwrap_or("").to_owned();
+    let Some(name) = metadata.get("name").and_then(Value::as_str) else {
+        return Err(vec![Problem::at("/metadata", "\"name\" is a required property")]);
+    };
+    Ok(ObjectKey::new(info.group_kind(), namespace, name))
+}
+
+/// The syntaxes of Kubernetes names, with Kubernetes' own explanations.
+#[derive(Clone, Copy)]
+enum DnsName {
+    /// RFC 1123 subdomain: most object names.
+    Subdomain,
+    /// RFC 1123 label: namespaces.
+    Label,
+    /// RFC 1035 label: Service names.
+    Rfc1035Label,
+}
+
+impl DnsName {
+    fn check(self, name: &str) -> Result<(), String> {
+        let (max, valid, rule) = match self {
+            DnsName::Subdomain => (
+                253,
+                name.split('.').all(is_label),
+                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', \
+                 and must start and end with an alphanumeric character (e.g. 'example.com')",
+            ),
+            DnsName::Label => (
+                63,
+                is_label(name),
+                "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', \
+                 and must start and end with an alphanumeric character (e.g. 'my-name', or '123-abc')",
+            ),
+            DnsName::Rfc1035Label => (
+                63,
+                is_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()),
+                "a DNS-1035 label must consist of lower case alphanumeric characters or '-', \
+                 start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name', or 'abc-123')",
+            ),
+        };
+        if name.len() > max {
+            Err(format!("must be no more than {max} characters"))
+        } else if valid {
+            Ok(())
+        } else {
+            Err(rule.to_owned())
+        }
+    }
+}
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`
+fn is_label(s: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    s.starts_with(alnum) && s.ends_with(alnum) && s.chars().all(|c| alnum(c) || c == '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Limits, ManifestFile, load};
+    use serde_json::json;
+    use std::sync::LazyLock;
+
+    static VALIDATOR: LazyLock<Validator> = LazyLock::new(Validator::new);
+
+    fn file(path: &str, content: &str) -> ManifestFile {
+        ManifestFile { path: path.into(), content: content.as_bytes().to_vec() }
+    }
+
+    fn check(files: &[(&str, &str)]) -> Result<Vec<Manifest>, Vec<String>> {
+        let files: Vec<_> = files.iter().map(|(path, content)| file(path, content)).collect();
+        load(&files, &VALIDATOR, "default", &Limits::default()).map_err(|e| e.iter().map(ToString::to_string).collect())
+    }
+
+    fn errors(files: &[(&str, &str)]) -> Vec<String> {
+        match check(files) {
+            Ok(manifests) => panic!("valid: {manifests:?}"),
+            Err(errors) => errors,
+        }
+    }
+
+    const DEMO_DEPLOYMENT: &str = "\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+    spec:
+      containers:
+        - name: web
+          image: gitplane.local/httpd:1
+          ports:
+            - containerPort: 80
+          resources:
+            requests:
+              cpu: 100m
+              memory: 32Mi
+";
+
+    const DEMO_SERVICE: &str = "\
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+spec:
+  selector:
+    app: web
+  ports:
+    - port: 80
+      targetPort: 80
+";
+
+    #[test]
+    fn t10_validator_is_shared() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Validator>();
+        assert_eq!(VALIDATOR.kinds.len(), kinds::accepted().len());
+    }
+
+    #[test]
+    fn t10_the_demo_validates() {
+        let manifests = check(&[("deploy.yaml", DEMO_DEPLOYMENT), ("service.yaml", DEMO_SERVICE)]).unwrap();
+        let keys: Vec<_> = manifests.iter().map(|m| m.key.to_string()).collect();
+        assert_eq!(keys, ["Deployment.apps default/web", "Service default/web"]);
+        assert_eq!(manifests[0].value["metadata"], json!({"name": "web", "namespace": "default"}));
+        assert_eq!(manifests[0].value["spec"]["replicas"], json!(2));
+        assert_eq!((manifests[1].file.as_str(), manifests[1].line), ("service.yaml", 1));
+    }
+
+    #[test]
+    fn t10_messages_as_users_see_them() {
+        let deployment = |spec: &str| {
+            format!(
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  selector: {{matchLabels: {{app: web}}}}\n{spec}\
+                 \n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec:\n      containers: [{{name: web, image: httpd}}]\n"
+            )
+        };
+        let cases: Vec<(String, &[&str])> = vec![
+            (
+                deployment("  replicas: \"two\""),
+                &[r#"deploy.yaml:7: Deployment web: /spec/replicas: "two" is not of type "integer""#],
+            ),
+            (
+                deployment("  replicass: 2"),
+                &[r#"deploy.yaml:7: Deployment web: /spec: unknown field "replicass" (did you mean "replicas"?)"#],
+            ),
+            (
+                "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
+                &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
+                   Namespace (v1), ConfigMap (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
+                   Application (gitplane.io/v1)"],
+            ),
+            (
+                "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
+                &["deploy.yaml:1: Deployment web: /apiVersion: Deployment is accepted as apiVersion apps/v1, \
+                   not extensions/v1beta1: set apiVersion: apps/v1"],
+            ),
+            (
+                "# no kind\nmetadata: {name: web}\n".into(),
+                &[
+                    "deploy.yaml:2: apiVersion is missing: every object needs apiVersion and kind, e.g. apiVersion: apps/v1 and kind: Deployment",
+                    "deploy.yaml:2: kind is missing: every object needs apiVersion and kind, e.g. apiVersion: apps/v1 and kind: Deployment",
+                ],
+            ),
+            ("apiVersion: v1\nkind: 7\n".into(), &["deploy.yaml:2: /kind: 7 is not a valid kind: write a string"]),
+            (
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  labels: {app: web}\n".into(),
+                &[r#"deploy.yaml:3: ConfigMap: /metadata: "name" is a required property"#],
+            ),
+            (
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: Web_1\n".into(),
+                &["deploy.yaml:4: ConfigMap Web_1: /metadata/name: \"Web_1\" is not a valid ConfigMap name: \
+                   a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', \
+                   and must start and end with an alphanumeric character (e.g. 'example.com')"],
+            ),
+            (
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: 1web\n  namespace: Prod\n".into(),
+                &[
+                    "deploy.yaml:4: Service 1web: /metadata/name: \"1web\" is not a valid Service name: a DNS-1035 label \
+                     must consist of lower case alphanumeric characters or '-', start with an alphabetic character, \
+                     and end with an alphanumeric character (e.g. 'my-name', or 'abc-123')",
+                    "deploy.yaml:5: Service 1web: /metadata/namespace: \"Prod\" is not a valid namespace: a lowercase \
+                     RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end \
+                     with an alphanumeric character (e.g. 'my-name', or '123-abc')",
+                ],
+            ),
+            (
+                format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n", "a".repeat(64)),
+                &["deploy.yaml:4: Namespace aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa: \
+                   /metadata/name: \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\" \
+                   is not a valid Namespace name: must be no more than 63 characters"],
+            ),
+            (
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: prod\n  namespace: default\n".into(),
+                &["deploy.yaml:5: Namespace prod: /metadata/namespace: Namespace is cluster-scoped and takes no \
+                   namespace: remove metadata.namespace"],
+            ),
+            (
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  uid: 1b4e28ba\n  resourceVersion: \"42\"\n"
+                    .into(),
+                &[
+                    "deploy.yaml:5: ConfigMap c: /metadata/uid: remove it: the server manages it",
+                    "deploy.yaml:6: ConfigMap c: /metadata/resourceVersion: remove it: the server manages it",
+                ],
+            ),
+            (
+                "- apiVersion: v1\n  kind: ConfigMap\n".into(),
+                &[
+                    "deploy.yaml:1: the document is a list, not an object: write each object as its own YAML document, separated by ---",
+                ],
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(errors(&[("deploy.yaml", &text)]), expected, "{text}");
+        }
+    }
+
+    #[test]
+    fn t10_unknown_fields_each_on_their_line() {
+        let text = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  lables: {}\ndata: {}\ndatta: {}\nzzz: 1\n";
+        assert_eq!(
+            errors(&[("cm.yaml", text)]),
+            [
+                r#"cm.yaml:5: ConfigMap c: /metadata: unknown field "lables" (did you mean "labels"?)"#,
+                r#"cm.yaml:7: ConfigMap c: unknown field "datta" (did you mean "data"?)"#,
+                r#"cm.yaml:8: ConfigMap c: unknown field "zzz""#,
+            ]
+        );
+    }
+
+    #[test]
+    fn t10_defaults_and_normalization() {
+        let text = "\
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: a
+  creationTimestamp: null
+status: {}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: b, namespace: prod}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: prod, namespace: \"\"}
+";
+        let manifests = check(&[("all.yaml", text)]).unwrap();
+        let keys: Vec<_> = manifests.iter().map(|m| (m.key.to_string(), m.index, m.line)).collect();
+        assert_eq!(
+            keys,
+            [("ConfigMap default/a".into(), 0, 1), ("ConfigMap prod/b".into(), 1, 8), ("Namespace prod".into(), 2, 12)]
+        );
+        assert_eq!(
+            manifests[0].value,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "default"}})
+        );
+        assert_eq!(manifests[2].value["metadata"], json!({"name": "prod"}));
+    }
+
+    #[test]
+    fn t10_duplicates_name_both_places() {
+        let cm = |ns: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n{ns}");
+        let first = cm("");
+        let second = format!("# again\n{}", cm("  namespace: default\n"));
+        let other = format!("---\n{}", cm("  namespace: other\n"));
+        assert_eq!(
+            errors(&[("a.yaml", &first), ("b.yaml", &second), ("c.yaml", &other)]),
+            [
+                "b.yaml:5: ConfigMap c: /metadata/name: ConfigMap default/c is also defined at a.yaml:4: keep only one of them"
+            ]
+        );
+    }
+
+    #[test]
+    fn t10_all_errors_of_all_files() {
+        let files = [
+            ("a.yaml", "apiVersion: v1\nkind: Foo\nmetadata: {name: x}\n---\nkey: [\n"),
+            (
+                "b.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: B}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: 1}\n",
+            ),
+            ("c.yaml", DEMO_SERVICE),
+        ];
+        let errors = errors(&files);
+        let short: Vec<_> = errors.iter().map(|e| e.split(": ").take(2).collect::<Vec<_>>().join(": ")).collect();
+        assert_eq!(
+            short,
+            [
+                "a.yaml:2: Foo x",
+                "a.yaml:6:1: did not find expected node content, while parsing a flow node",
+                "b.yaml:3: ConfigMap B",
+                "b.yaml:8: Pod p"
+            ],
+            "{errors:#?}"
+        );
+    }
+
+    #[test]
+    fn t10_secret_values_never_in_messages() {
+        let schema = json!({"properties": {"data": {"additionalProperties": {"type": "string"}}}});
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let secret = json!({"data": {"password": 1234567}});
+        let messages: Vec<_> =
+            schema_problems(&validator, &schema, &secret, "Secret").into_iter().map(|p| p.message).collect();
+        assert_eq!(messages, [r#"<masked> is not of type "string""#]);
+        let messages: Vec<_> =
+            schema_problems(&validator, &schema, &secret, "ConfigMap").into_iter().map(|p| p.message).collect();
+        assert_eq!(messages, [r#"1234567 is not of type "string""#]);
+    }
+
+    #[test]
+    fn t10_suggestions() {
+        let known: Vec<String> =
+            ["replicas", "selector", "template", "labels", "containerPort"].map(String::from).into();
+        let cases = [
+            ("replicass", Some("replicas")),
+            ("lables", Some("labels")),
+            ("containerport", Some("containerPort")),
+            ("spec", None),
+            ("x", None),
+        ];
+        for (field, meant) in cases {
+            assert_eq!(closest(field, known.iter()), meant, "{field}");
+        }
+    }
+
+    #[test]
+    fn t10_dns_names() {
+        let cases = [
+            (DnsName::Subdomain, "web", true),
+            (DnsName::Subdomain, "web.example-1.com", true),
+            (DnsName::Subdomain, "web..x", false),
+            (DnsName::Subdomain, "-web", false),
+            (DnsName::Subdomain, "", false),
+            (DnsName::Label, "9lives", true),
+            (DnsName::Label, "a.b", false),
+            (DnsName::Label, "web-", false),
+            (DnsName::Rfc1035Label, "9lives", false),
+            (DnsName::Rfc1035Label, "web-9", true),
+        ];
+        for (syntax, name, valid) in cases {
+            assert_eq!(syntax.check(name).is_ok(), valid, "{name}");
+        }
+        assert!(DnsName::Subdomain.check(&"a".repeat(253)).is_ok());
+        assert!(DnsName::Subdomain.check(&"a".repeat(254)).is_err());
+    }
+}
