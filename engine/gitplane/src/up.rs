@@ -35,6 +35,9 @@ pub struct UpArgs {
     /// The node's name; defaults to the host name.
     #[arg(long)]
     node_name: Option<String>,
+    /// The cgroupfs parent of the pods' cgroups.
+    #[arg(long, default_value = "/gitplane")]
+    cgroup_parent: String,
 }
 
 /// Revisions of history kept for watchers; older ones are compacted away.
@@ -123,6 +126,7 @@ async fn run_node(
     cfg.cni_data_dir = data_dir.join("cni/ipam");
     cfg.remove_pods_on_exit = true;
     cfg.runtime = RuntimeConfig {
+        cgroup_parent: args.cgroup_parent.clone(),
         pod_log_dir: data_dir.join("pods/logs"),
         pod_dir: data_dir.join("pods"),
         ..RuntimeConfig::default()

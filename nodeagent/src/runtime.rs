@@ -1,0 +1,613 @@
+//! The kubelet's kuberuntime manager over CRI: makes the container runtime run a Pod and reports
+//! the Pod's observed status. Pure cores ([`spec`]: Pod -> CRI configs, [`actions`]: what to
+//! change, [`status`]: runtime -> PodStatus) and this thin I/O shell that observes and acts.
+//!
+//! Callers serialize calls per pod (one worker per pod uid, as kubelet's pod workers do);
+//! different pods may sync concurrently.
+
+pub mod actions;
+mod cgroups;
+pub mod spec;
+pub mod status;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use tonic::Code;
+
+pub use actions::{ContainerRunState, PodActions, RuntimeContainer, RuntimePod, RuntimeSandbox, compute_pod_actions};
+pub use spec::{SpecError, container_config, sandbox_config};
+pub use status::{Waiting, pod_status};
+
+use crate::cri::{Cri, pb};
+use spec::{LABEL_POD_UID, image_pull_policy, pod_cgroup, pod_key, pod_log_directory, pod_spec, pod_uid};
+
+/// How this node runs pods.
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    /// The cgroupfs parent of every pod's cgroup (`<parent>/pod<uid>`), e.g. `/gitplane`.
+    pub cgroup_parent: String,
+    /// Container logs: `<pod_log_dir>/<namespace>_<name>_<uid>/<container>/<attempt>.log`.
+    pub pod_log_dir: PathBuf,
+    /// Per-pod data on the node (emptyDir volumes): `<pod_dir>/<uid>/volumes/…`.
+    pub pod_dir: PathBuf,
+    /// The node's address, reported as hostIP.
+    pub node_ip: Option<String>,
+    /// Cluster DNS servers for `dnsPolicy: ClusterFirst`; empty: the node's resolv.conf.
+    pub cluster_dns: Vec<String>,
+    pub cluster_domain: String,
+    /// The node's memory, for the oom_score_adj of Burstable containers.
+    pub node_memory_bytes: Option<u64>,
+    /// A pull that takes longer fails with ErrImagePull rather than holding the pod.
+    pub image_pull_timeout: Duration,
+    /// The longest any other CRI call may take (plus the grace period for StopContainer).
+    pub cri_timeout: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            cgroup_parent: "/gitplane".into(),
+            pod_log_dir: PathBuf::from("/var/log/gitplane/pods"),
+            pod_dir: PathBuf::from("/var/lib/gitplane/pods"),
+            node_ip: None,
+            cluster_dns: Vec::new(),
+            cluster_domain: "cluster.local".into(),
+            node_memory_bytes: None,
+            image_pull_timeout: Duration::from_secs(60),
+            cri_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("pod {pod}: {op}: {}", .source.message())]
+    Cri {
+        pod: String,
+        op: &'static str,
+        #[source]
+        source: tonic::Status,
+    },
+    #[error("pod {pod}: {op} did not answer within {timeout:?}")]
+    Timeout { pod: String, op: &'static str, timeout: Duration },
+    #[error("pod {pod}: {source}")]
+    Spec {
+        pod: String,
+        #[source]
+        source: SpecError,
+    },
+    #[error("pod {pod}: {what}: {source}")]
+    Io {
+        pod: String,
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a container's next run could not be made, remembered between syncs: it is the waiting
+/// reason in status, and it paces image pulls (ImagePullBackOff).
+#[derive(Clone, Debug)]
+struct Failure {
+    waiting: Waiting,
+    image: String,
+    pulls_failed: u32,
+    retry_at: Instant,
+}
+
+pub struct RuntimeManager {
+    cri: Cri,
+    cfg: RuntimeConfig,
+    /// pod uid -> container name -> failure.
+    failures: Mutex<HashMap<String, HashMap<String, Failure>>>,
+}
+
+impl RuntimeManager {
+    pub async fn new(cri: Cri, cfg: RuntimeConfig) -> Self {
+        let mut cfg = cfg;
+        if cfg.node_memory_bytes.is_none() {
+            cfg.node_memory_bytes = tokio::fs::read_to_string("/proc/meminfo").await.ok().and_then(|m| mem_total(&m));
+        }
+        RuntimeManager { cri, cfg, failures: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn config(&self) -> &RuntimeConfig {
+        &self.cfg
+    }
+
+    /// Kubelet's SyncPod: makes the runtime match `pod` (sandbox, then each container that
+    /// should run under its restartPolicy) and returns the observed status. Idempotent.
+    pub async fn sync_pod(&self, pod: &Pod) -> Result<PodStatus, RuntimeError> {
+        let key = pod_key(pod);
+        let spec_err = |source| RuntimeError::Spec { pod: key.clone(), source };
+        let uid = pod_uid(pod).map_err(spec_err)?;
+        let spec = pod_spec(pod).map_err(spec_err)?;
+        if spec.init_containers.as_ref().is_some_and(|c| !c.is_empty()) {
+            let waiting = Waiting {
+                reason: "CreateContainerConfigError".into(),
+                message: "initContainers are not supported by this node yet".into(),
+            };
+            for c in &spec.containers {
+                self.record(uid, &c.name, waiting.clone(), c.image.clone().unwrap_or_default(), None);
+            }
+            return self.pod_status(pod).await;
+        }
+
+        let runtime = self.observe(&key, uid).await?;
+        let actions = compute_pod_actions(pod, &runtime, now_nanos());
+        tracing::debug!(pod = %key, ?actions, "sync pod");
+        let grace = grace_period(pod);
+
+        self.stop_containers(&key, &actions.kill_containers, grace).await?;
+        for id in &actions.stop_sandboxes {
+            self.stop_sandbox(&key, id).await?;
+        }
+        for id in &actions.remove_containers {
+            let req = pb::RemoveContainerRequest { container_id: id.clone() };
+            ignore_not_found(self.call(&key, "RemoveContainer", None, self.cri.runtime().remove_container(req)).await)?;
+        }
+        for id in &actions.remove_sandboxes {
+            let req = pb::RemovePodSandboxRequest { pod_sandbox_id: id.clone() };
+            ignore_not_found(
+                self.call(&key, "RemovePodSandbox", None, self.cri.runtime().remove_pod_sandbox(req)).await,
+            )?;
+        }
+
+        let sandbox = match (actions.create_sandbox, runtime.current_sandbox()) {
+            (Some(attempt), _) => Some(self.run_sandbox(pod, &key, attempt).await?),
+            (None, Some(current)) => Some(current.clone()),
+            (None, None) => None,
+        };
+        if let Some(sandbox) = sandbox {
+            let sandbox_config = sandbox_config(pod, &self.cfg, sandbox.attempt).map_err(spec_err)?;
+            for id in &actions.start_created {
+                let req = pb::StartContainerRequest { container_id: id.clone() };
+                if let Err(e) = self.call(&key, "StartContainer", None, self.cri.runtime().start_container(req)).await {
+                    tracing::warn!(pod = %key, container = %id, error = %e, "start of created container failed");
+                }
+            }
+            for (name, attempt) in &actions.start_containers {
+                let Some(container) = spec.containers.iter().find(|c| &c.name == name) else {
+                    continue;
+                };
+                self.start_container(pod, &key, uid, container, *attempt, &sandbox, &sandbox_config).await?;
+            }
+        }
+        self.pod_status(pod).await
+    }
+
+    /// The observed status of `pod`.
+    pub async fn pod_status(&self, pod: &Pod) -> Result<PodStatus, RuntimeError> {
+        let key = pod_key(pod);
+        let uid = pod_uid(pod).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
+        let runtime = self.observe(&key, uid).await?;
+        let waiting = self.waiting(uid);
+        Ok(pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref(), now_nanos()))
+    }
+
+    /// Kills the pod: stops its containers (each gets `grace` after SIGTERM), stops and removes
+    /// every sandbox of `uid`, then removes the pod's cgroups, emptyDirs and logs.
+    pub async fn kill_pod(&self, uid: &str, grace: Duration) -> Result<(), RuntimeError> {
+        let key = format!("uid {uid}");
+        // The uid names directories that are removed below.
+        spec::safe_name("uid", uid).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
+        let selector = HashMap::from([(LABEL_POD_UID.to_string(), uid.to_string())]);
+        let req = pb::ListContainersRequest {
+            filter: Some(pb::ContainerFilter { label_selector: selector.clone(), ..Default::default() }),
+        };
+        let containers = self.call(&key, "ListContainers", None, self.cri.runtime().list_containers(req)).await?;
+        let alive: Vec<String> = containers
+            .containers
+            .into_iter()
+            .filter(|c| c.state != pb::ContainerState::ContainerExited as i32)
+            .map(|c| c.id)
+            .collect();
+        self.stop_containers(&key, &alive, grace).await?;
+
+        let req = pb::ListPodSandboxRequest {
+            filter: Some(pb::PodSandboxFilter { label_selector: selector, ..Default::default() }),
+        };
+        let sandboxes = self.call(&key, "ListPodSandbox", None, self.cri.runtime().list_pod_sandbox(req)).await?;
+        for sandbox in sandboxes.items {
+            self.stop_sandbox(&key, &sandbox.id).await?;
+            let req = pb::RemovePodSandboxRequest { pod_sandbox_id: sandbox.id.clone() };
+            ignore_not_found(
+                self.call(&key, "RemovePodSandbox", None, self.cri.runtime().remove_pod_sandbox(req)).await,
+            )?;
+        }
+        self.lock_failures().remove(uid);
+
+        let cgroup = pod_cgroup(&self.cfg, uid);
+        let io = |what: String| {
+            let pod = key.clone();
+            move |source| RuntimeError::Io { pod, what, source }
+        };
+        tokio::task::spawn_blocking(move || cgroups::remove_cgroup(&cgroup, Duration::from_secs(2)))
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|r| r)
+            .map_err(io("removing the pod's cgroups".into()))?;
+        let pod_dir = self.cfg.pod_dir.join(uid);
+        remove_dir_all(&pod_dir).map_err(io(format!("removing {}", pod_dir.display())))?;
+        if let Ok(entries) = std::fs::read_dir(&self.cfg.pod_log_dir) {
+            let suffix = format!("_{uid}");
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().ends_with(&suffix) {
+                    remove_dir_all(&entry.path()).map_err(io(format!("removing {}", entry.path().display())))?;
+                }
+            }
+        }
+        tracing::info!(uid, "killed pod");
+        Ok(())
+    }
+
+    /// The uids of pods that have any sandbox in the runtime.
+    pub async fn pod_uids(&self) -> Result<Vec<String>, RuntimeError> {
+        let req = pb::ListPodSandboxRequest { filter: None };
+        let sandboxes = self.call("(all)", "ListPodSandbox", None, self.cri.runtime().list_pod_sandbox(req)).await?;
+        let mut uids: Vec<String> =
+            sandboxes.items.into_iter().filter_map(|s| s.labels.get(LABEL_POD_UID).cloned()).collect();
+        uids.sort();
+        uids.dedup();
+        Ok(uids)
+    }
+
+    /// Reads everything the runtime holds for pod `uid`.
+    async fn observe(&self, key: &str, uid: &str) -> Result<RuntimePod, RuntimeError> {
+        let selector = HashMap::from([(LABEL_POD_UID.to_string(), uid.to_string())]);
+        let req = pb::ListPodSandboxRequest {
+            filter: Some(pb::PodSandboxFilter { label_selector: selector.clone(), ..Default::default() }),
+        };
+        let listed = self.call(key, "ListPodSandbox", None, self.cri.runtime().list_pod_sandbox(req)).await?;
+        let mut sandboxes: Vec<RuntimeSandbox> = listed
+            .items
+            .into_iter()
+            .map(|s| RuntimeSandbox {
+                ready: s.state == pb::PodSandboxState::SandboxReady as i32,
+                attempt: s.metadata.map(|m| m.attempt).unwrap_or(0),
+                created_at: s.created_at,
+                id: s.id,
+                ips: Vec::new(),
+            })
+            .collect();
+        let current =
+            RuntimePod { sandboxes: sandboxes.clone(), containers: Vec::new() }.current_sandbox().map(|s| s.id.clone());
+        if let Some(id) = current {
+            let ips = self.sandbox_ips(key, &id).await?;
+            if let Some(s) = sandboxes.iter_mut().find(|s| s.id == id) {
+                s.ips = ips;
+            }
+        }
+
+        let req = pb::ListContainersRequest {
+            filter: Some(pb::ContainerFilter { label_selector: selector, ..Default::default() }),
+        };
+        let listed = self.call(key, "ListContainers", None, self.cri.runtime().list_containers(req)).await?;
+        let statuses = futures::future::join_all(listed.containers.into_iter().map(|c| async move {
+            let req = pb::ContainerStatusRequest { container_id: c.id.clone(), verbose: false };
+            let status = self.call(key, "ContainerStatus", None, self.cri.runtime().container_status(req)).await;
+            (c, status)
+        }))
+        .await;
+        let mut containers = Vec::new();
+        for (listed, status) in statuses {
+            // A container removed between the list and its status is simply gone.
+            let Some(status) = ignore_not_found(status)?.and_then(|s| s.status) else {
+                continue;
+            };
+            containers.push(runtime_container(listed.pod_sandbox_id, status));
+        }
+        Ok(RuntimePod { sandboxes, containers })
+    }
+
+    async fn sandbox_ips(&self, key: &str, id: &str) -> Result<Vec<String>, RuntimeError> {
+        let req = pb::PodSandboxStatusRequest { pod_sandbox_id: id.to_string(), verbose: false };
+        let status = ignore_not_found(
+            self.call(key, "PodSandboxStatus", None, self.cri.runtime().pod_sandbox_status(req)).await,
+        )?;
+        let network = status.and_then(|s| s.status).and_then(|s| s.network);
+        Ok(network
+            .map(|n| {
+                std::iter::once(n.ip)
+                    .chain(n.additional_ips.into_iter().map(|ip| ip.ip))
+                    .filter(|ip| !ip.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    async fn run_sandbox(&self, pod: &Pod, key: &str, attempt: u32) -> Result<RuntimeSandbox, RuntimeError> {
+        let config =
+            sandbox_config(pod, &self.cfg, attempt).map_err(|source| RuntimeError::Spec { pod: key.into(), source })?;
+        let log_dir =
+            pod_log_directory(&self.cfg, pod).map_err(|source| RuntimeError::Spec { pod: key.into(), source })?;
+        std::fs::create_dir_all(&log_dir).map_err(|source| RuntimeError::Io {
+            pod: key.into(),
+            what: format!("creating {}", log_dir.display()),
+            source,
+        })?;
+        let started = Instant::now();
+        let req = pb::RunPodSandboxRequest { config: Some(config), runtime_handler: String::new() };
+        let id = self.call(key, "RunPodSandbox", None, self.cri.runtime().run_pod_sandbox(req)).await?.pod_sandbox_id;
+        let ips = self.sandbox_ips(key, &id).await?;
+        tracing::info!(pod = %key, sandbox = %id, attempt, ?ips, elapsed = ?started.elapsed(), "started pod sandbox");
+        Ok(RuntimeSandbox { id, attempt, ready: true, created_at: now_nanos(), ips })
+    }
+
+    /// Image, CreateContainer, StartContainer for one run of a container. Failures that are the
+    /// container's (image, config, start) become its waiting reason, not an error of the sync.
+    #[allow(clippy::too_many_arguments)]
+    async fn start_container(
+        &self,
+        pod: &Pod,
+        key: &str,
+        uid: &str,
+        container: &Container,
+        attempt: u32,
+        sandbox: &RuntimeSandbox,
+        sandbox_config: &pb::PodSandboxConfig,
+    ) -> Result<(), RuntimeError> {
+        let image = container.image.clone().unwrap_or_default();
+        let plan = match container_config(pod, container, &self.cfg, attempt, &sandbox.ips) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let waiting = Waiting { reason: "CreateContainerConfigError".into(), message: e.to_string() };
+                self.record(uid, &container.name, waiting, image, None);
+                return Ok(());
+            }
+        };
+        if let Err(waiting) = self.ensure_image(key, uid, container, sandbox_config).await? {
+            tracing::info!(pod = %key, container = %container.name, reason = %waiting.reason, message = %waiting.message, "image not available");
+            return Ok(());
+        }
+        for dir in &plan.host_dirs {
+            std::fs::create_dir_all(dir).map_err(|source| RuntimeError::Io {
+                pod: key.into(),
+                what: format!("creating {}", dir.display()),
+                source,
+            })?;
+        }
+        let req = pb::CreateContainerRequest {
+            pod_sandbox_id: sandbox.id.clone(),
+            config: Some(plan.config),
+            sandbox_config: Some(sandbox_config.clone()),
+        };
+        let id = match self.call(key, "CreateContainer", None, self.cri.runtime().create_container(req)).await {
+            Ok(created) => created.container_id,
+            Err(RuntimeError::Cri { source, .. }) => {
+                let waiting = Waiting { reason: "CreateContainerError".into(), message: source.message().to_string() };
+                self.record(uid, &container.name, waiting, image, None);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let req = pb::StartContainerRequest { container_id: id.clone() };
+        match self.call(key, "StartContainer", None, self.cri.runtime().start_container(req)).await {
+            Ok(_) => {
+                tracing::info!(pod = %key, container = %container.name, id = %id, attempt, "started container");
+                self.forget(uid, &container.name);
+                Ok(())
+            }
+            Err(RuntimeError::Cri { source, .. }) => {
+                let waiting = Waiting { reason: "RunContainerError".into(), message: source.message().to_string() };
+                self.record(uid, &container.name, waiting, image, None);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// kubelet's EnsureImageExists: ImageStatus first (PullImage always goes to a registry),
+    /// then honour imagePullPolicy. `Ok(Err(waiting))`: the container waits for its image.
+    async fn ensure_image(
+        &self,
+        key: &str,
+        uid: &str,
+        container: &Container,
+        sandbox_config: &pb::PodSandboxConfig,
+    ) -> Result<Result<(), Waiting>, RuntimeError> {
+        let image = container.image.clone().unwrap_or_default();
+        let spec = pb::ImageSpec { image: image.clone(), user_specified_image: image.clone(), ..Default::default() };
+        let policy = image_pull_policy(container);
+        let req = pb::ImageStatusRequest { image: Some(spec.clone()), verbose: false };
+        let present = match self.call(key, "ImageStatus", None, self.cri.images().image_status(req)).await {
+            Ok(status) => status.image.is_some(),
+            Err(RuntimeError::Cri { source, .. }) => {
+                let waiting = Waiting {
+                    reason: "ImageInspectError".into(),
+                    message: format!("Failed to inspect image {image:?}: {}", source.message()),
+                };
+                self.record(uid, &container.name, waiting.clone(), image, None);
+                return Ok(Err(waiting));
+            }
+            Err(e) => return Err(e),
+        };
+        if present && policy != "Always" {
+            return Ok(Ok(()));
+        }
+        if policy == "Never" {
+            let waiting = Waiting {
+                reason: "ErrImageNeverPull".into(),
+                message: format!("Container image {image:?} is not present with pull policy of Never"),
+            };
+            self.record(uid, &container.name, waiting.clone(), image, None);
+            return Ok(Err(waiting));
+        }
+        if let Some(previous) = self.pull_backoff(uid, &container.name, &image) {
+            let waiting = Waiting {
+                reason: "ImagePullBackOff".into(),
+                message: format!("Back-off pulling image {image:?}: {}", previous.waiting.message),
+            };
+            self.record(uid, &container.name, waiting.clone(), image, Some(previous.pulls_failed));
+            return Ok(Err(waiting));
+        }
+
+        let started = Instant::now();
+        let req = pb::PullImageRequest { image: Some(spec), auth: None, sandbox_config: Some(sandbox_config.clone()) };
+        let timeout = self.cfg.image_pull_timeout;
+        let message = match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
+            Ok(pulled) => {
+                tracing::info!(pod = %key, image, image_ref = %pulled.image_ref, elapsed = ?started.elapsed(), "pulled image");
+                return Ok(Ok(()));
+            }
+            Err(RuntimeError::Cri { source, .. }) => source.message().to_string(),
+            Err(RuntimeError::Timeout { .. }) => format!("pulling image {image:?} did not finish within {timeout:?}"),
+            Err(e) => return Err(e),
+        };
+        let failed = self
+            .lock_failures()
+            .get(uid)
+            .and_then(|f| f.get(&container.name))
+            .filter(|f| f.image == image)
+            .map_or(0, |f| f.pulls_failed);
+        let waiting = Waiting { reason: "ErrImagePull".into(), message };
+        self.record(uid, &container.name, waiting.clone(), image, Some(failed + 1));
+        Ok(Err(waiting))
+    }
+
+    /// The previous failed pull of `image` when its back-off (10 s doubling to 5 min) has not
+    /// yet passed.
+    fn pull_backoff(&self, uid: &str, name: &str, image: &str) -> Option<Failure> {
+        let failures = self.lock_failures();
+        let failure = failures.get(uid)?.get(name)?;
+        (failure.image == image && failure.pulls_failed > 0 && Instant::now() < failure.retry_at)
+            .then(|| failure.clone())
+    }
+
+    /// Remembers why container `name` waits; `pulls_failed` (when a pull was involved) sets the
+    /// pull back-off, otherwise the previous one is kept.
+    fn record(&self, uid: &str, name: &str, waiting: Waiting, image: String, pulls_failed: Option<u32>) {
+        let mut failures = self.lock_failures();
+        let slot = failures.entry(uid.to_string()).or_default();
+        let previous = slot.get(name).filter(|f| f.image == image);
+        let (pulls_failed, retry_at) = match (pulls_failed, previous) {
+            (Some(n), Some(p)) if n == p.pulls_failed => (n, p.retry_at),
+            (Some(n), _) => {
+                let backoff = Duration::from_secs((10u64 << n.saturating_sub(1).min(5)).min(300));
+                (n, Instant::now() + backoff)
+            }
+            (None, Some(p)) => (p.pulls_failed, p.retry_at),
+            (None, None) => (0, Instant::now()),
+        };
+        slot.insert(name.to_string(), Failure { waiting, image, pulls_failed, retry_at });
+    }
+
+    fn forget(&self, uid: &str, name: &str) {
+        let mut failures = self.lock_failures();
+        if let Some(slot) = failures.get_mut(uid) {
+            slot.remove(name);
+            if slot.is_empty() {
+                failures.remove(uid);
+            }
+        }
+    }
+
+    fn waiting(&self, uid: &str) -> HashMap<String, Waiting> {
+        self.lock_failures()
+            .get(uid)
+            .map(|slot| slot.iter().map(|(name, f)| (name.clone(), f.waiting.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    fn lock_failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, Failure>>> {
+        // The map holds no invariant a panicking holder could break; keep going.
+        self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    async fn stop_containers(&self, key: &str, ids: &[String], grace: Duration) -> Result<(), RuntimeError> {
+        let timeout = grace + self.cfg.cri_timeout;
+        let seconds = i64::try_from(grace.as_secs() + u64::from(grace.subsec_nanos() > 0)).unwrap_or(i64::MAX);
+        let results = futures::future::join_all(ids.iter().map(|id| async move {
+            let req = pb::StopContainerRequest { container_id: id.clone(), timeout: seconds };
+            self.call(key, "StopContainer", Some(timeout), self.cri.runtime().stop_container(req)).await
+        }))
+        .await;
+        for result in results {
+            ignore_not_found(result)?;
+        }
+        Ok(())
+    }
+
+    async fn stop_sandbox(&self, key: &str, id: &str) -> Result<(), RuntimeError> {
+        let req = pb::StopPodSandboxRequest { pod_sandbox_id: id.to_string() };
+        ignore_not_found(self.call(key, "StopPodSandbox", None, self.cri.runtime().stop_pod_sandbox(req)).await)?;
+        Ok(())
+    }
+
+    /// One CRI call with a deadline: a stuck runtime must not hold a pod worker forever.
+    async fn call<T>(
+        &self,
+        pod: &str,
+        op: &'static str,
+        timeout: Option<Duration>,
+        call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    ) -> Result<T, RuntimeError> {
+        let timeout = timeout.unwrap_or(self.cfg.cri_timeout);
+        match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(source)) => Err(RuntimeError::Cri { pod: pod.to_string(), op, source }),
+            Err(_) => Err(RuntimeError::Timeout { pod: pod.to_string(), op, timeout }),
+        }
+    }
+}
+
+fn runtime_container(sandbox_id: String, status: pb::ContainerStatus) -> RuntimeContainer {
+    let state = match pb::ContainerState::try_from(status.state) {
+        Ok(pb::ContainerState::ContainerCreated) => ContainerRunState::Created,
+        Ok(pb::ContainerState::ContainerRunning) => ContainerRunState::Running,
+        Ok(pb::ContainerState::ContainerExited) => ContainerRunState::Exited,
+        _ => ContainerRunState::Unknown,
+    };
+    let metadata = status.metadata.unwrap_or_default();
+    RuntimeContainer {
+        id: status.id,
+        sandbox_id,
+        name: metadata.name,
+        attempt: metadata.attempt,
+        state,
+        created_at: status.created_at,
+        started_at: status.started_at,
+        finished_at: status.finished_at,
+        exit_code: status.exit_code,
+        reason: status.reason,
+        message: status.message,
+        image_ref: status.image_ref,
+        hash: status.annotations.get(spec::ANNOTATION_CONTAINER_HASH).cloned().unwrap_or_default(),
+    }
+}
+
+/// NotFound means "already gone", which is what stop/remove/status callers want anyway.
+fn ignore_not_found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, RuntimeError> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(RuntimeError::Cri { source, .. }) if source.code() == Code::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn remove_dir_all(path: &std::path::Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn grace_period(pod: &Pod) -> Duration {
+    let seconds = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
+    Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+}
+
+fn now_nanos() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).ok().and_then(|d| i64::try_from(d.as_nanos()).ok()).unwrap_or(0)
+}
+
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

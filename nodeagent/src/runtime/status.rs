@@ -1,0 +1,340 @@
+//! The pure construction of a Pod's observed status from what the runtime holds (kubelet's
+//! `generateAPIPodStatus` / `getPhase`).
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, HostIP,
+    Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+use super::actions::{ContainerRunState, RuntimeContainer, RuntimePod, restart_allowed_at, should_restart};
+use super::spec::{qos_class, restart_policy};
+
+/// The runtime prefix of container IDs in pod status (`containerd://<id>`).
+pub const CONTAINER_ID_PREFIX: &str = "containerd://";
+
+/// Why a container that has no run yet is waiting (image pull failed, bad config, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub reason: String,
+    pub message: String,
+}
+
+/// The pod's status. `waiting` holds the reasons of containers that could not be created;
+/// `node_ip` becomes hostIP; `now` (ns since epoch) dates the crash-loop messages.
+pub fn pod_status(
+    pod: &Pod,
+    runtime: &RuntimePod,
+    waiting: &HashMap<String, Waiting>,
+    node_ip: Option<&str>,
+    now: i64,
+) -> PodStatus {
+    let policy = restart_policy(pod);
+    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+    let sandbox = runtime.current_sandbox();
+    let statuses: Vec<ContainerStatus> = containers
+        .iter()
+        .map(|c| {
+            let image = c.image.clone().unwrap_or_default();
+            container_status(&c.name, image, &runtime.runs_of(&c.name), waiting.get(&c.name), policy, now)
+        })
+        .collect();
+
+    let phase = phase(policy, &statuses, containers.is_empty());
+    let all_ready = !statuses.is_empty() && statuses.iter().all(|s| s.ready);
+    let not_ready = |what: &str| {
+        let names: Vec<&str> = statuses.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+        (!all_ready).then(|| format!("{what} with unready status: [{}]", names.join(" ")))
+    };
+    let condition = |type_: &str, ok: bool, reason: Option<&str>, message: Option<String>| PodCondition {
+        type_: type_.to_string(),
+        status: if ok { "True" } else { "False" }.to_string(),
+        reason: reason.filter(|_| !ok).map(str::to_string),
+        message: message.filter(|_| !ok),
+        ..Default::default()
+    };
+    let finished = matches!(phase, "Succeeded" | "Failed");
+    let ready_reason = if finished { "PodCompleted" } else { "ContainersNotReady" };
+    let conditions = vec![
+        condition("PodScheduled", true, None, None),
+        condition("Initialized", true, None, None),
+        condition("ContainersReady", all_ready, Some(ready_reason), not_ready("containers")),
+        condition("Ready", all_ready, Some(ready_reason), not_ready("containers")),
+    ];
+
+    let ips: Vec<String> = sandbox.map(|s| s.ips.clone()).unwrap_or_default();
+    PodStatus {
+        phase: Some(phase.to_string()),
+        conditions: Some(conditions),
+        pod_ip: ips.first().cloned(),
+        pod_ips: (!ips.is_empty()).then(|| ips.iter().map(|ip| PodIP { ip: ip.clone() }).collect()),
+        host_ip: node_ip.map(str::to_string),
+        host_ips: node_ip.map(|ip| vec![HostIP { ip: ip.to_string() }]),
+        start_time: runtime.sandboxes.iter().map(|s| s.created_at).min().and_then(time),
+        container_statuses: Some(statuses),
+        qos_class: Some(qos_class(pod).to_string()),
+        ..Default::default()
+    }
+}
+
+/// A CRI timestamp (ns since epoch, 0 = never) as a Kubernetes time.
+pub fn time(nanos: i64) -> Option<Time> {
+    (nanos > 0).then(|| Timestamp::from_nanosecond(i128::from(nanos)).ok().map(Time)).flatten()
+}
+
+fn terminated(run: &RuntimeContainer) -> ContainerState {
+    let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    let reason =
+        non_empty(&run.reason).unwrap_or_else(|| if run.exit_code == 0 { "Completed" } else { "Error" }.into());
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            container_id: Some(format!("{CONTAINER_ID_PREFIX}{}", run.id)),
+            exit_code: run.exit_code,
+            reason: Some(reason),
+            message: non_empty(&run.message),
+            started_at: time(run.started_at),
+            finished_at: time(run.finished_at),
+            signal: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn waiting_state(reason: &str, message: Option<String>) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting { reason: Some(reason.to_string()), message }),
+        ..Default::default()
+    }
+}
+
+fn container_status(
+    name: &str,
+    image: String,
+    runs: &[&RuntimeContainer],
+    pending: Option<&Waiting>,
+    policy: &str,
+    now: i64,
+) -> ContainerStatus {
+    let pending_state = |w: &Waiting| waiting_state(&w.reason, Some(w.message.clone()));
+    let mut status = ContainerStatus { name: name.to_string(), image, ..Default::default() };
+    let Some(last) = runs.first() else {
+        status.state = Some(pending.map(pending_state).unwrap_or_else(|| waiting_state("ContainerCreating", None)));
+        status.started = Some(false);
+        return status;
+    };
+    status.container_id = Some(format!("{CONTAINER_ID_PREFIX}{}", last.id));
+    status.image_id = last.image_ref.clone();
+    status.restart_count = i32::try_from(last.attempt).unwrap_or(i32::MAX);
+    let previous = runs.get(1).filter(|r| r.state == ContainerRunState::Exited).map(|r| terminated(r));
+    match last.state {
+        ContainerRunState::Running => {
+            status.state = Some(ContainerState {
+                running: Some(ContainerStateRunning { started_at: time(last.started_at) }),
+                ..Default::default()
+            });
+            // No probes yet: a running container is ready.
+            status.ready = true;
+            status.started = Some(true);
+            status.last_state = previous;
+        }
+        ContainerRunState::Created => {
+            status.state = Some(pending.map(pending_state).unwrap_or_else(|| waiting_state("ContainerCreating", None)));
+            status.started = Some(false);
+            status.last_state = previous;
+        }
+        ContainerRunState::Exited | ContainerRunState::Unknown => {
+            status.started = Some(false);
+            if should_restart(policy, last.exit_code) {
+                let state = pending.map(pending_state).unwrap_or_else(|| {
+                    let wait = (restart_allowed_at(last) - now).max(0) / 1_000_000_000;
+                    let message = format!("back-off {wait}s restarting failed container={name}");
+                    waiting_state("CrashLoopBackOff", Some(message))
+                });
+                status.state = Some(state);
+                status.last_state = Some(terminated(last));
+            } else {
+                status.state = Some(terminated(last));
+                status.last_state = previous;
+            }
+        }
+    }
+    status
+}
+
+/// kubelet's `getPhase` for a pod without init containers.
+fn phase(policy: &str, statuses: &[ContainerStatus], no_containers: bool) -> &'static str {
+    if no_containers {
+        return "Pending";
+    }
+    let (mut waiting, mut running, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for s in statuses {
+        let state = s.state.as_ref();
+        if state.and_then(|s| s.running.as_ref()).is_some() {
+            running += 1;
+        } else if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if s.last_state.as_ref().and_then(|l| l.terminated.as_ref()).is_some() {
+            // Waiting to restart after having run: the pod is still running.
+            stopped += 1;
+        } else {
+            waiting += 1;
+        }
+    }
+    match () {
+        _ if waiting > 0 => "Pending",
+        _ if running > 0 => "Running",
+        _ if stopped > 0 => match policy {
+            "Always" => "Running",
+            "OnFailure" if stopped == succeeded => "Succeeded",
+            "OnFailure" => "Running",
+            _ if stopped == succeeded => "Succeeded",
+            _ => "Failed",
+        },
+        _ => "Pending",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::actions::RuntimeSandbox;
+    use serde_json::json;
+
+    const SECOND: i64 = 1_000_000_000;
+
+    fn pod(policy: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "web", "uid": "u-1" },
+            "spec": { "restartPolicy": policy, "containers": [{ "name": "web", "image": "gitplane.local/httpd:1" }] },
+        }))
+        .expect("valid pod")
+    }
+
+    fn run(attempt: u32, state: ContainerRunState, exit_code: i32) -> RuntimeContainer {
+        RuntimeContainer {
+            id: format!("c{attempt}"),
+            sandbox_id: "s0".into(),
+            name: "web".into(),
+            attempt,
+            state,
+            created_at: i64::from(attempt) + 1,
+            started_at: 100 * SECOND,
+            finished_at: if state == ContainerRunState::Exited { 101 * SECOND } else { 0 },
+            exit_code,
+            reason: String::new(),
+            message: String::new(),
+            image_ref: "sha256:abc".into(),
+            hash: String::new(),
+        }
+    }
+
+    fn runtime(runs: Vec<RuntimeContainer>) -> RuntimePod {
+        let sandbox = RuntimeSandbox {
+            id: "s0".into(),
+            attempt: 0,
+            ready: true,
+            created_at: 99 * SECOND,
+            ips: vec!["10.244.1.2".into()],
+        };
+        RuntimePod { sandboxes: vec![sandbox], containers: runs }
+    }
+
+    fn condition(status: &PodStatus, type_: &str) -> String {
+        status.conditions.iter().flatten().find(|c| c.type_ == type_).map(|c| c.status.clone()).unwrap_or_default()
+    }
+
+    fn state(status: &PodStatus) -> serde_json::Value {
+        let c = &status.container_statuses.as_ref().expect("statuses")[0];
+        serde_json::to_value(&c.state).expect("json")
+    }
+
+    #[test]
+    fn a_new_pod_is_pending_while_containers_are_created() {
+        let status = pod_status(&pod("Always"), &RuntimePod::default(), &HashMap::new(), None, 0);
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        assert_eq!(state(&status), json!({ "waiting": { "reason": "ContainerCreating" } }));
+        assert_eq!(condition(&status, "PodScheduled"), "True");
+        assert_eq!(condition(&status, "Ready"), "False");
+        assert_eq!(status.pod_ip, None);
+    }
+
+    #[test]
+    fn an_image_pull_failure_is_the_waiting_reason() {
+        let waiting = HashMap::from([(
+            "web".to_string(),
+            Waiting { reason: "ErrImagePull".into(), message: "not found".into() },
+        )]);
+        let status = pod_status(&pod("Always"), &runtime(vec![]), &waiting, None, 0);
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        assert_eq!(state(&status), json!({ "waiting": { "reason": "ErrImagePull", "message": "not found" } }));
+    }
+
+    #[test]
+    fn a_running_pod_is_ready_with_its_ip() {
+        let status = pod_status(
+            &pod("Always"),
+            &runtime(vec![run(0, ContainerRunState::Running, 0)]),
+            &HashMap::new(),
+            Some("192.168.1.10"),
+            0,
+        );
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert_eq!(status.pod_ip.as_deref(), Some("10.244.1.2"));
+        assert_eq!(status.host_ip.as_deref(), Some("192.168.1.10"));
+        assert_eq!(status.qos_class.as_deref(), Some("BestEffort"));
+        assert_eq!(condition(&status, "ContainersReady"), "True");
+        assert_eq!(condition(&status, "Ready"), "True");
+        let c = &status.container_statuses.as_ref().expect("statuses")[0];
+        assert!(c.ready && c.started == Some(true));
+        assert_eq!(c.container_id.as_deref(), Some("containerd://c0"));
+        assert_eq!((c.image.as_str(), c.image_id.as_str()), ("gitplane.local/httpd:1", "sha256:abc"));
+        assert_eq!(state(&status), json!({ "running": { "startedAt": "1970-01-01T00:01:40Z" } }));
+    }
+
+    #[test]
+    fn a_crashing_container_is_in_crash_loop_back_off() {
+        let runs = vec![run(0, ContainerRunState::Exited, 1), run(1, ContainerRunState::Exited, 1)];
+        let status = pod_status(&pod("Always"), &runtime(runs), &HashMap::new(), None, 105 * SECOND);
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        let c = &status.container_statuses.as_ref().expect("statuses")[0];
+        assert_eq!(c.restart_count, 1);
+        assert_eq!(
+            state(&status),
+            json!({ "waiting": {
+            "reason": "CrashLoopBackOff", "message": "back-off 16s restarting failed container=web"
+        } })
+        );
+        let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()).expect("lastState");
+        assert_eq!((last.exit_code, last.reason.as_deref()), (1, Some("Error")));
+    }
+
+    #[test]
+    fn phases_of_finished_pods() {
+        let phase = |policy: &str, exit_code: i32| {
+            let status = pod_status(
+                &pod(policy),
+                &runtime(vec![run(0, ContainerRunState::Exited, exit_code)]),
+                &HashMap::new(),
+                None,
+                0,
+            );
+            status.phase.unwrap_or_default()
+        };
+        assert_eq!(phase("Never", 0), "Succeeded");
+        assert_eq!(phase("Never", 2), "Failed");
+        assert_eq!(phase("OnFailure", 0), "Succeeded");
+        assert_eq!(phase("OnFailure", 2), "Running");
+        assert_eq!(phase("Always", 0), "Running");
+        let done =
+            pod_status(&pod("Never"), &runtime(vec![run(0, ContainerRunState::Exited, 0)]), &HashMap::new(), None, 0);
+        let ready = done.conditions.iter().flatten().find(|c| c.type_ == "Ready").expect("Ready");
+        assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
+        assert_eq!(state(&done)["terminated"]["reason"], "Completed");
+    }
+}
