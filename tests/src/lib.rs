@@ -14,6 +14,12 @@
 //! hierarchies mounted again below it, or runc finds no cgroup mounts.
 //!
 //! Needs root, `ip` (iproute2), `unshare`/`nsenter`/`mount` (util-linux).
+//!
+//! [`Gitplane`] runs the real `gitplane up` inside such a host, and [`Worktree`] drives a Git
+//! working copy with the real `git` command, as a user pushes.
+
+mod gitplane;
+pub use gitplane::{Gitplane, Worktree, binary};
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -28,10 +34,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-/// Whether this process can make namespaces (the e2e tests skip otherwise).
-pub fn is_root() -> bool {
+/// Fails unless this process can make namespaces: an end-to-end test never passes by skipping.
+pub fn require_root() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "end-to-end tests need root (network namespaces, mounts, containerd): run the README's test command as root"
+        );
+    }
+    Ok(())
 }
 
 /// Polls `probe` every 20 ms until it returns `Some`, or `timeout` passes (then `None`).

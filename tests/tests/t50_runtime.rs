@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gitplane_e2e::{NetnsHost, is_root, wait_for};
+use gitplane_e2e::{NetnsHost, require_root, wait_for};
 use gitplane_nodeagent::cni::write_conflist;
 use gitplane_nodeagent::containerd::{Containerd, ContainerdConfig};
 use gitplane_nodeagent::cri::{Cri, pb};
@@ -112,10 +112,7 @@ async fn run_until_running(runtime: &RuntimeManager, pod: &Pod) -> Result<(PodSt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
-    if !is_root() {
-        eprintln!("skipping t50_runtime: needs root (network namespaces, containerd)");
-        return Ok(());
-    }
+    require_root()?;
     let host = NetnsHost::create("gp50")?;
 
     let (containerd, cri, runtime) = start_node(&host).await?;
@@ -224,10 +221,7 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
 /// mounts, the directory and the netns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t50_dropped_host_leaves_nothing_behind() -> Result<()> {
-    if !is_root() {
-        eprintln!("skipping t50_runtime: needs root (network namespaces, containerd)");
-        return Ok(());
-    }
+    require_root()?;
     let host = NetnsHost::create("gp50d")?;
     let (name, dir, cgroup_parent) = (host.name().to_string(), host.dir().to_path_buf(), host.cgroup_parent());
     let (containerd, cri, runtime) = start_node(&host).await?;

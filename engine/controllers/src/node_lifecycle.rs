@@ -45,11 +45,13 @@ impl Reconciler for NodeLifecycleController {
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
         let Some(node) = ctx.cache().get_typed::<Node>("", &key.name) else { return Ok(Action::AwaitChange) };
+        // A node that has not renewed yet is measured from its registration.
         let renewed = ctx
             .cache()
             .get_typed::<Lease>(NODE_LEASE_NAMESPACE, &key.name)
             .and_then(|l| l.spec?.renew_time)
-            .map(|t| t.0);
+            .map(|t| t.0)
+            .or_else(|| node.metadata.creation_timestamp.as_ref().map(|t| t.0));
         let grace = SignedDuration::try_from(self.grace_period).unwrap_or(SignedDuration::from_secs(40));
         let now = Timestamp::now();
         let expired = renewed.is_none_or(|t| now.duration_since(t) > grace);

@@ -14,7 +14,7 @@ use gitplane_api::{
 };
 use gitplane_source::{Limits, Manifest, ManifestError, Validator};
 use gitplane_store::{
-    ListOptions, ObjectKey, Op, Store, StoreError,
+    Api, EventType, ListOptions, ObjectKey, Op, Store, StoreError,
     informer::{Informer, Notification},
 };
 use k8s_openapi::api::core::v1::{Namespace, Node};
@@ -122,6 +122,7 @@ impl SourceController {
         let (pushed_tx, mut pushed) = mpsc::unbounded_channel::<PathBuf>();
         let mut watchers: HashMap<PathBuf, notify::RecommendedWatcher> = HashMap::new();
         let mut queue: BTreeSet<ObjectKey> = BTreeSet::new();
+        let mut seen: HashMap<ObjectKey, Option<i64>> = HashMap::new();
         let mut resync = tokio::time::interval(self.resync);
         let apps = |informer: &Informer| -> Vec<Application> { informer.cache().list_typed::<Application>(None) };
         loop {
@@ -134,13 +135,23 @@ impl SourceController {
                 }
             }
             while let Some(key) = queue.pop_first() {
-                if let Some(app) = informer.cache().get_typed::<Application>(&key.namespace, &key.name) {
-                    self.sync(&app).await;
+                // From the store, not the cache: the cache may not show our last status write yet,
+                // and the status says which commit was already handled.
+                match Api::<Application>::new(self.store.clone()).get(&key.namespace, &key.name).await {
+                    Ok(Some(app)) => self.sync(&app).await,
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(application = %key, error = %e, "reading the Application failed"),
                 }
             }
             tokio::select! {
                 n = notifications.recv() => match n {
-                    Ok(Notification::Changed(e)) => { queue.insert(e.key.clone()); }
+                    Ok(Notification::Changed(e)) => {
+                        // Our own status writes do not need a sync; spec changes bump generation.
+                        let generation = e.object["metadata"]["generation"].as_i64();
+                        if e.event_type == EventType::Deleted || seen.insert(e.key.clone(), generation) != Some(generation) {
+                            queue.insert(e.key.clone());
+                        }
+                    }
                     Ok(Notification::Resync) | Err(RecvError::Lagged(_)) => queue.extend(keys(&apps(&informer))),
                     Err(RecvError::Closed) => return,
                 },
@@ -364,4 +375,136 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
         return None;
     }
     Some(watcher)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gitplane_store::sqlite::SqliteStore;
+    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+
+    /// A bare repository whose `main` is replaced by each `commit`.
+    struct Repo {
+        dir: tempfile::TempDir,
+    }
+
+    impl Repo {
+        fn new() -> Repo {
+            let dir = tempfile::tempdir().unwrap();
+            git2::Repository::init_bare(dir.path().join("app.git")).unwrap();
+            Repo { dir }
+        }
+
+        fn commit(&self, files: &[(&str, &str)]) -> String {
+            let repo = git2::Repository::open_bare(self.dir.path().join("app.git")).unwrap();
+            let mut tree = repo.treebuilder(None).unwrap();
+            for (name, content) in files {
+                tree.insert(name, repo.blob(content.as_bytes()).unwrap(), 0o100644).unwrap();
+            }
+            let tree = repo.find_tree(tree.write().unwrap()).unwrap();
+            let sig = git2::Signature::now("t", "t@localhost").unwrap();
+            let parent = repo.find_reference("refs/heads/main").ok().and_then(|r| r.peel_to_commit().ok());
+            let parents: Vec<&git2::Commit> = parent.iter().collect();
+            repo.commit(Some("refs/heads/main"), &sig, &sig, "change", &tree, &parents).unwrap().to_string()
+        }
+    }
+
+    async fn setup() -> (Arc<dyn Store>, SourceController, Repo) {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
+        for ns in ["default", "gitplane-system"] {
+            let ns = serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            store.txn(vec![Op::Create(ns)]).await.unwrap();
+        }
+        let repo = Repo::new();
+        let controller = SourceController::new(store.clone(), repo.dir.path().to_path_buf());
+        (store, controller, repo)
+    }
+
+    fn app(name: &str) -> Application {
+        let mut app = Application::new(
+            name,
+            gitplane_api::ApplicationSpec {
+                repo: "app".into(),
+                branch: "main".into(),
+                path: String::new(),
+                namespace: Some("default".into()),
+                prune: true,
+                values: Default::default(),
+                depends_on: Vec::new(),
+            },
+        );
+        app.metadata.namespace = Some("gitplane-system".into());
+        app
+    }
+
+    /// Syncs `name` as the controller does and returns its recorded status.
+    async fn sync(store: &Arc<dyn Store>, controller: &SourceController, name: &str) -> SyncStatus {
+        let api = Api::<Application>::new(store.clone());
+        if api.get("gitplane-system", name).await.unwrap().is_none() {
+            api.create(&app(name)).await.unwrap();
+        }
+        let current = api.get("gitplane-system", name).await.unwrap().unwrap();
+        controller.sync(&current).await;
+        api.get("gitplane-system", name).await.unwrap().unwrap().status.unwrap().sync.unwrap()
+    }
+
+    const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: \"1\"\n";
+
+    #[tokio::test]
+    async fn applies_then_prunes_and_keeps_the_last_good_commit() {
+        let (store, controller, repo) = setup().await;
+        let good = repo.commit(&[("cm.yaml", CM)]);
+        let status = sync(&store, &controller, "a").await;
+        assert_eq!((status.status.as_str(), status.revision.as_deref()), ("Synced", Some(good.as_str())));
+        let cm = Api::<ConfigMap>::new(store.clone()).get("default", "settings").await.unwrap().unwrap();
+        assert_eq!(cm.metadata.annotations.unwrap()[APPLICATION_ANNOTATION], "gitplane-system/a");
+
+        let bad = repo.commit(&[("cm.yaml", &CM.replace("\ndata:", "\ndta:"))]);
+        let status = sync(&store, &controller, "a").await;
+        assert_eq!(status.status, "Failed");
+        assert_eq!(status.revision.as_deref(), Some(good.as_str()), "the last good commit stays");
+        assert_eq!(status.attempted_revision.as_deref(), Some(bad.as_str()));
+        assert!(status.errors[0].starts_with("cm.yaml:5: ConfigMap settings: "), "{:?}", status.errors);
+
+        repo.commit(&[("other.yaml", &CM.replace("settings", "other"))]);
+        assert_eq!(sync(&store, &controller, "a").await.status, "Synced");
+        let cms = Api::<ConfigMap>::new(store.clone()).list(Some("default")).await.unwrap().0;
+        let names: Vec<_> = cms.iter().map(|c| c.metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, ["other"], "the object removed from Git is pruned");
+    }
+
+    #[tokio::test]
+    async fn a_pod_bound_to_a_missing_node_rejects_the_commit() {
+        let (store, controller, repo) = setup().await;
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  nodeName: ghost\n  containers:\n    - name: c\n      image: i\n";
+        repo.commit(&[("pod.yaml", pod), ("cm.yaml", CM)]);
+        let status = sync(&store, &controller, "a").await;
+        assert_eq!(status.status, "Failed");
+        assert_eq!(
+            status.errors,
+            [
+                "pod.yaml:1: Pod p: /spec/nodeName: node \"ghost\" does not exist: remove spec.nodeName and let the scheduler place the Pod"
+            ]
+        );
+        assert!(Api::<Pod>::new(store.clone()).get("default", "p").await.unwrap().is_none());
+        assert!(
+            Api::<ConfigMap>::new(store.clone()).get("default", "settings").await.unwrap().is_none(),
+            "nothing of the commit is applied"
+        );
+    }
+
+    #[tokio::test]
+    async fn missing_namespaces_and_foreign_objects_are_errors() {
+        let (store, controller, repo) = setup().await;
+        repo.commit(&[("cm.yaml", CM)]);
+        assert_eq!(sync(&store, &controller, "a").await.status, "Synced");
+        // Application b claims a's ConfigMap, and uses a namespace nobody made.
+        let elsewhere = CM.replace("  name: settings\n", "  name: x\n  namespace: nowhere\n");
+        repo.commit(&[("cm.yaml", CM), ("x.yaml", &elsewhere)]);
+        let status = sync(&store, &controller, "b").await;
+        assert_eq!(status.status, "Failed");
+        let errors = status.errors.join("\n");
+        assert!(errors.contains("already exists and is managed by Application gitplane-system/a"), "{errors}");
+        assert!(errors.contains("namespace \"nowhere\" does not exist"), "{errors}");
+    }
 }
