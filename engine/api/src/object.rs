@@ -32,7 +32,7 @@ pub enum ObjectError {
 }
 
 /// The identity of a stored object.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct ObjectKey {
     /// Group kind, e.g. `Deployment.apps` or `Pod`.
     pub kind: String,

@@ -183,7 +183,7 @@ async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &
 }
 
 async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>) -> Response {
-    let options = ListOptions { namespace: namespace.map(str::to_owned) };
+    let options = ListOptions { namespace: namespace.map(str::to_owned), ..Default::default() };
     match state.store.list(&resource.group_kind(), &options).await {
         Ok(list) => Json(json!({
             "apiVersion": resource.api_version(),

@@ -20,8 +20,8 @@ const DEMO_FILES: &[(&str, &str)] = &[("web.yaml", include_str!("../demo/web.yam
 
 fn ignore_exists<T>(result: Result<T, StoreError>) -> Result<(), StoreError> {
     match result {
-        Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
-        Err(e) => Err(e),
+        Err(e) if !e.is_already_exists() => Err(e),
+        _ => Ok(()),
     }
 }
 

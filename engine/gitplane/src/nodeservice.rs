@@ -7,7 +7,7 @@ use gitplane_api::proto::node::{
     EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, PodEvent, RegisterRequest, RegisterResponse,
     UpdatePodStatusRequest, UpdatePodStatusResponse, WatchPodsRequest, node_service_server,
 };
-use gitplane_store::{Api, EventType, ListOptions, Op, Store, StoreError};
+use gitplane_store::{Api, EventType, ListOptions, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
     coordination::v1::{Lease, LeaseSpec},
     core::v1::{Node, NodeCondition, NodeSpec, Pod, PodStatus},
@@ -38,11 +38,13 @@ impl NodeService {
 }
 
 fn store_status(e: StoreError) -> Status {
-    match e {
-        StoreError::NotFound { .. } => Status::not_found(e.to_string()),
-        StoreError::Conflict { .. } | StoreError::AlreadyExists { .. } => Status::aborted(e.to_string()),
+    match &e {
+        StoreError::Rejected(Rejection::NotFound { .. }) => Status::not_found(e.to_string()),
+        StoreError::Rejected(Rejection::Conflict { .. } | Rejection::AlreadyExists { .. }) => {
+            Status::aborted(e.to_string())
+        }
         StoreError::Expired { .. } => Status::out_of_range(e.to_string()),
-        StoreError::TooLarge { .. } | StoreError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        StoreError::Rejected(_) | StoreError::BadRequest(_) => Status::invalid_argument(e.to_string()),
         _ => Status::unavailable(e.to_string()),
     }
 }
@@ -93,7 +95,7 @@ impl NodeService {
                     let (all, _) = nodes.list(None).await?;
                     let used: Vec<String> = all.iter().filter_map(pod_cidr).collect();
                     let cidr = allocate_pod_cidr(&used)
-                        .ok_or_else(|| StoreError::Invalid("the cluster Pod range has no free /24 left".into()))?;
+                        .ok_or_else(|| StoreError::Unavailable("the cluster Pod range has no free /24 left".into()))?;
                     let spec =
                         NodeSpec { pod_cidr: Some(cidr.clone()), pod_cidrs: Some(vec![cidr]), ..Default::default() };
                     (Node { metadata: reported.metadata.clone(), spec: Some(spec), status: None }, true)
@@ -106,11 +108,11 @@ impl NodeService {
             with_status.status = Some(status.clone());
             let first = if create { Op::Create(to_value(&node)) } else { Op::Update(to_value(&node)) };
             match self.store.txn(vec![first, Op::UpdateStatus(to_value(&with_status))]).await {
-                Err(e) if e.is_conflict() || matches!(e, StoreError::AlreadyExists { .. }) => continue,
+                Err(e) if e.is_conflict() || e.is_already_exists() => continue,
                 other => return other.map(|_| cidr),
             }
         }
-        Err(StoreError::Invalid(format!("node {name} is being registered concurrently; retry")))
+        Err(StoreError::Unavailable(format!("node {name} is being registered concurrently; retry")))
     }
 
     async fn renew_lease(&self, name: &str) -> Result<(), StoreError> {
@@ -141,7 +143,7 @@ impl NodeService {
                 }
             };
             match result {
-                Err(e) if e.is_conflict() || matches!(e, StoreError::AlreadyExists { .. }) => continue,
+                Err(e) if e.is_conflict() || e.is_already_exists() => continue,
                 other => {
                     other?;
                     break;
@@ -219,16 +221,23 @@ impl node_service_server::NodeService for NodeService {
         } else {
             resource_version
         };
-        let events = self.store.watch(from).await.map_err(store_status)?;
+        let options = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: true };
+        let events = self.store.watch(from, options).await.map_err(store_status)?;
         let node = node_name.clone();
         let changes = events.filter_map(move |event| {
             let result = match event {
                 Err(e) => Some(Err(store_status(e))),
-                Ok(e) if e.key.kind == "Pod" && bound_to(&e.object, &node) => {
+                // Bookmarks let an agent resume from a recent revision after a reconnect.
+                Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(PodEvent {
+                    r#type: WireEventType::Bookmark as i32,
+                    resource_version: e.revision,
+                    pod: Vec::new(),
+                })),
+                Ok(e) if bound_to(&e.object, &node) => {
                     let kind = match e.event_type {
                         EventType::Added => WireEventType::Added,
                         EventType::Modified => WireEventType::Modified,
-                        EventType::Deleted => WireEventType::Deleted,
+                        _ => WireEventType::Deleted,
                     };
                     Some(Ok(pod_event(kind, e.revision, &e.object)))
                 }

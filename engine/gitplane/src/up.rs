@@ -14,7 +14,11 @@ use gitplane_nodeagent::{
     images,
     runtime::RuntimeConfig,
 };
-use gitplane_store::{Store, informer::Informer, sqlite::SqliteStore};
+use gitplane_store::{
+    Store,
+    informer::Informer,
+    sqlite::{Durability, SqliteStore},
+};
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 use tokio::task::JoinHandle;
 
@@ -52,8 +56,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let data_dir = absolute(&args.data_dir)?;
     std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let db = data_dir.join("store.db");
-    let store: Arc<dyn Store> =
-        Arc::new(SqliteStore::open(&db).await.with_context(|| format!("opening the store {}", db.display()))?);
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&db, Durability::Full)
+            .await
+            .with_context(|| format!("opening the store {}", db.display()))?,
+    );
     bootstrap::namespaces(&store).await?;
     let demo_repo = bootstrap::demo_repo(&args.repos_dir)?;
     let repos_dir = demo_repo.parent().map(PathBuf::from).unwrap_or_default();

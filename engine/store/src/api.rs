@@ -1,6 +1,6 @@
 //! Typed access to the store, in the manner of kube-rs' `Api<K>`.
 
-use crate::{ListOptions, ObjectKey, Op, Result, Revision, Store, StoreError};
+use crate::{ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store};
 use gitplane_api::kube_core::Resource;
 use gitplane_api::object::{from_value, kind_of, to_value};
 use serde::{Serialize, de::DeserializeOwned};
@@ -19,7 +19,7 @@ impl<K> Clone for Api<K> {
 }
 
 fn decode<K: Resource<DynamicType = ()> + DeserializeOwned>(value: serde_json::Value) -> Result<K> {
-    from_value(value).map_err(|e| StoreError::Invalid(e.to_string()))
+    from_value(value).map_err(|e| Rejection::Invalid(e.to_string()).into())
 }
 
 impl<K: Resource<DynamicType = ()> + Serialize + DeserializeOwned> Api<K> {
@@ -37,7 +37,7 @@ impl<K: Resource<DynamicType = ()> + Serialize + DeserializeOwned> Api<K> {
 
     /// Every object of the kind (in one namespace, or all), with the list's revision.
     pub async fn list(&self, namespace: Option<&str>) -> Result<(Vec<K>, Revision)> {
-        let options = ListOptions { namespace: namespace.map(str::to_owned) };
+        let options = ListOptions { namespace: namespace.map(str::to_owned), ..Default::default() };
         let list = self.store.list(&kind_of::<K>(), &options).await?;
         let items = list.items.into_iter().map(decode).collect::<Result<_>>()?;
         Ok((items, list.revision))
@@ -64,7 +64,7 @@ impl<K: Resource<DynamicType = ()> + Serialize + DeserializeOwned> Api<K> {
 
     async fn one(&self, op: Op) -> Result<K> {
         let committed = self.store.txn(vec![op]).await?;
-        let value = committed.objects.into_iter().next().ok_or_else(|| StoreError::Invalid("empty commit".into()))?;
+        let value = committed.objects.into_iter().next().ok_or_else(|| Rejection::Invalid("empty commit".into()))?;
         decode(value)
     }
 }

@@ -1,7 +1,7 @@
 //! The store contract as tests: every backend runs the same suite (as openraft's
 //! `testing::Suite`). Each check takes a fresh, empty store.
 
-use crate::{EventType, ListOptions, ObjectKey, Op, Store, StoreError};
+use crate::{EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use futures::StreamExt;
 use serde_json::{Value, json};
 use std::{future::Future, sync::Arc, time::Duration};
@@ -39,6 +39,11 @@ where
     watch_replays_then_follows_in_order(Arc::new(new_store().await)).await;
     compaction_expires_old_watches(Arc::new(new_store().await)).await;
     oversized_objects_are_refused(Arc::new(new_store().await)).await;
+    label_selectors_filter_lists(Arc::new(new_store().await)).await;
+    pages_are_consistent_at_the_first_pages_revision(Arc::new(new_store().await)).await;
+    compaction_keeps_what_later_lists_need(Arc::new(new_store().await)).await;
+    watches_filter_kinds_and_send_bookmarks(Arc::new(new_store().await)).await;
+    concurrent_transactions_get_distinct_revisions(Arc::new(new_store().await)).await;
 }
 
 async fn create_get_and_already_exists(store: Arc<dyn Store>) {
@@ -50,7 +55,7 @@ async fn create_get_and_already_exists(store: Arc<dyn Store>) {
     assert!(got["metadata"]["creationTimestamp"].is_string());
     assert!(store.get(&key("a", "q")).await.unwrap().is_none());
     let err = store.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap_err();
-    assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err}");
+    assert!(err.is_already_exists(), "{err}");
 }
 
 async fn revisions_are_global_and_monotonic(store: Arc<dyn Store>) {
@@ -73,7 +78,7 @@ async fn update_is_compare_and_swap(store: Arc<dyn Store>) {
     let mut stale = created.clone();
     stale["metadata"]["labels"] = json!({"v": "2"});
     match store.txn(vec![Op::Update(stale)]).await.unwrap_err() {
-        StoreError::Conflict { expected, current, .. } => {
+        StoreError::Rejected(Rejection::Conflict { expected, current, .. }) => {
             assert_eq!(expected, rv(&created));
             assert_eq!(current, rv(&updated));
         }
@@ -118,7 +123,7 @@ async fn delete_with_precondition(store: Arc<dyn Store>) {
 async fn transactions_are_all_or_nothing(store: Arc<dyn Store>) {
     store.txn(vec![Op::Create(pod("a", "exists"))]).await.unwrap();
     let err = store.txn(vec![Op::Create(pod("a", "new")), Op::Create(pod("a", "exists"))]).await.unwrap_err();
-    assert!(matches!(err, StoreError::AlreadyExists { .. }));
+    assert!(err.is_already_exists());
     assert!(store.get(&key("a", "new")).await.unwrap().is_none(), "nothing of a failed transaction is applied");
     let c = store.txn(vec![Op::Create(pod("a", "x")), Op::Create(pod("a", "y"))]).await.unwrap();
     assert_eq!(c.objects.len(), 2);
@@ -132,7 +137,7 @@ async fn list_filters_namespace_at_one_revision(store: Arc<dyn Store>) {
     let all = store.list("Pod", &ListOptions::default()).await.unwrap();
     assert_eq!(all.items.len(), 3);
     assert_eq!(all.revision, store.revision().await.unwrap());
-    let a = store.list("Pod", &ListOptions { namespace: Some("a".into()) }).await.unwrap();
+    let a = store.list("Pod", &ListOptions { namespace: Some("a".into()), ..Default::default() }).await.unwrap();
     let names: Vec<_> = a.items.iter().map(|o| o["metadata"]["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["p1", "p3"]);
     assert!(store.list("Deployment.apps", &ListOptions::default()).await.unwrap().items.is_empty());
@@ -141,8 +146,8 @@ async fn list_filters_namespace_at_one_revision(store: Arc<dyn Store>) {
 async fn watch_replays_then_follows_in_order(store: Arc<dyn Store>) {
     let first = store.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap().revision;
     let second = store.txn(vec![Op::Create(pod("a", "q"))]).await.unwrap().revision;
-    let mut from_first = store.watch(first).await.unwrap();
-    let mut from_start = store.watch(0).await.unwrap();
+    let mut from_first = store.watch(first, WatchOptions::default()).await.unwrap();
+    let mut from_start = store.watch(0, WatchOptions::default()).await.unwrap();
     let live = {
         let store = store.clone();
         tokio::spawn(async move {
@@ -169,9 +174,9 @@ async fn compaction_expires_old_watches(store: Arc<dyn Store>) {
     let r1 = store.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap().revision;
     let r2 = store.txn(vec![Op::Create(pod("a", "q"))]).await.unwrap().revision;
     store.compact(r2).await.unwrap();
-    let err = store.watch(r1).await.err().expect("a watch from before compaction expires");
+    let err = store.watch(r1, WatchOptions::default()).await.err().expect("a watch from before compaction expires");
     assert!(matches!(err, StoreError::Expired { requested, compacted } if requested == r1 && compacted == r2));
-    let mut w = store.watch(r2).await.unwrap();
+    let mut w = store.watch(r2, WatchOptions::default()).await.unwrap();
     store.txn(vec![Op::Create(pod("a", "r"))]).await.unwrap();
     assert_eq!(next(&mut w).await.key.name, "r");
 }
@@ -180,6 +185,129 @@ async fn oversized_objects_are_refused(store: Arc<dyn Store>) {
     let mut big = pod("a", "big");
     big["metadata"]["annotations"] = json!({"blob": "x".repeat(crate::MAX_OBJECT_BYTES)});
     let err = store.txn(vec![Op::Create(big)]).await.unwrap_err();
-    assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+    assert!(matches!(err, StoreError::Rejected(Rejection::TooLarge { .. })), "{err}");
     assert!(err.to_string().contains("over the limit"), "{err}");
+}
+
+fn labeled(ns: &str, name: &str, labels: Value) -> Value {
+    let mut p = pod(ns, name);
+    p["metadata"]["labels"] = labels;
+    p
+}
+
+fn names(items: &[Value]) -> Vec<String> {
+    items.iter().map(|o| o["metadata"]["name"].as_str().unwrap().to_owned()).collect()
+}
+
+async fn label_selectors_filter_lists(store: Arc<dyn Store>) {
+    store
+        .txn(vec![
+            Op::Create(labeled("a", "web-1", json!({"app": "web", "tier": "front"}))),
+            Op::Create(labeled("a", "web-2", json!({"app": "web"}))),
+            Op::Create(labeled("a", "db", json!({"app": "db"}))),
+        ])
+        .await
+        .unwrap();
+    let list = |selector: &str| {
+        let store = store.clone();
+        let options = ListOptions { label_selector: Some(selector.to_owned()), ..Default::default() };
+        async move { names(&store.list("Pod", &options).await.unwrap().items) }
+    };
+    assert_eq!(list("app=web").await, ["web-1", "web-2"]);
+    assert_eq!(list("app in (web,db),!tier").await, ["db", "web-2"]);
+    assert_eq!(list("app!=web").await, ["db"]);
+    let options = ListOptions { label_selector: Some("=web".into()), ..Default::default() };
+    let err = store.list("Pod", &options).await.unwrap_err();
+    assert!(matches!(err, StoreError::BadRequest(_)), "{err}");
+    // A selector and a limit together: pages hold matching items only.
+    let options = ListOptions { label_selector: Some("app=web".into()), limit: Some(1), ..Default::default() };
+    let first = store.list("Pod", &options).await.unwrap();
+    assert_eq!(names(&first.items), ["web-1"]);
+    let next = ListOptions { continue_token: first.continue_token, ..options };
+    let second = store.list("Pod", &next).await.unwrap();
+    assert_eq!((names(&second.items), second.continue_token), (vec!["web-2".to_owned()], None));
+}
+
+async fn pages_are_consistent_at_the_first_pages_revision(store: Arc<dyn Store>) {
+    for i in 0..5 {
+        store.txn(vec![Op::Create(pod("a", &format!("p{i}")))]).await.unwrap();
+    }
+    let options = ListOptions { limit: Some(2), ..Default::default() };
+    let first = store.list("Pod", &options).await.unwrap();
+    assert_eq!(names(&first.items), ["p0", "p1"]);
+    // Changes after the first page do not show in the later pages.
+    let mut changed = store.get(&key("a", "p3")).await.unwrap().unwrap();
+    changed["metadata"]["labels"] = json!({"changed": "yes"});
+    store
+        .txn(vec![Op::Update(changed), Op::Delete { key: key("a", "p2"), revision: None }, Op::Create(pod("a", "p2b"))])
+        .await
+        .unwrap();
+    let mut token = first.continue_token;
+    let mut rest = Vec::new();
+    while let Some(t) = token {
+        let page = store.list("Pod", &ListOptions { continue_token: Some(t), ..options.clone() }).await.unwrap();
+        assert_eq!(page.revision, first.revision, "every page is read at the first page's revision");
+        rest.extend(page.items);
+        token = page.continue_token;
+    }
+    assert_eq!(names(&rest), ["p2", "p3", "p4"]);
+    assert!(rest[1]["metadata"]["labels"].is_null(), "p3 as it was at the first page's revision");
+    let bad = store.list("Pod", &ListOptions { continue_token: Some("zz".into()), ..Default::default() }).await;
+    assert!(matches!(bad, Err(StoreError::BadRequest(_))));
+}
+
+async fn compaction_keeps_what_later_lists_need(store: Arc<dyn Store>) {
+    let old = store.txn(vec![Op::Create(pod("a", "p0")), Op::Create(pod("a", "p1"))]).await.unwrap().revision;
+    let options = ListOptions { limit: Some(1), ..Default::default() };
+    let stale = store.list("Pod", &options).await.unwrap();
+    let kept = store.txn(vec![Op::Create(pod("a", "p2"))]).await.unwrap().revision;
+    let page = store.list("Pod", &options).await.unwrap();
+    // p1 changes after `kept`; a page at `kept` must still see p1 as it was.
+    let mut p1 = store.get(&key("a", "p1")).await.unwrap().unwrap();
+    p1["metadata"]["labels"] = json!({"v": "2"});
+    store.txn(vec![Op::Update(p1)]).await.unwrap();
+    store.compact(kept).await.unwrap();
+    let next = ListOptions { continue_token: page.continue_token, ..options.clone() };
+    let rest = store.list("Pod", &ListOptions { limit: None, ..next }).await.unwrap();
+    assert_eq!(names(&rest.items), ["p1", "p2"]);
+    assert!(rest.items[0]["metadata"]["labels"].is_null());
+    let expired = store.list("Pod", &ListOptions { continue_token: stale.continue_token, ..options }).await;
+    assert!(matches!(expired, Err(StoreError::Expired { requested, .. }) if requested == old), "{expired:?}");
+    let at = store.list("Pod", &ListOptions { at_revision: Some(kept), ..Default::default() }).await.unwrap();
+    assert_eq!((names(&at.items), at.revision), (vec!["p0".into(), "p1".into(), "p2".into()], kept));
+}
+
+async fn watches_filter_kinds_and_send_bookmarks(store: Arc<dyn Store>) {
+    let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: true };
+    let mut w = store.watch(0, options).await.unwrap();
+    let noise = store.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap().revision;
+    let e = next(&mut w).await;
+    assert_eq!((e.event_type, e.revision), (EventType::Bookmark, noise), "a filtered-out commit gives a bookmark");
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "a"}});
+    let wanted = store.txn(vec![Op::Create(cm)]).await.unwrap().revision;
+    let e = next(&mut w).await;
+    assert_eq!((e.event_type, e.revision, e.key.kind.as_str()), (EventType::Added, wanted, "ConfigMap"));
+}
+
+async fn concurrent_transactions_get_distinct_revisions(store: Arc<dyn Store>) {
+    store.txn(vec![Op::Create(pod("a", "taken"))]).await.unwrap();
+    let writers: Vec<_> = (0..64)
+        .map(|i| {
+            let store = store.clone();
+            // Every eighth one is refused; it must not take the others down with it.
+            let name = if i % 8 == 0 { "taken".to_owned() } else { format!("p{i}") };
+            tokio::spawn(async move { store.txn(vec![Op::Create(pod("a", &name))]).await })
+        })
+        .collect();
+    let mut revisions = Vec::new();
+    for (i, w) in writers.into_iter().enumerate() {
+        match w.await.unwrap() {
+            Ok(c) => revisions.push(c.revision),
+            Err(e) => assert!(i % 8 == 0 && e.is_already_exists(), "{i}: {e}"),
+        }
+    }
+    revisions.sort();
+    revisions.dedup();
+    assert_eq!(revisions.len(), 56, "each committed transaction has its own revision");
+    assert_eq!(store.list("Pod", &ListOptions::default()).await.unwrap().items.len(), 57);
 }

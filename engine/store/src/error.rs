@@ -1,8 +1,10 @@
 use gitplane_api::ObjectKey;
+use serde::{Deserialize, Serialize};
 
-/// Why a store operation failed. Each variant names the object it concerns.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+/// Why a transaction was refused. Deterministic: every replica that applies the same
+/// transaction to the same state refuses it for the same reason, so it travels in Raft answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
     #[error("{key} not found")]
     NotFound { key: ObjectKey },
     #[error("{key} already exists")]
@@ -11,14 +13,23 @@ pub enum StoreError {
         "conflict on {key}: the update was based on resourceVersion {expected}, the object is now at {current}; read it again and retry"
     )]
     Conflict { key: ObjectKey, expected: i64, current: i64 },
-    #[error(
-        "revision {requested} has been compacted (history starts after {compacted}): list again and watch from the list's revision"
-    )]
-    Expired { requested: i64, compacted: i64 },
     #[error("{key} is {size} bytes, over the limit of {limit} bytes")]
     TooLarge { key: ObjectKey, size: usize, limit: usize },
     #[error("invalid object: {0}")]
     Invalid(String),
+}
+
+/// Why a store operation failed. Each variant names the object it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{0}")]
+    Rejected(Rejection),
+    #[error(
+        "revision {requested} has been compacted (history starts after {compacted}): list again and watch from the list's revision"
+    )]
+    Expired { requested: i64, compacted: i64 },
+    #[error("invalid request: {0}")]
+    BadRequest(String),
     #[error("corrupt store data for {key}: {source}")]
     Corrupt {
         key: String,
@@ -29,15 +40,34 @@ pub enum StoreError {
     Backend(#[from] sqlx::Error),
     #[error("migrating the store schema: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl From<Rejection> for StoreError {
+    fn from(r: Rejection) -> Self {
+        StoreError::Rejected(r)
+    }
 }
 
 impl StoreError {
     pub fn is_conflict(&self) -> bool {
-        matches!(self, StoreError::Conflict { .. })
+        matches!(self, StoreError::Rejected(Rejection::Conflict { .. }))
     }
 
     pub fn is_not_found(&self) -> bool {
-        matches!(self, StoreError::NotFound { .. })
+        matches!(self, StoreError::Rejected(Rejection::NotFound { .. }))
+    }
+
+    pub fn is_already_exists(&self) -> bool {
+        matches!(self, StoreError::Rejected(Rejection::AlreadyExists { .. }))
+    }
+
+    pub fn rejection(&self) -> Option<&Rejection> {
+        match self {
+            StoreError::Rejected(r) => Some(r),
+            _ => None,
+        }
     }
 }
 

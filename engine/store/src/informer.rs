@@ -5,7 +5,7 @@
 //! A watch that falls behind compaction re-lists; subscribers then receive `Resync` and should
 //! re-enqueue everything (level-triggered, as Kubernetes controllers are).
 
-use crate::{Event, EventType, ListOptions, ObjectKey, Revision, Store, StoreError};
+use crate::{Event, EventType, ListOptions, ObjectKey, Revision, Store, StoreError, WatchOptions};
 use futures::{FutureExt, StreamExt};
 use gitplane_api::kube_core::Resource;
 use gitplane_api::object::{from_value, kind_of};
@@ -78,6 +78,7 @@ impl Cache {
             EventType::Added | EventType::Modified => {
                 of_kind.insert(id, Arc::new(event.object.clone()));
             }
+            EventType::Bookmark => {}
         }
     }
 
@@ -121,12 +122,16 @@ impl Informer {
         let (revision_tx, revision) = watch::channel(0);
         let informer = Informer { cache: cache.clone(), notifications: notifications.clone(), revision };
         tokio::spawn(async move {
+            let mut resume: Option<Revision> = None;
             loop {
-                match run(&*store, &kinds, &cache, &notifications, &revision_tx).await {
-                    Err(StoreError::Expired { .. }) => tracing::info!("informer watch expired, re-listing"),
+                match run(&*store, &kinds, &cache, &notifications, &revision_tx, &mut resume).await {
+                    Err(StoreError::Expired { .. }) => {
+                        tracing::info!("informer watch expired, re-listing");
+                        resume = None;
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "informer watch failed, re-listing");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        tracing::warn!(error = %e, ?resume, "informer watch failed, resuming");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                     Ok(()) => return, // the store has shut down
                 }
@@ -157,32 +162,43 @@ impl Informer {
     }
 }
 
+/// Lists every kind at one revision (unless resuming), then follows the watch. `resume` holds
+/// the revision the cache has reached, so a broken watch (a replica gone, a leader change)
+/// continues from there without a new list; only an expired revision makes it list again.
 async fn run(
     store: &dyn Store,
     kinds: &[String],
     cache: &Cache,
     notifications: &broadcast::Sender<Notification>,
     revision: &watch::Sender<Revision>,
+    resume: &mut Option<Revision>,
 ) -> Result<(), StoreError> {
-    // Each kind is listed at its own revision; an event at or below a kind's list revision is
-    // already in the cache and is skipped.
-    let mut listed: HashMap<&str, Revision> = HashMap::new();
-    for kind in kinds {
-        let list = store.list(kind, &ListOptions::default()).await?;
-        listed.insert(kind, list.revision);
-        cache.replace(kind, list.items);
-    }
-    let from = listed.values().copied().min().unwrap_or(0);
-    let mut events = store.watch(from).await?;
-    revision.send_replace(listed.values().copied().max().unwrap_or(0).max(1));
-    let _ = notifications.send(Notification::Resync);
+    let from = match *resume {
+        Some(from) => from,
+        None => {
+            let mut at = None;
+            for kind in kinds {
+                let list = store.list(kind, &ListOptions { at_revision: at, ..Default::default() }).await?;
+                at = Some(list.revision);
+                cache.replace(kind, list.items);
+            }
+            let listed = at.unwrap_or(0);
+            revision.send_replace(listed.max(1));
+            let _ = notifications.send(Notification::Resync);
+            listed
+        }
+    };
+    *resume = Some(from);
+    let options = WatchOptions { kinds: Some(kinds.to_vec()), bookmarks: true };
+    let mut events = store.watch(from, options).await?;
     while let Some(event) = events.next().await {
-        let mut last = apply(event?, &listed, cache, notifications);
+        let mut last = apply(event?, cache, notifications);
         // Publish the revision once the events that are already here (a whole transaction,
         // usually) are applied, so a waiter never sees half a transaction.
         while let Some(Some(event)) = events.next().now_or_never() {
-            last = apply(event?, &listed, cache, notifications);
+            last = apply(event?, cache, notifications);
         }
+        *resume = Some(last);
         revision.send_if_modified(|r| {
             let advanced = last > *r;
             *r = (*r).max(last);
@@ -192,14 +208,9 @@ async fn run(
     Ok(())
 }
 
-fn apply(
-    event: Event,
-    listed: &HashMap<&str, Revision>,
-    cache: &Cache,
-    notifications: &broadcast::Sender<Notification>,
-) -> Revision {
+fn apply(event: Event, cache: &Cache, notifications: &broadcast::Sender<Notification>) -> Revision {
     let revision = event.revision;
-    if listed.get(event.key.kind.as_str()).is_some_and(|listed| revision > *listed) {
+    if event.event_type != EventType::Bookmark {
         cache.apply(&event);
         let _ = notifications.send(Notification::Changed(Arc::new(event)));
     }

@@ -14,14 +14,16 @@ pub mod api;
 mod conformance;
 mod error;
 pub mod informer;
+pub mod selector;
 pub mod sqlite;
 pub mod stage;
 
 pub use api::Api;
-pub use error::{Result, StoreError};
+pub use error::{Rejection, Result, StoreError};
 pub use gitplane_api::ObjectKey;
 
 use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The global revision; also every object's `resourceVersion`.
@@ -31,7 +33,7 @@ pub type Revision = i64;
 pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
 
 /// One write inside a transaction.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Op {
     /// Create an object; fails with `AlreadyExists`.
     Create(Value),
@@ -45,19 +47,43 @@ pub enum Op {
 }
 
 impl Op {
-    pub fn key(&self) -> Result<ObjectKey> {
+    pub fn key(&self) -> std::result::Result<ObjectKey, Rejection> {
         match self {
             Op::Create(v) | Op::Update(v) | Op::UpdateStatus(v) => {
-                ObjectKey::from_value(v).map_err(|e| StoreError::Invalid(e.to_string()))
+                ObjectKey::from_value(v).map_err(|e| Rejection::Invalid(e.to_string()))
             }
             Op::Delete { key, .. } => Ok(key.clone()),
         }
     }
 }
 
+/// A transaction as every backend and replica applies it: the ops, plus what must not differ
+/// between replicas (the time and the uids of created objects), decided once by the proposer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Txn {
+    pub ops: Vec<Op>,
+    /// RFC 3339, for `creationTimestamp`.
+    pub time: String,
+    /// One per `Op::Create`, in order.
+    pub uids: Vec<String>,
+}
+
+impl Txn {
+    /// Stamps `ops` with the current time and fresh uids.
+    pub fn new(ops: Vec<Op>) -> Txn {
+        let uids =
+            ops.iter().filter(|op| matches!(op, Op::Create(_))).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+        let time = k8s_openapi::jiff::Timestamp::now()
+            .round(k8s_openapi::jiff::Unit::Second)
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        Txn { ops, time, uids }
+    }
+}
+
 /// A committed transaction: its revision and the resulting objects, in op order (for a delete,
 /// the object as it was).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Committed {
     pub revision: Revision,
     pub objects: Vec<Value>,
@@ -68,6 +94,15 @@ pub struct Committed {
 pub struct ListOptions {
     /// Only this namespace; `None` lists every namespace.
     pub namespace: Option<String>,
+    /// A Kubernetes label selector (`app=web,tier in (a,b)`).
+    pub label_selector: Option<String>,
+    /// At most this many items; the rest through `continue_token`.
+    pub limit: Option<usize>,
+    /// From a previous page: the next page, as of that page's revision.
+    pub continue_token: Option<String>,
+    /// List as of this revision instead of the latest (Kubernetes' `resourceVersionMatch=Exact`);
+    /// `Expired` when compacted.
+    pub at_revision: Option<Revision>,
 }
 
 /// A consistent list: every item as of `revision`.
@@ -75,6 +110,18 @@ pub struct ListOptions {
 pub struct List {
     pub revision: Revision,
     pub items: Vec<Value>,
+    /// Set when `limit` cut the list: pass it back for the next page.
+    pub continue_token: Option<String>,
+}
+
+/// Which events a watch delivers.
+#[derive(Clone, Debug, Default)]
+pub struct WatchOptions {
+    /// Only these group kinds; `None` for all.
+    pub kinds: Option<Vec<String>>,
+    /// Send a `Bookmark` with the latest revision when filtered-out commits move it on, so the
+    /// watcher can resume from there.
+    pub bookmarks: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +129,8 @@ pub enum EventType {
     Added,
     Modified,
     Deleted,
+    /// No change: the watch has seen every commit up to this revision.
+    Bookmark,
 }
 
 impl EventType {
@@ -89,7 +138,7 @@ impl EventType {
         match self {
             EventType::Added => 0,
             EventType::Modified => 1,
-            EventType::Deleted => 2,
+            EventType::Deleted | EventType::Bookmark => Self::DELETED_CODE,
         }
     }
 
@@ -101,24 +150,33 @@ impl EventType {
         }
     }
 
+    pub(crate) const DELETED_CODE: i64 = 2;
+
     /// The Kubernetes watch event type.
     pub fn as_str(self) -> &'static str {
         match self {
             EventType::Added => "ADDED",
             EventType::Modified => "MODIFIED",
             EventType::Deleted => "DELETED",
+            EventType::Bookmark => "BOOKMARK",
         }
     }
 }
 
 /// One change, as a watcher sees it. For `Deleted`, `object` is the last state with
-/// `resourceVersion` set to the deleting revision.
+/// `resourceVersion` set to the deleting revision. A `Bookmark` has an empty key and object.
 #[derive(Clone, Debug)]
 pub struct Event {
     pub revision: Revision,
     pub event_type: EventType,
     pub key: ObjectKey,
     pub object: Value,
+}
+
+impl Event {
+    pub fn bookmark(revision: Revision) -> Event {
+        Event { revision, event_type: EventType::Bookmark, key: ObjectKey::default(), object: Value::Null }
+    }
 }
 
 pub type WatchStream = BoxStream<'static, Result<Event>>;
@@ -128,7 +186,7 @@ pub type WatchStream = BoxStream<'static, Result<Event>>;
 pub trait Store: Send + Sync + 'static {
     async fn get(&self, key: &ObjectKey) -> Result<Option<Value>>;
 
-    /// Every object of a group kind, optionally in one namespace, as of one revision.
+    /// The objects of a group kind that match `options`, as of one revision, a page at a time.
     async fn list(&self, kind: &str, options: &ListOptions) -> Result<List>;
 
     /// Applies the ops atomically under one new revision: all or nothing.
@@ -136,11 +194,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The events after `from`, in order, then every later commit. `Expired` when `from` is
     /// older than the compacted history.
-    async fn watch(&self, from: Revision) -> Result<WatchStream>;
+    async fn watch(&self, from: Revision, options: WatchOptions) -> Result<WatchStream>;
 
     /// The latest committed revision.
     async fn revision(&self) -> Result<Revision>;
 
-    /// Forgets the history at and below `revision`.
+    /// Forgets the history at and below `revision`, as etcd does: the version of every object
+    /// alive at `revision` stays, so lists at later revisions remain possible.
     async fn compact(&self, revision: Revision) -> Result<()>;
 }

@@ -2,7 +2,9 @@
 //! `uid`, `creationTimestamp`, `generation`) and the spec/status split. Pure functions, shared
 //! by every backend.
 
-use crate::{MAX_OBJECT_BYTES, ObjectKey, Result, Revision, StoreError};
+use crate::{MAX_OBJECT_BYTES, ObjectKey, Rejection, Revision};
+
+type Result<T> = std::result::Result<T, Rejection>;
 use serde_json::{Map, Value};
 
 /// Fields of `metadata` that only the store sets.
@@ -12,7 +14,7 @@ fn metadata_mut(value: &mut Value) -> Result<&mut Map<String, Value>> {
     value
         .get_mut("metadata")
         .and_then(Value::as_object_mut)
-        .ok_or_else(|| StoreError::Invalid("object has no metadata".into()))
+        .ok_or_else(|| Rejection::Invalid("object has no metadata".into()))
 }
 
 /// A new object: fresh uid and creation time, generation 1.
@@ -46,7 +48,7 @@ pub fn update(old: &Value, mut new: Value, revision: Revision) -> Result<Value> 
         (Some(obj), None) => {
             obj.remove("status");
         }
-        (None, _) => return Err(StoreError::Invalid("object is not a JSON object".into())),
+        (None, _) => return Err(Rejection::Invalid("object is not a JSON object".into())),
     }
     Ok(new)
 }
@@ -54,7 +56,7 @@ pub fn update(old: &Value, mut new: Value, revision: Revision) -> Result<Value> 
 /// A status write: only `status` changes; generation stays.
 pub fn update_status(old: &Value, new: &Value, revision: Revision) -> Result<Value> {
     let mut stored = old.clone();
-    let obj = stored.as_object_mut().ok_or_else(|| StoreError::Invalid("stored object is not a JSON object".into()))?;
+    let obj = stored.as_object_mut().ok_or_else(|| Rejection::Invalid("stored object is not a JSON object".into()))?;
     match new.get("status") {
         Some(status) => obj.insert("status".into(), status.clone()),
         None => obj.remove("status"),
@@ -73,7 +75,7 @@ pub fn delete(old: &Value, revision: Revision) -> Result<Value> {
 /// Refuses objects over [`MAX_OBJECT_BYTES`] once serialized.
 pub fn check_size(key: &ObjectKey, serialized: &str) -> Result<()> {
     if serialized.len() > MAX_OBJECT_BYTES {
-        return Err(StoreError::TooLarge { key: key.clone(), size: serialized.len(), limit: MAX_OBJECT_BYTES });
+        return Err(Rejection::TooLarge { key: key.clone(), size: serialized.len(), limit: MAX_OBJECT_BYTES });
     }
     Ok(())
 }
