@@ -19,6 +19,7 @@
 //! working copy with the real `git` command, as a user pushes.
 
 mod gitplane;
+pub mod linearizability;
 pub use gitplane::{Gitplane, Worktree, binary};
 
 use std::collections::HashSet;

@@ -8,8 +8,8 @@ const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
 /// `base` plus five random characters: `web-7d9c5-x2k9f`.
 pub fn generate(base: &str) -> String {
-    let mut rng = rand::rng();
-    let suffix: String = (0..5).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect();
+    let mut rng = rand::thread_rng();
+    let suffix: String = (0..5).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect();
     format!("{}-{suffix}", truncate(base, 58))
 }
 

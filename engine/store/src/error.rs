@@ -42,6 +42,10 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// This replica cannot take writes now and did not apply the transaction: it is safe to
+    /// send it again, to the leader.
+    #[error("not the leader: {0}")]
+    NotLeader(String),
 }
 
 impl From<Rejection> for StoreError {

@@ -14,6 +14,8 @@ pub mod api;
 mod conformance;
 mod error;
 pub mod informer;
+pub mod raft;
+pub mod remote;
 pub mod selector;
 pub mod sqlite;
 pub mod stage;
@@ -198,6 +200,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// The latest committed revision.
     async fn revision(&self) -> Result<Revision>;
+
+    /// After it returns, reads from this store observe every write committed anywhere before the
+    /// call (a linearizable read point). A single-writer store is always there.
+    async fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// Forgets the history at and below `revision`, as etcd does: the version of every object
     /// alive at `revision` stays, so lists at later revisions remain possible.

@@ -144,9 +144,43 @@ impl SqliteStore {
         self.inner.revision.load(Ordering::SeqCst)
     }
 
+    /// Follows the latest applied revision.
+    pub fn committed(&self) -> watch::Receiver<Revision> {
+        self.inner.committed.subscribe()
+    }
+
     /// The connection pool, for a Raft state machine's own tables in the same database.
     pub fn pool(&self) -> &SqlitePool {
         &self.inner.pool
+    }
+
+    /// Replaces the whole contents with those of another store file (a Raft snapshot), atomically,
+    /// then tells watchers: those behind the snapshot's history get `Expired` and re-list.
+    pub async fn install(&self, path: &Path, tables: &[&str]) -> Result<()> {
+        let _writer = self.inner.write.lock().await;
+        let mut conn = self.inner.pool.acquire().await?;
+        sqlx::query("ATTACH DATABASE ? AS snapshot").bind(path.to_string_lossy().as_ref()).execute(&mut *conn).await?;
+        let copied = async {
+            sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+            for table in ["objects", "events", "meta"].iter().chain(tables) {
+                sqlx::query(&format!("DELETE FROM main.{table}")).execute(&mut *conn).await?;
+                sqlx::query(&format!("INSERT INTO main.{table} SELECT * FROM snapshot.{table}"))
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            sqlx::query("COMMIT").execute(&mut *conn).await
+        }
+        .await;
+        if copied.is_err() {
+            let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
+        }
+        sqlx::query("DETACH DATABASE snapshot").execute(&mut *conn).await?;
+        copied?;
+        let revision = meta(&self.inner.pool, "revision").await?;
+        self.inner.compacted.store(meta(&self.inner.pool, "compacted").await?, Ordering::SeqCst);
+        self.inner.revision.store(revision, Ordering::SeqCst);
+        self.inner.committed.send_replace(revision);
+        Ok(())
     }
 }
 

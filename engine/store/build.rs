@@ -1,0 +1,7 @@
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protoc = protoc_bin_vendored::protoc_bin_path()?;
+    // SAFETY: build scripts are single-threaded.
+    unsafe { std::env::set_var("PROTOC", protoc) };
+    tonic_prost_build::configure().compile_protos(&["proto/store.proto"], &["proto"])?;
+    Ok(())
+}

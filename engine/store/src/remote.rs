@@ -1,0 +1,387 @@
+//! The store over gRPC: [`StoreServer`] serves any [`Store`] (a replica's), [`RemoteStore`] is a
+//! [`Store`] that talks to one or more replicas and fails over between them.
+//!
+//! Failures keep their meaning across the wire: a rejection is a `TxnReply.rejected`;
+//! `NotLeader` (safe to resend) and `Expired` travel as status codes with metadata. A transport
+//! failure after a transaction was sent is an unknown outcome and is never retried here.
+
+use crate::{
+    Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError,
+    WatchOptions, WatchStream,
+};
+use futures::StreamExt;
+use serde_json::Value;
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+use tonic::{Code, Request, Response, Status, metadata::MetadataValue, transport::Channel};
+
+pub mod pb {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("gitplane.store.v1");
+}
+
+use pb::{store_service_client::StoreServiceClient, store_service_server};
+
+const NOT_LEADER: &str = "gitplane-not-leader";
+const EXPIRED: &str = "gitplane-expired";
+
+fn to_status(e: StoreError) -> Status {
+    match e {
+        StoreError::NotLeader(message) => {
+            let mut status = Status::unavailable(message);
+            status.metadata_mut().insert(NOT_LEADER, MetadataValue::from_static("1"));
+            status
+        }
+        StoreError::Expired { requested, compacted } => {
+            let mut status = Status::out_of_range(e.to_string());
+            if let Ok(v) = format!("{requested},{compacted}").parse() {
+                status.metadata_mut().insert(EXPIRED, v);
+            }
+            status
+        }
+        StoreError::BadRequest(m) => Status::invalid_argument(m),
+        StoreError::Rejected(r) => Status::failed_precondition(r.to_string()),
+        other => Status::unavailable(other.to_string()),
+    }
+}
+
+fn from_status(status: Status) -> StoreError {
+    if status.metadata().get(NOT_LEADER).is_some() {
+        return StoreError::NotLeader(status.message().to_owned());
+    }
+    if let Some((requested, compacted)) = status
+        .metadata()
+        .get(EXPIRED)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(','))
+        .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)))
+    {
+        return StoreError::Expired { requested, compacted };
+    }
+    match status.code() {
+        Code::InvalidArgument => StoreError::BadRequest(status.message().to_owned()),
+        _ => StoreError::Unavailable(format!("{}: {}", status.code(), status.message())),
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn parse<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, Status> {
+    serde_json::from_slice(bytes).map_err(|e| Status::invalid_argument(format!("{what} is not valid JSON: {e}")))
+}
+
+/// Serves a store to clients and to follower replicas forwarding writes.
+pub struct StoreServer {
+    store: Arc<dyn Store>,
+}
+
+impl StoreServer {
+    pub fn new(store: Arc<dyn Store>) -> store_service_server::StoreServiceServer<StoreServer> {
+        store_service_server::StoreServiceServer::new(StoreServer { store })
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20)
+    }
+}
+
+type EventStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl store_service_server::StoreService for StoreServer {
+    async fn txn(&self, request: Request<pb::Payload>) -> Result<Response<pb::TxnReply>, Status> {
+        let ops: Vec<Op> = parse("transaction", &request.get_ref().json)?;
+        let outcome = match self.store.txn(ops).await {
+            Ok(committed) => pb::txn_reply::Outcome::Committed(json(&committed)),
+            Err(StoreError::Rejected(r)) => pb::txn_reply::Outcome::Rejected(json(&r)),
+            Err(e) => return Err(to_status(e)),
+        };
+        Ok(Response::new(pb::TxnReply { outcome: Some(outcome) }))
+    }
+
+    async fn get(&self, request: Request<pb::GetRequest>) -> Result<Response<pb::Payload>, Status> {
+        let r = request.into_inner();
+        if r.linearizable {
+            self.store.barrier().await.map_err(to_status)?;
+        }
+        let object = self.store.get(&ObjectKey::new(r.kind, r.namespace, r.name)).await.map_err(to_status)?;
+        Ok(Response::new(pb::Payload { json: object.map(|o| json(&o)).unwrap_or_default(), data: Vec::new() }))
+    }
+
+    async fn list(&self, request: Request<pb::ListRequest>) -> Result<Response<pb::ListReply>, Status> {
+        let r = request.into_inner();
+        if r.linearizable {
+            self.store.barrier().await.map_err(to_status)?;
+        }
+        let options = ListOptions {
+            namespace: r.namespace,
+            label_selector: r.label_selector,
+            limit: r.limit.map(|l| l as usize),
+            continue_token: r.continue_token,
+            at_revision: r.at_revision,
+        };
+        let list = self.store.list(&r.kind, &options).await.map_err(to_status)?;
+        Ok(Response::new(pb::ListReply {
+            revision: list.revision,
+            items: list.items.iter().map(json).collect(),
+            continue_token: list.continue_token,
+        }))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<EventStream>, Status> {
+        let r = request.into_inner();
+        let kinds = (!r.kinds.is_empty()).then_some(r.kinds);
+        let events = self
+            .store
+            .watch(r.from_revision, WatchOptions { kinds, bookmarks: r.bookmarks })
+            .await
+            .map_err(to_status)?;
+        let stream = events.map(|event| {
+            event.map_err(to_status).map(|e| pb::WatchEvent {
+                revision: e.revision,
+                r#type: e.event_type.as_str().to_owned(),
+                kind: e.key.kind,
+                namespace: e.key.namespace,
+                name: e.key.name,
+                object: if e.object.is_null() { Vec::new() } else { json(&e.object) },
+            })
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn revision(&self, _: Request<pb::Empty>) -> Result<Response<pb::ReadIndexReply>, Status> {
+        let revision = self.store.revision().await.map_err(to_status)?;
+        Ok(Response::new(pb::ReadIndexReply { index: revision.max(0) as u64 }))
+    }
+
+    async fn read_index(&self, _: Request<pb::Empty>) -> Result<Response<pb::ReadIndexReply>, Status> {
+        self.store.barrier().await.map_err(to_status)?;
+        let revision = self.store.revision().await.map_err(to_status)?;
+        Ok(Response::new(pb::ReadIndexReply { index: revision.max(0) as u64 }))
+    }
+}
+
+/// A store reached over the network, at one or more replicas (`http://host:port`).
+#[derive(Clone)]
+pub struct RemoteStore {
+    clients: Arc<Vec<StoreServiceClient<Channel>>>,
+    current: Arc<AtomicUsize>,
+}
+
+impl RemoteStore {
+    pub fn new(endpoints: &[String]) -> Result<RemoteStore> {
+        if endpoints.is_empty() {
+            return Err(StoreError::BadRequest("no store endpoints given".into()));
+        }
+        let clients = endpoints
+            .iter()
+            .map(|e| {
+                let channel = tonic::transport::Endpoint::from_shared(e.clone())
+                    .map_err(|err| StoreError::BadRequest(format!("store endpoint {e:?}: {err}")))?
+                    .connect_timeout(Duration::from_secs(2))
+                    .tcp_nodelay(true)
+                    .connect_lazy();
+                Ok(StoreServiceClient::new(channel)
+                    .max_decoding_message_size(64 << 20)
+                    .max_encoding_message_size(64 << 20))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RemoteStore { clients: Arc::new(clients), current: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    fn client(&self) -> (usize, StoreServiceClient<Channel>) {
+        let i = self.current.load(Ordering::Relaxed) % self.clients.len();
+        (i, self.clients[i].clone())
+    }
+
+    /// Moves to the next replica after `failed` failed (unless another call already moved on).
+    fn fail_over(&self, failed: usize) {
+        let _ = self.current.compare_exchange(
+            failed,
+            (failed + 1) % self.clients.len(),
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Runs a read on the current replica, failing over to the others on transport errors.
+    async fn read<T, F, Fut>(&self, call: F) -> Result<T>
+    where
+        F: Fn(StoreServiceClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        let mut last = None;
+        for _ in 0..self.clients.len() {
+            let (i, client) = self.client();
+            match call(client).await {
+                Ok(v) => return Ok(v),
+                Err(s) if matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
+                    self.fail_over(i);
+                    last = Some(s);
+                }
+                Err(s) => return Err(from_status(s)),
+            }
+        }
+        Err(last.map(from_status).unwrap_or_else(|| StoreError::Unavailable("no replica answered".into())))
+    }
+
+    /// A read that observes every write committed before it (the server waits for a quorum-
+    /// confirmed read index first).
+    pub async fn get_linearizable(&self, key: &ObjectKey) -> Result<Option<Value>> {
+        self.get_with(key, true).await
+    }
+
+    async fn get_with(&self, key: &ObjectKey, linearizable: bool) -> Result<Option<Value>> {
+        let request = pb::GetRequest {
+            kind: key.kind.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            linearizable,
+        };
+        let payload = self
+            .read(|mut c| {
+                let request = request.clone();
+                async move { c.get(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        if payload.json.is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_slice(&payload.json)
+            .map(Some)
+            .map_err(|source| StoreError::Corrupt { key: key.to_string(), source })
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for RemoteStore {
+    async fn get(&self, key: &ObjectKey) -> Result<Option<Value>> {
+        self.get_with(key, false).await
+    }
+
+    async fn list(&self, kind: &str, options: &ListOptions) -> Result<List> {
+        let request = pb::ListRequest {
+            kind: kind.to_owned(),
+            namespace: options.namespace.clone(),
+            label_selector: options.label_selector.clone(),
+            limit: options.limit.map(|l| l as u64),
+            continue_token: options.continue_token.clone(),
+            at_revision: options.at_revision,
+            linearizable: false,
+        };
+        let reply = self
+            .read(|mut c| {
+                let request = request.clone();
+                async move { c.list(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        let items = reply
+            .items
+            .iter()
+            .map(|bytes| {
+                serde_json::from_slice(bytes).map_err(|source| StoreError::Corrupt { key: kind.to_owned(), source })
+            })
+            .collect::<Result<_>>()?;
+        Ok(List { revision: reply.revision, items, continue_token: reply.continue_token })
+    }
+
+    /// Sends the transaction to the current replica. `NotLeader` and connection refusals (nothing
+    /// was sent) move on to the next replica; any other failure is returned, as its outcome is
+    /// unknown.
+    async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
+        let body = pb::Payload { json: json(&ops), data: Vec::new() };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let (i, mut client) = self.client();
+            let error = match client.txn(body.clone()).await {
+                Ok(reply) => {
+                    return match reply.into_inner().outcome {
+                        Some(pb::txn_reply::Outcome::Committed(c)) => serde_json::from_slice(&c)
+                            .map_err(|source| StoreError::Corrupt { key: "transaction result".into(), source }),
+                        Some(pb::txn_reply::Outcome::Rejected(r)) => {
+                            let rejection: Rejection = serde_json::from_slice(&r)
+                                .map_err(|source| StoreError::Corrupt { key: "transaction result".into(), source })?;
+                            Err(rejection.into())
+                        }
+                        None => Err(StoreError::Unavailable("empty transaction reply".into())),
+                    };
+                }
+                Err(status) => status,
+            };
+            let retry = error.metadata().get(NOT_LEADER).is_some() || is_connect_error(&error);
+            if !retry || tokio::time::Instant::now() >= deadline {
+                return Err(from_status(error));
+            }
+            self.fail_over(i);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn watch(&self, from: Revision, options: WatchOptions) -> Result<WatchStream> {
+        let request = pb::WatchRequest {
+            from_revision: from,
+            kinds: options.kinds.unwrap_or_default(),
+            bookmarks: options.bookmarks,
+        };
+        let stream = self
+            .read(|mut c| {
+                let request = request.clone();
+                async move { c.watch(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        Ok(stream
+            .map(|event| {
+                let e = event.map_err(from_status)?;
+                let event_type = match e.r#type.as_str() {
+                    "ADDED" => EventType::Added,
+                    "MODIFIED" => EventType::Modified,
+                    "DELETED" => EventType::Deleted,
+                    _ => return Ok(Event::bookmark(e.revision)),
+                };
+                let key = ObjectKey::new(e.kind, e.namespace, e.name);
+                let object = serde_json::from_slice(&e.object)
+                    .map_err(|source| StoreError::Corrupt { key: key.to_string(), source })?;
+                Ok(Event { revision: e.revision, event_type, key, object })
+            })
+            .boxed())
+    }
+
+    async fn revision(&self) -> Result<Revision> {
+        let reply = self.read(|mut c| async move { c.revision(pb::Empty {}).await.map(Response::into_inner) }).await?;
+        Ok(reply.index as Revision)
+    }
+
+    async fn barrier(&self) -> Result<()> {
+        self.read(|mut c| async move { c.read_index(pb::Empty {}).await.map(Response::into_inner) }).await?;
+        Ok(())
+    }
+
+    async fn compact(&self, _revision: Revision) -> Result<()> {
+        Err(StoreError::BadRequest("compaction is done by each replica, not over the network".into()))
+    }
+}
+
+/// Whether the request never reached a server (so it was not applied).
+fn is_connect_error(status: &Status) -> bool {
+    status.code() == Code::Unavailable && {
+        let mut source = std::error::Error::source(status);
+        let mut refused = false;
+        while let Some(e) = source {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
+            }
+            if e.downcast_ref::<tonic::transport::Error>().is_some_and(|t| t.to_string().contains("connect")) {
+                refused = true;
+            }
+            source = e.source();
+        }
+        refused
+    }
+}
