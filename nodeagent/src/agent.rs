@@ -26,8 +26,9 @@ use tonic::{Code, transport::Channel};
 /// How an agent finds its control plane and its runtime.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
-    /// The control plane, e.g. `http://127.0.0.1:8080`.
-    pub server: String,
+    /// The control plane's replicas, e.g. `http://127.0.0.1:8080`; the agent moves to the next
+    /// one when the one it uses fails.
+    pub servers: Vec<String>,
     pub node_name: String,
     /// The node's address, reported as InternalIP and as the Pods' hostIP.
     pub node_ip: Option<String>,
@@ -49,9 +50,9 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    pub fn new(server: impl Into<String>, node_name: impl Into<String>, containerd_socket: PathBuf) -> Self {
+    pub fn new(servers: Vec<String>, node_name: impl Into<String>, containerd_socket: PathBuf) -> Self {
         AgentConfig {
-            server: server.into(),
+            servers,
             node_name: node_name.into(),
             node_ip: None,
             containerd_socket,
@@ -72,6 +73,8 @@ pub enum AgentError {
     Runtime { socket: PathBuf, source: crate::cri::CriError },
     #[error("control plane address {server:?}: {source}")]
     Server { server: String, source: tonic::transport::Error },
+    #[error("no control plane address given")]
+    NoServers,
     #[error(transparent)]
     Cni(#[from] cni::CniError),
 }
@@ -86,13 +89,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .await
         .map_err(|source| AgentError::Runtime { socket: cfg.containerd_socket.clone(), source })?;
     let runtime_version = format!("{}://{}", version.runtime_name, version.runtime_version);
-    let channel = tonic::transport::Endpoint::from_shared(cfg.server.clone())
-        .map_err(|source| AgentError::Server { server: cfg.server.clone(), source })?
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_while_idle(true)
-        .connect_lazy();
-    let client = NodeServiceClient::new(channel);
+    let client = Servers::new(&cfg.servers)?;
 
     let Some(pod_cidr) = register(&cfg, &client, &runtime_version, &mut shutdown).await else { return Ok(()) };
     let conflist = cni::write_conflist(&cfg.cni_conf_dir, "gitplane", &cfg.bridge, &pod_cidr, &cfg.cni_data_dir)?;
@@ -110,7 +107,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let mut delay = RETRY_MIN;
     loop {
         let request = WatchPodsRequest { node_name: cfg.node_name.clone(), resource_version: revision };
-        let mut watch_client = client.clone();
+        let (server, mut watch_client) = client.get();
         let started = tokio::select! {
             _ = shutdown.wait_for(|s| *s) => break,
             r = watch_client.watch_pods(request) => r,
@@ -119,6 +116,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
             Ok(r) => r.into_inner(),
             Err(status) => {
                 tracing::warn!(error = %status.message(), "pod watch failed, retrying");
+                client.failed(server);
                 if sleep_or_shutdown(&mut delay, &mut shutdown).await {
                     break;
                 }
@@ -140,6 +138,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
                 }
                 Ok(None) => {
                     tracing::info!("pod watch ended, reconnecting");
+                    client.failed(server);
                     break;
                 }
                 Err(status) => {
@@ -147,6 +146,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
                         revision = 0; // compacted: list again
                     }
                     tracing::warn!(error = %status.message(), "pod watch broke, reconnecting");
+                    client.failed(server);
                     break;
                 }
             }
@@ -163,7 +163,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
 /// Registers until it succeeds; `None` when shut down first.
 async fn register(
     cfg: &AgentConfig,
-    client: &NodeServiceClient<Channel>,
+    client: &Servers,
     runtime_version: &str,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<String> {
@@ -171,10 +171,12 @@ async fn register(
     let request = RegisterRequest { node: serde_json::to_vec(&node).unwrap_or_default() };
     let mut delay = RETRY_MIN;
     loop {
-        match client.clone().register(request.clone()).await {
+        let (server, mut c) = client.get();
+        match c.register(request.clone()).await {
             Ok(r) => return Some(r.into_inner().pod_cidr),
             Err(status) => {
-                tracing::warn!(server = %cfg.server, error = %status.message(), "registration failed, retrying")
+                tracing::warn!(server = %cfg.servers[server], error = %status.message(), "registration failed, retrying");
+                client.failed(server);
             }
         }
         if sleep_or_shutdown(&mut delay, shutdown).await {
@@ -193,14 +195,60 @@ async fn sleep_or_shutdown(delay: &mut Duration, shutdown: &mut watch::Receiver<
     }
 }
 
-async fn heartbeat(cfg: AgentConfig, client: NodeServiceClient<Channel>) {
+async fn heartbeat(cfg: AgentConfig, client: Servers) {
     let mut tick = tokio::time::interval(cfg.heartbeat);
     loop {
         tick.tick().await;
         let request = HeartbeatRequest { node_name: cfg.node_name.clone() };
-        if let Err(status) = client.clone().heartbeat(request).await {
+        let (server, mut c) = client.get();
+        if let Err(status) = c.heartbeat(request).await {
             tracing::warn!(error = %status.message(), "lease renewal failed");
+            client.failed(server);
         }
+    }
+}
+
+/// The control plane's replicas; calls go to one until it fails, then to the next.
+#[derive(Clone)]
+struct Servers {
+    clients: Arc<Vec<NodeServiceClient<Channel>>>,
+    current: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Servers {
+    fn new(servers: &[String]) -> Result<Servers, AgentError> {
+        if servers.is_empty() {
+            return Err(AgentError::NoServers);
+        }
+        let clients = servers
+            .iter()
+            .map(|server| {
+                let channel = tonic::transport::Endpoint::from_shared(server.clone())
+                    .map_err(|source| AgentError::Server { server: server.clone(), source })?
+                    .connect_timeout(Duration::from_secs(5))
+                    .http2_keep_alive_interval(Duration::from_secs(10))
+                    .keep_alive_while_idle(true)
+                    .connect_lazy();
+                Ok(NodeServiceClient::new(channel))
+            })
+            .collect::<Result<Vec<_>, AgentError>>()?;
+        Ok(Servers { clients: Arc::new(clients), current: Default::default() })
+    }
+
+    fn get(&self) -> (usize, NodeServiceClient<Channel>) {
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.clients.len();
+        (i, self.clients[i].clone())
+    }
+
+    /// Moves on from `server` unless another call already did.
+    fn failed(&self, server: usize) {
+        let next = (server + 1) % self.clients.len();
+        let _ = self.current.compare_exchange(
+            server,
+            next,
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 }
 
@@ -208,7 +256,7 @@ async fn heartbeat(cfg: AgentConfig, client: NodeServiceClient<Channel>) {
 struct PodWorkers {
     cfg: AgentConfig,
     runtime: Arc<RuntimeManager>,
-    client: NodeServiceClient<Channel>,
+    client: Servers,
     workers: HashMap<String, (watch::Sender<Option<Pod>>, JoinHandle<()>)>,
 }
 
@@ -329,7 +377,7 @@ async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration) {
 struct PodWorker {
     uid: String,
     runtime: Arc<RuntimeManager>,
-    client: NodeServiceClient<Channel>,
+    client: Servers,
     resync: Duration,
 }
 
@@ -371,11 +419,13 @@ impl PodWorker {
             uid: self.uid.clone(),
             status: serde_json::to_vec(status).unwrap_or_default(),
         };
-        match self.client.clone().update_pod_status(request).await {
+        let (server, mut client) = self.client.get();
+        match client.update_pod_status(request).await {
             Ok(_) => true,
             Err(s) if s.code() == Code::NotFound => true, // deleted or replaced; the watch will say
             Err(s) => {
                 tracing::warn!(pod = %pod.metadata.name.as_deref().unwrap_or(""), error = %s.message(), "status report failed");
+                self.client.failed(server);
                 false
             }
         }

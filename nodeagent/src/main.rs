@@ -8,9 +8,9 @@ use std::path::PathBuf;
 #[derive(Parser)]
 #[command(version, about = "gitplane node agent: runs the Pods bound to this node through CRI")]
 struct Args {
-    /// The control plane (any replica).
-    #[arg(long, default_value = "http://127.0.0.1:8080")]
-    server: String,
+    /// The control plane's replicas, comma-separated; the agent fails over between them.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:8080")]
+    server: Vec<String>,
     /// This node's name; defaults to the host name.
     #[arg(long)]
     node_name: Option<String>,

@@ -2,7 +2,10 @@
 
 mod apiserver;
 mod bootstrap;
+mod controlplane;
 mod nodeservice;
+mod replica;
+mod server;
 mod sync;
 mod up;
 
@@ -22,6 +25,10 @@ enum Command {
     /// Run the whole appliance on this machine: control plane, a node agent, containerd and the
     /// demo repository. Stays in the foreground; Ctrl-C stops it and removes its pods.
     Up(up::UpArgs),
+    /// Run one control-plane replica of a cluster of 1, 3 or 5 (`--id`, `--peers`). Only the
+    /// acting leader runs the source, the scheduler and the controllers; every replica serves
+    /// reads, the node service and the status API, and forwards writes to the leader.
+    Server(server::ServerArgs),
     /// The JSON Schemas of the accepted kinds.
     Schemas {
         #[command(subcommand)]
@@ -38,19 +45,23 @@ enum SchemasCommand {
     },
 }
 
+/// Logs to stderr and runs a long-lived command on a multi-threaded runtime.
+fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn,tower=warn,h2=warn,openraft=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(command)
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Up(args) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "info,sqlx=warn,tower=warn,h2=warn".into()),
-                )
-                .with_writer(std::io::stderr)
-                .init();
-            tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(up::up(args))
-        }
+        Command::Up(args) => run(up::up(args)),
+        Command::Server(args) => run(server::server(args)),
         Command::Schemas { command: SchemasCommand::Write { dir } } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for (name, text) in gitplane_api::kinds::schema_files() {

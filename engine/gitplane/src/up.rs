@@ -1,11 +1,11 @@
 //! `gitplane up`: the embedded appliance in one process.
 //!
-//! Control plane (SQLite store, source, scheduler, controllers, status API and node service on
-//! one listener), one in-process node agent, and, unless `--containerd-socket` names one, a
-//! containerd of its own configured from `templates/`. Ctrl-C (or SIGTERM) stops the agent
+//! A control plane of one replica (Raft over SQLite; source, scheduler, controllers, status API,
+//! node service and store service on one listener), one in-process node agent, and, unless
+//! `--containerd-socket` names one, a containerd of its own configured from `templates/`. Ctrl-C (or SIGTERM) stops the agent
 //! first, which removes every Pod it runs, then containerd, then the control plane.
 
-use crate::{apiserver, bootstrap, nodeservice::NodeService, sync::SourceController};
+use crate::{bootstrap, replica::Replica};
 use anyhow::{Context as _, bail};
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
@@ -14,13 +14,8 @@ use gitplane_nodeagent::{
     images,
     runtime::RuntimeConfig,
 };
-use gitplane_store::{
-    Store,
-    informer::Informer,
-    sqlite::{Durability, SqliteStore},
-};
-use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
-use tokio::task::JoinHandle;
+use gitplane_store::{Store, raft::ReplicaConfig};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 #[derive(clap::Args)]
 pub struct UpArgs {
@@ -44,10 +39,6 @@ pub struct UpArgs {
     cgroup_parent: String,
 }
 
-/// Revisions of history kept for watchers; older ones are compacted away.
-const HISTORY: i64 = 10_000;
-const COMPACTION_PERIOD: Duration = Duration::from_secs(300);
-
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -55,37 +46,21 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
     let data_dir = absolute(&args.data_dir)?;
     std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
-    let db = data_dir.join("store.db");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&db, Durability::Full)
-            .await
-            .with_context(|| format!("opening the store {}", db.display()))?,
-    );
-    bootstrap::namespaces(&store).await?;
     let demo_repo = bootstrap::demo_repo(&args.repos_dir)?;
     let repos_dir = demo_repo.parent().map(PathBuf::from).unwrap_or_default();
-    bootstrap::demo_application(&store).await?;
 
-    let mut control_plane: Vec<JoinHandle<()>> = Vec::new();
-    let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
-    control_plane.extend(gitplane_controllers::spawn_all(store.clone(), informer.clone()));
-    control_plane
-        .push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer, Default::default()).run()));
-    control_plane.push(tokio::spawn(SourceController::new(store.clone(), repos_dir).run()));
-    control_plane.push(tokio::spawn(compactor(store.clone())));
-
+    // The embedded default is a cluster of one replica.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
-    let push_hint = demo_repo.display().to_string();
-    let app = tonic::service::Routes::new(NodeService::new(store.clone()).into_server())
-        .into_axum_router()
-        .merge(apiserver::router(store.clone(), push_hint));
-    control_plane.push(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "API server stopped");
-        }
-    }));
+    let peers = BTreeMap::from([(1, args.listen.to_string())]);
+    let config = ReplicaConfig::new(1, peers, data_dir.join("store"));
+    let replica = Replica::start(config, listener, repos_dir, demo_repo.display().to_string()).await?;
+    if !replica.wait_for_leader(Duration::from_secs(30)).await {
+        bail!("the store elected no leader within 30 s");
+    }
+    let store: Arc<dyn Store> = Arc::new(replica.store.clone());
+    bootstrap::demo_application(&store).await.context("creating the demo Application")?;
 
     let containerd = match &args.containerd_socket {
         Some(_) => None,
@@ -100,9 +75,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     {
         tracing::warn!(error = %e, "stopping containerd");
     }
-    for task in control_plane {
-        task.abort();
-    }
+    replica.shutdown().await;
     result
 }
 
@@ -128,7 +101,7 @@ async fn run_node(
     }
 
     let node_name = args.node_name.clone().unwrap_or_else(hostname);
-    let mut cfg = AgentConfig::new(format!("http://{}", args.listen), node_name, socket);
+    let mut cfg = AgentConfig::new(vec![format!("http://{}", args.listen)], node_name, socket);
     cfg.cni_conf_dir = cni_conf_dir;
     cfg.cni_data_dir = data_dir.join("cni/ipam");
     cfg.remove_pods_on_exit = true;
@@ -168,26 +141,12 @@ async fn run_node(
     }
 }
 
-async fn stop_signal() {
+pub async fn stop_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         return std::future::pending().await;
     };
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-}
-
-/// Keeps [`HISTORY`] revisions of watch history.
-async fn compactor(store: Arc<dyn Store>) {
-    let mut tick = tokio::time::interval(COMPACTION_PERIOD);
-    loop {
-        tick.tick().await;
-        if let Ok(revision) = store.revision().await
-            && revision > HISTORY
-            && let Err(e) = store.compact(revision - HISTORY).await
-        {
-            tracing::warn!(error = %e, "compaction failed");
-        }
-    }
 }
 
 fn hostname() -> String {

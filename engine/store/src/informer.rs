@@ -112,6 +112,16 @@ pub struct Informer {
     cache: Arc<Cache>,
     notifications: broadcast::Sender<Notification>,
     revision: watch::Receiver<Revision>,
+    /// The list + watch task stops when the last clone is dropped.
+    _task: Arc<AbortOnDrop>,
+}
+
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Informer {
@@ -120,8 +130,9 @@ impl Informer {
         let cache = Arc::new(Cache::default());
         let (notifications, _) = broadcast::channel(16 * 1024);
         let (revision_tx, revision) = watch::channel(0);
-        let informer = Informer { cache: cache.clone(), notifications: notifications.clone(), revision };
-        tokio::spawn(async move {
+        let (task_cache, task_notifications) = (cache.clone(), notifications.clone());
+        let task = tokio::spawn(async move {
+            let (cache, notifications) = (task_cache, task_notifications);
             let mut resume: Option<Revision> = None;
             loop {
                 match run(&*store, &kinds, &cache, &notifications, &revision_tx, &mut resume).await {
@@ -137,7 +148,7 @@ impl Informer {
                 }
             }
         });
-        informer
+        Informer { cache, notifications, revision, _task: Arc::new(AbortOnDrop(task.abort_handle())) }
     }
 
     pub fn cache(&self) -> &Arc<Cache> {

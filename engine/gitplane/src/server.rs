@@ -1,0 +1,90 @@
+//! `gitplane server`: one control-plane replica of a cluster of 1, 3 or 5.
+
+use crate::replica::Replica;
+use anyhow::{Context as _, bail};
+use gitplane_store::raft::{NodeId, ReplicaConfig};
+use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
+
+#[derive(clap::Args)]
+pub struct ServerArgs {
+    /// This replica's id in --peers.
+    #[arg(long)]
+    id: NodeId,
+    /// Every replica of the cluster, this one included: `1=10.0.0.1:8080,2=10.0.0.2:8080,...`.
+    #[arg(long, value_delimiter = ',', required = true)]
+    peers: Vec<String>,
+    /// Where this replica keeps its store, Raft log and snapshots.
+    #[arg(long, default_value = "/var/lib/gitplane")]
+    data_dir: PathBuf,
+    /// Where the hosted bare repositories live (shared by the replicas).
+    #[arg(long, default_value = "repos")]
+    repos_dir: PathBuf,
+    /// The address to listen on; defaults to this replica's address in --peers.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Raft heartbeat, and the range of election timeouts, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    heartbeat_ms: u64,
+    #[arg(long, default_value_t = 400)]
+    election_timeout_min_ms: u64,
+    #[arg(long, default_value_t = 800)]
+    election_timeout_max_ms: u64,
+    /// Take a Raft snapshot every this many log entries, keeping this many behind it.
+    #[arg(long, default_value_t = 20_000)]
+    snapshot_every: u64,
+    #[arg(long, default_value_t = 5_000)]
+    logs_to_keep: u64,
+}
+
+fn parse_peers(peers: &[String]) -> anyhow::Result<BTreeMap<NodeId, String>> {
+    let mut map = BTreeMap::new();
+    for peer in peers {
+        let (id, addr) = peer.split_once('=').with_context(|| format!("--peers entry {peer:?} is not id=host:port"))?;
+        let id: NodeId =
+            id.trim().parse().with_context(|| format!("--peers entry {peer:?}: the id is not a number"))?;
+        if map.insert(id, addr.trim().to_owned()).is_some() {
+            bail!("--peers names replica {id} twice");
+        }
+    }
+    if !matches!(map.len(), 1 | 3 | 5) {
+        bail!("--peers lists {} replicas: run 1, 3 or 5 (an even count tolerates no more failures)", map.len());
+    }
+    Ok(map)
+}
+
+pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
+    let peers = parse_peers(&args.peers)?;
+    let own = peers.get(&args.id).with_context(|| format!("--id {} is not in --peers", args.id))?;
+    let listen: SocketAddr = match args.listen {
+        Some(l) => l,
+        None => own.parse().with_context(|| format!("this replica's address {own:?} is not host:port"))?,
+    };
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let mut config = ReplicaConfig::new(args.id, peers, args.data_dir.join("store"));
+    config.heartbeat = Duration::from_millis(args.heartbeat_ms);
+    config.election_timeout =
+        (Duration::from_millis(args.election_timeout_min_ms), Duration::from_millis(args.election_timeout_max_ms));
+    config.snapshot_every = args.snapshot_every;
+    config.logs_to_keep = args.logs_to_keep;
+    let repos = args.repos_dir.display().to_string();
+    let replica = Replica::start(config, listener, args.repos_dir, format!("a repository in {repos}")).await?;
+    tracing::info!(id = args.id, %listen, "replica started");
+    crate::up::stop_signal().await;
+    tracing::info!("stopping");
+    replica.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_checked() {
+        let ok = parse_peers(&["1=127.0.0.1:1".into(), "2=127.0.0.1:2".into(), "3=127.0.0.1:3".into()]).unwrap();
+        assert_eq!(ok[&2], "127.0.0.1:2");
+        assert!(parse_peers(&["1=a".into(), "2=b".into()]).unwrap_err().to_string().contains("1, 3 or 5"));
+        assert!(parse_peers(&["x=a".into()]).unwrap_err().to_string().contains("not a number"));
+        assert!(parse_peers(&["1=a".into(), "1=b".into(), "2=c".into()]).unwrap_err().to_string().contains("twice"));
+    }
+}
