@@ -37,10 +37,18 @@ pub struct ApplicationSpec {
     /// Delete objects that this Application created and Git no longer holds.
     #[serde(default = "default_true")]
     pub prune: bool,
-    /// Values for the repository's templates.
+    /// Values for the repository's templates (`*.yaml.j2`), over those of `valuesFiles`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "free_form_map")]
     pub values: BTreeMap<String, serde_json::Value>,
+    /// YAML files in the repository (relative to `path`) whose values the templates get, merged
+    /// in order: e.g. `values/common.yaml`, `values/prod.yaml`. They are not manifests.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values_files: Vec<String>,
+    /// Allow a commit that renders no objects at all to prune everything this Application made.
+    /// Off by default: an empty render is more often a mistake (a wrong path) than an intent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_empty: bool,
     /// Applications (same namespace) that must be synced and healthy before this one syncs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<String>,

@@ -3,7 +3,7 @@
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
-    core::v1::{ConfigMap, Namespace, Pod, Service},
+    core::v1::{ConfigMap, Namespace, Pod, Secret, Service},
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -51,6 +51,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
     vec![
         KindInfo::of::<Namespace>(false),
         KindInfo::of::<ConfigMap>(true),
+        KindInfo::of::<Secret>(true),
         KindInfo::of::<Pod>(true),
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),

@@ -76,6 +76,8 @@ pub async fn demo_application(store: &Arc<dyn Store>) -> Result<(), StoreError> 
             prune: true,
             values: Default::default(),
             depends_on: Vec::new(),
+            values_files: Vec::new(),
+            allow_empty: false,
         },
     );
     app.metadata.namespace = Some(SYSTEM_NAMESPACE.into());

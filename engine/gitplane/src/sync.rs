@@ -431,6 +431,8 @@ mod tests {
                 prune: true,
                 values: Default::default(),
                 depends_on: Vec::new(),
+                values_files: Vec::new(),
+                allow_empty: false,
             },
         );
         app.metadata.namespace = Some("gitplane-system".into());
