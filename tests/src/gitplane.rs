@@ -101,9 +101,21 @@ pub struct Worktree {
 }
 
 impl Worktree {
-    pub fn clone(url: &Path, dir: PathBuf) -> Result<Worktree> {
+    /// Clones a repository (a path or a URL).
+    pub fn clone(url: impl AsRef<std::ffi::OsStr>, dir: PathBuf) -> Result<Worktree> {
         git(Command::new("git").arg("clone").arg("--quiet").arg(url).arg(&dir))?;
         Ok(Worktree { dir })
+    }
+
+    /// Commits everything; then `push` pushes it.
+    pub fn commit(&self, message: &str) -> Result<()> {
+        git(self.git().args(["add", "--all"]))?;
+        git(self.git().args(["commit", "--quiet", "-m", message]))
+    }
+
+    /// Pushes HEAD to `main` of `url`; the error carries git's message.
+    pub fn push(&self, url: &str) -> Result<()> {
+        git(self.git().args(["push", "--quiet", url, "HEAD:main"]))
     }
 
     pub fn write(&self, file: &str, content: &str) -> Result<()> {
@@ -116,9 +128,8 @@ impl Worktree {
 
     /// Commits everything and pushes `main` to `origin`.
     pub fn commit_and_push(&self, message: &str) -> Result<()> {
-        git(self.git().args(["add", "--all"]))?;
-        git(self.git().args(["commit", "--quiet", "-m", message]))?;
-        git(self.git().args(["push", "--quiet", "origin", "HEAD:main"]))
+        self.commit(message)?;
+        self.push("origin")
     }
 
     fn git(&self) -> Command {
@@ -129,7 +140,8 @@ impl Worktree {
             .env("GIT_AUTHOR_NAME", "e2e")
             .env("GIT_AUTHOR_EMAIL", "e2e@localhost")
             .env("GIT_COMMITTER_NAME", "e2e")
-            .env("GIT_COMMITTER_EMAIL", "e2e@localhost");
+            .env("GIT_COMMITTER_EMAIL", "e2e@localhost")
+            .env("GIT_TERMINAL_PROMPT", "0");
         command
     }
 }

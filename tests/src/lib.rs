@@ -18,6 +18,7 @@
 //! [`Gitplane`] runs the real `gitplane up` inside such a host, and [`Worktree`] drives a Git
 //! working copy with the real `git` command, as a user pushes.
 
+pub mod cluster;
 mod gitplane;
 pub mod linearizability;
 pub use gitplane::{Gitplane, Worktree, binary};

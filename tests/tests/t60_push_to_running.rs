@@ -110,7 +110,7 @@ async fn t60_push_to_running() -> Result<()> {
     wait_running(&up, &host, "web", 2)?;
 
     // A push replaces the demo with a Deployment of 2 replicas.
-    let work = Worktree::clone(&up.demo_repo(), host.dir().join("work"))?;
+    let work = Worktree::clone(up.demo_repo(), host.dir().join("work"))?;
     work.remove("web.yaml")?;
     work.write("deploy.yaml", &deployment("2"))?;
     work.write("service.yaml", SERVICE)?;

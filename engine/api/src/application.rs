@@ -54,32 +54,96 @@ pub struct ApplicationSpec {
     pub depends_on: Vec<String>,
 }
 
-/// What the source last did with an Application.
+/// What the source last did with an Application, and how its objects are doing.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApplicationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sync: Option<SyncStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthStatus>,
+    /// The last applied revisions, newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<RevisionHistory>,
 }
 
 /// The outcome of the latest sync attempt.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SyncStatus {
-    /// `Synced` or `Failed`.
+    /// `Synced` (the store matches the applied commit), `OutOfSync` (a newer commit waits, e.g.
+    /// for its dependencies) or `Failed` (the latest commit was rejected or could not be applied).
     pub status: String,
     /// The commit that is applied (the last good one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision: Option<String>,
+    /// The applied commit's subject line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_subject: Option<String>,
     /// The commit of the latest attempt, applied or rejected.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempted_revision: Option<String>,
-    /// One line per problem of a rejected commit: file, JSON path and what is wrong.
+    /// One line per problem of a rejected commit: file, line, object, JSON path and what is wrong.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
-    /// RFC 3339 time at which the latest attempt finished.
+    /// Why the latest commit is not applied yet, when it is waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// RFC 3339 times of the latest attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<String>,
+    /// How long the latest attempt took, from reading the commit to committing the store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// Objects created, updated and pruned by the latest applied sync, and drift corrected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changes: Option<SyncChanges>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncChanges {
+    pub created: u32,
+    pub updated: u32,
+    pub pruned: u32,
+    pub drift_corrected: u32,
+}
+
+/// The worst health of the Application's objects.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthStatus {
+    /// `Healthy`, `Progressing`, `Degraded` or `Missing`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The objects that are not healthy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceHealth>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceHealth {
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    pub name: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// One applied revision.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RevisionHistory {
+    pub revision: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub commit_subject: String,
+    pub applied_at: String,
 }
 
 fn default_branch() -> String {

@@ -9,7 +9,10 @@ pub mod proto;
 pub mod quantity;
 pub mod schema;
 
-pub use application::{Application, ApplicationSpec, ApplicationStatus, SyncStatus};
+pub use application::{
+    Application, ApplicationSpec, ApplicationStatus, HealthStatus, ResourceHealth, RevisionHistory, SyncChanges,
+    SyncStatus,
+};
 pub use k8s_openapi;
 pub use kube_core;
 pub use object::{ObjectError, ObjectKey};

@@ -1,15 +1,18 @@
 //! The read-only status API on Kubernetes paths (`/api`, `/apis`, discovery, list, get), served
 //! beside the node gRPC service on one listener. Every write answers 405 and says where to push.
 
+use crate::table;
 use axum::{
     Json, Router,
-    extract::{Path, State},
-    http::{Method, StatusCode},
+    extract::{Path, Query as Query_, State},
+    http::{HeaderMap, Method, StatusCode},
     response::{IntoResponse, Response},
     routing::{any, get},
 };
-use gitplane_store::{ListOptions, ObjectKey, Store};
+use gitplane_store::{ListOptions, ObjectKey, Store, StoreError};
+use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// One served resource.
@@ -25,6 +28,8 @@ const RESOURCES: &[Resource] = &[
     Resource { group: "", version: "v1", plural: "pods", kind: "Pod", namespaced: true },
     Resource { group: "", version: "v1", plural: "services", kind: "Service", namespaced: true },
     Resource { group: "", version: "v1", plural: "configmaps", kind: "ConfigMap", namespaced: true },
+    Resource { group: "", version: "v1", plural: "secrets", kind: "Secret", namespaced: true },
+    Resource { group: "", version: "v1", plural: "events", kind: "Event", namespaced: true },
     Resource { group: "", version: "v1", plural: "nodes", kind: "Node", namespaced: false },
     Resource { group: "", version: "v1", plural: "namespaces", kind: "Namespace", namespaced: false },
     Resource { group: "apps", version: "v1", plural: "deployments", kind: "Deployment", namespaced: true },
@@ -121,19 +126,102 @@ fn resource_list(group: &str, version: &str) -> Option<Value> {
     Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}))
 }
 
-async fn core(state: State<ApiState>, method: Method, Path(path): Path<String>) -> Response {
-    serve(state, method, "", &path).await
+/// What a request asks for beyond its path: the Kubernetes list parameters and the format.
+#[derive(Default)]
+struct Query {
+    list: ListOptions,
+    /// `Accept: application/json;as=Table;...`, as kubectl sends for `get`.
+    table: bool,
+    /// `?consistency=linearizable`: read after a quorum-confirmed read point.
+    linearizable: bool,
 }
 
-async fn grouped(state: State<ApiState>, method: Method, Path(path): Path<String>) -> Response {
+fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query, Box<Response>> {
+    let table = headers
+        .get_all(axum::http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').next().is_some_and(|first| first.contains("as=Table")));
+    let limit = match params.get("limit").filter(|l| !l.is_empty()) {
+        Some(l) => match l.parse::<usize>() {
+            Ok(0) => None,
+            Ok(l) => Some(l),
+            Err(_) => {
+                return Err(Box::new(status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("limit {l:?} is not a number"),
+                )));
+            }
+        },
+        None => None,
+    };
+    if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        return Err(Box::new(status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "watching over the status API is not supported yet: poll instead",
+        )));
+    }
+    let list = ListOptions {
+        label_selector: params.get("labelSelector").filter(|s| !s.is_empty()).cloned(),
+        limit,
+        continue_token: params.get("continue").filter(|s| !s.is_empty()).cloned(),
+        ..Default::default()
+    };
+    let linearizable = params.get("consistency").is_some_and(|c| c == "linearizable");
+    Ok(Query { list, table, linearizable })
+}
+
+async fn core(
+    state: State<ApiState>,
+    method: Method,
+    headers: HeaderMap,
+    Query_(params): Query_<HashMap<String, String>>,
+    Path(path): Path<String>,
+) -> Response {
+    match query(&headers, &params) {
+        Ok(q) => serve(state, method, q, "", &path).await,
+        Err(response) => *response,
+    }
+}
+
+async fn grouped(
+    state: State<ApiState>,
+    method: Method,
+    headers: HeaderMap,
+    Query_(params): Query_<HashMap<String, String>>,
+    Path(path): Path<String>,
+) -> Response {
+    let q = match query(&headers, &params) {
+        Ok(q) => q,
+        Err(response) => return *response,
+    };
     match path.split_once('/') {
-        Some((group, rest)) => serve(state, method, group, rest).await,
+        Some((group, rest)) => serve(state, method, q, group, rest).await,
         None => status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find /apis/{path}")),
     }
 }
 
+/// A Secret's values replaced, as every output of gitplane shows them.
+fn masked(mut object: Value) -> Value {
+    if object["kind"] == "Secret" {
+        for field in ["data", "stringData"] {
+            if let Some(values) = object.get_mut(field).and_then(Value::as_object_mut) {
+                for v in values.values_mut() {
+                    *v = Value::String(MASK.to_owned());
+                }
+            }
+        }
+    }
+    object
+}
+
+/// What stands for a Secret's value.
+const MASK: &str = "<masked>";
+
 /// `{version}/[namespaces/{ns}/]{plural}[/{name}]` within one group.
-async fn serve(State(state): State<ApiState>, method: Method, group: &str, path: &str) -> Response {
+async fn serve(State(state): State<ApiState>, method: Method, q: Query, group: &str, path: &str) -> Response {
     if method != Method::GET {
         return read_only(&state);
     }
@@ -167,31 +255,59 @@ async fn serve(State(state): State<ApiState>, method: Method, group: &str, path:
             format!("the server doesn't have a resource type \"{plural}\""),
         );
     };
+    if q.linearizable
+        && let Err(e) = state.store.barrier().await
+    {
+        return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e.to_string());
+    }
     match name {
-        Some(name) => get_one(&state, resource, namespace.unwrap_or(""), name).await,
-        None => list(&state, resource, namespace).await,
+        Some(name) => get_one(&state, resource, namespace.unwrap_or(""), name, q.table).await,
+        None => list(&state, resource, namespace, q).await,
     }
 }
 
-async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &str) -> Response {
+async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &str, as_table: bool) -> Response {
     let key = ObjectKey::new(resource.group_kind(), namespace, name);
     match state.store.get(&key).await {
-        Ok(Some(object)) => Json(object).into_response(),
+        Ok(Some(object)) if as_table => {
+            let revision = object["metadata"]["resourceVersion"].as_str().unwrap_or("").to_owned();
+            Json(table::table(resource.kind, &[masked(object)], &revision, Timestamp::now())).into_response()
+        }
+        Ok(Some(object)) => Json(masked(object)).into_response(),
         Ok(None) => status(StatusCode::NOT_FOUND, "NotFound", format!("{} \"{name}\" not found", resource.plural)),
         Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()),
     }
 }
 
-async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>) -> Response {
-    let options = ListOptions { namespace: namespace.map(str::to_owned), ..Default::default() };
+async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>, q: Query) -> Response {
+    let options = ListOptions { namespace: namespace.map(str::to_owned), ..q.list };
     match state.store.list(&resource.group_kind(), &options).await {
-        Ok(list) => Json(json!({
-            "apiVersion": resource.api_version(),
-            "kind": format!("{}List", resource.kind),
-            "metadata": {"resourceVersion": list.revision.to_string()},
-            "items": list.items,
-        }))
-        .into_response(),
+        Ok(list) => {
+            let items: Vec<Value> = list.items.into_iter().map(masked).collect();
+            let revision = list.revision.to_string();
+            if q.table {
+                let mut t = table::table(resource.kind, &items, &revision, Timestamp::now());
+                if let Some(token) = list.continue_token {
+                    t["metadata"]["continue"] = Value::String(token);
+                }
+                return Json(t).into_response();
+            }
+            let mut metadata = json!({"resourceVersion": revision});
+            if let Some(token) = list.continue_token {
+                metadata["continue"] = Value::String(token);
+            }
+            Json(json!({
+                "apiVersion": resource.api_version(),
+                "kind": format!("{}List", resource.kind),
+                "metadata": metadata,
+                "items": items,
+            }))
+            .into_response()
+        }
+        Err(e @ (StoreError::BadRequest(_) | StoreError::Rejected(_))) => {
+            status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string())
+        }
+        Err(e @ StoreError::Expired { .. }) => status(StatusCode::GONE, "Expired", e.to_string()),
         Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()),
     }
 }
@@ -236,5 +352,32 @@ mod tests {
         assert_eq!(code, StatusCode::OK);
         let (code, _) = call(&router, Method::GET, "/api/v1/widgets").await;
         assert_eq!(code, StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn secrets_are_masked_tables_and_selectors_work() {
+        let store = Arc::new(SqliteStore::memory().await.unwrap());
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "a", "labels": {"x": "1"}},
+                            "data": {"password": "aHVudGVyMg=="}});
+        store.txn(vec![Op::Create(secret)]).await.unwrap();
+        let router = router(store, "repo".into());
+        let (_, one) = call(&router, Method::GET, "/api/v1/namespaces/a/secrets/s").await;
+        assert_eq!(one["data"]["password"], MASK);
+        let (_, list) = call(&router, Method::GET, "/api/v1/secrets?labelSelector=x%3D1").await;
+        assert_eq!(list["items"][0]["data"]["password"], MASK);
+        let (_, none) = call(&router, Method::GET, "/api/v1/secrets?labelSelector=x%3D2").await;
+        assert_eq!(none["items"].as_array().unwrap().len(), 0);
+        let (code, _) = call(&router, Method::GET, "/api/v1/secrets?labelSelector=%3Dx").await;
+        assert_eq!(code, StatusCode::BAD_REQUEST);
+        let request = axum::http::Request::builder()
+            .uri("/api/v1/secrets")
+            .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
+            .body(Body::empty())
+            .unwrap();
+        let response = router.clone().oneshot(request).await.unwrap();
+        let body: Value =
+            serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
+        assert_eq!(body["kind"], "Table");
+        assert!(!body.to_string().contains("aHVudGVyMg=="));
     }
 }

@@ -1,5 +1,6 @@
-//! What `gitplane up` makes on first start: the system namespaces, the demo repository and the
-//! demo Application. Each step leaves existing state alone.
+//! What `gitplane up` makes on first start: the system namespaces, the demo repository, the
+//! bootstrap repository holding the demo Application (app-of-apps), and the root Application
+//! that syncs the bootstrap repository. Each step leaves existing state alone.
 
 use anyhow::Context as _;
 use gitplane_api::{
@@ -14,9 +15,12 @@ use std::{
     sync::Arc,
 };
 
-/// The demo Application's name and repository.
+/// The demo repository.
 pub const DEMO: &str = "demo";
 const DEMO_FILES: &[(&str, &str)] = &[("web.yaml", include_str!("../demo/web.yaml"))];
+/// The repository of Applications, and the root Application that applies it.
+pub const BOOTSTRAP: &str = "bootstrap";
+const BOOTSTRAP_FILES: &[(&str, &str)] = &[("demo.yaml", include_str!("../bootstrap/demo.yaml"))];
 
 fn ignore_exists<T>(result: Result<T, StoreError>) -> Result<(), StoreError> {
     match result {
@@ -42,37 +46,55 @@ pub async fn namespaces(store: &Arc<dyn Store>) -> Result<(), StoreError> {
 
 /// Creates `repos/demo.git` (bare, branch `main`) with the demo manifests, if absent.
 pub fn demo_repo(repos_dir: &Path) -> anyhow::Result<PathBuf> {
+    hosted_repo(repos_dir, DEMO, DEMO_FILES, "Demo: web Deployment and its Service")
+}
+
+/// Creates `repos/bootstrap.git` with the demo Application, if absent.
+pub fn bootstrap_repo(repos_dir: &Path) -> anyhow::Result<PathBuf> {
+    hosted_repo(repos_dir, BOOTSTRAP, BOOTSTRAP_FILES, "Bootstrap: the demo Application")
+}
+
+/// Creates an empty hosted repository (bare, HEAD on `main`) if absent, for a first push.
+pub fn empty_repo(repos_dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    hosted_repo(repos_dir, name, &[], "")
+}
+
+fn hosted_repo(repos_dir: &Path, name: &str, files: &[(&str, &str)], message: &str) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(repos_dir).with_context(|| format!("creating {}", repos_dir.display()))?;
-    let path = repos_dir.canonicalize()?.join(format!("{DEMO}.git"));
+    let path = repos_dir.canonicalize()?.join(format!("{name}.git"));
     if path.exists() {
         return Ok(path);
     }
     let mut options = git2::RepositoryInitOptions::new();
     options.bare(true).initial_head("main");
     let repo = git2::Repository::init_opts(&path, &options).with_context(|| format!("creating {}", path.display()))?;
+    if files.is_empty() {
+        return Ok(path);
+    }
     let mut tree = repo.treebuilder(None)?;
-    for (name, content) in DEMO_FILES {
-        tree.insert(name, repo.blob(content.as_bytes())?, 0o100644)?;
+    for (file, content) in files {
+        tree.insert(file, repo.blob(content.as_bytes())?, 0o100644)?;
     }
     let tree = repo.find_tree(tree.write()?)?;
     let signature = git2::Signature::now("gitplane", "gitplane@localhost")?;
-    repo.commit(Some("refs/heads/main"), &signature, &signature, "Demo: web Deployment and its Service", &tree, &[])?;
+    repo.commit(Some("refs/heads/main"), &signature, &signature, message, &tree, &[])?;
     Ok(path)
 }
 
-/// The Application that syncs the demo repository into `default`, if absent.
-pub async fn demo_application(store: &Arc<dyn Store>) -> Result<(), StoreError> {
+/// The root Application, which applies the Applications of `repos/bootstrap.git`, if absent.
+/// It is the one object not from Git: the installer's, as in Argo CD's app-of-apps.
+pub async fn root_application(store: &Arc<dyn Store>, repo: &str) -> Result<(), StoreError> {
     let api = Api::<Application>::new(store.clone());
-    if api.get(SYSTEM_NAMESPACE, DEMO).await?.is_some() {
+    if api.get(SYSTEM_NAMESPACE, BOOTSTRAP).await?.is_some() {
         return Ok(());
     }
     let mut app = Application::new(
-        DEMO,
+        BOOTSTRAP,
         ApplicationSpec {
-            repo: DEMO.into(),
+            repo: repo.into(),
             branch: "main".into(),
             path: String::new(),
-            namespace: Some(DEFAULT_NAMESPACE.into()),
+            namespace: Some(SYSTEM_NAMESPACE.into()),
             prune: true,
             values: Default::default(),
             depends_on: Vec::new(),
@@ -100,5 +122,17 @@ mod tests {
         assert_eq!(kinds, ["Deployment.apps default/web", "Service default/web"]);
         assert_eq!(demo_repo(dir.path()).unwrap(), path, "an existing repository is kept");
         assert_eq!(commit.id, gitplane_source::read_commit(&path, "main", "", &Default::default()).unwrap().id);
+    }
+
+    #[test]
+    fn the_bootstrap_repo_holds_a_valid_demo_application() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = bootstrap_repo(dir.path()).unwrap();
+        let commit = gitplane_source::read_commit(&path, "main", "", &Default::default()).unwrap();
+        let validator = gitplane_source::Validator::new();
+        let manifests =
+            gitplane_source::load(&commit.files, &validator, SYSTEM_NAMESPACE, &Default::default()).unwrap();
+        let keys: Vec<_> = manifests.iter().map(|m| m.key.to_string()).collect();
+        assert_eq!(keys, ["Application.gitplane.io gitplane-system/demo"]);
     }
 }

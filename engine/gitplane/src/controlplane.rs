@@ -1,7 +1,7 @@
 //! What only the leader runs: the source, the scheduler and the controllers. A replica starts
 //! them when it becomes the acting leader and stops them the moment it is not.
 
-use crate::{bootstrap, sync::SourceController};
+use crate::{bootstrap, mirror::Mirrors, source::SourceController};
 use gitplane_store::{Store, informer::Informer};
 use std::{path::PathBuf, sync::Arc};
 use tokio::{sync::watch, task::JoinHandle};
@@ -12,14 +12,24 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    pub async fn start(store: Arc<dyn Store>, repos_dir: PathBuf) -> ControlPlane {
+    pub async fn start(
+        store: Arc<dyn Store>,
+        repos_dir: PathBuf,
+        mirrors: Mirrors,
+        root: Option<String>,
+    ) -> ControlPlane {
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
+        }
+        if let Some(repo) = root
+            && let Err(e) = bootstrap::root_application(&store, &repo).await
+        {
+            tracing::warn!(error = %e, "creating the root Application failed");
         }
         let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
         let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone());
         tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer, Default::default()).run()));
-        tasks.push(tokio::spawn(SourceController::new(store, repos_dir).run()));
+        tasks.push(tokio::spawn(SourceController::new(store, repos_dir, mirrors).run()));
         ControlPlane { tasks }
     }
 }
@@ -33,13 +43,19 @@ impl Drop for ControlPlane {
 }
 
 /// Runs the control plane whenever `leading` is true.
-pub async fn run_while_leading(mut leading: watch::Receiver<bool>, store: Arc<dyn Store>, repos_dir: PathBuf) {
+pub async fn run_while_leading(
+    mut leading: watch::Receiver<bool>,
+    store: Arc<dyn Store>,
+    repos_dir: PathBuf,
+    mirrors: Mirrors,
+    root: Option<String>,
+) {
     loop {
         if leading.wait_for(|l| *l).await.is_err() {
             return;
         }
         tracing::info!("acting leader: starting the source, the scheduler and the controllers");
-        let running = ControlPlane::start(store.clone(), repos_dir.clone()).await;
+        let running = ControlPlane::start(store.clone(), repos_dir.clone(), mirrors.clone(), root.clone()).await;
         if leading.wait_for(|l| !*l).await.is_err() {
             return;
         }

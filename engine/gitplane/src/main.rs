@@ -3,11 +3,16 @@
 mod apiserver;
 mod bootstrap;
 mod controlplane;
+mod githttp;
+mod mirror;
 mod nodeservice;
+mod offline;
 mod replica;
 mod server;
-mod sync;
+mod source;
+mod table;
 mod up;
+mod webhook;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -29,6 +34,13 @@ enum Command {
     /// acting leader runs the source, the scheduler and the controllers; every replica serves
     /// reads, the node service and the status API, and forwards writes to the leader.
     Server(server::ServerArgs),
+    /// Check an Application's manifests offline, as the server would: render the templates,
+    /// parse and validate. Prints every error, one per line; exits 1 on any (for pre-commit
+    /// hooks and CI).
+    Validate(offline::OfflineArgs),
+    /// Print an Application's objects as the server would apply them (rendered, validated,
+    /// namespaces defaulted), as YAML documents; Secrets' values masked.
+    Render(offline::RenderArgs),
     /// The JSON Schemas of the accepted kinds.
     Schemas {
         #[command(subcommand)]
@@ -62,6 +74,8 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => run(up::up(args)),
         Command::Server(args) => run(server::server(args)),
+        Command::Validate(args) => offline::validate(args),
+        Command::Render(args) => offline::render(args),
         Command::Schemas { command: SchemasCommand::Write { dir } } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for (name, text) in gitplane_api::kinds::schema_files() {

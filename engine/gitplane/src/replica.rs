@@ -1,83 +1,215 @@
 //! One control-plane replica: the replicated store, every service on one listener (status API,
 //! node service, store service, Raft), the leader-only control plane, and compaction.
 
-use crate::{apiserver, controlplane, nodeservice::NodeService};
+use crate::{apiserver, controlplane, githttp, mirror::Mirrors, nodeservice::NodeService, webhook};
 use anyhow::Context as _;
 use axum::{Json, routing::get};
 use gitplane_store::{
     Store,
+    postgres::PostgresReplica,
     raft::{RaftStore, ReplicaConfig},
+    remote::StoreServer,
 };
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    io::Write as _,
+    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 use tokio::task::JoinHandle;
 
 /// Revisions of history kept for watchers; older ones are compacted away.
 const HISTORY: i64 = 10_000;
 const COMPACTION_PERIOD: Duration = Duration::from_secs(300);
 
+/// Where a replica's state lives.
+#[derive(Clone)]
+pub enum Backend {
+    /// Its own SQLite, replicated with Raft (the embedded default).
+    Raft(RaftStore),
+    /// The one Postgres database all replicas share; a lease elects the leader.
+    Postgres(PostgresReplica),
+}
+
+impl Backend {
+    pub async fn raft(config: ReplicaConfig) -> anyhow::Result<Backend> {
+        let dir = config.dir.clone();
+        let store =
+            RaftStore::start(config).await.with_context(|| format!("opening the store in {}", dir.display()))?;
+        Ok(Backend::Raft(store))
+    }
+
+    pub fn store(&self) -> Arc<dyn Store> {
+        match self {
+            Backend::Raft(s) => Arc::new(s.clone()),
+            Backend::Postgres(s) => Arc::new(s.clone()),
+        }
+    }
+
+    /// True while this replica may run what only the leader runs.
+    pub fn leading(&self) -> tokio::sync::watch::Receiver<bool> {
+        match self {
+            Backend::Raft(s) => s.leading(),
+            Backend::Postgres(s) => s.leading(),
+        }
+    }
+
+    /// The gRPC services of the store: clients and forwarded writes, and Raft's own.
+    fn routes(&self) -> tonic::service::Routes {
+        match self {
+            Backend::Raft(s) => {
+                let (store, raft) = s.services();
+                tonic::service::Routes::new(store).add_service(raft)
+            }
+            Backend::Postgres(s) => tonic::service::Routes::new(StoreServer::new(Arc::new(s.clone()))),
+        }
+    }
+
+    async fn status(&self) -> serde_json::Value {
+        match self {
+            Backend::Raft(store) => {
+                let m = store.raft().metrics().borrow().clone();
+                serde_json::json!({
+                    "id": m.id,
+                    "store": "sqlite+raft",
+                    "state": format!("{:?}", m.state),
+                    "term": m.current_term,
+                    "leader": m.current_leader,
+                    "leading": *store.leading().borrow(),
+                    "lastApplied": m.last_applied.map(|l| l.index),
+                    "revision": store.revision().await.unwrap_or(-1),
+                })
+            }
+            Backend::Postgres(store) => serde_json::json!({
+                "id": store.id(),
+                "store": "postgres",
+                "leader": store.leader().await.ok().flatten(),
+                "leading": *store.leading().borrow(),
+                "revision": store.revision().await.unwrap_or(-1),
+            }),
+        }
+    }
+
+    async fn shutdown(&self) {
+        if let Backend::Raft(store) = self {
+            store.shutdown().await;
+        }
+    }
+}
+
+/// How a replica serves Git: hosted repositories over HTTP (push with a token), webhooks, and
+/// the mirrors of remote repositories.
+pub struct GitServing {
+    pub repos_dir: PathBuf,
+    pub push_token: String,
+    pub mirrors: Mirrors,
+    pub webhook_secret: Option<String>,
+    /// The hosted repository of the root Application (app-of-apps), made by the leader if absent.
+    pub root: Option<String>,
+}
+
+impl GitServing {
+    /// The push token lives in `<data-dir>/git-token` (made on first start, mode 0600); the
+    /// webhook secret in a file of the operator's, never on the command line.
+    pub fn load(data_dir: &Path, repos_dir: PathBuf, webhook_secret_file: Option<&Path>) -> anyhow::Result<GitServing> {
+        std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+        let token_file = data_dir.join("git-token");
+        let push_token = match std::fs::read_to_string(&token_file) {
+            Ok(token) => token.trim().to_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let token = hex::encode(rand::random::<[u8; 32]>());
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&token_file)
+                    .with_context(|| format!("creating {}", token_file.display()))?;
+                writeln!(file, "{token}")?;
+                token
+            }
+            Err(e) => return Err(e).with_context(|| format!("reading {}", token_file.display())),
+        };
+        let webhook_secret = match webhook_secret_file {
+            None => None,
+            Some(path) => {
+                let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+                if meta.permissions().mode() & 0o077 != 0 {
+                    tracing::warn!(file = %path.display(), "the webhook secret file is readable by others: chmod 600 it");
+                }
+                let secret = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+                Some(secret.trim_end().to_owned()).filter(|s| !s.is_empty())
+            }
+        };
+        let mirrors = Mirrors::new(data_dir.join("mirrors"), crate::mirror::DEFAULT_POLL);
+        Ok(GitServing { repos_dir, push_token, mirrors, webhook_secret, root: None })
+    }
+}
+
 pub struct Replica {
-    pub store: RaftStore,
+    pub backend: Backend,
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Replica {
     /// Starts the replica on `listener`; `push_hint` is what the read-only API tells writers.
     pub async fn start(
-        config: ReplicaConfig,
+        backend: Backend,
         listener: tokio::net::TcpListener,
-        repos_dir: PathBuf,
+        git: GitServing,
         push_hint: String,
     ) -> anyhow::Result<Replica> {
-        let dir = config.dir.clone();
-        let store =
-            RaftStore::start(config).await.with_context(|| format!("opening the store in {}", dir.display()))?;
-        let shared: Arc<dyn Store> = Arc::new(store.clone());
-        let (store_service, raft_service) = store.services();
-        let grpc = tonic::service::Routes::new(NodeService::new(shared.clone()).into_server())
-            .add_service(store_service)
-            .add_service(raft_service)
-            .into_axum_router();
-        let info = store.clone();
+        let shared = backend.store();
+        let grpc = backend.routes().add_service(NodeService::new(shared.clone()).into_server()).into_axum_router();
+        let info = backend.clone();
+        let auth = githttp::GitAuth { push_token: git.push_token.clone(), anonymous_read: true };
+        let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let app = grpc
             .merge(apiserver::router(shared.clone(), push_hint))
-            .route("/replica", get(move || replica_status(info.clone())));
+            .merge(githttp::router(git.repos_dir.clone(), auth))
+            .merge(webhook::router(git.mirrors.clone(), secrets))
+            .route(
+                "/replica",
+                get(move || {
+                    let info = info.clone();
+                    async move { Json(info.status().await) }
+                }),
+            );
         let mut tasks = vec![tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "the API server stopped");
             }
         })];
-        tasks.push(tokio::spawn(controlplane::run_while_leading(store.leading(), shared.clone(), repos_dir)));
+        tasks.push(tokio::spawn(controlplane::run_while_leading(
+            backend.leading(),
+            shared.clone(),
+            git.repos_dir,
+            git.mirrors,
+            git.root,
+        )));
         tasks.push(tokio::spawn(compactor(shared)));
-        Ok(Replica { store, tasks })
+        Ok(Replica { backend, tasks })
     }
 
-    /// Waits until this replica or another one leads (the cluster can take writes).
+    /// Waits until some replica leads (the cluster can take writes).
     pub async fn wait_for_leader(&self, timeout: Duration) -> bool {
-        let mut metrics = self.store.raft().metrics();
-        tokio::time::timeout(timeout, metrics.wait_for(|m| m.current_leader.is_some())).await.is_ok()
+        let mut leading = self.backend.leading();
+        match &self.backend {
+            Backend::Raft(store) => {
+                let mut metrics = store.raft().metrics();
+                tokio::time::timeout(timeout, metrics.wait_for(|m| m.current_leader.is_some())).await.is_ok()
+            }
+            Backend::Postgres(_) => tokio::time::timeout(timeout, leading.wait_for(|l| *l)).await.is_ok(),
+        }
     }
 
     pub async fn shutdown(self) {
         for task in &self.tasks {
             task.abort();
         }
-        self.store.shutdown().await;
+        self.backend.shutdown().await;
     }
-}
-
-/// `GET /replica`: this replica's view of the cluster.
-async fn replica_status(store: RaftStore) -> Json<serde_json::Value> {
-    let m = store.raft().metrics().borrow().clone();
-    let revision = store.revision().await.unwrap_or(-1);
-    Json(serde_json::json!({
-        "id": m.id,
-        "state": format!("{:?}", m.state),
-        "term": m.current_term,
-        "leader": m.current_leader,
-        "leading": *store.leading().borrow(),
-        "lastApplied": m.last_applied.map(|l| l.index),
-        "revision": revision,
-    }))
 }
 
 /// Keeps [`HISTORY`] revisions of watch history on this replica.

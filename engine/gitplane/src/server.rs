@@ -1,8 +1,11 @@
 //! `gitplane server`: one control-plane replica of a cluster of 1, 3 or 5.
 
-use crate::replica::Replica;
+use crate::replica::{Backend, GitServing, Replica};
 use anyhow::{Context as _, bail};
-use gitplane_store::raft::{NodeId, ReplicaConfig};
+use gitplane_store::{
+    postgres::PostgresReplica,
+    raft::{NodeId, ReplicaConfig},
+};
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
 #[derive(clap::Args)]
@@ -34,6 +37,28 @@ pub struct ServerArgs {
     snapshot_every: u64,
     #[arg(long, default_value_t = 5_000)]
     logs_to_keep: u64,
+    /// Where the state lives: each replica's SQLite replicated with Raft, or one shared Postgres.
+    #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
+    store: StoreKind,
+    /// The shared database, e.g. `postgres://gitplane@/gitplane?host=/run/postgresql`.
+    #[arg(long, env = "GITPLANE_POSTGRES_URL", required_if_eq("store", "postgres"))]
+    postgres_url: Option<String>,
+    /// A file holding the shared secret of webhooks from Git hosts (none: webhooks are refused).
+    #[arg(long)]
+    webhook_secret_file: Option<PathBuf>,
+    /// The hosted repository of the cluster's Applications (app-of-apps): the leader makes it
+    /// (empty) and the root Application that applies it, if absent.
+    #[arg(long)]
+    bootstrap: Option<String>,
+    /// With Postgres: how long the leader lease lasts without renewal (renewed every third).
+    #[arg(long, default_value_t = 1500)]
+    lease_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum StoreKind {
+    Sqlite,
+    Postgres,
 }
 
 fn parse_peers(peers: &[String]) -> anyhow::Result<BTreeMap<NodeId, String>> {
@@ -60,14 +85,28 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         None => own.parse().with_context(|| format!("this replica's address {own:?} is not host:port"))?,
     };
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
-    let mut config = ReplicaConfig::new(args.id, peers, args.data_dir.join("store"));
-    config.heartbeat = Duration::from_millis(args.heartbeat_ms);
-    config.election_timeout =
-        (Duration::from_millis(args.election_timeout_min_ms), Duration::from_millis(args.election_timeout_max_ms));
-    config.snapshot_every = args.snapshot_every;
-    config.logs_to_keep = args.logs_to_keep;
-    let repos = args.repos_dir.display().to_string();
-    let replica = Replica::start(config, listener, args.repos_dir, format!("a repository in {repos}")).await?;
+    let backend = match args.store {
+        StoreKind::Sqlite => {
+            let mut config = ReplicaConfig::new(args.id, peers, args.data_dir.join("store"));
+            config.heartbeat = Duration::from_millis(args.heartbeat_ms);
+            config.election_timeout = (
+                Duration::from_millis(args.election_timeout_min_ms),
+                Duration::from_millis(args.election_timeout_max_ms),
+            );
+            config.snapshot_every = args.snapshot_every;
+            config.logs_to_keep = args.logs_to_keep;
+            Backend::raft(config).await?
+        }
+        StoreKind::Postgres => {
+            let url = args.postgres_url.as_deref().context("--store postgres needs --postgres-url")?;
+            let lease = Duration::from_millis(args.lease_ms);
+            Backend::Postgres(PostgresReplica::start(url, args.id, &peers, lease).await?)
+        }
+    };
+    let hint = format!("http://{listen}/git/<repository>.git (token in {})", args.data_dir.join("git-token").display());
+    let mut git = GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref())?;
+    git.root = args.bootstrap;
+    let replica = Replica::start(backend, listener, git, hint).await?;
     tracing::info!(id = args.id, %listen, "replica started");
     crate::up::stop_signal().await;
     tracing::info!("stopping");

@@ -5,7 +5,10 @@
 //! `--containerd-socket` names one, a containerd of its own configured from `templates/`. Ctrl-C (or SIGTERM) stops the agent
 //! first, which removes every Pod it runs, then containerd, then the control plane.
 
-use crate::{bootstrap, replica::Replica};
+use crate::{
+    bootstrap,
+    replica::{Backend, GitServing, Replica},
+};
 use anyhow::{Context as _, bail};
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
@@ -37,6 +40,9 @@ pub struct UpArgs {
     /// The cgroupfs parent of the pods' cgroups.
     #[arg(long, default_value = "/gitplane")]
     cgroup_parent: String,
+    /// A file holding the shared secret of webhooks from Git hosts (none: webhooks are refused).
+    #[arg(long)]
+    webhook_secret_file: Option<PathBuf>,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -47,6 +53,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let data_dir = absolute(&args.data_dir)?;
     std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
     let demo_repo = bootstrap::demo_repo(&args.repos_dir)?;
+    let bootstrap_repo = bootstrap::bootstrap_repo(&args.repos_dir)?;
     let repos_dir = demo_repo.parent().map(PathBuf::from).unwrap_or_default();
 
     // The embedded default is a cluster of one replica.
@@ -55,12 +62,14 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
     let peers = BTreeMap::from([(1, args.listen.to_string())]);
     let config = ReplicaConfig::new(1, peers, data_dir.join("store"));
-    let replica = Replica::start(config, listener, repos_dir, demo_repo.display().to_string()).await?;
+    let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
+    let push_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
+    let replica = Replica::start(Backend::raft(config).await?, listener, git, push_url.clone()).await?;
     if !replica.wait_for_leader(Duration::from_secs(30)).await {
         bail!("the store elected no leader within 30 s");
     }
-    let store: Arc<dyn Store> = Arc::new(replica.store.clone());
-    bootstrap::demo_application(&store).await.context("creating the demo Application")?;
+    let store: Arc<dyn Store> = replica.backend.store();
+    bootstrap::root_application(&store, bootstrap::BOOTSTRAP).await.context("creating the root Application")?;
 
     let containerd = match &args.containerd_socket {
         Some(_) => None,
@@ -69,7 +78,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             Some(Containerd::start(cfg).await.context("starting containerd")?)
         }
     };
-    let result = run_node(&args, &data_dir, containerd.as_ref(), &demo_repo).await;
+    let result = run_node(&args, &data_dir, containerd.as_ref(), &push_url, &bootstrap_repo).await;
     if let Some(containerd) = containerd
         && let Err(e) = containerd.stop().await
     {
@@ -84,7 +93,8 @@ async fn run_node(
     args: &UpArgs,
     data_dir: &std::path::Path,
     containerd: Option<&Containerd>,
-    demo_repo: &std::path::Path,
+    push_url: &str,
+    bootstrap_repo: &std::path::Path,
 ) -> anyhow::Result<()> {
     let socket = match (containerd, &args.containerd_socket) {
         (Some(c), _) => c.socket(),
@@ -117,11 +127,13 @@ async fn run_node(
     let listen = args.listen;
     println!(
         "gitplane is up.\n  \
-         push:   git clone {repo} && cd demo && edit, commit, then git push origin main\n  \
-         look:   curl http://{listen}/api/v1/pods\n  \
-         status: curl http://{listen}/apis/gitplane.io/v1/namespaces/gitplane-system/applications/demo\n\
+         clone:  git clone http://{listen}/git/demo.git && cd demo   (edit, commit, then:)\n  \
+         push:   git push {push_url} main\n  \
+         apps:   the Applications live in http://{listen}/git/bootstrap.git ({apps}; app-of-apps)\n  \
+         look:   kubectl --server http://{listen} get pods   (or curl http://{listen}/api/v1/pods)\n  \
+         status: kubectl --server http://{listen} get applications -n gitplane-system -o yaml\n\
          Ctrl-C stops gitplane and removes its pods.",
-        repo = demo_repo.display(),
+        apps = bootstrap_repo.display(),
     );
 
     tokio::select! {

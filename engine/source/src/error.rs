@@ -77,7 +77,12 @@ pub enum SourceError {
 /// One thing wrong in a manifest.
 ///
 /// Displays as `deploy.yaml:9: Deployment web: /spec/replicas: "two" is not of type "integer"`,
-/// leaving out the parts that are not known.
+/// leaving out the parts that are not known. An error in the second or a later document of a
+/// file names it: `deploy.yaml:30 (document 2): Service web: ...`; no document shown means the
+/// file's first one.
+///
+/// Every line is a line of a file in Git: an error in the output of a template (`*.yaml.j2`) is
+/// reported at the template line that produced the offending rendered line.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ManifestError {
     pub file: String,
@@ -85,7 +90,7 @@ pub struct ManifestError {
     pub line: Option<usize>,
     /// 1-based column, for YAML syntax errors.
     pub column: Option<usize>,
-    /// 0-based position of the document in its file.
+    /// 0-based position of the document in its file (of a template: in its rendered output).
     pub document: Option<usize>,
     /// The object, as `Deployment web`.
     pub object: Option<String>,
@@ -111,11 +116,16 @@ impl ManifestError {
 impl fmt::Display for ManifestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.file)?;
-        match (self.line, self.column, self.document) {
-            (Some(line), Some(column), _) => write!(f, ":{line}:{column}")?,
-            (Some(line), None, _) => write!(f, ":{line}")?,
-            (None, _, Some(document)) => write!(f, ": document {}", document + 1)?,
-            (None, _, None) => {}
+        match (self.line, self.column) {
+            (Some(line), Some(column)) => write!(f, ":{line}:{column}")?,
+            (Some(line), None) => write!(f, ":{line}")?,
+            (None, _) => {}
+        }
+        // The struct is built by literal outside this crate (`error_at` of the apply step), so
+        // whether the file holds several documents cannot be a field of its own: the first
+        // document goes unnamed, which keeps single-document files as they always read.
+        if let Some(document) = self.document.filter(|d| *d > 0) {
+            write!(f, " (document {})", document + 1)?;
         }
         if let Some(object) = &self.object {
             write!(f, ": {object}")?;
@@ -174,12 +184,21 @@ mod tests {
         let mut e = ManifestError::new("deploy.yaml", "\"two\" is not of type \"integer\"");
         assert_eq!(e.to_string(), "deploy.yaml: \"two\" is not of type \"integer\"");
         e.document = Some(1);
-        assert_eq!(e.to_string(), "deploy.yaml: document 2: \"two\" is not of type \"integer\"");
+        assert_eq!(e.to_string(), "deploy.yaml (document 2): \"two\" is not of type \"integer\"");
         e.line = Some(9);
         e.object = Some("Deployment web".into());
         e.path = Some("/spec/replicas".into());
-        assert_eq!(e.to_string(), "deploy.yaml:9: Deployment web: /spec/replicas: \"two\" is not of type \"integer\"");
+        assert_eq!(
+            e.to_string(),
+            "deploy.yaml:9 (document 2): Deployment web: /spec/replicas: \"two\" is not of type \"integer\""
+        );
         e.column = Some(3);
+        assert_eq!(
+            e.to_string(),
+            "deploy.yaml:9:3 (document 2): Deployment web: /spec/replicas: \"two\" is not of type \"integer\""
+        );
+        // The first document of a file is not named: single-document files read as they did.
+        e.document = Some(0);
         assert_eq!(
             e.to_string(),
             "deploy.yaml:9:3: Deployment web: /spec/replicas: \"two\" is not of type \"integer\""

@@ -1,11 +1,17 @@
 //! Manifest files of a commit, read from the Git object database (never a checkout), or of a
 //! plain directory.
 //!
-//! Files are the blobs named `*.yaml` / `*.yml` under a directory, recursively, sorted by path.
-//! Sizes are checked before reading; a symlink is followed only to a file inside the directory,
-//! resolved within the commit's tree (or within the directory on disk); submodules are skipped.
+//! Files are the blobs named `*.yaml` / `*.yml` (and templates, `*.yaml.j2` / `*.yml.j2`) under
+//! a directory, recursively, sorted by path. Sizes are checked before reading; a symlink is
+//! followed only to a file inside the directory, resolved within the commit's tree (or within the
+//! directory on disk); submodules are skipped.
+//!
+//! The walk of a tree reads no blob: it lists paths, blob ids and sizes (from object headers, or
+//! from the cache for blobs it already holds). [`read_commit`] then reads every blob;
+//! [`crate::load_commit`] reads only those its cache lacks, which is what makes a one-file
+//! change cheap in a repository of many files.
 
-use crate::{Limits, ManifestFile, SourceError};
+use crate::{Limits, ManifestFile, SourceError, cache::Candidate};
 use git2::{ErrorCode, ObjectType, Odb, Oid, Reference, Repository, RepositoryOpenFlags, Tree};
 use std::{
     ffi::OsStr,
@@ -34,61 +40,188 @@ pub struct Commit {
     pub files: Vec<ManifestFile>,
 }
 
+/// A branch head, resolved but not read: cheap, to tell whether a commit was handled already;
+/// [`crate::load_commit`] reads it.
+#[derive(Clone, Debug)]
+pub struct Head {
+    /// Full hex id.
+    pub id: String,
+    /// First line of the message.
+    pub subject: String,
+    repo: PathBuf,
+    commit: Oid,
+}
+
 /// Reads the manifest files under `dir` (empty: the root) of the head of `branch`.
 pub fn read_commit(repo: &Path, branch: &str, dir: &str, limits: &Limits) -> Result<Commit, SourceError> {
-    let dir = normalize_dir(dir)?;
-    let name = repo_name(repo);
-    let git = |what: &str| {
-        let (name, what) = (name.clone(), what.to_owned());
-        move |source| SourceError::Git { repo: name, what, source }
-    };
-    // NO_SEARCH: a missing repository must not open whatever repository encloses the path.
-    let repository =
-        Repository::open_ext(repo, RepositoryOpenFlags::NO_SEARCH, std::iter::empty::<&OsStr>()).map_err(|source| {
-            match source.code() {
-                ErrorCode::NotFound => SourceError::RepositoryNotFound { repo: repo.to_owned(), source },
-                _ => SourceError::OpenRepository { repo: repo.to_owned(), source },
-            }
-        })?;
+    let head = read_head(repo, branch)?;
+    let opened = Opened::new(&head)?;
+    let mut candidates = opened.walk(dir, limits)?;
+    let known = vec![None; candidates.len()];
+    opened.sizes(&mut candidates, &known, limits)?;
+    let mut files = Vec::with_capacity(candidates.len());
+    for candidate in candidates {
+        let content = opened.read(&candidate)?;
+        files.push(ManifestFile { path: candidate.path, blob: candidate.blob, content });
+    }
+    tracing::debug!(repo = %repo.display(), %branch, commit = %head.id, files = files.len(), "read manifests");
+    Ok(Commit { id: head.id, subject: head.subject, files })
+}
 
+/// Resolves the head of `branch`.
+pub fn read_head(repo: &Path, branch: &str) -> Result<Head, SourceError> {
+    let repository = open(repo)?;
+    let name = repo_name(repo);
     let refname = format!("refs/heads/{branch}");
     // A NUL would panic inside git2's name check.
     if branch.contains('\0') || !Reference::is_valid_name(&refname) {
         return Err(SourceError::InvalidBranch { branch: branch.to_owned() });
     }
+    let git = |source| SourceError::Git { repo: name.clone(), what: refname.clone(), source };
     let reference = repository.find_reference(&refname).map_err(|source| match source.code() {
         ErrorCode::NotFound => SourceError::NoBranch { repo: name.clone(), branch: branch.to_owned() },
-        _ => git(&refname)(source),
+        _ => git(source),
     })?;
-    let commit = reference.peel_to_commit().map_err(git(&refname))?;
-    let id = commit.id().to_string();
+    let commit = reference.peel_to_commit().map_err(git)?;
     let message = String::from_utf8_lossy(commit.message_bytes());
     let subject = message.lines().next().unwrap_or("").trim().to_owned();
-    let root = commit.tree().map_err(git(&format!("the tree of commit {id}")))?;
-    let start = if dir.is_empty() {
-        root.id()
-    } else {
-        let short = id.get(..12).unwrap_or(&id).to_owned();
-        let entry = root.get_path(Path::new(&dir)).map_err(|source| match source.code() {
-            ErrorCode::NotFound => {
-                SourceError::DirNotFound { repo: name.clone(), commit: short.clone(), dir: dir.clone() }
-            }
-            _ => git(&dir)(source),
-        })?;
-        if entry.filemode() != MODE_TREE {
-            return Err(SourceError::NotADirectory { repo: name, commit: short, dir });
-        }
-        entry.id()
-    };
+    Ok(Head { id: commit.id().to_string(), subject, repo: repo.to_owned(), commit: commit.id() })
+}
 
-    let odb = repository.odb().map_err(git("the object database"))?;
-    let mut reader =
-        TreeReader { repo: &repository, odb, root, dir, name, limits, total: 0, entries: 0, files: Vec::new() };
-    reader.walk(start)?;
-    let mut files = reader.files;
-    files.sort_by(|a, b| a.path.cmp(&b.path));
-    tracing::debug!(repo = %repo.display(), %branch, commit = %id, files = files.len(), bytes = reader.total, "read manifests");
-    Ok(Commit { id, subject, files })
+fn open(repo: &Path) -> Result<Repository, SourceError> {
+    // NO_SEARCH: a missing repository must not open whatever repository encloses the path.
+    Repository::open_ext(repo, RepositoryOpenFlags::NO_SEARCH, std::iter::empty::<&OsStr>()).map_err(|source| {
+        match source.code() {
+            ErrorCode::NotFound => SourceError::RepositoryNotFound { repo: repo.to_owned(), source },
+            _ => SourceError::OpenRepository { repo: repo.to_owned(), source },
+        }
+    })
+}
+
+/// The repository of a [`Head`], open for walking its tree and reading its blobs.
+pub(crate) struct Opened {
+    repository: Repository,
+    /// The repository as errors name it.
+    name: String,
+    id: String,
+    commit: Oid,
+}
+
+impl Opened {
+    pub(crate) fn new(head: &Head) -> Result<Self, SourceError> {
+        Ok(Opened {
+            repository: open(&head.repo)?,
+            name: repo_name(&head.repo),
+            id: head.id.clone(),
+            commit: head.commit,
+        })
+    }
+
+    fn git_error(&self, what: &str) -> impl FnOnce(git2::Error) -> SourceError {
+        let (repo, what) = (self.name.clone(), what.to_owned());
+        move |source| SourceError::Git { repo, what, source }
+    }
+
+    /// The manifest files under `dir`, sorted by path, sizes not known yet (zero).
+    pub(crate) fn walk(&self, dir: &str, limits: &Limits) -> Result<Vec<Candidate>, SourceError> {
+        let dir = normalize_dir(dir)?;
+        let commit = self.repository.find_commit(self.commit).map_err(self.git_error(&self.id))?;
+        let root = commit.tree().map_err(self.git_error(&format!("the tree of commit {}", self.id)))?;
+        let start = if dir.is_empty() {
+            root.id()
+        } else {
+            let short = self.id.get(..12).unwrap_or(&self.id).to_owned();
+            let entry = root.get_path(Path::new(&dir)).map_err(|source| match source.code() {
+                ErrorCode::NotFound => {
+                    SourceError::DirNotFound { repo: self.name.clone(), commit: short.clone(), dir: dir.clone() }
+                }
+                _ => self.git_error(&dir)(source),
+            })?;
+            if entry.filemode() != MODE_TREE {
+                return Err(SourceError::NotADirectory { repo: self.name.clone(), commit: short, dir });
+            }
+            entry.id()
+        };
+        let odb = self.repository.odb().map_err(self.git_error("the object database"))?;
+        let mut reader = TreeReader {
+            repo: &self.repository,
+            odb,
+            root,
+            dir,
+            name: self.name.clone(),
+            limits,
+            entries: 0,
+            files: Vec::new(),
+        };
+        reader.walk(start)?;
+        let mut files = reader.files;
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(files)
+    }
+
+    /// Sets the size of each candidate (sorted by path), from `known` (what the cache holds: a
+    /// blob id names its bytes) or else from the object's header, and checks them against the
+    /// limits, before any blob is read.
+    pub(crate) fn sizes(
+        &self,
+        candidates: &mut [Candidate],
+        known: &[Option<u64>],
+        limits: &Limits,
+    ) -> Result<(), SourceError> {
+        let odb = self.repository.odb().map_err(self.git_error("the object database"))?;
+        let mut total = 0;
+        for (candidate, known) in candidates.iter_mut().zip(known) {
+            candidate.size = match *known {
+                Some(size) => size,
+                // A header read opens a file for a loose object: only for blobs not seen before.
+                None => {
+                    let (size, kind) = odb.read_header(candidate.blob).map_err(self.git_error(&candidate.path))?;
+                    if kind != ObjectType::Blob {
+                        let e = git2::Error::from_str("the tree entry is not a blob");
+                        return Err(self.git_error(&candidate.path)(e));
+                    }
+                    size as u64
+                }
+            };
+            check_size(limits, &mut total, &candidate.path, candidate.size)?;
+        }
+        Ok(())
+    }
+
+    /// The blob at `path` (relative to the root, symlinks followed inside the repository), if
+    /// there is a file there: for values files outside the walked directory.
+    pub(crate) fn blob_at(&self, path: &str) -> Result<Option<Oid>, SourceError> {
+        let commit = self.repository.find_commit(self.commit).map_err(self.git_error(&self.id))?;
+        let root = commit.tree().map_err(self.git_error(&format!("the tree of commit {}", self.id)))?;
+        let entry = match root.get_path(Path::new(path)) {
+            Ok(entry) => entry,
+            Err(e) if e.code() == ErrorCode::NotFound => return Ok(None),
+            Err(e) => return Err(self.git_error(path)(e)),
+        };
+        let odb = self.repository.odb().map_err(self.git_error("the object database"))?;
+        let limits = Limits::default();
+        let reader = TreeReader {
+            repo: &self.repository,
+            odb,
+            root,
+            dir: String::new(),
+            name: self.name.clone(),
+            limits: &limits,
+            entries: 0,
+            files: Vec::new(),
+        };
+        match entry.filemode() {
+            MODE_BLOB | MODE_EXECUTABLE => Ok(Some(entry.id())),
+            MODE_SYMLINK => reader.follow(path, entry.id()).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The bytes of a file the walk found (and [`Self::sizes`] checked).
+    pub(crate) fn read(&self, candidate: &Candidate) -> Result<Vec<u8>, SourceError> {
+        let blob = self.repository.find_blob(candidate.blob).map_err(self.git_error(&candidate.path))?;
+        Ok(blob.content().to_vec())
+    }
 }
 
 /// `demo.git` for `/srv/repos/demo.git`: how users name their repository.
@@ -97,7 +230,7 @@ fn repo_name(repo: &Path) -> String {
 }
 
 /// `deploy/prod` for `/deploy/prod/`, `./deploy` or `deploy//prod`; `..` is refused.
-fn normalize_dir(dir: &str) -> Result<String, SourceError> {
+pub(crate) fn normalize_dir(dir: &str) -> Result<String, SourceError> {
     let parts: Vec<_> = dir.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
     if dir.contains('\0') || parts.contains(&"..") {
         return Err(SourceError::InvalidDir { dir: dir.to_owned() });
@@ -106,7 +239,7 @@ fn normalize_dir(dir: &str) -> Result<String, SourceError> {
 }
 
 fn is_manifest(name: &[u8]) -> bool {
-    name.ends_with(b".yaml") || name.ends_with(b".yml")
+    [b".yaml".as_slice(), b".yml", b".yaml.j2", b".yml.j2"].iter().any(|suffix| name.ends_with(suffix))
 }
 
 fn join(prefix: &str, name: &str) -> String {
@@ -143,9 +276,8 @@ struct TreeReader<'r> {
     /// The repository as errors name it.
     name: String,
     limits: &'r Limits,
-    total: u64,
     entries: usize,
-    files: Vec<ManifestFile>,
+    files: Vec<Candidate>,
 }
 
 impl TreeReader<'_> {
@@ -194,8 +326,7 @@ impl TreeReader<'_> {
                     return Err(SourceError::TooManyFiles { dir: self.shown_dir(), limit: self.limits.max_documents });
                 }
                 let blob = if mode == MODE_SYMLINK { self.follow(&path, entry.id())? } else { entry.id() };
-                let content = self.read_blob(&path, blob)?;
-                self.files.push(ManifestFile { path, content });
+                self.files.push(Candidate { path, blob, size: 0 });
             }
         }
         Ok(())
@@ -240,25 +371,10 @@ impl TreeReader<'_> {
         let blob = self.repo.find_blob(oid).map_err(self.git_error(link))?;
         String::from_utf8(blob.content().to_vec()).map_err(|_| SourceError::NonUtf8Path { file: link.to_owned() })
     }
-
-    /// Reads a blob after checking, from its header alone, that it fits the limits.
-    fn read_blob(&mut self, file: &str, oid: Oid) -> Result<Vec<u8>, SourceError> {
-        let (size, kind) = self.odb.read_header(oid).map_err(self.git_error(file))?;
-        if kind != ObjectType::Blob {
-            return Err(self.git_error(file)(git2::Error::from_str("the tree entry is not a blob")));
-        }
-        self.count(file, size as u64)?;
-        let blob = self.repo.find_blob(oid).map_err(self.git_error(file))?;
-        Ok(blob.content().to_vec())
-    }
-
-    fn count(&mut self, file: &str, size: u64) -> Result<(), SourceError> {
-        check_size(self.limits, &mut self.total, file, size)
-    }
 }
 
 /// Counts a file of `size` bytes against the limits, before it is read.
-fn check_size(limits: &Limits, total: &mut u64, file: &str, size: u64) -> Result<(), SourceError> {
+pub(crate) fn check_size(limits: &Limits, total: &mut u64, file: &str, size: u64) -> Result<(), SourceError> {
     if size > limits.max_file_bytes {
         return Err(SourceError::FileTooLarge { file: file.to_owned(), size, limit: limits.max_file_bytes });
     }
@@ -267,6 +383,32 @@ fn check_size(limits: &Limits, total: &mut u64, file: &str, size: u64) -> Result
         return Err(SourceError::TotalTooLarge { file: file.to_owned(), limit: limits.max_total_bytes });
     }
     Ok(())
+}
+
+/// The bytes of the file at `path` (relative to `root`), if there is one: a regular file whose
+/// real path is inside `root`, within the per-file limit. For values files named explicitly.
+pub(crate) fn read_file_under(root: &Path, path: &str, limits: &Limits) -> Result<Option<Vec<u8>>, SourceError> {
+    let io_error = |path: &Path| {
+        let path = path.to_owned();
+        move |source| SourceError::Io { path, source }
+    };
+    let canonical_root = fs::canonicalize(root).map_err(io_error(root))?;
+    let full = root.join(path);
+    let real = match fs::canonicalize(&full) {
+        Ok(real) => real,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(SourceError::Io { path: full, source: e }),
+    };
+    if !real.starts_with(&canonical_root) {
+        let target = real.display().to_string();
+        return Err(SourceError::SymlinkEscapes { file: path.to_owned(), target, dir: root.display().to_string() });
+    }
+    let mut reader =
+        DirReader { root: canonical_root, shown: root.display().to_string(), limits, total: 0, files: Vec::new() };
+    match fs::metadata(&real) {
+        Ok(meta) if meta.is_file() => reader.read_file(path, &real).map(Some),
+        _ => Ok(None),
+    }
 }
 
 /// Reads the manifest files under a plain directory, by the rules of [`read_commit`]: for
@@ -319,7 +461,7 @@ pub fn read_dir(dir: &Path, limits: &Limits) -> Result<Vec<ManifestFile>, Source
             }
             let real = if kind.is_symlink() { reader.follow(&path)? } else { reader.root.join(&path) };
             let content = reader.read_file(&path, &real)?;
-            reader.files.push(ManifestFile { path, content });
+            reader.files.push(ManifestFile::new(path, content));
         }
     }
     let mut files = reader.files;

@@ -1,41 +1,58 @@
-//! The pure part of gitplane's GitOps source: read the manifests of a commit, parse them,
-//! validate them.
+//! The pure part of gitplane's GitOps source: read the manifests of a commit, render its
+//! templates, parse them, validate them — again only for what changed since the last commit.
 //!
 //! This crate owns the path from a Git commit to validated objects:
 //!
-//! - [`git`]: the YAML files under a directory of a branch head, read from the object database
-//!   (never a checkout), or from a plain directory for offline validation;
+//! - [`git`]: the manifest files under a directory of a branch head, read from the object
+//!   database (never a checkout), or from a plain directory for offline validation;
+//! - [`template`]: `*.yaml.j2` templates rendered with the Application's values (minijinja);
 //! - [`manifest`]: multi-document YAML into JSON values, with the line of each document;
 //! - [`validate`]: accepted kinds, strict schemas, names, scope, duplicates, defaulted namespace;
-//! - [`error`]: errors that say where (file, line, object, JSON pointer) and what to do.
+//! - [`cache`]: each file's outcome kept by (path, blob id, values digest), so that a commit
+//!   costs what it changed;
+//! - [`error`]: errors that say where (file, line, document, object, JSON pointer) and what to do.
+//!
+//! The entry points: [`load_commit`] (the server: a branch head, through a [`SourceCache`] kept
+//! per Application), [`load_dir`] (`gitplane validate` / `render`: the same rules on a
+//! directory), [`load_files`] (files already read).
 //!
 //! Invariants:
 //! - It never writes anything: not the repository, not the store, not the filesystem. The sync
 //!   loop applies its output.
 //! - Git content is hostile input: sizes are checked before reading, symlinks never leave the
-//!   synced directory, nothing on this path panics on input.
-//! - Secret values never appear in an error or a `Debug` output.
+//!   synced directory, templates are bounded in output and work, nothing on this path panics on
+//!   input.
+//! - Secret values never appear in an error or a `Debug` output, and template errors never quote
+//!   a value at all (values may be secrets).
+//! - Offline and server loads run the same code: a directory that `gitplane validate` accepts
+//!   is accepted when pushed with the same values.
 
+pub mod cache;
 pub mod error;
 pub mod git;
 mod locate;
 pub mod manifest;
+pub mod template;
 pub mod validate;
 
+pub use cache::{CacheStats, SourceCache};
 pub use error::{ManifestError, SourceError, redacted};
-pub use git::{Commit, read_commit, read_dir};
+pub use git::{Commit, Head, read_commit, read_dir, read_head};
 pub use manifest::{Document, parse};
+pub use template::{is_template, merge_values, set_value};
 pub use validate::{Manifest, Validator};
 
-use std::fmt;
+use gitplane_api::ApplicationSpec;
+use serde_json::Value;
+use std::{borrow::Cow, collections::BTreeMap, fmt, path::Path, sync::Arc};
 
 /// Bounds on what one commit may hold, so a hostile push cannot exhaust the control plane.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Largest manifest file. Also bounds the values one file may expand to through YAML
-    /// aliases, so a small file cannot blow up in memory.
+    /// aliases, so a small file cannot blow up in memory; a template may render to 4 times it.
     pub max_file_bytes: u64,
-    /// All manifest files of a commit together.
+    /// All manifest files of a commit together (templates counted as rendered).
     pub max_total_bytes: u64,
     /// YAML documents of a commit (and manifest files, each of which holds at least one).
     pub max_documents: usize,
@@ -61,7 +78,18 @@ impl Default for Limits {
 pub struct ManifestFile {
     /// Relative to the repository root (or to the directory given to [`read_dir`]), `/`-separated.
     pub path: String,
+    /// The Git blob id of `content`, which keys the [`SourceCache`] (zero: never cached).
+    pub blob: git2::Oid,
     pub content: Vec<u8>,
+}
+
+impl ManifestFile {
+    /// A file with the blob id Git gives its content.
+    pub fn new(path: impl Into<String>, content: Vec<u8>) -> Self {
+        // Hashing in memory fails only on allocation; a zero id just opts the file out of caching.
+        let blob = git2::Oid::hash_object(git2::ObjectType::Blob, &content).unwrap_or_else(|_| git2::Oid::zero());
+        ManifestFile { path: path.into(), blob, content }
+    }
 }
 
 // The content may hold Secret values: never print it.
@@ -71,23 +99,156 @@ impl fmt::Debug for ManifestFile {
     }
 }
 
-/// Parses and validates manifest files: [`parse`] then [`Validator::validate`], with the errors
-/// of both collected and sorted by file and line.
+/// What of an Application shapes its objects: where its manifests are, and its values.
+#[derive(Clone, Default, PartialEq)]
+pub struct AppSource {
+    /// The directory of the manifests, relative to the repository root (or to the directory
+    /// given to [`load_dir`]); empty for the root.
+    pub path: String,
+    /// The namespace of namespaced objects that name none.
+    pub default_namespace: String,
+    /// Values files, relative to `path`, merged in order: they are not manifests.
+    pub values_files: Vec<String>,
+    /// Values over those of the files.
+    pub values: BTreeMap<String, Value>,
+}
+
+impl AppSource {
+    /// The source of an Application's spec.
+    pub fn from_spec(spec: &ApplicationSpec) -> Self {
+        AppSource {
+            path: spec.path.clone(),
+            default_namespace: spec
+                .namespace
+                .clone()
+                .unwrap_or_else(|| gitplane_api::object::DEFAULT_NAMESPACE.to_owned()),
+            values_files: spec.values_files.clone(),
+            values: spec.values.clone(),
+        }
+    }
+}
+
+// Values may hold secrets: name them, never show them.
+impl fmt::Debug for AppSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AppSource")
+            .field("path", &self.path)
+            .field("default_namespace", &self.default_namespace)
+            .field("values_files", &self.values_files)
+            .field("values", &self.values.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// Why a load gave no objects.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The repository, branch, directory or a limit on reading: nothing was validated.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// What is wrong in the manifests, every error of every file, sorted by file and line.
+    #[error("{} error(s) in the manifests", .0.len())]
+    Invalid(Vec<ManifestError>),
+}
+
+/// Loads the Application's objects at a branch head: walks the directory's tree, then renders,
+/// parses and validates only the files `cache` does not hold (it reads no other blob).
+///
+/// Keep one `cache` per Application (and one `validator` for all): a one-file commit then costs
+/// one file plus a walk of the tree.
+pub fn load_commit(
+    head: &Head,
+    app: &AppSource,
+    validator: &Validator,
+    limits: &Limits,
+    cache: &mut SourceCache,
+) -> Result<Vec<Arc<Manifest>>, LoadError> {
+    let dir = git::normalize_dir(&app.path)?;
+    let opened = git::Opened::new(head)?;
+    let mut candidates = opened.walk(&dir, limits)?;
+    // Values files the walk did not list (beside the directory, or not named *.yaml).
+    for path in app.values_files.iter().filter_map(|file| cache::values_path(&dir, file)) {
+        if candidates.binary_search_by(|c| c.path.cmp(&path)).is_err()
+            && let Some(blob) = opened.blob_at(&path)?
+        {
+            candidates.push(cache::Candidate { path, blob, size: 0 });
+            candidates.sort_by(|a, b| a.path.cmp(&b.path));
+        }
+    }
+    let known = cache.known_sizes(&candidates);
+    opened.sizes(&mut candidates, &known, limits)?;
+    cache::load(&candidates, &dir, app, validator, limits, cache, |_, c| opened.read(c).map(Cow::Owned))
+}
+
+/// Loads the Application's objects from a directory that stands for the repository root, by the
+/// rules of [`read_dir`] and [`load_commit`]: what `gitplane validate DIR` checks.
+pub fn load_dir(
+    root: &Path,
+    app: &AppSource,
+    validator: &Validator,
+    limits: &Limits,
+    cache: &mut SourceCache,
+) -> Result<Vec<Arc<Manifest>>, LoadError> {
+    let dir = git::normalize_dir(&app.path)?;
+    let mut files = read_dir(&root.join(&dir), limits)?;
+    if !dir.is_empty() {
+        for file in &mut files {
+            file.path = format!("{dir}/{}", file.path);
+        }
+    }
+    // Values files the walk did not list (beside the directory, or not named *.yaml).
+    for path in app.values_files.iter().filter_map(|file| cache::values_path(&dir, file)) {
+        if !files.iter().any(|f| f.path == path)
+            && let Some(content) = git::read_file_under(root, &path, limits)?
+        {
+            files.push(ManifestFile::new(path, content));
+        }
+    }
+    load_files(&files, app, validator, limits, cache)
+}
+
+/// Loads files already read (sorted by path, under `app.path`): renders the templates, parses
+/// and validates, through `cache`.
+pub fn load_files(
+    files: &[ManifestFile],
+    app: &AppSource,
+    validator: &Validator,
+    limits: &Limits,
+    cache: &mut SourceCache,
+) -> Result<Vec<Arc<Manifest>>, LoadError> {
+    let dir = git::normalize_dir(&app.path)?;
+    let mut sorted: Vec<&ManifestFile> = files.iter().collect();
+    sorted.sort_by(|a, b| a.path.cmp(&b.path));
+    // A path given twice would be one file to the cache: the first one wins, as in a directory.
+    sorted.dedup_by(|b, a| a.path == b.path);
+    let candidates: Vec<cache::Candidate> = sorted
+        .iter()
+        .map(|f| cache::Candidate { path: f.path.clone(), blob: f.blob, size: f.content.len() as u64 })
+        .collect();
+    cache::load(&candidates, &dir, app, validator, limits, cache, |i, _| Ok(Cow::Borrowed(&sorted[i].content)))
+}
+
+/// Parses and validates manifest files (templates rendered without values), with the errors of
+/// all of them sorted by file and line. [`load_files`] with a throwaway cache, for callers that
+/// want owned objects.
 pub fn load(
     files: &[ManifestFile],
     validator: &Validator,
     default_namespace: &str,
     limits: &Limits,
 ) -> Result<Vec<Manifest>, Vec<ManifestError>> {
-    let (documents, mut errors) = manifest::parse_all(files, limits);
-    match validator.validate(documents, default_namespace) {
-        Ok(manifests) if errors.is_empty() => return Ok(manifests),
-        Ok(_) => {}
-        Err(more) => errors.extend(more),
+    let app = AppSource { default_namespace: default_namespace.to_owned(), ..AppSource::default() };
+    let mut cache = SourceCache::new();
+    let loaded = load_files(files, &app, validator, limits, &mut cache);
+    // Dropping the cache first leaves each object with one owner: unwrapping does not copy.
+    drop(cache);
+    match loaded {
+        Ok(manifests) => {
+            Ok(manifests.into_iter().map(|m| Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone())).collect())
+        }
+        Err(LoadError::Invalid(errors)) => Err(errors),
+        Err(LoadError::Source(e)) => Err(vec![ManifestError::new("(source)", e.to_string())]),
     }
-    let rank = |file: &str| files.iter().position(|f| f.path == file).unwrap_or(usize::MAX);
-    errors.sort_by_key(|e| (rank(&e.file), e.line.unwrap_or(0), e.column.unwrap_or(0)));
-    Err(errors)
 }
 
 /// `1 MiB`, `1.5 KiB`, `12 bytes`: sizes in error messages.
@@ -182,7 +343,7 @@ spec:
     #[test]
     fn t90_an_application_loads() {
         let app = "apiVersion: gitplane.io/v1\nkind: Application\nmetadata: {name: demo, namespace: gitplane-system}\nspec: {repo: demo, path: deploy}\n";
-        let files = [ManifestFile { path: "apps/demo.yaml".into(), content: app.as_bytes().to_vec() }];
+        let files = [ManifestFile::new("apps/demo.yaml", app.as_bytes().to_vec())];
         let manifests = load(&files, &Validator::new(), "demo", &Limits::default()).unwrap();
         assert_eq!(manifests[0].key.to_string(), "Application.gitplane.io gitplane-system/demo");
     }
@@ -200,7 +361,7 @@ spec:
             errors,
             [
                 r#"deploy/web.yaml:6: Deployment web: /spec/replicas: "two" is not of type "integer""#,
-                r#"deploy/web.yaml:30: Service web: /spec/ports/0: unknown field "nodePortt" (did you mean "nodePort"?)"#,
+                r#"deploy/web.yaml:30 (document 2): Service web: /spec/ports/0: unknown field "nodePortt" (did you mean "nodePort"?)"#,
                 "deploy/z.yaml:2:1: did not find expected node content, while parsing a flow node",
             ]
         );
@@ -216,7 +377,7 @@ spec:
 
     #[test]
     fn t10_manifest_file_debug_hides_content() {
-        let file = ManifestFile { path: "s.yaml".into(), content: b"password: hunter2".to_vec() };
+        let file = ManifestFile::new("s.yaml", b"password: hunter2".to_vec());
         assert_eq!(format!("{file:?}"), r#"ManifestFile { path: "s.yaml", bytes: 17 }"#);
     }
 }

@@ -4,16 +4,29 @@
 //! 0 cannot be content in YAML), then each document is parsed once by serde_yaml into JSON. The
 //! split gives each document's line, keeps YAML error positions per document, and lets a syntax
 //! error in one document not hide the errors of the next ones.
+//!
+//! The text of a template's output is parsed the same way, with a map that turns its
+//! lines into the template lines that wrote them: every line this module reports is a line of a
+//! file in Git.
 
 use crate::{Limits, ManifestError, ManifestFile, error::redacted, locate::LineIndex};
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
-use std::{
-    cell::Cell,
-    fmt,
-    ops::{ControlFlow, Range},
-    sync::Arc,
-};
+use std::{cell::Cell, fmt, ops::Range, sync::Arc};
+
+/// For each line of a template's output (index 0: line 1), the template line that wrote it.
+pub(crate) type LineMap = Arc<[u32]>;
+
+/// The template line of rendered `line`, or `line` itself for a file that is not rendered.
+pub(crate) fn map_line(map: Option<&LineMap>, line: usize) -> usize {
+    match map {
+        None => line,
+        Some(map) => line
+            .checked_sub(1)
+            .and_then(|i| map.get(i).or(map.last()))
+            .map_or(line, |&l| usize::try_from(l).unwrap_or(line)),
+    }
+}
 
 /// One YAML document of a manifest file.
 #[derive(Clone)]
@@ -30,11 +43,13 @@ pub struct Document {
 
 #[derive(Clone)]
 struct Source {
-    /// The whole file, shared by its documents.
+    /// The whole file (or rendered output), shared by its documents.
     text: Arc<str>,
     range: Range<usize>,
-    /// Line of the file where `range` starts.
+    /// Line of the text where `range` starts.
     first_line: usize,
+    /// Set when `text` is a template's output.
+    map: Option<LineMap>,
 }
 
 impl Document {
@@ -65,7 +80,7 @@ impl Locator {
     pub(crate) fn lines(&self) -> DocumentLines {
         let index = self.source.as_ref().and_then(|s| {
             let text = s.text.get(s.range.clone())?;
-            Some((LineIndex::new(text), s.first_line - 1))
+            Some((LineIndex::new(text), s.first_line - 1, s.map.clone()))
         });
         DocumentLines { index, fallback: self.line }
     }
@@ -82,9 +97,9 @@ impl fmt::Debug for Document {
     }
 }
 
-/// Lines of JSON pointers in one document, in file lines.
+/// Lines of JSON pointers in one document, in file lines (template lines for rendered text).
 pub(crate) struct DocumentLines {
-    index: Option<(LineIndex, usize)>,
+    index: Option<(LineIndex, usize, Option<LineMap>)>,
     fallback: usize,
 }
 
@@ -92,7 +107,7 @@ impl DocumentLines {
     pub(crate) fn line_of(&self, pointer: &str) -> usize {
         self.index
             .as_ref()
-            .and_then(|(index, offset)| index.line_of(pointer).map(|line| line + offset))
+            .and_then(|(index, offset, map)| index.line_of(pointer).map(|line| map_line(map.as_ref(), line + offset)))
             .unwrap_or(self.fallback)
     }
 }
@@ -109,83 +124,117 @@ pub(crate) fn parse_all(files: &[ManifestFile], limits: &Limits) -> (Vec<Documen
     let mut documents = Vec::new();
     let mut errors = Vec::new();
     for file in files {
-        if parse_file(file, limits, &mut documents, &mut errors).is_break() {
+        let text = match decode(&file.path, &file.content, limits) {
+            Ok(text) => text,
+            Err(error) => {
+                errors.push(*error);
+                continue;
+            }
+        };
+        let left = limits.max_documents - documents.len().min(limits.max_documents);
+        let parsed = parse_text(&file.path, text, None, limits, left);
+        errors.extend(parsed.errors);
+        if let Some((index, line)) = parsed.over {
+            documents.extend(parsed.documents);
+            errors.push(too_many_documents(&file.path, index, line, limits.max_documents));
             break;
         }
+        documents.extend(parsed.documents);
     }
     (documents, errors)
 }
 
-/// Appends the documents and errors of one file; `Break` when parsing must stop here.
-fn parse_file(
-    file: &ManifestFile,
-    limits: &Limits,
-    documents: &mut Vec<Document>,
-    errors: &mut Vec<ManifestError>,
-) -> ControlFlow<()> {
-    let path = file.path.as_str();
-    if file.content.len() as u64 > limits.max_file_bytes {
-        let (size, limit) = (crate::human_bytes(file.content.len() as u64), crate::human_bytes(limits.max_file_bytes));
+/// The error for the first document over [`Limits::max_documents`].
+pub(crate) fn too_many_documents(file: &str, index: usize, line: usize, limit: usize) -> ManifestError {
+    let mut error = ManifestError::new(
+        file,
+        format!("more than {limit} YAML documents in the commit: split them across Applications"),
+    );
+    error.line = Some(line);
+    error.document = Some(index);
+    error
+}
+
+/// A manifest file's text: within the size limit, UTF-8, without a byte order mark. (The error is
+/// boxed: it is the rare case, and large.)
+pub(crate) fn decode(path: &str, content: &[u8], limits: &Limits) -> Result<Arc<str>, Box<ManifestError>> {
+    if content.len() as u64 > limits.max_file_bytes {
+        let (size, limit) = (crate::human_bytes(content.len() as u64), crate::human_bytes(limits.max_file_bytes));
         let message = format!("is {size}, over the limit of {limit} per manifest file: split it into smaller files");
-        errors.push(ManifestError::new(path, message));
-        return ControlFlow::Continue(());
+        return Err(Box::new(ManifestError::new(path, message)));
     }
-    let text = match std::str::from_utf8(&file.content) {
-        Ok(text) => text.strip_prefix('\u{feff}').unwrap_or(text),
+    match std::str::from_utf8(content) {
+        Ok(text) => Ok(Arc::from(text.strip_prefix('\u{feff}').unwrap_or(text))),
         Err(e) => {
-            let valid = &file.content[..e.valid_up_to()];
+            let valid = &content[..e.valid_up_to()];
             let mut error = ManifestError::new(
                 path,
                 format!("not valid UTF-8 (at byte {}): save the file as UTF-8", e.valid_up_to()),
             );
             error.line = Some(1 + valid.iter().filter(|&&b| b == b'\n').count());
-            errors.push(error);
-            return ControlFlow::Continue(());
+            Err(Box::new(error))
         }
-    };
-    let text: Arc<str> = Arc::from(text);
+    }
+}
+
+/// The documents and errors of one file's text.
+pub(crate) struct Parsed {
+    /// Its non-empty documents, at most `max_documents` of them.
+    pub(crate) documents: Vec<Document>,
+    pub(crate) errors: Vec<ManifestError>,
+    /// (index, line) of the first document over `max_documents`, where parsing stopped.
+    pub(crate) over: Option<(usize, usize)>,
+}
+
+/// Parses the text of one file (or of a template's output, with the `map` of its lines) into
+/// its non-empty documents, stopping after `max_documents` of them.
+pub(crate) fn parse_text(
+    path: &str,
+    text: Arc<str>,
+    map: Option<&LineMap>,
+    limits: &Limits,
+    max_documents: usize,
+) -> Parsed {
+    let mut parsed = Parsed { documents: Vec::new(), errors: Vec::new(), over: None };
     // Aliases repeat their anchor's content: bound what a file may expand to by its size limit.
     let budget = Cell::new(usize::try_from(limits.max_file_bytes).unwrap_or(usize::MAX));
     let mut index = 0;
     for chunk in split_documents(&text) {
         let Some(chunk_text) = text.get(chunk.range.clone()) else { continue };
         for yaml in serde_yaml::Deserializer::from_str(chunk_text) {
-            let source = Source { text: Arc::clone(&text), range: chunk.range.clone(), first_line: chunk.first_line };
             let value = match (StrictValue { budget: &budget }).deserialize(yaml) {
                 Ok(value) => value,
                 Err(e) => {
-                    errors.push(yaml_error(path, index, chunk_text, chunk.first_line, &e));
+                    parsed.errors.push(yaml_error(path, index, chunk_text, chunk.first_line, map, &e));
                     index += 1;
                     // serde_yaml stops at a syntax error; the next chunk starts afresh.
                     break;
                 }
             };
-            let document = Document { file: path.to_owned(), index, line: chunk.line, value, source: Some(source) };
+            let source = Source {
+                text: Arc::clone(&text),
+                range: chunk.range.clone(),
+                first_line: chunk.first_line,
+                map: map.cloned(),
+            };
+            let line = map_line(map, chunk.line);
+            let document = Document { file: path.to_owned(), index, line, value, source: Some(source) };
             index += 1;
             if document.value.is_null() {
                 continue;
             }
             if let Some(error) = list_error(&document) {
-                errors.push(error);
+                parsed.errors.push(error);
                 continue;
             }
-            if documents.len() >= limits.max_documents {
-                let mut error = ManifestError::new(
-                    path,
-                    format!(
-                        "more than {} YAML documents in the commit: split them across Applications",
-                        limits.max_documents
-                    ),
-                );
-                error.line = Some(document.line);
-                error.document = Some(document.index);
-                errors.push(error);
-                return ControlFlow::Break(());
+            if parsed.documents.len() >= max_documents {
+                parsed.over = Some((document.index, document.line));
+                return parsed;
             }
-            documents.push(document);
+            parsed.documents.push(document);
         }
     }
-    ControlFlow::Continue(())
+    parsed
 }
 
 /// `kind: List` is how `kubectl get -o yaml` writes many objects; gitplane wants one per document.
@@ -204,27 +253,39 @@ fn list_error(document: &Document) -> Option<ManifestError> {
 }
 
 /// A YAML error at its file position, the positions in the parser's message moved from the
-/// document's lines to the file's.
-fn yaml_error(file: &str, index: usize, text: &str, first_line: usize, e: &serde_yaml::Error) -> ManifestError {
+/// document's lines to the file's (to the template's, for rendered text: without columns, which
+/// are the output's).
+fn yaml_error(
+    file: &str,
+    index: usize,
+    text: &str,
+    first_line: usize,
+    map: Option<&LineMap>,
+    e: &serde_yaml::Error,
+) -> ManifestError {
     let mut error = ManifestError::new(file, e.to_string());
     error.document = Some(index);
     if let Some(location) = e.location() {
         let own = (location.line(), location.column());
-        error.message = shift_lines(&error.message, own, first_line - 1);
+        let at = |line: usize, column: usize| match map {
+            None => format!("line {} column {column}", line + first_line - 1),
+            Some(map) => format!("template line {}", map_line(Some(map), line + first_line - 1)),
+        };
+        error.message = shift_lines(&error.message, own, at);
         // serde_yaml places a duplicate key at its mapping: point at the key itself.
         let (line, column) = match StrictValue::is_duplicate_key(&error.message) {
             true => LineIndex::new(text).first_duplicate().unwrap_or(own),
             false => own,
         };
-        error.line = Some(line + first_line - 1);
-        error.column = Some(column);
+        error.line = Some(map_line(map, line + first_line - 1));
+        error.column = map.is_none().then_some(column);
     }
     error
 }
 
 /// Drops the ` at line L column C` of the error's own position (shown before the message) and
-/// adds `offset` to the other lines the message names.
-fn shift_lines(message: &str, own: (usize, usize), offset: usize) -> String {
+/// rewrites the other positions the message names with `at(L, C)`.
+fn shift_lines(message: &str, own: (usize, usize), at: impl Fn(usize, usize) -> String) -> String {
     const AT: &str = " at line ";
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
@@ -237,7 +298,8 @@ fn shift_lines(message: &str, own: (usize, usize), offset: usize) -> String {
         };
         out.push_str(&rest[..start]);
         if (line, column) != own {
-            out.push_str(&format!("{AT}{} column {column}", line + offset));
+            out.push_str(" at ");
+            out.push_str(&at(line, column));
         }
         rest = &after[len..];
     }
@@ -254,6 +316,20 @@ fn line_column(s: &str) -> Option<(usize, usize, usize)> {
     let column_len = digits(after_line);
     let column = after_line[..column_len].parse().ok()?;
     Some((line, column, line_len + " column ".len() + column_len))
+}
+
+/// An object as YAML, with `apiVersion`, `kind` and `metadata` first, as people write
+/// manifests (the rest sorted): what `gitplane render` prints.
+pub fn to_yaml(value: &Value) -> Result<String, serde_yaml::Error> {
+    let Some(object) = value.as_object() else { return serde_yaml::to_string(value) };
+    let mut ordered = serde_yaml::Mapping::new();
+    let first = ["apiVersion", "kind", "metadata"];
+    for key in first.iter().copied().chain(object.keys().map(String::as_str).filter(|k| !first.contains(k))) {
+        if let Some(v) = object.get(key) {
+            ordered.insert(key.into(), serde_yaml::to_value(v)?);
+        }
+    }
+    serde_yaml::to_string(&ordered)
 }
 
 /// One document's text as found by [`split_documents`].
@@ -421,11 +497,16 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
         self.spend()?;
         let mut object = Map::new();
         while let Some(key) = map.next_key_seed(StringKey)? {
-            if object.contains_key(&key) {
-                return Err(de::Error::custom(format!("{}{key:?}: keep one of them", Self::DUPLICATE_KEY)));
+            // One lookup per key: this is the hot path of a cold load.
+            match object.entry(key) {
+                serde_json::map::Entry::Occupied(entry) => {
+                    let key = entry.key();
+                    return Err(de::Error::custom(format!("{}{key:?}: keep one of them", Self::DUPLICATE_KEY)));
+                }
+                serde_json::map::Entry::Vacant(entry) => {
+                    entry.insert(map.next_value_seed(StrictValue { budget: self.budget })?);
+                }
             }
-            let value = map.next_value_seed(StrictValue { budget: self.budget })?;
-            object.insert(key, value);
         }
         Ok(Value::Object(object))
     }
@@ -490,7 +571,7 @@ mod tests {
     use serde_json::json;
 
     fn file(path: &str, content: &str) -> ManifestFile {
-        ManifestFile { path: path.into(), content: content.as_bytes().to_vec() }
+        ManifestFile::new(path, content.as_bytes().to_vec())
     }
 
     fn errors(files: &[ManifestFile]) -> Vec<String> {
@@ -498,6 +579,17 @@ mod tests {
             Ok(docs) => panic!("parsed: {docs:?}"),
             Err(errors) => errors.iter().map(ToString::to_string).collect(),
         }
+    }
+
+    #[test]
+    fn t10_yaml_puts_the_type_first() {
+        let value =
+            json!({"data": {"b": "2", "a": "1"}, "metadata": {"name": "c"}, "kind": "ConfigMap", "apiVersion": "v1"});
+        assert_eq!(
+            to_yaml(&value).unwrap(),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: '1'\n  b: '2'\n"
+        );
+        assert_eq!(to_yaml(&json!([1])).unwrap(), "- 1\n");
     }
 
     #[test]
@@ -551,9 +643,9 @@ null
         assert_eq!(
             errors(&[file("bad.yaml", text)]),
             [
-                "bad.yaml:5:2: did not find expected key, while parsing a block mapping at line 3 column 1",
-                "bad.yaml:8:1: did not find expected ',' or ']', while parsing a flow sequence at line 7 column 4",
-                "bad.yaml:10:1: duplicate key \"c\": keep one of them",
+                "bad.yaml:5:2 (document 2): did not find expected key, while parsing a block mapping at line 3 column 1",
+                "bad.yaml:8:1 (document 3): did not find expected ',' or ']', while parsing a flow sequence at line 7 column 4",
+                "bad.yaml:10:1 (document 4): duplicate key \"c\": keep one of them",
             ]
         );
     }
@@ -581,7 +673,7 @@ null
     #[test]
     fn t10_invalid_utf8_and_lists_and_all_files() {
         let files = [
-            ManifestFile { path: "a.yaml".into(), content: b"a: 1\nb: \xff\n".to_vec() },
+            ManifestFile::new("a.yaml", b"a: 1\nb: \xff\n".to_vec()),
             file("list.yaml", "apiVersion: v1\nkind: List\nitems: []\n"),
             file("ok.yaml", "a: 1\n"),
             file("z.yaml", "x: [\n"),

@@ -13,7 +13,15 @@ use gitplane_api::{
 };
 use jsonschema::error::ValidationErrorKind;
 use serde_json::{Map, Value};
-use std::{collections::HashMap, fmt};
+use std::{
+    collections::{
+        HashMap,
+        hash_map::{Entry, RandomState},
+    },
+    fmt,
+    hash::{BuildHasher, BuildHasherDefault, Hasher},
+    sync::Arc,
+};
 
 /// Fields of `metadata` that the server sets: a value for them in Git is a mistake (often a
 /// `kubectl get -o yaml` pasted into the repository). `null` is accepted and dropped, as
@@ -118,48 +126,70 @@ impl Validator {
     /// Validates parsed documents. Every error of every document is returned; on success the
     /// objects come in the order of the documents.
     pub fn validate(&self, docs: Vec<Document>, default_namespace: &str) -> Result<Vec<Manifest>, Vec<ManifestError>> {
-        let mut manifests = Vec::with_capacity(docs.len());
+        let mut accepted = Vec::with_capacity(docs.len());
         let mut errors = Vec::new();
-        // Where each key was first defined, to name both places of a duplicate.
-        let mut seen: HashMap<ObjectKey, (String, Locator)> = HashMap::new();
-        for mut doc in docs {
-            // Error path only: the label and the lines cost nothing to valid documents.
-            let error = |doc: &Document, line: usize, problem: Problem| ManifestError {
-                file: doc.file.clone(),
-                line: Some(line),
-                column: None,
-                document: Some(doc.index),
-                object: object_label(&doc.value),
-                path: problem.pointer.filter(|p| !p.is_empty()),
-                message: problem.message,
-            };
-            let key = match self.check(&mut doc.value, default_namespace) {
-                Ok(key) => key,
-                Err(problems) => {
-                    let lines = doc.lines();
-                    let mut located: Vec<_> = problems
-                        .into_iter()
-                        .map(|p| {
-                            let at = p.at.as_deref().or(p.pointer.as_deref()).unwrap_or("");
-                            (lines.line_of(at), p)
-                        })
-                        .collect();
-                    located.sort_by_key(|(line, _)| *line);
-                    errors.extend(located.into_iter().map(|(line, p)| error(&doc, line, p)));
-                    continue;
-                }
-            };
-            if let Some((first_file, first)) = seen.get(&key) {
-                let first_line = first.lines().line_of("/metadata/name");
-                let line = doc.lines().line_of("/metadata/name");
-                let message = format!("{key} is also defined at {first_file}:{first_line}: keep only one of them");
-                errors.push(error(&doc, line, Problem::at("/metadata/name", message)));
-                continue;
+        for doc in docs {
+            match self.check_document(doc, default_namespace) {
+                Ok(manifest) => accepted.push(manifest),
+                Err(more) => errors.extend(more),
             }
-            seen.insert(key.clone(), (doc.file.clone(), doc.locator()));
-            manifests.push(Manifest { file: doc.file, index: doc.index, line: doc.line, key, value: doc.value });
         }
-        if errors.is_empty() { Ok(manifests) } else { Err(errors) }
+        let keys = RandomState::new();
+        let accepted: Vec<Accepted> = accepted
+            .into_iter()
+            .map(|(manifest, locator)| Accepted {
+                key_hash: keys.hash_one(&manifest.key),
+                manifest: Arc::new(manifest),
+                locator,
+            })
+            .collect();
+        errors.extend(duplicates(&accepted.iter().collect::<Vec<_>>()).into_iter().map(|(_, error)| error));
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        // Nothing else holds the objects: unwrapping does not copy them.
+        Ok(accepted.into_iter().map(|a| Arc::try_unwrap(a.manifest).unwrap_or_else(|m| (*m).clone())).collect())
+    }
+
+    /// Checks one document on its own (everything but duplicates, which need all of them): the
+    /// object with where to find its lines later, or every error of the document.
+    pub(crate) fn check_document(
+        &self,
+        mut doc: Document,
+        default_namespace: &str,
+    ) -> Result<(Manifest, Locator), Vec<ManifestError>> {
+        match self.check(&mut doc.value, default_namespace) {
+            Ok(key) => {
+                let locator = doc.locator();
+                let manifest = Manifest { file: doc.file, index: doc.index, line: doc.line, key, value: doc.value };
+                Ok((manifest, locator))
+            }
+            // Error path only: the label and the lines cost nothing to valid documents.
+            Err(problems) => {
+                let lines = doc.lines();
+                let mut located: Vec<_> = problems
+                    .into_iter()
+                    .map(|p| {
+                        let at = p.at.as_deref().or(p.pointer.as_deref()).unwrap_or("");
+                        (lines.line_of(at), p)
+                    })
+                    .collect();
+                located.sort_by_key(|(line, _)| *line);
+                let object = object_label(&doc.value);
+                Err(located
+                    .into_iter()
+                    .map(|(line, problem)| ManifestError {
+                        file: doc.file.clone(),
+                        line: Some(line),
+                        column: None,
+                        document: Some(doc.index),
+                        object: object.clone(),
+                        path: problem.pointer.filter(|p| !p.is_empty()),
+                        message: problem.message,
+                    })
+                    .collect())
+            }
+        }
     }
 
     /// Checks one object and normalizes it (status dropped, namespace defaulted): its key, or
@@ -182,7 +212,11 @@ impl Validator {
             metadata.retain(|field, value| !(value.is_null() && SERVER_MANAGED.contains(&field.as_str())));
         }
 
-        let mut problems = schema_problems(&found.validator, &found.schema, value, &info.kind);
+        // The compiled validator's yes/no answer is much cheaper than collecting its errors.
+        let mut problems = match found.validator.is_valid(value) {
+            true => Vec::new(),
+            false => schema_problems(&found.validator, &found.schema, value, &info.kind),
+        };
         problems.extend(metadata_problems(value, info));
         if !problems.is_empty() {
             return Err(problems);
@@ -206,6 +240,79 @@ impl Validator {
             format!("kind {kind} (apiVersion {api_version}) is not accepted; accepted kinds: {}", accepted.join(", ")),
         )
     }
+}
+
+/// An object that passed the checks of its own document, with what the checks across documents
+/// need: where its lines are, and the hash of its key (computed once, when its file is validated).
+pub(crate) struct Accepted {
+    pub(crate) manifest: Arc<Manifest>,
+    pub(crate) locator: Locator,
+    pub(crate) key_hash: u64,
+}
+
+/// A hasher for keys hashed already: the hash is the key's `key_hash`.
+#[derive(Default)]
+struct Prehashed(u64);
+
+impl Hasher for Prehashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; fold anything else in rather than lose it.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// The later definitions of a key already defined, by their position in `accepted`, each with an
+/// error naming both places. Runs on the keys' hashes: no object is validated or hashed again.
+pub(crate) fn duplicates(accepted: &[&Accepted]) -> Vec<(usize, ManifestError)> {
+    let mut first: HashMap<u64, usize, BuildHasherDefault<Prehashed>> =
+        HashMap::with_capacity_and_hasher(accepted.len(), Default::default());
+    // Keys whose hash equals that of another key: practically never, but then compared in full.
+    let mut collided: HashMap<&ObjectKey, usize> = HashMap::new();
+    let mut errors = Vec::new();
+    for (position, a) in accepted.iter().enumerate() {
+        let earlier = match first.entry(a.key_hash) {
+            Entry::Vacant(entry) => {
+                entry.insert(position);
+                continue;
+            }
+            Entry::Occupied(entry) if accepted[*entry.get()].manifest.key == a.manifest.key => *entry.get(),
+            Entry::Occupied(_) => match collided.entry(&a.manifest.key) {
+                Entry::Vacant(entry) => {
+                    entry.insert(position);
+                    continue;
+                }
+                Entry::Occupied(entry) => *entry.get(),
+            },
+        };
+        let (m, first) = (&a.manifest, accepted[earlier]);
+        // Error path only: index the two documents now.
+        let first_line = first.locator.lines().line_of("/metadata/name");
+        let line = a.locator.lines().line_of("/metadata/name");
+        let error = ManifestError {
+            file: m.file.clone(),
+            line: Some(line),
+            column: None,
+            document: Some(m.index),
+            object: object_label(&m.value),
+            path: Some("/metadata/name".into()),
+            message: format!(
+                "{} is also defined at {}:{first_line}: keep only one of them",
+                m.key, first.manifest.file
+            ),
+        };
+        errors.push((position, error));
+    }
+    errors
 }
 
 /// `Deployment web`, as far as the object says.
@@ -436,7 +543,7 @@ mod tests {
     static VALIDATOR: LazyLock<Validator> = LazyLock::new(Validator::new);
 
     fn file(path: &str, content: &str) -> ManifestFile {
-        ManifestFile { path: path.into(), content: content.as_bytes().to_vec() }
+        ManifestFile::new(path, content.as_bytes().to_vec())
     }
 
     fn check(files: &[(&str, &str)]) -> Result<Vec<Manifest>, Vec<String>> {
@@ -527,7 +634,7 @@ spec:
             (
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
-                   Namespace (v1), ConfigMap (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
+                   Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
                    Application (gitplane.io/v1)"],
             ),
             (
@@ -669,9 +776,9 @@ metadata: {name: prod, namespace: \"\"}
             short,
             [
                 "a.yaml:2: Foo x",
-                "a.yaml:6:1: did not find expected node content, while parsing a flow node",
+                "a.yaml:6:1 (document 2): did not find expected node content, while parsing a flow node",
                 "b.yaml:3: ConfigMap B",
-                "b.yaml:8: Pod p"
+                "b.yaml:8 (document 2): Pod p"
             ],
             "{errors:#?}"
         );

@@ -46,6 +46,20 @@ pub enum StoreError {
     /// send it again, to the leader.
     #[error("not the leader: {0}")]
     NotLeader(String),
+    /// A fenced write from a leader that has been deposed: nothing of it was applied, so it is
+    /// safe to send again, to the current leader.
+    #[error(
+        "write refused: {holder} (leader token {token}) is no longer the leader; the lease is held by {current_holder:?} with token {current_token}: send writes to the current leader"
+    )]
+    Fenced { holder: String, token: u64, current_holder: String, current_token: u64 },
+    #[error(
+        "cannot connect to the Postgres store at {target}: {source} (check the URL, that the server runs and accepts this user, and that the database exists)"
+    )]
+    Connect {
+        target: String,
+        #[source]
+        source: sqlx::Error,
+    },
 }
 
 impl From<Rejection> for StoreError {

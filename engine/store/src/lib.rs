@@ -10,10 +10,12 @@
 //! transaction on every replica).
 
 pub mod api;
+mod backend;
 #[cfg(test)]
 mod conformance;
 mod error;
 pub mod informer;
+pub mod postgres;
 pub mod raft;
 pub mod remote;
 pub mod selector;

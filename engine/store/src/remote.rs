@@ -32,6 +32,11 @@ const EXPIRED: &str = "gitplane-expired";
 
 fn to_status(e: StoreError) -> Status {
     match e {
+        StoreError::Fenced { .. } => {
+            let mut status = Status::unavailable(e.to_string());
+            status.metadata_mut().insert(NOT_LEADER, MetadataValue::from_static("1"));
+            status
+        }
         StoreError::NotLeader(message) => {
             let mut status = Status::unavailable(message);
             status.metadata_mut().insert(NOT_LEADER, MetadataValue::from_static("1"));
@@ -293,8 +298,8 @@ impl Store for RemoteStore {
     }
 
     /// Sends the transaction to the current replica. `NotLeader` and connection refusals (nothing
-    /// was sent) move on to the next replica; any other failure is returned, as its outcome is
-    /// unknown.
+    /// was sent) move on to the next replica, or come back as `NotLeader` when there is no other;
+    /// any other failure is returned as it is, since its outcome is unknown.
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
         let body = pb::Payload { json: json(&ops), data: Vec::new() };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -315,9 +320,13 @@ impl Store for RemoteStore {
                 }
                 Err(status) => status,
             };
-            let retry = error.metadata().get(NOT_LEADER).is_some() || is_connect_error(&error);
-            if !retry || tokio::time::Instant::now() >= deadline {
+            let not_applied = error.metadata().get(NOT_LEADER).is_some() || is_connect_error(&error);
+            if !not_applied {
                 return Err(from_status(error));
+            }
+            // With one replica to try, the caller decides where to send it next.
+            if self.clients.len() == 1 || tokio::time::Instant::now() >= deadline {
+                return Err(StoreError::NotLeader(error.message().to_owned()));
             }
             self.fail_over(i);
             tokio::time::sleep(Duration::from_millis(20)).await;

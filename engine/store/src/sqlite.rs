@@ -8,56 +8,41 @@
 //! an event. Lists at past revisions (continue tokens) read the `events` history, which
 //! compaction trims the way etcd does: the version of every live object at the compaction
 //! revision stays.
+//!
+//! Only the SQL lives here: how an op is staged, how a list pages under a selector and how a
+//! watch follows the history is `backend`'s, shared with the Postgres store.
 
 use crate::{
-    Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn,
-    WatchOptions, WatchStream, selector::Selector, stage,
+    Committed, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn,
+    WatchOptions, WatchStream,
+    backend::{
+        self, EventLog, EventRead, EventRow, ListRequest, ListSource, MAX_BATCH, TxnWriter, migrator as embedded, parse,
+    },
 };
-use futures::StreamExt;
 use serde_json::Value;
 use sqlx::{
-    Row, Sqlite, SqliteConnection, SqlitePool,
-    migrate::{Migration, MigrationType, Migrator},
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous},
+    Sqlite, SqliteConnection, SqlitePool,
+    migrate::Migrator,
+    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 use std::{
-    borrow::Cow,
-    collections::VecDeque,
     path::Path,
     sync::{
         Arc,
         atomic::{AtomicI64, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 use tokio::sync::{Mutex, mpsc, oneshot, watch};
 
-const WATCH_BATCH: i64 = 1000;
-/// Transactions applied together in one SQLite transaction, at most.
-const MAX_BATCH: usize = 1024;
-/// Rows read per query while a label selector filters a page.
-const LIST_BATCH: i64 = 512;
-/// Bookmarks for a filtered watch are sent at most this often.
-const BOOKMARK_INTERVAL: Duration = Duration::from_millis(100);
-
 fn migrator() -> Migrator {
-    let migrations = [
-        (1, "objects", include_str!("../migrations/sqlite/0001_objects.sql")),
-        (2, "events by key", include_str!("../migrations/sqlite/0002_events_by_key.sql")),
-    ];
-    Migrator {
-        migrations: Cow::Owned(
-            migrations
-                .into_iter()
-                .map(|(v, d, sql)| {
-                    Migration::new(v, Cow::Borrowed(d), MigrationType::Simple, Cow::Borrowed(sql), false)
-                })
-                .collect(),
-        ),
-        ignore_missing: false,
-        locking: false,
-        no_tx: false,
-    }
+    embedded(
+        &[
+            (1, "objects", include_str!("../migrations/sqlite/0001_objects.sql")),
+            (2, "events by key", include_str!("../migrations/sqlite/0002_events_by_key.sql")),
+        ],
+        false,
+    )
 }
 
 /// How much a commit waits for the disk.
@@ -188,10 +173,6 @@ async fn meta(pool: &SqlitePool, key: &str) -> Result<i64> {
     Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = ?").bind(key).fetch_one(pool).await?)
 }
 
-fn parse(key: &ObjectKey, text: &str) -> Result<Value> {
-    serde_json::from_str(text).map_err(|source| StoreError::Corrupt { key: key.to_string(), source })
-}
-
 async fn write_loop(inner: Arc<Inner>, mut queue: mpsc::Receiver<(Txn, oneshot::Sender<Result<Committed>>)>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
@@ -223,54 +204,6 @@ async fn current(conn: &mut SqliteConnection, key: &ObjectKey) -> Result<Option<
     text.map(|t| parse(key, &t)).transpose()
 }
 
-fn check_revision(key: &ObjectKey, expected: Option<Revision>, old: &Value) -> Result<(), Rejection> {
-    let current = gitplane_api::object::resource_version(old).unwrap_or(0);
-    match expected {
-        Some(expected) if expected != current => Err(Rejection::Conflict { key: key.clone(), expected, current }),
-        _ => Ok(()),
-    }
-}
-
-/// What one op does to the store, decided from the current object.
-fn stage_op(
-    op: &Op,
-    key: &ObjectKey,
-    current: Option<Value>,
-    revision: Revision,
-    uids: &mut std::slice::Iter<'_, String>,
-    time: &str,
-) -> Result<(EventType, Value), Rejection> {
-    match (op, current) {
-        (Op::Create(_), Some(_)) => Err(Rejection::AlreadyExists { key: key.clone() }),
-        (Op::Create(value), None) => {
-            let uid =
-                uids.next().cloned().ok_or_else(|| Rejection::Invalid("transaction has no uid for a create".into()))?;
-            Ok((EventType::Added, stage::create(value.clone(), revision, uid, time)?))
-        }
-        (Op::Update(_) | Op::UpdateStatus(_) | Op::Delete { .. }, None) => {
-            Err(Rejection::NotFound { key: key.clone() })
-        }
-        (Op::Update(value), Some(old)) => {
-            check_revision(key, stage::expected_revision(value), &old)?;
-            Ok((EventType::Modified, stage::update(&old, value.clone(), revision)?))
-        }
-        (Op::UpdateStatus(value), Some(old)) => {
-            check_revision(key, stage::expected_revision(value), &old)?;
-            Ok((EventType::Modified, stage::update_status(&old, value, revision)?))
-        }
-        (Op::Delete { revision: expected, .. }, Some(old)) => {
-            check_revision(key, *expected, &old)?;
-            Ok((EventType::Deleted, stage::delete(&old, revision)?))
-        }
-    }
-}
-
-/// Outcome of one transaction inside a batch: refused, or committed (the store changed).
-enum Applied {
-    Refused(Rejection),
-    Committed(Committed),
-}
-
 impl Inner {
     async fn apply_batch<F>(&self, txns: &[Txn], after: F) -> Result<Vec<Result<Committed, Rejection>>>
     where
@@ -281,24 +214,8 @@ impl Inner {
         let mut conn = self.pool.acquire().await?;
         sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
         let result = async {
-            let mut results = Vec::with_capacity(txns.len());
-            for txn in txns {
-                sqlx::query("SAVEPOINT txn").execute(&mut *conn).await?;
-                match apply_one(&mut conn, txn, revision + 1).await? {
-                    Applied::Committed(c) => {
-                        sqlx::query("RELEASE txn").execute(&mut *conn).await?;
-                        if !c.objects.is_empty() {
-                            revision += 1;
-                        }
-                        results.push(Ok(c));
-                    }
-                    Applied::Refused(r) => {
-                        sqlx::query("ROLLBACK TO txn").execute(&mut *conn).await?;
-                        sqlx::query("RELEASE txn").execute(&mut *conn).await?;
-                        results.push(Err(r));
-                    }
-                }
-            }
+            let results;
+            (results, revision) = backend::apply_txns(&mut *conn, txns, revision).await?;
             sqlx::query("UPDATE meta SET value = ? WHERE key = 'revision'").bind(revision).execute(&mut *conn).await?;
             after(&mut conn).await?;
             sqlx::query("COMMIT").execute(&mut *conn).await?;
@@ -319,123 +236,111 @@ impl Inner {
     }
 }
 
-/// Applies one transaction at `revision` inside the open SQLite transaction. A refusal leaves
-/// partial writes that the caller rolls back to its savepoint.
-async fn apply_one(conn: &mut SqliteConnection, txn: &Txn, revision: Revision) -> Result<Applied> {
-    let mut objects = Vec::with_capacity(txn.ops.len());
-    let mut uids = txn.uids.iter();
-    for (seq, op) in txn.ops.iter().enumerate() {
-        let key = match op.key() {
-            Ok(key) => key,
-            Err(r) => return Ok(Applied::Refused(r)),
-        };
-        let existing = current(conn, &key).await?;
-        let (event_type, value) = match stage_op(op, &key, existing, revision, &mut uids, &txn.time) {
-            Ok(staged) => staged,
-            Err(r) => return Ok(Applied::Refused(r)),
-        };
-        let text = value.to_string();
-        if let Err(r) = stage::check_size(&key, &text) {
-            return Ok(Applied::Refused(r));
-        }
-        if event_type == EventType::Deleted {
-            sqlx::query("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-                .bind(&key.kind)
-                .bind(&key.namespace)
-                .bind(&key.name)
-                .execute(&mut *conn)
-                .await?;
-        } else {
-            sqlx::query(
-                "INSERT OR REPLACE INTO objects (kind, namespace, name, revision, value) VALUES (?, ?, ?, ?, ?)",
-            )
+/// The writes of a transaction, in SQLite's SQL (inside the open SQLite transaction).
+impl TxnWriter for SqliteConnection {
+    async fn execute(&mut self, sql: &'static str) -> Result<()> {
+        sqlx::query(sql).execute(self).await?;
+        Ok(())
+    }
+
+    async fn current(&mut self, key: &ObjectKey) -> Result<Option<Value>> {
+        current(self, key).await
+    }
+
+    async fn put(&mut self, key: &ObjectKey, revision: Revision, value: &str) -> Result<()> {
+        sqlx::query("INSERT OR REPLACE INTO objects (kind, namespace, name, revision, value) VALUES (?, ?, ?, ?, ?)")
             .bind(&key.kind)
             .bind(&key.namespace)
             .bind(&key.name)
             .bind(revision)
-            .bind(&text)
-            .execute(&mut *conn)
+            .bind(value)
+            .execute(self)
             .await?;
-        }
+        Ok(())
+    }
+
+    async fn remove(&mut self, key: &ObjectKey) -> Result<()> {
+        sqlx::query("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
+            .bind(&key.kind)
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .execute(self)
+            .await?;
+        Ok(())
+    }
+
+    async fn record(
+        &mut self,
+        revision: Revision,
+        seq: i64,
+        event_type: EventType,
+        key: &ObjectKey,
+        value: &str,
+    ) -> Result<()> {
         sqlx::query(
             "INSERT INTO events (revision, seq, type, kind, namespace, name, value) VALUES (?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(revision)
-        .bind(seq as i64)
+        .bind(seq)
         .bind(event_type.code())
         .bind(&key.kind)
         .bind(&key.namespace)
         .bind(&key.name)
-        .bind(&text)
-        .execute(&mut *conn)
+        .bind(value)
+        .execute(self)
         .await?;
-        objects.push(value);
+        Ok(())
     }
-    let revision = if objects.is_empty() { revision - 1 } else { revision };
-    Ok(Applied::Committed(Committed { revision, objects }))
 }
 
-/// Where a page ends: the revision it was read at and the last key in it.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct ContinueToken {
-    revision: Revision,
-    namespace: String,
-    name: String,
-}
-
-fn encode_token(token: &ContinueToken) -> String {
-    let json = serde_json::to_vec(token).unwrap_or_default();
-    json.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn decode_token(text: &str) -> Result<ContinueToken> {
-    let bad = || StoreError::BadRequest(format!("invalid continue token {text:?}: pass back the one a list returned"));
-    if !text.len().is_multiple_of(2) || text.len() > 4096 {
-        return Err(bad());
+/// A list's reads, in SQLite's SQL (inside one read transaction).
+impl ListSource for SqliteConnection {
+    async fn bounds(&mut self) -> Result<(Revision, Revision)> {
+        let latest: i64 =
+            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision'").fetch_one(&mut *self).await?;
+        let compacted: i64 =
+            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted'").fetch_one(self).await?;
+        Ok((latest, compacted))
     }
-    let bytes: Option<Vec<u8>> =
-        (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect();
-    serde_json::from_slice(&bytes.ok_or_else(bad)?).map_err(|_| bad())
-}
 
-/// Rows `(namespace, name, value)` of a kind after a key, as of `revision`, in key order.
-async fn page_rows(
-    conn: &mut SqliteConnection,
-    kind: &str,
-    namespace: Option<&str>,
-    after: (&str, &str),
-    revision: Revision,
-    latest: bool,
-    limit: i64,
-) -> Result<Vec<SqliteRow>> {
-    // At the latest revision the objects table is the answer; at an older one, an object changed
-    // since is read from its history.
-    let sql = if latest {
-        "SELECT namespace, name, value FROM objects
-         WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2) AND (namespace, name) > (?3, ?4)
-         ORDER BY namespace, name LIMIT ?6"
-    } else {
-        "SELECT namespace, name, value FROM objects
-         WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2) AND (namespace, name) > (?3, ?4) AND revision <= ?5
-         UNION ALL
-         SELECT e.namespace, e.name, e.value FROM events e
-         WHERE e.kind = ?1 AND (?2 IS NULL OR e.namespace = ?2) AND (e.namespace, e.name) > (?3, ?4)
-           AND e.revision <= ?5 AND e.type != 2
-           AND NOT EXISTS (SELECT 1 FROM events later WHERE later.kind = e.kind AND later.namespace = e.namespace
-                 AND later.name = e.name AND later.revision <= ?5 AND (later.revision, later.seq) > (e.revision, e.seq))
-           AND NOT EXISTS (SELECT 1 FROM objects o WHERE o.kind = e.kind AND o.namespace = e.namespace
-                 AND o.name = e.name AND o.revision <= ?5)
-         ORDER BY 1, 2 LIMIT ?6"
-    };
-    Ok(sqlx::query(sql)
-        .bind(kind)
-        .bind(namespace)
-        .bind(after.0)
-        .bind(after.1)
-        .bind(revision)
-        .bind(limit)
-        .fetch_all(conn)
-        .await?)
+    async fn rows(
+        &mut self,
+        kind: &str,
+        namespace: Option<&str>,
+        after: (&str, &str),
+        revision: Revision,
+        latest: bool,
+        limit: i64,
+    ) -> Result<Vec<(String, String, String)>> {
+        // At the latest revision the objects table is the answer; at an older one, an object changed
+        // since is read from its history.
+        let sql = if latest {
+            "SELECT namespace, name, value FROM objects
+             WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2) AND (namespace, name) > (?3, ?4)
+             ORDER BY namespace, name LIMIT ?6"
+        } else {
+            "SELECT namespace, name, value FROM objects
+             WHERE kind = ?1 AND (?2 IS NULL OR namespace = ?2) AND (namespace, name) > (?3, ?4) AND revision <= ?5
+             UNION ALL
+             SELECT e.namespace, e.name, e.value FROM events e
+             WHERE e.kind = ?1 AND (?2 IS NULL OR e.namespace = ?2) AND (e.namespace, e.name) > (?3, ?4)
+               AND e.revision <= ?5 AND e.type != 2
+               AND NOT EXISTS (SELECT 1 FROM events later WHERE later.kind = e.kind AND later.namespace = e.namespace
+                     AND later.name = e.name AND later.revision <= ?5 AND (later.revision, later.seq) > (e.revision, e.seq))
+               AND NOT EXISTS (SELECT 1 FROM objects o WHERE o.kind = e.kind AND o.namespace = e.namespace
+                     AND o.name = e.name AND o.revision <= ?5)
+             ORDER BY 1, 2 LIMIT ?6"
+        };
+        Ok(sqlx::query_as(sql)
+            .bind(kind)
+            .bind(namespace)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(revision)
+            .bind(limit)
+            .fetch_all(self)
+            .await?)
+    }
 }
 
 #[async_trait::async_trait]
@@ -446,55 +351,11 @@ impl Store for SqliteStore {
     }
 
     async fn list(&self, kind: &str, options: &ListOptions) -> Result<List> {
-        let selector = Selector::parse(options.label_selector.as_deref().unwrap_or(""))
-            .map_err(|e| StoreError::BadRequest(e.to_string()))?;
-        let token = options.continue_token.as_deref().map(decode_token).transpose()?;
-        let namespace = options.namespace.as_deref();
+        let request = ListRequest::parse(options)?;
         let mut tx = self.inner.pool.begin().await?;
-        let latest: i64 =
-            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision'").fetch_one(&mut *tx).await?;
-        let compacted: i64 =
-            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted'").fetch_one(&mut *tx).await?;
-        let (revision, mut after) = match (&token, options.at_revision) {
-            (Some(t), _) => (t.revision, (t.namespace.clone(), t.name.clone())),
-            (None, Some(at)) => (at, (String::new(), String::new())),
-            (None, None) => (latest, (String::new(), String::new())),
-        };
-        if revision < compacted {
-            return Err(StoreError::Expired { requested: revision, compacted });
-        }
-        if revision > latest {
-            return Err(StoreError::BadRequest(format!("revision {revision} is in the future (latest is {latest})")));
-        }
-        let want = options.limit.map_or(usize::MAX, |l| l.max(1));
-        let batch = if selector.is_empty() { options.limit.map_or(-1, |l| l.max(1) as i64 + 1) } else { LIST_BATCH };
-        let mut items = Vec::new();
-        let mut more = false;
-        loop {
-            let rows =
-                page_rows(&mut tx, kind, namespace, (&after.0, &after.1), revision, revision == latest, batch).await?;
-            let exhausted = batch < 0 || (rows.len() as i64) < batch;
-            for row in &rows {
-                let key = ObjectKey::new(kind, row.get::<String, _>(0), row.get::<String, _>(1));
-                let value = parse(&key, row.get(2))?;
-                if !selector.matches(&value) {
-                    after = (key.namespace, key.name);
-                    continue;
-                }
-                if items.len() == want {
-                    more = true;
-                    break;
-                }
-                after = (key.namespace, key.name);
-                items.push(value);
-            }
-            if more || exhausted {
-                break;
-            }
-        }
+        let list = request.read(&mut *tx, kind).await?;
         tx.commit().await?;
-        let continue_token = more.then(|| encode_token(&ContinueToken { revision, namespace: after.0, name: after.1 }));
-        Ok(List { revision, items, continue_token })
+        Ok(list)
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
@@ -511,21 +372,7 @@ impl Store for SqliteStore {
         if from < compacted {
             return Err(StoreError::Expired { requested: from, compacted });
         }
-        let cursor = Cursor {
-            inner: self.inner.clone(),
-            committed: self.inner.committed.subscribe(),
-            position: (from, i64::MAX),
-            buffer: VecDeque::new(),
-            more: false,
-            failed: false,
-            options,
-            last_bookmark: None,
-        };
-        Ok(futures::stream::unfold(cursor, |mut cursor| async move {
-            let next = cursor.next().await?;
-            Some((next, cursor))
-        })
-        .boxed())
+        Ok(backend::watch_stream(self.inner.clone(), self.inner.committed.subscribe(), from, options))
     }
 
     async fn revision(&self) -> Result<Revision> {
@@ -557,46 +404,14 @@ impl Store for SqliteStore {
     }
 }
 
-/// A watcher's position in the history: (revision, seq) of the last event it delivered.
-struct Cursor {
-    inner: Arc<Inner>,
-    committed: watch::Receiver<Revision>,
-    position: (Revision, i64),
-    buffer: VecDeque<Event>,
-    /// The last read filled a whole batch: more history may follow at the same revision.
-    more: bool,
-    failed: bool,
-    options: WatchOptions,
-    last_bookmark: Option<Instant>,
-}
-
-impl Cursor {
-    /// The next event; `None` ends the stream (after an error has been delivered).
-    async fn next(&mut self) -> Option<Result<Event>> {
-        if self.failed {
-            return None;
-        }
-        loop {
-            if let Some(event) = self.buffer.pop_front() {
-                return Some(Ok(event));
-            }
-            if self.more || *self.committed.borrow_and_update() > self.position.0 {
-                if let Err(e) = self.fill().await {
-                    self.failed = true;
-                    return Some(Err(e));
-                }
-                continue;
-            }
-            if self.committed.changed().await.is_err() {
-                return None; // the store is gone
-            }
-        }
-    }
-
-    async fn fill(&mut self) -> Result<()> {
-        self.check_compacted()?;
-        let (revision, seq) = self.position;
-        let kinds = self.options.kinds.as_deref();
+/// The history in SQLite's SQL. SQLite has no snapshot spanning the compaction check and the
+/// read, so compaction is checked before and, when nothing came back, after.
+impl EventLog for Inner {
+    async fn read(&self, after: (Revision, i64), kinds: Option<&[String]>, limit: i64) -> Result<EventRead> {
+        self.check_compacted(after.0)?;
+        // Known committed before the query starts, so the query sees every event up to it.
+        let latest = *self.committed.borrow();
+        let (revision, seq) = after;
         let filter = match kinds {
             Some(kinds) => format!(" AND kind IN ({})", vec!["?"; kinds.len()].join(", ")),
             None => String::new(),
@@ -605,42 +420,24 @@ impl Cursor {
             "SELECT revision, seq, type, kind, namespace, name, value FROM events \
              WHERE (revision > ? OR (revision = ? AND seq > ?)){filter} ORDER BY revision, seq LIMIT ?"
         );
-        let mut query = sqlx::query::<Sqlite>(&sql).bind(revision).bind(revision).bind(seq);
+        let mut query = sqlx::query_as::<Sqlite, EventRow>(&sql).bind(revision).bind(revision).bind(seq);
         for kind in kinds.into_iter().flatten() {
             query = query.bind(kind);
         }
-        let rows = query.bind(WATCH_BATCH).fetch_all(&self.inner.pool).await?;
-        self.more = rows.len() as i64 == WATCH_BATCH;
+        let rows = query.bind(limit).fetch_all(&self.pool).await?;
         if rows.is_empty() {
-            // Nothing for us up to the latest commit (filtered out, or compacted away between our
-            // check and the read).
-            self.check_compacted()?;
-            let latest = *self.committed.borrow();
-            self.position = (latest, i64::MAX);
-            let due = self.last_bookmark.is_none_or(|t| t.elapsed() >= BOOKMARK_INTERVAL);
-            if self.options.bookmarks && due {
-                self.last_bookmark = Some(Instant::now());
-                self.buffer.push_back(Event::bookmark(latest));
-            }
+            // Compacted away between the check and the read?
+            self.check_compacted(after.0)?;
         }
-        for row in rows {
-            let key = ObjectKey::new(row.get::<String, _>(3), row.get::<String, _>(4), row.get::<String, _>(5));
-            let object = parse(&key, row.get(6))?;
-            self.position = (row.get(0), row.get(1));
-            self.buffer.push_back(Event {
-                revision: self.position.0,
-                event_type: EventType::from_code(row.get(2)),
-                key,
-                object,
-            });
-        }
-        Ok(())
+        EventRead::from_rows(rows, latest)
     }
+}
 
-    fn check_compacted(&self) -> Result<()> {
-        let compacted = self.inner.compacted.load(Ordering::SeqCst);
-        if self.position.0 < compacted {
-            return Err(StoreError::Expired { requested: self.position.0, compacted });
+impl Inner {
+    fn check_compacted(&self, position: Revision) -> Result<()> {
+        let compacted = self.compacted.load(Ordering::SeqCst);
+        if position < compacted {
+            return Err(StoreError::Expired { requested: position, compacted });
         }
         Ok(())
     }

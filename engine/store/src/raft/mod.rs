@@ -223,6 +223,9 @@ async fn propose(raft: Raft<TypeConfig>, mut queue: mpsc::Receiver<(Vec<Op>, one
             drop(permit);
             match outcome {
                 Ok(response) => {
+                    // Followers learn the new commit index now, not at the next heartbeat: a write
+                    // they forwarded, and a read index they wait for, complete a heartbeat sooner.
+                    let _ = raft.trigger().heartbeat().await;
                     for (result, reply) in response.data.0.into_iter().zip(replies) {
                         let _ = reply.send(result.map_err(StoreError::from));
                     }
@@ -289,6 +292,12 @@ impl Store for RaftStore {
     /// On the leader, proposes; elsewhere forwards to the leader, following leader changes
     /// while nothing was applied.
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
+        // Refuse oversized objects at the door, as etcd limits requests: never replicate them.
+        for op in &ops {
+            if let Op::Create(v) | Op::Update(v) | Op::UpdateStatus(v) = op {
+                crate::stage::check_size(&op.key()?, &v.to_string())?;
+            }
+        }
         let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
         let mut metrics = self.inner.raft.metrics();
         loop {

@@ -1,0 +1,557 @@
+//! `gitplane-bench`: benchmarks that print ratios against a baseline measured in the same run.
+//!
+//! `gitplane-bench store` compares gitplane's store with etcd, driven by one load generator:
+//! write throughput and latency, leader failover, and watch fan-out. Progress goes to stderr, one
+//! Markdown table to stdout.
+
+mod etcd;
+mod failover;
+mod load;
+mod procs;
+mod watch;
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+use load::{Api, Measured};
+use procs::{Etcd, Gitplane, Postgres};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+#[derive(Parser)]
+#[command(about = "gitplane benchmarks: each prints ratios against a baseline measured in the same run")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The store against etcd: writes, failover, watch fan-out. Prints one Markdown table.
+    Store(StoreArgs),
+}
+
+#[derive(clap::Args, Clone)]
+struct StoreArgs {
+    /// Short windows and few rounds: a smoke run, not numbers to quote.
+    #[arg(long)]
+    quick: bool,
+    /// The measurement window of each write row, in seconds (default 10, 2 with --quick).
+    #[arg(long)]
+    duration: Option<f64>,
+    /// The warm-up before each write window, in seconds (default 3, 0.5 with --quick).
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Run only the rows whose id contains one of these (comma-separated or repeated); see
+    /// --list.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Print the row ids and exit.
+    #[arg(long)]
+    list: bool,
+    /// The concurrent clients of each write row (comma-separated). The follower and
+    /// all-members rows always use 256.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 256])]
+    clients: Vec<usize>,
+    /// gRPC connections of the load generator, for every system.
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// The `gitplane` binary (default: next to this one).
+    #[arg(long)]
+    gitplane: Option<PathBuf>,
+    /// Keep the servers' logs in this directory (otherwise they go with the servers' temporary
+    /// directories).
+    #[arg(long)]
+    logs: Option<PathBuf>,
+    /// The `etcd` binary.
+    #[arg(long, default_value = "/usr/bin/etcd")]
+    etcd: PathBuf,
+}
+
+/// Every row id, in run order.
+const ROWS: &[&str] = &[
+    "write/gitplane-sqlite-1",
+    "write/etcd-1",
+    "write/gitplane-postgres-1",
+    "write/gitplane-sqlite-3",
+    "write/gitplane-sqlite-3-via-follower",
+    "write/etcd-3",
+    "write/etcd-3-all-members",
+    "failover/gitplane-sqlite-3",
+    "failover/etcd-3",
+    "watch/gitplane-sqlite-1",
+    "watch/etcd-1",
+    "watch/gitplane-sqlite-3",
+    "watch/etcd-3",
+];
+
+/// One line of the table.
+#[derive(Default)]
+struct Row {
+    benchmark: &'static str,
+    system: String,
+    load: String,
+    throughput: Option<f64>,
+    p50: Option<Duration>,
+    p99: Option<Duration>,
+    max: Option<Duration>,
+    cpu: Option<Duration>,
+    baseline: String,
+    notes: String,
+}
+
+struct Settings {
+    args: StoreArgs,
+    gitplane: PathBuf,
+    warmup: Duration,
+    window: Duration,
+    failover_rounds: usize,
+    watchers: usize,
+    watch_rate: u32,
+    watch_duration: Duration,
+}
+
+impl Settings {
+    fn wants(&self, id: &str) -> bool {
+        self.args.only.is_empty() || self.args.only.iter().any(|o| id.contains(o.as_str()))
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let Command::Store(args) = cli.command;
+    if args.list {
+        for id in ROWS {
+            println!("{id}");
+        }
+        return Ok(());
+    }
+    let gitplane = match &args.gitplane {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?.with_file_name("gitplane"),
+    };
+    if let Some(logs) = &args.logs {
+        std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
+        let _ = procs::LOG_DIR.set(logs.clone());
+    }
+    let settings = Settings {
+        gitplane,
+        warmup: Duration::from_secs_f64(args.warmup.unwrap_or(if args.quick { 0.5 } else { 3.0 })),
+        window: Duration::from_secs_f64(args.duration.unwrap_or(if args.quick { 2.0 } else { 10.0 })),
+        failover_rounds: if args.quick { 2 } else { 10 },
+        watchers: 100,
+        watch_rate: 200,
+        watch_duration: Duration::from_secs(if args.quick { 1 } else { 5 }),
+        args,
+    };
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
+        // Dropping the run (Ctrl-C, SIGTERM) drops its process guards: every server started so
+        // far is killed and its directory removed.
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = store(&settings) => result,
+            _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+            _ = terminate.recv() => bail!("terminated"),
+        }
+    })
+}
+
+async fn store(s: &Settings) -> Result<()> {
+    for (what, path) in [("gitplane", &s.gitplane), ("etcd", &s.args.etcd)] {
+        if !path.exists() {
+            bail!(
+                "no {what} binary at {}: build it (cargo build --release --bin gitplane) or pass --{what}",
+                path.display()
+            );
+        }
+    }
+    let mut rows = Vec::new();
+    let mut results = Results::default();
+    if s.wants("write/gitplane-sqlite-1") {
+        let cluster = Gitplane::start(&s.gitplane, 1, &[]).await?;
+        let addr = cluster.addrs[&1];
+        results.gp1 = write_rows(s, "gitplane, SQLite, 1 replica", Api::Gitplane, &[addr], &cluster.pids()).await?;
+    }
+    if s.wants("write/etcd-1") {
+        let cluster = Etcd::start(&s.args.etcd, 1).await?;
+        let addr = cluster.clients[&1];
+        results.etcd1 = write_rows(s, "etcd 3.4, 1 member", Api::Etcd, &[addr], &cluster.pids()).await?;
+    }
+    if s.wants("write/gitplane-postgres-1") {
+        results.pg1 = postgres_rows(s).await?;
+    }
+    let (gp3_leader, gp3_follower) =
+        (s.wants("write/gitplane-sqlite-3"), s.wants("write/gitplane-sqlite-3-via-follower"));
+    if gp3_leader || gp3_follower {
+        let cluster = Gitplane::start(&s.gitplane, 3, &[]).await?;
+        let leader = cluster.wait_ready_leader().await?;
+        if gp3_leader {
+            let system = format!("gitplane, SQLite, 3 replicas, to the leader (replica {leader})");
+            results.gp3 = write_rows(s, &system, Api::Gitplane, &[cluster.addrs[&leader]], &cluster.pids()).await?;
+        }
+        if gp3_follower {
+            let follower = cluster.ids().into_iter().find(|id| *id != leader).context("no follower")?;
+            let system = format!("gitplane, SQLite, 3 replicas, via a follower (replica {follower})");
+            let measured =
+                measure(s, &system, Api::Gitplane, &[cluster.addrs[&follower]], 256, &cluster.pids()).await?;
+            results.gp3_follower = vec![(256, measured)];
+        }
+    }
+    let (etcd3_leader, etcd3_all) = (s.wants("write/etcd-3"), s.wants("write/etcd-3-all-members"));
+    if etcd3_leader || etcd3_all {
+        let cluster = Etcd::start(&s.args.etcd, 3).await?;
+        let leader = cluster.leader().await.context("etcd lost its leader")?;
+        if etcd3_leader {
+            let system = format!("etcd 3.4, 3 members, to the leader (member {leader})");
+            results.etcd3 = write_rows(s, &system, Api::Etcd, &[cluster.clients[&leader]], &cluster.pids()).await?;
+        }
+        if etcd3_all {
+            let addrs: Vec<SocketAddr> = cluster.clients.values().copied().collect();
+            let system = "etcd 3.4, 3 members, connections over all members";
+            let measured = measure(s, system, Api::Etcd, &addrs, 256, &cluster.pids()).await?;
+            results.etcd3_all = vec![(256, measured)];
+        }
+    }
+    write_table_rows(&results, &mut rows);
+
+    let mut failovers = (None, None);
+    if s.wants("failover/gitplane-sqlite-3") {
+        eprintln!("failover: gitplane, SQLite, 3 replicas ({} rounds)", s.failover_rounds);
+        let mut cluster = Gitplane::start(&s.gitplane, 3, &[]).await?;
+        failovers.0 = Some(failover::run(&mut cluster, s.failover_rounds, 16, s.args.connections).await?);
+    }
+    if s.wants("failover/etcd-3") {
+        eprintln!("failover: etcd 3.4, 3 members ({} rounds)", s.failover_rounds);
+        let mut cluster = Etcd::start(&s.args.etcd, 3).await?;
+        failovers.1 = Some(failover::run(&mut cluster, s.failover_rounds, 16, s.args.connections).await?);
+    }
+    for (system, result, baseline) in [
+        ("gitplane, SQLite, 3 replicas", &failovers.0, failovers.1.as_ref()),
+        ("etcd 3.4, 3 members", &failovers.1, None),
+    ] {
+        let Some(r) = result else { continue };
+        let p50 = r.failover.quantile(0.5);
+        rows.push(Row {
+            benchmark: "failover",
+            system: system.into(),
+            load: format!("16 clients, leader killed {} times", r.failover.len()),
+            p50,
+            max: r.failover.max(),
+            baseline: ratio_text(p50, baseline.and_then(|b| b.failover.quantile(0.5)), "etcd p50"),
+            notes: format!(
+                "new leader seen p50 {}; restarted member caught up p50 {}",
+                ms(r.election.quantile(0.5)),
+                ms(r.catch_up.quantile(0.5))
+            ),
+            ..Row::default()
+        });
+    }
+
+    let mut watches: Vec<(&str, String, watch::WatchResult)> = Vec::new();
+    for (id, replicas) in
+        [("watch/gitplane-sqlite-1", 1), ("watch/etcd-1", 1), ("watch/gitplane-sqlite-3", 3), ("watch/etcd-3", 3)]
+    {
+        if !s.wants(id) {
+            continue;
+        }
+        let api = if id.contains("etcd") { Api::Etcd } else { Api::Gitplane };
+        let (result, system) = match api {
+            Api::Gitplane => {
+                let cluster = Gitplane::start(&s.gitplane, replicas, &[]).await?;
+                let leader = cluster.wait_ready_leader().await?;
+                let on = cluster.ids().into_iter().find(|i| *i != leader).unwrap_or(leader);
+                let system = if replicas == 1 {
+                    "gitplane, SQLite, 1 replica".to_owned()
+                } else {
+                    "gitplane, SQLite, 3 replicas, watchers on a follower".to_owned()
+                };
+                eprintln!("watch: {system}");
+                (watch_row(s, api, cluster.addrs[&leader], cluster.addrs[&on]).await?, system)
+            }
+            Api::Etcd => {
+                let cluster = Etcd::start(&s.args.etcd, replicas).await?;
+                let leader = cluster.leader().await.context("etcd lost its leader")?;
+                let on = cluster.ids().into_iter().find(|i| *i != leader).unwrap_or(leader);
+                let system = if replicas == 1 {
+                    "etcd 3.4, 1 member".to_owned()
+                } else {
+                    "etcd 3.4, 3 members, watchers on a follower".to_owned()
+                };
+                eprintln!("watch: {system}");
+                (watch_row(s, api, cluster.clients[&leader], cluster.clients[&on]).await?, system)
+            }
+        };
+        watches.push((id, system, result));
+    }
+    for (id, system, result) in &watches {
+        let baseline_id = if id.ends_with("-1") { "watch/etcd-1" } else { "watch/etcd-3" };
+        let baseline =
+            watches.iter().find(|(b, ..)| *b == baseline_id && b != id).and_then(|(.., r)| r.delivery.quantile(0.99));
+        let p99 = result.delivery.quantile(0.99);
+        let missing = result.expected - result.delivery.len() as u64;
+        rows.push(Row {
+            benchmark: "watch fan-out",
+            system: system.clone(),
+            load: format!("{} watchers, {} writes/s for {} s", s.watchers, s.watch_rate, s.watch_duration.as_secs()),
+            p50: result.delivery.quantile(0.5),
+            p99,
+            max: result.delivery.max(),
+            baseline: ratio_text(p99, baseline, "etcd p99"),
+            notes: format!(
+                "{} deliveries{}{}",
+                result.delivery.len(),
+                if missing > 0 { format!(", {missing} missing") } else { String::new() },
+                if result.write_errors > 0 {
+                    format!(", {} writes failed", result.write_errors)
+                } else {
+                    String::new()
+                }
+            ),
+            ..Row::default()
+        });
+    }
+
+    print_table(s, &rows);
+    print_goals(&results, &failovers.0, &watches);
+    Ok(())
+}
+
+impl Gitplane {
+    async fn wait_ready_leader(&self) -> Result<u64> {
+        procs::wait_for("a gitplane leader", Duration::from_secs(60), || self.leader()).await
+    }
+}
+
+#[derive(Default)]
+struct Results {
+    gp1: Vec<(usize, Measured)>,
+    etcd1: Vec<(usize, Measured)>,
+    /// `Err` when the Postgres backend could not run: the reason.
+    pg1: Option<std::result::Result<Vec<(usize, Measured)>, String>>,
+    gp3: Vec<(usize, Measured)>,
+    gp3_follower: Vec<(usize, Measured)>,
+    etcd3: Vec<(usize, Measured)>,
+    etcd3_all: Vec<(usize, Measured)>,
+}
+
+async fn measure(
+    s: &Settings,
+    system: &str,
+    api: Api,
+    addrs: &[SocketAddr],
+    clients: usize,
+    pids: &[u32],
+) -> Result<Measured> {
+    eprintln!("write: {system}, {clients} clients over {} connections", s.args.connections);
+    let channels = load::connections(addrs, s.args.connections).await?;
+    // Names never repeat within a run, whichever rows share a cluster.
+    static MEASUREMENTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = MEASUREMENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let prefix = format!("m{n}-c{clients}");
+    let m = load::closed_loop(api, &channels, clients, &prefix, s.warmup, s.window, pids).await?;
+    eprintln!(
+        "  {:.0} writes/s, p50 {} ms, p99 {} ms, {} errors{}; CPU per write: servers {} µs, load generator {} µs",
+        m.writes_per_second,
+        ms(m.latencies.quantile(0.5)),
+        ms(m.latencies.quantile(0.99)),
+        m.errors,
+        m.first_error.as_deref().map(|e| format!(" (first: {e})")).unwrap_or_default(),
+        us(m.server_cpu_per_write),
+        us(m.client_cpu_per_write),
+    );
+    Ok(m)
+}
+
+async fn write_rows(
+    s: &Settings,
+    system: &str,
+    api: Api,
+    addrs: &[SocketAddr],
+    pids: &[u32],
+) -> Result<Vec<(usize, Measured)>> {
+    let mut out = Vec::new();
+    for clients in s.args.clients.iter().copied() {
+        out.push((clients, measure(s, system, api, addrs, clients, pids).await?));
+    }
+    Ok(out)
+}
+
+/// The Postgres backend, once `gitplane server` has it: a private PostgreSQL server, one replica
+/// on it. `Err(reason)` when it cannot run here.
+async fn postgres_rows(s: &Settings) -> Result<Option<std::result::Result<Vec<(usize, Measured)>, String>>> {
+    let help = std::process::Command::new(&s.gitplane)
+        .args(["server", "--help"])
+        .output()
+        .with_context(|| format!("running {} server --help", s.gitplane.display()))?;
+    let help = String::from_utf8_lossy(&help.stdout);
+    if !(help.contains("--store") && help.contains("--postgres-url")) {
+        let reason = "`gitplane server` has no --store/--postgres-url flags yet".to_owned();
+        eprintln!("write: gitplane, Postgres: not run: {reason}");
+        return Ok(Some(Err(reason)));
+    }
+    let postgres = match Postgres::start().await {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("write: gitplane, Postgres: not run: {e:#}");
+            return Ok(Some(Err(format!("PostgreSQL did not start: {e}"))));
+        }
+    };
+    let args = ["--store".to_owned(), "postgres".to_owned(), "--postgres-url".to_owned(), postgres.url.clone()];
+    let cluster = Gitplane::start(&s.gitplane, 1, &args).await?;
+    let mut pids = cluster.pids();
+    pids.extend(postgres.pids());
+    let rows = write_rows(s, "gitplane, Postgres, 1 replica", Api::Gitplane, &[cluster.addrs[&1]], &pids).await?;
+    drop(cluster);
+    drop(postgres);
+    Ok(Some(Ok(rows)))
+}
+
+async fn watch_row(s: &Settings, api: Api, write_to: SocketAddr, watch_on: SocketAddr) -> Result<watch::WatchResult> {
+    let r = watch::run(api, write_to, watch_on, s.watchers, s.args.connections, s.watch_rate, s.watch_duration).await?;
+    eprintln!(
+        "  {} of {} deliveries, p50 {} ms, p99 {} ms, max {} ms",
+        r.delivery.len(),
+        r.expected,
+        ms(r.delivery.quantile(0.5)),
+        ms(r.delivery.quantile(0.99)),
+        ms(r.delivery.max())
+    );
+    Ok(r)
+}
+
+fn write_table_rows(r: &Results, rows: &mut Vec<Row>) {
+    let rate_at = |set: &[(usize, Measured)], clients: usize| {
+        set.iter().find(|(c, _)| *c == clients).map(|(_, m)| m.writes_per_second)
+    };
+    let mut push = |system: &str, set: &[(usize, Measured)], baseline: Option<(&[(usize, Measured)], &str)>| {
+        for (clients, m) in set {
+            let base = baseline.and_then(|(b, name)| Some((rate_at(b, *clients)?, name)));
+            rows.push(Row {
+                benchmark: "writes",
+                system: system.to_owned(),
+                load: format!("{clients} clients"),
+                throughput: Some(m.writes_per_second),
+                p50: m.latencies.quantile(0.5),
+                p99: m.latencies.quantile(0.99),
+                max: m.latencies.max(),
+                cpu: m.server_cpu_per_write,
+                baseline: match base {
+                    Some((b, name)) if b > 0.0 => format!("{:.2}× {name}", m.writes_per_second / b),
+                    _ => "baseline".to_owned(),
+                },
+                notes: if m.errors > 0 {
+                    format!("{} errors (first: {})", m.errors, m.first_error.as_deref().unwrap_or(""))
+                } else {
+                    String::new()
+                },
+                ..Row::default()
+            });
+        }
+    };
+    push("gitplane, SQLite, 1 replica", &r.gp1, Some((&r.etcd1, "etcd-1")));
+    if let Some(Ok(pg)) = &r.pg1 {
+        push("gitplane, Postgres, 1 replica", pg, Some((&r.etcd1, "etcd-1")));
+    }
+    push("etcd 3.4, 1 member", &r.etcd1, None);
+    push("gitplane, SQLite, 3 replicas, to the leader", &r.gp3, Some((&r.etcd3, "etcd-3")));
+    push("gitplane, SQLite, 3 replicas, via a follower", &r.gp3_follower, Some((&r.etcd3, "etcd-3")));
+    push("etcd 3.4, 3 members, to the leader", &r.etcd3, None);
+    push("etcd 3.4, 3 members, over all members", &r.etcd3_all, Some((&r.etcd3, "etcd-3")));
+    if let Some(Err(reason)) = &r.pg1 {
+        rows.push(Row {
+            benchmark: "writes",
+            system: "gitplane, Postgres, 1 replica".into(),
+            notes: format!("not run: {reason}"),
+            ..Row::default()
+        });
+    }
+}
+
+fn ms(d: Option<Duration>) -> String {
+    match d {
+        None => "–".into(),
+        Some(d) if d < Duration::from_millis(10) => format!("{:.2}", d.as_secs_f64() * 1e3),
+        Some(d) => format!("{:.1}", d.as_secs_f64() * 1e3),
+    }
+}
+
+fn us(d: Option<Duration>) -> String {
+    d.map_or("–".into(), |d| format!("{:.0}", d.as_secs_f64() * 1e6))
+}
+
+/// "0.42× etcd p50": ours over the baseline (for times, below 1 is better).
+fn ratio_text(ours: Option<Duration>, baseline: Option<Duration>, name: &str) -> String {
+    match (ours, baseline) {
+        (Some(o), Some(b)) if !b.is_zero() => format!("{:.2}× {name}", o.as_secs_f64() / b.as_secs_f64()),
+        (Some(_), None) if name.starts_with("etcd") => "baseline".into(),
+        _ => String::new(),
+    }
+}
+
+fn print_table(s: &Settings, rows: &[Row]) {
+    println!(
+        "Loopback, {} CPUs; load generator: {} gRPC connections per system, 1 KiB ConfigMaps to distinct keys; \
+         write windows {} s after {} s warm-up.\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        s.args.connections,
+        s.window.as_secs_f64(),
+        s.warmup.as_secs_f64(),
+    );
+    println!(
+        "| Benchmark | System | Load | Writes/s | p50 ms | p99 ms | max ms | Server CPU µs/write | vs baseline | Notes |"
+    );
+    println!("|---|---|---|--:|--:|--:|--:|--:|---|---|");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.benchmark,
+            r.system,
+            r.load,
+            r.throughput.map_or("–".into(), |t| format!("{t:.0}")),
+            ms(r.p50),
+            ms(r.p99),
+            ms(r.max),
+            us(r.cpu),
+            r.baseline,
+            r.notes.replace('|', "\\|"),
+        );
+    }
+}
+
+fn print_goals(
+    r: &Results,
+    failover: &Option<failover::FailoverResult>,
+    watches: &[(&str, String, watch::WatchResult)],
+) {
+    let at = |set: &[(usize, Measured)], c: usize| set.iter().find(|(n, _)| *n == c).map(|(_, m)| m.writes_per_second);
+    let verdict = |met: bool| if met { "met" } else { "NOT met" };
+    println!();
+    if let (Some(gp), Some(etcd)) = (at(&r.gp3, 256), at(&r.etcd3, 256)) {
+        let ratio = gp / etcd;
+        println!(
+            "- Writes, 3 replicas, 256 clients, to the leader: gitplane / etcd = {ratio:.2}× (goal ≥ 2×: {})",
+            verdict(ratio >= 2.0)
+        );
+    }
+    if let Some(f) = failover
+        && let Some(p50) = f.failover.quantile(0.5)
+    {
+        println!(
+            "- Failover, kill -9 of the leader: p50 {:.0} ms, max {} ms (goal p50 < 1500 ms: {})",
+            p50.as_secs_f64() * 1e3,
+            ms(f.failover.max()),
+            verdict(p50 < Duration::from_millis(1500))
+        );
+    }
+    for (id, system, w) in watches {
+        if id.contains("gitplane")
+            && let Some(p99) = w.delivery.quantile(0.99)
+        {
+            let complete = w.delivery.len() as u64 == w.expected;
+            println!(
+                "- Watch fan-out, {system}: p99 {} ms{} (goal p99 < 10 ms: {})",
+                ms(Some(p99)),
+                if complete { "" } else { ", with deliveries missing" },
+                verdict(p99 < Duration::from_millis(10) && complete)
+            );
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Watch fan-out: many watchers of ConfigMaps on one replica, one writer creating 1 KiB
+//! ConfigMaps at a fixed rate (open loop: a slow write does not slow the next one). For every
+//! (write, watcher) pair: the time from the write being sent to that watcher receiving its event.
+
+use crate::{
+    etcd::pb as etcdpb,
+    load::{self, Api, Latencies, Writer},
+};
+use anyhow::{Context as _, Result, bail};
+use futures::StreamExt as _;
+use gitplane_store::remote::pb;
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+use tonic::transport::Channel;
+
+pub struct WatchResult {
+    pub delivery: Latencies,
+    /// Writes times watchers.
+    pub expected: u64,
+    pub write_errors: u64,
+}
+
+const NAME_PREFIX: &str = "watch-";
+
+/// Send times: nanoseconds since `base` plus one (0: not sent).
+struct SendTimes {
+    base: Instant,
+    sent: Vec<AtomicU64>,
+}
+
+impl SendTimes {
+    fn latency(&self, name: &str) -> Option<Duration> {
+        let seq: usize = name.strip_prefix(NAME_PREFIX)?.parse().ok()?;
+        let sent = self.sent.get(seq)?.load(Ordering::SeqCst);
+        (sent != 0).then(|| self.base.elapsed().saturating_sub(Duration::from_nanos(sent - 1)))
+    }
+}
+
+/// An open watch stream, yielding the names of the ConfigMaps it reports.
+enum Stream {
+    Gitplane(tonic::Streaming<pb::WatchEvent>),
+    Etcd(tonic::Streaming<etcdpb::WatchResponse>),
+}
+
+impl Stream {
+    async fn open(api: Api, channel: Channel) -> Result<Stream> {
+        match api {
+            Api::Gitplane => {
+                let mut client = pb::store_service_client::StoreServiceClient::new(channel);
+                // From the replica's latest revision: only what is written from now on.
+                let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
+                let request =
+                    pb::WatchRequest { from_revision: from, kinds: vec!["ConfigMap".into()], bookmarks: false };
+                Ok(Stream::Gitplane(client.watch(request).await?.into_inner()))
+            }
+            Api::Etcd => {
+                let mut client = etcdpb::watch_client::WatchClient::new(channel);
+                let prefix = load::etcd_key("");
+                let mut range_end = prefix.clone().into_bytes();
+                if let Some(last) = range_end.last_mut() {
+                    *last += 1;
+                }
+                let create = etcdpb::WatchRequest {
+                    request_union: Some(etcdpb::watch_request::RequestUnion::CreateRequest(
+                        etcdpb::WatchCreateRequest { key: prefix.into_bytes(), range_end, start_revision: 0 },
+                    )),
+                };
+                // The request side stays open: closing it would end the watch.
+                let requests = futures::stream::iter([create]).chain(futures::stream::pending());
+                let mut responses = client.watch(requests).await?.into_inner();
+                let first = responses.message().await?.context("the watch stream ended")?;
+                if !first.created {
+                    bail!("etcd did not create the watch: {}", first.cancel_reason);
+                }
+                Ok(Stream::Etcd(responses))
+            }
+        }
+    }
+
+    /// The names in the next message; `None` at the end of the stream.
+    async fn next(&mut self) -> Result<Option<Vec<String>>> {
+        match self {
+            Stream::Gitplane(s) => Ok(s.message().await?.map(|e| vec![e.name])),
+            Stream::Etcd(s) => Ok(s.message().await?.map(|r| {
+                let prefix = load::etcd_key("");
+                r.events
+                    .into_iter()
+                    .filter_map(|e| {
+                        let key = String::from_utf8(e.kv?.key).ok()?;
+                        key.strip_prefix(&prefix).map(str::to_owned)
+                    })
+                    .collect()
+            })),
+        }
+    }
+}
+
+pub async fn run(
+    api: Api,
+    write_to: SocketAddr,
+    watch_on: SocketAddr,
+    watchers: usize,
+    connections: usize,
+    rate: u32,
+    duration: Duration,
+) -> Result<WatchResult> {
+    let writes = (rate as f64 * duration.as_secs_f64()).round() as usize;
+    let channels = load::connections(&[watch_on], connections).await?;
+    let mut streams = Vec::with_capacity(watchers);
+    for i in 0..watchers {
+        streams.push(Stream::open(api, channels[i % channels.len()].clone()).await?);
+    }
+    let times = Arc::new(SendTimes { base: Instant::now(), sent: (0..writes).map(|_| AtomicU64::new(0)).collect() });
+    let done = Instant::now() + Duration::from_secs(1) + duration + Duration::from_secs(10);
+    let mut receivers = Vec::with_capacity(watchers);
+    for mut stream in streams {
+        let times = times.clone();
+        receivers.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(writes);
+            let receive = async {
+                while latencies.len() < writes {
+                    let Some(names) = stream.next().await? else { break };
+                    latencies.extend(names.iter().filter_map(|n| times.latency(n)));
+                }
+                anyhow::Ok(())
+            };
+            let outcome = tokio::time::timeout_at(done.into(), receive).await;
+            (latencies, outcome.ok().and_then(Result::err).map(|e| e.to_string()))
+        }));
+    }
+    // Watches settle before the first write.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writer = Writer::new(api, load::connect(write_to).await?);
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate as f64));
+    let mut in_flight = Vec::with_capacity(writes);
+    for seq in 0..writes {
+        ticks.tick().await;
+        let (times, errors, mut writer) = (times.clone(), errors.clone(), writer.clone());
+        in_flight.push(tokio::spawn(async move {
+            times.sent[seq].store(times.base.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
+            if writer.create(&format!("{NAME_PREFIX}{seq}")).await.is_err() {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for write in in_flight {
+        let _ = write.await;
+    }
+    let mut latencies = Vec::with_capacity(writes * watchers);
+    for receiver in receivers {
+        let (received, error) = receiver.await.context("a watcher panicked")?;
+        if let Some(e) = error {
+            eprintln!("  a watcher failed: {e}");
+        }
+        latencies.extend(received);
+    }
+    Ok(WatchResult {
+        delivery: Latencies::new(latencies),
+        expected: (writes * watchers) as u64,
+        write_errors: errors.load(Ordering::Relaxed),
+    })
+}

@@ -1,0 +1,334 @@
+//! Planning a sync, purely: from the manifests of a commit, the objects in the store and what
+//! was applied last, decide the ops of the one transaction that makes the store match Git.
+//!
+//! As `kubectl apply`, the merge is three-way, so fields Git never set (set by someone else) are
+//! kept and fields removed from Git are removed: for every field Git manages, the stored value
+//! becomes Git's; a field in the last applied configuration that Git no longer has is deleted;
+//! any other stored field stays. Mappings merge key by key; lists are replaced whole. The last
+//! applied configuration is kept on each object in an annotation, with Secret values replaced by
+//! digests so no secret is copied into metadata. A managed field that differs from Git while Git
+//! did not change it is drift: it is corrected and reported.
+
+use gitplane_api::object::{APPLICATION_ANNOTATION, resource_version};
+use gitplane_source::{Manifest, ManifestError};
+use gitplane_store::{ObjectKey, Op};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+};
+
+/// The last configuration the source applied to an object (JSON, secrets digested).
+pub const LAST_APPLIED_ANNOTATION: &str = "gitplane.io/last-applied";
+/// Metadata only the server manages.
+const SERVER_FIELDS: [&str; 5] = ["resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"];
+
+/// What a sync will do.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub ops: Vec<Op>,
+    /// Objects whose managed fields were changed outside Git; the ops restore them.
+    pub drifted: Vec<ObjectKey>,
+    pub created: usize,
+    pub updated: usize,
+    pub pruned: usize,
+}
+
+/// What else a plan needs to know about the cluster.
+pub struct Cluster<'a> {
+    /// Every stored object of the accepted kinds.
+    pub stored: &'a BTreeMap<ObjectKey, Value>,
+    pub namespaces: &'a HashSet<String>,
+    pub nodes: &'a HashSet<String>,
+}
+
+/// The Application's settings that shape a plan.
+pub struct Policy<'a> {
+    /// `namespace/name` of the Application: the inventory annotation's value.
+    pub app: &'a str,
+    pub prune: bool,
+    pub allow_empty: bool,
+}
+
+fn error_at(m: &Manifest, path: &str, message: String) -> ManifestError {
+    ManifestError {
+        file: m.file.clone(),
+        line: Some(m.line),
+        column: None,
+        document: Some(m.index),
+        object: Some(format!("{} {}", m.value["kind"].as_str().unwrap_or(""), m.key.name)),
+        path: Some(path.to_owned()),
+        message,
+    }
+}
+
+/// The object without what the server manages, and without status.
+fn without_server_fields(value: &Value) -> Value {
+    let mut v = value.clone();
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("status");
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            for field in SERVER_FIELDS {
+                meta.remove(field);
+            }
+            if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+                annotations.remove(LAST_APPLIED_ANNOTATION);
+                if annotations.is_empty() {
+                    meta.remove("annotations");
+                }
+            }
+        }
+    }
+    v
+}
+
+/// The configuration recorded as last applied: Secret values replaced by their digests.
+pub fn last_applied_record(desired: &Value) -> Value {
+    let mut record = without_server_fields(desired);
+    if record["kind"] == "Secret" {
+        for field in ["data", "stringData"] {
+            if let Some(values) = record.get_mut(field).and_then(Value::as_object_mut) {
+                for v in values.values_mut() {
+                    let digest = Sha256::digest(v.to_string().as_bytes());
+                    *v = Value::String(format!("sha256:{}", hex(&digest)));
+                }
+            }
+        }
+    }
+    record
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The three-way merge of `desired` into `stored`, given the `last` applied configuration.
+pub fn merge(stored: &Value, last: Option<&Value>, desired: &Value) -> Value {
+    match (stored, desired) {
+        (Value::Object(s), Value::Object(d)) => {
+            let empty = Map::new();
+            let l = last.and_then(Value::as_object).unwrap_or(&empty);
+            let mut out = Map::new();
+            for (k, sv) in s {
+                if !d.contains_key(k) && !l.contains_key(k) {
+                    out.insert(k.clone(), sv.clone()); // not Git's: keep
+                }
+            }
+            for (k, dv) in d {
+                let merged = match s.get(k) {
+                    Some(sv) => merge(sv, l.get(k), dv),
+                    None => dv.clone(),
+                };
+                out.insert(k.clone(), merged);
+            }
+            Value::Object(out)
+        }
+        _ => desired.clone(),
+    }
+}
+
+/// Whether `stored` differs from `desired` in a field `desired` sets (Secret values compared
+/// through the digests of the record when `desired` is a record).
+fn managed_differs(stored: &Value, desired: &Value) -> bool {
+    match (stored, desired) {
+        (Value::Object(s), Value::Object(d)) => {
+            d.iter().any(|(k, dv)| s.get(k).is_none_or(|sv| managed_differs(sv, dv)))
+        }
+        _ => stored != desired,
+    }
+}
+
+/// Whether a stored object's managed fields differ from the configuration last applied to it:
+/// something other than the source changed it.
+pub fn drifted(stored: &Value) -> bool {
+    let last =
+        stored["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str().and_then(|t| serde_json::from_str(t).ok());
+    last.is_some_and(|last: Value| managed_differs(&last_applied_record(stored), &last))
+}
+
+/// The ops that make the store match `manifests`, or every reason they cannot.
+pub fn plan(
+    manifests: &[Arc<Manifest>],
+    cluster: &Cluster<'_>,
+    policy: &Policy<'_>,
+) -> Result<Plan, Vec<ManifestError>> {
+    let mut errors = Vec::new();
+    let mut plan = Plan::default();
+    for m in manifests {
+        let ns = &m.key.namespace;
+        let defines_namespace = |name: &str| manifests.iter().any(|o| o.key.kind == "Namespace" && o.key.name == name);
+        if !ns.is_empty() && !cluster.namespaces.contains(ns) && !defines_namespace(ns) {
+            errors.push(error_at(
+                m,
+                "/metadata/namespace",
+                format!(
+                    "namespace {ns:?} does not exist: add a Namespace manifest for it or use an existing namespace"
+                ),
+            ));
+        }
+        if let Some(node) = m.value["spec"]["nodeName"].as_str()
+            && m.key.kind == "Pod"
+            && !cluster.nodes.contains(node)
+        {
+            errors.push(error_at(
+                m,
+                "/spec/nodeName",
+                format!("node {node:?} does not exist: remove spec.nodeName and let the scheduler place the Pod"),
+            ));
+        }
+        let record = last_applied_record(&m.value);
+        let mut desired = m.value.clone();
+        let annotations = &mut desired["metadata"]["annotations"];
+        annotations[APPLICATION_ANNOTATION] = Value::String(policy.app.to_owned());
+        annotations[LAST_APPLIED_ANNOTATION] = Value::String(record.to_string());
+        let Some(current) = cluster.stored.get(&m.key) else {
+            plan.ops.push(Op::Create(desired));
+            plan.created += 1;
+            continue;
+        };
+        let owner = current["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str();
+        if owner != Some(policy.app) {
+            let by = owner.map_or("the cluster (it is not from Git)".to_owned(), |o| format!("Application {o}"));
+            errors.push(error_at(
+                m,
+                "/metadata/name",
+                format!(
+                    "{} already exists and is managed by {by}: rename the object or remove it from the other source",
+                    m.key
+                ),
+            ));
+            continue;
+        }
+        let last: Option<Value> = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION]
+            .as_str()
+            .and_then(|t| serde_json::from_str(t).ok());
+        let current_part = without_server_fields(current);
+        let merged =
+            merge(&current_part, last.as_ref().map(without_server_fields).as_ref(), &without_server_fields(&desired));
+        // Git unchanged since the last apply, yet a field Git manages changed: drift.
+        if last.as_ref() == Some(&record) && managed_differs(&current_part, &without_server_fields(&m.value)) {
+            plan.drifted.push(m.key.clone());
+        }
+        if merged != current_part || last.as_ref() != Some(&record) {
+            let mut update = merged;
+            update["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = Value::String(record.to_string());
+            update["metadata"]["resourceVersion"] = Value::String(resource_version(current).unwrap_or(0).to_string());
+            plan.ops.push(Op::Update(update));
+            plan.updated += 1;
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    if policy.prune {
+        let wanted: HashSet<&ObjectKey> = manifests.iter().map(|m| &m.key).collect();
+        for (key, current) in cluster.stored {
+            let owned = current["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str() == Some(policy.app);
+            if owned && !wanted.contains(key) {
+                plan.ops.push(Op::Delete { key: key.clone(), revision: resource_version(current) });
+                plan.pruned += 1;
+            }
+        }
+        if manifests.is_empty() && plan.pruned > 0 && !policy.allow_empty {
+            let message = format!(
+                "the commit renders no objects, which would delete all {} objects of this Application; \
+                 if that is intended set spec.allowEmpty: true, otherwise check spec.path",
+                plan.pruned
+            );
+            return Err(vec![ManifestError {
+                file: "(commit)".into(),
+                line: None,
+                column: None,
+                document: None,
+                object: None,
+                path: None,
+                message,
+            }]);
+        }
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn merge_keeps_foreign_fields_and_drops_removed_ones() {
+        let stored = json!({"spec": {"replicas": 5, "paused": false, "foreign": 1}, "metadata": {"labels": {"a": "1", "b": "2"}}});
+        let last = json!({"spec": {"replicas": 2, "paused": false}, "metadata": {"labels": {"a": "1", "b": "2"}}});
+        let desired = json!({"spec": {"replicas": 3}, "metadata": {"labels": {"a": "1"}}});
+        let merged = merge(&stored, Some(&last), &desired);
+        assert_eq!(merged, json!({"spec": {"replicas": 3, "foreign": 1}, "metadata": {"labels": {"a": "1"}}}));
+    }
+
+    #[test]
+    fn secrets_are_recorded_as_digests() {
+        let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": {"password": "aHVudGVyMg=="}});
+        let record = last_applied_record(&secret).to_string();
+        assert!(!record.contains("aHVudGVyMg=="), "{record}");
+        assert!(record.contains("sha256:"));
+    }
+
+    fn manifest(value: Value) -> Arc<Manifest> {
+        let key = ObjectKey::from_value(&value).unwrap();
+        Arc::new(Manifest { file: "f.yaml".into(), index: 0, line: 1, key, value })
+    }
+
+    fn cm(data: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "default"}, "data": data})
+    }
+
+    fn stored_after(plan: &Plan) -> Value {
+        match &plan.ops[0] {
+            Op::Create(v) | Op::Update(v) => {
+                let mut v = v.clone();
+                v["metadata"]["resourceVersion"] = json!("7");
+                v
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_second_sync_of_the_same_commit_changes_nothing_and_drift_is_found() {
+        let namespaces = HashSet::from(["default".to_owned()]);
+        let nodes = HashSet::new();
+        let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
+        let manifests = [manifest(cm(json!({"k": "v"})))];
+        let mut stored = BTreeMap::new();
+        let first =
+            plan(&manifests, &Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes }, &policy).unwrap();
+        assert_eq!(first.created, 1);
+        let key = manifests[0].key.clone();
+        stored.insert(key.clone(), stored_after(&first));
+        let again =
+            plan(&manifests, &Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes }, &policy).unwrap();
+        assert!(again.ops.is_empty() && again.drifted.is_empty(), "{again:?}");
+
+        // Someone changed a managed field outside Git.
+        stored.get_mut(&key).unwrap()["data"]["k"] = json!("changed");
+        let fix =
+            plan(&manifests, &Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes }, &policy).unwrap();
+        assert_eq!(fix.drifted, std::slice::from_ref(&key));
+        assert_eq!(stored_after(&fix)["data"]["k"], "v");
+    }
+
+    #[test]
+    fn an_empty_render_does_not_prune_everything_unless_allowed() {
+        let namespaces = HashSet::from(["default".to_owned()]);
+        let nodes = HashSet::new();
+        let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
+        let mut stored = BTreeMap::new();
+        let mut owned = cm(json!({}));
+        owned["metadata"]["annotations"] = json!({APPLICATION_ANNOTATION: "gitplane-system/a"});
+        stored.insert(ObjectKey::from_value(&owned).unwrap(), owned);
+        let cluster = Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes };
+        let errors = plan(&[], &cluster, &policy).unwrap_err();
+        assert!(errors[0].message.contains("spec.allowEmpty"), "{errors:?}");
+        let allowed = Policy { allow_empty: true, ..policy };
+        assert_eq!(plan(&[], &cluster, &allowed).unwrap().pruned, 1);
+    }
+}

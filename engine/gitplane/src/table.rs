@@ -1,0 +1,216 @@
+//! `kubectl get` columns: objects rendered as a `meta.k8s.io/v1` Table, the way the API server's
+//! table convertors render each kind. Pure: objects in, a Table out.
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+fn column(name: &str, kind: &str, description: &str) -> Value {
+    let format = if name == "Name" { "name" } else { "" };
+    json!({"name": name, "type": kind, "format": format, "description": description, "priority": 0})
+}
+
+/// `5s`, `12m`, `3h4m`, `2d` as `kubectl` prints ages.
+pub fn age(created: Option<&str>, now: Timestamp) -> String {
+    let Some(created) = created.and_then(|c| c.parse::<Timestamp>().ok()) else { return "<unknown>".into() };
+    let s = now.duration_since(created).as_secs().max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..600 => format!("{}m{}s", s / 60, s % 60),
+        600..10_800 => format!("{}m", s / 60),
+        10_800..172_800 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or("").to_owned()
+}
+
+fn int(v: &Value) -> i64 {
+    v.as_i64().unwrap_or(0)
+}
+
+/// The columns after Name for a kind, and a row's cells for them.
+fn columns(kind: &str) -> Vec<Value> {
+    let cols: &[(&str, &str)] = match kind {
+        "Pod" => &[
+            ("Ready", "string"),
+            ("Status", "string"),
+            ("Restarts", "integer"),
+            ("Age", "string"),
+            ("IP", "string"),
+            ("Node", "string"),
+        ],
+        "Deployment" => &[("Ready", "string"), ("Up-to-date", "integer"), ("Available", "integer"), ("Age", "string")],
+        "ReplicaSet" => &[("Desired", "integer"), ("Current", "integer"), ("Ready", "integer"), ("Age", "string")],
+        "Service" => &[("Type", "string"), ("Cluster-IP", "string"), ("Ports", "string"), ("Age", "string")],
+        "Node" => &[("Status", "string"), ("Age", "string"), ("Version", "string"), ("Pod-CIDR", "string")],
+        "Application" => &[("Sync", "string"), ("Health", "string"), ("Revision", "string"), ("Age", "string")],
+        "Event" => &[("Type", "string"), ("Reason", "string"), ("Object", "string"), ("Message", "string")],
+        _ => &[("Age", "string")],
+    };
+    std::iter::once(column("Name", "string", "Name of the object"))
+        .chain(cols.iter().map(|(n, t)| column(n, t, "")))
+        .collect()
+}
+
+fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
+    let age = age(o["metadata"]["creationTimestamp"].as_str(), now);
+    let (spec, status) = (&o["spec"], &o["status"]);
+    let mut cells = vec![json!(text(&o["metadata"]["name"]))];
+    match kind {
+        "Pod" => {
+            let containers = status["containerStatuses"].as_array().cloned().unwrap_or_default();
+            let total = spec["containers"].as_array().map_or(0, Vec::len);
+            let ready = containers.iter().filter(|c| c["ready"] == true).count();
+            let restarts: i64 = containers.iter().map(|c| int(&c["restartCount"])).sum();
+            // As kubectl: a waiting or terminated reason says more than the phase.
+            let reason = containers
+                .iter()
+                .find_map(|c| c["state"]["waiting"]["reason"].as_str().or(c["state"]["terminated"]["reason"].as_str()))
+                .map(str::to_owned)
+                .unwrap_or_else(|| status["phase"].as_str().unwrap_or("Pending").to_owned());
+            let ip = status["podIP"].as_str().unwrap_or("<none>");
+            let node = spec["nodeName"].as_str().unwrap_or("<none>");
+            cells.extend([
+                json!(format!("{ready}/{total}")),
+                json!(reason),
+                json!(restarts),
+                json!(age),
+                json!(ip),
+                json!(node),
+            ]);
+        }
+        "Deployment" => {
+            let want = spec["replicas"].as_i64().unwrap_or(1);
+            cells.extend([
+                json!(format!("{}/{want}", int(&status["readyReplicas"]))),
+                json!(int(&status["updatedReplicas"])),
+                json!(int(&status["availableReplicas"])),
+                json!(age),
+            ]);
+        }
+        "ReplicaSet" => {
+            cells.extend([
+                json!(int(&spec["replicas"])),
+                json!(int(&status["replicas"])),
+                json!(int(&status["readyReplicas"])),
+                json!(age),
+            ]);
+        }
+        "Service" => {
+            let ports: Vec<String> = spec["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| format!("{}/{}", int(&p["port"]), p["protocol"].as_str().unwrap_or("TCP")))
+                .collect();
+            cells.extend([
+                json!(spec["type"].as_str().unwrap_or("ClusterIP")),
+                json!(spec["clusterIP"].as_str().unwrap_or("<none>")),
+                json!(if ports.is_empty() { "<none>".to_owned() } else { ports.join(",") }),
+                json!(age),
+            ]);
+        }
+        "Node" => {
+            let ready = status["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Ready");
+            let state = match ready.and_then(|c| c["status"].as_str()) {
+                Some("True") => "Ready",
+                _ => "NotReady",
+            };
+            cells.extend([
+                json!(state),
+                json!(age),
+                json!(text(&status["nodeInfo"]["kubeletVersion"])),
+                json!(spec["podCIDR"].as_str().unwrap_or("<none>")),
+            ]);
+        }
+        "Application" => {
+            let revision = status["sync"]["revision"].as_str().map(|r| r.get(..12).unwrap_or(r)).unwrap_or("<none>");
+            cells.extend([
+                json!(status["sync"]["status"].as_str().unwrap_or("Unknown")),
+                json!(status["health"]["status"].as_str().unwrap_or("Unknown")),
+                json!(revision),
+                json!(age),
+            ]);
+        }
+        "Event" => {
+            let object =
+                format!("{}/{}", text(&o["involvedObject"]["kind"]).to_lowercase(), text(&o["involvedObject"]["name"]));
+            cells.extend([
+                json!(text(&o["type"])),
+                json!(text(&o["reason"])),
+                json!(object),
+                json!(text(&o["message"])),
+            ]);
+        }
+        _ => cells.push(json!(age)),
+    }
+    cells
+}
+
+/// The Table for `items` of `kind`, each row carrying its object's metadata (what
+/// `kubectl get -A` reads the namespace from).
+pub fn table(kind: &str, items: &[Value], resource_version: &str, now: Timestamp) -> Value {
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            json!({
+                "cells": cells(kind, o, now),
+                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"].clone()},
+            })
+        })
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": {"resourceVersion": resource_version},
+        "columnDefinitions": columns(kind),
+        "rows": rows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> Timestamp {
+        "2026-01-01T01:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn ages_read_like_kubectl() {
+        assert_eq!(age(Some("2026-01-01T00:59:30Z"), now()), "30s");
+        assert_eq!(age(Some("2026-01-01T00:55:00Z"), now()), "5m0s");
+        assert_eq!(age(Some("2026-01-01T00:00:00Z"), now()), "60m");
+        assert_eq!(age(Some("2025-12-25T01:00:00Z"), now()), "7d");
+        assert_eq!(age(None, now()), "<unknown>");
+    }
+
+    #[test]
+    fn pod_rows_have_kubectls_columns() {
+        let pod = json!({
+            "metadata": {"name": "web-1", "namespace": "default", "creationTimestamp": "2026-01-01T00:59:00Z"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "a"}, {"name": "b"}]},
+            "status": {"phase": "Running", "podIP": "10.244.0.5", "containerStatuses": [
+                {"name": "a", "ready": true, "restartCount": 1, "state": {"running": {}}},
+                {"name": "b", "ready": false, "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}
+        });
+        let t = table("Pod", &[pod], "7", now());
+        let names: Vec<&str> =
+            t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["web-1", "1/2", "CrashLoopBackOff", 3, "60s", "10.244.0.5", "n1"]));
+        assert_eq!(t["rows"][0]["object"]["metadata"]["namespace"], "default");
+    }
+
+    #[test]
+    fn applications_show_sync_and_health() {
+        let app = json!({"metadata": {"name": "demo"}, "status": {
+            "sync": {"status": "Synced", "revision": "0123456789abcdef"}, "health": {"status": "Healthy"}}});
+        assert_eq!(
+            table("Application", &[app], "1", now())["rows"][0]["cells"],
+            json!(["demo", "Synced", "Healthy", "0123456789ab", "<unknown>"])
+        );
+    }
+}

@@ -1,0 +1,495 @@
+//! The parts of a SQL backend that do not depend on the database: how a batch of transactions
+//! is applied op by op (a savepoint each), how a list is paged under a label selector, what a
+//! continue token holds, and how a watch follows the `events` history. Each backend supplies only
+//! its SQL through the small traits here ([`TxnWriter`], [`ListSource`], [`EventLog`]), so the
+//! SQLite and Postgres stores cannot drift apart in behaviour.
+
+use crate::{
+    Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, StoreError, Txn,
+    WatchOptions, WatchStream, selector::Selector, stage,
+};
+use futures::StreamExt;
+use serde_json::Value;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use std::{
+    borrow::Cow,
+    collections::VecDeque,
+    future::Future,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+use tokio::sync::watch;
+
+/// Events read per query while a watch catches up.
+pub(crate) const WATCH_BATCH: i64 = 1000;
+/// Transactions applied together in one database transaction, at most.
+pub(crate) const MAX_BATCH: usize = 1024;
+/// Rows read per query while a label selector filters a page.
+const LIST_BATCH: i64 = 512;
+/// Bookmarks for a filtered watch are sent at most this often.
+const BOOKMARK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A migrator for SQL embedded in the binary: `(version, description, sql)`.
+pub(crate) fn migrator(migrations: &[(i64, &'static str, &'static str)], locking: bool) -> Migrator {
+    Migrator {
+        migrations: Cow::Owned(
+            migrations
+                .iter()
+                .map(|&(v, d, sql)| {
+                    Migration::new(v, Cow::Borrowed(d), MigrationType::Simple, Cow::Borrowed(sql), false)
+                })
+                .collect(),
+        ),
+        ignore_missing: false,
+        locking,
+        no_tx: false,
+    }
+}
+
+/// A stored object's JSON, or `Corrupt` naming the object.
+pub(crate) fn parse(key: &ObjectKey, text: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|source| StoreError::Corrupt { key: key.to_string(), source })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes
+// ---------------------------------------------------------------------------------------------
+
+/// The statements a backend runs inside its open write transaction.
+pub(crate) trait TxnWriter: Send {
+    /// Runs a statement without parameters; used for `SAVEPOINT txn`, `RELEASE txn` and
+    /// `ROLLBACK TO txn`, which SQLite and Postgres spell the same.
+    fn execute(&mut self, sql: &'static str) -> impl Future<Output = Result<()>> + Send;
+    /// The stored object at `key`.
+    fn current(&mut self, key: &ObjectKey) -> impl Future<Output = Result<Option<Value>>> + Send;
+    /// Inserts or replaces the object at `key`.
+    fn put(&mut self, key: &ObjectKey, revision: Revision, value: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Removes the object at `key`.
+    fn remove(&mut self, key: &ObjectKey) -> impl Future<Output = Result<()>> + Send;
+    /// Appends one event to the history.
+    fn record(
+        &mut self,
+        revision: Revision,
+        seq: i64,
+        event_type: EventType,
+        key: &ObjectKey,
+        value: &str,
+    ) -> impl Future<Output = Result<()>> + Send;
+    /// Refuses keys the database cannot store. Everything by default.
+    fn admit(&self, _key: &ObjectKey) -> Result<(), Rejection> {
+        Ok(())
+    }
+}
+
+/// Applies transactions in order inside the caller's open database transaction, a savepoint
+/// each, the first at `revision + 1`. Returns each outcome and the revision of the last commit.
+pub(crate) async fn apply_txns<W: TxnWriter>(
+    writer: &mut W,
+    txns: &[Txn],
+    mut revision: Revision,
+) -> Result<(Vec<Result<Committed, Rejection>>, Revision)> {
+    let mut results = Vec::with_capacity(txns.len());
+    for txn in txns {
+        writer.execute("SAVEPOINT txn").await?;
+        match apply_one(writer, txn, revision + 1).await? {
+            Applied::Committed(c) => {
+                writer.execute("RELEASE txn").await?;
+                if !c.objects.is_empty() {
+                    revision += 1;
+                }
+                results.push(Ok(c));
+            }
+            Applied::Refused(r) => {
+                writer.execute("ROLLBACK TO txn").await?;
+                writer.execute("RELEASE txn").await?;
+                results.push(Err(r));
+            }
+        }
+    }
+    Ok((results, revision))
+}
+
+/// Outcome of one transaction inside a batch: refused, or committed (the store changed).
+enum Applied {
+    Refused(Rejection),
+    Committed(Committed),
+}
+
+/// Applies one transaction at `revision`. A refusal leaves partial writes that the caller rolls
+/// back to its savepoint.
+async fn apply_one<W: TxnWriter>(writer: &mut W, txn: &Txn, revision: Revision) -> Result<Applied> {
+    let mut objects = Vec::with_capacity(txn.ops.len());
+    let mut uids = txn.uids.iter();
+    for (seq, op) in txn.ops.iter().enumerate() {
+        let key = match op.key().and_then(|key| writer.admit(&key).map(|()| key)) {
+            Ok(key) => key,
+            Err(r) => return Ok(Applied::Refused(r)),
+        };
+        let existing = writer.current(&key).await?;
+        let (event_type, value) = match stage_op(op, &key, existing, revision, &mut uids, &txn.time) {
+            Ok(staged) => staged,
+            Err(r) => return Ok(Applied::Refused(r)),
+        };
+        let text = value.to_string();
+        if let Err(r) = stage::check_size(&key, &text) {
+            return Ok(Applied::Refused(r));
+        }
+        if event_type == EventType::Deleted {
+            writer.remove(&key).await?;
+        } else {
+            writer.put(&key, revision, &text).await?;
+        }
+        writer.record(revision, seq as i64, event_type, &key, &text).await?;
+        objects.push(value);
+    }
+    let revision = if objects.is_empty() { revision - 1 } else { revision };
+    Ok(Applied::Committed(Committed { revision, objects }))
+}
+
+fn check_revision(key: &ObjectKey, expected: Option<Revision>, old: &Value) -> Result<(), Rejection> {
+    let current = gitplane_api::object::resource_version(old).unwrap_or(0);
+    match expected {
+        Some(expected) if expected != current => Err(Rejection::Conflict { key: key.clone(), expected, current }),
+        _ => Ok(()),
+    }
+}
+
+/// What one op does to the store, decided from the current object.
+fn stage_op(
+    op: &Op,
+    key: &ObjectKey,
+    current: Option<Value>,
+    revision: Revision,
+    uids: &mut std::slice::Iter<'_, String>,
+    time: &str,
+) -> Result<(EventType, Value), Rejection> {
+    match (op, current) {
+        (Op::Create(_), Some(_)) => Err(Rejection::AlreadyExists { key: key.clone() }),
+        (Op::Create(value), None) => {
+            let uid =
+                uids.next().cloned().ok_or_else(|| Rejection::Invalid("transaction has no uid for a create".into()))?;
+            Ok((EventType::Added, stage::create(value.clone(), revision, uid, time)?))
+        }
+        (Op::Update(_) | Op::UpdateStatus(_) | Op::Delete { .. }, None) => {
+            Err(Rejection::NotFound { key: key.clone() })
+        }
+        (Op::Update(value), Some(old)) => {
+            check_revision(key, stage::expected_revision(value), &old)?;
+            Ok((EventType::Modified, stage::update(&old, value.clone(), revision)?))
+        }
+        (Op::UpdateStatus(value), Some(old)) => {
+            check_revision(key, stage::expected_revision(value), &old)?;
+            Ok((EventType::Modified, stage::update_status(&old, value, revision)?))
+        }
+        (Op::Delete { revision: expected, .. }, Some(old)) => {
+            check_revision(key, *expected, &old)?;
+            Ok((EventType::Deleted, stage::delete(&old, revision)?))
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lists
+// ---------------------------------------------------------------------------------------------
+
+/// Where a page ends: the revision it was read at and the last key in it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ContinueToken {
+    revision: Revision,
+    namespace: String,
+    name: String,
+}
+
+fn encode_token(token: &ContinueToken) -> String {
+    let json = serde_json::to_vec(token).unwrap_or_default();
+    json.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_token(text: &str) -> Result<ContinueToken> {
+    let bad = || StoreError::BadRequest(format!("invalid continue token {text:?}: pass back the one a list returned"));
+    if !text.len().is_multiple_of(2) || text.len() > 4096 {
+        return Err(bad());
+    }
+    let bytes: Option<Vec<u8>> =
+        (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect();
+    serde_json::from_slice(&bytes.ok_or_else(bad)?).map_err(|_| bad())
+}
+
+/// The reads a list makes inside one read transaction (one snapshot).
+pub(crate) trait ListSource: Send {
+    /// The latest and the compacted revision.
+    fn bounds(&mut self) -> impl Future<Output = Result<(Revision, Revision)>> + Send;
+    /// Rows `(namespace, name, value)` of a kind after a key, as of `revision` (`latest` when it
+    /// is the newest one), in key order, at most `limit` of them (all when negative).
+    fn rows(
+        &mut self,
+        kind: &str,
+        namespace: Option<&str>,
+        after: (&str, &str),
+        revision: Revision,
+        latest: bool,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<(String, String, String)>>> + Send;
+}
+
+/// A list request, checked before any database work.
+pub(crate) struct ListRequest<'a> {
+    options: &'a ListOptions,
+    selector: Selector,
+    token: Option<ContinueToken>,
+}
+
+impl<'a> ListRequest<'a> {
+    pub(crate) fn parse(options: &'a ListOptions) -> Result<Self> {
+        let selector = Selector::parse(options.label_selector.as_deref().unwrap_or(""))
+            .map_err(|e| StoreError::BadRequest(e.to_string()))?;
+        let token = options.continue_token.as_deref().map(decode_token).transpose()?;
+        Ok(ListRequest { options, selector, token })
+    }
+
+    /// The key after which the page starts (a continue token's).
+    pub(crate) fn after(&self) -> Option<(&str, &str)> {
+        self.token.as_ref().map(|t| (t.namespace.as_str(), t.name.as_str()))
+    }
+
+    /// Reads one page from `source`, all at one revision: the continue token's, `at_revision`,
+    /// or the latest.
+    pub(crate) async fn read<S: ListSource>(&self, source: &mut S, kind: &str) -> Result<List> {
+        let (latest, compacted) = source.bounds().await?;
+        let (revision, mut after) = match (&self.token, self.options.at_revision) {
+            (Some(t), _) => (t.revision, (t.namespace.clone(), t.name.clone())),
+            (None, Some(at)) => (at, (String::new(), String::new())),
+            (None, None) => (latest, (String::new(), String::new())),
+        };
+        if revision < compacted {
+            return Err(StoreError::Expired { requested: revision, compacted });
+        }
+        if revision > latest {
+            return Err(StoreError::BadRequest(format!("revision {revision} is in the future (latest is {latest})")));
+        }
+        let namespace = self.options.namespace.as_deref();
+        let limit = self.options.limit;
+        let want = limit.map_or(usize::MAX, |l| l.max(1));
+        // Without a selector every row is an item, so the database can stop after one row more
+        // than the page; with one, rows are filtered here, a batch at a time.
+        let batch = if self.selector.is_empty() { limit.map_or(-1, |l| l.max(1) as i64 + 1) } else { LIST_BATCH };
+        let mut items = Vec::new();
+        let mut more = false;
+        loop {
+            let rows = source.rows(kind, namespace, (&after.0, &after.1), revision, revision == latest, batch).await?;
+            let exhausted = batch < 0 || (rows.len() as i64) < batch;
+            for (namespace, name, text) in rows {
+                let key = ObjectKey::new(kind, namespace, name);
+                let value = parse(&key, &text)?;
+                if !self.selector.matches(&value) {
+                    after = (key.namespace, key.name);
+                    continue;
+                }
+                if items.len() == want {
+                    more = true;
+                    break;
+                }
+                after = (key.namespace, key.name);
+                items.push(value);
+            }
+            if more || exhausted {
+                break;
+            }
+        }
+        let continue_token = more.then(|| encode_token(&ContinueToken { revision, namespace: after.0, name: after.1 }));
+        Ok(List { revision, items, continue_token })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watches
+// ---------------------------------------------------------------------------------------------
+
+/// One read of the history for a watcher.
+pub(crate) struct EventRead {
+    /// `(seq, event)` in (revision, seq) order.
+    pub events: Vec<(i64, Event)>,
+    /// A revision up to which the read saw every commit: when `events` is empty, the watcher
+    /// moves there. It must be known *before* the events are read (or in the same snapshot), or
+    /// a commit landing in between would be skipped.
+    pub latest: Revision,
+}
+
+/// An event row as both backends select it: revision, seq, type, kind, namespace, name, value.
+pub(crate) type EventRow = (i64, i64, i64, String, String, String, String);
+
+impl EventRead {
+    pub(crate) fn from_rows(rows: Vec<EventRow>, latest: Revision) -> Result<Self> {
+        let events = rows
+            .into_iter()
+            .map(|(revision, seq, code, kind, namespace, name, value)| {
+                let key = ObjectKey::new(kind, namespace, name);
+                let object = parse(&key, &value)?;
+                Ok((seq, Event { revision, event_type: EventType::from_code(code), key, object }))
+            })
+            .collect::<Result<_>>()?;
+        Ok(EventRead { events, latest })
+    }
+}
+
+/// The history a watch follows.
+pub(crate) trait EventLog: Send + Sync + 'static {
+    /// At most `limit` events after `after` (a (revision, seq) position), of `kinds` only when
+    /// given. `Expired` when the history after `after` has been compacted.
+    fn read(
+        &self,
+        after: (Revision, i64),
+        kinds: Option<&[String]>,
+        limit: i64,
+    ) -> impl Future<Output = Result<EventRead>> + Send;
+}
+
+/// A watch from `from`: reads `log` whenever `committed` moves past what it has delivered.
+pub(crate) fn watch_stream<L: EventLog>(
+    log: Arc<L>,
+    committed: watch::Receiver<Revision>,
+    from: Revision,
+    options: WatchOptions,
+) -> WatchStream {
+    let cursor = Cursor {
+        log,
+        committed,
+        position: (from, i64::MAX),
+        buffer: VecDeque::new(),
+        more: false,
+        failed: false,
+        options,
+        last_bookmark: None,
+    };
+    futures::stream::unfold(cursor, |mut cursor| async move {
+        let next = cursor.next().await?;
+        Some((next, cursor))
+    })
+    .boxed()
+}
+
+/// A watcher's position in the history: (revision, seq) of the last event it delivered.
+struct Cursor<L> {
+    log: Arc<L>,
+    committed: watch::Receiver<Revision>,
+    position: (Revision, i64),
+    buffer: VecDeque<Event>,
+    /// The last read filled a whole batch: more history may follow at the same revision.
+    more: bool,
+    failed: bool,
+    options: WatchOptions,
+    last_bookmark: Option<Instant>,
+}
+
+impl<L: EventLog> Cursor<L> {
+    /// The next event; `None` ends the stream (after an error has been delivered).
+    async fn next(&mut self) -> Option<Result<Event>> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            if let Some(event) = self.buffer.pop_front() {
+                return Some(Ok(event));
+            }
+            if self.more || *self.committed.borrow_and_update() > self.position.0 {
+                if let Err(e) = self.fill().await {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+                continue;
+            }
+            if self.committed.changed().await.is_err() {
+                return None; // the store is gone
+            }
+        }
+    }
+
+    async fn fill(&mut self) -> Result<()> {
+        let read = self.log.read(self.position, self.options.kinds.as_deref(), WATCH_BATCH).await?;
+        self.more = read.events.len() as i64 == WATCH_BATCH;
+        if read.events.is_empty() {
+            // Nothing for us up to `latest` (filtered out, or compacted away under us).
+            self.position = self.position.max((read.latest, i64::MAX));
+            let due = self.last_bookmark.is_none_or(|t| t.elapsed() >= BOOKMARK_INTERVAL);
+            if self.options.bookmarks && due {
+                self.last_bookmark = Some(Instant::now());
+                self.buffer.push_back(Event::bookmark(self.position.0));
+            }
+        }
+        for (seq, event) in read.events {
+            self.position = (event.revision, seq);
+            self.buffer.push_back(event);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A history in memory; `commit_during_read` lands a commit while a read is in flight.
+    struct MemoryLog {
+        events: Mutex<Vec<(i64, Event)>>,
+        committed: watch::Sender<Revision>,
+        commit_during_read: Mutex<Option<Event>>,
+    }
+
+    impl EventLog for MemoryLog {
+        async fn read(&self, after: (Revision, i64), kinds: Option<&[String]>, limit: i64) -> Result<EventRead> {
+            let latest = *self.committed.borrow();
+            let events: Vec<_> = self
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(seq, e)| (e.revision, *seq) > after)
+                .filter(|(_, e)| kinds.is_none_or(|k| k.contains(&e.key.kind)))
+                .take(limit as usize)
+                .cloned()
+                .collect();
+            if let Some(event) = self.commit_during_read.lock().unwrap().take() {
+                let revision = event.revision;
+                self.events.lock().unwrap().push((0, event));
+                self.committed.send_replace(revision);
+            }
+            Ok(EventRead { events, latest })
+        }
+    }
+
+    fn event(revision: Revision, kind: &str) -> Event {
+        Event {
+            revision,
+            event_type: EventType::Added,
+            key: ObjectKey::new(kind, "a", format!("{kind}-{revision}")),
+            object: Value::Null,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_commit_during_an_empty_filtered_read_is_not_skipped() {
+        let (committed, _) = watch::channel(1);
+        let log = Arc::new(MemoryLog {
+            events: Mutex::new(vec![(0, event(1, "Pod"))]),
+            committed,
+            commit_during_read: Mutex::new(Some(event(2, "ConfigMap"))),
+        });
+        let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: true };
+        let mut w = watch_stream(log.clone(), log.committed.subscribe(), 0, options);
+        let bookmark = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!((bookmark.event_type, bookmark.revision), (EventType::Bookmark, 1));
+        let e = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!((e.event_type, e.revision, e.key.kind.as_str()), (EventType::Added, 2, "ConfigMap"));
+    }
+
+    #[test]
+    fn continue_tokens_round_trip_and_refuse_garbage() {
+        let token = ContinueToken { revision: 7, namespace: "a".into(), name: "p\"1".into() };
+        let back = decode_token(&encode_token(&token)).unwrap();
+        assert_eq!((back.revision, back.namespace.as_str(), back.name.as_str()), (7, "a", "p\"1"));
+        for bad in ["zz", "abc", "00", &"ab".repeat(3000)] {
+            assert!(matches!(decode_token(bad), Err(StoreError::BadRequest(_))), "{bad}");
+        }
+    }
+}

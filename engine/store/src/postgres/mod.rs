@@ -1,0 +1,647 @@
+//! The shared backend: PostgreSQL through sqlx, for several gitplane replicas on one database.
+//!
+//! The tables and the rules are the SQLite backend's (the logic is shared in `backend`); what
+//! differs is that other processes write too.
+//!
+//! # Revisions
+//!
+//! The global revision lives in the `meta` row `revision`. Every write transaction first takes
+//! that row `FOR UPDATE`, allocates the next revisions from it, and writes it back just before
+//! `COMMIT`. The row lock is held until commit, so writers in every process are serialized on it
+//! and **commit order is revision order**: a transaction can only read the revision after the
+//! previous holder's commit is visible. That is what lets a watcher read `events` after its
+//! cursor without ever missing a revision that commits late. Writes run at READ COMMITTED, so
+//! once the lock is granted every later statement sees the previous writer's objects.
+//!
+//! Within one process, a writer task batches queued transactions into one Postgres transaction
+//! with a `SAVEPOINT` each (group commit): a refused transaction rolls back to its savepoint and
+//! the others commit, one WAL flush for all of them.
+//!
+//! # Watching commits of other replicas
+//!
+//! Each writing transaction runs `pg_notify('gitplane_store', <revision>)`; Postgres delivers it
+//! at commit, so a notification always names a visible revision. Every store keeps one
+//! connection `LISTEN`ing and advances its `committed` revision with each notification. A
+//! notification can be lost (the listening connection drops and reconnects), so a poll of
+//! `meta.revision` every second backs it up, and the listener polls once after each
+//! (re)subscription. Watchers never trust the notification for content: like SQLite's, they
+//! read `events` after their cursor, here in one REPEATABLE READ snapshot that also reads the
+//! compaction mark and the latest revision, so a concurrent compaction yields `Expired`, never a
+//! silent gap.
+//!
+//! # Leader election and fencing
+//!
+//! [`LeaderLease`] keeps a single `leader` row (holder, token, expiry by the database's `now()`).
+//! A campaigner takes the row when it is free or expired and increments `token`; the holder
+//! renews it. A store made with [`PostgresStore::fenced`] starts every write transaction (and
+//! compaction) with `SELECT holder, token FROM leader FOR UPDATE` and refuses the whole batch with
+//! [`StoreError::Fenced`] unless both match its fence. Because that row lock is held until the
+//! write commits, a takeover (an `UPDATE` of the same row) waits for in-flight fenced writes and
+//! every write after it sees the new token: a deposed leader can never write, however late its
+//! request arrives and whatever its clock says. Expiry only decides when a takeover is allowed;
+//! safety does not depend on time. Stores without a fence (one writer) skip the check.
+
+mod lease;
+mod replica;
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;
+
+pub use lease::{Fence, LeaderLease, LeaseState};
+pub use replica::PostgresReplica;
+
+use crate::{
+    Committed, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn,
+    WatchOptions, WatchStream,
+    backend::{self, EventLog, EventRead, EventRow, ListRequest, ListSource, MAX_BATCH, TxnWriter, parse},
+};
+use serde_json::Value;
+use sqlx::{
+    Connection, PgConnection, PgPool,
+    migrate::Migrator,
+    postgres::{PgConnectOptions, PgListener, PgPoolOptions},
+};
+use std::{sync::Arc, time::Duration};
+use tokio::{
+    sync::{mpsc, oneshot, watch},
+    task::JoinHandle,
+};
+
+/// The channel every write transaction notifies with its revision.
+const CHANNEL: &str = "gitplane_store";
+/// How often a store looks for commits whose notification it missed.
+const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// Connections per store: the writer, the listener, and reads.
+const POOL_SIZE: u32 = 10;
+/// How long a session may sit idle inside a transaction (unless the URL sets it).
+const IDLE_IN_TRANSACTION: (&str, &str) = ("idle_in_transaction_session_timeout", "60s");
+/// Reads that span several statements see one snapshot.
+const SNAPSHOT: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
+/// Writes: whatever the database's default, each statement after the revision lock is granted
+/// must see the previous writer's commit (at REPEATABLE READ it would fail to serialize).
+const WRITE: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+fn migrator() -> Migrator {
+    backend::migrator(
+        &[
+            (1, "objects", include_str!("../../migrations/postgres/0001_objects.sql")),
+            (2, "leader lease", include_str!("../../migrations/postgres/0002_leader.sql")),
+        ],
+        // Replicas that start together take turns (an advisory lock) instead of racing.
+        true,
+    )
+}
+
+/// The Postgres store. Clones share the connection pool and the writer task.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+    writer: mpsc::Sender<Request>,
+    fence: Option<Arc<Fence>>,
+}
+
+struct Request {
+    txn: Txn,
+    fence: Option<Arc<Fence>>,
+    reply: oneshot::Sender<Result<Committed>>,
+}
+
+struct Inner {
+    pool: PgPool,
+    /// The latest revision this process knows to be committed (its own commits, notifications,
+    /// polls); watchers wake on it.
+    committed: watch::Sender<Revision>,
+    /// The notification listener and the poll; they only feed `committed`.
+    followers: [JoinHandle<()>; 2],
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in &self.followers {
+            task.abort();
+        }
+    }
+}
+
+impl PostgresStore {
+    /// Connects to `url` (`postgres://user:password@host:port/database`, or
+    /// `postgres:///database?host=/run/postgresql` for a unix socket) and migrates the schema.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let options: PgConnectOptions = url.parse().map_err(|e| {
+            // The URL may hold a password: name the problem, not the URL.
+            StoreError::BadRequest(format!(
+                "invalid Postgres URL: {e} (expected postgres://user:password@host:port/database, \
+                 or postgres:///database?host=/run/postgresql for a unix socket)"
+            ))
+        })?;
+        Self::connect_with(options).await
+    }
+
+    /// Connects with explicit options and migrates the schema.
+    pub async fn connect_with(options: PgConnectOptions) -> Result<Self> {
+        Self::open(options, POLL_INTERVAL).await
+    }
+
+    async fn open(mut options: PgConnectOptions, poll_interval: Duration) -> Result<Self> {
+        if options.get_application_name().is_none() {
+            options = options.application_name("gitplane");
+        }
+        // A replica that stalls inside a write transaction (a paused VM, a lost network) holds the
+        // revision row lock and, fenced, the lease row: every other replica would stall behind it.
+        // Postgres ends such a session, which aborts its writes and releases the locks.
+        if !options.get_options().is_some_and(|o| o.contains(IDLE_IN_TRANSACTION.0)) {
+            options = options.options([IDLE_IN_TRANSACTION]);
+        }
+        let target = describe(&options);
+        // One connection first: a pool retries a refused connection until its acquire timeout
+        // and then reports only that it timed out.
+        let mut probe = PgConnection::connect_with(&options)
+            .await
+            .map_err(|source| StoreError::Connect { target: target.clone(), source })?;
+        let encoding: String = sqlx::query_scalar("SHOW server_encoding").fetch_one(&mut probe).await?;
+        if encoding != "UTF8" {
+            return Err(StoreError::Unavailable(format!(
+                "the Postgres database at {target} has encoding {encoding}; gitplane stores UTF-8 JSON: \
+                 create it with ENCODING 'UTF8'"
+            )));
+        }
+        let _ = probe.close().await;
+        let pool = PgPoolOptions::new().max_connections(POOL_SIZE).connect_lazy_with(options);
+        migrator().run(&pool).await?;
+        let (committed, _) = watch::channel(meta(&pool, "revision").await?);
+        let followers = [
+            tokio::spawn(listen(pool.clone(), committed.clone())),
+            tokio::spawn(poll(pool.clone(), committed.clone(), poll_interval)),
+        ];
+        let inner = Arc::new(Inner { pool, committed, followers });
+        let (writer, queue) = mpsc::channel(MAX_BATCH);
+        tokio::spawn(write_loop(inner.clone(), queue));
+        Ok(PostgresStore { inner, writer, fence: None })
+    }
+
+    /// This store with every write fenced: transactions (and compactions) through the returned
+    /// handle commit only while `fence` still names the leader lease's holder and token, checked
+    /// inside the writing transaction. Other handles of the same store keep their own fence.
+    pub fn fenced(&self, fence: Fence) -> PostgresStore {
+        PostgresStore { fence: Some(Arc::new(fence)), ..self.clone() }
+    }
+
+    /// The fence of this handle's writes, if any.
+    pub fn fence(&self) -> Option<&Fence> {
+        self.fence.as_deref()
+    }
+
+    /// Applies transactions in order, in one Postgres transaction (fenced as this handle is):
+    /// each either commits under its own new revision or is refused without effect.
+    pub async fn apply_batch(&self, txns: &[Txn]) -> Result<Vec<Result<Committed, Rejection>>> {
+        self.inner.apply_batch(txns, self.fence.as_deref()).await
+    }
+
+    /// Follows the latest revision this process knows to be committed, by any replica.
+    pub fn committed(&self) -> watch::Receiver<Revision> {
+        self.inner.committed.subscribe()
+    }
+
+    /// The connection pool (for a [`LeaderLease`] on the same database).
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+}
+
+/// Where a connection goes, for errors: never the password.
+fn describe(options: &PgConnectOptions) -> String {
+    let place = match options.get_socket() {
+        Some(dir) => format!("unix socket directory {}", dir.display()),
+        None if options.get_host().starts_with('/') => format!("unix socket directory {}", options.get_host()),
+        None => format!("{}:{}", options.get_host(), options.get_port()),
+    };
+    let user = options.get_username();
+    format!("{place} (database {:?}, user {user:?})", options.get_database().unwrap_or(user))
+}
+
+async fn meta<'c, E: sqlx::PgExecutor<'c>>(executor: E, key: &str) -> Result<i64> {
+    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_one(executor).await?)
+}
+
+/// Moves `committed` forward (never back: notifications and polls arrive in any order).
+fn advance(committed: &watch::Sender<Revision>, revision: Revision) {
+    committed.send_if_modified(|current| {
+        let newer = revision > *current;
+        if newer {
+            *current = revision;
+        }
+        newer
+    });
+}
+
+/// Postgres text cannot hold NUL; no stored key contains one.
+fn has_nul(text: &str) -> bool {
+    text.contains('\0')
+}
+
+fn refuse_nul(what: &str, text: &str) -> Result<()> {
+    if has_nul(text) {
+        return Err(StoreError::BadRequest(format!("{what} {text:?} contains a NUL character")));
+    }
+    Ok(())
+}
+
+async fn write_loop(inner: Arc<Inner>, mut queue: mpsc::Receiver<Request>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while queue.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        // One Postgres transaction checks one fence: split the queue into runs that share one
+        // (in practice every request of a process carries the same fence).
+        let mut requests = batch.drain(..).peekable();
+        while let Some(first) = requests.next() {
+            let fence = first.fence.clone();
+            let mut run = vec![first];
+            while let Some(next) = requests.next_if(|r| r.fence == fence) {
+                run.push(next);
+            }
+            let (txns, replies): (Vec<Txn>, Vec<_>) = run.into_iter().map(|r| (r.txn, r.reply)).unzip();
+            match inner.apply_batch(&txns, fence.as_deref()).await {
+                Ok(results) => {
+                    for (result, reply) in results.into_iter().zip(replies) {
+                        let _ = reply.send(result.map_err(StoreError::from));
+                    }
+                }
+                Err(e) => {
+                    if matches!(e, StoreError::Fenced { .. }) {
+                        tracing::warn!(error = %e, "refused the writes of a deposed leader");
+                    } else {
+                        tracing::error!(error = %e, "applying a batch of transactions failed");
+                    }
+                    for reply in replies {
+                        let _ = reply.send(Err(for_each_waiter(&e)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A batch's error, for each transaction in it.
+fn for_each_waiter(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Fenced { holder, token, current_holder, current_token } => StoreError::Fenced {
+            holder: holder.clone(),
+            token: *token,
+            current_holder: current_holder.clone(),
+            current_token: *current_token,
+        },
+        e => StoreError::Unavailable(e.to_string()),
+    }
+}
+
+impl Inner {
+    async fn apply_batch(&self, txns: &[Txn], fence: Option<&Fence>) -> Result<Vec<Result<Committed, Rejection>>> {
+        let mut tx = self.pool.begin_with(WRITE).await?;
+        // The lease row before the revision row: every transaction that takes both takes them in
+        // this order, so fenced writers, compactions and campaigners cannot deadlock.
+        if let Some(fence) = fence {
+            lease::check(&mut tx, fence).await?;
+        }
+        let start: Revision =
+            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision' FOR UPDATE").fetch_one(&mut *tx).await?;
+        let (results, revision) = backend::apply_txns(&mut *tx, txns, start).await?;
+        if revision != start {
+            sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'").bind(revision).execute(&mut *tx).await?;
+            // Delivered at commit, to every listening replica.
+            sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(revision.to_string()).execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        advance(&self.committed, revision);
+        Ok(results)
+    }
+}
+
+async fn current(conn: &mut PgConnection, key: &ObjectKey) -> Result<Option<Value>> {
+    let text: Option<String> =
+        sqlx::query_scalar("SELECT value FROM objects WHERE kind = $1 AND namespace = $2 AND name = $3")
+            .bind(&key.kind)
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .fetch_optional(conn)
+            .await?;
+    text.map(|t| parse(key, &t)).transpose()
+}
+
+/// The writes of a transaction, in Postgres' SQL (inside the open Postgres transaction).
+impl TxnWriter for PgConnection {
+    async fn execute(&mut self, sql: &'static str) -> Result<()> {
+        // A plain string runs unprepared (simple protocol): nothing to cache for a savepoint.
+        sqlx::Executor::execute(self, sql).await?;
+        Ok(())
+    }
+
+    async fn current(&mut self, key: &ObjectKey) -> Result<Option<Value>> {
+        current(self, key).await
+    }
+
+    async fn put(&mut self, key: &ObjectKey, revision: Revision, value: &str) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO objects (kind, namespace, name, revision, value) VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (kind, namespace, name) DO UPDATE SET revision = EXCLUDED.revision, value = EXCLUDED.value",
+        )
+        .bind(&key.kind)
+        .bind(&key.namespace)
+        .bind(&key.name)
+        .bind(revision)
+        .bind(value)
+        .execute(self)
+        .await?;
+        Ok(())
+    }
+
+    async fn remove(&mut self, key: &ObjectKey) -> Result<()> {
+        sqlx::query("DELETE FROM objects WHERE kind = $1 AND namespace = $2 AND name = $3")
+            .bind(&key.kind)
+            .bind(&key.namespace)
+            .bind(&key.name)
+            .execute(self)
+            .await?;
+        Ok(())
+    }
+
+    async fn record(
+        &mut self,
+        revision: Revision,
+        seq: i64,
+        event_type: EventType,
+        key: &ObjectKey,
+        value: &str,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO events (revision, seq, type, kind, namespace, name, value) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(revision)
+        .bind(seq)
+        .bind(event_type.code())
+        .bind(&key.kind)
+        .bind(&key.namespace)
+        .bind(&key.name)
+        .bind(value)
+        .execute(self)
+        .await?;
+        Ok(())
+    }
+
+    /// A NUL would fail the statement, and with it every transaction of the batch: refuse just
+    /// this one. (Kubernetes names never contain one.)
+    fn admit(&self, key: &ObjectKey) -> Result<(), Rejection> {
+        if has_nul(&key.kind) || has_nul(&key.namespace) || has_nul(&key.name) {
+            return Err(Rejection::Invalid(format!("{key:?} contains a NUL character, which Postgres cannot store")));
+        }
+        Ok(())
+    }
+}
+
+/// A list's reads, in Postgres' SQL (inside one REPEATABLE READ snapshot).
+impl ListSource for PgConnection {
+    async fn bounds(&mut self) -> Result<(Revision, Revision)> {
+        Ok((meta(&mut *self, "revision").await?, meta(&mut *self, "compacted").await?))
+    }
+
+    async fn rows(
+        &mut self,
+        kind: &str,
+        namespace: Option<&str>,
+        after: (&str, &str),
+        revision: Revision,
+        latest: bool,
+        limit: i64,
+    ) -> Result<Vec<(String, String, String)>> {
+        // LIMIT NULL is no limit.
+        let limit = (limit >= 0).then_some(limit);
+        // At the latest revision the objects table is the answer; at an older one, an object
+        // changed since is read from its history.
+        let query = if latest {
+            sqlx::query_as(
+                "SELECT namespace, name, value FROM objects
+                 WHERE kind = $1 AND ($2::text IS NULL OR namespace = $2) AND (namespace, name) > ($3, $4)
+                 ORDER BY namespace, name LIMIT $5",
+            )
+            .bind(kind)
+            .bind(namespace)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(limit)
+        } else {
+            sqlx::query_as(
+                "SELECT namespace, name, value FROM objects
+                 WHERE kind = $1 AND ($2::text IS NULL OR namespace = $2) AND (namespace, name) > ($3, $4)
+                   AND revision <= $5
+                 UNION ALL
+                 SELECT e.namespace, e.name, e.value FROM events e
+                 WHERE e.kind = $1 AND ($2::text IS NULL OR e.namespace = $2) AND (e.namespace, e.name) > ($3, $4)
+                   AND e.revision <= $5 AND e.type != 2
+                   AND NOT EXISTS (SELECT 1 FROM events later WHERE later.kind = e.kind
+                         AND later.namespace = e.namespace AND later.name = e.name AND later.revision <= $5
+                         AND (later.revision, later.seq) > (e.revision, e.seq))
+                   AND NOT EXISTS (SELECT 1 FROM objects o WHERE o.kind = e.kind AND o.namespace = e.namespace
+                         AND o.name = e.name AND o.revision <= $5)
+                 ORDER BY 1, 2 LIMIT $6",
+            )
+            .bind(kind)
+            .bind(namespace)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(revision)
+            .bind(limit)
+        };
+        Ok(query.fetch_all(self).await?)
+    }
+}
+
+/// The history, read in one snapshot together with the compaction mark and the latest revision:
+/// no commit or compaction can land between the check and the read.
+impl EventLog for Inner {
+    async fn read(&self, after: (Revision, i64), kinds: Option<&[String]>, limit: i64) -> Result<EventRead> {
+        let mut tx = self.pool.begin_with(SNAPSHOT).await?;
+        let (latest, compacted) = tx.bounds().await?;
+        if after.0 < compacted {
+            return Err(StoreError::Expired { requested: after.0, compacted });
+        }
+        let rows: Vec<EventRow> = match kinds {
+            Some(kinds) => {
+                sqlx::query_as(
+                    "SELECT revision, seq, type, kind, namespace, name, value FROM events
+                     WHERE (revision, seq) > ($1, $2) AND kind = ANY($3) ORDER BY revision, seq LIMIT $4",
+                )
+                .bind(after.0)
+                .bind(after.1)
+                .bind(kinds)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?
+            }
+            None => {
+                sqlx::query_as(
+                    "SELECT revision, seq, type, kind, namespace, name, value FROM events
+                     WHERE (revision, seq) > ($1, $2) ORDER BY revision, seq LIMIT $3",
+                )
+                .bind(after.0)
+                .bind(after.1)
+                .bind(limit)
+                .fetch_all(&mut *tx)
+                .await?
+            }
+        };
+        tx.commit().await?;
+        advance(&self.committed, latest);
+        EventRead::from_rows(rows, latest)
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn get(&self, key: &ObjectKey) -> Result<Option<Value>> {
+        if has_nul(&key.kind) || has_nul(&key.namespace) || has_nul(&key.name) {
+            return Ok(None); // never stored (see `admit`)
+        }
+        let mut conn = self.inner.pool.acquire().await?;
+        current(&mut conn, key).await
+    }
+
+    async fn list(&self, kind: &str, options: &ListOptions) -> Result<List> {
+        let request = ListRequest::parse(options)?;
+        refuse_nul("kind", kind)?;
+        refuse_nul("namespace", options.namespace.as_deref().unwrap_or(""))?;
+        if let Some((namespace, name)) = request.after() {
+            refuse_nul("continue token", &format!("{namespace}/{name}"))?;
+        }
+        let mut tx = self.inner.pool.begin_with(SNAPSHOT).await?;
+        let list = request.read(&mut *tx, kind).await?;
+        tx.commit().await?;
+        Ok(list)
+    }
+
+    async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
+        let (reply, answer) = oneshot::channel();
+        let request = Request { txn: Txn::new(ops), fence: self.fence.clone(), reply };
+        self.writer.send(request).await.map_err(|_| StoreError::Unavailable("the store is shutting down".into()))?;
+        answer.await.map_err(|_| StoreError::Unavailable("the store is shutting down".into()))?
+    }
+
+    async fn watch(&self, from: Revision, options: WatchOptions) -> Result<WatchStream> {
+        for kind in options.kinds.iter().flatten() {
+            refuse_nul("watched kind", kind)?;
+        }
+        let mut tx = self.inner.pool.begin_with(SNAPSHOT).await?;
+        let (latest, compacted) = tx.bounds().await?;
+        tx.commit().await?;
+        if from < compacted {
+            return Err(StoreError::Expired { requested: from, compacted });
+        }
+        // Another replica's commits may not have reached us yet: without this a watch from an
+        // older revision would wait for the next notification or poll before replaying them.
+        advance(&self.inner.committed, latest);
+        Ok(backend::watch_stream(self.inner.clone(), self.inner.committed.subscribe(), from, options))
+    }
+
+    async fn revision(&self) -> Result<Revision> {
+        let revision = meta(&self.inner.pool, "revision").await?;
+        advance(&self.inner.committed, revision);
+        Ok(revision)
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        let mut tx = self.inner.pool.begin_with(WRITE).await?;
+        if let Some(fence) = &self.fence {
+            lease::check(&mut tx, fence).await?;
+        }
+        // Serializes compactions (of every replica) without blocking writers.
+        let compacted: Revision =
+            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted' FOR UPDATE").fetch_one(&mut *tx).await?;
+        let revision = revision.min(meta(&mut *tx, "revision").await?);
+        if revision <= compacted {
+            return Ok(());
+        }
+        // Superseded versions and deletions at or below the revision go; the version of every
+        // object alive at it stays (what a list continued at a later revision may need).
+        sqlx::query(
+            "DELETE FROM events WHERE revision <= $1 AND (type = 2 OR EXISTS (
+                 SELECT 1 FROM events later WHERE later.kind = events.kind AND later.namespace = events.namespace
+                 AND later.name = events.name AND later.revision <= $1
+                 AND (later.revision, later.seq) > (events.revision, events.seq)))",
+        )
+        .bind(revision)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE meta SET value = $1 WHERE key = 'compacted'").bind(revision).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// Follows the notifications of every replica's commits; reconnects with a growing pause.
+async fn listen(pool: PgPool, committed: watch::Sender<Revision>) {
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match follow_notifications(&pool, &committed, &mut pause).await {
+            Ok(never) => match never {},
+            Err(e) => tracing::warn!(
+                error = %e,
+                retry_in = ?pause,
+                "listening for the commits of other replicas failed; polling covers the gap"
+            ),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}
+
+async fn follow_notifications(
+    pool: &PgPool,
+    committed: &watch::Sender<Revision>,
+    pause: &mut Duration,
+) -> Result<std::convert::Infallible, sqlx::Error> {
+    let mut listener = PgListener::connect_with(pool).await?;
+    listener.listen(CHANNEL).await?;
+    *pause = Duration::from_millis(100);
+    // Commits before the LISTEN took effect notified nobody here.
+    catch_up(pool, committed).await;
+    loop {
+        match listener.try_recv().await? {
+            Some(notification) => match notification.payload().parse::<Revision>() {
+                Ok(revision) => advance(committed, revision),
+                Err(_) => catch_up(pool, committed).await,
+            },
+            // The connection dropped and sqlx re-subscribed: notifications in between are lost.
+            None => catch_up(pool, committed).await,
+        }
+    }
+}
+
+async fn catch_up(pool: &PgPool, committed: &watch::Sender<Revision>) {
+    match meta(pool, "revision").await {
+        Ok(revision) => advance(committed, revision),
+        Err(e) => tracing::debug!(error = %e, "reading the latest revision failed"),
+    }
+}
+
+/// The fallback for lost notifications: reads the latest revision every `interval`.
+async fn poll(pool: PgPool, committed: watch::Sender<Revision>, interval: Duration) {
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        ticks.tick().await;
+        match meta(&pool, "revision").await {
+            Ok(revision) => {
+                if failing {
+                    tracing::info!("the Postgres store is reachable again");
+                }
+                failing = false;
+                advance(&committed, revision);
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(error = %e, "cannot read the latest revision from the Postgres store");
+                }
+                failing = true;
+            }
+        }
+    }
+}

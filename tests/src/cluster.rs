@@ -1,0 +1,165 @@
+//! Control-plane replicas as separate `gitplane server` processes on loopback, for failover
+//! tests: start, find the leader, kill -9, restart.
+
+use crate::{binary, wait_for};
+use anyhow::{Context, Result, bail};
+use gitplane_store::remote::RemoteStore;
+use serde_json::Value;
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::PathBuf,
+    process::{Child, Command},
+    time::Duration,
+};
+
+/// A cluster of `gitplane server` processes.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub addrs: BTreeMap<u64, SocketAddr>,
+    children: BTreeMap<u64, Child>,
+    extra_args: Vec<String>,
+}
+
+fn free_port() -> Result<SocketAddr> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// `GET path` on loopback; the body of a 2xx answer.
+pub fn loopback_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    if !head.lines().next().is_some_and(|l| l.split(' ').nth(1).is_some_and(|c| c.starts_with('2'))) {
+        bail!("GET http://{addr}{path}: {head}");
+    }
+    Ok(body.to_owned())
+}
+
+/// An HTTP request on loopback; the status code and the body.
+pub fn loopback_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut head = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n", body.len());
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let code = head.lines().next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Ok((code, body.to_owned()))
+}
+
+impl Cluster {
+    /// Starts `n` replicas; `extra_args` go to every `gitplane server`.
+    pub fn start(n: u64, extra_args: &[&str]) -> Result<Cluster> {
+        let addrs = (1..=n).map(|id| Ok((id, free_port()?))).collect::<Result<_>>()?;
+        let mut cluster = Cluster {
+            dir: tempfile::tempdir()?,
+            addrs,
+            children: BTreeMap::new(),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+        };
+        for id in 1..=n {
+            cluster.launch(id)?;
+        }
+        Ok(cluster)
+    }
+
+    fn launch(&mut self, id: u64) -> Result<()> {
+        let peers: Vec<String> = self.addrs.iter().map(|(id, a)| format!("{id}={a}")).collect();
+        let log = File::options().create(true).append(true).open(self.log_path(id))?;
+        let child = Command::new(binary("gitplane")?)
+            .arg("server")
+            .args(["--id", &id.to_string(), "--peers", &peers.join(",")])
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("replica-{id}")))
+            .arg("--repos-dir")
+            .arg(self.dir.path().join("repos"))
+            .args(&self.extra_args)
+            .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .context("starting gitplane server")?;
+        self.children.insert(id, child);
+        Ok(())
+    }
+
+    pub fn log_path(&self, id: u64) -> PathBuf {
+        self.dir.path().join(format!("replica-{id}.log"))
+    }
+
+    pub fn logs(&self) -> String {
+        self.addrs
+            .keys()
+            .map(|id| format!("--- replica {id}\n{}", std::fs::read_to_string(self.log_path(*id)).unwrap_or_default()))
+            .collect()
+    }
+
+    /// A replica's `/replica` status, if it answers.
+    pub fn status(&self, id: u64) -> Option<Value> {
+        serde_json::from_str(&loopback_get(self.addrs[&id], "/replica").ok()?).ok()
+    }
+
+    /// The acting leader among the running replicas, once there is one.
+    pub fn leader(&self, timeout: Duration) -> Result<u64> {
+        wait_for(timeout, || {
+            self.children.keys().copied().find(|id| self.status(*id).is_some_and(|s| s["leading"] == true))
+        })
+        .with_context(|| format!("no leader within {timeout:?}\n{}", self.logs()))
+    }
+
+    /// SIGKILL: no shutdown, no flush.
+    pub fn kill(&mut self, id: u64) -> Result<()> {
+        if let Some(mut child) = self.children.remove(&id) {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    pub fn restart(&mut self, id: u64) -> Result<()> {
+        self.kill(id)?;
+        self.launch(id)
+    }
+
+    pub fn running(&self) -> Vec<u64> {
+        self.children.keys().copied().collect()
+    }
+
+    /// A client of every replica.
+    pub fn client(&self) -> Result<RemoteStore> {
+        let endpoints: Vec<String> = self.addrs.values().map(|a| format!("http://{a}")).collect();
+        Ok(RemoteStore::new(&endpoints)?)
+    }
+
+    /// A client of one replica only (to read what that replica holds).
+    pub fn replica_client(&self, id: u64) -> Result<RemoteStore> {
+        Ok(RemoteStore::new(&[format!("http://{}", self.addrs[&id])])?)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self.children.values_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
