@@ -41,8 +41,9 @@ pub struct ApplicationSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "free_form_map")]
     pub values: BTreeMap<String, serde_json::Value>,
-    /// YAML files in the repository (relative to `path`) whose values the templates get, merged
-    /// in order: e.g. `values/common.yaml`, `values/prod.yaml`. They are not manifests.
+    /// YAML files in the repository (relative to `path`; `..` may reach beside it, never out of
+    /// the repository) whose values the templates get, merged in order: e.g.
+    /// `values/common.yaml`, `../values/prod.yaml`. They are not manifests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub values_files: Vec<String>,
     /// Allow a commit that renders no objects at all to prune everything this Application made.

@@ -223,8 +223,9 @@ async fn store(s: &Settings) -> Result<()> {
         let mut cluster = Etcd::start(&s.args.etcd, 3).await?;
         failovers.1 = Some(failover::run(&mut cluster, s.failover_rounds, 16, s.args.connections).await?);
     }
+    let etcd_failover = failovers.1.as_ref().map(|b| b.failover.quantile(0.5));
     for (system, result, baseline) in [
-        ("gitplane, SQLite, 3 replicas", &failovers.0, failovers.1.as_ref()),
+        ("gitplane, SQLite, 3 replicas", &failovers.0, Some(etcd_failover.flatten())),
         ("etcd 3.4, 3 members", &failovers.1, None),
     ] {
         let Some(r) = result else { continue };
@@ -235,7 +236,7 @@ async fn store(s: &Settings) -> Result<()> {
             load: format!("16 clients, leader killed {} times", r.failover.len()),
             p50,
             max: r.failover.max(),
-            baseline: ratio_text(p50, baseline.and_then(|b| b.failover.quantile(0.5)), "etcd p50"),
+            baseline: ratio_text(p50, baseline, "etcd p50"),
             notes: format!(
                 "new leader seen p50 {}; restarted member caught up p50 {}",
                 ms(r.election.quantile(0.5)),
@@ -283,8 +284,8 @@ async fn store(s: &Settings) -> Result<()> {
     }
     for (id, system, result) in &watches {
         let baseline_id = if id.ends_with("-1") { "watch/etcd-1" } else { "watch/etcd-3" };
-        let baseline =
-            watches.iter().find(|(b, ..)| *b == baseline_id && b != id).and_then(|(.., r)| r.delivery.quantile(0.99));
+        let baseline = (*id != baseline_id)
+            .then(|| watches.iter().find(|(b, ..)| *b == baseline_id).and_then(|(.., r)| r.delivery.quantile(0.99)));
         let p99 = result.delivery.quantile(0.99);
         let missing = result.expected - result.delivery.len() as u64;
         rows.push(Row {
@@ -396,6 +397,7 @@ async fn postgres_rows(s: &Settings) -> Result<Option<std::result::Result<Vec<(u
     };
     let args = ["--store".to_owned(), "postgres".to_owned(), "--postgres-url".to_owned(), postgres.url.clone()];
     let cluster = Gitplane::start(&s.gitplane, 1, &args).await?;
+    // The server CPU includes PostgreSQL's (its backends are the postmaster's children).
     let mut pids = cluster.pids();
     pids.extend(postgres.pids());
     let rows = write_rows(s, "gitplane, Postgres, 1 replica", Api::Gitplane, &[cluster.addrs[&1]], &pids).await?;
@@ -433,16 +435,16 @@ fn write_table_rows(r: &Results, rows: &mut Vec<Row>) {
                 p99: m.latencies.quantile(0.99),
                 max: m.latencies.max(),
                 cpu: m.server_cpu_per_write,
-                baseline: match base {
-                    Some((b, name)) if b > 0.0 => format!("{:.2}× {name}", m.writes_per_second / b),
-                    _ => "baseline".to_owned(),
+                baseline: match (baseline, base) {
+                    (None, _) => "baseline".to_owned(),
+                    (Some(_), Some((b, name))) if b > 0.0 => format!("{:.2}× {name}", m.writes_per_second / b),
+                    (Some(_), _) => "–".to_owned(),
                 },
                 notes: if m.errors > 0 {
                     format!("{} errors (first: {})", m.errors, m.first_error.as_deref().unwrap_or(""))
                 } else {
                     String::new()
                 },
-                ..Row::default()
             });
         }
     };
@@ -477,12 +479,13 @@ fn us(d: Option<Duration>) -> String {
     d.map_or("–".into(), |d| format!("{:.0}", d.as_secs_f64() * 1e6))
 }
 
-/// "0.42× etcd p50": ours over the baseline (for times, below 1 is better).
-fn ratio_text(ours: Option<Duration>, baseline: Option<Duration>, name: &str) -> String {
+/// "0.42× etcd p50": ours over the baseline (for times, below 1 is better). `baseline` is `None`
+/// for the baseline's own row, `Some(None)` when the baseline was not measured.
+fn ratio_text(ours: Option<Duration>, baseline: Option<Option<Duration>>, name: &str) -> String {
     match (ours, baseline) {
-        (Some(o), Some(b)) if !b.is_zero() => format!("{:.2}× {name}", o.as_secs_f64() / b.as_secs_f64()),
-        (Some(_), None) if name.starts_with("etcd") => "baseline".into(),
-        _ => String::new(),
+        (_, None) => "baseline".into(),
+        (Some(o), Some(Some(b))) if !b.is_zero() => format!("{:.2}× {name}", o.as_secs_f64() / b.as_secs_f64()),
+        _ => "–".into(),
     }
 }
 

@@ -488,8 +488,13 @@ impl Postgres {
         let mut child = Child::spawn("postgres", server, &log)?;
         child.stop_signal = libc::SIGQUIT;
         let mut postgres = Postgres { child: Some(child), url: String::new(), dir };
-        let socket = postgres.dir.path().join(".s.PGSQL.5432");
-        wait_for("PostgreSQL's socket", Duration::from_secs(30), || async { socket.exists().then_some(()) }).await?;
+        let socket_dir = postgres.dir.path().to_owned();
+        wait_for("PostgreSQL accepting connections", Duration::from_secs(30), || async {
+            let mut ready = as_postgres("pg_isready");
+            ready.arg("-q").arg("-h").arg(&socket_dir).args(["-U", "postgres"]);
+            ready.status().ok()?.success().then_some(())
+        })
+        .await?;
         let mut createdb = as_postgres("createdb");
         createdb.arg("-h").arg(postgres.dir.path()).args(["-U", "postgres", "gitplane"]);
         let status = Child::spawn("createdb", createdb, &log)?.child.wait()?;

@@ -262,6 +262,9 @@ impl SourceController {
             // Our own status writes need no sync; spec changes bump the generation.
             let generation = event.object["metadata"]["generation"].as_i64();
             let deleted = event.event_type == EventType::Deleted;
+            if deleted {
+                self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
+            }
             if deleted || generations.insert(event.key.clone(), generation) != Some(generation) {
                 queue.entry(event.key.clone()).or_insert(Reason::Commit);
             }
