@@ -33,12 +33,22 @@ pub struct Plan {
     pub created: usize,
     pub updated: usize,
     pub pruned: usize,
+    /// Objects already as Git wants them (nothing to do).
+    pub unchanged: Vec<ObjectKey>,
 }
+
+/// What an Application applied last: per object, the manifest (the cache hands back the same
+/// `Arc` while its file is unchanged) and the resourceVersion the store gave it. An object whose
+/// manifest and resourceVersion are both unchanged needs no merge: that is what keeps a
+/// one-file commit to a large repository cheap.
+pub type Applied = std::collections::HashMap<ObjectKey, (Arc<Manifest>, i64)>;
 
 /// What else a plan needs to know about the cluster.
 pub struct Cluster<'a> {
     /// Every stored object of the accepted kinds.
-    pub stored: &'a BTreeMap<ObjectKey, Value>,
+    pub stored: &'a BTreeMap<ObjectKey, Arc<Value>>,
+    /// What this Application applied last.
+    pub applied: &'a Applied,
     pub namespaces: &'a HashSet<String>,
     pub nodes: &'a HashSet<String>,
 }
@@ -147,6 +157,15 @@ pub fn drifted(stored: &Value) -> bool {
     last.is_some_and(|last: Value| managed_differs(&last_applied_record(stored), &last))
 }
 
+/// The object as the source writes it: Git's, with the inventory and last-applied annotations.
+fn desired(m: &Manifest, app: &str, record: &Value) -> Value {
+    let mut desired = m.value.clone();
+    let annotations = &mut desired["metadata"]["annotations"];
+    annotations[APPLICATION_ANNOTATION] = Value::String(app.to_owned());
+    annotations[LAST_APPLIED_ANNOTATION] = Value::String(record.to_string());
+    desired
+}
+
 /// The ops that make the store match `manifests`, or every reason they cannot.
 pub fn plan(
     manifests: &[Arc<Manifest>],
@@ -177,13 +196,8 @@ pub fn plan(
                 format!("node {node:?} does not exist: remove spec.nodeName and let the scheduler place the Pod"),
             ));
         }
-        let record = last_applied_record(&m.value);
-        let mut desired = m.value.clone();
-        let annotations = &mut desired["metadata"]["annotations"];
-        annotations[APPLICATION_ANNOTATION] = Value::String(policy.app.to_owned());
-        annotations[LAST_APPLIED_ANNOTATION] = Value::String(record.to_string());
         let Some(current) = cluster.stored.get(&m.key) else {
-            plan.ops.push(Op::Create(desired));
+            plan.ops.push(Op::Create(desired(m, policy.app, &last_applied_record(&m.value))));
             plan.created += 1;
             continue;
         };
@@ -200,6 +214,14 @@ pub fn plan(
             ));
             continue;
         }
+        if cluster.applied.get(&m.key).is_some_and(|(last, revision)| {
+            Arc::ptr_eq(last, m) && resource_version(current).is_some_and(|rv| rv == *revision)
+        }) {
+            plan.unchanged.push(m.key.clone());
+            continue;
+        }
+        let record = last_applied_record(&m.value);
+        let desired = desired(m, policy.app, &record);
         let last: Option<Value> = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION]
             .as_str()
             .and_then(|t| serde_json::from_str(t).ok());
@@ -210,7 +232,9 @@ pub fn plan(
         if last.as_ref() == Some(&record) && managed_differs(&current_part, &without_server_fields(&m.value)) {
             plan.drifted.push(m.key.clone());
         }
-        if merged != current_part || last.as_ref() != Some(&record) {
+        if merged == current_part && last.as_ref() == Some(&record) {
+            plan.unchanged.push(m.key.clone());
+        } else {
             let mut update = merged;
             update["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = Value::String(record.to_string());
             update["metadata"]["resourceVersion"] = Value::String(resource_version(current).unwrap_or(0).to_string());
@@ -299,19 +323,32 @@ mod tests {
         let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
         let manifests = [manifest(cm(json!({"k": "v"})))];
         let mut stored = BTreeMap::new();
-        let first =
-            plan(&manifests, &Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes }, &policy).unwrap();
+        let applied = Applied::new();
+        let first = plan(
+            &manifests,
+            &Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes },
+            &policy,
+        )
+        .unwrap();
         assert_eq!(first.created, 1);
         let key = manifests[0].key.clone();
-        stored.insert(key.clone(), stored_after(&first));
-        let again =
-            plan(&manifests, &Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes }, &policy).unwrap();
+        stored.insert(key.clone(), Arc::new(stored_after(&first)));
+        let again = plan(
+            &manifests,
+            &Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes },
+            &policy,
+        )
+        .unwrap();
         assert!(again.ops.is_empty() && again.drifted.is_empty(), "{again:?}");
 
         // Someone changed a managed field outside Git.
-        stored.get_mut(&key).unwrap()["data"]["k"] = json!("changed");
-        let fix =
-            plan(&manifests, &Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes }, &policy).unwrap();
+        Arc::make_mut(stored.get_mut(&key).unwrap())["data"]["k"] = json!("changed");
+        let fix = plan(
+            &manifests,
+            &Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes },
+            &policy,
+        )
+        .unwrap();
         assert_eq!(fix.drifted, std::slice::from_ref(&key));
         assert_eq!(stored_after(&fix)["data"]["k"], "v");
     }
@@ -324,11 +361,35 @@ mod tests {
         let mut stored = BTreeMap::new();
         let mut owned = cm(json!({}));
         owned["metadata"]["annotations"] = json!({APPLICATION_ANNOTATION: "gitplane-system/a"});
-        stored.insert(ObjectKey::from_value(&owned).unwrap(), owned);
-        let cluster = Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes };
+        stored.insert(ObjectKey::from_value(&owned).unwrap(), Arc::new(owned));
+        let applied = Applied::new();
+        let cluster = Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes };
         let errors = plan(&[], &cluster, &policy).unwrap_err();
         assert!(errors[0].message.contains("spec.allowEmpty"), "{errors:?}");
         let allowed = Policy { allow_empty: true, ..policy };
         assert_eq!(plan(&[], &cluster, &allowed).unwrap().pruned, 1);
+    }
+
+    #[test]
+    fn an_unchanged_manifest_at_the_applied_revision_is_skipped() {
+        let namespaces = HashSet::from(["default".to_owned()]);
+        let nodes = HashSet::new();
+        let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
+        let manifests = [manifest(cm(json!({"k": "v"})))];
+        let key = manifests[0].key.clone();
+        let mut stored = BTreeMap::new();
+        let mut foreign = cm(json!({"k": "other"}));
+        foreign["metadata"]["annotations"] = json!({APPLICATION_ANNOTATION: "gitplane-system/a"});
+        foreign["metadata"]["resourceVersion"] = json!("7");
+        stored.insert(key.clone(), Arc::new(foreign));
+        // Same Arc, same revision: trusted as applied, no merge.
+        let applied = Applied::from([(key.clone(), (manifests[0].clone(), 7))]);
+        let cluster = Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes };
+        let skipped = plan(&manifests, &cluster, &policy).unwrap();
+        assert!(skipped.ops.is_empty() && skipped.unchanged == [key.clone()]);
+        // A later revision (someone wrote it) is looked at again.
+        let applied = Applied::from([(key.clone(), (manifests[0].clone(), 6))]);
+        let cluster = Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes };
+        assert_eq!(plan(&manifests, &cluster, &policy).unwrap().updated, 1);
     }
 }

@@ -20,7 +20,7 @@ use crate::{
 use gitplane_api::{
     Application, ApplicationStatus, HealthStatus, ResourceHealth, RevisionHistory, SyncChanges, SyncStatus,
     kinds::accepted,
-    object::{APPLICATION_ANNOTATION, kind_of},
+    object::{APPLICATION_ANNOTATION, kind_of, resource_version},
 };
 use gitplane_source::{AppSource, Limits, LoadError, ManifestError, SourceCache, Validator};
 use gitplane_store::{
@@ -68,6 +68,8 @@ pub struct SourceController {
     resync: Duration,
     /// Each Application's parsed and validated files, by blob: a commit re-reads only changes.
     caches: std::sync::Mutex<HashMap<ObjectKey, SourceCache>>,
+    /// What each Application applied last (see [`apply::Applied`]).
+    applied: std::sync::Mutex<HashMap<ObjectKey, apply::Applied>>,
 }
 
 /// Why a sync did not apply a commit.
@@ -127,6 +129,7 @@ impl SourceController {
             limits: Limits::default(),
             resync: Duration::from_secs(60),
             caches: Default::default(),
+            applied: Default::default(),
         }
     }
 
@@ -264,6 +267,7 @@ impl SourceController {
             let deleted = event.event_type == EventType::Deleted;
             if deleted {
                 self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
+                self.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
             }
             if deleted || generations.insert(event.key.clone(), generation) != Some(generation) {
                 queue.entry(event.key.clone()).or_insert(Reason::Commit);
@@ -455,7 +459,7 @@ impl SourceController {
         })
         .await
         .map_err(|e| fail(SyncError::Spec(format!("loading the commit failed: {e}"))))?;
-        self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key, cache);
+        self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), cache);
         let manifests = loaded.map_err(|e| match e {
             LoadError::Invalid(errors) => fail(SyncError::Invalid(errors)),
             LoadError::Source(e) => fail(e.into()),
@@ -463,13 +467,31 @@ impl SourceController {
         let id = app_id(app);
         let policy = apply::Policy { app: &id, prune: app.spec.prune, allow_empty: app.spec.allow_empty };
         for _ in 0..CONFLICT_RETRIES {
-            let plan = {
-                let cache = informer.cache();
-                let (stored, namespaces, nodes) = cluster_view(cache);
-                let cluster = apply::Cluster { stored: &stored, namespaces: &namespaces, nodes: &nodes };
-                apply::plan(&manifests, &cluster, &policy).map_err(|errors| fail(SyncError::Invalid(errors)))?
+            let previous = self.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
+            let (plan, stored) = {
+                let (stored, namespaces, nodes) = cluster_view(informer.cache());
+                let cluster =
+                    apply::Cluster { stored: &stored, applied: &previous, namespaces: &namespaces, nodes: &nodes };
+                let plan = apply::plan(&manifests, &cluster, &policy);
+                (plan, stored)
             };
+            let plan = match plan {
+                Ok(plan) => plan,
+                Err(errors) => {
+                    self.applied.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), previous);
+                    return Err(fail(SyncError::Invalid(errors)));
+                }
+            };
+            let by_key: HashMap<&ObjectKey, &Arc<gitplane_source::Manifest>> =
+                manifests.iter().map(|m| (&m.key, m)).collect();
+            let mut now_applied = apply::Applied::new();
+            for k in &plan.unchanged {
+                if let (Some(m), Some(rv)) = (by_key.get(k), stored.get(k).and_then(|v| resource_version(v))) {
+                    now_applied.insert(k.clone(), ((*m).clone(), rv));
+                }
+            }
             if plan.ops.is_empty() {
+                self.applied.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), now_applied);
                 if handled {
                     return Ok(None);
                 }
@@ -477,6 +499,14 @@ impl SourceController {
             }
             match self.store.txn(plan.ops.clone()).await {
                 Ok(committed) => {
+                    for object in &committed.objects {
+                        if let (Ok(k), Some(rv)) = (ObjectKey::from_value(object), resource_version(object))
+                            && let Some(m) = by_key.get(&k)
+                        {
+                            now_applied.insert(k, ((*m).clone(), rv));
+                        }
+                    }
+                    self.applied.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), now_applied);
                     informer.wait_for(committed.revision).await;
                     return Ok(Some(Applied { commit: commit.id.clone(), subject: commit.subject.clone(), plan }));
                 }
@@ -653,12 +683,12 @@ fn short(commit: &str) -> &str {
 
 /// What a plan needs from the cache: the stored objects of the accepted kinds, the namespaces
 /// and the nodes.
-fn cluster_view(cache: &Cache) -> (BTreeMap<ObjectKey, Value>, HashSet<String>, HashSet<String>) {
+fn cluster_view(cache: &Cache) -> (BTreeMap<ObjectKey, Arc<Value>>, HashSet<String>, HashSet<String>) {
     let mut stored = BTreeMap::new();
     for kind in accepted() {
         for item in cache.list(&kind.group_kind(), None) {
             if let Ok(key) = ObjectKey::from_value(&item) {
-                stored.insert(key, item.as_ref().clone());
+                stored.insert(key, item);
             }
         }
     }
