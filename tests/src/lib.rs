@@ -19,6 +19,7 @@
 //! working copy with the real `git` command, as a user pushes.
 
 pub mod cluster;
+pub mod failover;
 mod gitplane;
 pub mod linearizability;
 pub use gitplane::{Gitplane, Worktree, binary};

@@ -43,8 +43,8 @@
 
 mod lease;
 mod replica;
-#[cfg(test)]
-mod testing;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 

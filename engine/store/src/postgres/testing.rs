@@ -18,7 +18,7 @@ use std::{
 const PORT: u16 = 5432;
 const INSTALL: &str = "install postgresql (apt-get install postgresql)";
 
-pub(crate) struct PgCluster {
+pub struct PgCluster {
     dir: tempfile::TempDir,
     bin: PathBuf,
     /// (uid, gid) of the `postgres` user when we are root.
@@ -66,7 +66,7 @@ fn run_as() -> Option<(u32, u32)> {
 
 impl PgCluster {
     /// Creates and starts a server; panics (never skips) when PostgreSQL is not installed.
-    pub(crate) fn start() -> PgCluster {
+    pub fn start() -> PgCluster {
         let bin = find_bin();
         let user = run_as();
         let dir = tempfile::Builder::new().prefix("gitplane-pg-").tempdir().expect("creating a temp dir");
@@ -95,24 +95,24 @@ impl PgCluster {
         self.dir.path().join("data")
     }
 
-    pub(crate) fn socket(&self) -> PathBuf {
+    pub fn socket(&self) -> PathBuf {
         self.dir.path().join("socket")
     }
 
     /// Options for `database` over the private socket.
-    pub(crate) fn options(&self, database: &str) -> PgConnectOptions {
+    pub fn options(&self, database: &str) -> PgConnectOptions {
         PgConnectOptions::new_without_pgpass().socket(self.socket()).port(PORT).username("postgres").database(database)
     }
 
     /// The URL of `database` over the private socket.
-    pub(crate) fn url(&self, database: &str) -> String {
+    pub fn url(&self, database: &str) -> String {
         format!("postgres://postgres@localhost:{PORT}/{database}?host={}", self.socket().display())
     }
 
     /// The cluster's `postgres` database, emptied: every table, sequence and migration record
     /// dropped. Cheaper than `CREATE DATABASE`, which copies a template whose files a `fast`
     /// shutdown must then flush (seconds per database on a busy disk).
-    pub(crate) async fn empty_database(&self) -> PgConnectOptions {
+    pub async fn empty_database(&self) -> PgConnectOptions {
         let options = self.options("postgres");
         let mut conn = PgConnection::connect_with(&options).await.expect("connecting to the test server");
         sqlx::raw_sql("DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
