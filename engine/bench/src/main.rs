@@ -54,6 +54,10 @@ struct StoreArgs {
     /// gRPC connections of the load generator, for every system.
     #[arg(long, default_value_t = 16)]
     connections: usize,
+    /// An extra argument for every `gitplane server` (repeat it), e.g.
+    /// `--server-arg=--election-timeout-max-ms=500`: to try settings, not for the headline table.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    server_args: Vec<String>,
     /// The `gitplane` binary (default: next to this one).
     #[arg(long)]
     gitplane: Option<PathBuf>,
@@ -166,7 +170,7 @@ async fn store(s: &Settings) -> Result<()> {
     let mut rows = Vec::new();
     let mut results = Results::default();
     if s.wants("write/gitplane-sqlite-1") {
-        let cluster = Gitplane::start(&s.gitplane, 1, &[]).await?;
+        let cluster = Gitplane::start(&s.gitplane, 1, &s.args.server_args).await?;
         let addr = cluster.addrs[&1];
         results.gp1 = write_rows(s, "gitplane, SQLite, 1 replica", Api::Gitplane, &[addr], &cluster.pids()).await?;
     }
@@ -181,7 +185,7 @@ async fn store(s: &Settings) -> Result<()> {
     let (gp3_leader, gp3_follower) =
         (s.wants("write/gitplane-sqlite-3"), s.wants("write/gitplane-sqlite-3-via-follower"));
     if gp3_leader || gp3_follower {
-        let cluster = Gitplane::start(&s.gitplane, 3, &[]).await?;
+        let cluster = Gitplane::start(&s.gitplane, 3, &s.args.server_args).await?;
         let leader = cluster.wait_ready_leader().await?;
         if gp3_leader {
             let system = format!("gitplane, SQLite, 3 replicas, to the leader (replica {leader})");
@@ -215,7 +219,7 @@ async fn store(s: &Settings) -> Result<()> {
     let mut failovers = (None, None);
     if s.wants("failover/gitplane-sqlite-3") {
         eprintln!("failover: gitplane, SQLite, 3 replicas ({} rounds)", s.failover_rounds);
-        let mut cluster = Gitplane::start(&s.gitplane, 3, &[]).await?;
+        let mut cluster = Gitplane::start(&s.gitplane, 3, &s.args.server_args).await?;
         failovers.0 = Some(failover::run(&mut cluster, s.failover_rounds, 16, s.args.connections).await?);
     }
     if s.wants("failover/etcd-3") {
@@ -256,7 +260,7 @@ async fn store(s: &Settings) -> Result<()> {
         let api = if id.contains("etcd") { Api::Etcd } else { Api::Gitplane };
         let (result, system) = match api {
             Api::Gitplane => {
-                let cluster = Gitplane::start(&s.gitplane, replicas, &[]).await?;
+                let cluster = Gitplane::start(&s.gitplane, replicas, &s.args.server_args).await?;
                 let leader = cluster.wait_ready_leader().await?;
                 let on = cluster.ids().into_iter().find(|i| *i != leader).unwrap_or(leader);
                 let system = if replicas == 1 {
@@ -341,7 +345,7 @@ async fn measure(
     clients: usize,
     pids: &[u32],
 ) -> Result<Measured> {
-    eprintln!("write: {system}, {clients} clients over {} connections", s.args.connections);
+    eprintln!("write: {system}, {clients} client(s) over {} connections", s.args.connections);
     let channels = load::connections(addrs, s.args.connections).await?;
     // Names never repeat within a run, whichever rows share a cluster.
     static MEASUREMENTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -395,7 +399,8 @@ async fn postgres_rows(s: &Settings) -> Result<Option<std::result::Result<Vec<(u
             return Ok(Some(Err(format!("PostgreSQL did not start: {e}"))));
         }
     };
-    let args = ["--store".to_owned(), "postgres".to_owned(), "--postgres-url".to_owned(), postgres.url.clone()];
+    let mut args = vec!["--store".to_owned(), "postgres".to_owned(), "--postgres-url".to_owned(), postgres.url.clone()];
+    args.extend(s.args.server_args.iter().cloned());
     let cluster = Gitplane::start(&s.gitplane, 1, &args).await?;
     // The server CPU includes PostgreSQL's (its backends are the postmaster's children).
     let mut pids = cluster.pids();
@@ -429,7 +434,7 @@ fn write_table_rows(r: &Results, rows: &mut Vec<Row>) {
             rows.push(Row {
                 benchmark: "writes",
                 system: system.to_owned(),
-                load: format!("{clients} clients"),
+                load: format!("{clients} client{}", if *clients == 1 { "" } else { "s" }),
                 throughput: Some(m.writes_per_second),
                 p50: m.latencies.quantile(0.5),
                 p99: m.latencies.quantile(0.99),

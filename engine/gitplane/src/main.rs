@@ -1,18 +1,6 @@
 //! `gitplane`: the control plane and its command line.
 
-mod apiserver;
-mod bootstrap;
-mod controlplane;
-mod githttp;
-mod mirror;
-mod nodeservice;
-mod offline;
-mod replica;
-mod server;
-mod source;
-mod table;
-mod up;
-mod webhook;
+use gitplane::{offline, server, up};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};

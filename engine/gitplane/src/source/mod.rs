@@ -10,7 +10,7 @@
 //! says so. An Application with `dependsOn` waits until those are synced and healthy; its
 //! health ([`health`]) is the worst of its objects'.
 
-mod apply;
+pub mod apply;
 mod health;
 
 use crate::{

@@ -1,0 +1,16 @@
+//! The gitplane control plane as a library: what the `gitplane` binary runs, and the pure cores
+//! (the source's plan, health) that benchmarks drive directly.
+
+mod apiserver;
+mod bootstrap;
+mod controlplane;
+mod githttp;
+mod mirror;
+mod nodeservice;
+pub mod offline;
+mod replica;
+pub mod server;
+pub mod source;
+mod table;
+pub mod up;
+mod webhook;
