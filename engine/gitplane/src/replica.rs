@@ -3,7 +3,7 @@
 
 use crate::{apiserver, controlplane, githttp, mirror::Mirrors, nodeservice::NodeService, webhook};
 use anyhow::Context as _;
-use axum::{Json, routing::get};
+use axum::{Json, routing::get, serve::ListenerExt};
 use gitplane_store::{
     Store,
     postgres::PostgresReplica,
@@ -177,6 +177,10 @@ impl Replica {
                 }),
             );
         let mut tasks = vec![tokio::spawn(async move {
+            // Without TCP_NODELAY every small answer waits for the peer's delayed ACK (~40 ms).
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(error = %e, "the API server stopped");
             }

@@ -28,9 +28,9 @@ pub struct ServerArgs {
     /// Raft heartbeat, and the range of election timeouts, in milliseconds.
     #[arg(long, default_value_t = 100)]
     heartbeat_ms: u64,
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = 300)]
     election_timeout_min_ms: u64,
-    #[arg(long, default_value_t = 800)]
+    #[arg(long, default_value_t = 500)]
     election_timeout_max_ms: u64,
     /// Take a Raft snapshot every this many log entries, keeping this many behind it.
     #[arg(long, default_value_t = 20_000)]

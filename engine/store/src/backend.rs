@@ -1,5 +1,5 @@
 //! The parts of a SQL backend that do not depend on the database: how a batch of transactions
-//! is applied op by op (a savepoint each), how a list is paged under a label selector, what a
+//! is staged and applied (one read and one write per batch), how a list is paged under a label selector, what a
 //! continue token holds, and how a watch follows the `events` history. Each backend supplies only
 //! its SQL through the small traits here ([`TxnWriter`], [`ListSource`], [`EventLog`]), so the
 //! SQLite and Postgres stores cannot drift apart in behaviour.
@@ -13,7 +13,7 @@ use serde_json::Value;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use std::{
     borrow::Cow,
-    collections::VecDeque,
+    collections::{BTreeMap, HashMap, VecDeque},
     future::Future,
     sync::Arc,
     time::{Duration, Instant},
@@ -55,95 +55,179 @@ pub(crate) fn parse(key: &ObjectKey, text: &str) -> Result<Value> {
 // Writes
 // ---------------------------------------------------------------------------------------------
 
-/// The statements a backend runs inside its open write transaction.
+/// The final state of one object after a batch: its revision and JSON, or gone.
+pub(crate) struct ObjectWrite {
+    pub key: ObjectKey,
+    pub revision: Revision,
+    /// `None`: deleted.
+    pub value: Option<String>,
+}
+
+/// One entry of the history.
+pub(crate) struct EventWrite {
+    pub revision: Revision,
+    pub seq: i64,
+    pub event_type: EventType,
+    pub key: ObjectKey,
+    pub value: String,
+}
+
+/// The statements a backend runs inside its open write transaction: one read of every object a
+/// batch touches, then one write of the outcome. Statements per batch, not per transaction,
+/// are what make group commit pay (each statement is a round trip to the database driver).
 pub(crate) trait TxnWriter: Send {
-    /// Runs a statement without parameters; used for `SAVEPOINT txn`, `RELEASE txn` and
-    /// `ROLLBACK TO txn`, which SQLite and Postgres spell the same.
-    fn execute(&mut self, sql: &'static str) -> impl Future<Output = Result<()>> + Send;
-    /// The stored object at `key`.
-    fn current(&mut self, key: &ObjectKey) -> impl Future<Output = Result<Option<Value>>> + Send;
-    /// Inserts or replaces the object at `key`.
-    fn put(&mut self, key: &ObjectKey, revision: Revision, value: &str) -> impl Future<Output = Result<()>> + Send;
-    /// Removes the object at `key`.
-    fn remove(&mut self, key: &ObjectKey) -> impl Future<Output = Result<()>> + Send;
-    /// Appends one event to the history.
-    fn record(
-        &mut self,
-        revision: Revision,
-        seq: i64,
-        event_type: EventType,
-        key: &ObjectKey,
-        value: &str,
-    ) -> impl Future<Output = Result<()>> + Send;
+    /// The stored objects among `keys` (absent ones are missing from the answer).
+    fn current_many(&mut self, keys: &[ObjectKey]) -> impl Future<Output = Result<HashMap<ObjectKey, Value>>> + Send;
+    /// Writes the final state of every changed object and appends the events.
+    fn write(&mut self, objects: &[ObjectWrite], events: &[EventWrite]) -> impl Future<Output = Result<()>> + Send;
     /// Refuses keys the database cannot store. Everything by default.
     fn admit(&self, _key: &ObjectKey) -> Result<(), Rejection> {
         Ok(())
     }
 }
 
-/// Applies transactions in order inside the caller's open database transaction, a savepoint
-/// each, the first at `revision + 1`. Returns each outcome and the revision of the last commit.
-pub(crate) async fn apply_txns<W: TxnWriter>(
-    writer: &mut W,
-    txns: &[Txn],
-    mut revision: Revision,
-) -> Result<(Vec<Result<Committed, Rejection>>, Revision)> {
+/// Applies transactions in order inside the caller's open database transaction, the first at
+/// `revision + 1`: each commits under its own revision or is refused without effect. They are
+/// staged in memory against the objects read once for the whole batch, so a refused transaction
+/// simply leaves nothing behind. Returns each outcome and the revision of the last commit.
+pub(crate) async fn apply_txns<W: TxnWriter>(writer: &mut W, txns: &[Txn], mut revision: Revision) -> Result<Applied> {
+    let mut keys: Vec<ObjectKey> = txns.iter().flat_map(|t| &t.ops).filter_map(|op| op.key().ok()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.retain(|k| writer.admit(k).is_ok());
+    let mut found = writer.current_many(&keys).await?;
+    let mut state: HashMap<ObjectKey, Option<Value>> = keys
+        .into_iter()
+        .map(|k| {
+            let v = found.remove(&k);
+            (k, v)
+        })
+        .collect();
+    let mut objects: BTreeMap<ObjectKey, ObjectWrite> = BTreeMap::new();
+    let mut events = Vec::new();
+    let mut watched = Vec::new();
     let mut results = Vec::with_capacity(txns.len());
     for txn in txns {
-        writer.execute("SAVEPOINT txn").await?;
-        match apply_one(writer, txn, revision + 1).await? {
-            Applied::Committed(c) => {
-                writer.execute("RELEASE txn").await?;
-                if !c.objects.is_empty() {
-                    revision += 1;
+        match stage_txn(writer, txn, revision + 1, &state) {
+            Err(r) => results.push(Err(r)),
+            Ok(staged) if staged.is_empty() => results.push(Ok(Committed { revision, objects: Vec::new() })),
+            Ok(staged) => {
+                revision += 1;
+                let mut committed = Vec::with_capacity(staged.len());
+                for (seq, event_type, key, text, value) in staged {
+                    let gone = event_type == EventType::Deleted;
+                    state.insert(key.clone(), (!gone).then(|| value.clone()));
+                    objects.insert(
+                        key.clone(),
+                        ObjectWrite { key: key.clone(), revision, value: (!gone).then(|| text.clone()) },
+                    );
+                    watched.push((seq, Event { revision, event_type, key: key.clone(), object: value.clone() }));
+                    events.push(EventWrite { revision, seq, event_type, key, value: text });
+                    committed.push(value);
                 }
-                results.push(Ok(c));
-            }
-            Applied::Refused(r) => {
-                writer.execute("ROLLBACK TO txn").await?;
-                writer.execute("RELEASE txn").await?;
-                results.push(Err(r));
+                results.push(Ok(Committed { revision, objects: committed }));
             }
         }
     }
-    Ok((results, revision))
+    if !events.is_empty() {
+        let objects: Vec<ObjectWrite> = objects.into_values().collect();
+        writer.write(&objects, &events).await?;
+    }
+    Ok(Applied { results, revision, events: watched })
 }
 
-/// Outcome of one transaction inside a batch: refused, or committed (the store changed).
-enum Applied {
-    Refused(Rejection),
-    Committed(Committed),
+/// What a batch did: each transaction's outcome, the revision reached, and the events in order
+/// (for the watch cache).
+pub(crate) struct Applied {
+    pub results: Vec<Result<Committed, Rejection>>,
+    pub revision: Revision,
+    pub events: Vec<(i64, Event)>,
 }
 
-/// Applies one transaction at `revision`. A refusal leaves partial writes that the caller rolls
-/// back to its savepoint.
-async fn apply_one<W: TxnWriter>(writer: &mut W, txn: &Txn, revision: Revision) -> Result<Applied> {
-    let mut objects = Vec::with_capacity(txn.ops.len());
+/// The latest events in memory, as kube-apiserver's watch cache: watchers at or past its floor
+/// are served from here, without a query each; the others read the `events` table. It holds
+/// whole revisions: every event of a revision above `floor` is present.
+pub(crate) struct WatchCache {
+    ring: std::sync::RwLock<(VecDeque<(i64, Event)>, Revision)>,
+    capacity: usize,
+}
+
+impl WatchCache {
+    /// Empty, holding everything after `floor` (the revision the store is at).
+    pub(crate) fn new(capacity: usize, floor: Revision) -> Self {
+        WatchCache { ring: std::sync::RwLock::new((VecDeque::new(), floor)), capacity }
+    }
+
+    /// Appends a committed batch's events (before watchers are told of the commit).
+    pub(crate) fn push(&self, events: Vec<(i64, Event)>) {
+        let mut guard = self.ring.write().unwrap_or_else(|e| e.into_inner());
+        let (ring, floor) = &mut *guard;
+        ring.extend(events);
+        while ring.len() > self.capacity {
+            let Some(oldest) = ring.front().map(|(_, e)| e.revision) else { break };
+            while ring.front().is_some_and(|(_, e)| e.revision == oldest) {
+                ring.pop_front();
+            }
+            *floor = oldest;
+        }
+    }
+
+    /// Forgets everything: the store now holds what another copy held (a snapshot).
+    pub(crate) fn reset(&self, floor: Revision) {
+        *self.ring.write().unwrap_or_else(|e| e.into_inner()) = (VecDeque::new(), floor);
+    }
+
+    /// The events after `after`, when the cache holds all of them.
+    pub(crate) fn read(
+        &self,
+        after: (Revision, i64),
+        kinds: Option<&[String]>,
+        limit: i64,
+        latest: Revision,
+    ) -> Option<EventRead> {
+        let guard = self.ring.read().unwrap_or_else(|e| e.into_inner());
+        let (ring, floor) = &*guard;
+        if after.0 < *floor {
+            return None;
+        }
+        let start = ring.partition_point(|(seq, e)| (e.revision, *seq) <= after);
+        let events = ring
+            .range(start..)
+            .filter(|(_, e)| kinds.is_none_or(|k| k.contains(&e.key.kind)))
+            .take(limit.max(1) as usize)
+            .cloned()
+            .collect();
+        Some(EventRead { events, latest })
+    }
+}
+
+type Staged = (i64, EventType, ObjectKey, String, Value);
+
+/// One transaction against the batch's state so far: what it writes, or why it is refused.
+fn stage_txn<W: TxnWriter>(
+    writer: &W,
+    txn: &Txn,
+    revision: Revision,
+    state: &HashMap<ObjectKey, Option<Value>>,
+) -> Result<Vec<Staged>, Rejection> {
+    // This transaction's own writes, seen by its later ops.
+    let mut local: HashMap<ObjectKey, Option<Value>> = HashMap::new();
+    let mut staged = Vec::with_capacity(txn.ops.len());
     let mut uids = txn.uids.iter();
     for (seq, op) in txn.ops.iter().enumerate() {
-        let key = match op.key().and_then(|key| writer.admit(&key).map(|()| key)) {
-            Ok(key) => key,
-            Err(r) => return Ok(Applied::Refused(r)),
+        let key = op.key()?;
+        writer.admit(&key)?;
+        let existing = match local.get(&key) {
+            Some(v) => v.clone(),
+            None => state.get(&key).cloned().flatten(),
         };
-        let existing = writer.current(&key).await?;
-        let (event_type, value) = match stage_op(op, &key, existing, revision, &mut uids, &txn.time) {
-            Ok(staged) => staged,
-            Err(r) => return Ok(Applied::Refused(r)),
-        };
+        let (event_type, value) = stage_op(op, &key, existing, revision, &mut uids, &txn.time)?;
         let text = value.to_string();
-        if let Err(r) = stage::check_size(&key, &text) {
-            return Ok(Applied::Refused(r));
-        }
-        if event_type == EventType::Deleted {
-            writer.remove(&key).await?;
-        } else {
-            writer.put(&key, revision, &text).await?;
-        }
-        writer.record(revision, seq as i64, event_type, &key, &text).await?;
-        objects.push(value);
+        stage::check_size(&key, &text)?;
+        local.insert(key.clone(), (event_type != EventType::Deleted).then(|| value.clone()));
+        staged.push((seq as i64, event_type, key, text, value));
     }
-    let revision = if objects.is_empty() { revision - 1 } else { revision };
-    Ok(Applied::Committed(Committed { revision, objects }))
+    Ok(staged)
 }
 
 fn check_revision(key: &ObjectKey, expected: Option<Revision>, old: &Value) -> Result<(), Rejection> {
@@ -491,5 +575,33 @@ mod tests {
         for bad in ["zz", "abc", "00", &"ab".repeat(3000)] {
             assert!(matches!(decode_token(bad), Err(StoreError::BadRequest(_))), "{bad}");
         }
+    }
+}
+
+#[cfg(test)]
+mod watch_cache_tests {
+    use super::*;
+
+    fn event(revision: Revision, kind: &str) -> Event {
+        Event { revision, event_type: EventType::Added, key: ObjectKey::new(kind, "ns", "x"), object: Value::Null }
+    }
+
+    #[test]
+    fn serves_what_it_holds_and_evicts_whole_revisions() {
+        let cache = WatchCache::new(3, 10);
+        assert!(cache.read((9, i64::MAX), None, 100, 10).is_none(), "before the floor: read the table");
+        cache.push(vec![(0, event(11, "Pod")), (1, event(11, "ConfigMap"))]);
+        cache.push(vec![(0, event(12, "Pod"))]);
+        let all = cache.read((10, i64::MAX), None, 100, 12).unwrap();
+        assert_eq!(all.events.iter().map(|(s, e)| (e.revision, *s)).collect::<Vec<_>>(), [(11, 0), (11, 1), (12, 0)]);
+        let mid = cache.read((11, 0), Some(&["ConfigMap".to_owned()]), 100, 12).unwrap();
+        assert_eq!(mid.events.len(), 1);
+        // A fourth event evicts all of revision 11, not half of it.
+        cache.push(vec![(0, event(13, "Pod"))]);
+        assert!(cache.read((10, i64::MAX), None, 100, 13).is_none());
+        let rest = cache.read((11, i64::MAX), None, 1, 13).unwrap();
+        assert_eq!(rest.events.iter().map(|(_, e)| e.revision).collect::<Vec<_>>(), [12], "limit applies");
+        cache.reset(20);
+        assert!(cache.read((13, i64::MAX), None, 100, 20).is_none());
     }
 }

@@ -13,18 +13,20 @@
 //! watch follows the history is `backend`'s, shared with the Postgres store.
 
 use crate::{
-    Committed, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn,
-    WatchOptions, WatchStream,
+    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn, WatchOptions,
+    WatchStream,
     backend::{
-        self, EventLog, EventRead, EventRow, ListRequest, ListSource, MAX_BATCH, TxnWriter, migrator as embedded, parse,
+        self, EventLog, EventRead, EventRow, EventWrite, ListRequest, ListSource, MAX_BATCH, ObjectWrite, TxnWriter,
+        migrator as embedded, parse,
     },
 };
 use serde_json::Value;
 use sqlx::{
-    Sqlite, SqliteConnection, SqlitePool,
+    QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool,
     migrate::Migrator,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
+use std::collections::HashMap;
 use std::{
     path::Path,
     sync::{
@@ -40,6 +42,7 @@ fn migrator() -> Migrator {
         &[
             (1, "objects", include_str!("../migrations/sqlite/0001_objects.sql")),
             (2, "events by key", include_str!("../migrations/sqlite/0002_events_by_key.sql")),
+            (3, "rowid tables", include_str!("../migrations/sqlite/0003_rowid_tables.sql")),
         ],
         false,
     )
@@ -67,7 +70,11 @@ struct Inner {
     revision: AtomicI64,
     compacted: AtomicI64,
     committed: watch::Sender<Revision>,
+    cache: backend::WatchCache,
 }
+
+/// Events the watch cache holds.
+const WATCH_CACHE: usize = 8192;
 
 impl SqliteStore {
     /// Opens (creating if absent) the database file. A file that exists but is not a valid
@@ -82,8 +89,12 @@ impl SqliteStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(synchronous)
-            .busy_timeout(Duration::from_secs(10));
-        Self::connect(options, 4).await
+            .busy_timeout(Duration::from_secs(10))
+            // Checkpoints run in the background, not inside a writer's COMMIT.
+            .pragma("wal_autocheckpoint", "0");
+        let store = Self::connect(options, 4).await?;
+        tokio::spawn(checkpoint(Arc::downgrade(&store.inner)));
+        Ok(store)
     }
 
     /// A private in-memory store, for tests.
@@ -108,6 +119,7 @@ impl SqliteStore {
             revision: AtomicI64::new(revision),
             compacted: AtomicI64::new(compacted),
             committed,
+            cache: backend::WatchCache::new(WATCH_CACHE, revision),
         });
         let (writer, queue) = mpsc::channel(MAX_BATCH);
         tokio::spawn(write_loop(inner.clone(), queue));
@@ -163,9 +175,23 @@ impl SqliteStore {
         copied?;
         let revision = meta(&self.inner.pool, "revision").await?;
         self.inner.compacted.store(meta(&self.inner.pool, "compacted").await?, Ordering::SeqCst);
+        self.inner.cache.reset(revision);
         self.inner.revision.store(revision, Ordering::SeqCst);
         self.inner.committed.send_replace(revision);
         Ok(())
+    }
+}
+
+/// Copies the WAL into the database every second while the store lives; a PASSIVE checkpoint
+/// never waits for readers or writers.
+async fn checkpoint(inner: std::sync::Weak<Inner>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&inner.pool).await {
+            tracing::warn!(error = %e, "checkpointing the store's WAL failed");
+        }
     }
 }
 
@@ -214,19 +240,21 @@ impl Inner {
         let mut conn = self.pool.acquire().await?;
         sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
         let result = async {
-            let results;
-            (results, revision) = backend::apply_txns(&mut *conn, txns, revision).await?;
+            let applied = backend::apply_txns(&mut *conn, txns, revision).await?;
+            revision = applied.revision;
             sqlx::query("UPDATE meta SET value = ? WHERE key = 'revision'").bind(revision).execute(&mut *conn).await?;
             after(&mut conn).await?;
             sqlx::query("COMMIT").execute(&mut *conn).await?;
-            Ok::<_, StoreError>(results)
+            Ok::<_, StoreError>(applied)
         }
         .await;
         match result {
-            Ok(results) => {
+            Ok(applied) => {
+                // The cache first, then the news: a woken watcher finds the events in memory.
+                self.cache.push(applied.events);
                 self.revision.store(revision, Ordering::SeqCst);
                 self.committed.send_replace(revision);
-                Ok(results)
+                Ok(applied.results)
             }
             Err(e) => {
                 let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
@@ -237,58 +265,70 @@ impl Inner {
 }
 
 /// The writes of a transaction, in SQLite's SQL (inside the open SQLite transaction).
+/// Rows per multi-row statement: SQLite allows 32,766 bound parameters.
+const ROWS_PER_STATEMENT: usize = 500;
+
 impl TxnWriter for SqliteConnection {
-    async fn execute(&mut self, sql: &'static str) -> Result<()> {
-        sqlx::query(sql).execute(self).await?;
-        Ok(())
+    async fn current_many(&mut self, keys: &[ObjectKey]) -> Result<HashMap<ObjectKey, Value>> {
+        let mut found = HashMap::with_capacity(keys.len());
+        for chunk in keys.chunks(ROWS_PER_STATEMENT) {
+            let mut query = QueryBuilder::<Sqlite>::new(
+                "SELECT kind, namespace, name, value FROM objects WHERE (kind, namespace, name) IN (VALUES ",
+            );
+            let mut row = query.separated(", ");
+            for key in chunk {
+                row.push("(").push_bind_unseparated(&key.kind).push_bind(&key.namespace).push_bind(&key.name);
+                row.push_unseparated(")");
+            }
+            query.push(")");
+            for r in query.build().fetch_all(&mut *self).await? {
+                let key = ObjectKey::new(r.get::<String, _>(0), r.get::<String, _>(1), r.get::<String, _>(2));
+                let value = parse(&key, r.get(3))?;
+                found.insert(key, value);
+            }
+        }
+        Ok(found)
     }
 
-    async fn current(&mut self, key: &ObjectKey) -> Result<Option<Value>> {
-        current(self, key).await
-    }
-
-    async fn put(&mut self, key: &ObjectKey, revision: Revision, value: &str) -> Result<()> {
-        sqlx::query("INSERT OR REPLACE INTO objects (kind, namespace, name, revision, value) VALUES (?, ?, ?, ?, ?)")
-            .bind(&key.kind)
-            .bind(&key.namespace)
-            .bind(&key.name)
-            .bind(revision)
-            .bind(value)
-            .execute(self)
-            .await?;
-        Ok(())
-    }
-
-    async fn remove(&mut self, key: &ObjectKey) -> Result<()> {
-        sqlx::query("DELETE FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
-            .bind(&key.kind)
-            .bind(&key.namespace)
-            .bind(&key.name)
-            .execute(self)
-            .await?;
-        Ok(())
-    }
-
-    async fn record(
-        &mut self,
-        revision: Revision,
-        seq: i64,
-        event_type: EventType,
-        key: &ObjectKey,
-        value: &str,
-    ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO events (revision, seq, type, kind, namespace, name, value) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(revision)
-        .bind(seq)
-        .bind(event_type.code())
-        .bind(&key.kind)
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(value)
-        .execute(self)
-        .await?;
+    async fn write(&mut self, objects: &[ObjectWrite], events: &[EventWrite]) -> Result<()> {
+        let (puts, removes): (Vec<&ObjectWrite>, Vec<&ObjectWrite>) = objects.iter().partition(|o| o.value.is_some());
+        for chunk in puts.chunks(ROWS_PER_STATEMENT) {
+            let mut query =
+                QueryBuilder::<Sqlite>::new("INSERT OR REPLACE INTO objects (kind, namespace, name, revision, value) ");
+            query.push_values(chunk, |mut row, o| {
+                row.push_bind(&o.key.kind)
+                    .push_bind(&o.key.namespace)
+                    .push_bind(&o.key.name)
+                    .push_bind(o.revision)
+                    .push_bind(o.value.as_deref());
+            });
+            query.build().execute(&mut *self).await?;
+        }
+        for chunk in removes.chunks(ROWS_PER_STATEMENT) {
+            let mut query =
+                QueryBuilder::<Sqlite>::new("DELETE FROM objects WHERE (kind, namespace, name) IN (VALUES ");
+            let mut row = query.separated(", ");
+            for o in chunk {
+                row.push("(").push_bind_unseparated(&o.key.kind).push_bind(&o.key.namespace).push_bind(&o.key.name);
+                row.push_unseparated(")");
+            }
+            query.push(")");
+            query.build().execute(&mut *self).await?;
+        }
+        for chunk in events.chunks(ROWS_PER_STATEMENT / 2) {
+            let mut query =
+                QueryBuilder::<Sqlite>::new("INSERT INTO events (revision, seq, type, kind, namespace, name, value) ");
+            query.push_values(chunk, |mut row, e| {
+                row.push_bind(e.revision)
+                    .push_bind(e.seq)
+                    .push_bind(e.event_type.code())
+                    .push_bind(&e.key.kind)
+                    .push_bind(&e.key.namespace)
+                    .push_bind(&e.key.name)
+                    .push_bind(&e.value);
+            });
+            query.build().execute(&mut *self).await?;
+        }
         Ok(())
     }
 }
@@ -411,14 +451,18 @@ impl EventLog for Inner {
         self.check_compacted(after.0)?;
         // Known committed before the query starts, so the query sees every event up to it.
         let latest = *self.committed.borrow();
+        if let Some(read) = self.cache.read(after, kinds, limit, latest) {
+            return Ok(read);
+        }
         let (revision, seq) = after;
         let filter = match kinds {
-            Some(kinds) => format!(" AND kind IN ({})", vec!["?"; kinds.len()].join(", ")),
+            // `+kind`: keep SQLite on the (revision, seq) key, not the by-object index.
+            Some(kinds) => format!(" AND +kind IN ({})", vec!["?"; kinds.len()].join(", ")),
             None => String::new(),
         };
         let sql = format!(
             "SELECT revision, seq, type, kind, namespace, name, value FROM events \
-             WHERE (revision > ? OR (revision = ? AND seq > ?)){filter} ORDER BY revision, seq LIMIT ?"
+             WHERE revision >= ? AND (revision > ? OR seq > ?){filter} ORDER BY revision, seq LIMIT ?"
         );
         let mut query = sqlx::query_as::<Sqlite, EventRow>(&sql).bind(revision).bind(revision).bind(seq);
         for kind in kinds.into_iter().flatten() {

@@ -52,16 +52,20 @@ pub use lease::{Fence, LeaderLease, LeaseState};
 pub use replica::PostgresReplica;
 
 use crate::{
-    Committed, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn,
-    WatchOptions, WatchStream,
-    backend::{self, EventLog, EventRead, EventRow, ListRequest, ListSource, MAX_BATCH, TxnWriter, parse},
+    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn, WatchOptions,
+    WatchStream,
+    backend::{
+        self, EventLog, EventRead, EventRow, EventWrite, ListRequest, ListSource, MAX_BATCH, ObjectWrite, TxnWriter,
+        parse,
+    },
 };
 use serde_json::Value;
 use sqlx::{
-    Connection, PgConnection, PgPool,
+    Connection, PgConnection, PgPool, Row,
     migrate::Migrator,
     postgres::{PgConnectOptions, PgListener, PgPoolOptions},
 };
+use std::collections::HashMap;
 use std::{sync::Arc, time::Duration};
 use tokio::{
     sync::{mpsc, oneshot, watch},
@@ -304,7 +308,7 @@ impl Inner {
         }
         let start: Revision =
             sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision' FOR UPDATE").fetch_one(&mut *tx).await?;
-        let (results, revision) = backend::apply_txns(&mut *tx, txns, start).await?;
+        let backend::Applied { results, revision, .. } = backend::apply_txns(&mut *tx, txns, start).await?;
         if revision != start {
             sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'").bind(revision).execute(&mut *tx).await?;
             // Delivered at commit, to every listening replica.
@@ -329,60 +333,71 @@ async fn current(conn: &mut PgConnection, key: &ObjectKey) -> Result<Option<Valu
 
 /// The writes of a transaction, in Postgres' SQL (inside the open Postgres transaction).
 impl TxnWriter for PgConnection {
-    async fn execute(&mut self, sql: &'static str) -> Result<()> {
-        // A plain string runs unprepared (simple protocol): nothing to cache for a savepoint.
-        sqlx::Executor::execute(self, sql).await?;
-        Ok(())
-    }
-
-    async fn current(&mut self, key: &ObjectKey) -> Result<Option<Value>> {
-        current(self, key).await
-    }
-
-    async fn put(&mut self, key: &ObjectKey, revision: Revision, value: &str) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO objects (kind, namespace, name, revision, value) VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT (kind, namespace, name) DO UPDATE SET revision = EXCLUDED.revision, value = EXCLUDED.value",
+    async fn current_many(&mut self, keys: &[ObjectKey]) -> Result<HashMap<ObjectKey, Value>> {
+        let (kinds, namespaces, names) = columns(keys.iter());
+        let rows = sqlx::query(
+            "SELECT o.kind, o.namespace, o.name, o.value FROM objects o
+             JOIN UNNEST($1::text[], $2::text[], $3::text[]) AS k(kind, namespace, name)
+               ON o.kind = k.kind AND o.namespace = k.namespace AND o.name = k.name",
         )
-        .bind(&key.kind)
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(revision)
-        .bind(value)
-        .execute(self)
+        .bind(kinds)
+        .bind(namespaces)
+        .bind(names)
+        .fetch_all(&mut *self)
         .await?;
-        Ok(())
+        let mut found = HashMap::with_capacity(rows.len());
+        for r in rows {
+            let key = ObjectKey::new(r.get::<String, _>(0), r.get::<String, _>(1), r.get::<String, _>(2));
+            let value = parse(&key, r.get(3))?;
+            found.insert(key, value);
+        }
+        Ok(found)
     }
 
-    async fn remove(&mut self, key: &ObjectKey) -> Result<()> {
-        sqlx::query("DELETE FROM objects WHERE kind = $1 AND namespace = $2 AND name = $3")
-            .bind(&key.kind)
-            .bind(&key.namespace)
-            .bind(&key.name)
-            .execute(self)
+    async fn write(&mut self, objects: &[ObjectWrite], events: &[EventWrite]) -> Result<()> {
+        let (puts, removes): (Vec<&ObjectWrite>, Vec<&ObjectWrite>) = objects.iter().partition(|o| o.value.is_some());
+        if !puts.is_empty() {
+            let (kinds, namespaces, names) = columns(puts.iter().map(|o| &o.key));
+            let revisions: Vec<i64> = puts.iter().map(|o| o.revision).collect();
+            let values: Vec<&str> = puts.iter().map(|o| o.value.as_deref().unwrap_or("")).collect();
+            sqlx::query(
+                "INSERT INTO objects (kind, namespace, name, revision, value)
+                 SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])
+                 ON CONFLICT (kind, namespace, name) DO UPDATE SET revision = EXCLUDED.revision, value = EXCLUDED.value",
+            )
+            .bind(kinds)
+            .bind(namespaces)
+            .bind(names)
+            .bind(revisions)
+            .bind(values)
+            .execute(&mut *self)
             .await?;
-        Ok(())
-    }
-
-    async fn record(
-        &mut self,
-        revision: Revision,
-        seq: i64,
-        event_type: EventType,
-        key: &ObjectKey,
-        value: &str,
-    ) -> Result<()> {
+        }
+        if !removes.is_empty() {
+            let (kinds, namespaces, names) = columns(removes.iter().map(|o| &o.key));
+            sqlx::query(
+                "DELETE FROM objects o USING UNNEST($1::text[], $2::text[], $3::text[]) AS k(kind, namespace, name)
+                 WHERE o.kind = k.kind AND o.namespace = k.namespace AND o.name = k.name",
+            )
+            .bind(kinds)
+            .bind(namespaces)
+            .bind(names)
+            .execute(&mut *self)
+            .await?;
+        }
+        let (kinds, namespaces, names) = columns(events.iter().map(|e| &e.key));
         sqlx::query(
-            "INSERT INTO events (revision, seq, type, kind, namespace, name, value) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO events (revision, seq, type, kind, namespace, name, value)
+             SELECT * FROM UNNEST($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[])",
         )
-        .bind(revision)
-        .bind(seq)
-        .bind(event_type.code())
-        .bind(&key.kind)
-        .bind(&key.namespace)
-        .bind(&key.name)
-        .bind(value)
-        .execute(self)
+        .bind(events.iter().map(|e| e.revision).collect::<Vec<i64>>())
+        .bind(events.iter().map(|e| e.seq).collect::<Vec<i64>>())
+        .bind(events.iter().map(|e| e.event_type.code()).collect::<Vec<i64>>())
+        .bind(kinds)
+        .bind(namespaces)
+        .bind(names)
+        .bind(events.iter().map(|e| e.value.as_str()).collect::<Vec<&str>>())
+        .execute(&mut *self)
         .await?;
         Ok(())
     }
@@ -395,6 +410,17 @@ impl TxnWriter for PgConnection {
         }
         Ok(())
     }
+}
+
+/// The key columns of some objects, as arrays for `UNNEST`.
+fn columns<'a>(keys: impl Iterator<Item = &'a ObjectKey>) -> (Vec<&'a str>, Vec<&'a str>, Vec<&'a str>) {
+    let mut columns = (Vec::new(), Vec::new(), Vec::new());
+    for key in keys {
+        columns.0.push(key.kind.as_str());
+        columns.1.push(key.namespace.as_str());
+        columns.2.push(key.name.as_str());
+    }
+    columns
 }
 
 /// A list's reads, in Postgres' SQL (inside one REPEATABLE READ snapshot).

@@ -116,7 +116,7 @@ async fn the_poll_finds_commits_whose_notification_was_lost() {
         .fetch_one(&mut *tx)
         .await
         .unwrap();
-    let (results, revision) = backend::apply_txns(&mut *tx, &[txn], start).await.unwrap();
+    let backend::Applied { results, revision, .. } = backend::apply_txns(&mut *tx, &[txn], start).await.unwrap();
     assert!(results[0].is_ok());
     sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'").bind(revision).execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();

@@ -79,7 +79,9 @@ impl ReplicaConfig {
             peers,
             dir,
             heartbeat: Duration::from_millis(100),
-            election_timeout: (Duration::from_millis(400), Duration::from_millis(800)),
+            // openraft 0.9 followers wait out election_timeout_max as a leader lease, then their own
+            // random timeout: failover takes about max + a random draw in [min, max).
+            election_timeout: (Duration::from_millis(300), Duration::from_millis(500)),
             snapshot_every: 20_000,
             logs_to_keep: 5_000,
         }
@@ -218,14 +220,18 @@ async fn propose(raft: Raft<TypeConfig>, mut queue: mpsc::Receiver<(Vec<Op>, one
         let (ops, replies): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
         let txns = ops.into_iter().map(Txn::new).collect();
         let raft = raft.clone();
+        let idle = in_flight.clone();
         tokio::spawn(async move {
             let outcome = raft.client_write(Batch(txns)).await;
             drop(permit);
             match outcome {
                 Ok(response) => {
-                    // Followers learn the new commit index now, not at the next heartbeat: a write
-                    // they forwarded, and a read index they wait for, complete a heartbeat sooner.
-                    let _ = raft.trigger().heartbeat().await;
+                    // When no other entry is in flight to carry it, send the new commit index to
+                    // the followers now rather than at the next heartbeat: a write they forwarded,
+                    // and a read index they wait for, complete a heartbeat sooner.
+                    if idle.available_permits() == MAX_IN_FLIGHT {
+                        let _ = raft.trigger().heartbeat().await;
+                    }
                     for (result, reply) in response.data.0.into_iter().zip(replies) {
                         let _ = reply.send(result.map_err(StoreError::from));
                     }
