@@ -1,13 +1,15 @@
 //! `gitplane-bench`: benchmarks that print ratios against a baseline measured in the same run.
 //!
 //! `gitplane-bench store` compares gitplane's store with etcd, driven by one load generator:
-//! write throughput and latency, leader failover, and watch fan-out. Progress goes to stderr, one
-//! Markdown table to stdout.
+//! write throughput and latency, leader failover, and watch fan-out. `gitplane-bench source`
+//! measures the GitOps source against the bare YAML parse and `kubectl kustomize`. Progress goes
+//! to stderr, one Markdown table to stdout.
 
 mod etcd;
 mod failover;
 mod load;
 mod procs;
+mod source;
 mod watch;
 
 use anyhow::{Context as _, Result, bail};
@@ -27,6 +29,12 @@ struct Cli {
 enum Command {
     /// The store against etcd: writes, failover, watch fan-out. Prints one Markdown table.
     Store(StoreArgs),
+    /// The GitOps source against the bare YAML parse and `kubectl kustomize`, and push-to-applied
+    /// through a server. Prints one Markdown table.
+    Source(source::SourceArgs),
+    /// One measurement of `source`, in a process of its own (run by `source`).
+    #[command(hide = true)]
+    SourceStep(source::StepArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -120,8 +128,14 @@ impl Settings {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
-    let Command::Store(args) = cli.command;
+    match Cli::parse().command {
+        Command::Store(args) => store_main(args),
+        Command::Source(args) => source::main(args),
+        Command::SourceStep(args) => source::step(args),
+    }
+}
+
+fn store_main(args: StoreArgs) -> Result<()> {
     if args.list {
         for id in ROWS {
             println!("{id}");

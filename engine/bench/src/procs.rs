@@ -220,6 +220,11 @@ impl Gitplane {
         Ok(())
     }
 
+    /// Where the replicas' data directories (`replica-<id>`) and the shared `repos` are.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
     pub fn log_path(&self, id: u64) -> PathBuf {
         log_file(self.dir.path(), &format!("replica-{id}.log"))
     }

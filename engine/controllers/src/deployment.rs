@@ -110,11 +110,7 @@ impl Reconciler for DeploymentController {
         let recreate = spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate");
         let hash = template_hash(&d);
         let owned = |cache: &Cache| -> Vec<ReplicaSet> {
-            cache
-                .list_typed::<ReplicaSet>(Some(&key.namespace))
-                .into_iter()
-                .filter(|rs| is_controlled_by(&rs.metadata, &uid))
-                .collect()
+            cache.list_typed_where::<ReplicaSet>(Some(&key.namespace), |rs| is_controlled_by(rs, &uid))
         };
         let is_new =
             |rs: &ReplicaSet| rs.metadata.labels.as_ref().and_then(|l| l.get(POD_TEMPLATE_HASH)) == Some(&hash);

@@ -14,7 +14,10 @@ pub fn controller_ref(api_version: &str, kind: &str, owner: &ObjectMeta) -> Owne
     }
 }
 
-/// Whether `meta` is controlled by the object with this uid.
-pub fn is_controlled_by(meta: &ObjectMeta, uid: &str) -> bool {
-    meta.owner_references.iter().flatten().any(|r| r.controller == Some(true) && r.uid == uid)
+/// Whether the object (as JSON) is controlled by the object with this uid: a filter before
+/// decoding.
+pub fn is_controlled_by(object: &serde_json::Value, uid: &str) -> bool {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true && r["uid"] == uid))
 }

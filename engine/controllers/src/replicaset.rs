@@ -97,11 +97,7 @@ impl Reconciler for ReplicaSetController {
         let uid = rs.metadata.uid.clone().unwrap_or_default();
         let desired = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let owned = |cache: &Cache| -> Vec<Pod> {
-            cache
-                .list_typed::<Pod>(Some(&key.namespace))
-                .into_iter()
-                .filter(|p| is_controlled_by(&p.metadata, &uid))
-                .collect()
+            cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid))
         };
         let pods = owned(ctx.cache());
         let (mut active, finished): (Vec<Pod>, Vec<Pod>) = pods.into_iter().partition(is_active);

@@ -65,20 +65,37 @@ fn hosted_repo(repos_dir: &Path, name: &str, files: &[(&str, &str)], message: &s
     if path.exists() {
         return Ok(path);
     }
+    // Made under a hidden name (never served) and renamed into place, so a client or the ref
+    // watcher never sees a half-made repository.
+    let staging = tempfile::Builder::new()
+        .prefix(&format!(".{name}.git-"))
+        .tempdir_in(path.parent().unwrap_or(repos_dir))
+        .with_context(|| format!("creating {}", path.display()))?;
+    // As `git init` leaves it, not the temporary directory's 0700.
+    std::fs::set_permissions(staging.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let mut options = git2::RepositoryInitOptions::new();
     options.bare(true).initial_head("main");
-    let repo = git2::Repository::init_opts(&path, &options).with_context(|| format!("creating {}", path.display()))?;
-    if files.is_empty() {
-        return Ok(path);
+    let repo = git2::Repository::init_opts(staging.path(), &options)
+        .with_context(|| format!("creating {}", path.display()))?;
+    if !files.is_empty() {
+        let mut tree = repo.treebuilder(None)?;
+        for (file, content) in files {
+            tree.insert(file, repo.blob(content.as_bytes())?, 0o100644)?;
+        }
+        let tree = repo.find_tree(tree.write()?)?;
+        let signature = git2::Signature::now("gitplane", "gitplane@localhost")?;
+        repo.commit(Some("refs/heads/main"), &signature, &signature, message, &tree, &[])?;
     }
-    let mut tree = repo.treebuilder(None)?;
-    for (file, content) in files {
-        tree.insert(file, repo.blob(content.as_bytes())?, 0o100644)?;
+    drop(repo);
+    match std::fs::rename(staging.path(), &path) {
+        Ok(()) => {
+            let _kept = staging.keep();
+            Ok(path)
+        }
+        // Made by someone else meanwhile: theirs stands, ours is removed with `staging`.
+        Err(_) if path.join("HEAD").is_file() => Ok(path),
+        Err(e) => Err(e).with_context(|| format!("creating {}", path.display())),
     }
-    let tree = repo.find_tree(tree.write()?)?;
-    let signature = git2::Signature::now("gitplane", "gitplane@localhost")?;
-    repo.commit(Some("refs/heads/main"), &signature, &signature, message, &tree, &[])?;
-    Ok(path)
 }
 
 /// The root Application, which applies the Applications of `repos/bootstrap.git`, if absent.

@@ -122,7 +122,9 @@ impl Scheduler {
             .into_iter()
             .map(|n| (n.metadata.name.clone().unwrap_or_default(), NodeInfo::new(n)))
             .collect();
-        for pod in cache.list_typed::<Pod>(None) {
+        // Only Pods bound to a known node count: the others are not decoded at all.
+        let on_a_node = |p: &serde_json::Value| p["spec"]["nodeName"].as_str().is_some_and(|n| nodes.contains_key(n));
+        for pod in cache.list_typed_where::<Pod>(None, on_a_node) {
             if self.assumed.contains_key(&id(&pod)) {
                 continue;
             }
@@ -141,6 +143,9 @@ impl Scheduler {
     }
 
     async fn schedule_pending(&mut self) {
+        // One snapshot per batch, kept current with the Pods this batch binds: a batch of
+        // thousands of Pods must not rebuild it per Pod.
+        let mut nodes: Option<Vec<NodeInfo>> = None;
         while let Some(pod_id) = self.pending.pop_first() {
             if self.assumed.contains_key(&pod_id) {
                 continue;
@@ -150,11 +155,14 @@ impl Scheduler {
                 continue;
             }
             let started = std::time::Instant::now();
-            let nodes = self.snapshot();
-            match self.profile.schedule(&pod, &nodes) {
+            let snapshot = nodes.get_or_insert_with(|| self.snapshot());
+            match self.profile.schedule(&pod, snapshot) {
                 Ok(node) => match self.bind(&pod, &node).await {
                     Ok(()) => {
                         tracing::info!(pod = %format!("{}/{}", pod_id.0, pod_id.1), %node, elapsed = ?started.elapsed(), "bound");
+                        if let Some(info) = nodes.iter_mut().flatten().find(|n| n.name() == node) {
+                            info.add_pod(&pod);
+                        }
                         self.assumed.insert(pod_id, (node, pod));
                     }
                     Err(e) => {

@@ -187,7 +187,9 @@ impl WatchCache {
     ) -> Option<EventRead> {
         let guard = self.ring.read().unwrap_or_else(|e| e.into_inner());
         let (ring, floor) = &*guard;
-        if after.0 < *floor {
+        // A reader part-way through the floor revision (paging a large transaction) needs the
+        // rest of it, which is gone: the table has it.
+        if after.0 < *floor || (after.0 == *floor && after.1 != i64::MAX) {
             return None;
         }
         let start = ring.partition_point(|(seq, e)| (e.revision, *seq) <= after);
@@ -603,5 +605,14 @@ mod watch_cache_tests {
         assert_eq!(rest.events.iter().map(|(_, e)| e.revision).collect::<Vec<_>>(), [12], "limit applies");
         cache.reset(20);
         assert!(cache.read((13, i64::MAX), None, 100, 20).is_none());
+    }
+
+    #[test]
+    fn a_revision_larger_than_the_cache_is_read_from_the_table_to_its_end() {
+        let cache = WatchCache::new(3, 10);
+        cache.push((0..5).map(|seq| (seq, event(11, "ConfigMap"))).collect());
+        assert!(cache.read((10, i64::MAX), None, 2, 11).is_none(), "none of revision 11 is held");
+        assert!(cache.read((11, 1), None, 2, 11).is_none(), "a reader half-way through it goes on in the table");
+        assert!(cache.read((11, i64::MAX), None, 2, 11).unwrap().events.is_empty(), "past it: nothing new");
     }
 }

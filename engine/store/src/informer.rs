@@ -67,6 +67,16 @@ impl Cache {
         self.list(&kind_of::<K>(), namespace).iter().filter_map(|v| decode(v)).collect()
     }
 
+    /// The typed objects that `keep` accepts as JSON: only those are decoded, so a controller
+    /// that wants a few objects out of thousands does not pay for decoding them all.
+    pub fn list_typed_where<K: Resource<DynamicType = ()> + DeserializeOwned>(
+        &self,
+        namespace: Option<&str>,
+        keep: impl Fn(&Value) -> bool,
+    ) -> Vec<K> {
+        self.list(&kind_of::<K>(), namespace).iter().filter(|v| keep(v)).filter_map(|v| decode(v)).collect()
+    }
+
     fn apply(&self, event: &Event) {
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
         let Some(of_kind) = objects.get_mut(&event.key.kind) else { return };

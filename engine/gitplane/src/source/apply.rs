@@ -201,6 +201,14 @@ pub fn plan(
             plan.created += 1;
             continue;
         };
+        // Applied by this Application at this very revision, from this very manifest: unchanged
+        // (and ours) without looking inside.
+        if cluster.applied.get(&m.key).is_some_and(|(last, revision)| {
+            Arc::ptr_eq(last, m) && resource_version(current).is_some_and(|rv| rv == *revision)
+        }) {
+            plan.unchanged.push(m.key.clone());
+            continue;
+        }
         let owner = current["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str();
         if owner != Some(policy.app) {
             let by = owner.map_or("the cluster (it is not from Git)".to_owned(), |o| format!("Application {o}"));
@@ -214,29 +222,30 @@ pub fn plan(
             ));
             continue;
         }
-        if cluster.applied.get(&m.key).is_some_and(|(last, revision)| {
-            Arc::ptr_eq(last, m) && resource_version(current).is_some_and(|rv| rv == *revision)
-        }) {
+        let record = last_applied_record(&m.value);
+        let record_text = record.to_string();
+        // What the source manages: Git's object with the inventory annotation.
+        let mut managed = without_server_fields(&m.value);
+        managed["metadata"]["annotations"][APPLICATION_ANNOTATION] = Value::String(policy.app.to_owned());
+        let annotation = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str();
+        // The common case, without a merge: applied as recorded, and every managed field as Git
+        // has it (`managed` has no server fields, so comparing with `current` itself is enough).
+        if annotation == Some(record_text.as_str()) && !managed_differs(current, &managed) {
             plan.unchanged.push(m.key.clone());
             continue;
         }
-        let record = last_applied_record(&m.value);
-        let desired = desired(m, policy.app, &record);
-        let last: Option<Value> = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION]
-            .as_str()
-            .and_then(|t| serde_json::from_str(t).ok());
+        let last: Option<Value> = annotation.and_then(|t| serde_json::from_str(t).ok());
         let current_part = without_server_fields(current);
-        let merged =
-            merge(&current_part, last.as_ref().map(without_server_fields).as_ref(), &without_server_fields(&desired));
+        let merged = merge(&current_part, last.as_ref().map(without_server_fields).as_ref(), &managed);
         // Git unchanged since the last apply, yet a field Git manages changed: drift.
-        if last.as_ref() == Some(&record) && managed_differs(&current_part, &without_server_fields(&m.value)) {
+        if last.as_ref() == Some(&record) && managed_differs(&current_part, &managed) {
             plan.drifted.push(m.key.clone());
         }
         if merged == current_part && last.as_ref() == Some(&record) {
             plan.unchanged.push(m.key.clone());
         } else {
             let mut update = merged;
-            update["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = Value::String(record.to_string());
+            update["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = Value::String(record_text);
             update["metadata"]["resourceVersion"] = Value::String(resource_version(current).unwrap_or(0).to_string());
             plan.ops.push(Op::Update(update));
             plan.updated += 1;

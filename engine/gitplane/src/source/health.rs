@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::{collections::HashMap, sync::Arc};
 
 /// Ordered from best to worst, so `max` is the aggregate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -88,13 +89,43 @@ pub fn deployment(d: &Value) -> (Health, String) {
     (Health::Healthy, String::new())
 }
 
+/// Pods by (namespace, label, value), so a Service finds the Pods it selects without a scan
+/// of every Pod: thousands of Services over thousands of Pods stay cheap.
+pub struct Pods<'a> {
+    by_label: HashMap<(&'a str, &'a str, &'a str), Vec<&'a Value>>,
+}
+
+impl<'a> Pods<'a> {
+    pub fn new(pods: &'a [Arc<Value>]) -> Self {
+        let mut by_label: HashMap<_, Vec<&Value>> = HashMap::new();
+        for pod in pods {
+            let namespace = pod["metadata"]["namespace"].as_str().unwrap_or("");
+            for (label, value) in pod["metadata"]["labels"].as_object().into_iter().flatten() {
+                if let Some(value) = value.as_str() {
+                    by_label.entry((namespace, label.as_str(), value)).or_default().push(pod);
+                }
+            }
+        }
+        Pods { by_label }
+    }
+
+    /// The Pods of `namespace` whose labels match every pair of `selector`.
+    fn selected(&self, namespace: &str, selector: &serde_json::Map<String, Value>) -> Vec<&'a Value> {
+        let candidates = selector.iter().map(|(label, value)| {
+            let value = value.as_str().unwrap_or("");
+            self.by_label.get(&(namespace, label.as_str(), value)).map_or(&[][..], Vec::as_slice)
+        });
+        let Some(fewest) = candidates.min_by_key(|c| c.len()) else { return Vec::new() };
+        fewest.iter().copied().filter(|p| selector.iter().all(|(k, v)| p["metadata"]["labels"][k] == *v)).collect()
+    }
+}
+
 /// A Service: healthy when it selects nothing (headless, external) or at least one ready Pod.
-pub fn service(s: &Value, pods: &[&Value]) -> (Health, String) {
+pub fn service(s: &Value, pods: &Pods<'_>) -> (Health, String) {
     let Some(selector) = s["spec"]["selector"].as_object().filter(|m| !m.is_empty()) else {
         return (Health::Healthy, String::new());
     };
-    let selected: Vec<&&Value> =
-        pods.iter().filter(|p| selector.iter().all(|(k, v)| p["metadata"]["labels"][k] == *v)).collect();
+    let selected = pods.selected(s["metadata"]["namespace"].as_str().unwrap_or(""), selector);
     let ready = selected.iter().filter(|p| pod(p).0 == Health::Healthy).count();
     if ready > 0 {
         (Health::Healthy, format!("{ready} ready endpoints"))
@@ -109,7 +140,7 @@ mod tests {
     use serde_json::json;
 
     fn running(ready: bool) -> Value {
-        json!({"metadata": {"labels": {"app": "web"}}, "status": {"phase": "Running",
+        json!({"metadata": {"namespace": "default", "labels": {"app": "web"}}, "status": {"phase": "Running",
             "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}})
     }
 
@@ -138,11 +169,20 @@ mod tests {
 
     #[test]
     fn services_and_aggregation() {
-        let svc = json!({"spec": {"selector": {"app": "web"}}});
-        let (ready, unready) = (running(true), running(false));
-        assert_eq!(service(&svc, &[&ready, &unready]).0, Health::Healthy);
-        assert_eq!(service(&svc, &[&unready]).0, Health::Progressing);
-        assert_eq!(service(&json!({"spec": {}}), &[]).0, Health::Healthy);
+        let svc = json!({"metadata": {"namespace": "default"}, "spec": {"selector": {"app": "web"}}});
+        let (ready, unready) = (Arc::new(running(true)), Arc::new(running(false)));
+        let mut elsewhere = running(true);
+        elsewhere["metadata"]["namespace"] = json!("other");
+        let both = [ready, unready.clone(), Arc::new(elsewhere.clone())];
+        assert_eq!(service(&svc, &Pods::new(&both)).0, Health::Healthy);
+        assert_eq!(service(&svc, &Pods::new(&[unready, Arc::new(elsewhere)])).0, Health::Progressing);
+        let two_labels =
+            json!({"metadata": {"namespace": "default"}, "spec": {"selector": {"app": "web", "tier": "x"}}});
+        assert_eq!(
+            service(&two_labels, &Pods::new(&both)),
+            (Health::Progressing, "no ready endpoints (0 pods selected)".into())
+        );
+        assert_eq!(service(&json!({"spec": {}}), &Pods::new(&[])).0, Health::Healthy);
         assert_eq!([Health::Healthy, Health::Degraded, Health::Progressing].into_iter().max(), Some(Health::Degraded));
     }
 }

@@ -47,6 +47,9 @@ use tokio::sync::{broadcast::error::RecvError, mpsc};
 const CONFLICT_RETRIES: usize = 5;
 /// Applied revisions kept in an Application's status.
 const HISTORY: usize = 10;
+/// Unhealthy objects listed in an Application's health: the status of an Application of
+/// thousands of objects must stay a small object (and far below the store's size limit).
+const MAX_LISTED_RESOURCES: usize = 50;
 /// Health is assessed at most this often per burst of changes.
 const HEALTH_DEBOUNCE: Duration = Duration::from_millis(200);
 
@@ -466,6 +469,7 @@ impl SourceController {
         })?;
         let id = app_id(app);
         let policy = apply::Policy { app: &id, prune: app.spec.prune, allow_empty: app.spec.allow_empty };
+        let mut last_conflict = None;
         for _ in 0..CONFLICT_RETRIES {
             let previous = self.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
             let (plan, stored) = {
@@ -511,6 +515,7 @@ impl SourceController {
                     return Ok(Some(Applied { commit: commit.id.clone(), subject: commit.subject.clone(), plan }));
                 }
                 Err(e) if e.is_conflict() || e.is_already_exists() || e.is_not_found() => {
+                    last_conflict = Some(e.to_string());
                     // The cache was behind: wait until it has caught up with the store, then plan again.
                     if let Ok(revision) = self.store.revision().await {
                         informer.wait_for(revision).await;
@@ -519,7 +524,8 @@ impl SourceController {
                 Err(e) => return Err(fail(e.into())),
             }
         }
-        Err(fail(SyncError::Spec("objects kept changing while applying; will retry".into())))
+        let last = last_conflict.unwrap_or_default();
+        Err(fail(SyncError::Spec(format!("objects kept changing while applying ({last}); will retry"))))
     }
 
     /// Recomputes the health of one Application from the cache.
@@ -527,9 +533,10 @@ impl SourceController {
         let Some(app) = cache.get_typed::<Application>(&key.namespace, &key.name) else { return };
         let id = app_id(&app);
         let pods = cache.list("Pod", None);
-        let pod_refs: Vec<&Value> = pods.iter().map(|p| p.as_ref()).collect();
+        let pods = health::Pods::new(&pods);
         let mut worst = Health::Healthy;
         let mut resources = Vec::new();
+        let mut unhealthy = 0;
         for kind in accepted() {
             for object in cache.list(&kind.group_kind(), None) {
                 if object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str() != Some(id.as_str()) {
@@ -538,18 +545,14 @@ impl SourceController {
                 let (health, message) = match kind.kind.as_str() {
                     "Deployment" => health::deployment(&object),
                     "Pod" => health::pod(&object),
-                    "Service" => {
-                        let in_namespace: Vec<&Value> = pod_refs
-                            .iter()
-                            .copied()
-                            .filter(|p| p["metadata"]["namespace"] == object["metadata"]["namespace"])
-                            .collect();
-                        health::service(&object, &in_namespace)
-                    }
+                    "Service" => health::service(&object, &pods),
                     _ => (Health::Healthy, String::new()),
                 };
                 worst = worst.max(health);
                 if health != Health::Healthy {
+                    unhealthy += 1;
+                }
+                if health != Health::Healthy && resources.len() < MAX_LISTED_RESOURCES {
                     resources.push(ResourceHealth {
                         kind: kind.kind.clone(),
                         namespace: object["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
@@ -565,7 +568,16 @@ impl SourceController {
         if !synced && app.status.as_ref().and_then(|s| s.sync.as_ref()).and_then(|s| s.revision.as_ref()).is_none() {
             worst = worst.max(Health::Missing);
         }
-        let message = resources.first().map(|r| format!("{} {}: {}", r.kind, r.name, r.message));
+        let message = resources.first().map(|r| match unhealthy {
+            1 => format!("{} {}: {}", r.kind, r.name, r.message),
+            n => format!(
+                "{n} objects not healthy, the first {} listed; {} {}: {}",
+                resources.len(),
+                r.kind,
+                r.name,
+                r.message
+            ),
+        });
         let wanted = HealthStatus { status: worst.as_str().to_owned(), message, resources };
         if app.status.as_ref().and_then(|s| s.health.as_ref()) != Some(&wanted) {
             self.update_status(&app, |s| s.health = Some(wanted.clone())).await;

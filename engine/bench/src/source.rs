@@ -1,0 +1,635 @@
+//! The GitOps source: render + validate + diff of a generated repository of many manifests,
+//! next to the bare YAML parse of the same bytes (the floor) and `kubectl kustomize` over the
+//! same files (a reference), then push-to-applied for one-file commits through a real
+//! `gitplane server`.
+//!
+//! Each offline measurement runs in a child process of its own (`gitplane-bench source-step`),
+//! so its peak RSS (from `wait4`) is its own and no run warms another's allocator.
+
+use crate::{
+    load::Latencies,
+    procs::{self, Gitplane},
+};
+use anyhow::{Context as _, Result, bail, ensure};
+use futures::StreamExt as _;
+use gitplane::source::apply::{self, Applied, Cluster, Policy};
+use gitplane_source::{AppSource, Limits, LoadError, Manifest, SourceCache, Validator, load_commit, read_head};
+use gitplane_store::{ObjectKey, Op, remote::pb};
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+use std::{
+    collections::{BTreeMap, HashSet},
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+/// Where the plain manifests are in the generated repository; `templated/` holds the same with
+/// the ConfigMaps as templates.
+const PLAIN: &str = "manifests";
+const TEMPLATED: &str = "templated";
+/// The branch that differs from `main` in one ConfigMap.
+const ONE_FILE: &str = "one-file";
+/// The ConfigMap the one-file commits change.
+const CHANGED: &str = "manifests/team-00/app-0000-configmap.yaml";
+const APP: &str = "gitplane-system/bench";
+/// The pause before each timed push.
+const PUSH_INTERVAL: Duration = Duration::from_millis(500);
+
+#[derive(clap::Args, Clone)]
+pub struct SourceArgs {
+    /// Manifests in the generated repository: a quarter each of Deployments, Services,
+    /// ConfigMaps and Secrets, one per file.
+    #[arg(long, default_value_t = 10_000)]
+    manifests: usize,
+    /// One-file commits timed in process and pushed to the server.
+    #[arg(long, default_value_t = 100)]
+    rounds: usize,
+    /// Skip `kubectl kustomize` (minutes for 10,000 resources).
+    #[arg(long)]
+    skip_kustomize: bool,
+    #[arg(long, default_value = "/usr/bin/kubectl")]
+    kubectl: PathBuf,
+    /// The `gitplane` binary (default: next to this one).
+    #[arg(long)]
+    gitplane: Option<PathBuf>,
+    /// Keep the server's log in this directory.
+    #[arg(long)]
+    logs: Option<PathBuf>,
+    /// Generate the repository here (a new directory, kept afterwards: to profile a step with
+    /// `gitplane-bench source-step --repo DIR`) instead of in a temporary directory.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct StepArgs {
+    #[arg(long, value_enum)]
+    step: Step,
+    /// The generated repository (a work tree: its files and its `.git`).
+    #[arg(long)]
+    repo: PathBuf,
+    #[arg(long, default_value_t = 100)]
+    rounds: usize,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Step {
+    /// serde_yaml into JSON values, every document of every file: the floor.
+    Parse,
+    /// Read from Git, render, parse, validate; cold.
+    Load,
+    /// Load, then the three-way diff of every object against the applied state; cold.
+    Diff,
+    /// As `diff`, with the ConfigMaps as templates.
+    Templates,
+    /// One-file commits against a warm cache, as the server syncs them.
+    OneFile,
+}
+
+/// What a step prints, as one JSON line.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct StepResult {
+    seconds: f64,
+    objects: usize,
+    /// RSS when the timed part started (the diff steps hold the stored objects by then).
+    rss_before_kib: u64,
+    #[serde(default)]
+    samples_ms: Vec<f64>,
+}
+
+pub fn main(args: SourceArgs) -> Result<()> {
+    let gitplane = match &args.gitplane {
+        Some(path) => path.clone(),
+        None => std::env::current_exe()?.with_file_name("gitplane"),
+    };
+    if let Some(logs) = &args.logs {
+        std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
+        let _ = procs::LOG_DIR.set(logs.clone());
+    }
+    let dir = tempfile::Builder::new().prefix("gitplane-bench-source-").tempdir()?;
+    let repo = args.dir.clone().unwrap_or_else(|| dir.path().join("repo"));
+    if repo.exists() {
+        bail!("{} exists: --dir takes a new directory", repo.display());
+    }
+    eprintln!("generating {} manifests in {}", args.manifests, repo.display());
+    let bytes = generate(&repo, args.manifests)?;
+    let mut rows = Vec::new();
+    let steps = [
+        (Step::Parse, "bare YAML parse (serde_yaml → JSON), the floor"),
+        (Step::Load, "gitplane: read from Git + render + validate, cold"),
+        (Step::Diff, "gitplane: read + render + validate + three-way diff against the applied state, cold"),
+        (Step::Templates, "the same, with the 2,500 ConfigMaps as templates"),
+    ];
+    for (step, name) in steps {
+        eprintln!("{name}");
+        let (result, peak) = run_step(step, &repo, args.rounds)?;
+        rows.push((name.to_owned(), result, peak));
+    }
+    let one_file = {
+        eprintln!("one-file commits, in process");
+        run_step(Step::OneFile, &repo, args.rounds)?
+    };
+    let kustomize = if args.skip_kustomize {
+        None
+    } else {
+        eprintln!("kubectl kustomize (minutes)");
+        Some(kustomize(&args.kubectl, &repo)?)
+    };
+    eprintln!("push-to-applied through gitplane server");
+    let pushed = tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(push_to_applied(
+        &gitplane,
+        &repo,
+        args.rounds,
+    ))?;
+
+    let floor = rows[0].1.seconds;
+    println!(
+        "{} manifests ({} Deployments, Services, ConfigMaps and Secrets each), one per file, {:.1} MiB of YAML; \
+         {} CPUs.\n",
+        args.manifests,
+        args.manifests / 4,
+        bytes as f64 / (1 << 20) as f64,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    println!("| Benchmark | Objects | Time | vs bare parse | Peak RSS MiB | Notes |");
+    println!("|---|--:|--:|--:|--:|---|");
+    for (name, r, peak) in &rows {
+        let notes = if r.rss_before_kib > 0 && name.contains("diff") {
+            format!("{} MiB of it held before the timed part (the stored objects)", r.rss_before_kib / 1024)
+        } else {
+            String::new()
+        };
+        println!(
+            "| {name} | {} | {:.0} ms | {:.2}× | {} | {notes} |",
+            r.objects,
+            r.seconds * 1e3,
+            r.seconds / floor,
+            peak / 1024
+        );
+    }
+    if let Some((seconds, objects, peak)) = kustomize {
+        println!(
+            "| `kubectl kustomize` over the same files, the reference | {objects} | {:.1} s | {:.0}× | {} | |",
+            seconds,
+            seconds / floor,
+            peak / 1024
+        );
+    }
+    let in_process = Latencies::new(one_file.0.samples_ms.iter().map(|ms| Duration::from_secs_f64(ms / 1e3)).collect());
+    println!(
+        "| one-file commit, in process: read head + load (warm cache) + diff | {} | p50 {} ms, p99 {} ms | | | \
+         {} commits, alternating two branch heads |",
+        one_file.0.objects,
+        crate::ms(in_process.quantile(0.5)),
+        crate::ms(in_process.quantile(0.99)),
+        in_process.len(),
+    );
+    println!(
+        "| push-to-applied, one-file commit, `gitplane server` (1 replica, SQLite) | {} | p50 {} ms, p99 {} ms, \
+         max {} ms | | | {} pushes over HTTP, 0.5 s apart; from `git push` starting to the watch event of the changed \
+         ConfigMap; `git push` alone p50 {} ms; after `git push` returned p50 {} ms, p99 {} ms; first sync of \
+         the whole repository {:.1} s, then {:.0} s until the controllers had made its ReplicaSets and Pods |",
+        args.manifests,
+        crate::ms(pushed.applied.quantile(0.5)),
+        crate::ms(pushed.applied.quantile(0.99)),
+        crate::ms(pushed.applied.max()),
+        pushed.applied.len(),
+        crate::ms(pushed.push.quantile(0.5)),
+        crate::ms(pushed.after_push.quantile(0.5)),
+        crate::ms(pushed.after_push.quantile(0.99)),
+        pushed.first_sync.as_secs_f64(),
+        pushed.settled.as_secs_f64(),
+    );
+    Ok(())
+}
+
+/// Runs one step in a child process: its result and its peak RSS in KiB.
+fn run_step(step: Step, repo: &Path, rounds: usize) -> Result<(StepResult, u64)> {
+    let step_name = clap::ValueEnum::to_possible_value(&step).context("every step has a name")?.get_name().to_owned();
+    let mut command = Command::new(std::env::current_exe()?);
+    command.args(["source-step", "--step", &step_name, "--rounds", &rounds.to_string(), "--repo"]).arg(repo);
+    let (status, stdout, peak) = run_measured(command)?;
+    ensure!(status == 0, "source-step {step_name} failed (exit {status})");
+    let result: StepResult = serde_json::from_slice(&stdout).context("source-step output")?;
+    Ok((result, peak))
+}
+
+/// Runs `command` to the end: its exit code, its stdout and its peak RSS in KiB (`wait4`).
+fn run_measured(mut command: Command) -> Result<(i32, Vec<u8>, u64)> {
+    let out = tempfile::tempfile()?;
+    command.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(Stdio::inherit());
+    let child = command.spawn().context("starting a step")?;
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is valid, and wait4 reaps only our own child, by its PID.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as libc::pid_t, &mut status, 0, &mut usage) };
+    ensure!(pid > 0, "waiting for a step: {}", std::io::Error::last_os_error());
+    let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { -1 };
+    let mut out = out;
+    let mut stdout = Vec::new();
+    use std::io::{Read as _, Seek as _};
+    out.rewind()?;
+    out.read_to_end(&mut stdout)?;
+    Ok((code, stdout, usage.ru_maxrss as u64))
+}
+
+/// `kubectl kustomize` over the generated files: seconds, objects printed, peak RSS in KiB.
+fn kustomize(kubectl: &Path, repo: &Path) -> Result<(f64, usize, u64)> {
+    let mut command = Command::new(kubectl);
+    command.arg("kustomize").arg(repo);
+    let started = Instant::now();
+    let (status, stdout, peak) = run_measured(command)?;
+    let seconds = started.elapsed().as_secs_f64();
+    ensure!(status == 0, "kubectl kustomize failed (exit {status})");
+    let objects = String::from_utf8_lossy(&stdout).lines().filter(|l| l.starts_with("kind: ")).count();
+    Ok((seconds, objects, peak))
+}
+
+/// `gitplane-bench source-step`: one measurement, its result on stdout as JSON.
+pub fn step(args: StepArgs) -> Result<()> {
+    let result = match args.step {
+        Step::Parse => parse_floor(&args.repo.join(PLAIN))?,
+        Step::Load => {
+            let validator = Validator::new();
+            let head = read_head(&args.repo, "main")?;
+            let rss_before_kib = rss_kib();
+            let started = Instant::now();
+            let manifests = load(&head, &app_source(PLAIN), &validator, &mut SourceCache::new())?;
+            StepResult {
+                seconds: started.elapsed().as_secs_f64(),
+                objects: manifests.len(),
+                rss_before_kib,
+                ..Default::default()
+            }
+        }
+        Step::Diff | Step::Templates => {
+            let path = if args.step == Step::Diff { PLAIN } else { TEMPLATED };
+            let mut state = State::applied(&args.repo, path)?;
+            let rss_before_kib = rss_kib();
+            let started = Instant::now();
+            // Cold: no cache, and no record of what was applied, so every object is merged.
+            let mut cache = SourceCache::new();
+            state.applied.clear();
+            let head = read_head(&args.repo, "main")?;
+            let manifests = load(&head, &state.app, &state.validator, &mut cache)?;
+            let plan = state.plan(&manifests)?;
+            let seconds = started.elapsed().as_secs_f64();
+            ensure!(plan.ops.is_empty() && plan.unchanged.len() == manifests.len(), "the diff found changes");
+            StepResult { seconds, objects: manifests.len(), rss_before_kib, ..Default::default() }
+        }
+        Step::OneFile => {
+            let mut state = State::applied(&args.repo, PLAIN)?;
+            let rss_before_kib = rss_kib();
+            let mut samples_ms = Vec::new();
+            let mut objects = 0;
+            for round in 0..args.rounds {
+                let branch = if round % 2 == 0 { ONE_FILE } else { "main" };
+                let started = Instant::now();
+                let head = read_head(&args.repo, branch)?;
+                let manifests = load(&head, &state.app, &state.validator, &mut state.cache)?;
+                let plan = state.plan(&manifests)?;
+                ensure!(plan.ops.len() == 1, "a one-file commit planned {} ops", plan.ops.len());
+                state.commit(&manifests, plan);
+                samples_ms.push(started.elapsed().as_secs_f64() * 1e3);
+                objects = manifests.len();
+            }
+            StepResult { seconds: 0.0, objects, rss_before_kib, samples_ms }
+        }
+    };
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
+
+/// The floor: every document of every file under `dir` parsed by serde_yaml into JSON, the
+/// bytes read before the clock starts.
+fn parse_floor(dir: &Path) -> Result<StepResult> {
+    let mut paths = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() { stack.push(path) } else { paths.push(path) }
+        }
+    }
+    paths.sort();
+    let contents: Vec<Vec<u8>> = paths.iter().map(std::fs::read).collect::<std::io::Result<_>>()?;
+    let rss_before_kib = rss_kib();
+    let started = Instant::now();
+    let mut values = Vec::with_capacity(contents.len());
+    for content in &contents {
+        for document in serde_yaml::Deserializer::from_slice(content) {
+            values.push(Value::deserialize(document)?);
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok(StepResult { seconds, objects: std::hint::black_box(values).len(), rss_before_kib, ..Default::default() })
+}
+
+fn app_source(path: &str) -> AppSource {
+    let values = [("mode".to_owned(), json!("production")), ("replicas".to_owned(), json!(2))];
+    AppSource { path: path.into(), default_namespace: "default".into(), values: values.into(), ..AppSource::default() }
+}
+
+fn load(
+    head: &gitplane_source::Head,
+    app: &AppSource,
+    validator: &Validator,
+    cache: &mut SourceCache,
+) -> Result<Vec<Arc<Manifest>>> {
+    load_commit(head, app, validator, &Limits::default(), cache).map_err(|e| match e {
+        LoadError::Invalid(errors) => {
+            let first: Vec<String> = errors.iter().take(3).map(ToString::to_string).collect();
+            anyhow::anyhow!("{} error(s) in the generated manifests: {}", errors.len(), first.join("; "))
+        }
+        LoadError::Source(e) => e.into(),
+    })
+}
+
+/// What the source controller holds for one Application, without the server around it: the
+/// stored objects (as its informer would), what it applied last, its cache.
+struct State {
+    app: AppSource,
+    validator: Validator,
+    cache: SourceCache,
+    stored: BTreeMap<ObjectKey, Arc<Value>>,
+    applied: Applied,
+    namespaces: HashSet<String>,
+    nodes: HashSet<String>,
+    revision: i64,
+}
+
+impl State {
+    /// After a first sync of `path` at `main` into an empty store.
+    fn applied(repo: &Path, path: &str) -> Result<State> {
+        let mut state = State {
+            app: app_source(path),
+            validator: Validator::new(),
+            cache: SourceCache::new(),
+            stored: BTreeMap::new(),
+            applied: Applied::new(),
+            namespaces: HashSet::from(["default".to_owned()]),
+            nodes: HashSet::new(),
+            revision: 0,
+        };
+        let head = read_head(repo, "main")?;
+        let manifests = load(&head, &state.app, &state.validator, &mut state.cache)?;
+        let plan = state.plan(&manifests)?;
+        ensure!(plan.created == manifests.len(), "the first sync created {} objects", plan.created);
+        state.commit(&manifests, plan);
+        Ok(state)
+    }
+
+    fn plan(&self, manifests: &[Arc<Manifest>]) -> Result<apply::Plan> {
+        let cluster =
+            Cluster { stored: &self.stored, applied: &self.applied, namespaces: &self.namespaces, nodes: &self.nodes };
+        let policy = Policy { app: APP, prune: true, allow_empty: false };
+        apply::plan(manifests, &cluster, &policy)
+            .map_err(|errors| anyhow::anyhow!("{} plan error(s), the first: {}", errors.len(), errors[0]))
+    }
+
+    /// What the store and the controller do with a plan: each written object gets the next
+    /// revision (and server fields when new), and the applied record follows.
+    fn commit(&mut self, manifests: &[Arc<Manifest>], plan: apply::Plan) {
+        let by_key: std::collections::HashMap<&ObjectKey, &Arc<Manifest>> =
+            manifests.iter().map(|m| (&m.key, m)).collect();
+        let mut applied = Applied::new();
+        for key in &plan.unchanged {
+            if let (Some(m), Some(rv)) = (by_key.get(key), self.stored.get(key).and_then(|v| revision_of(v))) {
+                applied.insert(key.clone(), ((*m).clone(), rv));
+            }
+        }
+        for op in plan.ops {
+            let (Op::Create(mut object) | Op::Update(mut object)) = op else { continue };
+            self.revision += 1;
+            let meta = &mut object["metadata"];
+            meta["resourceVersion"] = json!(self.revision.to_string());
+            if meta["uid"].is_null() {
+                meta["uid"] = json!(format!("00000000-0000-4000-8000-{:012}", self.revision));
+                meta["creationTimestamp"] = json!("2026-12-02T00:00:00Z");
+                meta["generation"] = json!(1);
+            }
+            let Ok(key) = ObjectKey::from_value(&object) else { continue };
+            if let Some(m) = by_key.get(&key) {
+                applied.insert(key.clone(), ((*m).clone(), self.revision));
+            }
+            self.stored.insert(key, Arc::new(object));
+        }
+        self.applied = applied;
+    }
+}
+
+fn revision_of(object: &Value) -> Option<i64> {
+    object["metadata"]["resourceVersion"].as_str()?.parse().ok()
+}
+
+/// This process's resident set, in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("");
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Writes the repository: `manifests/team-NN/app-NNNN-<kind>.yaml`, the same under `templated/`
+/// with the ConfigMaps as `*.yaml.j2`, a `kustomization.yaml` listing `manifests/` for
+/// kustomize, committed on `main`; and the branch `one-file` that changes one ConfigMap.
+/// Returns the bytes under `manifests/`.
+fn generate(repo: &Path, manifests: usize) -> Result<u64> {
+    let mut kustomization =
+        String::from("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n");
+    let mut bytes = 0;
+    for i in 0..manifests {
+        let (app, kind) = (i / 4, ["deployment", "service", "configmap", "secret"][i % 4]);
+        let team = format!("team-{:02}", app % 100);
+        let file = format!("{team}/app-{app:04}-{kind}.yaml");
+        let content = manifest(app, &team, kind, false);
+        for (dir, name, content) in [
+            (PLAIN, file.clone(), content.clone()),
+            (
+                TEMPLATED,
+                if kind == "configmap" { format!("{file}.j2") } else { file.clone() },
+                manifest(app, &team, kind, true),
+            ),
+        ] {
+            let path = repo.join(dir).join(&name);
+            std::fs::create_dir_all(path.parent().context("a file has a directory")?)?;
+            std::fs::write(&path, content)?;
+        }
+        bytes += content.len() as u64;
+        writeln!(kustomization, "  - {PLAIN}/{file}")?;
+    }
+    std::fs::write(repo.join("kustomization.yaml"), kustomization)?;
+    git(repo, &["init", "-q", "-b", "main"])?;
+    git(repo, &["add", "-A"])?;
+    git(repo, &["commit", "-q", "-m", "generated manifests"])?;
+    git(repo, &["checkout", "-q", "-b", ONE_FILE])?;
+    change_one_file(repo, "changed")?;
+    git(repo, &["commit", "-q", "-am", "one ConfigMap changed"])?;
+    git(repo, &["checkout", "-q", "main"])?;
+    // Packed, as a clone is: pushes then cost what they send, not a walk of loose objects.
+    git(repo, &["repack", "-adq"])?;
+    Ok(bytes)
+}
+
+/// The generated manifest of `kind` for app number `app`; a templated ConfigMap takes `mode`
+/// and `replicas` from the values.
+fn manifest(app: usize, team: &str, kind: &str, templated: bool) -> String {
+    let name = format!("app-{app:04}");
+    match kind {
+        "deployment" => format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    app: {name}\n    team: {team}\nspec:\n  replicas: 1\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n        team: {team}\n    spec:\n      containers:\n        - name: web\n          image: gitplane.local/httpd:1\n          ports:\n            - containerPort: 80\n              name: http\n          envFrom:\n            - configMapRef:\n                name: {name}\n          env:\n            - name: TOKEN\n              valueFrom:\n                secretKeyRef:\n                  name: {name}\n                  key: token\n          resources:\n            requests:\n              cpu: 10m\n              memory: 16Mi\n            limits:\n              memory: 64Mi\n"
+        ),
+        "service" => format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    app: {name}\n    team: {team}\nspec:\n  selector:\n    app: {name}\n  ports:\n    - name: http\n      port: 80\n      targetPort: 80\n"
+        ),
+        "configmap" => {
+            let (mode, replicas) = if templated { ("{{ mode }}", "{{ replicas }}") } else { ("production", "2") };
+            format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    app: {name}\n    team: {team}\ndata:\n  MODE: \"{mode}\"\n  REPLICAS: \"{replicas}\"\n  LOG_LEVEL: info\n  LISTEN: \":80\"\n  UPSTREAM: http://{name}.default.svc.cluster.local\n  TIMEOUT: 30s\n  RETRIES: \"3\"\n  FEATURE_FLAGS: alpha,beta\n"
+            )
+        }
+        _ => format!(
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  namespace: default\n  labels:\n    app: {name}\n    team: {team}\ntype: Opaque\ndata:\n  token: c2VjcmV0LXRva2VuLXthcHB9\n  username: YWRtaW4=\n  password: cGFzc3dvcmQtMTIzNDU2Nzg5MA==\n"
+        ),
+    }
+}
+
+/// Sets the changed ConfigMap's LOG_LEVEL to `level`.
+fn change_one_file(repo: &Path, level: &str) -> Result<()> {
+    let path = repo.join(CHANGED);
+    let content = std::fs::read_to_string(&path)?;
+    let start = content.find("LOG_LEVEL: ").context("the changed ConfigMap has a LOG_LEVEL")?;
+    let end = start + content[start..].find('\n').context("a line")?;
+    std::fs::write(&path, format!("{}LOG_LEVEL: {level}{}", &content[..start], &content[end..]))?;
+    Ok(())
+}
+
+fn git(dir: &Path, args: &[&str]) -> Result<()> {
+    let output = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        // No background `gc --auto`: it would race the explicit repack and the timed pushes.
+        .args(["-c", "user.name=bench", "-c", "user.email=bench@gitplane.invalid", "-c", "gc.auto=0"])
+        .args(args)
+        .output()
+        .context("running git")?;
+    if !output.status.success() {
+        bail!("git {}: {}", args.join(" "), String::from_utf8_lossy(&output.stderr));
+    }
+    Ok(())
+}
+
+struct Pushed {
+    /// From `git push` starting to the changed ConfigMap's watch event.
+    applied: Latencies,
+    /// `git push` alone.
+    push: Latencies,
+    /// From `git push` returning (the ref was updated before) to the watch event.
+    after_push: Latencies,
+    /// From pushing the whole repository to the Application synced at it.
+    first_sync: Duration,
+    /// From then until the controllers stopped writing.
+    settled: Duration,
+}
+
+/// One `gitplane server` with a bootstrap repository naming one Application for the generated
+/// repository, which is pushed whole, then changed one file per commit.
+async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize) -> Result<Pushed> {
+    let cluster = Gitplane::start(gitplane, 1, &["--bootstrap".into(), "bootstrap".into()]).await?;
+    let addr = cluster.addrs[&1];
+    let token = std::fs::read_to_string(cluster.dir().join("replica-1/git-token"))?.trim().to_owned();
+    let remote = |name: &str| format!("http://git:{token}@{addr}/git/{name}.git");
+    let repos = cluster.dir().join("repos");
+    procs::wait_for("the bootstrap repository", Duration::from_secs(60), || async {
+        repos.join("bootstrap.git").exists().then_some(())
+    })
+    .await?;
+
+    let apps = cluster.dir().join("apps");
+    std::fs::create_dir_all(&apps)?;
+    std::fs::write(
+        apps.join("bench.yaml"),
+        "apiVersion: gitplane.io/v1\nkind: Application\nmetadata:\n  name: bench\n  namespace: gitplane-system\n\
+         spec:\n  repo: bench\n  path: manifests\n  namespace: default\n  prune: true\n",
+    )?;
+    git(&apps, &["init", "-q", "-b", "main"])?;
+    git(&apps, &["add", "-A"])?;
+    git(&apps, &["commit", "-q", "-m", "the bench Application"])?;
+    git(&apps, &["push", "-q", "--force", &remote("bootstrap"), "main"])?;
+    procs::wait_for("the bench repository", Duration::from_secs(60), || async {
+        repos.join("bench.git").exists().then_some(())
+    })
+    .await?;
+
+    let started = Instant::now();
+    git(repo, &["push", "-q", "--force", &remote("bench"), "main"])?;
+    let head = String::from_utf8(Command::new("git").arg("-C").arg(repo).args(["rev-parse", "main"]).output()?.stdout)?;
+    let head = head.trim().to_owned();
+    let status = "/apis/gitplane.io/v1/namespaces/gitplane-system/applications/bench";
+    procs::wait_for("the first sync", Duration::from_secs(300), || async {
+        let body = procs::http_get(addr, status).await.ok()?;
+        let app: Value = serde_json::from_str(&body).ok()?;
+        (app["status"]["sync"]["revision"] == head.as_str() && app["status"]["sync"]["status"] == "Synced")
+            .then_some(())
+    })
+    .await
+    .with_context(|| cluster.logs())?;
+    let first_sync = started.elapsed();
+    eprintln!("first sync of the whole repository: {first_sync:?}");
+    // The controllers then make a ReplicaSet and a Pod per Deployment (the Pods stay Pending:
+    // there is no node); the rounds measure a cluster at rest, so wait until writes stop.
+    let (mut last, mut still_since, deadline) = (-1, Instant::now(), Instant::now() + Duration::from_secs(600));
+    while still_since.elapsed() < Duration::from_secs(3) {
+        ensure!(Instant::now() < deadline, "the controllers did not settle within 600 s\n{}", cluster.logs());
+        let revision = cluster.status(1).await.map_or(last, |s| s.revision);
+        if revision != last {
+            (last, still_since) = (revision, Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let settled = started.elapsed() - first_sync;
+    eprintln!("settled {settled:?} after the first sync, at revision {last}");
+
+    let mut client = pb::store_service_client::StoreServiceClient::connect(format!("http://{addr}")).await?;
+    let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
+    let request = pb::WatchRequest { from_revision: from, kinds: vec!["ConfigMap".into()], bookmarks: false };
+    let mut events = client.watch(request).await?.into_inner();
+    let (mut applied, mut push, mut after_push) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Pushes are paced, as people push: each one meets a server done with the last one.
+        tokio::time::sleep(PUSH_INTERVAL).await;
+        let level = format!("round-{round}");
+        change_one_file(repo, &level)?;
+        git(repo, &["commit", "-q", "-am", &format!("one-file change {round}")])?;
+        let started = Instant::now();
+        git(repo, &["push", "-q", &remote("bench"), "main"])?;
+        let returned = Instant::now();
+        push.push(returned - started);
+        let seen = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(event) = events.next().await {
+                let event = event?;
+                let object: Value = serde_json::from_slice(&event.object)?;
+                if event.name == "app-0000" && object["data"]["LOG_LEVEL"] == level.as_str() {
+                    return Ok(());
+                }
+            }
+            bail!("the watch ended")
+        })
+        .await;
+        match seen {
+            Ok(result) => result?,
+            Err(_) => bail!("round {round}: the change was not applied within 30 s\n{}", cluster.logs()),
+        }
+        applied.push(started.elapsed());
+        after_push.push(returned.elapsed());
+    }
+    Ok(Pushed {
+        applied: Latencies::new(applied),
+        push: Latencies::new(push),
+        after_push: Latencies::new(after_push),
+        first_sync,
+        settled,
+    })
+}
