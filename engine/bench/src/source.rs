@@ -396,9 +396,9 @@ impl State {
         let by_key: std::collections::HashMap<&ObjectKey, &Arc<Manifest>> =
             manifests.iter().map(|m| (&m.key, m)).collect();
         let mut applied = Applied::new();
-        for key in &plan.unchanged {
-            if let (Some(m), Some(rv)) = (by_key.get(key), self.stored.get(key).and_then(|v| revision_of(v))) {
-                applied.insert(key.clone(), ((*m).clone(), rv));
+        for (key, rv) in &plan.unchanged {
+            if let Some(m) = by_key.get(key) {
+                applied.insert(key.clone(), ((*m).clone(), *rv));
             }
         }
         for op in plan.ops {
@@ -419,10 +419,6 @@ impl State {
         }
         self.applied = applied;
     }
-}
-
-fn revision_of(object: &Value) -> Option<i64> {
-    object["metadata"]["resourceVersion"].as_str()?.parse().ok()
 }
 
 /// This process's resident set, in KiB.

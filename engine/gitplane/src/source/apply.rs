@@ -33,8 +33,8 @@ pub struct Plan {
     pub created: usize,
     pub updated: usize,
     pub pruned: usize,
-    /// Objects already as Git wants them (nothing to do).
-    pub unchanged: Vec<ObjectKey>,
+    /// Objects already as Git wants them (nothing to do), with the resourceVersion the plan saw.
+    pub unchanged: Vec<(ObjectKey, i64)>,
 }
 
 /// What an Application applied last: per object, the manifest (the cache hands back the same
@@ -43,10 +43,33 @@ pub struct Plan {
 /// one-file commit to a large repository cheap.
 pub type Applied = std::collections::HashMap<ObjectKey, (Arc<Manifest>, i64)>;
 
+/// The stored objects a plan looks at: looked up where they are (the informer's cache), not
+/// copied into a map per sync.
+pub trait Stored {
+    fn get(&self, key: &ObjectKey) -> Option<Arc<Value>>;
+    /// The objects whose inventory annotation names `app` (`namespace/name`).
+    fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)>;
+}
+
+/// Whether the object's inventory annotation names `app`.
+pub fn owned_by(object: &Value, app: &str) -> bool {
+    object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str() == Some(app)
+}
+
+impl Stored for BTreeMap<ObjectKey, Arc<Value>> {
+    fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+        BTreeMap::get(self, key).cloned()
+    }
+
+    fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)> {
+        self.iter().filter(|(_, v)| owned_by(v, app)).map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+}
+
 /// What else a plan needs to know about the cluster.
 pub struct Cluster<'a> {
-    /// Every stored object of the accepted kinds.
-    pub stored: &'a BTreeMap<ObjectKey, Arc<Value>>,
+    /// The stored objects of the accepted kinds.
+    pub stored: &'a dyn Stored,
     /// What this Application applied last.
     pub applied: &'a Applied,
     pub namespaces: &'a HashSet<String>,
@@ -204,9 +227,9 @@ pub fn plan(
         // Applied by this Application at this very revision, from this very manifest: unchanged
         // (and ours) without looking inside.
         if cluster.applied.get(&m.key).is_some_and(|(last, revision)| {
-            Arc::ptr_eq(last, m) && resource_version(current).is_some_and(|rv| rv == *revision)
+            Arc::ptr_eq(last, m) && resource_version(&current).is_some_and(|rv| rv == *revision)
         }) {
-            plan.unchanged.push(m.key.clone());
+            plan.unchanged.push((m.key.clone(), resource_version(&current).unwrap_or(0)));
             continue;
         }
         let owner = current["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str();
@@ -230,23 +253,23 @@ pub fn plan(
         let annotation = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str();
         // The common case, without a merge: applied as recorded, and every managed field as Git
         // has it (`managed` has no server fields, so comparing with `current` itself is enough).
-        if annotation == Some(record_text.as_str()) && !managed_differs(current, &managed) {
-            plan.unchanged.push(m.key.clone());
+        if annotation == Some(record_text.as_str()) && !managed_differs(&current, &managed) {
+            plan.unchanged.push((m.key.clone(), resource_version(&current).unwrap_or(0)));
             continue;
         }
         let last: Option<Value> = annotation.and_then(|t| serde_json::from_str(t).ok());
-        let current_part = without_server_fields(current);
+        let current_part = without_server_fields(&current);
         let merged = merge(&current_part, last.as_ref().map(without_server_fields).as_ref(), &managed);
         // Git unchanged since the last apply, yet a field Git manages changed: drift.
         if last.as_ref() == Some(&record) && managed_differs(&current_part, &managed) {
             plan.drifted.push(m.key.clone());
         }
         if merged == current_part && last.as_ref() == Some(&record) {
-            plan.unchanged.push(m.key.clone());
+            plan.unchanged.push((m.key.clone(), resource_version(&current).unwrap_or(0)));
         } else {
             let mut update = merged;
             update["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = Value::String(record_text);
-            update["metadata"]["resourceVersion"] = Value::String(resource_version(current).unwrap_or(0).to_string());
+            update["metadata"]["resourceVersion"] = Value::String(resource_version(&current).unwrap_or(0).to_string());
             plan.ops.push(Op::Update(update));
             plan.updated += 1;
         }
@@ -256,10 +279,9 @@ pub fn plan(
     }
     if policy.prune {
         let wanted: HashSet<&ObjectKey> = manifests.iter().map(|m| &m.key).collect();
-        for (key, current) in cluster.stored {
-            let owned = current["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str() == Some(policy.app);
-            if owned && !wanted.contains(key) {
-                plan.ops.push(Op::Delete { key: key.clone(), revision: resource_version(current) });
+        for (key, current) in cluster.stored.owned_by(policy.app) {
+            if !wanted.contains(&key) {
+                plan.ops.push(Op::Delete { revision: resource_version(&current), key });
                 plan.pruned += 1;
             }
         }
@@ -395,7 +417,7 @@ mod tests {
         let applied = Applied::from([(key.clone(), (manifests[0].clone(), 7))]);
         let cluster = Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes };
         let skipped = plan(&manifests, &cluster, &policy).unwrap();
-        assert!(skipped.ops.is_empty() && skipped.unchanged == [key.clone()]);
+        assert!(skipped.ops.is_empty() && skipped.unchanged.iter().map(|(k, _)| k).eq([&key]));
         // A later revision (someone wrote it) is looked at again.
         let applied = Applied::from([(key.clone(), (manifests[0].clone(), 6))]);
         let cluster = Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes };

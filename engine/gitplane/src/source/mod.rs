@@ -472,12 +472,12 @@ impl SourceController {
         let mut last_conflict = None;
         for _ in 0..CONFLICT_RETRIES {
             let previous = self.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
-            let (plan, stored) = {
-                let (stored, namespaces, nodes) = cluster_view(informer.cache());
+            let plan = {
+                let (namespaces, nodes) = names(informer.cache());
+                let stored = Accepted(informer.cache());
                 let cluster =
                     apply::Cluster { stored: &stored, applied: &previous, namespaces: &namespaces, nodes: &nodes };
-                let plan = apply::plan(&manifests, &cluster, &policy);
-                (plan, stored)
+                apply::plan(&manifests, &cluster, &policy)
             };
             let plan = match plan {
                 Ok(plan) => plan,
@@ -489,9 +489,9 @@ impl SourceController {
             let by_key: HashMap<&ObjectKey, &Arc<gitplane_source::Manifest>> =
                 manifests.iter().map(|m| (&m.key, m)).collect();
             let mut now_applied = apply::Applied::new();
-            for k in &plan.unchanged {
-                if let (Some(m), Some(rv)) = (by_key.get(k), stored.get(k).and_then(|v| resource_version(v))) {
-                    now_applied.insert(k.clone(), ((*m).clone(), rv));
+            for (k, rv) in &plan.unchanged {
+                if let Some(m) = by_key.get(k) {
+                    now_applied.insert(k.clone(), ((*m).clone(), *rv));
                 }
             }
             if plan.ops.is_empty() {
@@ -693,21 +693,30 @@ fn short(commit: &str) -> &str {
     commit.get(..12).unwrap_or(commit)
 }
 
-/// What a plan needs from the cache: the stored objects of the accepted kinds, the namespaces
-/// and the nodes.
-fn cluster_view(cache: &Cache) -> (BTreeMap<ObjectKey, Arc<Value>>, HashSet<String>, HashSet<String>) {
-    let mut stored = BTreeMap::new();
-    for kind in accepted() {
-        for item in cache.list(&kind.group_kind(), None) {
-            if let Ok(key) = ObjectKey::from_value(&item) {
-                stored.insert(key, item);
-            }
-        }
+/// The stored objects of the accepted kinds, as a plan sees them: straight from the cache.
+struct Accepted<'a>(&'a Cache);
+
+impl apply::Stored for Accepted<'_> {
+    fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+        self.0.get(key)
     }
+
+    fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)> {
+        accepted()
+            .iter()
+            .flat_map(|kind| self.0.list(&kind.group_kind(), None))
+            .filter(|o| apply::owned_by(o, app))
+            .filter_map(|o| Some((ObjectKey::from_value(&o).ok()?, o)))
+            .collect()
+    }
+}
+
+/// The names of the namespaces and of the nodes, which a plan checks references against.
+fn names(cache: &Cache) -> (HashSet<String>, HashSet<String>) {
     let names = |kind: String| -> HashSet<String> {
         cache.list(&kind, None).iter().filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned)).collect()
     };
-    (stored, names(kind_of::<Namespace>()), names(kind_of::<Node>()))
+    (names(kind_of::<Namespace>()), names(kind_of::<Node>()))
 }
 /// Watches a bare repository's branch refs (loose and packed) and reports its path on change.
 fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<notify::RecommendedWatcher> {
