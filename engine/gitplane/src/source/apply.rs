@@ -247,16 +247,24 @@ pub fn plan(
         }
         let record = last_applied_record(&m.value);
         let record_text = record.to_string();
-        // What the source manages: Git's object with the inventory annotation.
-        let mut managed = without_server_fields(&m.value);
-        managed["metadata"]["annotations"][APPLICATION_ANNOTATION] = Value::String(policy.app.to_owned());
         let annotation = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str();
-        // The common case, without a merge: applied as recorded, and every managed field as Git
-        // has it (`managed` has no server fields, so comparing with `current` itself is enough).
-        if annotation == Some(record_text.as_str()) && !managed_differs(&current, &managed) {
+        // The common case, without a merge: applied as recorded, and every field Git sets as Git
+        // has it. The record is Git's object without server fields (the inventory annotation
+        // was checked above), except that a Secret's record holds digests: compare its values.
+        let secret_fields;
+        let git_fields = if m.value["kind"] == "Secret" {
+            secret_fields = without_server_fields(&m.value);
+            &secret_fields
+        } else {
+            &record
+        };
+        if annotation == Some(record_text.as_str()) && !managed_differs(&current, git_fields) {
             plan.unchanged.push((m.key.clone(), resource_version(&current).unwrap_or(0)));
             continue;
         }
+        // What the source manages: Git's object with the inventory annotation.
+        let mut managed = without_server_fields(&m.value);
+        managed["metadata"]["annotations"][APPLICATION_ANNOTATION] = Value::String(policy.app.to_owned());
         let last: Option<Value> = annotation.and_then(|t| serde_json::from_str(t).ok());
         let current_part = without_server_fields(&current);
         let merged = merge(&current_part, last.as_ref().map(without_server_fields).as_ref(), &managed);
