@@ -64,7 +64,7 @@ impl Cache {
     }
 
     pub fn list_typed<K: Resource<DynamicType = ()> + DeserializeOwned>(&self, namespace: Option<&str>) -> Vec<K> {
-        self.list(&kind_of::<K>(), namespace).iter().filter_map(|v| decode(v)).collect()
+        self.list_typed_where(namespace, |_| true)
     }
 
     /// The typed objects that `keep` accepts as JSON: only those are decoded, so a controller

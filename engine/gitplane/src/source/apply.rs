@@ -224,12 +224,12 @@ pub fn plan(
             plan.created += 1;
             continue;
         };
+        let revision = resource_version(&current);
         // Applied by this Application at this very revision, from this very manifest: unchanged
         // (and ours) without looking inside.
-        if cluster.applied.get(&m.key).is_some_and(|(last, revision)| {
-            Arc::ptr_eq(last, m) && resource_version(&current).is_some_and(|rv| rv == *revision)
-        }) {
-            plan.unchanged.push((m.key.clone(), resource_version(&current).unwrap_or(0)));
+        if cluster.applied.get(&m.key).is_some_and(|(last, applied)| Arc::ptr_eq(last, m) && revision == Some(*applied))
+        {
+            plan.unchanged.push((m.key.clone(), revision.unwrap_or(0)));
             continue;
         }
         let owner = current["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str();
@@ -259,7 +259,7 @@ pub fn plan(
             &record
         };
         if annotation == Some(record_text.as_str()) && !managed_differs(&current, git_fields) {
-            plan.unchanged.push((m.key.clone(), resource_version(&current).unwrap_or(0)));
+            plan.unchanged.push((m.key.clone(), revision.unwrap_or(0)));
             continue;
         }
         // What the source manages: Git's object with the inventory annotation.
@@ -273,11 +273,11 @@ pub fn plan(
             plan.drifted.push(m.key.clone());
         }
         if merged == current_part && last.as_ref() == Some(&record) {
-            plan.unchanged.push((m.key.clone(), resource_version(&current).unwrap_or(0)));
+            plan.unchanged.push((m.key.clone(), revision.unwrap_or(0)));
         } else {
             let mut update = merged;
             update["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = Value::String(record_text);
-            update["metadata"]["resourceVersion"] = Value::String(resource_version(&current).unwrap_or(0).to_string());
+            update["metadata"]["resourceVersion"] = Value::String(revision.unwrap_or(0).to_string());
             plan.ops.push(Op::Update(update));
             plan.updated += 1;
         }

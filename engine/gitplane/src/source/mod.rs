@@ -539,7 +539,7 @@ impl SourceController {
         let mut unhealthy = 0;
         for kind in accepted() {
             for object in cache.list(&kind.group_kind(), None) {
-                if object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str() != Some(id.as_str()) {
+                if !apply::owned_by(&object, &id) {
                     continue;
                 }
                 let (health, message) = match kind.kind.as_str() {
@@ -551,15 +551,15 @@ impl SourceController {
                 worst = worst.max(health);
                 if health != Health::Healthy {
                     unhealthy += 1;
-                }
-                if health != Health::Healthy && resources.len() < MAX_LISTED_RESOURCES {
-                    resources.push(ResourceHealth {
-                        kind: kind.kind.clone(),
-                        namespace: object["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
-                        name: object["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                        status: health.as_str().to_owned(),
-                        message,
-                    });
+                    if resources.len() < MAX_LISTED_RESOURCES {
+                        resources.push(ResourceHealth {
+                            kind: kind.kind.clone(),
+                            namespace: object["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
+                            name: object["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                            status: health.as_str().to_owned(),
+                            message,
+                        });
+                    }
                 }
             }
         }
