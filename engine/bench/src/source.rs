@@ -12,7 +12,7 @@ use crate::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
-use gitplane::source::apply::{self, Applied, Cluster, Policy};
+use gitplane::source::apply::{self, Cluster, Inventory, Policy};
 use gitplane_source::{AppSource, Limits, LoadError, Manifest, SourceCache, Validator, load_commit, read_head};
 use gitplane_store::{ObjectKey, Op, remote::pb};
 use serde::Deserialize as _;
@@ -52,6 +52,9 @@ pub struct SourceArgs {
     /// Skip `kubectl kustomize` (minutes for 10,000 resources).
     #[arg(long)]
     skip_kustomize: bool,
+    /// Only push-to-applied (no offline rows, no kustomize): to iterate on the server's part.
+    #[arg(long)]
+    push_only: bool,
     #[arg(long, default_value = "/usr/bin/kubectl")]
     kubectl: PathBuf,
     /// The `gitplane` binary (default: next to this one).
@@ -119,13 +122,17 @@ pub fn main(args: SourceArgs) -> Result<()> {
     eprintln!("generating {} manifests in {}", args.manifests, repo.display());
     let bytes = generate(&repo, args.manifests)?;
     let mut rows = Vec::new();
-    let steps = [
-        (Step::Parse, "bare YAML parse (serde_yaml → JSON), the floor"),
-        (Step::Load, "gitplane: read from Git + render + validate, cold"),
-        (Step::Diff, "gitplane: read + render + validate + three-way diff against the applied state, cold"),
-        (Step::Templates, "the same, with the 2,500 ConfigMaps as templates"),
-    ];
-    for (step, name) in steps {
+    let steps = if args.push_only {
+        &[][..]
+    } else {
+        &[
+            (Step::Parse, "bare YAML parse (serde_yaml → JSON), the floor"),
+            (Step::Load, "gitplane: read from Git + render + validate, cold"),
+            (Step::Diff, "gitplane: read + render + validate + three-way diff against the applied state, cold"),
+            (Step::Templates, "the same, with the 2,500 ConfigMaps as templates"),
+        ][..]
+    };
+    for &(step, name) in steps {
         eprintln!("{name} ({RUNS} runs)");
         // The median run by time (runs on a shared 2-vCPU machine vary by ±20%), with the
         // highest peak RSS of all runs.
@@ -135,11 +142,13 @@ pub fn main(args: SourceArgs) -> Result<()> {
         let (result, _) = runs.swap_remove(RUNS / 2);
         rows.push((name.to_owned(), result, peak));
     }
-    let one_file = {
+    let one_file = if args.push_only {
+        None
+    } else {
         eprintln!("one-file commits, in process");
-        run_step(Step::OneFile, &repo, args.rounds)?
+        Some(run_step(Step::OneFile, &repo, args.rounds)?)
     };
-    let kustomize = if args.skip_kustomize {
+    let kustomize = if args.skip_kustomize || args.push_only {
         None
     } else {
         eprintln!("kubectl kustomize (minutes)");
@@ -152,7 +161,6 @@ pub fn main(args: SourceArgs) -> Result<()> {
         args.rounds,
     ))?;
 
-    let floor = rows[0].1.seconds;
     println!(
         "{} manifests ({} Deployments, Services, ConfigMaps and Secrets each), one per file, {:.1} MiB of YAML; \
          {} CPUs.\n",
@@ -163,6 +171,7 @@ pub fn main(args: SourceArgs) -> Result<()> {
     );
     println!("| Benchmark | Objects | Time (median of {RUNS} runs) | vs bare parse | Peak RSS MiB | Notes |");
     println!("|---|--:|--:|--:|--:|---|");
+    let floor = rows.first().map_or(0.0, |(_, r, _)| r.seconds);
     for (name, r, peak) in &rows {
         let notes = if r.rss_before_kib > 0 && name.contains("diff") {
             format!("{} MiB of it held before the timed part (the stored objects)", r.rss_before_kib / 1024)
@@ -185,15 +194,18 @@ pub fn main(args: SourceArgs) -> Result<()> {
             peak / 1024
         );
     }
-    let in_process = Latencies::new(one_file.0.samples_ms.iter().map(|ms| Duration::from_secs_f64(ms / 1e3)).collect());
-    println!(
-        "| one-file commit, in process: read head + load (warm cache) + diff | {} | p50 {} ms, p99 {} ms | | | \
-         {} commits, alternating two branch heads |",
-        one_file.0.objects,
-        crate::ms(in_process.quantile(0.5)),
-        crate::ms(in_process.quantile(0.99)),
-        in_process.len(),
-    );
+    if let Some((one_file, _)) = one_file {
+        let in_process =
+            Latencies::new(one_file.samples_ms.iter().map(|ms| Duration::from_secs_f64(ms / 1e3)).collect());
+        println!(
+            "| one-file commit, in process: read head + load (warm cache) + diff | {} | p50 {} ms, p99 {} ms | | | \
+             {} commits, alternating two branch heads |",
+            one_file.objects,
+            crate::ms(in_process.quantile(0.5)),
+            crate::ms(in_process.quantile(0.99)),
+            in_process.len(),
+        );
+    }
     println!(
         "| push-to-applied, one-file commit, `gitplane server` (1 replica, SQLite) | {} | p50 {} ms, p99 {} ms, \
          max {} ms | | | {} pushes over HTTP, 0.5 s apart; from `git push` starting to the watch event of the changed \
@@ -277,14 +289,14 @@ pub fn step(args: StepArgs) -> Result<()> {
             let mut state = State::applied(&args.repo, path)?;
             let rss_before_kib = rss_kib();
             let started = Instant::now();
-            // Cold: no cache, and no record of what was applied, so every object is merged.
+            // Cold: no cache, and no inventory, so every object is compared.
             let mut cache = SourceCache::new();
-            state.applied.clear();
+            state.inventory = Inventory::default();
             let head = read_head(&args.repo, "main")?;
             let manifests = load(&head, &state.app, &state.validator, &mut cache)?;
             let plan = state.plan(&manifests)?;
             let seconds = started.elapsed().as_secs_f64();
-            ensure!(plan.ops.is_empty() && plan.unchanged.len() == manifests.len(), "the diff found changes");
+            ensure!(plan.ops.is_empty() && plan.unchanged() == manifests.len(), "the diff found changes");
             StepResult { seconds, objects: manifests.len(), rss_before_kib, ..Default::default() }
         }
         Step::OneFile => {
@@ -299,7 +311,7 @@ pub fn step(args: StepArgs) -> Result<()> {
                 let manifests = load(&head, &state.app, &state.validator, &mut state.cache)?;
                 let plan = state.plan(&manifests)?;
                 ensure!(plan.ops.len() == 1, "a one-file commit planned {} ops", plan.ops.len());
-                state.commit(&manifests, plan);
+                state.commit(&plan);
                 samples_ms.push(started.elapsed().as_secs_f64() * 1e3);
                 objects = manifests.len();
             }
@@ -362,7 +374,7 @@ struct State {
     validator: Validator,
     cache: SourceCache,
     stored: BTreeMap<ObjectKey, Arc<Value>>,
-    applied: Applied,
+    inventory: Inventory,
     namespaces: HashSet<String>,
     nodes: HashSet<String>,
     revision: i64,
@@ -376,7 +388,7 @@ impl State {
             validator: Validator::new(),
             cache: SourceCache::new(),
             stored: BTreeMap::new(),
-            applied: Applied::new(),
+            inventory: Inventory::default(),
             namespaces: HashSet::from(["default".to_owned()]),
             nodes: HashSet::new(),
             revision: 0,
@@ -385,31 +397,35 @@ impl State {
         let manifests = load(&head, &state.app, &state.validator, &mut state.cache)?;
         let plan = state.plan(&manifests)?;
         ensure!(plan.created == manifests.len(), "the first sync created {} objects", plan.created);
-        state.commit(&manifests, plan);
+        state.commit(&plan);
         Ok(state)
     }
 
     fn plan(&self, manifests: &[Arc<Manifest>]) -> Result<apply::Plan> {
-        let cluster =
-            Cluster { stored: &self.stored, applied: &self.applied, namespaces: &self.namespaces, nodes: &self.nodes };
+        let cluster = Cluster {
+            stored: &self.stored,
+            inventory: &self.inventory,
+            namespaces: &self.namespaces,
+            nodes: &self.nodes,
+        };
         let policy = Policy { app: APP, prune: true, allow_empty: false };
         apply::plan(manifests, &cluster, &policy)
             .map_err(|errors| anyhow::anyhow!("{} plan error(s), the first: {}", errors.len(), errors[0]))
     }
 
     /// What the store and the controller do with a plan: each written object gets the next
-    /// revision (and server fields when new), and the applied record follows.
-    fn commit(&mut self, manifests: &[Arc<Manifest>], plan: apply::Plan) {
-        let by_key: std::collections::HashMap<&ObjectKey, &Arc<Manifest>> =
-            manifests.iter().map(|m| (&m.key, m)).collect();
-        let mut applied = Applied::new();
-        for (key, rv) in &plan.unchanged {
-            if let Some(m) = by_key.get(key) {
-                applied.insert(key.clone(), ((*m).clone(), *rv));
-            }
-        }
-        for op in plan.ops {
-            let (Op::Create(mut object) | Op::Update(mut object)) = op else { continue };
+    /// revision (and server fields when new), pruned ones go, and the inventory follows.
+    fn commit(&mut self, plan: &apply::Plan) {
+        let mut committed = Vec::new();
+        for op in &plan.ops {
+            let mut object = match op {
+                Op::Create(object) | Op::Update(object) => object.clone(),
+                Op::Delete { key, .. } => {
+                    self.stored.remove(key);
+                    continue;
+                }
+                _ => continue,
+            };
             self.revision += 1;
             let meta = &mut object["metadata"];
             meta["resourceVersion"] = json!(self.revision.to_string());
@@ -419,12 +435,10 @@ impl State {
                 meta["generation"] = json!(1);
             }
             let Ok(key) = ObjectKey::from_value(&object) else { continue };
-            if let Some(m) = by_key.get(&key) {
-                applied.insert(key.clone(), ((*m).clone(), self.revision));
-            }
-            self.stored.insert(key, Arc::new(object));
+            self.stored.insert(key, Arc::new(object.clone()));
+            committed.push(object);
         }
-        self.applied = applied;
+        self.inventory.record(plan, &committed, true);
     }
 }
 

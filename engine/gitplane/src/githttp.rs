@@ -121,10 +121,19 @@ impl Service {
 #[derive(Clone)]
 struct GitState {
     repos_dir: Arc<std::path::Path>,
+    /// `git`, found on PATH once: with an absolute program (and a PATH of its own) the process
+    /// is started by posix_spawn instead of a fork of this large process.
+    git: Arc<std::path::Path>,
     /// SHA-256 of the push token; `None` when pushing is disabled.
     token: Option<[u8; 32]>,
     anonymous_read: bool,
     processes: Arc<Semaphore>,
+}
+
+/// The path of `program` in a directory of PATH; the bare name when none has it.
+fn find_program(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| p.is_file()).unwrap_or_else(|| program.into())
 }
 
 /// The smart HTTP router for the bare repositories in `repos_dir`.
@@ -135,6 +144,7 @@ pub fn router(repos_dir: PathBuf, auth: GitAuth) -> Router {
     }
     let state = GitState {
         repos_dir: repos_dir.into(),
+        git: find_program("git").into(),
         token: (!auth.push_token.is_empty()).then(|| Sha256::digest(auth.push_token.as_bytes()).into()),
         anonymous_read: auth.anonymous_read,
         processes: Arc::new(Semaphore::new(MAX_PROCESSES)),
@@ -295,7 +305,7 @@ async fn serve(
         Call::Advertise { query, method } => (method, format!("/{dir_name}/info/refs"), query),
         Call::Rpc => (Method::POST, format!("/{dir_name}/{}", service.name()), String::new()),
     };
-    let mut command = tokio::process::Command::new("git");
+    let mut command = tokio::process::Command::new(&*state.git);
     command
         .arg("http-backend")
         .env_clear()

@@ -15,7 +15,7 @@ use gitplane_store::{ObjectKey, Op};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -33,15 +33,85 @@ pub struct Plan {
     pub created: usize,
     pub updated: usize,
     pub pruned: usize,
-    /// Objects already as Git wants them (nothing to do), with the resourceVersion the plan saw.
-    pub unchanged: Vec<(ObjectKey, i64)>,
+    /// Whether every object was compared with the store, not only what changed since the
+    /// inventory was last recorded.
+    pub full: bool,
+    /// The manifests of the Create and Update ops.
+    written: Vec<Arc<Manifest>>,
+    /// Manifests compared and found as Git wants them, with the resourceVersion seen.
+    unchanged: Vec<(Arc<Manifest>, i64)>,
+    /// Objects of the Application that Git no longer has (deleted by the ops if it prunes).
+    removed: Vec<ObjectKey>,
 }
 
-/// What an Application applied last: per object, the manifest (the cache hands back the same
-/// `Arc` while its file is unchanged) and the resourceVersion the store gave it. An object whose
-/// manifest and resourceVersion are both unchanged needs no merge: that is what keeps a
-/// one-file commit to a large repository cheap.
-pub type Applied = std::collections::HashMap<ObjectKey, (Arc<Manifest>, i64)>;
+impl Plan {
+    /// Objects compared and found as Git wants them.
+    pub fn unchanged(&self) -> usize {
+        self.unchanged.len()
+    }
+}
+
+/// The objects an Application owns, as this process last wrote or compared them: per object,
+/// the manifest it was applied from (the source cache hands back the same `Arc` while the file
+/// is unchanged) and the resourceVersion it was at. A plan trusts an entry whose manifest is
+/// the same `Arc` and which nothing else has written since ([`Inventory::touched`]), without
+/// looking at the stored object: that keeps a one-file commit to a large repository O(changed).
+///
+/// Only a full plan, which looks at every stored object, makes the inventory `complete` (every
+/// object the Application owns is in it); until then, and whenever events may have been missed
+/// ([`Inventory::distrust`]), plans are full.
+#[derive(Debug, Default)]
+pub struct Inventory {
+    objects: HashMap<ObjectKey, Entry>,
+    complete: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// `None`: owned, but no longer in Git (kept when the Application does not prune).
+    manifest: Option<Arc<Manifest>>,
+    /// `None` once the object was written by anything else or deleted.
+    revision: Option<i64>,
+}
+
+impl Inventory {
+    /// A write (`Some(resourceVersion)`) or deletion (`None`) of `key` seen in the store: unless
+    /// it is the write this inventory recorded, the entry is no longer trusted.
+    pub fn touched(&mut self, key: &ObjectKey, revision: Option<i64>) {
+        if let Some(entry) = self.objects.get_mut(key)
+            && (revision.is_none() || entry.revision != revision)
+        {
+            entry.revision = None;
+        }
+    }
+
+    /// The next plan compares every object with the store.
+    pub fn distrust(&mut self) {
+        self.complete = false;
+    }
+
+    /// Records what a plan did; `committed` holds the objects its transaction wrote, with their
+    /// new resourceVersions.
+    pub fn record(&mut self, plan: &Plan, committed: &[Value], prune: bool) {
+        if plan.full {
+            self.objects.clear();
+        }
+        let written: HashMap<ObjectKey, i64> =
+            committed.iter().filter_map(|o| Some((ObjectKey::from_value(o).ok()?, resource_version(o)?))).collect();
+        let entries = plan.unchanged.iter().map(|(m, rv)| (m, Some(*rv)));
+        for (m, revision) in entries.chain(plan.written.iter().map(|m| (m, written.get(&m.key).copied()))) {
+            self.objects.insert(m.key.clone(), Entry { manifest: Some(m.clone()), revision });
+        }
+        for key in &plan.removed {
+            if prune {
+                self.objects.remove(key);
+            } else {
+                self.objects.insert(key.clone(), Entry { manifest: None, revision: None });
+            }
+        }
+        self.complete = true;
+    }
+}
 
 /// The stored objects a plan looks at: looked up where they are (the informer's cache), not
 /// copied into a map per sync.
@@ -70,8 +140,8 @@ impl Stored for BTreeMap<ObjectKey, Arc<Value>> {
 pub struct Cluster<'a> {
     /// The stored objects of the accepted kinds.
     pub stored: &'a dyn Stored,
-    /// What this Application applied last.
-    pub applied: &'a Applied,
+    /// What this Application owns and applied last.
+    pub inventory: &'a Inventory,
     pub namespaces: &'a HashSet<String>,
     pub nodes: &'a HashSet<String>,
 }
@@ -189,15 +259,27 @@ fn desired(m: &Manifest, app: &str, record: &Value) -> Value {
     desired
 }
 
-/// The ops that make the store match `manifests`, or every reason they cannot.
+/// The ops that make the store match `manifests`, or every reason they cannot. Compares only
+/// what the inventory cannot vouch for, unless it is not `complete`: then every object.
 pub fn plan(
     manifests: &[Arc<Manifest>],
     cluster: &Cluster<'_>,
     policy: &Policy<'_>,
 ) -> Result<Plan, Vec<ManifestError>> {
+    let inventory = cluster.inventory;
     let mut errors = Vec::new();
-    let mut plan = Plan::default();
+    let mut plan = Plan { full: !inventory.complete, ..Plan::default() };
+    // Inventory entries that a manifest still names: when that is all of them, nothing left Git.
+    let mut named = 0;
     for m in manifests {
+        let entry = inventory.objects.get(&m.key);
+        named += usize::from(entry.is_some());
+        let applied = entry.filter(|e| e.manifest.as_ref().is_some_and(|last| Arc::ptr_eq(last, m)));
+        // Applied from this very manifest, and nothing wrote the object since.
+        let trusted = applied.and_then(|e| e.revision);
+        if !plan.full && trusted.is_some() {
+            continue;
+        }
         let ns = &m.key.namespace;
         let defines_namespace = |name: &str| manifests.iter().any(|o| o.key.kind == "Namespace" && o.key.name == name);
         if !ns.is_empty() && !cluster.namespaces.contains(ns) && !defines_namespace(ns) {
@@ -221,15 +303,14 @@ pub fn plan(
         }
         let Some(current) = cluster.stored.get(&m.key) else {
             plan.ops.push(Op::Create(desired(m, policy.app, &last_applied_record(&m.value))));
+            plan.written.push(m.clone());
             plan.created += 1;
             continue;
         };
         let revision = resource_version(&current);
-        // Applied by this Application at this very revision, from this very manifest: unchanged
-        // (and ours) without looking inside.
-        if cluster.applied.get(&m.key).is_some_and(|(last, applied)| Arc::ptr_eq(last, m) && revision == Some(*applied))
-        {
-            plan.unchanged.push((m.key.clone(), revision.unwrap_or(0)));
+        // A full plan still trusts what is stored at the very revision this process applied.
+        if trusted.is_some() && trusted == revision {
+            plan.unchanged.push((m.clone(), revision.unwrap_or(0)));
             continue;
         }
         let owner = current["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str();
@@ -259,7 +340,7 @@ pub fn plan(
             &record
         };
         if annotation == Some(record_text.as_str()) && !managed_differs(&current, git_fields) {
-            plan.unchanged.push((m.key.clone(), revision.unwrap_or(0)));
+            plan.unchanged.push((m.clone(), revision.unwrap_or(0)));
             continue;
         }
         // What the source manages: Git's object with the inventory annotation.
@@ -273,42 +354,60 @@ pub fn plan(
             plan.drifted.push(m.key.clone());
         }
         if merged == current_part && last.as_ref() == Some(&record) {
-            plan.unchanged.push((m.key.clone(), revision.unwrap_or(0)));
+            plan.unchanged.push((m.clone(), revision.unwrap_or(0)));
         } else {
             let mut update = merged;
             update["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = Value::String(record_text);
             update["metadata"]["resourceVersion"] = Value::String(revision.unwrap_or(0).to_string());
             plan.ops.push(Op::Update(update));
+            plan.written.push(m.clone());
             plan.updated += 1;
         }
     }
     if !errors.is_empty() {
         return Err(errors);
     }
-    if policy.prune {
+    // What the Application owns and Git no longer has: from the store, or from the inventory.
+    let owned: Vec<(ObjectKey, Option<Arc<Value>>)> = if plan.full {
+        cluster.stored.owned_by(policy.app).into_iter().map(|(k, v)| (k, Some(v))).collect()
+    } else if named < inventory.objects.len() {
+        inventory
+            .objects
+            .keys()
+            .map(|k| (k.clone(), cluster.stored.get(k).filter(|v| owned_by(v, policy.app))))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if !owned.is_empty() {
         let wanted: HashSet<&ObjectKey> = manifests.iter().map(|m| &m.key).collect();
-        for (key, current) in cluster.stored.owned_by(policy.app) {
-            if !wanted.contains(&key) {
-                plan.ops.push(Op::Delete { revision: resource_version(&current), key });
+        let mut gone: Vec<_> = owned.into_iter().filter(|(key, _)| !wanted.contains(key)).collect();
+        gone.sort_by(|a, b| a.0.cmp(&b.0));
+        for (key, current) in gone {
+            if policy.prune
+                && let Some(current) = current
+            {
+                plan.ops.push(Op::Delete { revision: resource_version(&current), key: key.clone() });
                 plan.pruned += 1;
             }
+            plan.removed.push(key);
         }
-        if manifests.is_empty() && plan.pruned > 0 && !policy.allow_empty {
-            let message = format!(
-                "the commit renders no objects, which would delete all {} objects of this Application; \
-                 if that is intended set spec.allowEmpty: true, otherwise check spec.path",
-                plan.pruned
-            );
-            return Err(vec![ManifestError {
-                file: "(commit)".into(),
-                line: None,
-                column: None,
-                document: None,
-                object: None,
-                path: None,
-                message,
-            }]);
-        }
+    }
+    if policy.prune && manifests.is_empty() && plan.pruned > 0 && !policy.allow_empty {
+        let message = format!(
+            "the commit renders no objects, which would delete all {} objects of this Application; \
+             if that is intended set spec.allowEmpty: true, otherwise check spec.path",
+            plan.pruned
+        );
+        return Err(vec![ManifestError {
+            file: "(commit)".into(),
+            line: None,
+            column: None,
+            document: None,
+            object: None,
+            path: None,
+            message,
+        }]);
     }
     Ok(plan)
 }
@@ -362,10 +461,10 @@ mod tests {
         let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
         let manifests = [manifest(cm(json!({"k": "v"})))];
         let mut stored = BTreeMap::new();
-        let applied = Applied::new();
+        let inventory = Inventory::default();
         let first = plan(
             &manifests,
-            &Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes },
+            &Cluster { stored: &stored, inventory: &inventory, namespaces: &namespaces, nodes: &nodes },
             &policy,
         )
         .unwrap();
@@ -374,7 +473,7 @@ mod tests {
         stored.insert(key.clone(), Arc::new(stored_after(&first)));
         let again = plan(
             &manifests,
-            &Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes },
+            &Cluster { stored: &stored, inventory: &inventory, namespaces: &namespaces, nodes: &nodes },
             &policy,
         )
         .unwrap();
@@ -384,7 +483,7 @@ mod tests {
         Arc::make_mut(stored.get_mut(&key).unwrap())["data"]["k"] = json!("changed");
         let fix = plan(
             &manifests,
-            &Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes },
+            &Cluster { stored: &stored, inventory: &inventory, namespaces: &namespaces, nodes: &nodes },
             &policy,
         )
         .unwrap();
@@ -401,34 +500,73 @@ mod tests {
         let mut owned = cm(json!({}));
         owned["metadata"]["annotations"] = json!({APPLICATION_ANNOTATION: "gitplane-system/a"});
         stored.insert(ObjectKey::from_value(&owned).unwrap(), Arc::new(owned));
-        let applied = Applied::new();
-        let cluster = Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes };
+        let inventory = Inventory::default();
+        let cluster = Cluster { stored: &stored, inventory: &inventory, namespaces: &namespaces, nodes: &nodes };
         let errors = plan(&[], &cluster, &policy).unwrap_err();
         assert!(errors[0].message.contains("spec.allowEmpty"), "{errors:?}");
         let allowed = Policy { allow_empty: true, ..policy };
         assert_eq!(plan(&[], &cluster, &allowed).unwrap().pruned, 1);
     }
 
+    /// What the store does with a plan's writes: each gets the next revision.
+    fn commit(stored: &mut BTreeMap<ObjectKey, Arc<Value>>, plan: &Plan, revision: &mut i64) -> Vec<Value> {
+        let mut committed = Vec::new();
+        for op in &plan.ops {
+            match op {
+                Op::Create(v) | Op::Update(v) => {
+                    *revision += 1;
+                    let mut v = v.clone();
+                    v["metadata"]["resourceVersion"] = json!(revision.to_string());
+                    stored.insert(ObjectKey::from_value(&v).unwrap(), Arc::new(v.clone()));
+                    committed.push(v);
+                }
+                Op::Delete { key, .. } => drop(stored.remove(key)),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        committed
+    }
+
     #[test]
-    fn an_unchanged_manifest_at_the_applied_revision_is_skipped() {
+    fn the_inventory_limits_a_plan_to_what_changed() {
         let namespaces = HashSet::from(["default".to_owned()]);
         let nodes = HashSet::new();
         let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
-        let manifests = [manifest(cm(json!({"k": "v"})))];
-        let key = manifests[0].key.clone();
-        let mut stored = BTreeMap::new();
-        let mut foreign = cm(json!({"k": "other"}));
-        foreign["metadata"]["annotations"] = json!({APPLICATION_ANNOTATION: "gitplane-system/a"});
-        foreign["metadata"]["resourceVersion"] = json!("7");
-        stored.insert(key.clone(), Arc::new(foreign));
-        // Same Arc, same revision: trusted as applied, no merge.
-        let applied = Applied::from([(key.clone(), (manifests[0].clone(), 7))]);
-        let cluster = Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes };
-        let skipped = plan(&manifests, &cluster, &policy).unwrap();
-        assert!(skipped.ops.is_empty() && skipped.unchanged.iter().map(|(k, _)| k).eq([&key]));
-        // A later revision (someone wrote it) is looked at again.
-        let applied = Applied::from([(key.clone(), (manifests[0].clone(), 6))]);
-        let cluster = Cluster { stored: &stored, applied: &applied, namespaces: &namespaces, nodes: &nodes };
-        assert_eq!(plan(&manifests, &cluster, &policy).unwrap().updated, 1);
+        let one = manifest(cm(json!({"k": "v"})));
+        let mut two_value = cm(json!({"k": "w"}));
+        two_value["metadata"]["name"] = json!("d");
+        let two = manifest(two_value);
+        let (mut stored, mut inventory, mut revision) = (BTreeMap::new(), Inventory::default(), 0);
+        let mut sync = |manifests: &[Arc<Manifest>], stored: &mut BTreeMap<_, _>, inventory: &mut Inventory| {
+            let cluster = Cluster { stored: &*stored, inventory, namespaces: &namespaces, nodes: &nodes };
+            let plan = plan(manifests, &cluster, &policy).unwrap();
+            let committed = commit(stored, &plan, &mut revision);
+            inventory.record(&plan, &committed, policy.prune);
+            plan
+        };
+        let first = sync(&[one.clone(), two.clone()], &mut stored, &mut inventory);
+        assert!(first.full && first.created == 2);
+
+        // Nothing changed: nothing is even compared.
+        let again = sync(&[one.clone(), two.clone()], &mut stored, &mut inventory);
+        assert!(!again.full && again.ops.is_empty() && again.unchanged() == 0, "{again:?}");
+
+        // A write by someone else is compared (and undone) at the next plan.
+        let key = one.key.clone();
+        Arc::make_mut(stored.get_mut(&key).unwrap())["data"]["k"] = json!("changed");
+        inventory.touched(&key, Some(99));
+        let fix = sync(&[one.clone(), two.clone()], &mut stored, &mut inventory);
+        assert_eq!((fix.updated, fix.drifted.as_slice()), (1, std::slice::from_ref(&key)));
+
+        // A full plan trusts objects still at the revision it recorded, compares the others.
+        inventory.distrust();
+        Arc::make_mut(stored.get_mut(&two.key).unwrap())["metadata"]["resourceVersion"] = json!("98");
+        let full = sync(&[one.clone(), two.clone()], &mut stored, &mut inventory);
+        assert!(full.full && full.ops.is_empty() && full.unchanged() == 2, "{full:?}");
+
+        // A manifest that left Git is pruned without a scan of the store.
+        let pruned = sync(std::slice::from_ref(&two), &mut stored, &mut inventory);
+        assert!(!pruned.full && pruned.pruned == 1 && !stored.contains_key(&key), "{pruned:?}");
+        assert!(!inventory.objects.contains_key(&key));
     }
 }

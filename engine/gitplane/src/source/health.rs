@@ -26,6 +26,12 @@ impl Health {
     }
 }
 
+/// Whether objects of `kind` (`Kind.group`) have a health rule: the others are healthy once
+/// they exist.
+pub fn assessed(kind: &str) -> bool {
+    matches!(kind, "Deployment.apps" | "Pod" | "Service")
+}
+
 /// Waiting reasons that will not fix themselves.
 const BROKEN: [&str; 6] = [
     "ErrImagePull",

@@ -71,8 +71,8 @@ pub struct SourceController {
     resync: Duration,
     /// Each Application's parsed and validated files, by blob: a commit re-reads only changes.
     caches: std::sync::Mutex<HashMap<ObjectKey, SourceCache>>,
-    /// What each Application applied last (see [`apply::Applied`]).
-    applied: std::sync::Mutex<HashMap<ObjectKey, apply::Applied>>,
+    /// What each Application owns and applied last (see [`apply::Inventory`]).
+    inventories: std::sync::Mutex<HashMap<ObjectKey, apply::Inventory>>,
 }
 
 /// Why a sync did not apply a commit.
@@ -132,7 +132,7 @@ impl SourceController {
             limits: Limits::default(),
             resync: Duration::from_secs(60),
             caches: Default::default(),
-            applied: Default::default(),
+            inventories: Default::default(),
         }
     }
 
@@ -206,8 +206,9 @@ impl SourceController {
                 // yet, and the status says which commit was already handled.
                 match Api::<Application>::new(self.store.clone()).get(&key.namespace, &key.name).await {
                     Ok(Some(app)) => {
-                        self.sync(&app, reason, &informer).await;
-                        unhealthy.insert(key);
+                        if self.sync(&app, reason, &informer).await {
+                            unhealthy.insert(key);
+                        }
                     }
                     Ok(None) => {}
                     Err(e) => tracing::warn!(application = %key, error = %e, "reading the Application failed"),
@@ -217,6 +218,8 @@ impl SourceController {
                 n = notifications.recv() => match n {
                     Ok(Notification::Changed(e)) => self.observe(&e, &cache, &mut queue, &mut unhealthy, &mut generations),
                     Ok(Notification::Resync) | Err(RecvError::Lagged(_)) => {
+                        // Events were missed: no inventory can vouch for the store any more.
+                        self.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut().for_each(apply::Inventory::distrust);
                         for app in apps(&cache) {
                             queue.insert(app_key(&app), Reason::Reconcile);
                         }
@@ -270,10 +273,11 @@ impl SourceController {
             let deleted = event.event_type == EventType::Deleted;
             if deleted {
                 self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
-                self.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
+                self.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
             }
             if deleted || generations.insert(event.key.clone(), generation) != Some(generation) {
                 queue.entry(event.key.clone()).or_insert(Reason::Commit);
+                unhealthy.insert(event.key.clone());
             }
             // Applications that depend on this one may go now.
             for app in cache.list_typed::<Application>(Some(&event.key.namespace)) {
@@ -281,8 +285,13 @@ impl SourceController {
                     queue.entry(app_key(&app)).or_insert(Reason::Commit);
                 }
             }
-            unhealthy.insert(event.key.clone());
             return;
+        }
+        // Whoever wrote it (an inventory skips its own writes): by key, as the write may also
+        // have changed the inventory annotation.
+        let revision = (event.event_type != EventType::Deleted).then(|| resource_version(&event.object)).flatten();
+        for inventory in self.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut() {
+            inventory.touched(&event.key, revision);
         }
         if let Some(owner) =
             event.object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str().and_then(owner_key)
@@ -291,7 +300,10 @@ impl SourceController {
             if changed_outside {
                 queue.insert(owner.clone(), Reason::Reconcile);
             }
-            unhealthy.insert(owner);
+            // Other kinds are healthy once they exist: a ConfigMap's change changes no health.
+            if event.event_type == EventType::Deleted || health::assessed(&event.key.kind) {
+                unhealthy.insert(owner);
+            }
         } else if matches!(event.key.kind.as_str(), "Pod" | "ReplicaSet.apps") {
             // Pods and ReplicaSets carry no inventory annotation: assess the Applications of
             // that namespace's workloads.
@@ -305,8 +317,10 @@ impl SourceController {
         }
     }
 
-    /// One sync of one Application; the outcome goes to its status, Events and the log.
-    async fn sync(&self, app: &Application, reason: Reason, informer: &Informer) {
+    /// One sync of one Application; the outcome goes to its status, Events and the log. Whether
+    /// the Application's health may have changed: its sync status did, or objects with a
+    /// health rule were written.
+    async fn sync(&self, app: &Application, reason: Reason, informer: &Informer) -> bool {
         let id = app_id(app);
         let last = app.status.as_ref().and_then(|s| s.sync.clone()).unwrap_or_default();
         if let Some(waiting) = self.unmet_dependencies(app, informer.cache()) {
@@ -318,7 +332,7 @@ impl SourceController {
                 })
                 .await;
             }
-            return;
+            return true;
         }
         let started = Instant::now();
         let started_at = rfc3339();
@@ -326,7 +340,7 @@ impl SourceController {
         let elapsed = started.elapsed();
         let duration_ms = Some(elapsed.as_millis() as u64);
         match outcome {
-            Ok(None) => {}
+            Ok(None) => false,
             Ok(Some(applied)) => {
                 tracing::info!(application = %id, commit = %applied.commit, created = applied.plan.created,
                     updated = applied.plan.updated, pruned = applied.plan.pruned,
@@ -372,6 +386,8 @@ impl SourceController {
                     });
                 })
                 .await;
+                last.status != "Synced"
+                    || applied.plan.ops.iter().any(|op| op.key().is_ok_and(|k| health::assessed(&k.kind)))
             }
             Err((commit, e)) => {
                 let errors: Vec<String> = match &e {
@@ -405,6 +421,7 @@ impl SourceController {
                     sync.duration_ms = duration_ms;
                 })
                 .await;
+                true
             }
         }
     }
@@ -467,65 +484,66 @@ impl SourceController {
             LoadError::Invalid(errors) => fail(SyncError::Invalid(errors)),
             LoadError::Source(e) => fail(e.into()),
         })?;
+        let mut inventory = self.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
+        if reason == Reason::Reconcile {
+            inventory.distrust();
+        }
+        let applied = self.apply(app, &manifests, &mut inventory, informer).await;
+        self.inventories.lock().unwrap_or_else(|e| e.into_inner()).insert(key, inventory);
+        match applied {
+            Ok(plan) if plan.ops.is_empty() && handled => Ok(None),
+            Ok(plan) => Ok(Some(Applied { commit: commit.id.clone(), subject: commit.subject.clone(), plan })),
+            Err(e) => Err(fail(e)),
+        }
+    }
+
+    /// Plans the manifests against the store and commits the plan as one transaction, planning
+    /// again (in full) when a concurrent writer got in between; `inventory` follows.
+    async fn apply(
+        &self,
+        app: &Application,
+        manifests: &[Arc<gitplane_source::Manifest>],
+        inventory: &mut apply::Inventory,
+        informer: &Informer,
+    ) -> Result<apply::Plan, SyncError> {
         let id = app_id(app);
         let policy = apply::Policy { app: &id, prune: app.spec.prune, allow_empty: app.spec.allow_empty };
         let mut last_conflict = None;
         for _ in 0..CONFLICT_RETRIES {
-            let previous = self.applied.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
             let plan = {
                 let (namespaces, nodes) = names(informer.cache());
                 let stored = Accepted(informer.cache());
-                let cluster =
-                    apply::Cluster { stored: &stored, applied: &previous, namespaces: &namespaces, nodes: &nodes };
-                apply::plan(&manifests, &cluster, &policy)
+                let cluster = apply::Cluster { stored: &stored, inventory, namespaces: &namespaces, nodes: &nodes };
+                apply::plan(manifests, &cluster, &policy).map_err(SyncError::Invalid)?
             };
-            let plan = match plan {
-                Ok(plan) => plan,
-                Err(errors) => {
-                    self.applied.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), previous);
-                    return Err(fail(SyncError::Invalid(errors)));
-                }
-            };
-            let by_key: HashMap<&ObjectKey, &Arc<gitplane_source::Manifest>> =
-                manifests.iter().map(|m| (&m.key, m)).collect();
-            let mut now_applied = apply::Applied::new();
-            for (k, rv) in &plan.unchanged {
-                if let Some(m) = by_key.get(k) {
-                    now_applied.insert(k.clone(), ((*m).clone(), *rv));
-                }
-            }
             if plan.ops.is_empty() {
-                self.applied.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), now_applied);
-                if handled {
-                    return Ok(None);
-                }
-                return Ok(Some(Applied { commit: commit.id.clone(), subject: commit.subject.clone(), plan }));
+                inventory.record(&plan, &[], policy.prune);
+                return Ok(plan);
             }
             match self.store.txn(plan.ops.clone()).await {
                 Ok(committed) => {
-                    for object in &committed.objects {
-                        if let (Ok(k), Some(rv)) = (ObjectKey::from_value(object), resource_version(object))
-                            && let Some(m) = by_key.get(&k)
-                        {
-                            now_applied.insert(k, ((*m).clone(), rv));
-                        }
-                    }
-                    self.applied.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), now_applied);
+                    inventory.record(&plan, &committed.objects, policy.prune);
                     informer.wait_for(committed.revision).await;
-                    return Ok(Some(Applied { commit: commit.id.clone(), subject: commit.subject.clone(), plan }));
+                    return Ok(plan);
                 }
                 Err(e) if e.is_conflict() || e.is_already_exists() || e.is_not_found() => {
                     last_conflict = Some(e.to_string());
-                    // The cache was behind: wait until it has caught up with the store, then plan again.
+                    // The cache was behind: wait until it has caught up with the store, then plan
+                    // again, looking at everything.
+                    inventory.distrust();
                     if let Ok(revision) = self.store.revision().await {
                         informer.wait_for(revision).await;
                     }
                 }
-                Err(e) => return Err(fail(e.into())),
+                Err(e) => {
+                    // The transaction may or may not have committed.
+                    inventory.distrust();
+                    return Err(e.into());
+                }
             }
         }
         let last = last_conflict.unwrap_or_default();
-        Err(fail(SyncError::Spec(format!("objects kept changing while applying ({last}); will retry"))))
+        Err(SyncError::Spec(format!("objects kept changing while applying ({last}); will retry")))
     }
 
     /// Recomputes the health of one Application from the cache.
