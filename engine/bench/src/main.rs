@@ -315,8 +315,13 @@ async fn store(s: &Settings) -> Result<()> {
             max: result.delivery.max(),
             baseline: ratio_text(p99, baseline, "etcd p99"),
             notes: format!(
-                "{} deliveries{}{}",
+                "{} deliveries; the write's commit p50 {} / p99 {} ms; delivery after the write's \
+                 acknowledgement p50 {} / p99 {} ms{}{}",
                 result.delivery.len(),
+                ms(result.commit.quantile(0.5)),
+                ms(result.commit.quantile(0.99)),
+                ms(result.after_ack.quantile(0.5)),
+                ms(result.after_ack.quantile(0.99)),
                 if missing > 0 { format!(", {missing} missing") } else { String::new() },
                 if result.write_errors > 0 {
                     format!(", {} writes failed", result.write_errors)

@@ -1,6 +1,8 @@
 //! Watch fan-out: many watchers of ConfigMaps on one replica, one writer creating 1 KiB
 //! ConfigMaps at a fixed rate (open loop: a slow write does not slow the next one). For every
-//! (write, watcher) pair: the time from the write being sent to that watcher receiving its event.
+//! (write, watcher) pair: the time from the write being sent to that watcher receiving its event,
+//! and apart from it the write's own commit (sent to acknowledged) and the delivery after the
+//! acknowledgement (zero when the event came first): the fan-out's share.
 
 use crate::{
     etcd::pb as etcdpb,
@@ -21,6 +23,10 @@ use tonic::transport::Channel;
 
 pub struct WatchResult {
     pub delivery: Latencies,
+    /// Each write, sent to acknowledged.
+    pub commit: Latencies,
+    /// Each delivery after its write was acknowledged (zero when the event came first).
+    pub after_ack: Latencies,
     /// Writes times watchers.
     pub expected: u64,
     pub write_errors: u64,
@@ -28,17 +34,26 @@ pub struct WatchResult {
 
 const NAME_PREFIX: &str = "watch-";
 
-/// Send times: nanoseconds since `base` plus one (0: not sent).
+/// Send and acknowledgement times: nanoseconds since `base` plus one (0: not yet).
 struct SendTimes {
     base: Instant,
     sent: Vec<AtomicU64>,
+    acked: Vec<AtomicU64>,
 }
 
 impl SendTimes {
-    fn latency(&self, name: &str) -> Option<Duration> {
+    fn now(&self) -> u64 {
+        self.base.elapsed().as_nanos() as u64 + 1
+    }
+
+    /// The write a received name stands for, if it was sent.
+    fn seq(&self, name: &str) -> Option<usize> {
         let seq: usize = name.strip_prefix(NAME_PREFIX)?.parse().ok()?;
-        let sent = self.sent.get(seq)?.load(Ordering::SeqCst);
-        (sent != 0).then(|| self.base.elapsed().saturating_sub(Duration::from_nanos(sent - 1)))
+        (self.sent.get(seq)?.load(Ordering::SeqCst) != 0).then_some(seq)
+    }
+
+    fn between(from: u64, to: u64) -> Duration {
+        Duration::from_nanos(to.saturating_sub(from))
     }
 }
 
@@ -116,22 +131,25 @@ pub async fn run(
     for i in 0..watchers {
         streams.push(Stream::open(api, channels[i % channels.len()].clone()).await?);
     }
-    let times = Arc::new(SendTimes { base: Instant::now(), sent: (0..writes).map(|_| AtomicU64::new(0)).collect() });
+    let slots = || (0..writes).map(|_| AtomicU64::new(0)).collect();
+    let times = Arc::new(SendTimes { base: Instant::now(), sent: slots(), acked: slots() });
     let done = Instant::now() + Duration::from_secs(1) + duration + Duration::from_secs(10);
     let mut receivers = Vec::with_capacity(watchers);
     for mut stream in streams {
         let times = times.clone();
         receivers.push(tokio::spawn(async move {
-            let mut latencies = Vec::with_capacity(writes);
+            // (write, when received)
+            let mut received = Vec::with_capacity(writes);
             let receive = async {
-                while latencies.len() < writes {
+                while received.len() < writes {
                     let Some(names) = stream.next().await? else { break };
-                    latencies.extend(names.iter().filter_map(|n| times.latency(n)));
+                    let now = times.now();
+                    received.extend(names.iter().filter_map(|n| Some((times.seq(n)?, now))));
                 }
                 anyhow::Ok(())
             };
             let outcome = tokio::time::timeout_at(done.into(), receive).await;
-            (latencies, outcome.ok().and_then(Result::err).map(|e| e.to_string()))
+            (received, outcome.ok().and_then(Result::err).map(|e| e.to_string()))
         }));
     }
     // Watches settle before the first write.
@@ -144,25 +162,41 @@ pub async fn run(
         ticks.tick().await;
         let (times, errors, mut writer) = (times.clone(), errors.clone(), writer.clone());
         in_flight.push(tokio::spawn(async move {
-            times.sent[seq].store(times.base.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
+            times.sent[seq].store(times.now(), Ordering::SeqCst);
             if writer.create(&format!("{NAME_PREFIX}{seq}")).await.is_err() {
                 errors.fetch_add(1, Ordering::Relaxed);
+            } else {
+                times.acked[seq].store(times.now(), Ordering::SeqCst);
             }
         }));
     }
     for write in in_flight {
         let _ = write.await;
     }
-    let mut latencies = Vec::with_capacity(writes * watchers);
+    let (mut delivery, mut after_ack) = (Vec::with_capacity(writes * watchers), Vec::with_capacity(writes * watchers));
     for receiver in receivers {
         let (received, error) = receiver.await.context("a watcher panicked")?;
         if let Some(e) = error {
             eprintln!("  a watcher failed: {e}");
         }
-        latencies.extend(received);
+        for (seq, at) in received {
+            delivery.push(SendTimes::between(times.sent[seq].load(Ordering::SeqCst), at));
+            let acked = times.acked[seq].load(Ordering::SeqCst);
+            if acked != 0 {
+                after_ack.push(SendTimes::between(acked, at));
+            }
+        }
     }
+    let commit = (0..writes)
+        .filter_map(|seq| {
+            let (sent, acked) = (times.sent[seq].load(Ordering::SeqCst), times.acked[seq].load(Ordering::SeqCst));
+            (acked != 0).then(|| SendTimes::between(sent, acked))
+        })
+        .collect();
     Ok(WatchResult {
-        delivery: Latencies::new(latencies),
+        delivery: Latencies::new(delivery),
+        commit: Latencies::new(commit),
+        after_ack: Latencies::new(after_ack),
         expected: (writes * watchers) as u64,
         write_errors: errors.load(Ordering::Relaxed),
     })

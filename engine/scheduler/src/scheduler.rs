@@ -93,7 +93,7 @@ impl Scheduler {
             return;
         }
         let pod_id = (event.key.namespace.clone(), event.key.name.clone());
-        let pod: Option<Pod> = serde_json::from_value(event.object.clone()).ok();
+        let pod = <Pod as k8s_openapi::serde::Deserialize>::deserialize(&*event.object).ok();
         match (event.event_type, pod) {
             (gitplane_store::EventType::Deleted, _) => {
                 self.pending.remove(&pod_id);

@@ -121,7 +121,8 @@ pub(crate) async fn apply_txns<W: TxnWriter>(writer: &mut W, txns: &[Txn], mut r
                         key.clone(),
                         ObjectWrite { key: key.clone(), revision, value: (!gone).then(|| text.clone()) },
                     );
-                    watched.push((seq, Event { revision, event_type, key: key.clone(), object: value.clone() }));
+                    let object = Arc::new(value.clone());
+                    watched.push((seq, Event { revision, event_type, key: key.clone(), object }));
                     events.push(EventWrite { revision, seq, event_type, key, value: text });
                     committed.push(value);
                 }
@@ -411,7 +412,7 @@ impl EventRead {
             .map(|(revision, seq, code, kind, namespace, name, value)| {
                 let key = ObjectKey::new(kind, namespace, name);
                 let object = parse(&key, &value)?;
-                Ok((seq, Event { revision, event_type: EventType::from_code(code), key, object }))
+                Ok((seq, Event { revision, event_type: EventType::from_code(code), key, object: Arc::new(object) }))
             })
             .collect::<Result<_>>()?;
         Ok(EventRead { events, latest })
@@ -549,7 +550,7 @@ mod tests {
             revision,
             event_type: EventType::Added,
             key: ObjectKey::new(kind, "a", format!("{kind}-{revision}")),
-            object: Value::Null,
+            object: Arc::new(Value::Null),
         }
     }
 
@@ -585,7 +586,12 @@ mod watch_cache_tests {
     use super::*;
 
     fn event(revision: Revision, kind: &str) -> Event {
-        Event { revision, event_type: EventType::Added, key: ObjectKey::new(kind, "ns", "x"), object: Value::Null }
+        Event {
+            revision,
+            event_type: EventType::Added,
+            key: ObjectKey::new(kind, "ns", "x"),
+            object: Arc::new(Value::Null),
+        }
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl Cache {
                 of_kind.remove(&id);
             }
             EventType::Added | EventType::Modified => {
-                of_kind.insert(id, Arc::new(event.object.clone()));
+                of_kind.insert(id, event.object.clone());
             }
             EventType::Bookmark => {}
         }

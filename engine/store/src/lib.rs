@@ -29,6 +29,7 @@ pub use gitplane_api::ObjectKey;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::sync::Arc;
 
 /// The global revision; also every object's `resourceVersion`.
 pub type Revision = i64;
@@ -169,17 +170,18 @@ impl EventType {
 
 /// One change, as a watcher sees it. For `Deleted`, `object` is the last state with
 /// `resourceVersion` set to the deleting revision. A `Bookmark` has an empty key and object.
+/// The object is shared: fanning an event out to watchers and informers copies no JSON.
 #[derive(Clone, Debug)]
 pub struct Event {
     pub revision: Revision,
     pub event_type: EventType,
     pub key: ObjectKey,
-    pub object: Value,
+    pub object: Arc<Value>,
 }
 
 impl Event {
     pub fn bookmark(revision: Revision) -> Event {
-        Event { revision, event_type: EventType::Bookmark, key: ObjectKey::default(), object: Value::Null }
+        Event { revision, event_type: EventType::Bookmark, key: ObjectKey::default(), object: Arc::new(Value::Null) }
     }
 }
 

@@ -357,7 +357,7 @@ impl Store for RemoteStore {
                 let key = ObjectKey::new(e.kind, e.namespace, e.name);
                 let object = serde_json::from_slice(&e.object)
                     .map_err(|source| StoreError::Corrupt { key: key.to_string(), source })?;
-                Ok(Event { revision: e.revision, event_type, key, object })
+                Ok(Event { revision: e.revision, event_type, key, object: Arc::new(object) })
             })
             .boxed())
     }

@@ -67,7 +67,7 @@ async fn a_commit_through_one_replica_reaches_the_watchers_of_the_other() {
     let mut from_start = b.watch(0, WatchOptions::default()).await.unwrap();
     let first = a.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap();
     let e = next(&mut from_start).await;
-    assert_eq!((e.revision, e.key.name.as_str(), &e.object), (first.revision, "p", &first.objects[0]));
+    assert_eq!((e.revision, e.key.name.as_str(), &*e.object), (first.revision, "p", &first.objects[0]));
     assert_eq!(b.get(&key("a", "p")).await.unwrap().as_ref(), Some(&first.objects[0]));
     assert_eq!(b.revision().await.unwrap(), first.revision);
     let idle: String =
