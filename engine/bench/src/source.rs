@@ -98,6 +98,9 @@ enum Step {
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 struct StepResult {
     seconds: f64,
+    /// CPU time (user + system, all threads) of the timed part.
+    #[serde(default)]
+    cpu_seconds: f64,
     objects: usize,
     /// RSS when the timed part started (the diff steps hold the stored objects by then).
     rss_before_kib: u64,
@@ -169,9 +172,13 @@ pub fn main(args: SourceArgs) -> Result<()> {
         bytes as f64 / (1 << 20) as f64,
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
-    println!("| Benchmark | Objects | Time (median of {RUNS} runs) | vs bare parse | Peak RSS MiB | Notes |");
-    println!("|---|--:|--:|--:|--:|---|");
+    println!(
+        "| Benchmark | Objects | Time (median of {RUNS} runs) | vs bare parse | CPU time | CPU vs bare parse | \
+         Peak RSS MiB | Notes |"
+    );
+    println!("|---|--:|--:|--:|--:|--:|--:|---|");
     let floor = rows.first().map_or(0.0, |(_, r, _)| r.seconds);
+    let cpu_floor = rows.first().map_or(0.0, |(_, r, _)| r.cpu_seconds);
     for (name, r, peak) in &rows {
         let notes = if r.rss_before_kib > 0 && name.contains("diff") {
             format!("{} MiB of it held before the timed part (the stored objects)", r.rss_before_kib / 1024)
@@ -179,18 +186,23 @@ pub fn main(args: SourceArgs) -> Result<()> {
             String::new()
         };
         println!(
-            "| {name} | {} | {:.0} ms | {:.2}× | {} | {notes} |",
+            "| {name} | {} | {:.0} ms | {:.2}× | {:.0} ms | {:.2}× | {} | {notes} |",
             r.objects,
             r.seconds * 1e3,
             r.seconds / floor,
+            r.cpu_seconds * 1e3,
+            r.cpu_seconds / cpu_floor,
             peak / 1024
         );
     }
-    if let Some((seconds, objects, peak)) = kustomize {
+    if let Some((seconds, cpu_seconds, objects, peak)) = kustomize {
         println!(
-            "| `kubectl kustomize` over the same files, the reference | {objects} | {:.1} s | {:.0}× | {} | one run |",
+            "| `kubectl kustomize` over the same files, the reference | {objects} | {:.1} s | {:.0}× | {:.1} s | \
+             {:.0}× | {} | one run |",
             seconds,
             seconds / floor,
+            cpu_seconds,
+            cpu_seconds / cpu_floor,
             peak / 1024
         );
     }
@@ -198,7 +210,7 @@ pub fn main(args: SourceArgs) -> Result<()> {
         let in_process =
             Latencies::new(one_file.samples_ms.iter().map(|ms| Duration::from_secs_f64(ms / 1e3)).collect());
         println!(
-            "| one-file commit, in process: read head + load (warm cache) + diff | {} | p50 {} ms, p99 {} ms | | | \
+            "| one-file commit, in process: read head + load (warm cache) + diff | {} | p50 {} ms, p99 {} ms | | | | | \
              {} commits, alternating two branch heads |",
             one_file.objects,
             crate::ms(in_process.quantile(0.5)),
@@ -208,7 +220,7 @@ pub fn main(args: SourceArgs) -> Result<()> {
     }
     println!(
         "| push-to-applied, one-file commit, `gitplane server` (1 replica, SQLite) | {} | p50 {} ms, p99 {} ms, \
-         max {} ms | | | {} pushes over HTTP, 0.5 s apart; from `git push` starting to the watch event of the changed \
+         max {} ms | | | | | {} pushes over HTTP, 0.5 s apart; from `git push` starting to the watch event of the changed \
          ConfigMap; `git push` alone p50 {} ms; after `git push` returned p50 {} ms, p99 {} ms; first sync of \
          the whole repository {:.1} s, then {:.0} s until the controllers had made its ReplicaSets and Pods |",
         args.manifests,
@@ -230,14 +242,15 @@ fn run_step(step: Step, repo: &Path, rounds: usize) -> Result<(StepResult, u64)>
     let step_name = clap::ValueEnum::to_possible_value(&step).context("every step has a name")?.get_name().to_owned();
     let mut command = Command::new(std::env::current_exe()?);
     command.args(["source-step", "--step", &step_name, "--rounds", &rounds.to_string(), "--repo"]).arg(repo);
-    let (status, stdout, peak) = run_measured(command)?;
+    let (status, stdout, _, peak) = run_measured(command)?;
     ensure!(status == 0, "source-step {step_name} failed (exit {status})");
     let result: StepResult = serde_json::from_slice(&stdout).context("source-step output")?;
     Ok((result, peak))
 }
 
-/// Runs `command` to the end: its exit code, its stdout and its peak RSS in KiB (`wait4`).
-fn run_measured(mut command: Command) -> Result<(i32, Vec<u8>, u64)> {
+/// Runs `command` to the end: its exit code, its stdout, its CPU seconds and its peak RSS in KiB
+/// (`wait4`).
+fn run_measured(mut command: Command) -> Result<(i32, Vec<u8>, f64, u64)> {
     let out = tempfile::tempfile()?;
     command.stdin(Stdio::null()).stdout(out.try_clone()?).stderr(Stdio::inherit());
     let child = command.spawn().context("starting a step")?;
@@ -252,19 +265,21 @@ fn run_measured(mut command: Command) -> Result<(i32, Vec<u8>, u64)> {
     use std::io::{Read as _, Seek as _};
     out.rewind()?;
     out.read_to_end(&mut stdout)?;
-    Ok((code, stdout, usage.ru_maxrss as u64))
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok((code, stdout, seconds(usage.ru_utime) + seconds(usage.ru_stime), usage.ru_maxrss as u64))
 }
 
-/// `kubectl kustomize` over the generated files: seconds, objects printed, peak RSS in KiB.
-fn kustomize(kubectl: &Path, repo: &Path) -> Result<(f64, usize, u64)> {
+/// `kubectl kustomize` over the generated files: seconds, CPU seconds, objects printed, peak RSS
+/// in KiB.
+fn kustomize(kubectl: &Path, repo: &Path) -> Result<(f64, f64, usize, u64)> {
     let mut command = Command::new(kubectl);
     command.arg("kustomize").arg(repo);
     let started = Instant::now();
-    let (status, stdout, peak) = run_measured(command)?;
+    let (status, stdout, cpu_seconds, peak) = run_measured(command)?;
     let seconds = started.elapsed().as_secs_f64();
     ensure!(status == 0, "kubectl kustomize failed (exit {status})");
     let objects = String::from_utf8_lossy(&stdout).lines().filter(|l| l.starts_with("kind: ")).count();
-    Ok((seconds, objects, peak))
+    Ok((seconds, cpu_seconds, objects, peak))
 }
 
 /// `gitplane-bench source-step`: one measurement, its result on stdout as JSON.
@@ -275,10 +290,11 @@ pub fn step(args: StepArgs) -> Result<()> {
             let validator = Validator::new();
             let head = read_head(&args.repo, "main")?;
             let rss_before_kib = rss_kib();
-            let started = Instant::now();
+            let (started, cpu) = (Instant::now(), cpu_seconds());
             let manifests = load(&head, &app_source(PLAIN), &validator, &mut SourceCache::new())?;
             StepResult {
                 seconds: started.elapsed().as_secs_f64(),
+                cpu_seconds: cpu_seconds() - cpu,
                 objects: manifests.len(),
                 rss_before_kib,
                 ..Default::default()
@@ -288,16 +304,16 @@ pub fn step(args: StepArgs) -> Result<()> {
             let path = if args.step == Step::Diff { PLAIN } else { TEMPLATED };
             let mut state = State::applied(&args.repo, path)?;
             let rss_before_kib = rss_kib();
-            let started = Instant::now();
+            let (started, cpu) = (Instant::now(), cpu_seconds());
             // Cold: no cache, and no inventory, so every object is compared.
             let mut cache = SourceCache::new();
             state.inventory = Inventory::default();
             let head = read_head(&args.repo, "main")?;
             let manifests = load(&head, &state.app, &state.validator, &mut cache)?;
             let plan = state.plan(&manifests)?;
-            let seconds = started.elapsed().as_secs_f64();
+            let (seconds, cpu_seconds) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu);
             ensure!(plan.ops.is_empty() && plan.unchanged() == manifests.len(), "the diff found changes");
-            StepResult { seconds, objects: manifests.len(), rss_before_kib, ..Default::default() }
+            StepResult { seconds, cpu_seconds, objects: manifests.len(), rss_before_kib, ..Default::default() }
         }
         Step::OneFile => {
             let mut state = State::applied(&args.repo, PLAIN)?;
@@ -315,7 +331,7 @@ pub fn step(args: StepArgs) -> Result<()> {
                 samples_ms.push(started.elapsed().as_secs_f64() * 1e3);
                 objects = manifests.len();
             }
-            StepResult { seconds: 0.0, objects, rss_before_kib, samples_ms }
+            StepResult { objects, rss_before_kib, samples_ms, ..Default::default() }
         }
     };
     println!("{}", serde_json::to_string(&result)?);
@@ -336,15 +352,16 @@ fn parse_floor(dir: &Path) -> Result<StepResult> {
     paths.sort();
     let contents: Vec<Vec<u8>> = paths.iter().map(std::fs::read).collect::<std::io::Result<_>>()?;
     let rss_before_kib = rss_kib();
-    let started = Instant::now();
+    let (started, cpu) = (Instant::now(), cpu_seconds());
     let mut values = Vec::with_capacity(contents.len());
     for content in &contents {
         for document in serde_yaml::Deserializer::from_slice(content) {
             values.push(Value::deserialize(document)?);
         }
     }
-    let seconds = started.elapsed().as_secs_f64();
-    Ok(StepResult { seconds, objects: std::hint::black_box(values).len(), rss_before_kib, ..Default::default() })
+    let (seconds, cpu_seconds) = (started.elapsed().as_secs_f64(), cpu_seconds() - cpu);
+    let objects = std::hint::black_box(values).len();
+    Ok(StepResult { seconds, cpu_seconds, objects, rss_before_kib, ..Default::default() })
 }
 
 fn app_source(path: &str) -> AppSource {
@@ -440,6 +457,15 @@ impl State {
         }
         self.inventory.record(plan, &committed, true);
     }
+}
+
+/// CPU time this process has used (user + system, every thread), in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: an all-zero rusage is valid, and getrusage only writes into it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// This process's resident set, in KiB.

@@ -7,7 +7,8 @@
 //! - A cached outcome is exactly what a cold load of the same file would give: the outcome of
 //!   a file depends on its path, its bytes (the blob id), for a template the values (their
 //!   digest), and the settings (default namespace, limits), which clear the cache when they
-//!   change. A file cut short by the document limit depends on the other files: it is not kept.
+//!   change. Each file is processed on its own (so files can be processed in parallel), up to
+//!   the document limit; a file cut short by it is not kept.
 //! - Errors are outcomes too: a broken file that did not change is not parsed again, and its
 //!   errors are still reported.
 //! - The cache holds the files of the last load only, so it never grows past one commit.
@@ -79,6 +80,16 @@ struct Outcome {
     documents: Vec<(usize, usize)>,
     manifests: Vec<Accepted>,
     errors: Vec<ManifestError>,
+}
+
+impl CacheStats {
+    fn add(&mut self, other: &CacheStats) {
+        self.hits += other.hits;
+        self.processed += other.processed;
+        self.rendered += other.rendered;
+        self.validated += other.validated;
+        self.read += other.read;
+    }
 }
 
 impl SourceCache {
@@ -169,10 +180,10 @@ pub(crate) fn load<'c>(
     // The entries of the previous load, merged with this load's files by path; what this load
     // does not see is dropped, so the cache follows the branch instead of accumulating. (A read
     // error stops the load: the entries not merged yet are dropped, and read again next time.)
+    // Every file the cache does not hold is read first (their sizes were checked), then they
+    // are processed, on every CPU when there are many, then merged in order.
     let mut previous = std::mem::take(&mut cache.files).into_iter().peekable();
-    let mut outcomes: Vec<Arc<Outcome>> = Vec::with_capacity(candidates.len());
-    let mut documents = 0usize;
-    let mut bytes = 0u64;
+    let mut slots: Vec<Slot<'c>> = Vec::with_capacity(candidates.len());
     for (position, candidate) in candidates.iter().enumerate() {
         let path = candidate.path.as_str();
         while previous.next_if(|e| e.path.as_str() < path).is_some() {}
@@ -186,20 +197,38 @@ pub(crate) fn load<'c>(
             // The values have errors, reported already: the templates cannot render.
             (true, None) => continue,
         };
-        let hit = entry.filter(|e| !candidate.blob.is_zero() && e.blob == candidate.blob && e.values == digest);
-        let entry = match hit {
+        match entry.filter(|e| !candidate.blob.is_zero() && e.blob == candidate.blob && e.values == digest) {
             Some(entry) => {
                 cache.stats.hits += 1;
-                Some(entry)
+                slots.push(Slot::Hit { candidate, entry });
             }
             None => {
                 let content = read(position, candidate)?;
                 cache.stats.read += 1;
-                let left = limits.max_documents.saturating_sub(documents);
-                let values = values.as_ref().filter(|_| digest.is_some());
-                let context =
-                    Context { validator, default_namespace: &app.default_namespace, limits, keys: &cache.keys };
-                let (outcome, complete) = process(path, &content, values, &context, left, &mut cache.stats);
+                slots.push(Slot::Miss { candidate, digest, content });
+            }
+        }
+    }
+    let context = Context { validator, default_namespace: &app.default_namespace, limits, keys: &cache.keys };
+    let jobs: Vec<Job<'_>> = slots
+        .iter()
+        .filter_map(|slot| match slot {
+            Slot::Miss { candidate, digest, content } => {
+                Some((candidate.path.as_str(), content.as_ref(), values.as_ref().filter(|_| digest.is_some())))
+            }
+            Slot::Hit { .. } => None,
+        })
+        .collect();
+    let mut processed = process_all(&jobs, &context, &mut cache.stats).into_iter();
+
+    let mut outcomes: Vec<Arc<Outcome>> = Vec::with_capacity(slots.len());
+    let mut documents = 0usize;
+    let mut bytes = 0u64;
+    for slot in slots {
+        let (path, entry) = match slot {
+            Slot::Hit { candidate, entry } => (candidate.path.as_str(), Some(entry)),
+            Slot::Miss { candidate, digest, .. } => {
+                let Some((outcome, complete)) = processed.next() else { break };
                 let entry = FileEntry {
                     path: candidate.path.clone(),
                     blob: candidate.blob,
@@ -207,12 +236,12 @@ pub(crate) fn load<'c>(
                     values: digest,
                     outcome: Arc::new(outcome),
                 };
-                // A file cut short by the document limit depends on the others: not kept.
+                // A file cut short by the document limit is not kept.
                 let cacheable = complete && !candidate.blob.is_zero();
                 if !cacheable {
                     outcomes.push(Arc::clone(&entry.outcome));
                 }
-                cacheable.then_some(entry)
+                (candidate.path.as_str(), cacheable.then_some(entry))
             }
         };
         if let Some(entry) = entry {
@@ -255,6 +284,53 @@ pub(crate) fn load<'c>(
         (rank.get(e.file.as_str()).copied().unwrap_or(usize::MAX), e.line.unwrap_or(0), e.column.unwrap_or(0))
     });
     Err(LoadError::Invalid(errors))
+}
+
+/// A file of this load: held by the cache, or read and to be processed.
+enum Slot<'c> {
+    Hit { candidate: &'c Candidate, entry: FileEntry },
+    Miss { candidate: &'c Candidate, digest: Option<[u8; 32]>, content: Cow<'c, [u8]> },
+}
+
+/// A file to process: its path, its bytes, the values when it is a template.
+type Job<'a> = (&'a str, &'a [u8], Option<&'a Values>);
+
+/// Below this many files to process, threads cost more than they save.
+const PARALLEL_MIN_FILES: usize = 64;
+
+/// Processes `jobs` (in order, each file on its own, so on any thread), split across the CPUs
+/// when there are many: a cold load of a large repository is mostly parsing.
+fn process_all(jobs: &[Job<'_>], context: &Context<'_>, stats: &mut CacheStats) -> Vec<(Outcome, bool)> {
+    let max_documents = context.limits.max_documents;
+    let run = |jobs: &[Job<'_>], stats: &mut CacheStats| -> Vec<(Outcome, bool)> {
+        jobs.iter()
+            .map(|(path, content, values)| process(path, content, *values, context, max_documents, stats))
+            .collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if threads < 2 || jobs.len() < PARALLEL_MIN_FILES {
+        return run(jobs, stats);
+    }
+    let mut chunks = jobs.chunks(jobs.len().div_ceil(threads));
+    let first = chunks.next().unwrap_or_default();
+    std::thread::scope(|scope| {
+        let others: Vec<_> = chunks
+            .map(|chunk| {
+                scope.spawn(move || {
+                    let mut stats = CacheStats::default();
+                    (run(chunk, &mut stats), stats)
+                })
+            })
+            .collect();
+        let mut all = run(first, stats);
+        for handle in others {
+            // `process` does not panic on input; if it did, the panic belongs to this thread.
+            let (outcomes, more) = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            all.extend(outcomes);
+            stats.add(&more);
+        }
+        all
+    })
 }
 
 /// The merged values for the templates (`None` when a values file has errors, which go to
@@ -824,6 +900,28 @@ spec:
     }
 
     #[test]
+    fn t10_many_files_are_processed_in_parallel_and_kept_in_order() {
+        let mut texts: Vec<(String, String)> =
+            (0..100).map(|i| (format!("f{i:03}.yaml"), cm(&format!("c{i:03}"), "1"))).collect();
+        texts[70].1 = "a: [\n".into();
+        let as_files = |texts: &[(String, String)]| {
+            let refs: Vec<(&str, &str)> = texts.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+            files(&refs)
+        };
+        let app = app(&[], json!({}));
+        let mut cache = SourceCache::new();
+        let errors = run(&as_files(&texts), &app, &mut cache).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("deploy/f070.yaml:2:1: "), "{errors:?}");
+        texts[70].1 = cm("c070", "1");
+        let names: Vec<String> =
+            run(&as_files(&texts), &app, &mut cache).unwrap().into_iter().map(|(k, _)| k).collect();
+        let expected: Vec<String> = (0..100).map(|i| format!("ConfigMap default/c{i:03}")).collect();
+        assert_eq!(names, expected);
+        assert_eq!((cache.stats().processed, cache.stats().hits), (101, 99));
+    }
+
+    #[test]
     fn t10_the_document_limit_spans_cached_files() {
         let repo = Repo::new();
         let app = app(&[], json!({}));
@@ -842,6 +940,7 @@ spec:
                 ["deploy/c.yaml:1: more than 3 YAML documents in the commit: split them across Applications"]
             );
         }
-        assert_eq!(cache.stats().hits, 2, "the files under the limit are reused");
+        // Each file's outcome is its own (the limit is applied over them): all are reused.
+        assert_eq!(cache.stats().hits, 3, "the files are reused");
     }
 }

@@ -15,6 +15,7 @@ use gitplane_store::{ObjectKey, Op};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
 };
@@ -166,8 +167,22 @@ fn error_at(m: &Manifest, path: &str, message: String) -> ManifestError {
     }
 }
 
-/// The object without what the server manages, and without status.
-fn without_server_fields(value: &Value) -> Value {
+/// Whether [`without_server_fields`] has anything to take out of `value`.
+fn has_server_fields(value: &Value) -> bool {
+    let meta = &value["metadata"];
+    let annotations = &meta["annotations"];
+    value.get("status").is_some()
+        || SERVER_FIELDS.iter().any(|field| meta.get(field).is_some())
+        || annotations.get(LAST_APPLIED_ANNOTATION).is_some()
+        || annotations.as_object().is_some_and(Map::is_empty)
+}
+
+/// The object without what the server manages, and without status; Git's objects usually
+/// have none of it, and are not copied then.
+fn without_server_fields(value: &Value) -> Cow<'_, Value> {
+    if !has_server_fields(value) {
+        return Cow::Borrowed(value);
+    }
     let mut v = value.clone();
     if let Some(obj) = v.as_object_mut() {
         obj.remove("status");
@@ -183,15 +198,15 @@ fn without_server_fields(value: &Value) -> Value {
             }
         }
     }
-    v
+    Cow::Owned(v)
 }
 
 /// The configuration recorded as last applied: Secret values replaced by their digests.
-pub fn last_applied_record(desired: &Value) -> Value {
+pub fn last_applied_record(desired: &Value) -> Cow<'_, Value> {
     let mut record = without_server_fields(desired);
     if record["kind"] == "Secret" {
         for field in ["data", "stringData"] {
-            if let Some(values) = record.get_mut(field).and_then(Value::as_object_mut) {
+            if let Some(values) = record.to_mut().get_mut(field).and_then(Value::as_object_mut) {
                 for v in values.values_mut() {
                     let digest = Sha256::digest(v.to_string().as_bytes());
                     *v = Value::String(format!("sha256:{}", hex(&digest)));
@@ -200,6 +215,25 @@ pub fn last_applied_record(desired: &Value) -> Value {
         }
     }
     record
+}
+
+/// Whether `value` serializes to exactly `text`, compared as it is written, without building the
+/// string: the common case of a full plan, once per object.
+fn serializes_as(value: &Value, text: &str) -> bool {
+    struct Compare<'a>(&'a [u8]);
+    impl std::io::Write for Compare<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            let rest = self.0.strip_prefix(buf).ok_or(std::io::ErrorKind::InvalidData)?;
+            self.0 = rest;
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut compare = Compare(text.as_bytes());
+    serde_json::to_writer(&mut compare, value).is_ok() && compare.0.is_empty()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -327,33 +361,35 @@ pub fn plan(
             continue;
         }
         let record = last_applied_record(&m.value);
-        let record_text = record.to_string();
         let annotation = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str();
         // The common case, without a merge: applied as recorded, and every field Git sets as Git
         // has it. The record is Git's object without server fields (the inventory annotation
         // was checked above), except that a Secret's record holds digests: compare its values.
         let secret_fields;
-        let git_fields = if m.value["kind"] == "Secret" {
+        let git_fields: &Value = if m.value["kind"] == "Secret" {
             secret_fields = without_server_fields(&m.value);
             &secret_fields
         } else {
             &record
         };
-        if annotation == Some(record_text.as_str()) && !managed_differs(&current, git_fields) {
+        if annotation.is_some_and(|a| serializes_as(&record, a)) && !managed_differs(&current, git_fields) {
             plan.unchanged.push((m.clone(), revision.unwrap_or(0)));
             continue;
         }
+        let record_text = record.to_string();
         // What the source manages: Git's object with the inventory annotation.
-        let mut managed = without_server_fields(&m.value);
+        let mut managed = without_server_fields(&m.value).into_owned();
         managed["metadata"]["annotations"][APPLICATION_ANNOTATION] = Value::String(policy.app.to_owned());
         let last: Option<Value> = annotation.and_then(|t| serde_json::from_str(t).ok());
         let current_part = without_server_fields(&current);
-        let merged = merge(&current_part, last.as_ref().map(without_server_fields).as_ref(), &managed);
+        let last_part = last.as_ref().map(without_server_fields);
+        let merged = merge(&current_part, last_part.as_deref(), &managed);
+        let recorded = last.as_ref() == Some(&*record);
         // Git unchanged since the last apply, yet a field Git manages changed: drift.
-        if last.as_ref() == Some(&record) && managed_differs(&current_part, &managed) {
+        if recorded && managed_differs(&current_part, &managed) {
             plan.drifted.push(m.key.clone());
         }
-        if merged == current_part && last.as_ref() == Some(&record) {
+        if merged == *current_part && recorded {
             plan.unchanged.push((m.clone(), revision.unwrap_or(0)));
         } else {
             let mut update = merged;
@@ -424,6 +460,18 @@ mod tests {
         let desired = json!({"spec": {"replicas": 3}, "metadata": {"labels": {"a": "1"}}});
         let merged = merge(&stored, Some(&last), &desired);
         assert_eq!(merged, json!({"spec": {"replicas": 3, "foreign": 1}, "metadata": {"labels": {"a": "1"}}}));
+    }
+
+    #[test]
+    fn records_copy_only_what_has_server_fields_and_compare_as_written() {
+        let plain = json!({"kind": "ConfigMap", "metadata": {"name": "c", "annotations": {"a": "1"}}});
+        assert!(matches!(last_applied_record(&plain), Cow::Borrowed(_)));
+        let served =
+            json!({"kind": "ConfigMap", "metadata": {"name": "c", "uid": "u", "annotations": {}}, "status": {}});
+        assert_eq!(*last_applied_record(&served), json!({"kind": "ConfigMap", "metadata": {"name": "c"}}));
+        let text = plain.to_string();
+        assert!(serializes_as(&plain, &text));
+        assert!(!serializes_as(&plain, &text[..text.len() - 1]) && !serializes_as(&plain, &format!("{text} ")));
     }
 
     #[test]
