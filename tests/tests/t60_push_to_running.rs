@@ -1,7 +1,8 @@
 //! The walking skeleton end to end: `gitplane up` (control plane, node agent, its own
 //! containerd) inside a network-namespace host; changes pushed with real git become running
 //! containers serving HTTP on their pod IPs; a bad commit is rejected whole; removing the
-//! manifest removes the Pods and their sandboxes; SIGTERM stops everything cleanly.
+//! manifest removes the Pods and their sandboxes; a Job runs to completion and its Application
+//! turns Healthy; SIGTERM stops everything cleanly.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{Gitplane, NetnsHost, Worktree, require_root, wait_for};
@@ -53,6 +54,21 @@ spec:
     app: hello
   ports:
     - port: 80
+";
+
+const JOB: &str = "apiVersion: batch/v1
+kind: Job
+metadata:
+  name: migrate
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: migrate
+          image: gitplane.local/httpd:1
+          command: [/bin/busybox, sh, -c, echo migrated]
 ";
 
 /// Pods in `default` as (name, phase, podIP, app label).
@@ -172,6 +188,29 @@ async fn t60_push_to_running() -> Result<()> {
         ensure!(Instant::now() < deadline, "sandboxes remain in containerd\n{}", up.log_text());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    // A Job runs once to completion, and the Application (now just the Job) turns Healthy.
+    work.remove("service.yaml")?;
+    work.write("job.yaml", JOB)?;
+    work.commit_and_push("migrate: a Job")?;
+    let job = wait_for(DEADLINE, || {
+        let job = up.get(&host, "/apis/batch/v1/namespaces/default/jobs/migrate").ok()?;
+        let conditions = job["status"]["conditions"].as_array()?.clone();
+        conditions.iter().any(|c| c["type"] == "Complete" && c["status"] == "True").then_some(job)
+    })
+    .with_context(|| format!("the Job did not complete: {:?}\n{}", pods(&up, &host).ok(), up.log_text()))?;
+    ensure!(job["status"]["succeeded"] == 1 && job["status"]["failed"] == 0, "job status: {}", job["status"]);
+    let health = wait_for(DEADLINE, || {
+        let app = up.get(&host, "/apis/gitplane.io/v1/namespaces/gitplane-system/applications/demo").ok()?;
+        (app["status"]["health"]["status"] == "Healthy").then_some(())
+    });
+    health.with_context(|| "the demo Application did not turn Healthy after its Job completed".to_owned())?;
+    let kubectl = host.command("kubectl").args(["--server", "http://127.0.0.1:8080", "get", "jobs"]).output()?;
+    let listed = String::from_utf8_lossy(&kubectl.stdout);
+    ensure!(
+        listed.contains("migrate") && listed.contains("Complete") && listed.contains("1/1"),
+        "kubectl get jobs: {listed}"
+    );
 
     // Ctrl-C (SIGTERM) stops gitplane cleanly.
     let status = up.stop(DEADLINE)?;

@@ -3,6 +3,7 @@
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
+    batch::v1::Job,
     core::v1::{ConfigMap, Namespace, Pod, Secret, Service},
 };
 use kube_core::Resource;
@@ -56,6 +57,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
+        KindInfo::of::<Job>(true),
         KindInfo::of::<crate::Application>(true),
     ]
 });

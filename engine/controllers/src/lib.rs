@@ -8,6 +8,7 @@
 
 pub mod deployment;
 pub mod garbage_collector;
+pub mod job;
 pub mod names;
 pub mod node_lifecycle;
 pub mod owner;
@@ -24,10 +25,18 @@ pub fn watched_kinds() -> Vec<String> {
     use gitplane_api::object::kind_of;
     use k8s_openapi::api::{
         apps::v1::{Deployment, ReplicaSet},
+        batch::v1::Job,
         coordination::v1::Lease,
         core::v1::{Node, Pod},
     };
-    vec![kind_of::<Deployment>(), kind_of::<ReplicaSet>(), kind_of::<Pod>(), kind_of::<Node>(), kind_of::<Lease>()]
+    vec![
+        kind_of::<Deployment>(),
+        kind_of::<ReplicaSet>(),
+        kind_of::<Job>(),
+        kind_of::<Pod>(),
+        kind_of::<Node>(),
+        kind_of::<Lease>(),
+    ]
 }
 
 /// Starts every controller; the handles end them on drop of the runtime or abort.
@@ -36,6 +45,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer) -> Vec<tokio::task::
     vec![
         tokio::spawn(Controller::new(deployment::DeploymentController, ctx.clone()).run()),
         tokio::spawn(Controller::new(replicaset::ReplicaSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(node_lifecycle::NodeLifecycleController::default(), ctx).run()),
     ]

@@ -34,6 +34,7 @@ const RESOURCES: &[Resource] = &[
     Resource { group: "", version: "v1", plural: "namespaces", kind: "Namespace", namespaced: false },
     Resource { group: "apps", version: "v1", plural: "deployments", kind: "Deployment", namespaced: true },
     Resource { group: "apps", version: "v1", plural: "replicasets", kind: "ReplicaSet", namespaced: true },
+    Resource { group: "batch", version: "v1", plural: "jobs", kind: "Job", namespaced: true },
     Resource { group: "coordination.k8s.io", version: "v1", plural: "leases", kind: "Lease", namespaced: true },
     Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },
 ];

@@ -43,6 +43,7 @@ fn columns(kind: &str) -> Vec<Value> {
         ],
         "Deployment" => &[("Ready", "string"), ("Up-to-date", "integer"), ("Available", "integer"), ("Age", "string")],
         "ReplicaSet" => &[("Desired", "integer"), ("Current", "integer"), ("Ready", "integer"), ("Age", "string")],
+        "Job" => &[("Status", "string"), ("Completions", "string"), ("Age", "string")],
         "Service" => &[("Type", "string"), ("Cluster-IP", "string"), ("Ports", "string"), ("Age", "string")],
         "Node" => &[("Status", "string"), ("Age", "string"), ("Version", "string"), ("Pod-CIDR", "string")],
         "Application" => &[("Sync", "string"), ("Health", "string"), ("Revision", "string"), ("Age", "string")],
@@ -97,6 +98,17 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 json!(int(&status["readyReplicas"])),
                 json!(age),
             ]);
+        }
+        "Job" => {
+            let finished = status["conditions"].as_array().into_iter().flatten().find_map(|c| {
+                (c["status"] == "True")
+                    .then(|| c["type"].as_str())
+                    .flatten()
+                    .filter(|t| matches!(*t, "Complete" | "Failed"))
+            });
+            let state = finished.unwrap_or(if int(&status["active"]) > 0 { "Running" } else { "Pending" });
+            let completions = spec["completions"].as_i64().unwrap_or(1);
+            cells.extend([json!(state), json!(format!("{}/{completions}", int(&status["succeeded"]))), json!(age)]);
         }
         "Service" => {
             let ports: Vec<String> = spec["ports"]

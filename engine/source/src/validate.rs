@@ -218,6 +218,7 @@ impl Validator {
             false => schema_problems(&found.validator, &found.schema, value, &info.kind),
         };
         problems.extend(metadata_problems(value, info));
+        problems.extend(kind_problems(value, info));
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -461,6 +462,24 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
     problems
 }
 
+/// What the API server refuses of a kind beyond its schema.
+fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
+    match info.kind.as_str() {
+        // A Job's Pods must end; `Always` (the Pod default) would run them forever.
+        "Job" => match value["spec"]["template"]["spec"]["restartPolicy"].as_str() {
+            Some("Never" | "OnFailure") => Vec::new(),
+            other => vec![Problem::at(
+                "/spec/template/spec/restartPolicy",
+                format!(
+                    "a Job's Pods must end: set restartPolicy to Never or OnFailure (it is {})",
+                    other.map_or("not set, which means Always".to_owned(), |p| format!("{p:?}"))
+                ),
+            )],
+        },
+        _ => Vec::new(),
+    }
+}
+
 fn is_empty_namespace(namespace: &Value) -> bool {
     namespace.is_null() || namespace.as_str() == Some("")
 }
@@ -700,6 +719,24 @@ spec:
         for (text, expected) in cases {
             assert_eq!(errors(&[("deploy.yaml", &text)]), expected, "{text}");
         }
+    }
+
+    #[test]
+    fn t10_a_job_must_end() {
+        let job = |policy: &str| {
+            format!(
+                "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: migrate\nspec:\n  template:\n    spec:\n{policy}      \
+                 containers:\n        - {{name: m, image: gitplane.local/busybox:1}}\n"
+            )
+        };
+        assert!(check(&[("job.yaml", &job("      restartPolicy: Never\n"))]).is_ok());
+        assert_eq!(
+            errors(&[("job.yaml", &job("      restartPolicy: Always\n"))]),
+            [
+                r#"job.yaml:8: Job migrate: /spec/template/spec/restartPolicy: a Job's Pods must end: set restartPolicy to Never or OnFailure (it is "Always")"#
+            ]
+        );
+        assert_eq!(errors(&[("job.yaml", &job(""))]).len(), 1, "unset means Always");
     }
 
     #[test]

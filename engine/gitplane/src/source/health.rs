@@ -29,7 +29,7 @@ impl Health {
 /// Whether objects of `kind` (`Kind.group`) have a health rule: the others are healthy once
 /// they exist.
 pub fn assessed(kind: &str) -> bool {
-    matches!(kind, "Deployment.apps" | "Pod" | "Service")
+    matches!(kind, "Deployment.apps" | "Job.batch" | "Pod" | "Service")
 }
 
 /// Waiting reasons that will not fix themselves.
@@ -95,6 +95,28 @@ pub fn deployment(d: &Value) -> (Health, String) {
     (Health::Healthy, String::new())
 }
 
+/// A Job: healthy once Complete, degraded once Failed, progressing while its Pods run.
+pub fn job(j: &Value) -> (Health, String) {
+    let status = &j["status"];
+    let condition = status["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["status"] == "True" && matches!(c["type"].as_str(), Some("Complete" | "Failed")));
+    match condition.and_then(|c| c["type"].as_str()) {
+        Some("Complete") => (Health::Healthy, "completed".into()),
+        Some(_) => {
+            let message = condition.and_then(|c| c["message"].as_str().or(c["reason"].as_str())).unwrap_or("failed");
+            (Health::Degraded, message.to_owned())
+        }
+        None => {
+            let completions = j["spec"]["completions"].as_i64().unwrap_or(1);
+            let succeeded = status["succeeded"].as_i64().unwrap_or(0);
+            (Health::Progressing, format!("{succeeded} of {completions} completions"))
+        }
+    }
+}
+
 /// Pods by (namespace, label, value), so a Service finds the Pods it selects without a scan
 /// of every Pod: thousands of Services over thousands of Pods stay cheap.
 pub struct Pods<'a> {
@@ -158,6 +180,16 @@ mod tests {
             {"name": "web", "state": {"waiting": {"reason": "ErrImagePull"}}}]}});
         assert_eq!(pod(&pulling), (Health::Degraded, "container web: ErrImagePull".into()));
         assert_eq!(pod(&json!({"status": {"phase": "Succeeded"}})).0, Health::Healthy);
+    }
+
+    #[test]
+    fn jobs() {
+        let j = |conditions: Value| json!({"spec": {"completions": 3}, "status": {"succeeded": 1, "conditions": conditions}});
+        assert_eq!(job(&j(json!([]))), (Health::Progressing, "1 of 3 completions".into()));
+        assert_eq!(job(&j(json!([{"type": "Complete", "status": "True"}]))).0, Health::Healthy);
+        let failed =
+            j(json!([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "limit"}]));
+        assert_eq!(job(&failed), (Health::Degraded, "limit".into()));
     }
 
     #[test]

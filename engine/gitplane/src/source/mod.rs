@@ -562,6 +562,7 @@ impl SourceController {
                 }
                 let (health, message) = match kind.kind.as_str() {
                     "Deployment" => health::deployment(&object),
+                    "Job" => health::job(&object),
                     "Pod" => health::pod(&object),
                     "Service" => health::service(&object, &pods),
                     _ => (Health::Healthy, String::new()),
