@@ -3,7 +3,7 @@
 
 use crate::{binary, wait_for};
 use anyhow::{Context, Result, bail};
-use gitplane_store::remote::RemoteStore;
+use gitplane_store::remote::{PeerToken, RemoteStore};
 use serde_json::Value;
 use std::{
     collections::BTreeMap,
@@ -15,12 +15,13 @@ use std::{
     time::Duration,
 };
 
-/// A cluster of `gitplane server` processes.
+/// A cluster of `gitplane server` processes, sharing a peer token as a deployment would.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub addrs: BTreeMap<u64, SocketAddr>,
     children: BTreeMap<u64, Child>,
     extra_args: Vec<String>,
+    token: String,
 }
 
 fn free_port() -> Result<SocketAddr> {
@@ -69,11 +70,16 @@ impl Cluster {
     /// Starts `n` replicas; `extra_args` go to every `gitplane server`.
     pub fn start(n: u64, extra_args: &[&str]) -> Result<Cluster> {
         let addrs = (1..=n).map(|id| Ok((id, free_port()?))).collect::<Result<_>>()?;
+        let dir = tempfile::tempdir()?;
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+        let token = format!("e2e-{}-{nanos:x}", std::process::id());
+        std::fs::write(dir.path().join("peer-token"), &token)?;
         let mut cluster = Cluster {
-            dir: tempfile::tempdir()?,
+            dir,
             addrs,
             children: BTreeMap::new(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            token,
         };
         for id in 1..=n {
             cluster.launch(id)?;
@@ -91,6 +97,8 @@ impl Cluster {
             .arg(self.dir.path().join(format!("replica-{id}")))
             .arg("--repos-dir")
             .arg(self.dir.path().join("repos"))
+            .arg("--peer-token-file")
+            .arg(self.dir.path().join("peer-token"))
             .args(&self.extra_args)
             .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
             .stdout(log.try_clone()?)
@@ -146,12 +154,18 @@ impl Cluster {
     /// A client of every replica.
     pub fn client(&self) -> Result<RemoteStore> {
         let endpoints: Vec<String> = self.addrs.values().map(|a| format!("http://{a}")).collect();
-        Ok(RemoteStore::new(&endpoints)?)
+        Ok(RemoteStore::with_token(&endpoints, PeerToken::new(&self.token)?)?)
     }
 
     /// A client of one replica only (to read what that replica holds).
     pub fn replica_client(&self, id: u64) -> Result<RemoteStore> {
-        Ok(RemoteStore::new(&[format!("http://{}", self.addrs[&id])])?)
+        Ok(RemoteStore::with_token(&[format!("http://{}", self.addrs[&id])], PeerToken::new(&self.token)?)?)
+    }
+
+    /// A client without the peer token (which every replica must refuse).
+    pub fn client_without_token(&self) -> Result<RemoteStore> {
+        let endpoints: Vec<String> = self.addrs.values().map(|a| format!("http://{a}")).collect();
+        Ok(RemoteStore::new(&endpoints)?)
     }
 }
 

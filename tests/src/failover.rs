@@ -1,6 +1,7 @@
 //! A failover run shared by the store backends' process-level tests: steady load from clients
 //! that record their history, SIGKILL of the leader, checks that every acknowledged write is on
-//! every replica and that the history is linearizable, then SIGKILL of all at once.
+//! every replica and that the history is linearizable, then SIGKILL of all at once; first, that a
+//! client without the cluster's peer token is refused.
 
 use crate::{
     cluster::Cluster,
@@ -114,6 +115,12 @@ async fn converged(cluster: &Cluster, acked: &BTreeSet<String>) -> Result<()> {
 /// Runs the scenario on a started cluster of three replicas.
 pub async fn leader_kill_under_load(cluster: &mut Cluster) -> Result<()> {
     cluster.leader(Duration::from_secs(30))?;
+    // The replicas share a peer token: a client without it is refused by every one of them.
+    let intruder = cluster.client_without_token()?.txn(vec![Op::Create(config_map("intruder", "x"))]).await;
+    ensure!(
+        intruder.as_ref().is_err_and(|e| e.to_string().contains("peer token")),
+        "a client without the peer token was served: {intruder:?}"
+    );
     let store = cluster.client()?;
     let history: History = History::new();
     for k in 0..KEYS {

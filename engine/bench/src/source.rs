@@ -327,7 +327,7 @@ pub fn step(args: StepArgs) -> Result<()> {
                 let manifests = load(&head, &state.app, &state.validator, &mut state.cache)?;
                 let plan = state.plan(&manifests)?;
                 ensure!(plan.ops.len() == 1, "a one-file commit planned {} ops", plan.ops.len());
-                state.commit(&plan);
+                state.commit(plan);
                 samples_ms.push(started.elapsed().as_secs_f64() * 1e3);
                 objects = manifests.len();
             }
@@ -414,7 +414,7 @@ impl State {
         let manifests = load(&head, &state.app, &state.validator, &mut state.cache)?;
         let plan = state.plan(&manifests)?;
         ensure!(plan.created == manifests.len(), "the first sync created {} objects", plan.created);
-        state.commit(&plan);
+        state.commit(plan);
         Ok(state)
     }
 
@@ -432,13 +432,13 @@ impl State {
 
     /// What the store and the controller do with a plan: each written object gets the next
     /// revision (and server fields when new), pruned ones go, and the inventory follows.
-    fn commit(&mut self, plan: &apply::Plan) {
+    fn commit(&mut self, mut plan: apply::Plan) {
         let mut committed = Vec::new();
-        for op in &plan.ops {
+        for op in std::mem::take(&mut plan.ops) {
             let mut object = match op {
-                Op::Create(object) | Op::Update(object) => object.clone(),
+                Op::Create(object) | Op::Update(object) => object,
                 Op::Delete { key, .. } => {
-                    self.stored.remove(key);
+                    self.stored.remove(&key);
                     continue;
                 }
                 _ => continue,
@@ -452,10 +452,11 @@ impl State {
                 meta["generation"] = json!(1);
             }
             let Ok(key) = ObjectKey::from_value(&object) else { continue };
-            self.stored.insert(key, Arc::new(object.clone()));
+            let object = Arc::new(object);
+            self.stored.insert(key, object.clone());
             committed.push(object);
         }
-        self.inventory.record(plan, &committed, true);
+        self.inventory.record(&plan, committed.iter().map(|o| &**o), true);
     }
 }
 

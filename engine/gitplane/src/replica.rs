@@ -59,11 +59,10 @@ impl Backend {
     /// The gRPC services of the store: clients and forwarded writes, and Raft's own.
     fn routes(&self) -> tonic::service::Routes {
         match self {
-            Backend::Raft(s) => {
-                let (store, raft) = s.services();
-                tonic::service::Routes::new(store).add_service(raft)
+            Backend::Raft(s) => s.routes(),
+            Backend::Postgres(s) => {
+                tonic::service::Routes::new(s.peer_token().require(StoreServer::new(Arc::new(s.clone()))))
             }
-            Backend::Postgres(s) => tonic::service::Routes::new(StoreServer::new(Arc::new(s.clone()))),
         }
     }
 

@@ -5,6 +5,7 @@ use anyhow::{Context as _, bail};
 use gitplane_store::{
     postgres::PostgresReplica,
     raft::{NodeId, ReplicaConfig},
+    remote::PeerToken,
 };
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -53,6 +54,11 @@ pub struct ServerArgs {
     /// With Postgres: how long the leader lease lasts without renewal (renewed every third).
     #[arg(long, default_value_t = 1500)]
     lease_ms: u64,
+    /// A file holding the secret the replicas share (the same file content on each): the store
+    /// and Raft services then require it, and the replicas present it to each other. Without
+    /// it those services are open to anyone who can reach the listener.
+    #[arg(long)]
+    peer_token_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -84,10 +90,26 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         Some(l) => l,
         None => own.parse().with_context(|| format!("this replica's address {own:?} is not host:port"))?,
     };
+    let peer_token = match &args.peer_token_file {
+        Some(file) => {
+            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+            PeerToken::new(&text).with_context(|| format!("the peer token in {}", file.display()))?
+        }
+        None => {
+            if peers.len() > 1 {
+                tracing::warn!(
+                    "no --peer-token-file: the store and Raft services accept anyone who can reach {listen}; \
+                     keep them on a network only the replicas reach, or give every replica the same token file"
+                );
+            }
+            PeerToken::none()
+        }
+    };
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let backend = match args.store {
         StoreKind::Sqlite => {
             let mut config = ReplicaConfig::new(args.id, peers, args.data_dir.join("store"));
+            config.peer_token = peer_token;
             config.heartbeat = Duration::from_millis(args.heartbeat_ms);
             config.election_timeout = (
                 Duration::from_millis(args.election_timeout_min_ms),
@@ -100,7 +122,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         StoreKind::Postgres => {
             let url = args.postgres_url.as_deref().context("--store postgres needs --postgres-url")?;
             let lease = Duration::from_millis(args.lease_ms);
-            Backend::Postgres(PostgresReplica::start(url, args.id, &peers, lease).await?)
+            Backend::Postgres(PostgresReplica::start(url, args.id, &peers, lease, peer_token).await?)
         }
     };
     let hint = format!("http://{listen}/git/<repository>.git (token in {})", args.data_dir.join("git-token").display());

@@ -4,6 +4,10 @@
 //! Failures keep their meaning across the wire: a rejection is a `TxnReply.rejected`;
 //! `NotLeader` (safe to resend) and `Expired` travel as status codes with metadata. A transport
 //! failure after a transaction was sent is an unknown outcome and is never retried here.
+//!
+//! With a [`PeerToken`], the store and Raft services admit only requests that carry it
+//! (`authorization: Bearer <token>`), and the clients here send it: the token is what the
+//! replicas of a cluster share, as etcd's peers share their certificates.
 
 use crate::{
     Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError,
@@ -11,6 +15,7 @@ use crate::{
 };
 use futures::StreamExt;
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use std::{
     sync::{
         Arc,
@@ -18,7 +23,13 @@ use std::{
     },
     time::Duration,
 };
-use tonic::{Code, Request, Response, Status, metadata::MetadataValue, transport::Channel};
+use subtle::ConstantTimeEq;
+use tonic::{
+    Code, Request, Response, Status,
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::Channel,
+};
 
 pub mod pb {
     #![allow(clippy::all, missing_docs)]
@@ -81,6 +92,87 @@ fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
 fn parse<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, Status> {
     serde_json::from_slice(bytes).map_err(|e| Status::invalid_argument(format!("{what} is not valid JSON: {e}")))
 }
+
+/// The secret a cluster's replicas (and its operators' tools) share to use the store and Raft
+/// services. [`PeerToken::none`]: the services are open to anyone who can reach them.
+#[derive(Clone, Default)]
+pub struct PeerToken {
+    /// `Bearer <token>`, as clients send it.
+    header: Option<MetadataValue<Ascii>>,
+    /// Its SHA-256, which servers compare in constant time.
+    digest: Option<[u8; 32]>,
+}
+
+impl PeerToken {
+    pub fn none() -> PeerToken {
+        PeerToken::default()
+    }
+
+    /// A token of printable ASCII, without spaces (as a generated hex string is).
+    pub fn new(token: &str) -> Result<PeerToken> {
+        let token = token.trim();
+        if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(StoreError::BadRequest(
+                "the peer token must be at least 16 printable ASCII characters without spaces \
+                 (e.g. the output of `openssl rand -hex 32`)"
+                    .into(),
+            ));
+        }
+        let header = format!("Bearer {token}");
+        let digest = Sha256::digest(header.as_bytes()).into();
+        let header = header.parse().map_err(|_| StoreError::BadRequest("the peer token is not valid ASCII".into()))?;
+        Ok(PeerToken { header: Some(header), digest: Some(digest) })
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.digest.is_none()
+    }
+
+    /// The server side: `service` admits only requests that carry this token.
+    pub fn require<S>(&self, service: S) -> InterceptedService<S, RequireToken> {
+        InterceptedService::new(service, RequireToken(self.digest))
+    }
+}
+
+// Never print the token.
+impl std::fmt::Debug for PeerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_none() { "PeerToken(none)" } else { "PeerToken(set)" })
+    }
+}
+
+/// The client side: every request carries the token.
+impl Interceptor for PeerToken {
+    fn call(&mut self, mut request: Request<()>) -> std::result::Result<Request<()>, Status> {
+        if let Some(header) = &self.header {
+            request.metadata_mut().insert("authorization", header.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// Refuses requests without the cluster's token (see [`PeerToken::require`]).
+#[derive(Clone)]
+pub struct RequireToken(Option<[u8; 32]>);
+
+impl Interceptor for RequireToken {
+    fn call(&mut self, request: Request<()>) -> std::result::Result<Request<()>, Status> {
+        let Some(expected) = &self.0 else { return Ok(request) };
+        let given = request.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
+        // Comparing digests keeps the comparison constant-time whatever the lengths.
+        if bool::from(Sha256::digest(given).ct_eq(expected)) {
+            Ok(request)
+        } else {
+            Err(Status::unauthenticated(
+                "this replica's store and Raft services need the cluster's peer token \
+                 (authorization: Bearer <token>, the content of --peer-token-file)",
+            ))
+        }
+    }
+}
+
+/// A store service client that sends the peer token.
+pub type StoreClient = StoreServiceClient<InterceptedService<Channel, PeerToken>>;
 
 /// Serves a store to clients and to follower replicas forwarding writes.
 pub struct StoreServer {
@@ -176,12 +268,17 @@ impl store_service_server::StoreService for StoreServer {
 /// A store reached over the network, at one or more replicas (`http://host:port`).
 #[derive(Clone)]
 pub struct RemoteStore {
-    clients: Arc<Vec<StoreServiceClient<Channel>>>,
+    clients: Arc<Vec<StoreClient>>,
     current: Arc<AtomicUsize>,
 }
 
 impl RemoteStore {
+    /// Without a peer token.
     pub fn new(endpoints: &[String]) -> Result<RemoteStore> {
+        RemoteStore::with_token(endpoints, PeerToken::none())
+    }
+
+    pub fn with_token(endpoints: &[String], token: PeerToken) -> Result<RemoteStore> {
         if endpoints.is_empty() {
             return Err(StoreError::BadRequest("no store endpoints given".into()));
         }
@@ -193,7 +290,7 @@ impl RemoteStore {
                     .connect_timeout(Duration::from_secs(2))
                     .tcp_nodelay(true)
                     .connect_lazy();
-                Ok(StoreServiceClient::new(channel)
+                Ok(StoreServiceClient::with_interceptor(channel, token.clone())
                     .max_decoding_message_size(64 << 20)
                     .max_encoding_message_size(64 << 20))
             })
@@ -201,7 +298,7 @@ impl RemoteStore {
         Ok(RemoteStore { clients: Arc::new(clients), current: Arc::new(AtomicUsize::new(0)) })
     }
 
-    fn client(&self) -> (usize, StoreServiceClient<Channel>) {
+    fn client(&self) -> (usize, StoreClient) {
         let i = self.current.load(Ordering::Relaxed) % self.clients.len();
         (i, self.clients[i].clone())
     }
@@ -219,7 +316,7 @@ impl RemoteStore {
     /// Runs a read on the current replica, failing over to the others on transport errors.
     async fn read<T, F, Fut>(&self, call: F) -> Result<T>
     where
-        F: Fn(StoreServiceClient<Channel>) -> Fut,
+        F: Fn(StoreClient) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let mut last = None;

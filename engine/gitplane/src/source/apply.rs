@@ -93,12 +93,14 @@ impl Inventory {
 
     /// Records what a plan did; `committed` holds the objects its transaction wrote, with their
     /// new resourceVersions.
-    pub fn record(&mut self, plan: &Plan, committed: &[Value], prune: bool) {
+    pub fn record<'a>(&mut self, plan: &Plan, committed: impl IntoIterator<Item = &'a Value>, prune: bool) {
         if plan.full {
             self.objects.clear();
         }
-        let written: HashMap<ObjectKey, i64> =
-            committed.iter().filter_map(|o| Some((ObjectKey::from_value(o).ok()?, resource_version(o)?))).collect();
+        let written: HashMap<ObjectKey, i64> = committed
+            .into_iter()
+            .filter_map(|o| Some((ObjectKey::from_value(o).ok()?, resource_version(o)?)))
+            .collect();
         let entries = plan.unchanged.iter().map(|(m, rv)| (m, Some(*rv)));
         for (m, revision) in entries.chain(plan.written.iter().map(|m| (m, written.get(&m.key).copied()))) {
             self.objects.insert(m.key.clone(), Entry { manifest: Some(m.clone()), revision });
@@ -557,7 +559,7 @@ mod tests {
     }
 
     /// What the store does with a plan's writes: each gets the next revision.
-    fn commit(stored: &mut BTreeMap<ObjectKey, Arc<Value>>, plan: &Plan, revision: &mut i64) -> Vec<Value> {
+    fn commit(stored: &mut BTreeMap<ObjectKey, Arc<Value>>, plan: &Plan, revision: &mut i64) -> Vec<Arc<Value>> {
         let mut committed = Vec::new();
         for op in &plan.ops {
             match op {
@@ -565,7 +567,8 @@ mod tests {
                     *revision += 1;
                     let mut v = v.clone();
                     v["metadata"]["resourceVersion"] = json!(revision.to_string());
-                    stored.insert(ObjectKey::from_value(&v).unwrap(), Arc::new(v.clone()));
+                    let v = Arc::new(v);
+                    stored.insert(ObjectKey::from_value(&v).unwrap(), v.clone());
                     committed.push(v);
                 }
                 Op::Delete { key, .. } => drop(stored.remove(key)),
@@ -589,7 +592,7 @@ mod tests {
             let cluster = Cluster { stored: &*stored, inventory, namespaces: &namespaces, nodes: &nodes };
             let plan = plan(manifests, &cluster, &policy).unwrap();
             let committed = commit(stored, &plan, &mut revision);
-            inventory.record(&plan, &committed, policy.prune);
+            inventory.record(&plan, committed.iter().map(|o| &**o), policy.prune);
             plan
         };
         let first = sync(&[one.clone(), two.clone()], &mut stored, &mut inventory);

@@ -517,7 +517,7 @@ impl SourceController {
                 apply::plan(manifests, &cluster, &policy).map_err(SyncError::Invalid)?
             };
             if plan.ops.is_empty() {
-                inventory.record(&plan, &[], policy.prune);
+                inventory.record(&plan, [], policy.prune);
                 return Ok(plan);
             }
             match self.store.txn(plan.ops.clone()).await {

@@ -5,7 +5,7 @@
 use super::{Fence, LeaderLease, PostgresStore};
 use crate::{
     Committed, List, ListOptions, ObjectKey, Op, Result, Revision, Store, StoreError, WatchOptions, WatchStream,
-    remote::RemoteStore,
+    remote::{PeerToken, RemoteStore},
 };
 use serde_json::Value;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -26,6 +26,7 @@ struct Inner {
     token: watch::Receiver<Option<u64>>,
     leading: watch::Receiver<bool>,
     peers: BTreeMap<u64, RemoteStore>,
+    peer_token: PeerToken,
 }
 
 /// The replica id in a lease holder name (`<id>/<incarnation>`).
@@ -34,8 +35,15 @@ fn holder_id(holder: &str) -> Option<u64> {
 }
 
 impl PostgresReplica {
-    /// Joins the election as replica `id` of `peers` (id -> `host:port`), with a lease of `ttl`.
-    pub async fn start(url: &str, id: u64, peers: &BTreeMap<u64, String>, ttl: Duration) -> Result<PostgresReplica> {
+    /// Joins the election as replica `id` of `peers` (id -> `host:port`), with a lease of `ttl`;
+    /// writes are forwarded to the leader with `peer_token`.
+    pub async fn start(
+        url: &str,
+        id: u64,
+        peers: &BTreeMap<u64, String>,
+        ttl: Duration,
+        peer_token: PeerToken,
+    ) -> Result<PostgresReplica> {
         let store = PostgresStore::connect(url).await?;
         // One holder name per process incarnation: a restarted replica never mistakes an old
         // grant for its own.
@@ -55,13 +63,18 @@ impl PostgresReplica {
         let peers = peers
             .iter()
             .filter(|(peer, _)| **peer != id)
-            .map(|(peer, addr)| Ok((*peer, RemoteStore::new(&[format!("http://{addr}")])?)))
+            .map(|(peer, addr)| Ok((*peer, RemoteStore::with_token(&[format!("http://{addr}")], peer_token.clone())?)))
             .collect::<Result<_>>()?;
-        Ok(PostgresReplica { inner: Arc::new(Inner { id, holder, store, token, leading, peers }) })
+        Ok(PostgresReplica { inner: Arc::new(Inner { id, holder, store, token, leading, peers, peer_token }) })
     }
 
     pub fn id(&self) -> u64 {
         self.inner.id
+    }
+
+    /// What this replica's store service requires, and what it forwards writes with.
+    pub fn peer_token(&self) -> &PeerToken {
+        &self.inner.peer_token
     }
 
     /// True while this replica holds the lease.

@@ -23,10 +23,7 @@ pub use network::Faults;
 use crate::{
     Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn, WatchOptions,
     WatchStream,
-    remote::{
-        RemoteStore, StoreServer, pb::raft_service_server::RaftServiceServer,
-        pb::store_service_server::StoreServiceServer,
-    },
+    remote::{PeerToken, RemoteStore, StoreServer},
     sqlite::{Durability, SqliteStore},
 };
 use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy, error::ClientWriteError, error::RaftError};
@@ -70,6 +67,8 @@ pub struct ReplicaConfig {
     /// followers that lag a little.
     pub snapshot_every: u64,
     pub logs_to_keep: u64,
+    /// What the replicas present to each other's store and Raft services, and require.
+    pub peer_token: PeerToken,
 }
 
 impl ReplicaConfig {
@@ -84,6 +83,7 @@ impl ReplicaConfig {
             election_timeout: (Duration::from_millis(300), Duration::from_millis(500)),
             snapshot_every: 20_000,
             logs_to_keep: 5_000,
+            peer_token: PeerToken::none(),
         }
     }
 
@@ -107,6 +107,7 @@ struct Inner {
     proposals: mpsc::Sender<(Vec<Op>, oneshot::Sender<Result<Committed>>)>,
     leading: watch::Receiver<bool>,
     faults: Faults,
+    token: PeerToken,
 }
 
 fn fatal(e: impl std::fmt::Display) -> StoreError {
@@ -132,7 +133,7 @@ impl RaftStore {
         .validate()
         .map_err(fatal)?;
         let faults = Faults::default();
-        let network = network::Network { id: config.id, faults: faults.clone() };
+        let network = network::Network { id: config.id, faults: faults.clone(), token: config.peer_token.clone() };
         let raft = Raft::new(config.id, Arc::new(raft_config), network, log, state_machine).await.map_err(fatal)?;
         if !raft.is_initialized().await.map_err(fatal)? {
             let members: BTreeMap<NodeId, BasicNode> =
@@ -146,13 +147,17 @@ impl RaftStore {
             .peers
             .iter()
             .filter(|(id, _)| **id != config.id)
-            .map(|(id, addr)| Ok((*id, RemoteStore::new(&[format!("http://{addr}")])?)))
+            .map(|(id, addr)| {
+                Ok((*id, RemoteStore::with_token(&[format!("http://{addr}")], config.peer_token.clone())?))
+            })
             .collect::<Result<_>>()?;
         let (proposals, queue) = mpsc::channel(MAX_BATCH * MAX_IN_FLIGHT);
         tokio::spawn(propose(raft.clone(), queue));
         let (leading_tx, leading) = watch::channel(false);
         tokio::spawn(track_leadership(raft.clone(), config.clone(), leading_tx));
-        Ok(RaftStore { inner: Arc::new(Inner { id: config.id, raft, local, peers, proposals, leading, faults }) })
+        let token = config.peer_token.clone();
+        let inner = Inner { id: config.id, raft, local, peers, proposals, leading, faults, token };
+        Ok(RaftStore { inner: Arc::new(inner) })
     }
 
     pub fn id(&self) -> NodeId {
@@ -163,14 +168,13 @@ impl RaftStore {
         &self.inner.raft
     }
 
-    /// The gRPC services this replica serves: the store (clients, followers' forwarded writes)
-    /// and Raft (peers).
-    pub fn services(&self) -> (StoreServiceServer<StoreServer>, RaftServiceServer<network::RaftServer>) {
+    /// The gRPC services this replica serves, behind its peer token: the store (clients,
+    /// followers' forwarded writes) and Raft (peers).
+    pub fn routes(&self) -> tonic::service::Routes {
         let store: Arc<dyn Store> = Arc::new(self.clone());
-        (
-            StoreServer::new(store),
-            network::RaftServer::new(self.inner.raft.clone(), self.inner.id, self.inner.faults.clone()),
-        )
+        let raft = network::RaftServer::new(self.inner.raft.clone(), self.inner.id, self.inner.faults.clone());
+        let token = &self.inner.token;
+        tonic::service::Routes::new(token.require(StoreServer::new(store))).add_service(token.require(raft))
     }
 
     /// True while this replica is the leader and a quorum has acknowledged it within its lease:

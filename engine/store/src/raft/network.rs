@@ -2,7 +2,10 @@
 //! the fault injection the failover tests use: a replica can be cut off from the others.
 
 use super::{NodeId, TypeConfig};
-use crate::remote::pb::{self, raft_service_client::RaftServiceClient, raft_service_server};
+use crate::remote::{
+    PeerToken,
+    pb::{self, raft_service_client::RaftServiceClient, raft_service_server},
+};
 use openraft::{
     BasicNode, Raft,
     error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable},
@@ -17,7 +20,9 @@ use std::{
     sync::{Arc, RwLock},
     time::Duration,
 };
-use tonic::{Request, Response, Status, transport::Channel};
+use tonic::{Request, Response, Status, service::interceptor::InterceptedService, transport::Channel};
+
+type Client = RaftServiceClient<InterceptedService<Channel, PeerToken>>;
 
 /// Which replicas are cut off from the rest: messages to or from them are dropped, as a
 /// network partition would. Empty in production.
@@ -46,6 +51,7 @@ impl Faults {
 pub struct Network {
     pub id: NodeId,
     pub faults: Faults,
+    pub token: PeerToken,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -55,7 +61,9 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
             .map(|e| e.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect_lazy());
         let client = endpoint.ok().map(|channel| {
-            RaftServiceClient::new(channel).max_decoding_message_size(256 << 20).max_encoding_message_size(256 << 20)
+            RaftServiceClient::with_interceptor(channel, self.token.clone())
+                .max_decoding_message_size(256 << 20)
+                .max_encoding_message_size(256 << 20)
         });
         PeerClient { from: self.id, target, client, faults: self.faults.clone() }
     }
@@ -64,14 +72,14 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     from: NodeId,
     target: NodeId,
-    client: Option<RaftServiceClient<Channel>>,
+    client: Option<Client>,
     faults: Faults,
 }
 
 type RpcResult<T, E = openraft::error::Infallible> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
 impl PeerClient {
-    fn client<E: std::error::Error>(&self) -> RpcResult<RaftServiceClient<Channel>, E> {
+    fn client<E: std::error::Error>(&self) -> RpcResult<Client, E> {
         if self.faults.cut(self.from, self.target) {
             let e = std::io::Error::new(std::io::ErrorKind::NotConnected, "partitioned by fault injection");
             return Err(RPCError::Unreachable(Unreachable::new(&e)));

@@ -2,7 +2,10 @@
 //! follower, leader loss, a partitioned leader, catch-up by snapshot, a full restart.
 
 use super::*;
-use crate::{ListOptions, ObjectKey, Op, Store, remote::RemoteStore};
+use crate::{
+    ListOptions, ObjectKey, Op, Store,
+    remote::{PeerToken, RemoteStore},
+};
 use serde_json::json;
 use std::{net::SocketAddr, time::Duration};
 use tokio::task::JoinHandle;
@@ -63,13 +66,12 @@ impl Cluster {
 
     async fn launch(&mut self, id: NodeId, listener: tokio::net::TcpListener) {
         let store = RaftStore::start(self.config(id)).await.unwrap();
-        let (store_service, raft_service) = store.services();
+        let routes = store.routes();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             let _ = tonic::transport::Server::builder()
-                .add_service(store_service)
-                .add_service(raft_service)
+                .add_routes(routes)
                 .serve_with_incoming_shutdown(incoming, async move {
                     let _ = stopped.await;
                 })
@@ -194,6 +196,35 @@ async fn a_partitioned_leader_steps_down_and_cannot_acknowledge_writes() {
     .await;
     let everywhere = cluster.store(new).get(&ObjectKey::new("ConfigMap", "t", "lost")).await.unwrap();
     assert!(everywhere.is_none(), "a write the partitioned leader refused never appears");
+}
+
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+fn with_token(config: &mut ReplicaConfig) {
+    fast(config);
+    config.peer_token = PeerToken::new(TOKEN).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_peer_token_admits_the_replicas_and_refuses_the_rest() {
+    let cluster = Cluster::start(3, with_token).await;
+    let leader = cluster.leader().await;
+    // A write to a follower is forwarded, and replicated, with the token.
+    let follower = *cluster.addrs.keys().find(|id| **id != leader).unwrap();
+    cluster.store(follower).txn(vec![Op::Create(config_map("a", "1"))]).await.unwrap();
+    for id in cluster.addrs.keys() {
+        let store = cluster.store(*id);
+        eventually("the write on every replica", || async { (count(&store).await == 1).then_some(()) }).await;
+    }
+    let key = ObjectKey::new("ConfigMap", "t", "a");
+    let endpoints: Vec<String> = cluster.addrs.values().map(|a| format!("http://{a}")).collect();
+    let refused = cluster.client().get(&key).await.unwrap_err();
+    assert!(refused.to_string().contains("peer token"), "{refused}");
+    let wrong = RemoteStore::with_token(&endpoints, PeerToken::new(&TOKEN.replace('0', "1")).unwrap()).unwrap();
+    assert!(wrong.txn(vec![Op::Create(config_map("b", "1"))]).await.unwrap_err().to_string().contains("peer token"));
+    let admitted = RemoteStore::with_token(&endpoints, PeerToken::new(TOKEN).unwrap()).unwrap();
+    assert!(admitted.get(&key).await.unwrap().is_some());
+    assert!(PeerToken::new("short").is_err() && PeerToken::new("has a space in it here").is_err());
 }
 
 fn snapshot_often(config: &mut ReplicaConfig) {
