@@ -6,7 +6,8 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, is_controlled_by},
+    owner::{controller_ref, controllers_of, is_controlled_by},
+    runtime::all_of,
 };
 use gitplane_api::object::{kind_of, revision_of, to_value};
 use gitplane_store::{Event, ObjectKey, Op, informer::Cache};
@@ -84,20 +85,13 @@ impl Reconciler for DeploymentController {
             return vec![event.key.clone()];
         }
         if event.key.kind == kind_of::<ReplicaSet>() {
-            let refs = event.object["metadata"]["ownerReferences"].as_array();
-            return refs
-                .into_iter()
-                .flatten()
-                .filter(|r| r["kind"] == "Deployment" && r["controller"] == true)
-                .filter_map(|r| r["name"].as_str())
-                .map(|name| ObjectKey::of::<Deployment>(&event.key.namespace, name))
-                .collect();
+            return controllers_of::<Deployment>(event);
         }
         Vec::new()
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {
-        cache.list(&kind_of::<Deployment>(), None).iter().filter_map(|v| ObjectKey::from_value(v).ok()).collect()
+        all_of::<Deployment>(cache)
     }
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {

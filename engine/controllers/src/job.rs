@@ -4,7 +4,8 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, is_controlled_by},
+    owner::{controller_ref, controllers_of, is_controlled_by},
+    runtime::all_of,
 };
 use gitplane_api::object::{kind_of, revision_of, to_value};
 use gitplane_store::{Event, ObjectKey, Op, informer::Cache};
@@ -118,20 +119,13 @@ impl Reconciler for JobController {
             return vec![event.key.clone()];
         }
         if event.key.kind == kind_of::<Pod>() {
-            let refs = event.object["metadata"]["ownerReferences"].as_array();
-            return refs
-                .into_iter()
-                .flatten()
-                .filter(|r| r["kind"] == "Job" && r["controller"] == true)
-                .filter_map(|r| r["name"].as_str())
-                .map(|name| ObjectKey::of::<Job>(&event.key.namespace, name))
-                .collect();
+            return controllers_of::<Job>(event);
         }
         Vec::new()
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {
-        cache.list(&kind_of::<Job>(), None).iter().filter_map(|v| ObjectKey::from_value(v).ok()).collect()
+        all_of::<Job>(cache)
     }
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {

@@ -40,7 +40,7 @@ impl Reconciler for NodeLifecycleController {
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {
-        cache.list(&kind_of::<Node>(), None).iter().filter_map(|v| ObjectKey::from_value(v).ok()).collect()
+        crate::runtime::all_of::<Node>(cache)
     }
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {

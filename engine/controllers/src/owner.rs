@@ -1,5 +1,7 @@
 //! Owner references: who controls whom.
 
+use gitplane_api::kube_core::Resource;
+use gitplane_store::{Event, ObjectKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 /// The controller reference to put on a dependent of `owner`.
@@ -20,4 +22,18 @@ pub fn is_controlled_by(object: &serde_json::Value, uid: &str) -> bool {
     object["metadata"]["ownerReferences"]
         .as_array()
         .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true && r["uid"] == uid))
+}
+
+/// The objects of kind `K` that control the event's object (its controller owner references of
+/// that kind): what a change of a dependent queues.
+pub fn controllers_of<K: Resource<DynamicType = ()>>(event: &Event) -> Vec<ObjectKey> {
+    let kind = K::kind(&());
+    event.object["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["kind"] == *kind && r["controller"] == true)
+        .filter_map(|r| r["name"].as_str())
+        .map(|name| ObjectKey::of::<K>(&event.key.namespace, name))
+        .collect()
 }

@@ -2,7 +2,8 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, is_controlled_by},
+    owner::{controller_ref, controllers_of, is_controlled_by},
+    runtime::all_of,
 };
 use gitplane_api::object::{kind_of, to_value};
 use gitplane_store::{Event, ObjectKey, Op, informer::Cache};
@@ -74,20 +75,13 @@ impl Reconciler for ReplicaSetController {
             return vec![event.key.clone()];
         }
         if event.key.kind == kind_of::<Pod>() {
-            let refs = event.object["metadata"]["ownerReferences"].as_array();
-            return refs
-                .into_iter()
-                .flatten()
-                .filter(|r| r["kind"] == "ReplicaSet" && r["controller"] == true)
-                .filter_map(|r| r["name"].as_str())
-                .map(|name| ObjectKey::of::<ReplicaSet>(&event.key.namespace, name))
-                .collect();
+            return controllers_of::<ReplicaSet>(event);
         }
         Vec::new()
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {
-        cache.list(&kind_of::<ReplicaSet>(), None).iter().filter_map(|v| ObjectKey::from_value(v).ok()).collect()
+        all_of::<ReplicaSet>(cache)
     }
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {

@@ -70,6 +70,15 @@ pub trait Reconciler: Send + Sync + 'static {
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError>;
 }
 
+/// Every object of kind `K` in the cache: a controller's keys for a full resync.
+pub fn all_of<K: gitplane_api::kube_core::Resource<DynamicType = ()>>(cache: &Cache) -> Vec<ObjectKey> {
+    cache
+        .list(&gitplane_api::object::kind_of::<K>(), None)
+        .iter()
+        .filter_map(|v| ObjectKey::from_value(v).ok())
+        .collect()
+}
+
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
