@@ -142,14 +142,7 @@ fn store_main(args: StoreArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let gitplane = match &args.gitplane {
-        Some(path) => path.clone(),
-        None => std::env::current_exe()?.with_file_name("gitplane"),
-    };
-    if let Some(logs) = &args.logs {
-        std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
-        let _ = procs::LOG_DIR.set(logs.clone());
-    }
+    let gitplane = procs::prepare(args.gitplane.as_deref(), args.logs.as_deref())?;
     let settings = Settings {
         gitplane,
         warmup: Duration::from_secs_f64(args.warmup.unwrap_or(if args.quick { 0.5 } else { 3.0 })),

@@ -113,7 +113,20 @@ pub fn cpu_time(pids: &[u32]) -> Duration {
 }
 
 /// Where server logs go instead of their temporary directories (`--logs`), to be read after a run.
-pub static LOG_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+static LOG_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// The `gitplane` binary the benchmarks run (`given`, or the one next to this binary), after
+/// keeping the servers' logs in `logs` if asked.
+pub fn prepare(given: Option<&Path>, logs: Option<&Path>) -> Result<PathBuf> {
+    if let Some(logs) = logs {
+        std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
+        let _ = LOG_DIR.set(logs.to_path_buf());
+    }
+    match given {
+        Some(path) => Ok(path.to_path_buf()),
+        None => Ok(std::env::current_exe()?.with_file_name("gitplane")),
+    }
+}
 
 /// A log file name for `file` of a cluster started in `dir`: in `dir`, or under `--logs` with the
 /// cluster's directory name as a prefix.

@@ -109,14 +109,7 @@ struct StepResult {
 }
 
 pub fn main(args: SourceArgs) -> Result<()> {
-    let gitplane = match &args.gitplane {
-        Some(path) => path.clone(),
-        None => std::env::current_exe()?.with_file_name("gitplane"),
-    };
-    if let Some(logs) = &args.logs {
-        std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
-        let _ = procs::LOG_DIR.set(logs.clone());
-    }
+    let gitplane = procs::prepare(args.gitplane.as_deref(), args.logs.as_deref())?;
     let dir = tempfile::Builder::new().prefix("gitplane-bench-source-").tempdir()?;
     let repo = args.dir.clone().unwrap_or_else(|| dir.path().join("repo"));
     if repo.exists() {
