@@ -221,6 +221,16 @@ pub(crate) fn load<'c>(
         .collect();
     let mut processed = process_all(&jobs, &context, &mut cache.stats).into_iter();
 
+    let too_large = |path: &str| {
+        let limit = crate::human_bytes(limits.max_total_bytes);
+        ManifestError::new(
+            path,
+            format!(
+                "the manifests add up to more than {limit} here (templates counted as rendered): \
+                 split them across Applications"
+            ),
+        )
+    };
     let mut outcomes: Vec<Arc<Outcome>> = Vec::with_capacity(slots.len());
     let mut documents = 0usize;
     let mut bytes = 0u64;
@@ -228,7 +238,11 @@ pub(crate) fn load<'c>(
         let (path, entry) = match slot {
             Slot::Hit { candidate, entry } => (candidate.path.as_str(), Some(entry)),
             Slot::Miss { candidate, digest, .. } => {
-                let Some((outcome, complete)) = processed.next() else { break };
+                let Some(Some((outcome, complete))) = processed.next() else {
+                    // Not processed: what was rendered already went past the total limit.
+                    errors.push(too_large(&candidate.path));
+                    break;
+                };
                 let entry = FileEntry {
                     path: candidate.path.clone(),
                     blob: candidate.blob,
@@ -258,14 +272,7 @@ pub(crate) fn load<'c>(
             break;
         }
         if bytes > limits.max_total_bytes {
-            let limit = crate::human_bytes(limits.max_total_bytes);
-            errors.push(ManifestError::new(
-                path,
-                format!(
-                    "the manifests add up to more than {limit} here (templates counted as rendered): \
-                     split them across Applications"
-                ),
-            ));
+            errors.push(too_large(path));
             break;
         }
     }
@@ -299,12 +306,22 @@ type Job<'a> = (&'a str, &'a [u8], Option<&'a Values>);
 const PARALLEL_MIN_FILES: usize = 64;
 
 /// Processes `jobs` (in order, each file on its own, so on any thread), split across the CPUs
-/// when there are many: a cold load of a large repository is mostly parsing.
-fn process_all(jobs: &[Job<'_>], context: &Context<'_>, stats: &mut CacheStats) -> Vec<(Outcome, bool)> {
+/// when there are many: a cold load of a large repository is mostly parsing. Once what was
+/// rendered adds up to more than the total limit, the rest is not processed (`None`): templates
+/// may render to more than their size, and the limit bounds the work as well as the result.
+fn process_all(jobs: &[Job<'_>], context: &Context<'_>, stats: &mut CacheStats) -> Vec<Option<(Outcome, bool)>> {
     let max_documents = context.limits.max_documents;
-    let run = |jobs: &[Job<'_>], stats: &mut CacheStats| -> Vec<(Outcome, bool)> {
+    let rendered = std::sync::atomic::AtomicU64::new(0);
+    let run = |jobs: &[Job<'_>], stats: &mut CacheStats| -> Vec<Option<(Outcome, bool)>> {
         jobs.iter()
-            .map(|(path, content, values)| process(path, content, *values, context, max_documents, stats))
+            .map(|(path, content, values)| {
+                if rendered.load(std::sync::atomic::Ordering::Relaxed) > context.limits.max_total_bytes {
+                    return None;
+                }
+                let processed = process(path, content, *values, context, max_documents, stats);
+                rendered.fetch_add(processed.0.bytes, std::sync::atomic::Ordering::Relaxed);
+                Some(processed)
+            })
             .collect()
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -897,6 +914,28 @@ spec:
         let loaded = load_head(&read_head(&repo.path, "main").unwrap(), &other, &mut cache).unwrap();
         assert_eq!(work(before, cache.stats()), (0, 3, 0, 3));
         assert_eq!(loaded[0].0, "ConfigMap prod/a");
+    }
+
+    #[test]
+    fn t10_the_rendered_total_bounds_the_work_of_a_parallel_load() {
+        // 100 small templates that render to 3 KB each: 300 KB rendered, over a 100 KiB limit.
+        let texts: Vec<(String, String)> = (0..100)
+            .map(|i| {
+                let body = "{% for i in range(300) %}xxxxxxxxxx{% endfor %}";
+                (format!("t{i:03}.yaml.j2"), format!("{}  big: \"{body}\"\n", cm(&format!("c{i:03}"), "1")))
+            })
+            .collect();
+        let refs: Vec<(&str, &str)> = texts.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+        let limits = Limits { max_total_bytes: 100 << 10, ..Limits::default() };
+        let mut cache = SourceCache::new();
+        let Err(LoadError::Invalid(errors)) =
+            load_files(&files(&refs), &app(&[], json!({})), &VALIDATOR, &limits, &mut cache)
+        else {
+            panic!("the rendered total is not enforced")
+        };
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].message.contains("add up to more than 100 KiB"), "{errors:?}");
+        assert!(cache.stats().rendered < 60, "rendering went on past the limit: {:?}", cache.stats());
     }
 
     #[test]
