@@ -5,6 +5,7 @@
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
     owner::{controller_ref, controllers_of, is_controlled_by},
+    replicaset::{is_active, phase},
     runtime::all_of,
 };
 use gitplane_api::object::{kind_of, revision_of, to_value};
@@ -34,9 +35,9 @@ impl Counts {
     fn of(pods: &[Pod]) -> Counts {
         let mut counts = Counts::default();
         for pod in pods {
-            match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
-                Some("Succeeded") => counts.succeeded += 1,
-                Some("Failed") => counts.failed += 1,
+            match phase(pod) {
+                "Succeeded" => counts.succeeded += 1,
+                "Failed" => counts.failed += 1,
                 _ => counts.active += 1,
             }
         }
@@ -138,10 +139,11 @@ impl Reconciler for JobController {
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let owned = |cache: &Cache| cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid));
         let spec = job.spec.clone().unwrap_or_default();
-        let step = next_step(spec.completions, spec.parallelism, spec.backoff_limit, Counts::of(&owned(ctx.cache())));
-        let delete = |pods: &[Pod], count: usize| -> Vec<Op> {
+        let pods = owned(ctx.cache());
+        let step = next_step(spec.completions, spec.parallelism, spec.backoff_limit, Counts::of(&pods));
+        let delete = |count: usize| -> Vec<Op> {
             pods.iter()
-                .filter(|p| !matches!(p.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Succeeded" | "Failed")))
+                .filter(|p| is_active(p))
                 .take(count)
                 .map(|p| Op::Delete {
                     key: ObjectKey::of::<Pod>(&key.namespace, p.metadata.name.as_deref().unwrap_or("")),
@@ -153,9 +155,9 @@ impl Reconciler for JobController {
             Step::Run(n) if *n > 0 => {
                 (0..*n).map(|_| new_pod(&job).map(|p| Op::Create(to_value(&p)))).collect::<Result<_, _>>()?
             }
-            Step::Run(n) => delete(&owned(ctx.cache()), n.unsigned_abs() as usize),
+            Step::Run(n) => delete(n.unsigned_abs() as usize),
             // Whatever still runs is stopped, as upstream does once a Job is finished.
-            Step::Complete | Step::Failed(..) => delete(&owned(ctx.cache()), usize::MAX),
+            Step::Complete | Step::Failed(..) => delete(usize::MAX),
         };
         ctx.commit(ops).await?;
 

@@ -18,7 +18,8 @@ pub struct ReplicaSetController;
 /// Pods created or deleted per transaction, as the upstream controller's burst.
 const BURST: usize = 500;
 
-fn phase(pod: &Pod) -> &str {
+/// The Pod's phase, Pending until the kubelet reports one.
+pub(crate) fn phase(pod: &Pod) -> &str {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
 }
 
@@ -29,7 +30,8 @@ pub(crate) fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn is_active(pod: &Pod) -> bool {
+/// Running or yet to run: not Succeeded or Failed.
+pub(crate) fn is_active(pod: &Pod) -> bool {
     !matches!(phase(pod), "Succeeded" | "Failed")
 }
 

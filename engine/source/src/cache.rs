@@ -310,7 +310,6 @@ const PARALLEL_MIN_FILES: usize = 64;
 /// rendered adds up to more than the total limit, the rest is not processed (`None`): templates
 /// may render to more than their size, and the limit bounds the work as well as the result.
 fn process_all(jobs: &[Job<'_>], context: &Context<'_>, stats: &mut CacheStats) -> Vec<Option<(Outcome, bool)>> {
-    let max_documents = context.limits.max_documents;
     let rendered = std::sync::atomic::AtomicU64::new(0);
     let run = |jobs: &[Job<'_>], stats: &mut CacheStats| -> Vec<Option<(Outcome, bool)>> {
         jobs.iter()
@@ -318,7 +317,7 @@ fn process_all(jobs: &[Job<'_>], context: &Context<'_>, stats: &mut CacheStats) 
                 if rendered.load(std::sync::atomic::Ordering::Relaxed) > context.limits.max_total_bytes {
                     return None;
                 }
-                let processed = process(path, content, *values, context, max_documents, stats);
+                let processed = process(path, content, *values, context, stats);
                 rendered.fetch_add(processed.0.bytes, std::sync::atomic::Ordering::Relaxed);
                 Some(processed)
             })
@@ -467,14 +466,13 @@ struct Context<'a> {
     keys: &'a RandomState,
 }
 
-/// Renders (a template), parses and validates one file, stopping after `max_documents`
-/// documents: its outcome, and whether it is complete (not cut short by that limit).
+/// Renders (a template), parses and validates one file, stopping after the document limit: its
+/// outcome, and whether it is complete (not cut short by that limit).
 fn process(
     path: &str,
     content: &[u8],
     values: Option<&Values>,
     context: &Context<'_>,
-    max_documents: usize,
     stats: &mut CacheStats,
 ) -> (Outcome, bool) {
     stats.processed += 1;
@@ -499,7 +497,7 @@ fn process(
         None => (text, None),
     };
     let bytes = text.len() as u64;
-    let parsed = manifest::parse_text(path, text, map.as_ref(), limits, max_documents);
+    let parsed = manifest::parse_text(path, text, map.as_ref(), limits, limits.max_documents);
     let mut outcome = Outcome {
         bytes,
         documents: parsed.documents.iter().map(|d| (d.index, d.line)).chain(parsed.over).collect(),

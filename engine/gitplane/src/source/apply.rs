@@ -405,31 +405,35 @@ pub fn plan(
     if !errors.is_empty() {
         return Err(errors);
     }
-    // What the Application owns and Git no longer has: from the store, or from the inventory.
-    let owned: Vec<(ObjectKey, Option<Arc<Value>>)> = if plan.full {
-        cluster.stored.owned_by(policy.app).into_iter().map(|(k, v)| (k, Some(v))).collect()
-    } else if named < inventory.objects.len() {
-        inventory
-            .objects
-            .keys()
-            .map(|k| (k.clone(), cluster.stored.get(k).filter(|v| owned_by(v, policy.app))))
+    // What the Application owns and Git no longer has: from the store, or from the inventory
+    // (only when some entry is not named by a manifest); looked up in the store only to prune.
+    let wanted = || -> HashSet<&ObjectKey> { manifests.iter().map(|m| &m.key).collect() };
+    let mut gone: Vec<(ObjectKey, Option<Arc<Value>>)> = if plan.full {
+        let wanted = wanted();
+        cluster
+            .stored
+            .owned_by(policy.app)
+            .into_iter()
+            .filter(|(k, _)| !wanted.contains(k))
+            .map(|(k, v)| (k, Some(v)))
             .collect()
+    } else if named < inventory.objects.len() {
+        let wanted = wanted();
+        let current =
+            |k: &ObjectKey| policy.prune.then(|| cluster.stored.get(k)).flatten().filter(|v| owned_by(v, policy.app));
+        inventory.objects.keys().filter(|k| !wanted.contains(k)).map(|k| (k.clone(), current(k))).collect()
     } else {
         Vec::new()
     };
-    if !owned.is_empty() {
-        let wanted: HashSet<&ObjectKey> = manifests.iter().map(|m| &m.key).collect();
-        let mut gone: Vec<_> = owned.into_iter().filter(|(key, _)| !wanted.contains(key)).collect();
-        gone.sort_by(|a, b| a.0.cmp(&b.0));
-        for (key, current) in gone {
-            if policy.prune
-                && let Some(current) = current
-            {
-                plan.ops.push(Op::Delete { revision: resource_version(&current), key: key.clone() });
-                plan.pruned += 1;
-            }
-            plan.removed.push(key);
+    gone.sort_by(|a, b| a.0.cmp(&b.0));
+    for (key, current) in gone {
+        if policy.prune
+            && let Some(current) = current
+        {
+            plan.ops.push(Op::Delete { revision: resource_version(&current), key: key.clone() });
+            plan.pruned += 1;
         }
+        plan.removed.push(key);
     }
     if policy.prune && manifests.is_empty() && plan.pruned > 0 && !policy.allow_empty {
         let message = format!(
