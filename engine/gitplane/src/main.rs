@@ -6,6 +6,9 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(version, about = "gitplane: a GitOps appliance that is a small Kubernetes")]
 struct Cli {

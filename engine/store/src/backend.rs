@@ -12,7 +12,7 @@ use futures::StreamExt;
 use serde_json::Value;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use std::{
-    borrow::Cow,
+    borrow::{Borrow, Cow},
     collections::{BTreeMap, HashMap, VecDeque},
     future::Future,
     sync::Arc,
@@ -90,8 +90,12 @@ pub(crate) trait TxnWriter: Send {
 /// `revision + 1`: each commits under its own revision or is refused without effect. They are
 /// staged in memory against the objects read once for the whole batch, so a refused transaction
 /// simply leaves nothing behind. Returns each outcome and the revision of the last commit.
-pub(crate) async fn apply_txns<W: TxnWriter>(writer: &mut W, txns: &[Txn], mut revision: Revision) -> Result<Applied> {
-    let mut keys: Vec<ObjectKey> = txns.iter().flat_map(|t| &t.ops).filter_map(|op| op.key().ok()).collect();
+pub(crate) async fn apply_txns<W: TxnWriter, T: Borrow<Txn>>(
+    writer: &mut W,
+    txns: &[T],
+    mut revision: Revision,
+) -> Result<Applied> {
+    let mut keys: Vec<ObjectKey> = txns.iter().flat_map(|t| &t.borrow().ops).filter_map(|op| op.key().ok()).collect();
     keys.sort();
     keys.dedup();
     keys.retain(|k| writer.admit(k).is_ok());
@@ -108,7 +112,7 @@ pub(crate) async fn apply_txns<W: TxnWriter>(writer: &mut W, txns: &[Txn], mut r
     let mut watched = Vec::new();
     let mut results = Vec::with_capacity(txns.len());
     for txn in txns {
-        match stage_txn(writer, txn, revision + 1, &state) {
+        match stage_txn(writer, txn.borrow(), revision + 1, &state) {
             Err(r) => results.push(Err(r)),
             Ok(staged) if staged.is_empty() => results.push(Ok(Committed { revision, objects: Vec::new() })),
             Ok(staged) => {

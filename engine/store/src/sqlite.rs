@@ -91,7 +91,12 @@ impl SqliteStore {
             .synchronous(synchronous)
             .busy_timeout(Duration::from_secs(10))
             // Checkpoints run in the background, not inside a writer's COMMIT.
-            .pragma("wal_autocheckpoint", "0");
+            .pragma("wal_autocheckpoint", "0")
+            // A multi-row statement inside the batch's transaction keeps a statement journal; past
+            // 64 KiB SQLite spills it to a temporary file, a write for every page it touches.
+            .pragma("temp_store", "memory")
+            // The hot B-tree pages of a growing store stay in memory, not re-read through the kernel.
+            .pragma("cache_size", "-65536");
         let store = Self::connect(options, 4).await?;
         tokio::spawn(checkpoint(Arc::downgrade(&store.inner)));
         Ok(store)
@@ -129,8 +134,9 @@ impl SqliteStore {
     /// Applies transactions in order, in one SQLite transaction: each either commits under its
     /// own new revision or is refused without effect. `after` runs inside the same SQLite
     /// transaction (a Raft state machine records its applied log position there).
-    pub async fn apply_batch<F>(&self, txns: &[Txn], after: F) -> Result<Vec<Result<Committed, Rejection>>>
+    pub async fn apply_batch<T, F>(&self, txns: &[T], after: F) -> Result<Vec<Result<Committed, Rejection>>>
     where
+        T: std::borrow::Borrow<Txn> + Sync,
         F: for<'c> FnOnce(&'c mut SqliteConnection) -> futures::future::BoxFuture<'c, Result<(), sqlx::Error>>,
     {
         self.inner.apply_batch(txns, after).await
@@ -231,8 +237,9 @@ async fn current(conn: &mut SqliteConnection, key: &ObjectKey) -> Result<Option<
 }
 
 impl Inner {
-    async fn apply_batch<F>(&self, txns: &[Txn], after: F) -> Result<Vec<Result<Committed, Rejection>>>
+    async fn apply_batch<T, F>(&self, txns: &[T], after: F) -> Result<Vec<Result<Committed, Rejection>>>
     where
+        T: std::borrow::Borrow<Txn> + Sync,
         F: for<'c> FnOnce(&'c mut SqliteConnection) -> futures::future::BoxFuture<'c, Result<(), sqlx::Error>>,
     {
         let _writer = self.write.lock().await;

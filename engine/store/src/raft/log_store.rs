@@ -1,5 +1,12 @@
 //! The Raft log, durable in its own SQLite file (fsync on every append: a committed entry must
-//! survive a crash of a majority).
+//! survive a crash of a majority). The latest entries are also kept in memory: replication and
+//! apply read what was just appended, and reading it back would cost a query and a JSON parse
+//! per entry for each reader.
+//!
+//! An append returns at once and a writer task makes it durable, reporting through openraft's
+//! flush callback: Raft's loop goes on (the leader replicates while its own disk syncs), and
+//! appends that queue meanwhile share one SQLite transaction and one fsync. Truncation and purge
+//! go through the same writer, in order.
 
 use super::{NodeId, TypeConfig};
 use openraft::{
@@ -10,13 +17,80 @@ use sqlx::{
     Row, SqlitePool,
     sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
-use std::{fmt::Debug, ops::RangeBounds, path::Path, time::Duration};
+use std::{
+    collections::VecDeque,
+    fmt::Debug,
+    ops::RangeBounds,
+    path::Path,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+use tokio::sync::{mpsc, oneshot};
 
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
 #[derive(Clone)]
 pub struct LogStore {
     pool: SqlitePool,
+    recent: Arc<Mutex<Recent>>,
+    writer: mpsc::UnboundedSender<Write>,
+}
+
+type Done = oneshot::Sender<Result<(), sqlx::Error>>;
+
+/// The writer task's work, done in the order queued.
+enum Write {
+    /// Entries (already in `recent`) to make durable; the callback tells openraft.
+    Append(Vec<Entry<TypeConfig>>, LogFlushed<TypeConfig>),
+    Truncate(u64, Done),
+    Purge(LogId<NodeId>, Done),
+    /// Answered once everything queued before it is on disk.
+    Flush(Done),
+}
+
+/// Entries in memory: the newest durable ones, at consecutive indexes.
+const RECENT: usize = 1024;
+
+#[derive(Default)]
+struct Recent(VecDeque<Entry<TypeConfig>>);
+
+impl Recent {
+    /// Entries `[start, end)`, if all are here.
+    fn range(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+        let first = self.0.front()?.log_id.index;
+        let last = self.0.back()?.log_id.index;
+        if start < first || end > last + 1 {
+            return None;
+        }
+        Some(self.0.range((start - first) as usize..(end.max(start) - first) as usize).cloned().collect())
+    }
+
+    fn append(&mut self, entries: Vec<Entry<TypeConfig>>) {
+        for entry in entries {
+            // Only a run of consecutive indexes can answer a range.
+            if self.0.back().is_some_and(|last| last.log_id.index + 1 != entry.log_id.index) {
+                self.0.clear();
+            }
+            self.0.push_back(entry);
+        }
+        while self.0.len() > RECENT {
+            self.0.pop_front();
+        }
+    }
+
+    /// Drops entries at `index` and after.
+    fn truncate(&mut self, index: u64) {
+        while self.0.back().is_some_and(|e| e.log_id.index >= index) {
+            self.0.pop_back();
+        }
+    }
+
+    /// Drops entries up to `index`.
+    fn purge(&mut self, index: u64) {
+        while self.0.front().is_some_and(|e| e.log_id.index <= index) {
+            self.0.pop_front();
+        }
+    }
 }
 
 fn io<E: std::error::Error + 'static>(
@@ -32,6 +106,7 @@ impl LogStore {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
+            .pragma("temp_store", "memory")
             .busy_timeout(Duration::from_secs(10));
         let pool = SqlitePoolOptions::new().max_connections(2).connect_with(options).await?;
         sqlx::query("CREATE TABLE IF NOT EXISTS log (idx INTEGER PRIMARY KEY, entry TEXT NOT NULL)")
@@ -40,7 +115,21 @@ impl LogStore {
         sqlx::query("CREATE TABLE IF NOT EXISTS raft_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             .execute(&pool)
             .await?;
-        Ok(LogStore { pool })
+        let (writer, queue) = mpsc::unbounded_channel();
+        tokio::spawn(write_loop(pool.clone(), queue));
+        Ok(LogStore { pool, recent: Arc::default(), writer })
+    }
+
+    /// Queues `write` and waits for it to be done.
+    async fn write(&self, write: impl FnOnce(Done) -> Write) -> StoreResult<()> {
+        let (done, result) = oneshot::channel();
+        let stopped = || StorageError::from(StorageIOError::write_logs(AnyError::error("the log writer stopped")));
+        self.writer.send(write(done)).map_err(|_| stopped())?;
+        result.await.map_err(|_| stopped())?.map_err(io(StorageIOError::write_logs))
+    }
+
+    fn recent(&self) -> MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn meta<T: serde::de::DeserializeOwned>(&self, key: &str) -> StoreResult<Option<T>> {
@@ -53,14 +142,78 @@ impl LogStore {
     }
 
     async fn set_meta<T: serde::Serialize>(&self, key: &str, value: &T) -> StoreResult<()> {
-        let text = serde_json::to_string(value).map_err(io(StorageIOError::write))?;
-        sqlx::query("INSERT OR REPLACE INTO raft_meta (key, value) VALUES (?, ?)")
-            .bind(key)
-            .bind(text)
-            .execute(&self.pool)
-            .await
-            .map_err(io(StorageIOError::write))?;
-        Ok(())
+        set_meta(&self.pool, key, value).await.map_err(io(StorageIOError::write))
+    }
+}
+
+async fn set_meta<T: serde::Serialize>(pool: &SqlitePool, key: &str, value: &T) -> Result<(), sqlx::Error> {
+    let text = serde_json::to_string(value).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    sqlx::query("INSERT OR REPLACE INTO raft_meta (key, value) VALUES (?, ?)")
+        .bind(key)
+        .bind(text)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+async fn write_loop(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Write>) {
+    let mut queued = Vec::new();
+    let mut appends = Vec::new();
+    while queue.recv_many(&mut queued, 256).await > 0 {
+        for write in queued.drain(..) {
+            let (result, done) = match write {
+                Write::Append(entries, flushed) => {
+                    appends.push((entries, flushed));
+                    continue;
+                }
+                // Whatever was appended before goes first.
+                Write::Truncate(index, done) => {
+                    commit(&pool, &mut appends).await;
+                    (sqlx::query("DELETE FROM log WHERE idx >= ?").bind(index as i64).execute(&pool).await, done)
+                }
+                Write::Purge(log_id, done) => {
+                    commit(&pool, &mut appends).await;
+                    let purged = async {
+                        set_meta(&pool, "purged", &log_id).await?;
+                        sqlx::query("DELETE FROM log WHERE idx <= ?").bind(log_id.index as i64).execute(&pool).await
+                    };
+                    (purged.await, done)
+                }
+                Write::Flush(done) => {
+                    commit(&pool, &mut appends).await;
+                    let _ = done.send(Ok(()));
+                    continue;
+                }
+            };
+            let _ = done.send(result.map(|_| ()));
+        }
+        commit(&pool, &mut appends).await;
+    }
+}
+
+/// Writes the queued appends in one transaction (one fsync) and reports each to openraft.
+async fn commit(pool: &SqlitePool, appends: &mut Vec<(Vec<Entry<TypeConfig>>, LogFlushed<TypeConfig>)>) {
+    if appends.is_empty() {
+        return;
+    }
+    let result = async {
+        let mut tx = pool.begin().await?;
+        for entry in appends.iter().flat_map(|(entries, _)| entries) {
+            let text = serde_json::to_string(entry).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+            sqlx::query("INSERT OR REPLACE INTO log (idx, entry) VALUES (?, ?)")
+                .bind(entry.log_id.index as i64)
+                .bind(text)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await
+    }
+    .await;
+    if let Err(e) = &result {
+        tracing::error!(error = %e, "writing the Raft log failed");
+    }
+    for (_, flushed) in appends.drain(..) {
+        flushed.log_io_completed(result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string())));
     }
 }
 
@@ -80,6 +233,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(i) => *i,
             Bound::Unbounded => u64::MAX,
         };
+        if let Some(entries) = self.recent().range(start, end) {
+            return Ok(entries);
+        }
+        self.write(Write::Flush).await?;
         let rows = sqlx::query("SELECT entry FROM log WHERE idx >= ? AND idx < ? ORDER BY idx")
             .bind(start as i64)
             .bind(end.min(i64::MAX as u64) as i64)
@@ -96,6 +253,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> StoreResult<LogState<TypeConfig>> {
+        self.write(Write::Flush).await?;
         let purged: Option<LogId<NodeId>> = self.meta("purged").await?;
         let last: Option<String> = sqlx::query_scalar("SELECT entry FROM log ORDER BY idx DESC LIMIT 1")
             .fetch_optional(&self.pool)
@@ -133,47 +291,67 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let result = async {
-            let mut tx = self.pool.begin().await?;
-            for entry in entries {
-                let text = serde_json::to_string(&entry).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-                sqlx::query("INSERT OR REPLACE INTO log (idx, entry) VALUES (?, ?)")
-                    .bind(entry.log_id.index as i64)
-                    .bind(text)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+        if let Some(first) = entries.first() {
+            let mut recent = self.recent();
+            // Appended over a conflicting suffix: what followed is gone from the log too.
+            recent.truncate(first.log_id.index);
+            recent.append(entries.clone());
         }
-        .await;
-        match result {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(StorageIOError::write_logs(AnyError::new(&e)).into())
-            }
-        }
+        self.writer
+            .send(Write::Append(entries, callback))
+            .map_err(|_| StorageError::from(StorageIOError::write_logs(AnyError::error("the log writer stopped"))))
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
-        sqlx::query("DELETE FROM log WHERE idx >= ?")
-            .bind(log_id.index as i64)
-            .execute(&self.pool)
-            .await
-            .map_err(io(StorageIOError::write_logs))?;
-        Ok(())
+        self.recent().truncate(log_id.index);
+        self.write(|done| Write::Truncate(log_id.index, done)).await
     }
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
-        self.set_meta("purged", &log_id).await?;
-        sqlx::query("DELETE FROM log WHERE idx <= ?")
-            .bind(log_id.index as i64)
-            .execute(&self.pool)
-            .await
-            .map_err(io(StorageIOError::write_logs))?;
-        Ok(())
+        self.recent().purge(log_id.index);
+        self.write(|done| Write::Purge(log_id, done)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn entry(index: u64) -> Entry<TypeConfig> {
+        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Blank }
+    }
+
+    fn indexes(entries: Option<Vec<Entry<TypeConfig>>>) -> Option<Vec<u64>> {
+        entries.map(|e| e.iter().map(|e| e.log_id.index).collect())
+    }
+
+    #[test]
+    fn recent_entries_answer_only_ranges_they_hold_whole() {
+        let mut recent = Recent::default();
+        assert_eq!(indexes(recent.range(1, 2)), None);
+        recent.append((5..10).map(entry).collect());
+        assert_eq!(indexes(recent.range(6, 9)), Some(vec![6, 7, 8]));
+        assert_eq!(indexes(recent.range(5, 10)), Some(vec![5, 6, 7, 8, 9]));
+        assert_eq!(indexes(recent.range(4, 6)), None, "index 4 is not here");
+        assert_eq!(indexes(recent.range(9, 11)), None, "index 10 is not here");
+
+        // A conflicting suffix is replaced; purge drops the front.
+        recent.truncate(8);
+        recent.append(vec![entry(8)]);
+        assert_eq!(indexes(recent.range(5, 9)), Some(vec![5, 6, 7, 8]));
+        recent.purge(6);
+        assert_eq!(indexes(recent.range(6, 8)), None);
+        assert_eq!(indexes(recent.range(7, 9)), Some(vec![7, 8]));
+
+        // A gap (a snapshot installed past the log) starts the run again.
+        recent.append(vec![entry(20)]);
+        assert_eq!(indexes(recent.range(7, 9)), None);
+        assert_eq!(indexes(recent.range(20, 21)), Some(vec![20]));
+
+        recent.append((21..21 + RECENT as u64).map(entry).collect());
+        assert_eq!(indexes(recent.range(20, 21)), None, "the oldest left when the cache filled");
+        assert_eq!(recent.0.len(), RECENT);
     }
 }

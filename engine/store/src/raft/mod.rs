@@ -34,9 +34,10 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 pub type NodeId = u64;
 
-/// The transactions of one log entry.
+/// The transactions of one log entry, shared: the log's readers (replication, apply) get the
+/// entry without copying its objects.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Batch(pub Vec<Txn>);
+pub struct Batch(pub Arc<[Txn]>);
 
 /// The outcome of each transaction of an entry, in order.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -222,7 +223,7 @@ async fn propose(raft: Raft<TypeConfig>, mut queue: mpsc::Receiver<(Vec<Op>, one
             }
         }
         let (ops, replies): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
-        let txns = ops.into_iter().map(Txn::new).collect();
+        let txns: Arc<[Txn]> = ops.into_iter().map(Txn::new).collect();
         let raft = raft.clone();
         let idle = in_flight.clone();
         tokio::spawn(async move {

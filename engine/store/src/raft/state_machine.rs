@@ -137,7 +137,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut txns: Vec<Txn> = Vec::new();
+        let mut batches: Vec<Arc<[Txn]>> = Vec::new();
         // Per entry, the range of its transactions in `txns` (none for blank and membership entries).
         let mut spans: Vec<Option<(usize, usize)>> = Vec::new();
         let mut last: Option<LogId<NodeId>> = None;
@@ -146,8 +146,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             last = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Normal(Batch(batch)) => {
-                    spans.push(Some((txns.len(), batch.len())));
-                    txns.extend(batch);
+                    let start = batches.iter().map(|b| b.len()).sum();
+                    spans.push(Some((start, batch.len())));
+                    batches.push(batch);
                 }
                 EntryPayload::Membership(m) => {
                     membership = Some(StoredMembership::new(Some(entry.log_id), m));
@@ -157,6 +158,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
         }
         let Some(last) = last else { return Ok(Vec::new()) };
+        let txns: Vec<&Txn> = batches.iter().flat_map(|b| b.iter()).collect();
         let applied = serde_json::to_string(&Some(last)).map_err(sm_err)?;
         let membership = membership.map(|m| serde_json::to_string(&m)).transpose().map_err(sm_err)?;
         let results = self
