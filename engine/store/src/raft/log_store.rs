@@ -7,6 +7,10 @@
 //! flush callback: Raft's loop goes on (the leader replicates while its own disk syncs), and
 //! appends that queue meanwhile share one SQLite transaction and one fsync. Truncation and purge
 //! go through the same writer, in order.
+//!
+//! The commit index is not saved (openraft's default): the state machine stores its applied
+//! position in the same transaction as the state, and a restarted replica learns the commit
+//! index from the leader. Saving it cost a synced write on every replica for every commit.
 
 use super::{NodeId, TypeConfig};
 use openraft::{
@@ -276,14 +280,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn read_vote(&mut self) -> StoreResult<Option<Vote<NodeId>>> {
         self.meta("vote").await
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StoreResult<()> {
-        self.set_meta("committed", &committed).await
-    }
-
-    async fn read_committed(&mut self) -> StoreResult<Option<LogId<NodeId>>> {
-        Ok(self.meta::<Option<LogId<NodeId>>>("committed").await?.flatten())
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StoreResult<()>
