@@ -52,7 +52,7 @@ enum Write {
     Flush(Done),
 }
 
-/// Entries in memory: the newest durable ones, at consecutive indexes.
+/// Entries in memory: the newest appended ones (on disk or queued for it), at consecutive indexes.
 const RECENT: usize = 1024;
 
 #[derive(Default)]
