@@ -69,7 +69,11 @@ impl Recent {
         Some(self.0.range((start - first) as usize..(end.max(start) - first) as usize).cloned().collect())
     }
 
+    /// Appends, replacing whatever was at or after the first new index (a conflicting suffix).
     fn append(&mut self, entries: Vec<Entry<TypeConfig>>) {
+        if let Some(first) = entries.first() {
+            self.truncate(first.log_id.index);
+        }
         for entry in entries {
             // Only a run of consecutive indexes can answer a range.
             if self.0.back().is_some_and(|last| last.log_id.index + 1 != entry.log_id.index) {
@@ -95,6 +99,10 @@ impl Recent {
             self.0.pop_front();
         }
     }
+}
+
+fn writer_stopped() -> StorageError<NodeId> {
+    StorageIOError::write_logs(AnyError::error("the log writer stopped")).into()
 }
 
 fn io<E: std::error::Error + 'static>(
@@ -127,9 +135,8 @@ impl LogStore {
     /// Queues `write` and waits for it to be done.
     async fn write(&self, write: impl FnOnce(Done) -> Write) -> StoreResult<()> {
         let (done, result) = oneshot::channel();
-        let stopped = || StorageError::from(StorageIOError::write_logs(AnyError::error("the log writer stopped")));
-        self.writer.send(write(done)).map_err(|_| stopped())?;
-        result.await.map_err(|_| stopped())?.map_err(io(StorageIOError::write_logs))
+        self.writer.send(write(done)).map_err(|_| writer_stopped())?;
+        result.await.map_err(|_| writer_stopped())?.map_err(io(StorageIOError::write_logs))
     }
 
     fn recent(&self) -> MutexGuard<'_, Recent> {
@@ -288,15 +295,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
-        if let Some(first) = entries.first() {
-            let mut recent = self.recent();
-            // Appended over a conflicting suffix: what followed is gone from the log too.
-            recent.truncate(first.log_id.index);
-            recent.append(entries.clone());
-        }
-        self.writer
-            .send(Write::Append(entries, callback))
-            .map_err(|_| StorageError::from(StorageIOError::write_logs(AnyError::error("the log writer stopped"))))
+        self.recent().append(entries.clone());
+        self.writer.send(Write::Append(entries, callback)).map_err(|_| writer_stopped())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
@@ -334,8 +334,8 @@ mod tests {
         assert_eq!(indexes(recent.range(9, 11)), None, "index 10 is not here");
 
         // A conflicting suffix is replaced; purge drops the front.
-        recent.truncate(8);
         recent.append(vec![entry(8)]);
+        assert_eq!(indexes(recent.range(8, 10)), None, "index 9 went with the replaced suffix");
         assert_eq!(indexes(recent.range(5, 9)), Some(vec![5, 6, 7, 8]));
         recent.purge(6);
         assert_eq!(indexes(recent.range(6, 8)), None);

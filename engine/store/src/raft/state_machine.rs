@@ -138,6 +138,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let mut batches: Vec<Arc<[Txn]>> = Vec::new();
+        let mut count = 0;
         // Per entry, the range of its transactions in `txns` (none for blank and membership entries).
         let mut spans: Vec<Option<(usize, usize)>> = Vec::new();
         let mut last: Option<LogId<NodeId>> = None;
@@ -146,8 +147,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             last = Some(entry.log_id);
             match entry.payload {
                 EntryPayload::Normal(Batch(batch)) => {
-                    let start = batches.iter().map(|b| b.len()).sum();
-                    spans.push(Some((start, batch.len())));
+                    spans.push(Some((count, batch.len())));
+                    count += batch.len();
                     batches.push(batch);
                 }
                 EntryPayload::Membership(m) => {
