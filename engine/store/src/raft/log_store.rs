@@ -151,10 +151,6 @@ impl LogStore {
             .map_err(io(StorageIOError::read))?;
         value.map(|v| serde_json::from_str(&v).map_err(io(StorageIOError::read))).transpose()
     }
-
-    async fn set_meta<T: serde::Serialize>(&self, key: &str, value: &T) -> StoreResult<()> {
-        set_meta(&self.pool, key, value).await.map_err(io(StorageIOError::write))
-    }
 }
 
 async fn set_meta<T: serde::Serialize>(pool: &SqlitePool, key: &str, value: &T) -> Result<(), sqlx::Error> {
@@ -282,7 +278,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StoreResult<()> {
-        self.set_meta("vote", vote).await
+        set_meta(&self.pool, "vote", vote).await.map_err(io(StorageIOError::write))
     }
 
     async fn read_vote(&mut self) -> StoreResult<Option<Vote<NodeId>>> {
