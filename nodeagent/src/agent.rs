@@ -16,12 +16,17 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 use std::{
     collections::{HashMap, HashSet},
-    path::PathBuf,
-    sync::Arc,
+    path::{Path, PathBuf},
+    sync::{Arc, PoisonError, RwLock},
     time::Duration,
 };
 use tokio::{sync::watch, task::JoinHandle};
-use tonic::{Code, transport::Channel};
+use tonic::{
+    Code, Request, Status,
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::Channel,
+};
 
 /// How an agent finds its control plane and its runtime.
 #[derive(Clone, Debug)]
@@ -47,6 +52,10 @@ pub struct AgentConfig {
     /// Stop and remove every Pod on shutdown (the appliance's `gitplane up` does; a standalone
     /// agent leaves them running, as the kubelet does).
     pub remove_pods_on_exit: bool,
+    /// The cluster's join token, for the first registration (or after losing the credential).
+    pub join_token: Option<String>,
+    /// Where the node credential is kept (mode 0600) once registration returned it.
+    pub credential_file: PathBuf,
 }
 
 impl AgentConfig {
@@ -63,6 +72,8 @@ impl AgentConfig {
             heartbeat: Duration::from_secs(10),
             resync: Duration::from_secs(2),
             remove_pods_on_exit: false,
+            join_token: None,
+            credential_file: PathBuf::from("/var/lib/gitplane/node-credential"),
         }
     }
 }
@@ -75,6 +86,13 @@ pub enum AgentError {
     Server { server: String, source: tonic::transport::Error },
     #[error("no control plane address given")]
     NoServers,
+    #[error(
+        "no way to join: {file} holds no node credential and no join token was given \
+         (--join-token-file; the token is <data-dir>/join-token on a control-plane replica)"
+    )]
+    NoCredential { file: PathBuf },
+    #[error("the token in {file} is not usable: {why}")]
+    BadToken { file: PathBuf, why: String },
     #[error(transparent)]
     Cni(#[from] cni::CniError),
 }
@@ -89,9 +107,12 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .await
         .map_err(|source| AgentError::Runtime { socket: cfg.containerd_socket.clone(), source })?;
     let runtime_version = format!("{}://{}", version.runtime_name, version.runtime_version);
-    let client = Servers::new(&cfg.servers)?;
+    let token = Token::load(&cfg)?;
+    let client = Servers::new(&cfg.servers, token.clone())?;
 
-    let Some(pod_cidr) = register(&cfg, &client, &runtime_version, &mut shutdown).await else { return Ok(()) };
+    let Some(pod_cidr) = register(&cfg, &client, &token, &runtime_version, &mut shutdown).await else {
+        return Ok(());
+    };
     let conflist = cni::write_conflist(&cfg.cni_conf_dir, "gitplane", &cfg.bridge, &pod_cidr, &cfg.cni_data_dir)?;
     tracing::info!(node = %cfg.node_name, %pod_cidr, conflist = %conflist.display(), "node registered");
 
@@ -160,10 +181,12 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     Ok(())
 }
 
-/// Registers until it succeeds; `None` when shut down first.
+/// Registers until it succeeds, and keeps the node credential it returns; `None` when shut
+/// down first.
 async fn register(
     cfg: &AgentConfig,
     client: &Servers,
+    token: &Token,
     runtime_version: &str,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<String> {
@@ -173,7 +196,23 @@ async fn register(
     loop {
         let (server, mut c) = client.get();
         match c.register(request.clone()).await {
-            Ok(r) => return Some(r.into_inner().pod_cidr),
+            Ok(r) => {
+                let r = r.into_inner();
+                match token.keep(&r.credential, &cfg.credential_file) {
+                    Ok(()) => return Some(r.pod_cidr),
+                    Err(e) => tracing::error!(error = %e, "keeping the node credential failed, retrying"),
+                }
+            }
+            Err(status) if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) => {
+                // A credential from another cluster (or a rotated key): join again, if we can.
+                let fallback = token.fall_back_to_join(cfg);
+                tracing::warn!(
+                    server = %cfg.servers[server],
+                    error = %status.message(),
+                    retry_with_join_token = fallback,
+                    "registration refused"
+                );
+            }
             Err(status) => {
                 tracing::warn!(server = %cfg.servers[server], error = %status.message(), "registration failed, retrying");
                 client.failed(server);
@@ -208,15 +247,81 @@ async fn heartbeat(cfg: AgentConfig, client: Servers) {
     }
 }
 
+/// What the agent presents on every call: its node credential once it has one, before that the
+/// join token.
+#[derive(Clone)]
+struct Token(Arc<RwLock<MetadataValue<Ascii>>>);
+
+fn bearer(token: &str, file: &Path) -> Result<MetadataValue<Ascii>, AgentError> {
+    format!("Bearer {}", token.trim())
+        .parse()
+        .map_err(|_| AgentError::BadToken { file: file.to_owned(), why: "not printable ASCII".into() })
+}
+
+impl Token {
+    /// The kept credential, else the join token.
+    fn load(cfg: &AgentConfig) -> Result<Token, AgentError> {
+        let kept = match std::fs::read_to_string(&cfg.credential_file) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(AgentError::BadToken { file: cfg.credential_file.clone(), why: e.to_string() }),
+        };
+        let token = kept
+            .or_else(|| cfg.join_token.clone())
+            .ok_or_else(|| AgentError::NoCredential { file: cfg.credential_file.clone() })?;
+        Ok(Token(Arc::new(RwLock::new(bearer(&token, &cfg.credential_file)?))))
+    }
+
+    /// Uses `credential` from now on and keeps it in `file` (written aside, then renamed).
+    fn keep(&self, credential: &str, file: &Path) -> Result<(), AgentError> {
+        let value = bearer(credential, file)?;
+        let write = || -> std::io::Result<()> {
+            use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+            if let Some(dir) = file.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let aside = file.with_extension("new");
+            let _ = std::fs::remove_file(&aside);
+            let mut out = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&aside)?;
+            out.write_all(credential.as_bytes())?;
+            out.sync_all()?;
+            std::fs::rename(&aside, file)
+        };
+        write().map_err(|e| AgentError::BadToken { file: file.to_owned(), why: format!("writing it: {e}") })?;
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = value;
+        Ok(())
+    }
+
+    /// Presents the join token again (when the control plane refused the credential); whether
+    /// there is one.
+    fn fall_back_to_join(&self, cfg: &AgentConfig) -> bool {
+        let Some(value) = cfg.join_token.as_deref().and_then(|t| bearer(t, &cfg.credential_file).ok()) else {
+            return false;
+        };
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = value;
+        true
+    }
+}
+
+impl Interceptor for Token {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let value = self.0.read().unwrap_or_else(PoisonError::into_inner).clone();
+        request.metadata_mut().insert("authorization", value);
+        Ok(request)
+    }
+}
+
+type Client = NodeServiceClient<InterceptedService<Channel, Token>>;
+
 /// The control plane's replicas; calls go to one until it fails, then to the next.
 #[derive(Clone)]
 struct Servers {
-    clients: Arc<Vec<NodeServiceClient<Channel>>>,
+    clients: Arc<Vec<Client>>,
     current: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Servers {
-    fn new(servers: &[String]) -> Result<Servers, AgentError> {
+    fn new(servers: &[String], token: Token) -> Result<Servers, AgentError> {
         if servers.is_empty() {
             return Err(AgentError::NoServers);
         }
@@ -229,13 +334,13 @@ impl Servers {
                     .http2_keep_alive_interval(Duration::from_secs(10))
                     .keep_alive_while_idle(true)
                     .connect_lazy();
-                Ok(NodeServiceClient::new(channel))
+                Ok(NodeServiceClient::with_interceptor(channel, token.clone()))
             })
             .collect::<Result<Vec<_>, AgentError>>()?;
         Ok(Servers { clients: Arc::new(clients), current: Default::default() })
     }
 
-    fn get(&self) -> (usize, NodeServiceClient<Channel>) {
+    fn get(&self) -> (usize, Client) {
         let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.clients.len();
         (i, self.clients[i].clone())
     }

@@ -1,6 +1,7 @@
 //! `gitplane-agent`: the node agent as a standalone process, for nodes beyond the one that
 //! `gitplane up` runs in-process.
 
+use anyhow::Context as _;
 use clap::Parser;
 use gitplane_nodeagent::agent::{self, AgentConfig};
 use std::path::PathBuf;
@@ -32,6 +33,13 @@ struct Args {
     /// Stop and remove every Pod of this node when the agent exits.
     #[arg(long)]
     remove_pods_on_exit: bool,
+    /// A file holding the cluster's join token (`<data-dir>/join-token` on a control-plane
+    /// replica), needed until the node holds its credential.
+    #[arg(long)]
+    join_token_file: Option<PathBuf>,
+    /// Where the node's credential is kept (mode 0600) once it has joined.
+    #[arg(long, default_value = "/var/lib/gitplane/node-credential")]
+    credential_file: PathBuf,
 }
 
 fn hostname() -> String {
@@ -50,6 +58,11 @@ async fn main() -> anyhow::Result<()> {
     cfg.cni_data_dir = args.cni_data_dir;
     cfg.bridge = args.bridge;
     cfg.remove_pods_on_exit = args.remove_pods_on_exit;
+    cfg.credential_file = args.credential_file;
+    if let Some(file) = &args.join_token_file {
+        let token = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        cfg.join_token = Some(token.trim().to_owned());
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;

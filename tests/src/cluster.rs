@@ -15,7 +15,8 @@ use std::{
     time::Duration,
 };
 
-/// A cluster of `gitplane server` processes, sharing a peer token as a deployment would.
+/// A cluster of `gitplane server` processes, sharing a peer token and a join token as a
+/// deployment would.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub addrs: BTreeMap<u64, SocketAddr>,
@@ -74,6 +75,7 @@ impl Cluster {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
         let token = format!("e2e-{}-{nanos:x}", std::process::id());
         std::fs::write(dir.path().join("peer-token"), &token)?;
+        std::fs::write(dir.path().join("join-token"), format!("join-{token}"))?;
         let mut cluster = Cluster {
             dir,
             addrs,
@@ -99,6 +101,8 @@ impl Cluster {
             .arg(self.dir.path().join("repos"))
             .arg("--peer-token-file")
             .arg(self.dir.path().join("peer-token"))
+            .arg("--join-token-file")
+            .arg(self.dir.path().join("join-token"))
             .args(&self.extra_args)
             .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
             .stdout(log.try_clone()?)

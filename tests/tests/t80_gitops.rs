@@ -64,8 +64,10 @@ fn t80_gitops_over_http_templates_webhooks_and_bad_commits() -> Result<()> {
     wait_for(DEADLINE, || std::path::Path::new(&cluster.dir.path().join("repos/bootstrap.git")).exists().then_some(()))
         .context("the leader makes the bootstrap repository")?;
 
-    // Applications come from the bootstrap repository; pushing needs the token.
-    let apps = Worktree::clone(format!("{anonymous}/bootstrap.git"), cluster.dir.path().join("apps"))?;
+    // Applications come from the bootstrap repository; cloning and pushing need the token.
+    let refused = Worktree::clone(format!("{anonymous}/bootstrap.git"), cluster.dir.path().join("nope"));
+    ensure!(refused.is_err(), "an anonymous clone of a hosted repository is refused");
+    let apps = Worktree::clone(format!("{authenticated}/bootstrap.git"), cluster.dir.path().join("apps"))?;
     apps.write("web.yaml", &application("web", "web", "  values:\n    greeting: hello\n"))?;
     apps.commit("the web Application")?;
     let refused = apps.push(&format!("{anonymous}/bootstrap.git")).unwrap_err().to_string();
@@ -78,7 +80,7 @@ fn t80_gitops_over_http_templates_webhooks_and_bad_commits() -> Result<()> {
 
     // The web repository was made for it; a template rendered with the Application's values.
     let web =
-        wait_for(DEADLINE, || Worktree::clone(format!("{anonymous}/web.git"), cluster.dir.path().join("web")).ok())
+        wait_for(DEADLINE, || Worktree::clone(format!("{authenticated}/web.git"), cluster.dir.path().join("web")).ok())
             .context("cloning the web repository")?;
     web.write(
         "settings.yaml.j2",
@@ -125,7 +127,7 @@ fn t80_gitops_over_http_templates_webhooks_and_bad_commits() -> Result<()> {
 
     // A remote repository, fetched when its host sends a signed webhook.
     let remote_dir = cluster.dir.path().join("remote");
-    let remote = Worktree::clone(format!("{anonymous}/web.git"), remote_dir.clone())?;
+    let remote = Worktree::clone(format!("{authenticated}/web.git"), remote_dir.clone())?;
     std::fs::remove_file(remote.dir.join("leak.yaml")).ok();
     std::fs::remove_file(remote.dir.join("settings.yaml.j2")).ok();
     remote.write("remote.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: remote\ndata:\n  v: \"1\"\n")?;

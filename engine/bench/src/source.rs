@@ -388,6 +388,7 @@ struct State {
     namespaces: HashSet<String>,
     nodes: HashSet<String>,
     revision: i64,
+    record_key: apply::RecordKey,
 }
 
 impl State {
@@ -402,6 +403,7 @@ impl State {
             namespaces: HashSet::from(["default".to_owned()]),
             nodes: HashSet::new(),
             revision: 0,
+            record_key: apply::RecordKey::new([7; 32]),
         };
         let head = read_head(repo, "main")?;
         let manifests = load(&head, &state.app, &state.validator, &mut state.cache)?;
@@ -418,7 +420,7 @@ impl State {
             namespaces: &self.namespaces,
             nodes: &self.nodes,
         };
-        let policy = Policy { app: APP, prune: true, allow_empty: false };
+        let policy = Policy { app: APP, prune: true, allow_empty: false, record_key: &self.record_key };
         apply::plan(manifests, &cluster, &policy)
             .map_err(|errors| anyhow::anyhow!("{} plan error(s), the first: {}", errors.len(), errors[0]))
     }

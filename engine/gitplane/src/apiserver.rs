@@ -12,8 +12,12 @@ use axum::{
 use gitplane_store::{ListOptions, ObjectKey, Store, StoreError};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+/// The most items one list answer holds; larger limits get a continue token here.
+pub const MAX_PAGE: usize = 5_000;
+/// The longest a read may take before it is cancelled (freeing its store connection).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One served resource.
 struct Resource {
@@ -66,6 +70,15 @@ pub fn router(store: Arc<dyn Store>, push_hint: String) -> Router {
         .route("/api/{*path}", any(core))
         .route("/apis/{*path}", any(grouped))
         .with_state(state)
+}
+
+/// What answers a path nothing serves: a Kubernetes Status, as the API server answers.
+pub async fn not_found(uri: axum::http::Uri) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("the server could not find the requested resource {}", uri.path()),
+    )
 }
 
 fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response {
@@ -143,17 +156,14 @@ fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query,
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.split(',').next().is_some_and(|first| first.contains("as=Table")));
+    let bad = |message: String| Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", message));
+    // A page larger than MAX_PAGE is cut there with a continue token, as a smaller limit would
+    // be: the answer stays correct and one request stays bounded.
     let limit = match params.get("limit").filter(|l| !l.is_empty()) {
-        Some(l) => match l.parse::<usize>() {
+        Some(l) => match l.parse::<u64>() {
             Ok(0) => None,
-            Ok(l) => Some(l),
-            Err(_) => {
-                return Err(Box::new(status(
-                    StatusCode::BAD_REQUEST,
-                    "BadRequest",
-                    format!("limit {l:?} is not a number"),
-                )));
-            }
+            Ok(l) => Some(usize::try_from(l).unwrap_or(MAX_PAGE).min(MAX_PAGE)),
+            Err(_) => return Err(bad(format!("limit {l:?} is not a non-negative integer"))),
         },
         None => None,
     };
@@ -256,15 +266,28 @@ async fn serve(State(state): State<ApiState>, method: Method, q: Query, group: &
             format!("the server doesn't have a resource type \"{plural}\""),
         );
     };
-    if q.linearizable
-        && let Err(e) = state.store.barrier().await
-    {
-        return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e.to_string());
-    }
-    match name {
-        Some(name) => get_one(&state, resource, namespace.unwrap_or(""), name, q.table).await,
-        None => list(&state, resource, namespace, q).await,
-    }
+    let read = async {
+        if q.linearizable
+            && let Err(e) = state.store.barrier().await
+        {
+            return status(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailable", e.to_string());
+        }
+        match name {
+            Some(name) => get_one(&state, resource, namespace.unwrap_or(""), name, q.table).await,
+            None => list(&state, resource, namespace, q).await,
+        }
+    };
+    // Dropping the read on time-out cancels its store query and frees the connection.
+    tokio::time::timeout(REQUEST_TIMEOUT, read).await.unwrap_or_else(|_| {
+        status(
+            StatusCode::GATEWAY_TIMEOUT,
+            "Timeout",
+            format!(
+                "the read did not finish within {} s: narrow it (limit, labelSelector, namespace)",
+                REQUEST_TIMEOUT.as_secs()
+            ),
+        )
+    })
 }
 
 async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &str, as_table: bool) -> Response {

@@ -1,7 +1,11 @@
 //! What only the leader runs: the source, the scheduler and the controllers. A replica starts
 //! them when it becomes the acting leader and stops them the moment it is not.
 
-use crate::{bootstrap, mirror::Mirrors, source::SourceController};
+use crate::{
+    bootstrap,
+    mirror::Mirrors,
+    source::{SourceController, apply::RecordKey},
+};
 use gitplane_store::{Store, informer::Informer};
 use std::{path::PathBuf, sync::Arc};
 use tokio::{sync::watch, task::JoinHandle};
@@ -17,6 +21,7 @@ impl ControlPlane {
         repos_dir: PathBuf,
         mirrors: Mirrors,
         root: Option<String>,
+        record_key: RecordKey,
     ) -> ControlPlane {
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
@@ -29,7 +34,7 @@ impl ControlPlane {
         let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
         let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone());
         tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer, Default::default()).run()));
-        tasks.push(tokio::spawn(SourceController::new(store, repos_dir, mirrors).run()));
+        tasks.push(tokio::spawn(SourceController::new(store, repos_dir, mirrors, record_key).run()));
         ControlPlane { tasks }
     }
 }
@@ -49,13 +54,16 @@ pub async fn run_while_leading(
     repos_dir: PathBuf,
     mirrors: Mirrors,
     root: Option<String>,
+    record_key: RecordKey,
 ) {
     loop {
         if leading.wait_for(|l| *l).await.is_err() {
             return;
         }
         tracing::info!("acting leader: starting the source, the scheduler and the controllers");
-        let running = ControlPlane::start(store.clone(), repos_dir.clone(), mirrors.clone(), root.clone()).await;
+        let running =
+            ControlPlane::start(store.clone(), repos_dir.clone(), mirrors.clone(), root.clone(), record_key.clone())
+                .await;
         if leading.wait_for(|l| !*l).await.is_err() {
             return;
         }

@@ -13,13 +13,16 @@
 //! - **Names, not paths.** `<name>` is `[A-Za-z0-9._-]+`, not starting with `.`; anything else,
 //!   and any name that is not an existing bare repository directory (not a symlink) directly in
 //!   the repositories directory, is 404. Repositories are never created over HTTP.
-//! - **Pushing needs the token.** receive-pack, its ref advertisement included, needs the push
+//! - **Everything needs the token.** Clone, fetch and push, ref advertisements included, need the
 //!   token: `Authorization: Bearer <token>`, or HTTP Basic with the token as the password and any
-//!   user name (`git push http://git:<token>@host/git/demo.git`). Reading needs it too unless
-//!   [`GitAuth::anonymous_read`]. Tokens are compared in constant time (as SHA-256 digests, so
-//!   their length does not leak either). A missing or wrong token is 401 with
-//!   `WWW-Authenticate: Basic realm="gitplane"`, so git asks its credential helper. An empty
-//!   configured token disables pushing (403), it never matches an empty password.
+//!   user name (`git clone http://git:<token>@host/git/demo.git`): the repositories hold Secrets.
+//!   A repository whose own config says `gitplane.anonymousRead = true` (an explicit opt-in,
+//!   `git config -f repos/<name>.git/config gitplane.anonymousRead true`) can be cloned and
+//!   fetched without it. Tokens are compared in constant time (as SHA-256 digests, so their
+//!   length does not leak either). A missing or wrong token is 401 with
+//!   `WWW-Authenticate: Basic realm="gitplane"`, so git asks its credential helper; the answer is
+//!   the same whether the repository exists or not. An empty configured token disables the
+//!   service (403), it never matches an empty password.
 //! - **git runs with a clean environment**: only the CGI variables, `PATH`, and configuration
 //!   passed as `GIT_CONFIG_*` (`http.receivepack` only for authenticated pushes, no dumb-protocol
 //!   file access, `receive.fsckObjects`, `receive.maxInputSize`); no system or user git config.
@@ -28,9 +31,13 @@
 //!   closed, so git sees the end of its input and exits cleaning up its quarantined objects;
 //!   SIGTERM and then SIGKILL follow [`TERMINATE_GRACE`] apart if it does not. So does one that
 //!   runs longer than [`MAX_RUN`], and one whose client stops reading the response for
-//!   [`IDLE_TIMEOUT`] (so slow readers cannot hold the process slots). At most [`MAX_PROCESSES`] run at once; further requests wait up to
-//!   [`QUEUE_TIMEOUT`], then get 503.
+//!   [`IDLE_TIMEOUT`] (so slow readers cannot hold the process slots). At most [`MAX_PROCESSES`]
+//!   authenticated requests run at once; further ones wait up to [`QUEUE_TIMEOUT`], then get 503.
+//!   Slots are taken only after authentication, and anonymous reads (of opted-in repositories)
+//!   have slots of their own ([`MAX_ANONYMOUS`], [`MAX_ANONYMOUS_PER_CLIENT`] per client address,
+//!   503 at once when full), so no number of anonymous clients can make a push wait.
 
+use crate::listener::{ClientAddr, Held, PerClient};
 use axum::{
     Router,
     body::{Body, Bytes},
@@ -58,8 +65,11 @@ use tokio::{
     sync::{Notify, OwnedSemaphorePermit, Semaphore},
 };
 
-/// git http-backend processes that run at the same time.
+/// git http-backend processes that run at the same time for authenticated requests.
 pub const MAX_PROCESSES: usize = 16;
+/// … and for anonymous reads of opted-in repositories, in all and per client address.
+pub const MAX_ANONYMOUS: usize = 4;
+pub const MAX_ANONYMOUS_PER_CLIENT: usize = 2;
 /// How long a request waits for a free process slot before 503.
 pub const QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest a client may stall: not sending its request body, or not reading the response.
@@ -79,19 +89,15 @@ const REALM: &str = "Basic realm=\"gitplane\"";
 /// Who may read and push.
 #[derive(Clone)]
 pub struct GitAuth {
-    /// The token pushes must present; empty disables pushing.
+    /// The token every request must present (but anonymous reads of opted-in repositories);
+    /// empty disables the service.
     pub push_token: String,
-    /// Whether clone and fetch work without the token.
-    pub anonymous_read: bool,
 }
 
 /// Shows whether a token is set, never the token.
 impl std::fmt::Debug for GitAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GitAuth")
-            .field("push_token", &if self.push_token.is_empty() { "" } else { "***" })
-            .field("anonymous_read", &self.anonymous_read)
-            .finish()
+        f.debug_struct("GitAuth").field("push_token", &if self.push_token.is_empty() { "" } else { "***" }).finish()
     }
 }
 
@@ -124,10 +130,11 @@ struct GitState {
     /// `git`, found on PATH once: with an absolute program (and a PATH of its own) the process
     /// is started by posix_spawn instead of a fork of this large process.
     git: Arc<std::path::Path>,
-    /// SHA-256 of the push token; `None` when pushing is disabled.
+    /// SHA-256 of the push token; `None` when the service is disabled.
     token: Option<[u8; 32]>,
-    anonymous_read: bool,
     processes: Arc<Semaphore>,
+    anonymous: Arc<Semaphore>,
+    anonymous_per_client: PerClient,
 }
 
 /// The path of `program` in a directory of PATH; the bare name when none has it.
@@ -140,24 +147,29 @@ fn find_program(program: &str) -> PathBuf {
 pub fn router(repos_dir: PathBuf, auth: GitAuth) -> Router {
     let repos_dir = std::path::absolute(&repos_dir).unwrap_or(repos_dir);
     if auth.push_token.is_empty() {
-        tracing::warn!("no push token is configured: pushing over HTTP is disabled");
+        tracing::warn!("no push token is configured: Git over HTTP is disabled");
     }
     let state = GitState {
         repos_dir: repos_dir.into(),
         git: find_program("git").into(),
         token: (!auth.push_token.is_empty()).then(|| Sha256::digest(auth.push_token.as_bytes()).into()),
-        anonymous_read: auth.anonymous_read,
         processes: Arc::new(Semaphore::new(MAX_PROCESSES)),
+        anonymous: Arc::new(Semaphore::new(MAX_ANONYMOUS)),
+        anonymous_per_client: PerClient::new(MAX_ANONYMOUS_PER_CLIENT),
     };
     Router::new()
         .route("/git/{repo}/info/refs", get(info_refs))
         .route(
             "/git/{repo}/git-upload-pack",
-            post(|s: State<GitState>, r: Path<String>, h: HeaderMap, b: Body| rpc(s, r, h, b, Service::UploadPack)),
+            post(|s: State<GitState>, c: ClientAddr, r: Path<String>, h: HeaderMap, b: Body| {
+                rpc(s, c, r, h, b, Service::UploadPack)
+            }),
         )
         .route(
             "/git/{repo}/git-receive-pack",
-            post(|s: State<GitState>, r: Path<String>, h: HeaderMap, b: Body| rpc(s, r, h, b, Service::ReceivePack)),
+            post(|s: State<GitState>, c: ClientAddr, r: Path<String>, h: HeaderMap, b: Body| {
+                rpc(s, c, r, h, b, Service::ReceivePack)
+            }),
         )
         .with_state(state)
 }
@@ -178,6 +190,7 @@ fn unauthorized(message: &str) -> Response {
 
 async fn info_refs(
     State(state): State<GitState>,
+    client: ClientAddr,
     Path(repo): Path<String>,
     RawQuery(query): RawQuery,
     method: Method,
@@ -190,17 +203,18 @@ async fn info_refs(
             "only Git's smart HTTP protocol is served: use git 1.6.6 or later (info/refs?service=git-upload-pack)",
         );
     };
-    serve(&state, &repo, service, Call::Advertise { query, method }, headers, None).await
+    serve(&state, client, &repo, service, Call::Advertise { query, method }, headers, None).await
 }
 
 async fn rpc(
     State(state): State<GitState>,
+    client: ClientAddr,
     Path(repo): Path<String>,
     headers: HeaderMap,
     body: Body,
     service: Service,
 ) -> Response {
-    serve(&state, &repo, service, Call::Rpc, headers, Some(body)).await
+    serve(&state, client, &repo, service, Call::Rpc, headers, Some(body)).await
 }
 
 /// Which of the two smart HTTP requests this is.
@@ -259,8 +273,21 @@ fn authenticate(state: &GitState, headers: &HeaderMap) -> Result<Option<String>,
     Ok(Some(if plain_user { user } else { "git".to_owned() }))
 }
 
+/// Whether the repository's own config opts it in to anonymous clone and fetch.
+fn anonymous_read(dir: &std::path::Path) -> bool {
+    git2::Config::open(&dir.join("config")).and_then(|c| c.get_bool("gitplane.anonymousread")).unwrap_or(false)
+}
+
+fn busy(retry_after: &'static str) -> Response {
+    let mut response = text(StatusCode::SERVICE_UNAVAILABLE, "too many Git requests at once; retry later");
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(retry_after));
+    response
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn serve(
     state: &GitState,
+    client: ClientAddr,
     repo: &str,
     service: Service,
     call: Call,
@@ -271,22 +298,24 @@ async fn serve(
     if !syntax_ok {
         return not_found(repo);
     }
+    if state.token.is_none() {
+        return text(StatusCode::FORBIDDEN, "Git over HTTP is disabled: no token is configured on this server");
+    }
     let user = match authenticate(state, &headers) {
         Ok(user) => user,
         Err(why) => return unauthorized(why),
     };
-    let needs_token = service == Service::ReceivePack || !state.anonymous_read;
-    if needs_token && user.is_none() {
-        if state.token.is_none() {
-            let what = if service == Service::ReceivePack { "pushing" } else { "reading" };
-            return text(StatusCode::FORBIDDEN, format!("{what} over HTTP is disabled: no push token is configured"));
-        }
+    let dir_name = repository(state, repo);
+    // Anonymous callers learn nothing about which repositories exist: one 401 for all.
+    let anonymous_ok = service == Service::UploadPack
+        && dir_name.as_ref().is_some_and(|name| anonymous_read(&state.repos_dir.join(name)));
+    if user.is_none() && !anonymous_ok {
         return unauthorized(
-            "this needs gitplane's push token: git push http://git:<token>@<host>/git/<name>.git \
+            "this needs gitplane's token: git clone http://git:<token>@<host>/git/<name>.git \
              (the token is in <data-dir>/git-token)",
         );
     }
-    let Some(dir_name) = repository(state, repo) else {
+    let Some(dir_name) = dir_name else {
         return not_found(repo);
     };
     let content_encoding = headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).map(str::to_owned);
@@ -295,10 +324,19 @@ async fn serve(
     {
         return text(StatusCode::UNSUPPORTED_MEDIA_TYPE, format!("unsupported Content-Encoding {encoding:?}"));
     }
-    let Ok(Ok(permit)) = tokio::time::timeout(QUEUE_TIMEOUT, state.processes.clone().acquire_owned()).await else {
-        let mut response = text(StatusCode::SERVICE_UNAVAILABLE, "too many Git requests at once; retry later");
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        return response;
+    // Slots are taken only now, after authentication; anonymous reads never wait for one.
+    let permit = if user.is_some() {
+        match tokio::time::timeout(QUEUE_TIMEOUT, state.processes.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Slot { _permit: permit, _client: None },
+            _ => return busy("5"),
+        }
+    } else {
+        let (Some(held), Ok(permit)) =
+            (state.anonymous_per_client.try_take(client), state.anonymous.clone().try_acquire_owned())
+        else {
+            return busy("1");
+        };
+        Slot { _permit: permit, _client: Some(held) }
     };
 
     let (method, path_info, query) = match call {
@@ -410,6 +448,12 @@ async fn serve(
     *response.status_mut() = head.status;
     response.headers_mut().extend(head.headers);
     response
+}
+
+/// A process slot, held until git exits.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    _client: Option<Held>,
 }
 
 /// Stops the request's git process group when dropped before being disarmed.
@@ -556,7 +600,7 @@ async fn reap(
     stderr: Option<ChildStderr>,
     kill: Arc<Notify>,
     reader: Arc<Reader>,
-    _permit: OwnedSemaphorePermit,
+    _permit: Slot,
     label: String,
     user: Option<String>,
 ) {
@@ -644,7 +688,10 @@ mod tests {
             let tree = repo.find_tree(tree.write().unwrap()).unwrap();
             let sig = git2::Signature::now("t", "t@localhost").unwrap();
             repo.commit(Some("refs/heads/main"), &sig, &sig, "first", &tree, &[]).unwrap();
-            let router = router(repos, GitAuth { push_token: TOKEN.into(), anonymous_read });
+            if anonymous_read {
+                repo.config().unwrap().set_bool("gitplane.anonymousRead", true).unwrap();
+            }
+            let router = router(repos, GitAuth { push_token: TOKEN.into() });
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let port = listener.local_addr().unwrap().port();
             let app = router.clone();
@@ -820,7 +867,7 @@ mod tests {
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
 
         let upload = server.call(Method::GET, "/git/demo.git/info/refs?service=git-upload-pack", &[]).await;
-        assert_eq!(upload.status(), StatusCode::OK, "reading is anonymous");
+        assert_eq!(upload.status(), StatusCode::OK, "reading is anonymous where the repository opts in");
         let dumb = server.call(Method::GET, "/git/demo.git/info/refs", &[]).await;
         assert_eq!(dumb.status(), StatusCode::FORBIDDEN);
 
@@ -838,8 +885,12 @@ mod tests {
             "/git/link.git/info/refs",
             "/git/de%00mo.git/info/refs",
         ] {
-            let response = server.call(Method::GET, &format!("{path}?service=git-upload-pack"), &[]).await;
+            let response = server
+                .call(Method::GET, &format!("{path}?service=git-upload-pack"), &[("authorization", &bearer)])
+                .await;
             assert!(matches!(response.status().as_u16(), 404 | 400), "{path}: {}", response.status());
+            let anonymous = server.call(Method::GET, &format!("{path}?service=git-upload-pack"), &[]).await;
+            assert!(matches!(anonymous.status().as_u16(), 401 | 404 | 400), "{path}: {}", anonymous.status());
             let push = server
                 .call(Method::GET, &format!("{path}?service=git-receive-pack"), &[("authorization", &bearer)])
                 .await;
@@ -849,17 +900,16 @@ mod tests {
 
         let private = Server::start(false).await;
         let response = private.call(Method::GET, "/git/demo.git/info/refs?service=git-upload-pack", &[]).await;
-        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "reading needs the token when not anonymous");
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "reading needs the token by default");
         let response = private.call(Method::GET, "/git/nope.git/info/refs?service=git-upload-pack", &[]).await;
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "and unknown names do not tell what exists");
 
-        let disabled =
-            router(server.dir.path().join("repos"), GitAuth { push_token: String::new(), anonymous_read: true });
+        let disabled = router(server.dir.path().join("repos"), GitAuth { push_token: String::new() });
         let request =
             axum::http::Request::get(advertise).header("authorization", "Basic eDo=").body(Body::empty()).unwrap();
-        assert_eq!(disabled.clone().oneshot(request).await.unwrap().status(), 401, "an empty token matches nothing");
+        assert_eq!(disabled.clone().oneshot(request).await.unwrap().status(), 403, "an empty token matches nothing");
         let request = axum::http::Request::get(advertise).body(Body::empty()).unwrap();
-        assert_eq!(disabled.oneshot(request).await.unwrap().status(), 403, "no token: pushing is disabled");
+        assert_eq!(disabled.oneshot(request).await.unwrap().status(), 403, "no token: the service is disabled");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,9 @@
 mod apiserver;
 mod bootstrap;
 mod controlplane;
+mod credentials;
 mod githttp;
+mod listener;
 mod mirror;
 mod nodeservice;
 pub mod offline;

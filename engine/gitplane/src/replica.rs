@@ -1,9 +1,17 @@
 //! One control-plane replica: the replicated store, every service on one listener (status API,
 //! node service, store service, Raft), the leader-only control plane, and compaction.
 
-use crate::{apiserver, controlplane, githttp, mirror::Mirrors, nodeservice::NodeService, webhook};
+use crate::{
+    apiserver, controlplane,
+    credentials::Credentials,
+    githttp, listener,
+    mirror::Mirrors,
+    nodeservice::{NodeIdentity, NodeService},
+    source::apply::RecordKey,
+    webhook,
+};
 use anyhow::Context as _;
-use axum::{Json, routing::get, serve::ListenerExt};
+use axum::{Json, routing::get};
 use gitplane_store::{
     Store,
     postgres::PostgresReplica,
@@ -12,8 +20,7 @@ use gitplane_store::{
 };
 use std::{
     collections::HashMap,
-    io::Write as _,
-    os::unix::fs::{OpenOptionsExt, PermissionsExt},
+    os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -98,11 +105,10 @@ impl Backend {
     }
 }
 
-/// How a replica serves Git: hosted repositories over HTTP (push with a token), webhooks, and
+/// How a replica serves Git: hosted repositories over HTTP (with the Git token), webhooks, and
 /// the mirrors of remote repositories.
 pub struct GitServing {
     pub repos_dir: PathBuf,
-    pub push_token: String,
     pub mirrors: Mirrors,
     pub webhook_secret: Option<String>,
     /// The hosted repository of the root Application (app-of-apps), made by the leader if absent.
@@ -110,26 +116,8 @@ pub struct GitServing {
 }
 
 impl GitServing {
-    /// The push token lives in `<data-dir>/git-token` (made on first start, mode 0600); the
-    /// webhook secret in a file of the operator's, never on the command line.
+    /// The webhook secret lives in a file of the operator's, never on the command line.
     pub fn load(data_dir: &Path, repos_dir: PathBuf, webhook_secret_file: Option<&Path>) -> anyhow::Result<GitServing> {
-        std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
-        let token_file = data_dir.join("git-token");
-        let push_token = match std::fs::read_to_string(&token_file) {
-            Ok(token) => token.trim().to_owned(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let token = hex::encode(rand::random::<[u8; 32]>());
-                let mut file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&token_file)
-                    .with_context(|| format!("creating {}", token_file.display()))?;
-                writeln!(file, "{token}")?;
-                token
-            }
-            Err(e) => return Err(e).with_context(|| format!("reading {}", token_file.display())),
-        };
         let webhook_secret = match webhook_secret_file {
             None => None,
             Some(path) => {
@@ -142,7 +130,7 @@ impl GitServing {
             }
         };
         let mirrors = Mirrors::new(data_dir.join("mirrors"), crate::mirror::DEFAULT_POLL);
-        Ok(GitServing { repos_dir, push_token, mirrors, webhook_secret, root: None })
+        Ok(GitServing { repos_dir, mirrors, webhook_secret, root: None })
     }
 }
 
@@ -156,16 +144,18 @@ impl Replica {
     pub async fn start(
         backend: Backend,
         listener: tokio::net::TcpListener,
+        credentials: &Credentials,
         git: GitServing,
         push_hint: String,
     ) -> anyhow::Result<Replica> {
         let shared = backend.store();
-        let grpc = backend.routes().add_service(NodeService::new(shared.clone()).into_server()).into_axum_router();
+        let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
+        let nodes = NodeService::new(shared.clone(), identity).into_server();
+        let grpc = backend.routes().add_service(nodes).into_axum_router();
         let info = backend.clone();
-        let auth = githttp::GitAuth { push_token: git.push_token.clone(), anonymous_read: true };
+        let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
-        let app = grpc
-            .merge(apiserver::router(shared.clone(), push_hint))
+        let http = apiserver::router(shared.clone(), push_hint)
             .merge(githttp::router(git.repos_dir.clone(), auth))
             .merge(webhook::router(git.mirrors.clone(), secrets))
             .route(
@@ -174,22 +164,16 @@ impl Replica {
                     let info = info.clone();
                     async move { Json(info.status().await) }
                 }),
-            );
-        let mut tasks = vec![tokio::spawn(async move {
-            // Without TCP_NODELAY every small answer waits for the peer's delayed ACK (~40 ms).
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(error = %e, "the API server stopped");
-            }
-        })];
+            )
+            .fallback(apiserver::not_found);
+        let mut tasks = vec![tokio::spawn(listener::serve(listener, grpc, http, listener::Limits::default()))];
         tasks.push(tokio::spawn(controlplane::run_while_leading(
             backend.leading(),
             shared.clone(),
             git.repos_dir,
             git.mirrors,
             git.root,
+            RecordKey::new(credentials.record_key()),
         )));
         tasks.push(tokio::spawn(compactor(shared)));
         Ok(Replica { backend, tasks })

@@ -1,6 +1,9 @@
 //! `gitplane server`: one control-plane replica of a cluster of 1, 3 or 5.
 
-use crate::replica::{Backend, GitServing, Replica};
+use crate::{
+    credentials::{Credentials, Sources},
+    replica::{Backend, GitServing, Replica},
+};
 use anyhow::{Context as _, bail};
 use gitplane_store::{
     postgres::PostgresReplica,
@@ -54,11 +57,15 @@ pub struct ServerArgs {
     /// With Postgres: how long the leader lease lasts without renewal (renewed every third).
     #[arg(long, default_value_t = 1500)]
     lease_ms: u64,
-    /// A file holding the secret the replicas share (the same file content on each): the store
-    /// and Raft services then require it, and the replicas present it to each other. Without
-    /// it those services are open to anyone who can reach the listener.
+    /// The secret the replicas share (the same on each): the store and Raft services require it
+    /// and the replicas present it to each other. Default: `<data-dir>/peer-token`, made on
+    /// first start by a single replica or the one with the lowest id; copy it to the others.
     #[arg(long)]
     peer_token_file: Option<PathBuf>,
+    /// The token node agents present to join (the same on each replica). Default:
+    /// `<data-dir>/join-token`, made like the peer token.
+    #[arg(long)]
+    join_token_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -90,21 +97,13 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         Some(l) => l,
         None => own.parse().with_context(|| format!("this replica's address {own:?} is not host:port"))?,
     };
-    let peer_token = match &args.peer_token_file {
-        Some(file) => {
-            let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-            PeerToken::new(&text).with_context(|| format!("the peer token in {}", file.display()))?
-        }
-        None => {
-            if peers.len() > 1 {
-                tracing::warn!(
-                    "no --peer-token-file: the store and Raft services accept anyone who can reach {listen}; \
-                     keep them on a network only the replicas reach, or give every replica the same token file"
-                );
-            }
-            PeerToken::none()
-        }
-    };
+    let credentials = Credentials::load(Sources {
+        data_dir: &args.data_dir,
+        peer_token_file: args.peer_token_file.as_deref(),
+        join_token_file: args.join_token_file.as_deref(),
+        makes_cluster_secrets: peers.keys().next() == Some(&args.id),
+    })?;
+    let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?;
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let backend = match args.store {
         StoreKind::Sqlite => {
@@ -128,7 +127,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let hint = format!("http://{listen}/git/<repository>.git (token in {})", args.data_dir.join("git-token").display());
     let mut git = GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref())?;
     git.root = args.bootstrap;
-    let replica = Replica::start(backend, listener, git, hint).await?;
+    let replica = Replica::start(backend, listener, &credentials, git, hint).await?;
     tracing::info!(id = args.id, %listen, "replica started");
     crate::up::stop_signal().await;
     tracing::info!("stopping");

@@ -7,6 +7,7 @@
 
 use crate::{
     bootstrap,
+    credentials::{Credentials, Sources},
     replica::{Backend, GitServing, Replica},
 };
 use anyhow::{Context as _, bail};
@@ -17,7 +18,7 @@ use gitplane_nodeagent::{
     images,
     runtime::RuntimeConfig,
 };
-use gitplane_store::{Store, raft::ReplicaConfig};
+use gitplane_store::{Store, raft::ReplicaConfig, remote::PeerToken};
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 #[derive(clap::Args)]
@@ -61,10 +62,17 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
     let peers = BTreeMap::from([(1, args.listen.to_string())]);
-    let config = ReplicaConfig::new(1, peers, data_dir.join("store"));
+    let credentials = Credentials::load(Sources {
+        data_dir: &data_dir,
+        peer_token_file: None,
+        join_token_file: None,
+        makes_cluster_secrets: true,
+    })?;
+    let mut config = ReplicaConfig::new(1, peers, data_dir.join("store"));
+    config.peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?;
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
-    let push_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
-    let replica = Replica::start(Backend::raft(config).await?, listener, git, push_url.clone()).await?;
+    let repo_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
+    let replica = Replica::start(Backend::raft(config).await?, listener, &credentials, git, repo_url.clone()).await?;
     if !replica.wait_for_leader(Duration::from_secs(30)).await {
         bail!("the store elected no leader within 30 s");
     }
@@ -78,7 +86,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             Some(Containerd::start(cfg).await.context("starting containerd")?)
         }
     };
-    let result = run_node(&args, &data_dir, containerd.as_ref(), &push_url, &bootstrap_repo).await;
+    let result =
+        run_node(&args, &data_dir, containerd.as_ref(), &credentials.join_token, &repo_url, &bootstrap_repo).await;
     if let Some(containerd) = containerd
         && let Err(e) = containerd.stop().await
     {
@@ -93,7 +102,8 @@ async fn run_node(
     args: &UpArgs,
     data_dir: &std::path::Path,
     containerd: Option<&Containerd>,
-    push_url: &str,
+    join_token: &str,
+    repo_url: &str,
     bootstrap_repo: &std::path::Path,
 ) -> anyhow::Result<()> {
     let socket = match (containerd, &args.containerd_socket) {
@@ -115,6 +125,8 @@ async fn run_node(
     cfg.cni_conf_dir = cni_conf_dir;
     cfg.cni_data_dir = data_dir.join("cni/ipam");
     cfg.remove_pods_on_exit = true;
+    cfg.join_token = Some(join_token.to_owned());
+    cfg.credential_file = data_dir.join("node-credential");
     cfg.runtime = RuntimeConfig {
         cgroup_parent: args.cgroup_parent.clone(),
         pod_log_dir: data_dir.join("pods/logs"),
@@ -127,8 +139,7 @@ async fn run_node(
     let listen = args.listen;
     println!(
         "gitplane is up.\n  \
-         clone:  git clone http://{listen}/git/demo.git && cd demo   (edit, commit, then:)\n  \
-         push:   git push {push_url} main\n  \
+         clone:  git clone {repo_url} && cd demo   (edit, commit, then: git push)\n  \
          apps:   the Applications live in http://{listen}/git/bootstrap.git ({apps}; app-of-apps)\n  \
          look:   kubectl --server http://{listen} get pods   (or curl http://{listen}/api/v1/pods)\n  \
          status: kubectl --server http://{listen} get applications -n gitplane-system -o yaml\n\

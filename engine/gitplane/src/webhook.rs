@@ -14,8 +14,11 @@
 //!   authorizes every other repository. Because the secret is checked before the payload is read,
 //!   every configured secret is tried; the payload must then name a repository the matching
 //!   secret is for, else 403.
-//! - **Bounded work.** At most [`MAX_IN_FLIGHT`] webhooks are handled at once; more get an
-//!   immediate 429 with `Retry-After`. A body over [`MAX_BODY`] gets 413 without being read
+//! - **Bounded work.** A body can only be authenticated once read, so unauthenticated reads are
+//!   bounded on their own: at most [`MAX_UNVERIFIED_PER_CLIENT`] per client address and
+//!   [`MAX_UNVERIFIED`] in all; more get an immediate 429 with `Retry-After`. Only then, after
+//!   authentication, is one of the [`MAX_IN_FLIGHT`] slots taken, so clients that trickle bodies
+//!   they cannot sign never make a genuine webhook wait. A body over [`MAX_BODY`] gets 413 without being read
 //!   (by its Content-Length, or as soon as a streamed body passes the limit); a body that takes
 //!   longer than [`BODY_TIMEOUT`] to arrive gets 408. Fetches are coalesced by [`Mirrors`], so a
 //!   flood of valid webhooks for one repository costs at most two fetches.
@@ -35,7 +38,10 @@
 //!   do not matter, and `git@host:org/repo.git` matches `https://host/org/repo`.
 //! - Secrets never appear in answers or logs; URLs are logged through [`mirror::redact`].
 
-use crate::mirror::{self, Mirrors};
+use crate::{
+    listener::{ClientAddr, PerClient},
+    mirror::{self, Mirrors},
+};
 use axum::{
     Router,
     body::{Body, Bytes},
@@ -58,8 +64,11 @@ use tokio::sync::Semaphore;
 
 /// The largest webhook body read; GitHub caps its payloads at 25 MB, but a push event's is small.
 pub const MAX_BODY: usize = 1 << 20;
-/// Webhooks handled at the same time; more are refused at once.
+/// Authenticated webhooks handled at the same time; more are refused at once.
 pub const MAX_IN_FLIGHT: usize = 64;
+/// Bodies read before they are authenticated, per client address and in all.
+pub const MAX_UNVERIFIED_PER_CLIENT: usize = 8;
+pub const MAX_UNVERIFIED: usize = 256;
 /// The longest a webhook body may take to arrive.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a delivery id is remembered.
@@ -194,6 +203,8 @@ struct HookState {
     mirrors: Mirrors,
     secrets: Arc<Secrets>,
     in_flight: Arc<Semaphore>,
+    unverified: Arc<Semaphore>,
+    unverified_per_client: PerClient,
     deliveries: Arc<Mutex<Deliveries>>,
 }
 
@@ -207,13 +218,24 @@ pub fn router(mirrors: Mirrors, secrets: WebhookSecrets) -> Router {
         mirrors,
         secrets: Arc::new(secrets),
         in_flight: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+        unverified: Arc::new(Semaphore::new(MAX_UNVERIFIED)),
+        unverified_per_client: PerClient::new(MAX_UNVERIFIED_PER_CLIENT),
         deliveries: Arc::new(Mutex::new(Deliveries::default())),
     };
     Router::new()
-        .route("/hooks/github", post(|s: State<HookState>, r: Request| handle(s, Provider::GitHub, r)))
-        .route("/hooks/gitea", post(|s: State<HookState>, r: Request| handle(s, Provider::Gitea, r)))
-        .route("/hooks/gitlab", post(|s: State<HookState>, r: Request| handle(s, Provider::GitLab, r)))
-        .route("/hooks/generic", post(|s: State<HookState>, r: Request| handle(s, Provider::Generic, r)))
+        .route(
+            "/hooks/github",
+            post(|s: State<HookState>, c: ClientAddr, r: Request| handle(s, c, Provider::GitHub, r)),
+        )
+        .route("/hooks/gitea", post(|s: State<HookState>, c: ClientAddr, r: Request| handle(s, c, Provider::Gitea, r)))
+        .route(
+            "/hooks/gitlab",
+            post(|s: State<HookState>, c: ClientAddr, r: Request| handle(s, c, Provider::GitLab, r)),
+        )
+        .route(
+            "/hooks/generic",
+            post(|s: State<HookState>, c: ClientAddr, r: Request| handle(s, c, Provider::Generic, r)),
+        )
         .with_state(state)
 }
 
@@ -221,15 +243,16 @@ fn reply(code: StatusCode, message: impl std::fmt::Display) -> Response {
     (code, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], format!("{message}\n")).into_response()
 }
 
-async fn handle(State(state): State<HookState>, provider: Provider, request: Request) -> Response {
+fn too_many() -> Response {
+    let mut response = reply(StatusCode::TOO_MANY_REQUESTS, "too many webhooks at once; retry later");
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+async fn handle(State(state): State<HookState>, client: ClientAddr, provider: Provider, request: Request) -> Response {
     if state.secrets.is_empty() {
         return reply(StatusCode::UNAUTHORIZED, NO_SECRET);
     }
-    let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
-        let mut response = reply(StatusCode::TOO_MANY_REQUESTS, "too many webhooks at once; retry later");
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return response;
-    };
     let (parts, body) = request.into_parts();
     let proof = match proof(provider, &parts.headers) {
         Ok(proof) => proof,
@@ -239,6 +262,11 @@ async fn handle(State(state): State<HookState>, provider: Provider, request: Req
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
         return too_large();
     }
+    let (Some(reading), Ok(reading_any)) =
+        (state.unverified_per_client.try_take(client), state.unverified.clone().try_acquire_owned())
+    else {
+        return too_many();
+    };
     let body = match tokio::time::timeout(BODY_TIMEOUT, read_capped(body, MAX_BODY)).await {
         Ok(Ok(Some(body))) => body,
         Ok(Ok(None)) => return too_large(),
@@ -251,6 +279,10 @@ async fn handle(State(state): State<HookState>, provider: Provider, request: Req
             tracing::debug!(?provider, why, "webhook refused");
             return reply(StatusCode::UNAUTHORIZED, why);
         }
+    };
+    drop((reading, reading_any));
+    let Ok(_permit) = state.in_flight.clone().try_acquire_owned() else {
+        return too_many();
     };
     if let Some((name, wanted)) = provider.events() {
         let event = parts.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");

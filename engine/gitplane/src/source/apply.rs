@@ -6,14 +6,16 @@
 //! becomes Git's; a field in the last applied configuration that Git no longer has is deleted;
 //! any other stored field stays. Mappings merge key by key; lists are replaced whole. The last
 //! applied configuration is kept on each object in an annotation, with Secret values replaced by
-//! digests so no secret is copied into metadata. A managed field that differs from Git while Git
+//! keyed digests (HMAC under a key of the cluster's, [`RecordKey`]), so no secret is copied into
+//! metadata and a weak value cannot be found from its record offline. A managed field that differs from Git while Git
 //! did not change it is drift: it is corrected and reported.
 
 use gitplane_api::object::{APPLICATION_ANNOTATION, resource_version};
 use gitplane_source::{Manifest, ManifestError};
 use gitplane_store::{ObjectKey, Op};
+use hmac::{Hmac, Mac};
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 use std::{
     borrow::Cow,
     collections::{BTreeMap, HashMap, HashSet},
@@ -155,6 +157,32 @@ pub struct Policy<'a> {
     pub app: &'a str,
     pub prune: bool,
     pub allow_empty: bool,
+    pub record_key: &'a RecordKey,
+}
+
+/// The key of the digests that stand for Secret values in last-applied records: the records are
+/// readable by anyone who may read the object's metadata, so an unkeyed digest of a weak
+/// password would give it away to a dictionary.
+#[derive(Clone)]
+pub struct RecordKey([u8; 32]);
+
+impl RecordKey {
+    pub fn new(key: [u8; 32]) -> RecordKey {
+        RecordKey(key)
+    }
+
+    fn digest(&self, value: &Value) -> String {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        mac.update(value.to_string().as_bytes());
+        format!("hmac-sha256:{}", hex(&mac.finalize().into_bytes()))
+    }
+}
+
+// Never print the key.
+impl std::fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RecordKey(***)")
+    }
 }
 
 fn error_at(m: &Manifest, path: &str, message: String) -> ManifestError {
@@ -203,15 +231,14 @@ fn without_server_fields(value: &Value) -> Cow<'_, Value> {
     Cow::Owned(v)
 }
 
-/// The configuration recorded as last applied: Secret values replaced by their digests.
-pub fn last_applied_record(desired: &Value) -> Cow<'_, Value> {
+/// The configuration recorded as last applied: Secret values replaced by their keyed digests.
+pub fn last_applied_record<'a>(desired: &'a Value, key: &RecordKey) -> Cow<'a, Value> {
     let mut record = without_server_fields(desired);
     if record["kind"] == "Secret" {
         for field in ["data", "stringData"] {
             if let Some(values) = record.to_mut().get_mut(field).and_then(Value::as_object_mut) {
                 for v in values.values_mut() {
-                    let digest = Sha256::digest(v.to_string().as_bytes());
-                    *v = Value::String(format!("sha256:{}", hex(&digest)));
+                    *v = Value::String(key.digest(v));
                 }
             }
         }
@@ -280,10 +307,10 @@ fn managed_differs(stored: &Value, desired: &Value) -> bool {
 
 /// Whether a stored object's managed fields differ from the configuration last applied to it:
 /// something other than the source changed it.
-pub fn drifted(stored: &Value) -> bool {
+pub fn drifted(stored: &Value, key: &RecordKey) -> bool {
     let last =
         stored["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str().and_then(|t| serde_json::from_str(t).ok());
-    last.is_some_and(|last: Value| managed_differs(&last_applied_record(stored), &last))
+    last.is_some_and(|last: Value| managed_differs(&last_applied_record(stored, key), &last))
 }
 
 /// The object as the source writes it: Git's, with the inventory and last-applied annotations.
@@ -338,7 +365,7 @@ pub fn plan(
             ));
         }
         let Some(current) = cluster.stored.get(&m.key) else {
-            plan.ops.push(Op::Create(desired(m, policy.app, &last_applied_record(&m.value))));
+            plan.ops.push(Op::Create(desired(m, policy.app, &last_applied_record(&m.value, policy.record_key))));
             plan.written.push(m.clone());
             plan.created += 1;
             continue;
@@ -362,7 +389,7 @@ pub fn plan(
             ));
             continue;
         }
-        let record = last_applied_record(&m.value);
+        let record = last_applied_record(&m.value, policy.record_key);
         let annotation = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str();
         // The common case, without a merge: applied as recorded, and every field Git sets as Git
         // has it. The record is Git's object without server fields (the inventory annotation
@@ -471,21 +498,28 @@ mod tests {
     #[test]
     fn records_copy_only_what_has_server_fields_and_compare_as_written() {
         let plain = json!({"kind": "ConfigMap", "metadata": {"name": "c", "annotations": {"a": "1"}}});
-        assert!(matches!(last_applied_record(&plain), Cow::Borrowed(_)));
+        let key = RecordKey::new([1; 32]);
+        assert!(matches!(last_applied_record(&plain, &key), Cow::Borrowed(_)));
         let served =
             json!({"kind": "ConfigMap", "metadata": {"name": "c", "uid": "u", "annotations": {}}, "status": {}});
-        assert_eq!(*last_applied_record(&served), json!({"kind": "ConfigMap", "metadata": {"name": "c"}}));
+        assert_eq!(*last_applied_record(&served, &key), json!({"kind": "ConfigMap", "metadata": {"name": "c"}}));
         let text = plain.to_string();
         assert!(serializes_as(&plain, &text));
         assert!(!serializes_as(&plain, &text[..text.len() - 1]) && !serializes_as(&plain, &format!("{text} ")));
     }
 
     #[test]
-    fn secrets_are_recorded_as_digests() {
+    fn secrets_are_recorded_as_keyed_digests() {
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "data": {"password": "aHVudGVyMg=="}});
-        let record = last_applied_record(&secret).to_string();
+        let key = RecordKey::new([1; 32]);
+        let record = last_applied_record(&secret, &key).to_string();
         assert!(!record.contains("aHVudGVyMg=="), "{record}");
-        assert!(record.contains("sha256:"));
+        assert!(record.contains("hmac-sha256:"));
+        // Not the plain SHA-256 a dictionary could be checked against; another key, another digest.
+        let unkeyed = hex(&<Sha256 as sha2::Digest>::digest("\"aHVudGVyMg==\"".as_bytes()));
+        assert!(!record.contains(&unkeyed), "{record}");
+        assert_ne!(record, last_applied_record(&secret, &RecordKey::new([2; 32])).to_string());
+        assert_eq!(format!("{key:?}"), "RecordKey(***)");
     }
 
     fn manifest(value: Value) -> Arc<Manifest> {
@@ -512,7 +546,8 @@ mod tests {
     fn a_second_sync_of_the_same_commit_changes_nothing_and_drift_is_found() {
         let namespaces = HashSet::from(["default".to_owned()]);
         let nodes = HashSet::new();
-        let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
+        let policy =
+            Policy { app: "gitplane-system/a", prune: true, allow_empty: false, record_key: &RecordKey::new([1; 32]) };
         let manifests = [manifest(cm(json!({"k": "v"})))];
         let mut stored = BTreeMap::new();
         let inventory = Inventory::default();
@@ -549,7 +584,8 @@ mod tests {
     fn an_empty_render_does_not_prune_everything_unless_allowed() {
         let namespaces = HashSet::from(["default".to_owned()]);
         let nodes = HashSet::new();
-        let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
+        let policy =
+            Policy { app: "gitplane-system/a", prune: true, allow_empty: false, record_key: &RecordKey::new([1; 32]) };
         let mut stored = BTreeMap::new();
         let mut owned = cm(json!({}));
         owned["metadata"]["annotations"] = json!({APPLICATION_ANNOTATION: "gitplane-system/a"});
@@ -586,7 +622,8 @@ mod tests {
     fn the_inventory_limits_a_plan_to_what_changed() {
         let namespaces = HashSet::from(["default".to_owned()]);
         let nodes = HashSet::new();
-        let policy = Policy { app: "gitplane-system/a", prune: true, allow_empty: false };
+        let policy =
+            Policy { app: "gitplane-system/a", prune: true, allow_empty: false, record_key: &RecordKey::new([1; 32]) };
         let one = manifest(cm(json!({"k": "v"})));
         let mut two_value = cm(json!({"k": "w"}));
         two_value["metadata"]["name"] = json!("d");

@@ -66,6 +66,7 @@ pub struct SourceController {
     store: Arc<dyn Store>,
     repos_dir: PathBuf,
     mirrors: Mirrors,
+    record_key: apply::RecordKey,
     validator: Arc<Validator>,
     limits: Limits,
     resync: Duration,
@@ -123,11 +124,12 @@ fn watched_kinds() -> Vec<String> {
 }
 
 impl SourceController {
-    pub fn new(store: Arc<dyn Store>, repos_dir: PathBuf, mirrors: Mirrors) -> Self {
+    pub fn new(store: Arc<dyn Store>, repos_dir: PathBuf, mirrors: Mirrors, record_key: apply::RecordKey) -> Self {
         SourceController {
             store,
             repos_dir,
             mirrors,
+            record_key,
             validator: Arc::new(Validator::new()),
             limits: Limits::default(),
             resync: Duration::from_secs(60),
@@ -296,7 +298,8 @@ impl SourceController {
         if let Some(owner) =
             event.object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str().and_then(owner_key)
         {
-            let changed_outside = event.event_type == EventType::Deleted || apply::drifted(&event.object);
+            let changed_outside =
+                event.event_type == EventType::Deleted || apply::drifted(&event.object, &self.record_key);
             if changed_outside {
                 queue.insert(owner.clone(), Reason::Reconcile);
             }
@@ -507,7 +510,12 @@ impl SourceController {
         informer: &Informer,
     ) -> Result<apply::Plan, SyncError> {
         let id = app_id(app);
-        let policy = apply::Policy { app: &id, prune: app.spec.prune, allow_empty: app.spec.allow_empty };
+        let policy = apply::Policy {
+            app: &id,
+            prune: app.spec.prune,
+            allow_empty: app.spec.allow_empty,
+            record_key: &self.record_key,
+        };
         let mut last_conflict = None;
         for _ in 0..CONFLICT_RETRIES {
             let plan = {
@@ -824,7 +832,12 @@ mod tests {
         }
         let repo = Repo::new();
         let mirrors = Mirrors::new(repo.dir.path().join("mirrors"), mirror::DEFAULT_POLL);
-        let controller = SourceController::new(store.clone(), repo.dir.path().to_path_buf(), mirrors);
+        let controller = SourceController::new(
+            store.clone(),
+            repo.dir.path().to_path_buf(),
+            mirrors,
+            apply::RecordKey::new([1; 32]),
+        );
         (store, controller, repo)
     }
 

@@ -1,0 +1,231 @@
+//! The replica's one listener: every connection is bounded before a byte of its request is
+//! trusted, and requests are routed to gRPC or HTTP by their content type alone.
+//!
+//! Bounds (all from [`Limits`]): at most `max_connections` connections, and at most
+//! `max_connections_per_client` from one address (a flood from one client never takes the slots
+//! of the others); a connection that has not sent a complete request head within
+//! `header_read_timeout` is closed, the HTTP/2 preface included; HTTP/2 connections take at most
+//! `max_concurrent_streams` streams, headers of at most [`MAX_HEADER_BYTES`], and answer pings
+//! or are closed. Excess connections are closed at once, without an answer: the client sees a
+//! reset and retries, and a flood costs an accept and a close.
+//!
+//! Every request carries its [`ClientAddr`] so that handlers can bound per-client work too
+//! ([`PerClient`]).
+
+use axum::{Router, body::Body, extract::Request};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo, TokioTimer},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tower::ServiceExt as _;
+
+/// The largest request head (HTTP/1) or header list (HTTP/2) accepted.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+/// What every HTTP/2 client sends first.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// How much one listener serves at once.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub max_connections_per_client: usize,
+    pub header_read_timeout: Duration,
+    pub max_concurrent_streams: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 4096,
+            max_connections_per_client: 256,
+            header_read_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 256,
+        }
+    }
+}
+
+/// The address a request came from (a request extension set by [`serve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientAddr(pub IpAddr);
+
+/// Requests made in-process (tests) share one unspecified address.
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ClientAddr {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(parts.extensions.get::<ClientAddr>().copied().unwrap_or(ClientAddr(IpAddr::from([0, 0, 0, 0]))))
+    }
+}
+
+/// Counts what each client holds of something bounded (connections, unauthenticated body
+/// reads…): at most `limit` each.
+#[derive(Clone)]
+pub struct PerClient {
+    limit: usize,
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One unit a client holds; released on drop.
+pub struct Held {
+    client: IpAddr,
+    held: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl PerClient {
+    pub fn new(limit: usize) -> PerClient {
+        PerClient { limit, held: Arc::default() }
+    }
+
+    /// One more unit for `client`, or `None` when it holds its limit already.
+    pub fn try_take(&self, client: ClientAddr) -> Option<Held> {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = held.entry(client.0).or_default();
+        if *count >= self.limit {
+            return None;
+        }
+        *count += 1;
+        Some(Held { client: client.0, held: self.held.clone() })
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = held.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// Whether a request is gRPC: by its content type only, never by its path.
+fn is_grpc<B>(request: &axum::http::Request<B>) -> bool {
+    request
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/grpc"))
+}
+
+/// Serves `grpc` and `http` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, grpc: Router, http: Router, limits: Limits) {
+    let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let per_client = PerClient::new(limits.max_connections_per_client);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(MAX_HEADER_BYTES.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .max_pending_accept_reset_streams(64)
+        .max_local_error_reset_streams(256)
+        .keep_alive_interval(Duration::from_secs(30))
+        .keep_alive_timeout(Duration::from_secs(20));
+    let builder = Arc::new(builder);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of file descriptors and the like: wait instead of spinning.
+                tracing::warn!(error = %e, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = connections.clone().try_acquire_owned() else {
+            tracing::debug!(%peer, "connection refused: the listener is full");
+            continue;
+        };
+        let client = ClientAddr(peer.ip());
+        let Some(held) = per_client.try_take(client) else {
+            tracing::debug!(%peer, "connection refused: this client holds its limit of connections");
+            continue;
+        };
+        // Without TCP_NODELAY every small answer waits for the peer's delayed ACK (~40 ms).
+        let _ = stream.set_nodelay(true);
+        let (grpc, http, builder) = (grpc.clone(), http.clone(), builder.clone());
+        let header_read_timeout = limits.header_read_timeout;
+        tokio::spawn(async move {
+            let _held = (slot, held);
+            if !request_began(&stream, header_read_timeout).await {
+                return;
+            }
+            let service = tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(client);
+                let request = request.map(Body::new);
+                let router = if is_grpc(&request) { grpc.clone() } else { http.clone() };
+                router.oneshot(request)
+            });
+            let connection = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            if let Err(e) = connection.await {
+                tracing::trace!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+}
+
+/// Waits (bounded) until the client has sent enough to tell HTTP/1 from HTTP/2: hyper's header
+/// timeout starts only after that, so a client that connects and says nothing, or trickles the
+/// HTTP/2 preface, would otherwise hold its connection forever.
+async fn request_began(stream: &TcpStream, timeout: Duration) -> bool {
+    let check = async {
+        let mut buf = [0u8; H2_PREFACE.len()];
+        loop {
+            let n = match stream.peek(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => n,
+            };
+            if n == buf.len() || buf[..n] != H2_PREFACE[..n] {
+                return true;
+            }
+            // A partial preface: wait for more to arrive (peek returns at once otherwise).
+            if stream.readable().await.is_err() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(timeout, check).await.unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_client_limits_count_each_client_alone() {
+        let limit = PerClient::new(2);
+        let (a, b) = (ClientAddr([127, 0, 0, 2].into()), ClientAddr([127, 0, 0, 3].into()));
+        let first = limit.try_take(a).unwrap();
+        let _second = limit.try_take(a).unwrap();
+        assert!(limit.try_take(a).is_none(), "a third for the same client");
+        assert!(limit.try_take(b).is_some(), "another client is not affected");
+        drop(first);
+        assert!(limit.try_take(a).is_some(), "released on drop");
+    }
+
+    #[test]
+    fn grpc_is_told_by_content_type_only() {
+        let request = |ct: &str| axum::http::Request::builder().uri("/x").header("content-type", ct).body(()).unwrap();
+        assert!(is_grpc(&request("application/grpc")));
+        assert!(is_grpc(&request("application/grpc+proto")));
+        assert!(!is_grpc(&request("application/json")));
+        let path_only = axum::http::Request::builder().uri("/gitplane.node.v1.NodeService/Register").body(()).unwrap();
+        assert!(!is_grpc(&path_only));
+    }
+}

@@ -1,0 +1,529 @@
+//! The control plane's side of the node agent contract (`proto/node.proto`): registration with
+//! podCIDR allocation, Lease heartbeats, the per-node Pod watch and Pod status reports.
+//!
+//! Every call is authenticated before its body is read ([`identity`]), and a node acts only on
+//! what is its own, as Kubernetes' NodeRestriction admits: its Node and Lease, the Pods bound to
+//! it, and their status, with Pod addresses inside its podCIDR.
+
+mod identity;
+mod podcidr;
+
+pub use identity::NodeIdentity;
+use identity::{Caller, caller, node_of};
+
+use futures::{Stream, StreamExt};
+use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
+use gitplane_api::proto::node::{
+    EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, PodEvent, RegisterRequest, RegisterResponse,
+    UpdatePodStatusRequest, UpdatePodStatusResponse, WatchPodsRequest, node_service_server,
+};
+use gitplane_store::{Api, EventType, ListOptions, Op, Rejection, Store, StoreError, WatchOptions};
+use k8s_openapi::api::{
+    coordination::v1::{Lease, LeaseSpec},
+    core::v1::{ConfigMap, Node, NodeCondition, NodeSpec, Pod, PodStatus},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use std::{pin::Pin, sync::Arc, time::Duration};
+use tonic::{Request, Response, Status, service::interceptor::InterceptedService};
+
+const LEASE_DURATION_SECONDS: i32 = 40;
+/// Compare-and-swap retries before giving up on a contended object.
+const CAS_ATTEMPTS: usize = 10;
+/// How long a registration retries a contended allocation record.
+const REGISTRATION_DEADLINE: Duration = Duration::from_secs(20);
+/// The largest message an agent sends (a Node or a Pod status is a few KiB).
+const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+pub struct NodeService {
+    store: Arc<dyn Store>,
+    identity: NodeIdentity,
+    /// Registrations of new nodes through this replica take turns: they all write the one
+    /// allocation record, so in parallel all but one would fail their compare-and-swap.
+    /// (Replicas still race each other; the compare-and-swap decides, and the loser retries.)
+    allocating: tokio::sync::Mutex<()>,
+}
+
+impl NodeService {
+    pub fn new(store: Arc<dyn Store>, identity: NodeIdentity) -> Self {
+        NodeService { store, identity, allocating: tokio::sync::Mutex::new(()) }
+    }
+
+    /// The service behind its authentication.
+    pub fn into_server(self) -> InterceptedService<node_service_server::NodeServiceServer<Self>, NodeIdentity> {
+        let identity = self.identity.clone();
+        let server = node_service_server::NodeServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        InterceptedService::new(server, identity)
+    }
+}
+
+fn store_status(e: StoreError) -> Status {
+    match &e {
+        StoreError::Rejected(Rejection::NotFound { .. }) => Status::not_found(e.to_string()),
+        StoreError::Rejected(Rejection::Conflict { .. } | Rejection::AlreadyExists { .. }) => {
+            Status::aborted(e.to_string())
+        }
+        StoreError::Expired { .. } => Status::out_of_range(e.to_string()),
+        StoreError::Rejected(_) | StoreError::BadRequest(_) => Status::invalid_argument(e.to_string()),
+        _ => Status::unavailable(e.to_string()),
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, Status> {
+    serde_json::from_slice(bytes).map_err(|e| Status::invalid_argument(format!("{what} is not valid JSON: {e}")))
+}
+
+fn ready_condition(now: Timestamp) -> NodeCondition {
+    NodeCondition {
+        type_: "Ready".into(),
+        status: "True".into(),
+        reason: Some("AgentReady".into()),
+        message: Some("node agent is posting ready status".into()),
+        last_heartbeat_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+    }
+}
+
+fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn pod_cidr(node: &Node) -> Option<String> {
+    node.spec.as_ref()?.pod_cidr.clone()
+}
+
+/// Why a registration was refused.
+#[derive(Debug, thiserror::Error)]
+enum RegisterError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(
+        "node {0} is registered and its agent is alive: registering it again needs that node's credential \
+         (the join token may take over a name only once its node is not Ready)"
+    )]
+    Taken(String),
+}
+
+impl From<RegisterError> for Status {
+    fn from(e: RegisterError) -> Status {
+        match e {
+            RegisterError::Store(e) => store_status(e),
+            e @ RegisterError::Taken(_) => Status::permission_denied(e.to_string()),
+        }
+    }
+}
+
+/// Whether `name` is a valid Node name (a DNS subdomain).
+fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+impl NodeService {
+    async fn register_node(&self, reported: Node, caller: &Caller) -> Result<String, RegisterError> {
+        let nodes = Api::<Node>::new(self.store.clone());
+        let configmaps = Api::<ConfigMap>::new(self.store.clone());
+        let name = reported.metadata.name.clone().unwrap_or_default();
+        let mut status = reported.status.clone().unwrap_or_default();
+        status.conditions = Some(vec![ready_condition(Timestamp::now())]);
+        // Registrations through other replicas may win the record's compare-and-swap again and
+        // again while many nodes join at once: retry until a deadline, not a count.
+        let deadline = tokio::time::Instant::now() + REGISTRATION_DEADLINE;
+        while tokio::time::Instant::now() < deadline {
+            let mut ops = Vec::with_capacity(3);
+            let turn = self.allocating.lock().await;
+            let mut node = match nodes.get("", &name).await? {
+                // Checked on every attempt: a racing joiner that made the node first wins.
+                Some(node) if *caller == Caller::Joiner && is_ready(&node) => {
+                    return Err(RegisterError::Taken(name));
+                }
+                Some(node) => node,
+                None => {
+                    let (record, cidr) = podcidr::allocation(&configmaps, &nodes, &name).await?;
+                    ops.push(record);
+                    let spec =
+                        NodeSpec { pod_cidr: Some(cidr.clone()), pod_cidrs: Some(vec![cidr]), ..Default::default() };
+                    Node { metadata: reported.metadata.clone(), spec: Some(spec), status: None }
+                }
+            };
+            let create = ops.len() == 1;
+            node.metadata.labels = reported.metadata.labels.clone();
+            let cidr = pod_cidr(&node).unwrap_or_default();
+            let mut with_status = node.clone();
+            with_status.metadata.resource_version = None; // ordered after the write above
+            with_status.status = Some(status.clone());
+            ops.push(if create { Op::Create(to_value(&node)) } else { Op::Update(to_value(&node)) });
+            ops.push(Op::UpdateStatus(to_value(&with_status)));
+            match self.store.txn(ops).await {
+                Err(e) if e.is_conflict() || e.is_already_exists() => {
+                    drop(turn);
+                    tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 20)).await;
+                }
+                other => return other.map(|_| cidr).map_err(RegisterError::from),
+            }
+        }
+        Err(StoreError::Unavailable(format!("node {name} is being registered concurrently; retry")).into())
+    }
+
+    async fn renew_lease(&self, name: &str) -> Result<(), StoreError> {
+        let leases = Api::<Lease>::new(self.store.clone());
+        let now = MicroTime(Timestamp::now());
+        for _ in 0..CAS_ATTEMPTS {
+            let result = match leases.get(NODE_LEASE_NAMESPACE, name).await? {
+                Some(mut lease) => {
+                    lease.spec.get_or_insert_with(Default::default).renew_time = Some(now.clone());
+                    leases.update(&lease).await
+                }
+                None => {
+                    leases
+                        .create(&Lease {
+                            metadata: ObjectMeta {
+                                name: Some(name.to_owned()),
+                                namespace: Some(NODE_LEASE_NAMESPACE.into()),
+                                ..Default::default()
+                            },
+                            spec: Some(LeaseSpec {
+                                holder_identity: Some(name.to_owned()),
+                                lease_duration_seconds: Some(LEASE_DURATION_SECONDS),
+                                renew_time: Some(now.clone()),
+                                ..Default::default()
+                            }),
+                        })
+                        .await
+                }
+            };
+            match result {
+                Err(e) if e.is_conflict() || e.is_already_exists() => continue,
+                other => {
+                    other?;
+                    break;
+                }
+            }
+        }
+        // A node that was marked Unknown is Ready again once it heartbeats.
+        let nodes = Api::<Node>::new(self.store.clone());
+        if let Some(mut node) = nodes.get("", name).await?
+            && !is_ready(&node)
+        {
+            let status = node.status.get_or_insert_with(Default::default);
+            let mut conditions = status.conditions.take().unwrap_or_default();
+            conditions.retain(|c| c.type_ != "Ready");
+            conditions.push(ready_condition(Timestamp::now()));
+            status.conditions = Some(conditions);
+            nodes.update_status(&node).await?;
+        }
+        Ok(())
+    }
+}
+
+fn pod_event(kind: WireEventType, revision: i64, pod: &serde_json::Value) -> PodEvent {
+    PodEvent { r#type: kind as i32, resource_version: revision, pod: serde_json::to_vec(pod).unwrap_or_default() }
+}
+
+fn bound_to(pod: &serde_json::Value, node: &str) -> bool {
+    pod["spec"]["nodeName"].as_str() == Some(node)
+}
+
+type PodEventStream = Pin<Box<dyn Stream<Item = Result<PodEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl node_service_server::NodeService for NodeService {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<RegisterResponse>, Status> {
+        let caller = caller(&request)?;
+        let node: Node = decode("node", &request.get_ref().node)?;
+        let name = node.metadata.name.clone().unwrap_or_default();
+        if !valid_node_name(&name) {
+            return Err(Status::invalid_argument(format!(
+                "node name {name:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253)"
+            )));
+        }
+        if let Caller::Node(own) = &caller
+            && *own != name
+        {
+            return Err(Status::permission_denied(format!(
+                "this is node {own}'s credential: it cannot register {name}"
+            )));
+        }
+        let pod_cidr = self.register_node(node, &caller).await?;
+        self.renew_lease(&name).await.map_err(store_status)?;
+        tracing::info!(node = %name, %pod_cidr, "node registered");
+        Ok(Response::new(RegisterResponse { pod_cidr, credential: self.identity.credential(&name) }))
+    }
+
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        let own = node_of(&request)?;
+        let name = &request.get_ref().node_name;
+        if *name != own {
+            return Err(Status::permission_denied(format!("node {own} cannot renew the lease of {name}")));
+        }
+        if Api::<Node>::new(self.store.clone()).get("", name).await.map_err(store_status)?.is_none() {
+            return Err(Status::not_found(format!("node {name} is not registered: register it first")));
+        }
+        self.renew_lease(name).await.map_err(store_status)?;
+        Ok(Response::new(HeartbeatResponse {}))
+    }
+
+    type WatchPodsStream = PodEventStream;
+
+    async fn watch_pods(&self, request: Request<WatchPodsRequest>) -> Result<Response<PodEventStream>, Status> {
+        let own = node_of(&request)?;
+        let WatchPodsRequest { node_name, resource_version } = request.into_inner();
+        if node_name != own {
+            return Err(Status::permission_denied(format!("node {own} cannot watch the Pods of {node_name}")));
+        }
+        let mut initial = Vec::new();
+        let from = if resource_version == 0 {
+            let list = self.store.list("Pod", &ListOptions::default()).await.map_err(store_status)?;
+            initial.extend(
+                list.items
+                    .iter()
+                    .filter(|p| bound_to(p, &node_name))
+                    .map(|p| Ok(pod_event(WireEventType::Added, list.revision, p))),
+            );
+            initial.push(Ok(PodEvent {
+                r#type: WireEventType::Bookmark as i32,
+                resource_version: list.revision,
+                pod: Vec::new(),
+            }));
+            list.revision
+        } else {
+            resource_version
+        };
+        let options = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: true };
+        let events = self.store.watch(from, options).await.map_err(store_status)?;
+        let node = node_name.clone();
+        let changes = events.filter_map(move |event| {
+            let result = match event {
+                Err(e) => Some(Err(store_status(e))),
+                // Bookmarks let an agent resume from a recent revision after a reconnect.
+                Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(PodEvent {
+                    r#type: WireEventType::Bookmark as i32,
+                    resource_version: e.revision,
+                    pod: Vec::new(),
+                })),
+                Ok(e) if bound_to(&e.object, &node) => {
+                    let kind = match e.event_type {
+                        EventType::Added => WireEventType::Added,
+                        EventType::Modified => WireEventType::Modified,
+                        _ => WireEventType::Deleted,
+                    };
+                    Some(Ok(pod_event(kind, e.revision, &e.object)))
+                }
+                Ok(_) => None,
+            };
+            std::future::ready(result)
+        });
+        tracing::info!(node = %node_name, from, "pod watch started");
+        Ok(Response::new(Box::pin(futures::stream::iter(initial).chain(changes))))
+    }
+
+    async fn update_pod_status(
+        &self,
+        request: Request<UpdatePodStatusRequest>,
+    ) -> Result<Response<UpdatePodStatusResponse>, Status> {
+        let own = node_of(&request)?;
+        let req = request.into_inner();
+        let status: PodStatus = decode("pod status", &req.status)?;
+        let pods = Api::<Pod>::new(self.store.clone());
+        let node = Api::<Node>::new(self.store.clone()).get("", &own).await.map_err(store_status)?;
+        let node = node.ok_or_else(|| Status::failed_precondition(format!("node {own} is not registered")))?;
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut pod) = pods.get(&req.namespace, &req.name).await.map_err(store_status)? else {
+                return Err(Status::not_found(format!("pod {}/{} no longer exists", req.namespace, req.name)));
+            };
+            if pod.metadata.uid.as_deref() != Some(req.uid.as_str()) {
+                return Err(Status::not_found(format!(
+                    "pod {}/{} was replaced (uid changed)",
+                    req.namespace, req.name
+                )));
+            }
+            // Said the same way whether or not the Pod exists elsewhere: no probing of others' Pods.
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(own.as_str()) {
+                return Err(Status::permission_denied(format!(
+                    "pod {}/{} is not bound to node {own}",
+                    req.namespace, req.name
+                )));
+            }
+            check_addresses(&pod, &status, &node)?;
+            pod.status = Some(merge_status(pod.status.take(), status.clone()));
+            let revision = revision_of(&pod);
+            match pods.update_status(&pod).await {
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(store_status(e)),
+                Ok(_) => {
+                    tracing::debug!(pod = %req.name, ?revision, "pod status updated");
+                    return Ok(Response::new(UpdatePodStatusResponse {}));
+                }
+            }
+        }
+        Err(Status::aborted("pod status is contended; retry"))
+    }
+}
+
+/// A node reports only addresses it has: Pod IPs from its podCIDR (its own address for
+/// hostNetwork Pods), and its own address as the host IP.
+fn check_addresses(pod: &Pod, status: &PodStatus, node: &Node) -> Result<(), Status> {
+    let node_addresses: Vec<&str> =
+        node.status.iter().flat_map(|s| s.addresses.iter().flatten()).map(|a| a.address.as_str()).collect();
+    let cidr = pod_cidr(node).unwrap_or_default();
+    let host_network = pod.spec.as_ref().and_then(|s| s.host_network).unwrap_or(false);
+    let pod_ips = status.pod_ip.iter().chain(status.pod_ips.iter().flatten().map(|p| &p.ip));
+    for ip in pod_ips {
+        let ok = if host_network { node_addresses.contains(&ip.as_str()) } else { podcidr::contains(&cidr, ip) };
+        if !ok {
+            return Err(Status::permission_denied(format!(
+                "pod IP {ip} is not an address of this node (podCIDR {cidr}{})",
+                if host_network { ", hostNetwork" } else { "" }
+            )));
+        }
+    }
+    if let Some(host_ip) = &status.host_ip
+        && !node_addresses.is_empty()
+        && !node_addresses.contains(&host_ip.as_str())
+    {
+        return Err(Status::permission_denied(format!("host IP {host_ip} is not an address of this node")));
+    }
+    Ok(())
+}
+
+/// The agent's status, keeping the scheduler's PodScheduled condition when the agent has none.
+fn merge_status(current: Option<PodStatus>, mut reported: PodStatus) -> PodStatus {
+    let scheduled = current.and_then(|s| s.conditions).into_iter().flatten().find(|c| c.type_ == "PodScheduled");
+    if let Some(scheduled) = scheduled {
+        let conditions = reported.conditions.get_or_insert_with(Vec::new);
+        if !conditions.iter().any(|c| c.type_ == "PodScheduled") {
+            conditions.insert(0, scheduled);
+        }
+    }
+    reported
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gitplane_api::proto::node::node_service_server::NodeService as _;
+    use gitplane_store::sqlite::SqliteStore;
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, PodSpec};
+
+    const JOIN: &str = "join-token-for-tests-0123";
+
+    async fn service() -> NodeService {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
+        NodeService::new(store, NodeIdentity::new(JOIN, [9; 32]))
+    }
+
+    /// Two replicas' node services over one store.
+    async fn two_replicas() -> [Arc<NodeService>; 2] {
+        let one = service().await;
+        let two = NodeService::new(one.store.clone(), one.identity.clone());
+        [Arc::new(one), Arc::new(two)]
+    }
+
+    fn as_caller<T>(message: T, caller: Caller) -> Request<T> {
+        let mut request = Request::new(message);
+        request.extensions_mut().insert(caller);
+        request
+    }
+
+    fn node(name: &str) -> RegisterRequest {
+        let node = Node {
+            metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+            status: Some(NodeStatus {
+                addresses: Some(vec![NodeAddress { type_: "InternalIP".into(), address: "192.0.2.1".into() }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        RegisterRequest { node: serde_json::to_vec(&node).unwrap() }
+    }
+
+    fn code<T>(result: Result<T, Status>) -> tonic::Code {
+        result.err().map_or(tonic::Code::Ok, |s| s.code())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn t10_concurrent_registrations_never_share_a_pod_cidr() {
+        let replicas = two_replicas().await;
+        let registrations = (0..50).map(|i| {
+            let service = replicas[i % 2].clone();
+            tokio::spawn(async move {
+                let reply = service.register(as_caller(node(&format!("n{i}")), Caller::Joiner)).await.unwrap();
+                reply.into_inner().pod_cidr
+            })
+        });
+        let cidrs: Vec<String> = futures::future::try_join_all(registrations).await.unwrap();
+        let distinct: std::collections::HashSet<&String> = cidrs.iter().collect();
+        assert_eq!(distinct.len(), 50, "{cidrs:?}");
+        let (nodes, _) = Api::<Node>::new(replicas[0].store.clone()).list(None).await.unwrap();
+        let stored: std::collections::HashSet<String> = nodes.iter().filter_map(pod_cidr).collect();
+        assert_eq!(stored.len(), 50, "every Node holds the CIDR its registration returned");
+    }
+
+    #[tokio::test]
+    async fn t10_a_node_acts_only_for_itself() {
+        let service = service().await;
+        let a = service.register(as_caller(node("a"), Caller::Joiner)).await.unwrap().into_inner();
+        assert_eq!(a.credential, service.identity.credential("a"));
+        service.register(as_caller(node("b"), Caller::Joiner)).await.unwrap();
+        let (as_a, as_b) = (Caller::Node("a".into()), Caller::Node("b".into()));
+
+        // Names: the joiner cannot take a live node's name; a node re-registers only itself.
+        assert_eq!(code(service.register(as_caller(node("a"), Caller::Joiner)).await), tonic::Code::PermissionDenied);
+        assert_eq!(code(service.register(as_caller(node("b"), as_a.clone())).await), tonic::Code::PermissionDenied);
+        assert_eq!(code(service.register(as_caller(node("a"), as_a.clone())).await), tonic::Code::Ok);
+        assert_eq!(
+            code(service.register(as_caller(node("Bad_Name"), Caller::Joiner)).await),
+            tonic::Code::InvalidArgument
+        );
+
+        // Leases and watches: its own only; the join token does neither.
+        let beat = |name: &str, caller: Caller| as_caller(HeartbeatRequest { node_name: name.into() }, caller);
+        assert_eq!(code(service.heartbeat(beat("a", as_a.clone())).await), tonic::Code::Ok);
+        assert_eq!(code(service.heartbeat(beat("b", as_a.clone())).await), tonic::Code::PermissionDenied);
+        assert_eq!(code(service.heartbeat(beat("a", Caller::Joiner)).await), tonic::Code::PermissionDenied);
+        let watch = |name: &str, caller: Caller| {
+            as_caller(WatchPodsRequest { node_name: name.into(), resource_version: 0 }, caller)
+        };
+        assert_eq!(code(service.watch_pods(watch("a", as_a.clone())).await), tonic::Code::Ok);
+        assert_eq!(code(service.watch_pods(watch("b", as_a.clone())).await), tonic::Code::PermissionDenied);
+
+        // Pod status: only for Pods bound to the node, with addresses of the node.
+        let pod = Pod {
+            metadata: ObjectMeta { name: Some("p".into()), namespace: Some("default".into()), ..Default::default() },
+            spec: Some(PodSpec { node_name: Some("a".into()), ..Default::default() }),
+            ..Default::default()
+        };
+        let stored = Api::<Pod>::new(service.store.clone()).create(&pod).await.unwrap();
+        let uid = stored.metadata.uid.clone().unwrap();
+        let report = |ip: &str, caller: Caller| {
+            let status = PodStatus { phase: Some("Running".into()), pod_ip: Some(ip.into()), ..Default::default() };
+            let request = UpdatePodStatusRequest {
+                namespace: "default".into(),
+                name: "p".into(),
+                uid: uid.clone(),
+                status: serde_json::to_vec(&status).unwrap(),
+            };
+            as_caller(request, caller)
+        };
+        let a_cidr = a.pod_cidr.trim_end_matches("0/24").to_owned();
+        assert_eq!(
+            code(service.update_pod_status(report(&format!("{a_cidr}7"), as_b.clone())).await),
+            tonic::Code::PermissionDenied
+        );
+        assert_eq!(
+            code(service.update_pod_status(report("10.9.9.9", as_a.clone())).await),
+            tonic::Code::PermissionDenied
+        );
+        assert_eq!(code(service.update_pod_status(report(&format!("{a_cidr}7"), as_a.clone())).await), tonic::Code::Ok);
+    }
+}
