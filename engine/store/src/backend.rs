@@ -301,8 +301,10 @@ fn decode_token(text: &str) -> Result<ContinueToken> {
     if !text.len().is_multiple_of(2) || text.len() > 4096 {
         return Err(bad());
     }
+    // Byte pairs, not string slices: a token from outside need not be ASCII.
+    let nibble = |b: u8| char::from(b).to_digit(16).map(|d| d as u8);
     let bytes: Option<Vec<u8>> =
-        (0..text.len()).step_by(2).map(|i| u8::from_str_radix(&text[i..i + 2], 16).ok()).collect();
+        text.as_bytes().chunks(2).map(|pair| Some(nibble(pair[0])? << 4 | nibble(pair[1])?)).collect();
     serde_json::from_slice(&bytes.ok_or_else(bad)?).map_err(|_| bad())
 }
 
@@ -579,7 +581,7 @@ mod tests {
         let token = ContinueToken { revision: 7, namespace: "a".into(), name: "p\"1".into() };
         let back = decode_token(&encode_token(&token)).unwrap();
         assert_eq!((back.revision, back.namespace.as_str(), back.name.as_str()), (7, "a", "p\"1"));
-        for bad in ["zz", "abc", "00", &"ab".repeat(3000)] {
+        for bad in ["zz", "abc", "00", &"ab".repeat(3000), "7\u{96}f", "+f7b"] {
             assert!(matches!(decode_token(bad), Err(StoreError::BadRequest(_))), "{bad}");
         }
     }
