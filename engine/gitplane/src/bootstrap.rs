@@ -60,7 +60,7 @@ pub fn empty_repo(repos_dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
 }
 
 fn hosted_repo(repos_dir: &Path, name: &str, files: &[(&str, &str)], message: &str) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(repos_dir).with_context(|| format!("creating {}", repos_dir.display()))?;
+    crate::credentials::private_dir(repos_dir)?;
     let path = repos_dir.canonicalize()?.join(format!("{name}.git"));
     if path.exists() {
         return Ok(path);

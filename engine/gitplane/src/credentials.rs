@@ -18,6 +18,15 @@ use std::{
     path::Path,
 };
 
+/// Makes `dir` (and its parents) if missing, and keeps it to its owner (mode 0700): the data
+/// directory holds the store (Secrets included) and the credentials, the repositories directory
+/// Git's copy of the Secrets.
+pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private (mode 0700)", dir.display()))
+}
+
 /// Whether a missing secret file may be made here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IfMissing {
@@ -89,6 +98,7 @@ pub struct Sources<'a> {
 impl Credentials {
     pub fn load(sources: Sources<'_>) -> anyhow::Result<Credentials> {
         let Sources { data_dir, peer_token_file, join_token_file, makes_cluster_secrets } = sources;
+        private_dir(data_dir)?;
         let git_token = load_or_create(&data_dir.join("git-token"), IfMissing::Create)?;
         let cluster = |given: Option<&Path>, name: &str| -> anyhow::Result<String> {
             let (path, if_missing) = match given {
@@ -142,6 +152,7 @@ mod tests {
             makes_cluster_secrets: true,
         };
         let first = Credentials::load(sources()).unwrap();
+        assert_eq!(std::fs::metadata(dir.path()).unwrap().permissions().mode() & 0o777, 0o700);
         for name in ["git-token", "peer-token", "join-token"] {
             let mode = std::fs::metadata(dir.path().join(name)).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600, "{name}");

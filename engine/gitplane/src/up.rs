@@ -52,7 +52,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         bail!("gitplane up runs containers and programs networking: run it as root (sudo)");
     }
     let data_dir = absolute(&args.data_dir)?;
-    std::fs::create_dir_all(&data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    crate::credentials::private_dir(&data_dir)?;
     let demo_repo = bootstrap::demo_repo(&args.repos_dir)?;
     let bootstrap_repo = bootstrap::bootstrap_repo(&args.repos_dir)?;
     let repos_dir = demo_repo.parent().map(PathBuf::from).unwrap_or_default();
