@@ -746,6 +746,26 @@ fn names(cache: &Cache) -> (HashSet<String>, HashSet<String>) {
     (names(kind_of::<Namespace>()), names(kind_of::<Node>()))
 }
 /// Watches a bare repository's branch refs (loose and packed) and reports its path on change.
+/// Whether a filesystem event can mean that a ref moved. Git writes a ref as `<ref>.lock` and
+/// renames it into place; reading a ref (as every sync does) must not count, or each sync would
+/// queue the next one.
+fn moves_a_ref(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
+    match kind {
+        EventKind::Create(_) | EventKind::Remove(_) => true,
+        EventKind::Modify(ModifyKind::Metadata(_)) => false,
+        EventKind::Modify(_) => true,
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        // Unknown kinds and overflow rescans: a spare sync is cheap, a missed push is not.
+        EventKind::Any | EventKind::Other => true,
+    }
+}
+
+fn is_lock(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "lock")
+}
+
 fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<notify::RecommendedWatcher> {
     let path = repo.to_path_buf();
     let heads = repo.join("refs").join("heads");
@@ -754,7 +774,8 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
         let heads = heads.clone();
         move |event: notify::Result<notify::Event>| {
             if let Ok(event) = event
-                && event.paths.iter().any(|p| p.starts_with(&heads) || *p == packed)
+                && moves_a_ref(&event.kind)
+                && event.paths.iter().any(|p| (p.starts_with(&heads) || *p == packed) && !is_lock(p))
             {
                 let _ = pushed.send(path.clone());
             }
@@ -782,6 +803,37 @@ mod tests {
     use super::*;
     use gitplane_store::sqlite::SqliteStore;
     use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+
+    #[tokio::test]
+    async fn t90_issue_11_reading_refs_is_not_a_push() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = git2::Repository::init_bare(dir.path().join("r.git")).unwrap();
+        let tree = repo.find_tree(repo.treebuilder(None).unwrap().write().unwrap()).unwrap();
+        let sig = git2::Signature::now("t", "t@localhost").unwrap();
+        let first = repo.commit(Some("refs/heads/main"), &sig, &sig, "one", &tree, &[]).unwrap();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let _watcher = watch_refs(repo.path(), tx).unwrap();
+        // What a sync does: open the repository and read the branch, many times.
+        for _ in 0..20 {
+            let opened = git2::Repository::open_bare(repo.path()).unwrap();
+            opened.refname_to_id("refs/heads/main").unwrap();
+            std::fs::read(repo.path().join("refs/heads/main")).unwrap();
+        }
+        // Sleeping only to prove that nothing arrives.
+        let quiet = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await;
+        assert!(quiet.is_err(), "reading refs was taken for a push: {quiet:?}");
+        repo.commit(
+            Some("refs/heads/main"),
+            &sig,
+            &sig,
+            "two",
+            &tree,
+            &[repo.find_commit(first).unwrap()].iter().collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let pushed = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await;
+        assert!(matches!(pushed, Ok(Some(_))), "a moved branch is a push: {pushed:?}");
+    }
 
     /// A bare repository whose `main` is replaced by each `commit`.
     struct Repo {
