@@ -18,7 +18,7 @@ use std::{
     collections::{HashMap, HashSet},
     path::{Path, PathBuf},
     sync::{Arc, PoisonError, RwLock},
-    time::Duration,
+    time::{Duration, Instant},
 };
 use tokio::{sync::watch, task::JoinHandle};
 use tonic::{
@@ -402,7 +402,14 @@ impl PodWorkers {
 
     fn update(&mut self, uid: String, pod: Pod) {
         if let Some((tx, _)) = self.workers.get(&uid) {
-            tx.send_replace(Some(pod));
+            // The worker always gets the newest Pod, but is woken only by what it acts on: its
+            // own status writes come back through the watch, and once woke it at once, so every
+            // status that differed from the last one started the next sync (70 a second).
+            tx.send_if_modified(|current| {
+                let wake = current.as_ref().is_none_or(|current| needs_sync(current, &pod));
+                *current = Some(pod);
+                wake
+            });
             return;
         }
         let (tx, rx) = watch::channel(Some(pod));
@@ -489,6 +496,7 @@ struct PodWorker {
 impl PodWorker {
     async fn run(self, mut updates: watch::Receiver<Option<Pod>>) {
         let mut reported: Option<Value> = None;
+        let mut budget = WriteBudget::new(Instant::now());
         let mut last: Option<Pod> = None;
         loop {
             let pod = updates.borrow_and_update().clone();
@@ -497,11 +505,23 @@ impl PodWorker {
                 kill(&self.runtime, &self.uid, grace).await;
                 return;
             };
+            let mut next_sync = self.resync;
             match self.runtime.sync_pod(&pod).await {
                 Ok(status) => {
                     let comparable = comparable(&status);
-                    if reported.as_ref() != Some(&comparable) && self.report(&pod, &status).await {
-                        reported = Some(comparable);
+                    if reported.as_ref() != Some(&comparable) {
+                        match budget.take(Instant::now()) {
+                            Ok(()) => {
+                                if self.report(&pod, &status).await {
+                                    reported = Some(comparable);
+                                }
+                            }
+                            // Coalesced, not dropped: the sync when the budget allows reports
+                            // the status of that moment.
+                            Err(allowed_at) => {
+                                next_sync = next_sync.min(allowed_at.saturating_duration_since(Instant::now()));
+                            }
+                        }
                     }
                 }
                 Err(e) => {
@@ -511,7 +531,7 @@ impl PodWorker {
             last = Some(pod);
             tokio::select! {
                 changed = updates.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(self.resync) => {}
+                _ = tokio::time::sleep(next_sync) => {}
             }
         }
     }
@@ -537,6 +557,50 @@ impl PodWorker {
     }
 }
 
+/// Whether a pod worker must sync again for this new version of its Pod: anything but the
+/// status and the bookkeeping of the write itself (resourceVersion, managedFields).
+fn needs_sync(current: &Pod, new: &Pod) -> bool {
+    let meta = |pod: &Pod| {
+        let mut meta = pod.metadata.clone();
+        meta.resource_version = None;
+        meta.managed_fields = None;
+        meta
+    };
+    current.spec != new.spec || meta(current) != meta(new)
+}
+
+/// Status writes one Pod may make: a burst of [`WriteBudget::BURST`] (a Pod's start is a few
+/// changes in a row), then one per [`WriteBudget::EVERY`]. A status that keeps changing for any
+/// reason costs the store at most that.
+#[derive(Debug)]
+struct WriteBudget {
+    tokens: u32,
+    /// When the tokens were last counted.
+    at: Instant,
+}
+
+impl WriteBudget {
+    const BURST: u32 = 5;
+    const EVERY: Duration = Duration::from_secs(1);
+
+    fn new(now: Instant) -> Self {
+        WriteBudget { tokens: Self::BURST, at: now }
+    }
+
+    /// Takes one write; when none is left, the time the next one is.
+    fn take(&mut self, now: Instant) -> Result<(), Instant> {
+        let earned = now.saturating_duration_since(self.at).as_nanos() / Self::EVERY.as_nanos();
+        let earned = u32::try_from(earned).unwrap_or(u32::MAX).min(Self::BURST);
+        self.tokens = (self.tokens + earned).min(Self::BURST);
+        self.at = if self.tokens == Self::BURST { now } else { self.at + Self::EVERY * earned };
+        if self.tokens == 0 {
+            return Err(self.at + Self::EVERY);
+        }
+        self.tokens -= 1;
+        Ok(())
+    }
+}
+
 /// A status without the timestamps that change on every look, to report only real changes.
 fn comparable(status: &k8s_openapi::api::core::v1::PodStatus) -> Value {
     let mut v = serde_json::to_value(status).unwrap_or(Value::Null);
@@ -549,4 +613,66 @@ fn comparable(status: &k8s_openapi::api::core::v1::PodStatus) -> Value {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(rv: &str, image: &str, phase: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "web", "uid": "u-1", "resourceVersion": rv, "labels": { "app": "web" } },
+            "spec": { "containers": [{ "name": "web", "image": image }] },
+            "status": { "phase": phase },
+        }))
+        .expect("valid pod")
+    }
+
+    #[test]
+    fn only_what_the_worker_acts_on_wakes_it() {
+        let current = pod("1", "httpd:1", "Pending");
+        assert!(!needs_sync(&current, &pod("2", "httpd:1", "Running")), "its own status write");
+        assert!(needs_sync(&current, &pod("2", "httpd:2", "Pending")), "a new image");
+        let mut relabeled = pod("2", "httpd:1", "Pending");
+        relabeled.metadata.labels = Some([("app".to_owned(), "api".to_owned())].into());
+        assert!(needs_sync(&current, &relabeled), "labels reach the containers' environment");
+        let mut deleting = pod("2", "httpd:1", "Pending");
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert!(needs_sync(&current, &deleting));
+    }
+
+    #[test]
+    fn the_write_budget_is_a_burst_then_one_a_second() {
+        let t0 = Instant::now();
+        let mut budget = WriteBudget::new(t0);
+        for _ in 0..WriteBudget::BURST {
+            assert_eq!(budget.take(t0), Ok(()));
+        }
+        assert_eq!(budget.take(t0), Err(t0 + Duration::from_secs(1)));
+        assert_eq!(budget.take(t0 + Duration::from_millis(999)), Err(t0 + Duration::from_secs(1)));
+        assert_eq!(budget.take(t0 + Duration::from_secs(1)), Ok(()));
+        assert_eq!(budget.take(t0 + Duration::from_millis(1500)), Err(t0 + Duration::from_secs(2)));
+        // A status changing at every chance for a minute: the burst, then one a second.
+        let mut budget = WriteBudget::new(t0);
+        let writes = (0..6000).filter(|i| budget.take(t0 + Duration::from_millis(10 * i)).is_ok()).count();
+        assert_eq!(writes, WriteBudget::BURST as usize + 59);
+        // Idle time refills the burst, and no more.
+        let later = t0 + Duration::from_secs(3600);
+        let burst = (0..10).filter(|_| budget.take(later).is_ok()).count();
+        assert_eq!(burst, WriteBudget::BURST as usize);
+    }
+
+    #[test]
+    fn timestamps_alone_are_no_change() {
+        let status = |time: &str| {
+            serde_json::from_value::<k8s_openapi::api::core::v1::PodStatus>(json!({
+                "phase": "Running",
+                "conditions": [{ "type": "Ready", "status": "True", "lastTransitionTime": time }],
+            }))
+            .expect("valid status")
+        };
+        assert_eq!(comparable(&status("2025-01-01T00:00:00Z")), comparable(&status("2025-01-01T00:00:09Z")));
+    }
 }

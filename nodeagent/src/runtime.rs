@@ -7,13 +7,14 @@
 
 pub mod actions;
 mod cgroups;
+pub mod failures;
 pub mod spec;
 pub mod status;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
@@ -24,6 +25,7 @@ pub use spec::{SpecError, container_config, sandbox_config};
 pub use status::{Waiting, pod_status};
 
 use crate::cri::{Cri, pb};
+use failures::Failures;
 use spec::{LABEL_POD_UID, image_pull_policy, pod_cgroup, pod_key, pod_log_directory, pod_spec, pod_uid};
 
 /// How this node runs pods.
@@ -90,21 +92,11 @@ pub enum RuntimeError {
     },
 }
 
-/// Why a container's next run could not be made, remembered between syncs: it is the waiting
-/// reason in status, and it paces image pulls (ImagePullBackOff).
-#[derive(Clone, Debug)]
-struct Failure {
-    waiting: Waiting,
-    image: String,
-    pulls_failed: u32,
-    retry_at: Instant,
-}
-
 pub struct RuntimeManager {
     cri: Cri,
     cfg: RuntimeConfig,
-    /// pod uid -> container name -> failure.
-    failures: Mutex<HashMap<String, HashMap<String, Failure>>>,
+    /// Why containers could not be started: their waiting reasons, and the image pull back-off.
+    failures: Mutex<Failures>,
 }
 
 impl RuntimeManager {
@@ -113,7 +105,7 @@ impl RuntimeManager {
         if cfg.node_memory_bytes.is_none() {
             cfg.node_memory_bytes = tokio::fs::read_to_string("/proc/meminfo").await.ok().and_then(|m| mem_total(&m));
         }
-        RuntimeManager { cri, cfg, failures: Mutex::new(HashMap::new()) }
+        RuntimeManager { cri, cfg, failures: Mutex::default() }
     }
 
     pub fn config(&self) -> &RuntimeConfig {
@@ -132,8 +124,11 @@ impl RuntimeManager {
                 reason: "CreateContainerConfigError".into(),
                 message: "initContainers are not supported by this node yet".into(),
             };
-            for c in &spec.containers {
-                self.record(uid, &c.name, waiting.clone(), c.image.clone().unwrap_or_default(), None);
+            {
+                let mut failures = self.lock_failures();
+                for c in &spec.containers {
+                    failures.record(uid, &c.name, c.image.as_deref().unwrap_or_default(), waiting.clone());
+                }
             }
             return self.pod_status(pod).await;
         }
@@ -186,8 +181,8 @@ impl RuntimeManager {
         let key = pod_key(pod);
         let uid = pod_uid(pod).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
         let runtime = self.observe(&key, uid).await?;
-        let waiting = self.waiting(uid);
-        Ok(pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref(), now_nanos()))
+        let waiting = self.lock_failures().waiting(uid);
+        Ok(pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref()))
     }
 
     /// Kills the pod: stops its containers (each gets `grace` after SIGTERM), stops and removes
@@ -220,7 +215,7 @@ impl RuntimeManager {
                 self.call(&key, "RemovePodSandbox", None, self.cri.runtime().remove_pod_sandbox(req)).await,
             )?;
         }
-        self.lock_failures().remove(uid);
+        self.lock_failures().forget_pod(uid);
 
         let cgroup = pod_cgroup(&self.cfg, uid);
         let io = |what: String| {
@@ -352,12 +347,12 @@ impl RuntimeManager {
         sandbox: &RuntimeSandbox,
         sandbox_config: &pb::PodSandboxConfig,
     ) -> Result<(), RuntimeError> {
-        let image = container.image.clone().unwrap_or_default();
+        let image = container.image.as_deref().unwrap_or_default();
+        let record = |waiting| self.lock_failures().record(uid, &container.name, image, waiting);
         let plan = match container_config(pod, container, &self.cfg, attempt, &sandbox.ips) {
             Ok(plan) => plan,
             Err(e) => {
-                let waiting = Waiting { reason: "CreateContainerConfigError".into(), message: e.to_string() };
-                self.record(uid, &container.name, waiting, image, None);
+                record(Waiting { reason: "CreateContainerConfigError".into(), message: e.to_string() });
                 return Ok(());
             }
         };
@@ -380,8 +375,7 @@ impl RuntimeManager {
         let id = match self.call(key, "CreateContainer", None, self.cri.runtime().create_container(req)).await {
             Ok(created) => created.container_id,
             Err(RuntimeError::Cri { source, .. }) => {
-                let waiting = Waiting { reason: "CreateContainerError".into(), message: source.message().to_string() };
-                self.record(uid, &container.name, waiting, image, None);
+                record(Waiting { reason: "CreateContainerError".into(), message: source.message().to_string() });
                 return Ok(());
             }
             Err(e) => return Err(e),
@@ -390,12 +384,11 @@ impl RuntimeManager {
         match self.call(key, "StartContainer", None, self.cri.runtime().start_container(req)).await {
             Ok(_) => {
                 tracing::info!(pod = %key, container = %container.name, id = %id, attempt, "started container");
-                self.forget(uid, &container.name);
+                self.lock_failures().forget(uid, &container.name);
                 Ok(())
             }
             Err(RuntimeError::Cri { source, .. }) => {
-                let waiting = Waiting { reason: "RunContainerError".into(), message: source.message().to_string() };
-                self.record(uid, &container.name, waiting, image, None);
+                record(Waiting { reason: "RunContainerError".into(), message: source.message().to_string() });
                 Ok(())
             }
             Err(e) => Err(e),
@@ -412,18 +405,20 @@ impl RuntimeManager {
         sandbox_config: &pb::PodSandboxConfig,
     ) -> Result<Result<(), Waiting>, RuntimeError> {
         let image = container.image.clone().unwrap_or_default();
+        let record = |waiting: Waiting| {
+            self.lock_failures().record(uid, &container.name, &image, waiting.clone());
+            Ok(Err(waiting))
+        };
         let spec = pb::ImageSpec { image: image.clone(), user_specified_image: image.clone(), ..Default::default() };
         let policy = image_pull_policy(container);
         let req = pb::ImageStatusRequest { image: Some(spec.clone()), verbose: false };
         let present = match self.call(key, "ImageStatus", None, self.cri.images().image_status(req)).await {
             Ok(status) => status.image.is_some(),
             Err(RuntimeError::Cri { source, .. }) => {
-                let waiting = Waiting {
+                return record(Waiting {
                     reason: "ImageInspectError".into(),
                     message: format!("Failed to inspect image {image:?}: {}", source.message()),
-                };
-                self.record(uid, &container.name, waiting.clone(), image, None);
-                return Ok(Err(waiting));
+                });
             }
             Err(e) => return Err(e),
         };
@@ -431,26 +426,19 @@ impl RuntimeManager {
             return Ok(Ok(()));
         }
         if policy == "Never" {
-            let waiting = Waiting {
+            return record(Waiting {
                 reason: "ErrImageNeverPull".into(),
                 message: format!("Container image {image:?} is not present with pull policy of Never"),
-            };
-            self.record(uid, &container.name, waiting.clone(), image, None);
-            return Ok(Err(waiting));
+            });
         }
-        if let Some(previous) = self.pull_backoff(uid, &container.name, &image) {
-            let waiting = Waiting {
-                reason: "ImagePullBackOff".into(),
-                message: format!("Back-off pulling image {image:?}: {}", previous.waiting.message),
-            };
-            self.record(uid, &container.name, waiting.clone(), image, Some(previous.pulls_failed));
+        if let Some(waiting) = self.lock_failures().backing_off(uid, &container.name, &image, Instant::now()) {
             return Ok(Err(waiting));
         }
 
         let started = Instant::now();
         let req = pb::PullImageRequest { image: Some(spec), auth: None, sandbox_config: Some(sandbox_config.clone()) };
         let timeout = self.cfg.image_pull_timeout;
-        let message = match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
+        let error = match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
             Ok(pulled) => {
                 tracing::info!(pod = %key, image, image_ref = %pulled.image_ref, elapsed = ?started.elapsed(), "pulled image");
                 return Ok(Ok(()));
@@ -459,62 +447,10 @@ impl RuntimeManager {
             Err(RuntimeError::Timeout { .. }) => format!("pulling image {image:?} did not finish within {timeout:?}"),
             Err(e) => return Err(e),
         };
-        let failed = self
-            .lock_failures()
-            .get(uid)
-            .and_then(|f| f.get(&container.name))
-            .filter(|f| f.image == image)
-            .map_or(0, |f| f.pulls_failed);
-        let waiting = Waiting { reason: "ErrImagePull".into(), message };
-        self.record(uid, &container.name, waiting.clone(), image, Some(failed + 1));
-        Ok(Err(waiting))
+        Ok(Err(self.lock_failures().pull_failed(uid, &container.name, &image, &error, Instant::now())))
     }
 
-    /// The previous failed pull of `image` when its back-off (10 s doubling to 5 min) has not
-    /// yet passed.
-    fn pull_backoff(&self, uid: &str, name: &str, image: &str) -> Option<Failure> {
-        let failures = self.lock_failures();
-        let failure = failures.get(uid)?.get(name)?;
-        (failure.image == image && failure.pulls_failed > 0 && Instant::now() < failure.retry_at)
-            .then(|| failure.clone())
-    }
-
-    /// Remembers why container `name` waits; `pulls_failed` (when a pull was involved) sets the
-    /// pull back-off, otherwise the previous one is kept.
-    fn record(&self, uid: &str, name: &str, waiting: Waiting, image: String, pulls_failed: Option<u32>) {
-        let mut failures = self.lock_failures();
-        let slot = failures.entry(uid.to_string()).or_default();
-        let previous = slot.get(name).filter(|f| f.image == image);
-        let (pulls_failed, retry_at) = match (pulls_failed, previous) {
-            (Some(n), Some(p)) if n == p.pulls_failed => (n, p.retry_at),
-            (Some(n), _) => {
-                let backoff = Duration::from_secs((10u64 << n.saturating_sub(1).min(5)).min(300));
-                (n, Instant::now() + backoff)
-            }
-            (None, Some(p)) => (p.pulls_failed, p.retry_at),
-            (None, None) => (0, Instant::now()),
-        };
-        slot.insert(name.to_string(), Failure { waiting, image, pulls_failed, retry_at });
-    }
-
-    fn forget(&self, uid: &str, name: &str) {
-        let mut failures = self.lock_failures();
-        if let Some(slot) = failures.get_mut(uid) {
-            slot.remove(name);
-            if slot.is_empty() {
-                failures.remove(uid);
-            }
-        }
-    }
-
-    fn waiting(&self, uid: &str) -> HashMap<String, Waiting> {
-        self.lock_failures()
-            .get(uid)
-            .map(|slot| slot.iter().map(|(name, f)| (name.clone(), f.waiting.clone())).collect())
-            .unwrap_or_default()
-    }
-
-    fn lock_failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<String, Failure>>> {
+    fn lock_failures(&self) -> MutexGuard<'_, Failures> {
         // The map holds no invariant a panicking holder could break; keep going.
         self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }

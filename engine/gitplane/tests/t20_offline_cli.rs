@@ -143,14 +143,15 @@ fn t20_render_prints_the_objects_with_secrets_masked() {
     assert_eq!(
         documents[0],
         "# Source: deploy/secret.yaml\napiVersion: v1\nkind: Secret\nmetadata:\n  name: creds\n  namespace: prod\n\
-         stringData:\n  password: <masked>\n"
+         data:\n  password: <masked>\n",
+        "stringData is merged into data, as the API server does"
     );
     assert!(documents[2].starts_with("# Source: deploy/web.yaml.j2\napiVersion: apps/v1\nkind: Deployment\n"));
     assert!(documents[2].contains("  replicas: 2\n") && documents[2].contains("httpd:1"), "{}", documents[2]);
-    assert!(!text.contains("hunter2"));
+    assert!(!text.contains("hunter2") && !text.contains("aHVudGVyMg"));
 
     let out = gitplane(&root, &["render", "deploy", "--values", "deploy/values.yaml", "--show-secrets"]);
-    assert!(stdout(&out).contains("  password: hunter2\n"));
+    assert!(stdout(&out).contains("  password: aHVudGVyMg==\n"));
 
     let out = gitplane(&root, &["render", "deploy"]);
     assert_eq!(out.status.code(), Some(1));

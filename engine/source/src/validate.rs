@@ -1,11 +1,17 @@
 //! Documents into objects gitplane accepts: known kind, strict schema, Kubernetes names and
 //! scope, no server-managed fields, no duplicates, the namespace defaulted.
 
+mod pod;
+
 use crate::{
     ManifestError,
     error::{MASK, is_secret, show_value},
     locate::escape,
     manifest::{Document, Locator},
+};
+use base64::{
+    Engine, alphabet,
+    engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
 };
 use gitplane_api::{
     kinds::{self, KindInfo},
@@ -462,9 +468,10 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
     problems
 }
 
-/// What the API server refuses of a kind beyond its schema.
+/// What the API server refuses of a kind beyond its schema, and what gitplane's node agent
+/// cannot run of a Pod.
 fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
-    match info.kind.as_str() {
+    let mut problems = match info.kind.as_str() {
         // A Job's Pods must end; `Always` (the Pod default) would run them forever.
         "Job" => match value["spec"]["template"]["spec"]["restartPolicy"].as_str() {
             Some("Never" | "OnFailure") => Vec::new(),
@@ -476,7 +483,60 @@ fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
                 ),
             )],
         },
+        "Secret" => secret_problems(value),
         _ => Vec::new(),
+    };
+    if let Some(at) = pod::pod_spec_pointer(&info.kind)
+        && let Some(spec) = value.pointer(at)
+    {
+        problems.extend(pod::problems(spec, at));
+    }
+    problems
+}
+
+/// How the API server decodes a Secret's `data` (Go's `base64.StdEncoding`): padding required,
+/// stray bits after the last byte ignored, and line breaks skipped (by the caller).
+const SECRET_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_decode_allow_trailing_bits(true)
+        .with_decode_padding_mode(DecodePaddingMode::RequireCanonical),
+);
+
+/// A Secret's `data` values must be base64, as the API server requires. The message never
+/// quotes the value, nor the decoder's error (which names the offending byte).
+fn secret_problems(value: &Value) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (key, data) in value["data"].as_object().into_iter().flatten() {
+        let Some(text) = data.as_str() else { continue }; // the schema's error
+        let text: String = text.chars().filter(|c| !matches!(c, '\r' | '\n')).collect();
+        if SECRET_BASE64.decode(text.as_bytes()).is_err() {
+            problems.push(Problem::at(
+                format!("/data/{}", escape(key)),
+                "the value is not valid base64: encode it (e.g. with base64 -w0), or move it to stringData as plain text",
+            ));
+        }
+    }
+    problems
+}
+
+/// The API server's write of `stringData`: each value is base64-encoded into `data`, replacing
+/// a value of the same key there, and `stringData` itself is not stored.
+fn merge_string_data(object: &mut Map<String, Value>) {
+    let Some(Value::Object(string_data)) = object.remove("stringData") else { return };
+    if string_data.is_empty() {
+        return;
+    }
+    let data = object.entry("data").or_insert_with(|| Value::Object(Map::new()));
+    if !data.is_object() {
+        *data = Value::Object(Map::new()); // null: the schema allows nothing else
+    }
+    if let Value::Object(data) = data {
+        for (key, text) in string_data {
+            if let Value::String(text) = text {
+                data.insert(key, Value::String(SECRET_BASE64.encode(text)));
+            }
+        }
     }
 }
 
@@ -500,7 +560,13 @@ fn normalize(value: &mut Value, info: &KindInfo, default_namespace: &str) -> Res
     let Some(name) = metadata.get("name").and_then(Value::as_str) else {
         return Err(vec![Problem::at("/metadata", "\"name\" is a required property")]);
     };
-    Ok(ObjectKey::new(info.group_kind(), namespace, name))
+    let key = ObjectKey::new(info.group_kind(), namespace, name);
+    if info.kind == "Secret"
+        && let Some(object) = value.as_object_mut()
+    {
+        merge_string_data(object);
+    }
+    Ok(key)
 }
 
 /// The syntaxes of Kubernetes names, with Kubernetes' own explanations.
@@ -737,6 +803,180 @@ spec:
             ]
         );
         assert_eq!(errors(&[("job.yaml", &job(""))]).len(), 1, "unset means Always");
+    }
+
+    #[test]
+    fn t10_pod_fields_the_node_agent_cannot_run_are_refused() {
+        let deployment = "\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      initContainers: [{name: init, image: busybox}]
+      volumes:
+        - {name: scratch, emptyDir: {}}
+        - name: settings
+          configMap: {name: settings}
+      containers:
+        - name: web
+          image: httpd
+          env:
+            - name: PASSWORD
+              valueFrom:
+                secretKeyRef: {name: creds, key: password}
+            - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+            - {name: LIMIT, valueFrom: {fieldRef: {fieldPath: status.phase}}}
+          envFrom: [{configMapRef: {name: settings}}]
+          livenessProbe: {httpGet: {port: 80}}
+          resources: {limits: {cpu: lots, ephemeral-storage: 1Gi}}
+          volumeMounts:
+            - {name: scratch, mountPath: /tmp}
+            - {name: data, mountPath: /data, subPath: ../etc}
+";
+        let not_yet = "is not supported by gitplane's node agent yet";
+        let at = "deploy.yaml:{}: Deployment web: /spec/template/spec";
+        let expected = [
+            (10, "/initContainers".to_owned(), format!("initContainers {not_yet}: remove it")),
+            (
+                14,
+                "/volumes/1/configMap".into(),
+                format!("a configMap volume {not_yet} (it supports emptyDir, hostPath)"),
+            ),
+            (
+                21,
+                "/containers/0/env/0/valueFrom/secretKeyRef".into(),
+                format!("env valueFrom.secretKeyRef {not_yet} (it supports fieldRef)"),
+            ),
+            (
+                23,
+                "/containers/0/env/2/valueFrom/fieldRef/fieldPath".into(),
+                format!(
+                    "fieldRef.fieldPath \"status.phase\" {not_yet}: use one of metadata.name, metadata.namespace, metadata.uid, spec.nodeName, spec.serviceAccountName, status.hostIP, status.hostIPs, status.podIP, status.podIPs, metadata.labels['<key>'], metadata.annotations['<key>']"
+                ),
+            ),
+            (24, "/containers/0/envFrom".into(), format!("envFrom {not_yet}: remove it")),
+            (25, "/containers/0/livenessProbe".into(), format!("livenessProbe {not_yet}: remove it")),
+            (
+                26,
+                "/containers/0/resources/limits/cpu".into(),
+                "\"lots\" is not a quantity: write e.g. 250m or 0.5 (cpu), 64Mi or 1G (memory)".into(),
+            ),
+            (
+                26,
+                "/containers/0/resources/limits/ephemeral-storage".into(),
+                format!("resource ephemeral-storage {not_yet} (it supports cpu, memory)"),
+            ),
+            (
+                29,
+                "/containers/0/volumeMounts/1/name".into(),
+                "\"data\" names no volume of the Pod: add it to spec.volumes, or fix the name".into(),
+            ),
+            (
+                29,
+                "/containers/0/volumeMounts/1/subPath".into(),
+                "\"../etc\" must be a relative path inside the volume, without '..'".into(),
+            ),
+        ];
+        let mut expected: Vec<String> = expected
+            .into_iter()
+            .map(|(line, path, message)| format!("{}{path}: {message}", at.replace("{}", &line.to_string())))
+            .collect();
+        let mut got = errors(&[("deploy.yaml", deployment)]);
+        got.sort();
+        expected.sort();
+        assert_eq!(got, expected);
+
+        // The same rules for bare Pods, ReplicaSets and Jobs, at their Pod spec.
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, image: i, readinessProbe: {exec: {command: [sh]}}}]\n";
+        assert_eq!(
+            errors(&[("pod.yaml", pod)]),
+            [format!("pod.yaml:5: Pod p: /spec/containers/0/readinessProbe: readinessProbe {not_yet}: remove it")]
+        );
+        let job = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      enableServiceLinks: true\n      containers: [{name: c, image: i}]\n";
+        assert_eq!(
+            errors(&[("job.yaml", job)]),
+            [format!(
+                "job.yaml:8: Job j: /spec/template/spec/enableServiceLinks: enableServiceLinks (no Service variables are set) true {not_yet}: remove it, or set it to false"
+            )]
+        );
+        let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      securityContext: {seccompProfile: {type: RuntimeDefault}}\n      containers: [{name: c, image: i}]\n";
+        assert_eq!(
+            errors(&[("rs.yaml", rs)]),
+            [format!(
+                "rs.yaml:9: ReplicaSet r: /spec/template/spec/securityContext/seccompProfile/type: securityContext.seccompProfile.type \"RuntimeDefault\" {not_yet}: remove it, or set it to \"Unconfined\""
+            )]
+        );
+    }
+
+    #[test]
+    fn t10_pod_fields_the_node_agent_runs_pass() {
+        let pod = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  os: {name: linux}
+  hostname: p1
+  securityContext: {runAsUser: 1000, runAsNonRoot: true, sysctls: [{name: net.core.somaxconn, value: \"1024\"}]}
+  volumes:
+    - {name: scratch, emptyDir: {}}
+    - {name: etc, hostPath: {path: /etc/gp}}
+  containers:
+    - name: c
+      image: i
+      command: [/bin/sh, -c, echo $(NAME)]
+      env:
+        - {name: NAME, value: x}
+        - {name: IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+        - {name: APP, valueFrom: {fieldRef: {fieldPath: \"metadata.labels['app']\"}}}
+      ports: [{containerPort: 80, hostPort: 8080}]
+      resources: {requests: {cpu: 100m, memory: 32Mi}, limits: {cpu: 1, memory: 64Mi}}
+      securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}, readOnlyRootFilesystem: true}
+      terminationMessagePath: /dev/termination-log
+      terminationMessagePolicy: File
+      volumeMounts:
+        - {name: scratch, mountPath: /tmp, subPath: a/b}
+        - {name: etc, mountPath: /etc/gp, readOnly: true}
+";
+        assert!(check(&[("pod.yaml", pod)]).is_ok(), "{:?}", check(&[("pod.yaml", pod)]));
+        assert!(check(&[("deploy.yaml", DEMO_DEPLOYMENT)]).is_ok());
+    }
+
+    #[test]
+    fn t10_secret_data_must_be_base64_and_is_never_quoted() {
+        let secret = |data: &str| format!("apiVersion: v1\nkind: Secret\nmetadata:\n  name: creds\ndata:\n{data}");
+        assert_eq!(
+            errors(&[("secret.yaml", &secret("  user: YWRtaW4=\n  password: hunter2!\n"))]),
+            [
+                "secret.yaml:7: Secret creds: /data/password: the value is not valid base64: encode it (e.g. with base64 -w0), or move it to stringData as plain text"
+            ]
+        );
+        assert_eq!(errors(&[("secret.yaml", &secret("  a: YWRtaW4\n"))]).len(), 1, "padding is required");
+        // Line breaks are skipped, as the API server does; empty is valid.
+        let folded = secret("  cert: |\n    YWRt\n    aW4=\n  empty: \"\"\n");
+        let manifests = check(&[("secret.yaml", &folded)]).unwrap();
+        assert_eq!(manifests[0].value["data"]["empty"], "");
+    }
+
+    #[test]
+    fn t10_string_data_is_merged_into_data() {
+        let secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: creds\ndata:\n  user: YWRtaW4=\n  password: b2xk\nstringData:\n  password: hunter2\n  token: t\n";
+        let manifests = check(&[("secret.yaml", secret)]).unwrap();
+        let value = &manifests[0].value;
+        assert_eq!(value.get("stringData"), None);
+        assert_eq!(value["data"], json!({"user": "YWRtaW4=", "password": "aHVudGVyMg==", "token": "dA=="}));
+        let only = "apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData: {a: b}\n";
+        assert_eq!(check(&[("s.yaml", only)]).unwrap()[0].value["data"], json!({"a": "Yg=="}));
+        // The manifest's Debug output masks the merged values too.
+        let shown = format!("{:?}", manifests[0]);
+        assert!(!shown.contains("aHVudGVyMg") && !shown.contains("hunter2"), "{shown}");
     }
 
     #[test]

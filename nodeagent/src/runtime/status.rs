@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::actions::{ContainerRunState, RuntimeContainer, RuntimePod, restart_allowed_at, should_restart};
+use super::actions::{ContainerRunState, RuntimeContainer, RuntimePod, restart_backoff, should_restart};
 use super::spec::{qos_class, restart_policy};
 
 /// The runtime prefix of container IDs in pod status (`containerd://<id>`).
@@ -24,13 +24,13 @@ pub struct Waiting {
 }
 
 /// The pod's status. `waiting` holds the reasons of containers that could not be created;
-/// `node_ip` becomes hostIP; `now` (ns since epoch) dates the crash-loop messages.
+/// `node_ip` becomes hostIP. It depends on nothing else (not the time): an unchanged pod has an
+/// unchanged status, which is not written again.
 pub fn pod_status(
     pod: &Pod,
     runtime: &RuntimePod,
     waiting: &HashMap<String, Waiting>,
     node_ip: Option<&str>,
-    now: i64,
 ) -> PodStatus {
     let policy = restart_policy(pod);
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
@@ -39,7 +39,7 @@ pub fn pod_status(
         .iter()
         .map(|c| {
             let image = c.image.clone().unwrap_or_default();
-            container_status(&c.name, image, &runtime.runs_of(&c.name), waiting.get(&c.name), policy, now)
+            container_status(&c.name, image, &runtime.runs_of(&c.name), waiting.get(&c.name), policy)
         })
         .collect();
 
@@ -116,7 +116,6 @@ fn container_status(
     runs: &[&RuntimeContainer],
     pending: Option<&Waiting>,
     policy: &str,
-    now: i64,
 ) -> ContainerStatus {
     let pending_state = |w: &Waiting| waiting_state(&w.reason, Some(w.message.clone()));
     let mut status = ContainerStatus { name: name.to_string(), image, ..Default::default() };
@@ -149,8 +148,10 @@ fn container_status(
             status.started = Some(false);
             if should_restart(policy, last.exit_code) {
                 let state = pending.map(pending_state).unwrap_or_else(|| {
-                    let wait = (restart_allowed_at(last) - now).max(0) / 1_000_000_000;
-                    let message = format!("back-off {wait}s restarting failed container={name}");
+                    // kubelet's message names the back-off, not the time left: it stays the same
+                    // from one sync to the next.
+                    let backoff = go_duration(restart_backoff(last));
+                    let message = format!("back-off {backoff} restarting failed container={name}");
                     waiting_state("CrashLoopBackOff", Some(message))
                 });
                 status.state = Some(state);
@@ -162,6 +163,12 @@ fn container_status(
         }
     }
     status
+}
+
+/// Whole seconds as Go prints a duration: `10s`, `1m20s`, `5m0s`.
+fn go_duration(d: std::time::Duration) -> String {
+    let (minutes, seconds) = (d.as_secs() / 60, d.as_secs() % 60);
+    if minutes == 0 { format!("{seconds}s") } else { format!("{minutes}m{seconds}s") }
 }
 
 /// kubelet's `getPhase` for a pod without init containers.
@@ -256,7 +263,7 @@ mod tests {
 
     #[test]
     fn a_new_pod_is_pending_while_containers_are_created() {
-        let status = pod_status(&pod("Always"), &RuntimePod::default(), &HashMap::new(), None, 0);
+        let status = pod_status(&pod("Always"), &RuntimePod::default(), &HashMap::new(), None);
         assert_eq!(status.phase.as_deref(), Some("Pending"));
         assert_eq!(state(&status), json!({ "waiting": { "reason": "ContainerCreating" } }));
         assert_eq!(condition(&status, "PodScheduled"), "True");
@@ -270,7 +277,7 @@ mod tests {
             "web".to_string(),
             Waiting { reason: "ErrImagePull".into(), message: "not found".into() },
         )]);
-        let status = pod_status(&pod("Always"), &runtime(vec![]), &waiting, None, 0);
+        let status = pod_status(&pod("Always"), &runtime(vec![]), &waiting, None);
         assert_eq!(status.phase.as_deref(), Some("Pending"));
         assert_eq!(state(&status), json!({ "waiting": { "reason": "ErrImagePull", "message": "not found" } }));
     }
@@ -282,7 +289,6 @@ mod tests {
             &runtime(vec![run(0, ContainerRunState::Running, 0)]),
             &HashMap::new(),
             Some("192.168.1.10"),
-            0,
         );
         assert_eq!(status.phase.as_deref(), Some("Running"));
         assert_eq!(status.pod_ip.as_deref(), Some("10.244.1.2"));
@@ -300,18 +306,20 @@ mod tests {
     #[test]
     fn a_crashing_container_is_in_crash_loop_back_off() {
         let runs = vec![run(0, ContainerRunState::Exited, 1), run(1, ContainerRunState::Exited, 1)];
-        let status = pod_status(&pod("Always"), &runtime(runs), &HashMap::new(), None, 105 * SECOND);
+        let status = pod_status(&pod("Always"), &runtime(runs), &HashMap::new(), None);
         assert_eq!(status.phase.as_deref(), Some("Running"));
         let c = &status.container_statuses.as_ref().expect("statuses")[0];
         assert_eq!(c.restart_count, 1);
         assert_eq!(
             state(&status),
             json!({ "waiting": {
-            "reason": "CrashLoopBackOff", "message": "back-off 16s restarting failed container=web"
+            "reason": "CrashLoopBackOff", "message": "back-off 20s restarting failed container=web"
         } })
         );
         let last = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()).expect("lastState");
         assert_eq!((last.exit_code, last.reason.as_deref()), (1, Some("Error")));
+        let durations = [10, 80, 300].map(|s| go_duration(std::time::Duration::from_secs(s)));
+        assert_eq!(durations, ["10s", "1m20s", "5m0s"]);
     }
 
     #[test]
@@ -322,7 +330,6 @@ mod tests {
                 &runtime(vec![run(0, ContainerRunState::Exited, exit_code)]),
                 &HashMap::new(),
                 None,
-                0,
             );
             status.phase.unwrap_or_default()
         };
@@ -332,7 +339,7 @@ mod tests {
         assert_eq!(phase("OnFailure", 2), "Running");
         assert_eq!(phase("Always", 0), "Running");
         let done =
-            pod_status(&pod("Never"), &runtime(vec![run(0, ContainerRunState::Exited, 0)]), &HashMap::new(), None, 0);
+            pod_status(&pod("Never"), &runtime(vec![run(0, ContainerRunState::Exited, 0)]), &HashMap::new(), None);
         let ready = done.conditions.iter().flatten().find(|c| c.type_ == "Ready").expect("Ready");
         assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
         assert_eq!(state(&done)["terminated"]["reason"], "Completed");

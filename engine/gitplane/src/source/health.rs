@@ -1,6 +1,6 @@
-//! Health of what an Application applied, per kind, as Argo CD assesses it: a Deployment by
-//! its rollout, a Pod by its readiness, a Service by its ready endpoints. The Application's
-//! health is the worst of its objects'.
+//! Health of what an Application applied, per kind, as Argo CD assesses it: a Deployment or a
+//! ReplicaSet by its rollout, a Pod by its readiness, a Service by its ready endpoints, a Job by
+//! its outcome. The Application's health is the worst of its objects'.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -29,7 +29,24 @@ impl Health {
 /// Whether objects of `kind` (`Kind.group`) have a health rule: the others are healthy once
 /// they exist.
 pub fn assessed(kind: &str) -> bool {
-    matches!(kind, "Deployment.apps" | "Job.batch" | "Pod" | "Service")
+    matches!(kind, "Deployment.apps" | "ReplicaSet.apps" | "Job.batch" | "Pod" | "Service")
+}
+
+/// The health of `object`, of kind `kind` (`Deployment`, …); kinds without a rule are healthy.
+pub fn of(kind: &str, object: &Value, pods: &Pods<'_>) -> (Health, String) {
+    match kind {
+        "Deployment" => deployment(object),
+        "ReplicaSet" => replica_set(object),
+        "Job" => job(object),
+        "Pod" => pod(object),
+        "Service" => service(object, pods),
+        _ => (Health::Healthy, String::new()),
+    }
+}
+
+/// The condition of `type_` in an object's status.
+fn condition<'a>(object: &'a Value, type_: &str) -> Option<&'a Value> {
+    object["status"]["conditions"].as_array()?.iter().find(|c| c["type"] == type_)
 }
 
 /// Waiting reasons that will not fix themselves.
@@ -69,8 +86,9 @@ pub fn pod(pod: &Value) -> (Health, String) {
     }
 }
 
-/// A Deployment: healthy once the controller saw its latest spec and every replica is updated
-/// and available.
+/// A Deployment: degraded once its progress deadline is exceeded (as its controller reports);
+/// healthy once the controller saw its latest spec and every replica is updated and available;
+/// progressing until then.
 pub fn deployment(d: &Value) -> (Health, String) {
     let generation = d["metadata"]["generation"].as_i64().unwrap_or(0);
     let status = &d["status"];
@@ -79,6 +97,9 @@ pub fn deployment(d: &Value) -> (Health, String) {
     let num = |f: &str| status[f].as_i64().unwrap_or(0);
     if observed < generation {
         return (Health::Progressing, "waiting for the rollout to start".into());
+    }
+    if condition(d, "Progressing").is_some_and(|c| c["reason"] == "ProgressDeadlineExceeded") {
+        return (Health::Degraded, "the rollout exceeded its progress deadline".into());
     }
     if num("updatedReplicas") < want {
         return (Health::Progressing, format!("{} of {want} replicas updated", num("updatedReplicas")));
@@ -89,8 +110,27 @@ pub fn deployment(d: &Value) -> (Health, String) {
             format!("{} old replicas pending termination", num("replicas") - num("updatedReplicas")),
         );
     }
-    if num("availableReplicas") < want {
+    if num("availableReplicas") < want.max(num("updatedReplicas")) {
         return (Health::Progressing, format!("{} of {want} updated replicas available", num("availableReplicas")));
+    }
+    (Health::Healthy, String::new())
+}
+
+/// A ReplicaSet: degraded when its controller reports a ReplicaFailure, healthy once it saw its
+/// latest spec and all its replicas are available.
+pub fn replica_set(rs: &Value) -> (Health, String) {
+    let generation = rs["metadata"]["generation"].as_i64().unwrap_or(0);
+    let status = &rs["status"];
+    if status["observedGeneration"].as_i64().unwrap_or(0) < generation {
+        return (Health::Progressing, "waiting for the ReplicaSet controller".into());
+    }
+    if let Some(failure) = condition(rs, "ReplicaFailure").filter(|c| c["status"] == "True") {
+        return (Health::Degraded, failure["message"].as_str().unwrap_or("replica failure").to_owned());
+    }
+    let want = rs["spec"]["replicas"].as_i64().unwrap_or(1);
+    let available = status["availableReplicas"].as_i64().unwrap_or(0);
+    if available < want {
+        return (Health::Progressing, format!("{available} of {want} replicas available"));
     }
     (Health::Healthy, String::new())
 }
@@ -203,6 +243,37 @@ mod tests {
         assert_eq!(deployment(&d(3, 2, 2, 2, 2)).0, Health::Progressing);
         assert_eq!(deployment(&d(2, 2, 1, 1, 3)).0, Health::Progressing);
         assert_eq!(deployment(&d(2, 2, 2, 1, 2)).1, "1 of 2 updated replicas available");
+        // A rollout that never becomes available: Progressing, until the controller reports
+        // the deadline exceeded.
+        let mut stuck = d(1, 1, 2, 0, 2);
+        assert_eq!(of("Deployment", &stuck, &Pods::new(&[])).0, Health::Progressing);
+        stuck["status"]["conditions"] = json!([
+            {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"},
+            {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]);
+        assert_eq!(deployment(&stuck).0, Health::Degraded);
+        let fresh = json!({"metadata": {"generation": 1}, "spec": {"replicas": 1}});
+        assert_eq!(deployment(&fresh).0, Health::Progressing, "no status yet");
+    }
+
+    #[test]
+    fn replica_sets() {
+        let rs = |available: i64| {
+            json!({"metadata": {"generation": 1}, "spec": {"replicas": 2},
+                   "status": {"observedGeneration": 1, "replicas": 2, "availableReplicas": available}})
+        };
+        assert!(assessed("ReplicaSet.apps"));
+        assert_eq!(
+            of("ReplicaSet", &rs(1), &Pods::new(&[])),
+            (Health::Progressing, "1 of 2 replicas available".into())
+        );
+        assert_eq!(of("ReplicaSet", &rs(2), &Pods::new(&[])).0, Health::Healthy);
+        let mut failing = rs(0);
+        failing["status"]["conditions"] =
+            json!([{"type": "ReplicaFailure", "status": "True", "message": "pods \"x\" is forbidden"}]);
+        assert_eq!(replica_set(&failing), (Health::Degraded, "pods \"x\" is forbidden".into()));
+        let unobserved =
+            json!({"metadata": {"generation": 2}, "spec": {"replicas": 0}, "status": {"observedGeneration": 1}});
+        assert_eq!(replica_set(&unobserved).0, Health::Progressing);
     }
 
     #[test]

@@ -358,7 +358,16 @@ impl SourceController {
                     .await;
                 }
                 let new_revision = last.revision.as_deref() != Some(applied.commit.as_str());
+                let health_may_change = last.status != "Synced"
+                    || applied.plan.ops.iter().any(|op| op.key().is_ok_and(|k| health::assessed(&k.kind)));
+                // Written with the sync status: a Synced status beside the health of the last
+                // commit would say Healthy before anything of this one ran (and dependsOn would
+                // go). The cache holds this sync's writes already.
+                let health = health_may_change.then(|| app_health(app, true, informer.cache()));
                 self.update_status(app, |s| {
+                    if let Some(health) = &health {
+                        s.health = Some(health.clone());
+                    }
                     if new_revision {
                         s.history.insert(
                             0,
@@ -389,8 +398,7 @@ impl SourceController {
                     });
                 })
                 .await;
-                last.status != "Synced"
-                    || applied.plan.ops.iter().any(|op| op.key().is_ok_and(|k| health::assessed(&k.kind)))
+                health_may_change
             }
             Err((commit, e)) => {
                 let errors: Vec<String> = match &e {
@@ -557,55 +565,9 @@ impl SourceController {
     /// Recomputes the health of one Application from the cache.
     async fn assess_health(&self, key: &ObjectKey, cache: &Cache) {
         let Some(app) = cache.get_typed::<Application>(&key.namespace, &key.name) else { return };
-        let id = app_id(&app);
-        let pods = cache.list("Pod", None);
-        let pods = health::Pods::new(&pods);
-        let mut worst = Health::Healthy;
-        let mut resources = Vec::new();
-        let mut unhealthy = 0;
-        for kind in accepted() {
-            for object in cache.list(&kind.group_kind(), None) {
-                if !apply::owned_by(&object, &id) {
-                    continue;
-                }
-                let (health, message) = match kind.kind.as_str() {
-                    "Deployment" => health::deployment(&object),
-                    "Job" => health::job(&object),
-                    "Pod" => health::pod(&object),
-                    "Service" => health::service(&object, &pods),
-                    _ => (Health::Healthy, String::new()),
-                };
-                worst = worst.max(health);
-                if health != Health::Healthy {
-                    unhealthy += 1;
-                    if resources.len() < MAX_LISTED_RESOURCES {
-                        resources.push(ResourceHealth {
-                            kind: kind.kind.clone(),
-                            namespace: object["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
-                            name: object["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                            status: health.as_str().to_owned(),
-                            message,
-                        });
-                    }
-                }
-            }
-        }
-        // Objects of the applied commit that are not in the store are Missing.
-        let synced = app.status.as_ref().and_then(|s| s.sync.as_ref()).is_some_and(|s| s.status == "Synced");
-        if !synced && app.status.as_ref().and_then(|s| s.sync.as_ref()).and_then(|s| s.revision.as_ref()).is_none() {
-            worst = worst.max(Health::Missing);
-        }
-        let message = resources.first().map(|r| match unhealthy {
-            1 => format!("{} {}: {}", r.kind, r.name, r.message),
-            n => format!(
-                "{n} objects not healthy, the first {} listed; {} {}: {}",
-                resources.len(),
-                r.kind,
-                r.name,
-                r.message
-            ),
-        });
-        let wanted = HealthStatus { status: worst.as_str().to_owned(), message, resources };
+        let sync = app.status.as_ref().and_then(|s| s.sync.as_ref());
+        let applied = sync.is_some_and(|s| s.status == "Synced" || s.revision.is_some());
+        let wanted = app_health(&app, applied, cache);
         if app.status.as_ref().and_then(|s| s.health.as_ref()) != Some(&wanted) {
             self.update_status(&app, |s| s.health = Some(wanted.clone())).await;
         }
@@ -796,6 +758,49 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
         return None;
     }
     Some(watcher)
+}
+
+/// The health of what `app` applied, from the cache: the worst of its objects'. `applied`: a
+/// commit of it is in the store (else its objects are Missing).
+fn app_health(app: &Application, applied: bool, cache: &Cache) -> HealthStatus {
+    let id = app_id(app);
+    let pods = cache.list("Pod", None);
+    let pods = health::Pods::new(&pods);
+    let mut worst = if applied { Health::Healthy } else { Health::Missing };
+    let mut resources = Vec::new();
+    let mut unhealthy = 0;
+    for kind in accepted() {
+        for object in cache.list(&kind.group_kind(), None) {
+            if !apply::owned_by(&object, &id) {
+                continue;
+            }
+            let (health, message) = health::of(&kind.kind, &object, &pods);
+            worst = worst.max(health);
+            if health != Health::Healthy {
+                unhealthy += 1;
+                if resources.len() < MAX_LISTED_RESOURCES {
+                    resources.push(ResourceHealth {
+                        kind: kind.kind.clone(),
+                        namespace: object["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
+                        name: object["metadata"]["name"].as_str().unwrap_or("").to_owned(),
+                        status: health.as_str().to_owned(),
+                        message,
+                    });
+                }
+            }
+        }
+    }
+    let message = resources.first().map(|r| match unhealthy {
+        1 => format!("{} {}: {}", r.kind, r.name, r.message),
+        n => format!(
+            "{n} objects not healthy, the first {} listed; {} {}: {}",
+            resources.len(),
+            r.kind,
+            r.name,
+            r.message
+        ),
+    });
+    HealthStatus { status: worst.as_str().to_owned(), message, resources }
 }
 
 #[cfg(test)]
@@ -1005,6 +1010,26 @@ mod tests {
     }
 
     const DEPLOYMENT: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 1\n  selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web}\n    spec:\n      containers:\n        - {name: web, image: gitplane.local/httpd:1}\n";
+
+    #[tokio::test]
+    async fn a_sync_reports_its_own_commits_health_not_the_last_ones() {
+        let (store, controller, repo) = setup().await;
+        repo.commit(&[("cm.yaml", CM)]);
+        assert_eq!(sync(&store, &controller, "a").await.status, "Synced");
+        // As the health loop found it: a ConfigMap is healthy once it exists.
+        let api = Api::<Application>::new(store.clone());
+        let mut a = api.get("gitplane-system", "a").await.unwrap().unwrap();
+        a.status.as_mut().unwrap().health = Some(HealthStatus { status: "Healthy".into(), ..Default::default() });
+        api.update_status(&a).await.unwrap();
+
+        // A Deployment nothing runs yet: the status that says Synced must not say Healthy.
+        let commit = repo.commit(&[("cm.yaml", CM), ("deploy.yaml", DEPLOYMENT)]);
+        let synced = sync(&store, &controller, "a").await;
+        assert_eq!((synced.status.as_str(), synced.revision.as_deref()), ("Synced", Some(commit.as_str())));
+        let health = api.get("gitplane-system", "a").await.unwrap().unwrap().status.unwrap().health.unwrap();
+        assert_eq!(health.status, "Progressing", "{health:?}");
+        assert_eq!(health.message.as_deref(), Some("Deployment web: waiting for the rollout to start"));
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn depends_on_waits_for_synced_and_healthy() {

@@ -1,0 +1,253 @@
+//! What gitplane's node agent can run of a Pod (a bare Pod, or the template of a Deployment,
+//! ReplicaSet or Job): a field it would ignore, or fail on when the Pod starts, is rejected at
+//! commit time instead, so that what is Synced can run.
+//!
+//! [`UNSUPPORTED`] is the one list of such fields. When the agent learns one, its row goes.
+
+use super::Problem;
+use crate::locate::escape;
+use gitplane_api::quantity::parse_milli;
+use serde_json::Value;
+
+/// Where a kind keeps its Pod spec, if it has one.
+pub(super) fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
+    match kind {
+        "Pod" => Some("/spec"),
+        "Deployment" | "ReplicaSet" | "Job" => Some("/spec/template/spec"),
+        _ => None,
+    }
+}
+
+/// What a field may hold for the agent to run the Pod as written.
+enum Allowed {
+    /// Nothing: absent, null or empty.
+    Nothing,
+    /// One of these JSON values (as written in JSON, e.g. `false`, `"linux"`).
+    Values(&'static [&'static str]),
+    /// An object with only these keys; the row's `what` names the others (`{key}`).
+    Keys(&'static [&'static str]),
+    /// A downward API field path the agent resolves for environment variables.
+    EnvFieldPath,
+}
+
+use Allowed::{EnvFieldPath, Keys, Nothing, Values};
+
+/// A field of a Pod spec the node agent does not carry out yet. `path` is relative to the Pod
+/// spec, `/`-separated, `*` standing for every item of a list; `what` names it in the message.
+struct Unsupported {
+    path: &'static str,
+    allowed: Allowed,
+    what: &'static str,
+}
+
+const fn row(path: &'static str, allowed: Allowed, what: &'static str) -> Unsupported {
+    Unsupported { path, allowed, what }
+}
+
+/// Every Pod field gitplane's node agent does not support yet (scheduling fields are the
+/// scheduler's and not listed). Fields not listed are carried out as Kubernetes does.
+const UNSUPPORTED: &[Unsupported] = &[
+    row("initContainers", Nothing, "initContainers"),
+    row("ephemeralContainers", Nothing, "ephemeralContainers"),
+    row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
+    row("automountServiceAccountToken", Values(&["false"]), "automountServiceAccountToken (no token is mounted)"),
+    row("enableServiceLinks", Values(&["false"]), "enableServiceLinks (no Service variables are set)"),
+    row("hostAliases", Nothing, "hostAliases"),
+    row("hostUsers", Values(&["true"]), "hostUsers (user namespaces)"),
+    row("imagePullSecrets", Nothing, "imagePullSecrets"),
+    row("os/name", Values(&["\"linux\""]), "os.name"),
+    row("overhead", Nothing, "overhead"),
+    row("readinessGates", Nothing, "readinessGates"),
+    row("resourceClaims", Nothing, "resourceClaims"),
+    row("resources", Nothing, "Pod-level resources"),
+    row("runtimeClassName", Nothing, "runtimeClassName"),
+    row("setHostnameAsFQDN", Values(&["false"]), "setHostnameAsFQDN"),
+    row("subdomain", Nothing, "subdomain"),
+    row("securityContext/fsGroup", Nothing, "securityContext.fsGroup"),
+    row("securityContext/fsGroupChangePolicy", Nothing, "securityContext.fsGroupChangePolicy"),
+    row("securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
+    row("securityContext/seLinuxChangePolicy", Nothing, "securityContext.seLinuxChangePolicy"),
+    row("securityContext/seccompProfile/type", Values(&["\"Unconfined\""]), "securityContext.seccompProfile.type"),
+    row("securityContext/appArmorProfile/type", Values(&["\"Unconfined\""]), "securityContext.appArmorProfile.type"),
+    row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
+    row("volumes/*", Keys(&["name", "emptyDir", "hostPath"]), "a {key} volume"),
+    row("volumes/*/emptyDir/medium", Values(&["\"\""]), "emptyDir.medium"),
+    row("volumes/*/emptyDir/sizeLimit", Nothing, "emptyDir.sizeLimit"),
+    row("volumes/*/hostPath/type", Values(&["\"\""]), "hostPath.type"),
+    row("containers/*/envFrom", Nothing, "envFrom"),
+    row("containers/*/env/*/valueFrom", Keys(&["fieldRef"]), "env valueFrom.{key}"),
+    row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),
+    row("containers/*/lifecycle", Nothing, "lifecycle (postStart, preStop)"),
+    row("containers/*/livenessProbe", Nothing, "livenessProbe"),
+    row("containers/*/readinessProbe", Nothing, "readinessProbe"),
+    row("containers/*/startupProbe", Nothing, "startupProbe"),
+    row("containers/*/resizePolicy", Nothing, "resizePolicy"),
+    row("containers/*/restartPolicy", Nothing, "a container's restartPolicy"),
+    row("containers/*/resources/claims", Nothing, "resources.claims"),
+    row("containers/*/resources/limits", Keys(&["cpu", "memory"]), "resource {key}"),
+    row("containers/*/resources/requests", Keys(&["cpu", "memory"]), "resource {key}"),
+    row("containers/*/securityContext/procMount", Values(&["\"Default\""]), "securityContext.procMount"),
+    row("containers/*/securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
+    row(
+        "containers/*/securityContext/seccompProfile/type",
+        Values(&["\"Unconfined\""]),
+        "securityContext.seccompProfile.type",
+    ),
+    row(
+        "containers/*/securityContext/appArmorProfile/type",
+        Values(&["\"Unconfined\""]),
+        "securityContext.appArmorProfile.type",
+    ),
+    row("containers/*/terminationMessagePath", Values(&["\"/dev/termination-log\""]), "terminationMessagePath"),
+    row("containers/*/terminationMessagePolicy", Values(&["\"File\""]), "terminationMessagePolicy"),
+    row("containers/*/volumeDevices", Nothing, "volumeDevices"),
+    row("containers/*/volumeMounts/*/subPathExpr", Nothing, "subPathExpr"),
+    row("containers/*/volumeMounts/*/recursiveReadOnly", Values(&["\"Disabled\""]), "recursiveReadOnly"),
+];
+
+/// The downward API fields the agent resolves for environment variables (all that Kubernetes
+/// allows there, besides `metadata.labels['…']` and `metadata.annotations['…']`).
+const ENV_FIELD_PATHS: [&str; 9] = [
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+];
+
+fn env_field_path_supported(path: &str) -> bool {
+    let keyed = |prefix: &str| path.strip_prefix(prefix).is_some_and(|rest| rest.ends_with("']") && rest.len() > 2);
+    ENV_FIELD_PATHS.contains(&path) || keyed("metadata.labels['") || keyed("metadata.annotations['")
+}
+
+const NOT_YET: &str = "is not supported by gitplane's node agent yet";
+
+/// Everything in the Pod spec at `at` (a JSON pointer) that the node agent cannot run as written.
+pub(super) fn problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for row in UNSUPPORTED {
+        let segments: Vec<&str> = row.path.split('/').collect();
+        for (pointer, value) in matches(spec, at.to_owned(), &segments) {
+            problems.extend(check(row, pointer, value));
+        }
+    }
+    problems.extend(mount_problems(spec, at));
+    problems.extend(quantity_problems(spec, at));
+    problems
+}
+
+/// The values at a row's path, each with its pointer.
+fn matches<'a>(value: &'a Value, pointer: String, segments: &[&str]) -> Vec<(String, &'a Value)> {
+    let Some((first, rest)) = segments.split_first() else {
+        return vec![(pointer, value)];
+    };
+    match (*first, value) {
+        ("*", Value::Array(items)) => {
+            items.iter().enumerate().flat_map(|(i, item)| matches(item, format!("{pointer}/{i}"), rest)).collect()
+        }
+        (field, Value::Object(map)) => match map.get(field) {
+            Some(child) => matches(child, format!("{pointer}/{}", escape(field)), rest),
+            None => Vec::new(),
+        },
+        _ => Vec::new(),
+    }
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Array(items) => items.is_empty(),
+        Value::Object(map) => map.is_empty(),
+        _ => false,
+    }
+}
+
+fn check(row: &Unsupported, pointer: String, value: &Value) -> Vec<Problem> {
+    let what = row.what;
+    match &row.allowed {
+        Nothing if is_empty(value) => Vec::new(),
+        Nothing => vec![Problem::at(pointer, format!("{what} {NOT_YET}: remove it"))],
+        Values(allowed) if value.is_null() || allowed.contains(&value.to_string().as_str()) => Vec::new(),
+        Values(allowed) => vec![Problem::at(
+            pointer,
+            format!("{what} {value} {NOT_YET}: remove it, or set it to {}", allowed.join(" or ")),
+        )],
+        Keys(allowed) => value
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(key, v)| !allowed.contains(&key.as_str()) && !v.is_null())
+            .map(|(key, _)| {
+                let others: Vec<_> = allowed.iter().filter(|k| **k != "name").copied().collect();
+                Problem::at(
+                    format!("{pointer}/{}", escape(key)),
+                    format!("{} {NOT_YET} (it supports {})", what.replace("{key}", key), others.join(", ")),
+                )
+            })
+            .collect(),
+        EnvFieldPath => match value.as_str() {
+            Some(path) if env_field_path_supported(path) => Vec::new(),
+            _ => vec![Problem::at(
+                pointer,
+                format!(
+                    "{what} {value} {NOT_YET}: use one of {}, metadata.labels['<key>'], metadata.annotations['<key>']",
+                    ENV_FIELD_PATHS.join(", ")
+                ),
+            )],
+        },
+    }
+}
+
+/// What the API server refuses of volume mounts, and the agent would fail on: a mount of no
+/// volume of the Pod, a subPath that leaves the volume.
+fn mount_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let volumes: Vec<&str> =
+        spec["volumes"].as_array().into_iter().flatten().filter_map(|v| v["name"].as_str()).collect();
+    let mut problems = Vec::new();
+    for (pointer, mount) in matches(spec, at.to_owned(), &["containers", "*", "volumeMounts", "*"]) {
+        if let Some(name) = mount["name"].as_str()
+            && !volumes.contains(&name)
+        {
+            problems.push(Problem::at(
+                format!("{pointer}/name"),
+                format!("{name:?} names no volume of the Pod: add it to spec.volumes, or fix the name"),
+            ));
+        }
+        if let Some(sub) = mount["subPath"].as_str()
+            && (sub.starts_with('/') || sub.split('/').any(|part| part == ".."))
+        {
+            problems.push(Problem::at(
+                format!("{pointer}/subPath"),
+                format!("{sub:?} must be a relative path inside the volume, without '..'"),
+            ));
+        }
+    }
+    problems
+}
+
+/// Container resources the agent cannot read as quantities.
+fn quantity_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for list in ["limits", "requests"] {
+        for (pointer, resources) in matches(spec, at.to_owned(), &["containers", "*", "resources", list]) {
+            for (name, quantity) in resources.as_object().into_iter().flatten() {
+                let text = match quantity {
+                    Value::String(s) => s.clone(),
+                    Value::Number(n) => n.to_string(),
+                    _ => continue, // the schema's error
+                };
+                if parse_milli(&text).is_none() {
+                    problems.push(Problem::at(
+                        format!("{pointer}/{}", escape(name)),
+                        format!("{quantity} is not a quantity: write e.g. 250m or 0.5 (cpu), 64Mi or 1G (memory)"),
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
