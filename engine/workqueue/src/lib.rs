@@ -44,6 +44,13 @@ pub struct Backoff {
     pub max: Duration,
 }
 
+/// client-go's per-item default: 5 ms, doubling, at most 1000 s.
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { initial: Duration::from_millis(5), max: Duration::from_secs(1000) }
+    }
+}
+
 impl Backoff {
     /// The delay after `failures` consecutive failures (at least one).
     pub fn delay(&self, failures: u32) -> Duration {
