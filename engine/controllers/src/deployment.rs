@@ -7,10 +7,11 @@
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
     owner::{controller_ref, controllers_of, is_controlled_by},
+    plan::Op,
     runtime::all_of,
 };
-use gitplane_api::object::{kind_of, revision_of, to_value};
-use gitplane_store::{Event, ObjectKey, Op, informer::Cache};
+use gitplane_api::object::kind_of;
+use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
@@ -24,6 +25,7 @@ fn replicas(rs: &ReplicaSet) -> i32 {
     rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)
 }
 
+/// (replicas, ready, available) as the ReplicaSet's status reports them.
 fn status_of(rs: &ReplicaSet) -> (i32, i32, i32) {
     let s = rs.status.as_ref();
     (
@@ -33,12 +35,80 @@ fn status_of(rs: &ReplicaSet) -> (i32, i32, i32) {
     )
 }
 
-fn scaled(rs: &ReplicaSet, to: i32) -> Op {
+fn scaled(rs: &ReplicaSet, to: i32) -> Op<ReplicaSet> {
     let mut rs = rs.clone();
     if let Some(spec) = rs.spec.as_mut() {
         spec.replicas = Some(to);
     }
-    Op::Update(to_value(&rs))
+    Op::Update(rs)
+}
+
+fn desired(d: &Deployment) -> i32 {
+    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0)
+}
+
+fn is_current(rs: &ReplicaSet, hash: &str) -> bool {
+    rs.metadata.labels.as_ref().and_then(|l| l.get(POD_TEMPLATE_HASH)).is_some_and(|h| h == hash)
+}
+
+/// The writes that move a Deployment's ReplicaSets (`owned`: the ones it controls) toward its
+/// spec: the ReplicaSet of the current template at `replicas`, the old ones at zero once it is
+/// available (full surge) or first (Recreate), and `revisionHistoryLimit` old ones kept.
+pub fn plan(d: &Deployment, owned: &[ReplicaSet]) -> Result<Vec<Op<ReplicaSet>>, ReconcileError> {
+    let spec = d.spec.as_ref().ok_or_else(|| ReconcileError::Invalid("Deployment has no spec".into()))?;
+    let desired = desired(d);
+    let recreate = spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate");
+    let hash = template_hash(d);
+    let (new, old): (Vec<&ReplicaSet>, Vec<&ReplicaSet>) = owned.iter().partition(|rs| is_current(rs, &hash));
+    let new = new.first().copied();
+    let old_pods: i32 = old.iter().map(|rs| status_of(rs).0).sum();
+    let new_available = new.map_or(0, |rs| status_of(rs).2);
+    let mut ops = Vec::new();
+    // The new ReplicaSet: with Recreate only once the old Pods are gone.
+    let may_scale_new = !recreate || old_pods == 0;
+    match new {
+        None if may_scale_new => ops.push(Op::Create(new_replica_set(d, &hash, desired)?)),
+        Some(rs) if may_scale_new && replicas(rs) != desired => ops.push(scaled(rs, desired)),
+        _ => {}
+    }
+    // Old ReplicaSets: down once the new one is fully available (or at once with Recreate).
+    let retire_old = recreate || (new.is_some() && new_available >= desired);
+    for rs in old.iter().filter(|rs| retire_old && replicas(rs) > 0) {
+        ops.push(scaled(rs, 0));
+    }
+    // Keep revisionHistoryLimit scaled-down ReplicaSets, oldest deleted first.
+    let limit = spec.revision_history_limit.unwrap_or(DEFAULT_HISTORY_LIMIT).max(0) as usize;
+    let mut history: Vec<&ReplicaSet> =
+        old.into_iter().filter(|rs| replicas(rs) == 0 && status_of(rs).0 == 0).collect();
+    history.sort_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let surplus = history.len().saturating_sub(limit);
+    ops.extend(history.into_iter().take(surplus).map(|rs| Op::Delete(rs.clone())));
+    Ok(ops)
+}
+
+/// The Deployment's status from the ReplicaSets it controls.
+pub fn status(d: &Deployment, owned: &[ReplicaSet]) -> DeploymentStatus {
+    let desired = desired(d);
+    let hash = template_hash(d);
+    let total = |f: fn(&ReplicaSet) -> i32| owned.iter().map(f).sum::<i32>();
+    let updated = owned.iter().filter(|rs| is_current(rs, &hash)).map(|rs| status_of(rs).0).sum();
+    let ready = total(|rs| status_of(rs).1);
+    let available = total(|rs| status_of(rs).2);
+    let replicas_now = total(|rs| status_of(rs).0);
+    let complete = updated == desired && replicas_now == desired && available >= desired;
+    DeploymentStatus {
+        observed_generation: d.metadata.generation,
+        replicas: Some(replicas_now),
+        updated_replicas: Some(updated),
+        ready_replicas: Some(ready),
+        available_replicas: Some(available),
+        unavailable_replicas: Some((desired - available).max(0)),
+        conditions: Some(vec![
+            condition("Available", available >= desired, "MinimumReplicasAvailable", "MinimumReplicasUnavailable"),
+            condition("Progressing", true, if complete { "NewReplicaSetAvailable" } else { "ReplicaSetUpdated" }, ""),
+        ]),
+        ..Default::default()
+    }
 }
 
 /// The ReplicaSet for the Deployment's current template.
@@ -96,81 +166,20 @@ impl Reconciler for DeploymentController {
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
         let Some(d) = ctx.cache().get_typed::<Deployment>(&key.namespace, &key.name) else {
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         };
         let uid = d.metadata.uid.clone().unwrap_or_default();
-        let spec = d.spec.clone().unwrap_or_default();
-        let desired = spec.replicas.unwrap_or(1).max(0);
-        let recreate = spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate");
-        let hash = template_hash(&d);
         let owned = |cache: &Cache| -> Vec<ReplicaSet> {
             cache.list_typed_where::<ReplicaSet>(Some(&key.namespace), |rs| is_controlled_by(rs, &uid))
         };
-        let is_new =
-            |rs: &ReplicaSet| rs.metadata.labels.as_ref().and_then(|l| l.get(POD_TEMPLATE_HASH)) == Some(&hash);
-
-        let all = owned(ctx.cache());
-        let (new, old): (Vec<ReplicaSet>, Vec<ReplicaSet>) = all.into_iter().partition(is_new);
-        let new = new.into_iter().next();
-        let old_pods: i32 = old.iter().map(|rs| status_of(rs).0).sum();
-        let new_available = new.as_ref().map_or(0, |rs| status_of(rs).2);
-        let mut ops = Vec::new();
-        // The new ReplicaSet: with Recreate only once the old Pods are gone.
-        let may_scale_new = !recreate || old_pods == 0;
-        match &new {
-            None if may_scale_new => ops.push(Op::Create(to_value(&new_replica_set(&d, &hash, desired)?))),
-            Some(rs) if may_scale_new && replicas(rs) != desired => ops.push(scaled(rs, desired)),
-            _ => {}
-        }
-        // Old ReplicaSets: down once the new one is fully available (or at once with Recreate).
-        let retire_old = recreate || (new.is_some() && new_available >= desired);
-        for rs in old.iter().filter(|rs| retire_old && replicas(rs) > 0) {
-            ops.push(scaled(rs, 0));
-        }
-        // Keep revisionHistoryLimit scaled-down ReplicaSets, oldest deleted first.
-        let limit = spec.revision_history_limit.unwrap_or(DEFAULT_HISTORY_LIMIT).max(0) as usize;
-        let mut history: Vec<&ReplicaSet> = old.iter().filter(|rs| replicas(rs) == 0 && status_of(rs).0 == 0).collect();
-        history.sort_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0));
-        let surplus = history.len().saturating_sub(limit);
-        for rs in history.into_iter().take(surplus) {
-            ops.push(Op::Delete {
-                key: ObjectKey::of::<ReplicaSet>(&key.namespace, rs.metadata.name.as_deref().unwrap_or("")),
-                revision: revision_of(rs),
-            });
-        }
-        ctx.commit(ops).await?;
-
-        let all = owned(ctx.cache());
-        let total = |f: fn(&ReplicaSet) -> i32| all.iter().map(f).sum::<i32>();
-        let updated = all.iter().filter(|rs| is_new(rs)).map(|rs| status_of(rs).0).sum();
-        let ready = total(|rs| status_of(rs).1);
-        let available = total(|rs| status_of(rs).2);
-        let replicas_now = total(|rs| status_of(rs).0);
-        let complete = updated == desired && replicas_now == desired && available >= desired;
-        let status = DeploymentStatus {
-            observed_generation: d.metadata.generation,
-            replicas: Some(replicas_now),
-            updated_replicas: Some(updated),
-            ready_replicas: Some(ready),
-            available_replicas: Some(available),
-            unavailable_replicas: Some((desired - available).max(0)),
-            conditions: Some(vec![
-                condition("Available", available >= desired, "MinimumReplicasAvailable", "MinimumReplicasUnavailable"),
-                condition(
-                    "Progressing",
-                    true,
-                    if complete { "NewReplicaSetAvailable" } else { "ReplicaSetUpdated" },
-                    "",
-                ),
-            ]),
-            ..Default::default()
-        };
+        ctx.apply(plan(&d, &owned(ctx.cache()))?).await?;
+        let status = status(&d, &owned(ctx.cache()));
         if d.status.as_ref() != Some(&status) {
             let mut updated = d.clone();
             updated.status = Some(status);
-            ctx.commit(vec![Op::UpdateStatus(to_value(&updated))]).await?;
+            ctx.update_status(&updated).await?;
         }
-        Ok(Action::AwaitChange)
+        Ok(Action::await_change())
     }
 }
 
@@ -186,6 +195,8 @@ fn condition(type_: &str, ok: bool, true_reason: &str, false_reason: &str) -> De
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::apps::v1::ReplicaSetStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use serde_json::json;
 
     fn deployment(image: &str) -> Deployment {
@@ -216,5 +227,120 @@ mod tests {
         let labels = spec.template.unwrap().metadata.unwrap().labels.unwrap();
         assert_eq!(labels.get("app").map(String::as_str), Some("web"));
         assert_eq!(rs.metadata.owner_references.unwrap()[0].uid, "d-1");
+    }
+
+    /// A Deployment of `replicas` with the given strategy and history limit.
+    fn spec(replicas: Option<i32>, strategy: Option<&str>, history: Option<i32>) -> Deployment {
+        let mut d = deployment("a:1");
+        let spec = d.spec.as_mut().unwrap();
+        spec.replicas = replicas;
+        spec.revision_history_limit = history;
+        spec.strategy = strategy
+            .map(|t| k8s_openapi::api::apps::v1::DeploymentStrategy { type_: Some(t.into()), ..Default::default() });
+        d
+    }
+
+    /// A ReplicaSet of the current template (`new`) or an old one (any other name) that wants
+    /// `replicas`, has `pods` of which `available` are available, created at second `created`.
+    fn rs(d: &Deployment, name: &str, replicas: i32, pods: i32, available: i32, created: i64) -> ReplicaSet {
+        let hash = if name == "new" { template_hash(d) } else { format!("{name}-hash") };
+        let mut rs = new_replica_set(d, &hash, replicas).unwrap();
+        rs.metadata.name = Some(name.into());
+        rs.metadata.resource_version = Some("7".into());
+        rs.metadata.creation_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(created).unwrap()));
+        rs.status = Some(ReplicaSetStatus {
+            replicas: pods,
+            ready_replicas: Some(available),
+            available_replicas: Some(available),
+            ..Default::default()
+        });
+        rs
+    }
+
+    /// The plan in words: `create 3` (the new ReplicaSet), `scale old 0`, `delete old`.
+    fn describe(ops: &[Op<ReplicaSet>]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Create(rs) => format!("create {}", replicas(rs)),
+                Op::Update(rs) => format!("scale {} {}", rs.metadata.name.as_deref().unwrap(), replicas(rs)),
+                Op::Delete(rs) => format!("delete {}", rs.metadata.name.as_deref().unwrap()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn plan_table() {
+        type Owned = fn(&Deployment) -> Vec<ReplicaSet>;
+        let none: Owned = |_| vec![];
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Deployment, Owned, &[&str])> = vec![
+            ("first rollout", spec(Some(3), None, None), none, &["create 3"]),
+            ("replicas default to 1", spec(None, None, None), none, &["create 1"]),
+            ("zero replicas still make the ReplicaSet", spec(Some(0), None, None), none, &["create 0"]),
+            ("scale up", spec(Some(3), None, None), |d| vec![rs(d, "new", 2, 2, 2, 1)], &["scale new 3"]),
+            ("scale down", spec(Some(3), None, None), |d| vec![rs(d, "new", 5, 5, 5, 1)], &["scale new 3"]),
+            ("steady", spec(Some(3), None, None), |d| vec![rs(d, "new", 3, 3, 3, 1)], &[]),
+            ("full surge: the new one comes up beside the old",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1)], &["create 3"]),
+            ("full surge: the old one stays while the new one is not available",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1), rs(d, "new", 3, 3, 2, 2)], &[]),
+            ("full surge: the old one goes once the new one is available",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1), rs(d, "new", 3, 3, 3, 2)], &["scale old 0"]),
+            ("Recreate: the old ones go first",
+             spec(Some(3), Some("Recreate"), None), |d| vec![rs(d, "old", 3, 3, 3, 1)], &["scale old 0"]),
+            ("Recreate: the new one waits for the old Pods to be gone",
+             spec(Some(3), Some("Recreate"), None), |d| vec![rs(d, "old", 0, 2, 2, 1)], &[]),
+            ("Recreate: then the new one comes up",
+             spec(Some(3), Some("Recreate"), None), |d| vec![rs(d, "old", 0, 0, 0, 1)], &["create 3"]),
+            ("Recreate: a scale-up of the new one also waits",
+             spec(Some(3), Some("Recreate"), None), |d| vec![rs(d, "old", 0, 1, 0, 1), rs(d, "new", 1, 1, 1, 2)], &[]),
+            ("revisionHistoryLimit: the oldest scaled-down ones go",
+             spec(Some(1), None, Some(1)),
+             |d| vec![rs(d, "old2", 0, 0, 0, 2), rs(d, "old1", 0, 0, 0, 1), rs(d, "old3", 0, 0, 0, 3), rs(d, "new", 1, 1, 1, 4)],
+             &["delete old1", "delete old2"]),
+            ("revisionHistoryLimit: an old one with Pods left is not history yet",
+             spec(Some(1), None, Some(0)),
+             |d| vec![rs(d, "old1", 0, 1, 1, 1), rs(d, "old2", 0, 0, 0, 2), rs(d, "new", 1, 1, 1, 3)],
+             &["delete old2"]),
+            ("revisionHistoryLimit defaults to 10",
+             spec(Some(1), None, None),
+             |d| (0..11).map(|i| rs(d, &format!("old{i:02}"), 0, 0, 0, i)).chain([rs(d, "new", 1, 1, 1, 20)]).collect(),
+             &["delete old00"]),
+        ];
+        for (name, d, owned, expected) in cases {
+            let ops = plan(&d, &owned(&d)).unwrap();
+            assert_eq!(describe(&ops), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn plan_writes_compare_and_swap_on_what_was_read() {
+        let d = spec(Some(3), None, Some(0));
+        let owned = [rs(&d, "old", 3, 3, 3, 1), rs(&d, "new", 3, 3, 3, 2)];
+        let ops = plan(&d, &owned).unwrap();
+        let gitplane_store::Op::Update(scaled) = ops[0].clone().into_store_op() else { panic!("{ops:?}") };
+        assert_eq!(scaled["metadata"]["resourceVersion"], "7");
+        let new = plan(&d, &[]).unwrap().remove(0);
+        let Op::Create(new) = new else { panic!("{new:?}") };
+        assert_eq!(new.metadata.name, Some(format!("web-{}", template_hash(&d))));
+        assert!(plan(&Deployment::default(), &[]).is_err(), "no spec");
+    }
+
+    #[test]
+    fn status_counts_the_replica_sets() {
+        let d = spec(Some(3), None, None);
+        let rollout = status(&d, &[rs(&d, "old", 3, 3, 3, 1), rs(&d, "new", 3, 3, 1, 2)]);
+        assert_eq!(
+            (rollout.replicas, rollout.updated_replicas, rollout.available_replicas, rollout.unavailable_replicas),
+            (Some(6), Some(3), Some(4), Some(0))
+        );
+        assert_eq!(rollout.conditions.as_ref().unwrap()[1].reason.as_deref(), Some("ReplicaSetUpdated"));
+        let done = status(&d, &[rs(&d, "new", 3, 3, 3, 2)]);
+        let conditions = done.conditions.unwrap();
+        assert_eq!((conditions[0].type_.as_str(), conditions[0].status.as_str()), ("Available", "True"));
+        assert_eq!(conditions[1].reason.as_deref(), Some("NewReplicaSetAvailable"));
+        let short = status(&d, &[rs(&d, "new", 3, 3, 1, 2)]);
+        assert_eq!(short.unavailable_replicas, Some(2));
+        assert_eq!(short.conditions.unwrap()[0].reason.as_deref(), Some("MinimumReplicasUnavailable"));
     }
 }

@@ -47,10 +47,10 @@ impl Reconciler for GarbageCollector {
     }
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
-        let Some(object) = ctx.cache().get(key) else { return Ok(Action::AwaitChange) };
+        let Some(object) = ctx.cache().get(key) else { return Ok(Action::await_change()) };
         let refs: Vec<&Value> = owner_refs(&object).collect();
         if refs.is_empty() {
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         }
         for r in &refs {
             let kind = group_kind(r["apiVersion"].as_str().unwrap_or(""), r["kind"].as_str().unwrap_or(""));
@@ -59,14 +59,14 @@ impl Reconciler for GarbageCollector {
             // as the upstream collector verifies absence with a live lookup.
             let owner = ctx.store.get(&owner_key).await?;
             if owner.is_some_and(|o| o["metadata"]["uid"] == r["uid"]) {
-                return Ok(Action::AwaitChange);
+                return Ok(Action::await_change());
             }
         }
         tracing::info!("owners are gone, deleting");
         let delete = Op::Delete { key: key.clone(), revision: resource_version(&object) };
         match ctx.commit(vec![delete]).await {
-            Err(e) if e.is_not_found() => Ok(Action::AwaitChange),
-            other => other.map(|_| Action::AwaitChange).map_err(Into::into),
+            Err(e) if e.is_not_found() => Ok(Action::await_change()),
+            other => other.map(|_| Action::await_change()).map_err(Into::into),
         }
     }
 }

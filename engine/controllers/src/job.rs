@@ -5,11 +5,12 @@
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
     owner::{controller_ref, controllers_of, is_controlled_by},
+    plan::Op,
     replicaset::{is_active, phase},
     runtime::all_of,
 };
-use gitplane_api::object::{kind_of, revision_of, to_value};
-use gitplane_store::{Event, ObjectKey, Op, informer::Cache};
+use gitplane_api::object::kind_of;
+use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::{
     api::{
         batch::v1::{Job, JobCondition, JobStatus},
@@ -32,7 +33,7 @@ pub struct Counts {
 }
 
 impl Counts {
-    fn of(pods: &[Pod]) -> Counts {
+    pub fn of(pods: &[Pod]) -> Counts {
         let mut counts = Counts::default();
         for pod in pods {
             match phase(pod) {
@@ -109,6 +110,49 @@ fn condition(type_: &str, reason: Option<&str>, message: Option<String>, now: &T
     }
 }
 
+/// Where a Job stands (from its Pods: `owned`, the ones it controls) and the writes that take it
+/// there: Pods created up to `parallelism`, surplus ones deleted, every active one deleted once
+/// the Job is finished (as upstream stops what still runs).
+pub fn plan(job: &Job, owned: &[Pod]) -> Result<(Step, Vec<Op<Pod>>), ReconcileError> {
+    let spec = job.spec.as_ref().ok_or_else(|| ReconcileError::Invalid("Job has no spec".into()))?;
+    let step = next_step(spec.completions, spec.parallelism, spec.backoff_limit, Counts::of(owned));
+    let delete = |count: usize| -> Vec<Op<Pod>> {
+        owned.iter().filter(|p| is_active(p)).take(count).map(|p| Op::Delete(p.clone())).collect()
+    };
+    let ops = match &step {
+        Step::Run(n) if *n > 0 => (0..*n).map(|_| new_pod(job).map(Op::Create)).collect::<Result<_, _>>()?,
+        Step::Run(n) => delete(n.unsigned_abs() as usize),
+        Step::Complete | Step::Failed(..) => delete(usize::MAX),
+    };
+    Ok((step, ops))
+}
+
+/// The Job's status after `step`, with its Pods' `counts`; `now` stamps a finish.
+pub fn status(job: &Job, step: &Step, counts: Counts, now: &Time) -> JobStatus {
+    let old = job.status.clone().unwrap_or_default();
+    let mut status = JobStatus {
+        active: Some(counts.active),
+        succeeded: Some(counts.succeeded),
+        failed: Some(counts.failed),
+        start_time: old.start_time.or_else(|| Some(now.clone())),
+        conditions: old.conditions,
+        completion_time: old.completion_time,
+        ..Default::default()
+    };
+    match step {
+        Step::Complete => {
+            status.conditions.get_or_insert_with(Vec::new).push(condition("Complete", None, None, now));
+            status.completion_time = Some(now.clone());
+        }
+        Step::Failed(reason, message) => {
+            let failed = condition("Failed", Some(reason), Some(message.clone()), now);
+            status.conditions.get_or_insert_with(Vec::new).push(failed);
+        }
+        Step::Run(_) => {}
+    }
+    status
+}
+
 #[async_trait::async_trait]
 impl Reconciler for JobController {
     fn name(&self) -> &'static str {
@@ -131,77 +175,35 @@ impl Reconciler for JobController {
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
         let Some(job) = ctx.cache().get_typed::<Job>(&key.namespace, &key.name) else {
-            return Ok(Action::AwaitChange); // gone: the garbage collector removes its Pods
+            return Ok(Action::await_change()); // gone: the garbage collector removes its Pods
         };
         if finished(&job) {
-            return Ok(Action::AwaitChange); // a finished Job keeps its Pods and its status
+            return Ok(Action::await_change()); // a finished Job keeps its Pods and its status
         }
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let owned = |cache: &Cache| cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid));
-        let spec = job.spec.clone().unwrap_or_default();
-        let pods = owned(ctx.cache());
-        let step = next_step(spec.completions, spec.parallelism, spec.backoff_limit, Counts::of(&pods));
-        let delete = |count: usize| -> Vec<Op> {
-            pods.iter()
-                .filter(|p| is_active(p))
-                .take(count)
-                .map(|p| Op::Delete {
-                    key: ObjectKey::of::<Pod>(&key.namespace, p.metadata.name.as_deref().unwrap_or("")),
-                    revision: revision_of(p),
-                })
-                .collect()
-        };
-        let ops = match &step {
-            Step::Run(n) if *n > 0 => {
-                (0..*n).map(|_| new_pod(&job).map(|p| Op::Create(to_value(&p)))).collect::<Result<_, _>>()?
-            }
-            Step::Run(n) => delete(n.unsigned_abs() as usize),
-            // Whatever still runs is stopped, as upstream does once a Job is finished.
-            Step::Complete | Step::Failed(..) => delete(usize::MAX),
-        };
-        ctx.commit(ops).await?;
-
+        let (step, ops) = plan(&job, &owned(ctx.cache()))?;
+        ctx.apply(ops).await?;
         let counts = Counts::of(&owned(ctx.cache()));
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let old = job.status.clone().unwrap_or_default();
-        let mut status = JobStatus {
-            active: Some(counts.active),
-            succeeded: Some(counts.succeeded),
-            failed: Some(counts.failed),
-            start_time: old.start_time.clone().or_else(|| Some(now.clone())),
-            conditions: old.conditions.clone(),
-            completion_time: old.completion_time.clone(),
-            ..Default::default()
-        };
-        match step {
-            Step::Complete => {
-                status.conditions.get_or_insert_with(Vec::new).push(condition("Complete", None, None, &now));
-                status.completion_time = Some(now.clone());
-                tracing::info!(succeeded = counts.succeeded, "job complete");
-            }
-            Step::Failed(reason, message) => {
-                tracing::info!(failed = counts.failed, "job failed: {message}");
-                status.conditions.get_or_insert_with(Vec::new).push(condition(
-                    "Failed",
-                    Some(reason),
-                    Some(message),
-                    &now,
-                ));
-            }
+        match &step {
+            Step::Complete => tracing::info!(succeeded = counts.succeeded, "job complete"),
+            Step::Failed(_, message) => tracing::info!(failed = counts.failed, "job failed: {message}"),
             Step::Run(_) => {}
         }
+        let status = status(&job, &step, counts, &Time(k8s_openapi::jiff::Timestamp::now()));
         if job.status.as_ref() != Some(&status) {
             let mut updated = job.clone();
             updated.status = Some(status);
-            ctx.commit(vec![Op::UpdateStatus(to_value(&updated))]).await?;
+            ctx.update_status(&updated).await?;
         }
-        Ok(Action::AwaitChange)
+        Ok(Action::await_change())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn counts(active: i32, succeeded: i32, failed: i32) -> Counts {
         Counts { active, succeeded, failed }
@@ -223,5 +225,107 @@ mod tests {
         assert!(matches!(next_step(None, None, Some(1), counts(0, 0, 2)), Step::Failed("BackoffLimitExceeded", _)));
         assert!(matches!(next_step(None, None, None, counts(0, 0, 7)), Step::Failed(..)), "the default limit is 6");
         assert_eq!(next_step(None, None, None, counts(0, 0, 6)), Step::Run(1));
+    }
+
+    fn job(completions: Option<i32>, parallelism: Option<i32>, backoff_limit: Option<i32>) -> Job {
+        serde_json::from_value(json!({
+            "metadata": {"name": "batch", "namespace": "default", "uid": "job-1"},
+            "spec": {"completions": completions, "parallelism": parallelism, "backoffLimit": backoff_limit,
+                     "template": {"metadata": {"labels": {"app": "batch"}},
+                                  "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}
+        }))
+        .unwrap()
+    }
+
+    /// Pods named after their phase letter and position: `R0` Running, `S1` Succeeded, `F2` Failed.
+    fn pods(phases: &str) -> Vec<Pod> {
+        phases
+            .chars()
+            .enumerate()
+            .map(|(i, p)| {
+                let phase = match p {
+                    'R' => "Running",
+                    'S' => "Succeeded",
+                    'F' => "Failed",
+                    other => panic!("unknown phase {other}"),
+                };
+                serde_json::from_value(json!({
+                    "metadata": {"name": format!("{p}{i}"), "namespace": "default", "resourceVersion": "4"},
+                    "spec": {"containers": [{"name": "c", "image": "i"}]},
+                    "status": {"phase": phase}
+                }))
+                .unwrap()
+            })
+            .collect()
+    }
+
+    fn describe(ops: &[Op<Pod>]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Create(_) => "create".to_owned(),
+                Op::Update(p) => format!("update {}", p.metadata.name.as_deref().unwrap()),
+                Op::Delete(p) => format!("delete {}", p.metadata.name.as_deref().unwrap()),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn plan_table() {
+        let failed = || Step::Failed("BackoffLimitExceeded", "Job has reached the specified backoff limit (1)".into());
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Job, &str, Step, Vec<&str>)> = vec![
+            ("defaults: one Pod", job(None, None, None), "", Step::Run(1), vec!["create"]),
+            ("parallelism caps what runs", job(Some(5), Some(2), None), "", Step::Run(2), vec!["create"; 2]),
+            ("completions cap parallelism", job(Some(2), Some(5), None), "S", Step::Run(1), vec!["create"]),
+            ("running Pods count", job(Some(5), Some(2), None), "RS", Step::Run(1), vec!["create"]),
+            ("no more than the completions left", job(Some(3), Some(3), None), "RRRS", Step::Run(-1), vec!["delete R0"]),
+            ("a failed Pod is replaced", job(Some(2), Some(1), Some(1)), "FS", Step::Run(1), vec!["create"]),
+            ("complete: what still runs is stopped", job(Some(2), Some(3), None), "SSR", Step::Complete, vec!["delete R2"]),
+            ("past backoffLimit: failed, what still runs is stopped", job(Some(3), Some(2), Some(1)), "FFR", failed(), vec!["delete R2"]),
+            ("at backoffLimit: still running", job(Some(3), Some(2), Some(1)), "FR", Step::Run(1), vec!["create"]),
+            ("zero completions are complete at once", job(Some(0), None, None), "", Step::Complete, vec![]),
+        ];
+        for (name, job, phases, step, ops) in cases {
+            let (planned, planned_ops) = plan(&job, &pods(phases)).unwrap();
+            assert_eq!(
+                (planned, describe(&planned_ops)),
+                (step, ops.iter().map(|s| s.to_string()).collect()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn plan_makes_pods_of_the_template_that_name_their_job() {
+        let (_, ops) = plan(&job(None, None, None), &[]).unwrap();
+        let Op::Create(pod) = &ops[0] else { panic!("{ops:?}") };
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert_eq!((labels["app"].as_str(), labels[JOB_NAME_LABEL].as_str()), ("batch", "batch"));
+        assert_eq!(pod.metadata.owner_references.as_ref().unwrap()[0].uid, "job-1");
+        assert!(plan(&Job::default(), &[]).is_err(), "no spec");
+    }
+
+    #[test]
+    fn status_records_counts_and_the_finish() {
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(100).unwrap());
+        let job = job(Some(2), None, None);
+        let running = status(&job, &Step::Run(1), counts(1, 1, 0), &now);
+        assert_eq!((running.active, running.succeeded, running.failed), (Some(1), Some(1), Some(0)));
+        assert_eq!(running.start_time.as_ref(), Some(&now));
+        assert!(running.conditions.is_none() && running.completion_time.is_none());
+
+        let mut started = job.clone();
+        let earlier = Time(k8s_openapi::jiff::Timestamp::from_second(50).unwrap());
+        started.status = Some(JobStatus { start_time: Some(earlier.clone()), ..Default::default() });
+        let complete = status(&started, &Step::Complete, counts(0, 2, 0), &now);
+        assert_eq!(complete.start_time, Some(earlier), "the start time stays");
+        assert_eq!(complete.completion_time.as_ref(), Some(&now));
+        let condition = &complete.conditions.unwrap()[0];
+        assert_eq!((condition.type_.as_str(), condition.status.as_str()), ("Complete", "True"));
+
+        let failed = status(&job, &Step::Failed("BackoffLimitExceeded", "too many".into()), counts(0, 0, 7), &now);
+        let condition = &failed.conditions.unwrap()[0];
+        assert_eq!((condition.type_.as_str(), condition.reason.as_deref()), ("Failed", Some("BackoffLimitExceeded")));
+        assert!(failed.completion_time.is_none());
     }
 }

@@ -1,10 +1,12 @@
 //! The controller manager: level-triggered reconcilers over the informer cache.
 //!
 //! Each controller is a [`Reconciler`] (`reconcile(key, ctx) -> Action`) run by
-//! [`runtime::Controller`]: a deduplicating work queue fed by the informer, a per-key error
-//! backoff, one tracing span per reconcile. Controllers read the cache and write through the
-//! store with compare-and-swap; after a write they wait for the cache to reach their commit, so
-//! the next reconcile never acts on a state older than its own writes.
+//! [`runtime::Controller`]: a `gitplane_workqueue::WorkQueue` fed by the informer (one entry per
+//! key, the earliest requeue wins, per-key error backoff, a [`ReconcileReason`] per request), one
+//! tracing span per reconcile. The workload controllers decide in a pure `plan` (their object and
+//! its dependents in, [`plan::Op`]s out) and the runtime commits the plan: one transaction,
+//! compare-and-swap on every object read. After a write a controller waits for the cache to reach
+//! its commit, so the next reconcile never acts on a state older than its own writes.
 
 pub mod deployment;
 pub mod garbage_collector;
@@ -12,10 +14,11 @@ pub mod job;
 pub mod names;
 pub mod node_lifecycle;
 pub mod owner;
+pub mod plan;
 pub mod replicaset;
 pub mod runtime;
 
-pub use runtime::{Action, Context, Controller, ReconcileError, Reconciler};
+pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
 
 use gitplane_store::{Store, informer::Informer};
 use std::sync::Arc;

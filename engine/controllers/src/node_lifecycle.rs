@@ -44,7 +44,7 @@ impl Reconciler for NodeLifecycleController {
     }
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
-        let Some(node) = ctx.cache().get_typed::<Node>("", &key.name) else { return Ok(Action::AwaitChange) };
+        let Some(node) = ctx.cache().get_typed::<Node>("", &key.name) else { return Ok(Action::await_change()) };
         // A node that has not renewed yet is measured from its registration.
         let renewed = ctx
             .cache()
@@ -57,7 +57,7 @@ impl Reconciler for NodeLifecycleController {
         let expired = renewed.is_none_or(|t| now.duration_since(t) > grace);
         if !expired {
             let left = renewed.map_or(grace, |t| grace - now.duration_since(t));
-            return Ok(Action::RequeueAfter(Duration::try_from(left).unwrap_or_default() + Duration::from_millis(100)));
+            return Ok(Action::requeue(Duration::try_from(left).unwrap_or_default() + Duration::from_millis(100)));
         }
         let ready = node
             .status
@@ -65,7 +65,7 @@ impl Reconciler for NodeLifecycleController {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
         if ready.is_some_and(|c| c.status == "Unknown") {
-            return Ok(Action::AwaitChange);
+            return Ok(Action::await_change());
         }
         tracing::warn!(node = %key.name, "node stopped renewing its lease, marking it NotReady");
         let mut updated = node.clone();
@@ -80,6 +80,6 @@ impl Reconciler for NodeLifecycleController {
             last_heartbeat_time: renewed.map(Time),
         });
         ctx.commit(vec![Op::UpdateStatus(to_value(&updated))]).await?;
-        Ok(Action::AwaitChange)
+        Ok(Action::await_change())
     }
 }

@@ -3,10 +3,11 @@
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
     owner::{controller_ref, controllers_of, is_controlled_by},
+    plan::Op,
     runtime::all_of,
 };
-use gitplane_api::object::{kind_of, to_value};
-use gitplane_store::{Event, ObjectKey, Op, informer::Cache};
+use gitplane_api::object::kind_of;
+use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::{
     apps::v1::{ReplicaSet, ReplicaSetStatus},
     core::v1::Pod,
@@ -66,6 +67,39 @@ fn new_pod(rs: &ReplicaSet) -> Result<Pod, ReconcileError> {
     })
 }
 
+/// The writes that bring a ReplicaSet's Pods (`owned`: the ones it controls) to its replicas:
+/// finished Pods deleted, then at most [`BURST`] Pods created or deleted, surplus Pods in
+/// [`deletion_rank`] order.
+pub fn plan(rs: &ReplicaSet, owned: &[Pod]) -> Result<Vec<Op<Pod>>, ReconcileError> {
+    let desired = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let (mut active, finished): (Vec<&Pod>, Vec<&Pod>) = owned.iter().partition(|p| is_active(p));
+    let mut ops: Vec<Op<Pod>> = finished.into_iter().map(|p| Op::Delete(p.clone())).collect();
+    let diff = replica_diff(desired, active.len());
+    if diff > 0 {
+        for _ in 0..diff.min(BURST as i64) {
+            ops.push(Op::Create(new_pod(rs)?));
+        }
+    } else if diff < 0 {
+        active.sort_by_key(|p| deletion_rank(p));
+        ops.extend(active.into_iter().take((-diff as usize).min(BURST)).map(|p| Op::Delete(p.clone())));
+    }
+    Ok(ops)
+}
+
+/// The ReplicaSet's status from its active Pods.
+pub fn status(rs: &ReplicaSet, owned: &[Pod]) -> ReplicaSetStatus {
+    let active: Vec<&Pod> = owned.iter().filter(|p| is_active(p)).collect();
+    let ready = active.iter().filter(|p| is_ready(p)).count() as i32;
+    ReplicaSetStatus {
+        replicas: active.len() as i32,
+        fully_labeled_replicas: Some(active.len() as i32),
+        ready_replicas: Some(ready),
+        available_replicas: Some(ready),
+        observed_generation: rs.metadata.generation,
+        ..Default::default()
+    }
+}
+
 #[async_trait::async_trait]
 impl Reconciler for ReplicaSetController {
     fn name(&self) -> &'static str {
@@ -88,62 +122,32 @@ impl Reconciler for ReplicaSetController {
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
         let Some(rs) = ctx.cache().get_typed::<ReplicaSet>(&key.namespace, &key.name) else {
-            return Ok(Action::AwaitChange); // gone: the garbage collector removes its Pods
+            return Ok(Action::await_change()); // gone: the garbage collector removes its Pods
         };
         let uid = rs.metadata.uid.clone().unwrap_or_default();
-        let desired = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let owned = |cache: &Cache| -> Vec<Pod> {
             cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid))
         };
-        let pods = owned(ctx.cache());
-        let (mut active, finished): (Vec<Pod>, Vec<Pod>) = pods.into_iter().partition(is_active);
-        let mut ops: Vec<Op> = finished
-            .iter()
-            .map(|p| Op::Delete {
-                key: ObjectKey::of::<Pod>(&key.namespace, p.metadata.name.as_deref().unwrap_or("")),
-                revision: gitplane_api::object::revision_of(p),
-            })
-            .collect();
-        let diff = replica_diff(desired, active.len());
-        if diff > 0 {
-            for _ in 0..diff.min(BURST as i64) {
-                ops.push(Op::Create(to_value(&new_pod(&rs)?)));
-            }
-            tracing::info!(creating = diff, desired, "scaling up");
-        } else if diff < 0 {
-            active.sort_by_key(deletion_rank);
-            for pod in active.iter().take((-diff as usize).min(BURST)) {
-                ops.push(Op::Delete {
-                    key: ObjectKey::of::<Pod>(&key.namespace, pod.metadata.name.as_deref().unwrap_or("")),
-                    revision: gitplane_api::object::revision_of(pod),
-                });
-            }
-            tracing::info!(deleting = -diff, desired, "scaling down");
+        let ops = plan(&rs, &owned(ctx.cache()))?;
+        let creating = ops.iter().filter(|op| matches!(op, Op::Create(_))).count();
+        if !ops.is_empty() {
+            tracing::info!(creating, deleting = ops.len() - creating, "scaling");
         }
-        ctx.commit(ops).await?;
-
-        let pods: Vec<Pod> = owned(ctx.cache()).into_iter().filter(is_active).collect();
-        let ready = pods.iter().filter(|p| is_ready(p)).count() as i32;
-        let status = ReplicaSetStatus {
-            replicas: pods.len() as i32,
-            fully_labeled_replicas: Some(pods.len() as i32),
-            ready_replicas: Some(ready),
-            available_replicas: Some(ready),
-            observed_generation: rs.metadata.generation,
-            ..Default::default()
-        };
+        ctx.apply(ops).await?;
+        let status = status(&rs, &owned(ctx.cache()));
         if rs.status.as_ref() != Some(&status) {
             let mut updated = rs.clone();
             updated.status = Some(status);
-            ctx.commit(vec![Op::UpdateStatus(to_value(&updated))]).await?;
+            ctx.update_status(&updated).await?;
         }
-        Ok(Action::AwaitChange)
+        Ok(Action::await_change())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn replica_math() {
@@ -151,5 +155,87 @@ mod tests {
         assert_eq!(replica_diff(1, 3), -2);
         assert_eq!(replica_diff(0, 0), 0);
         assert_eq!(replica_diff(-1, 2), -2, "negative replicas mean none");
+    }
+
+    fn replica_set(replicas: Option<i32>) -> ReplicaSet {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-h", "namespace": "default", "uid": "rs-1", "generation": 2},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}
+        }))
+        .unwrap()
+    }
+
+    /// A Pod named `name` in `phase` (`-` for none yet), bound to a node or not, ready or not,
+    /// created at second `created`.
+    fn pod(name: &str, phase: &str, bound: bool, ready: bool, created: i64) -> Pod {
+        let created = k8s_openapi::jiff::Timestamp::from_second(created).unwrap().to_string();
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default", "resourceVersion": "3", "creationTimestamp": created},
+            "spec": {"nodeName": bound.then_some("n1"), "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": (phase != "-").then_some(phase),
+                       "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+        }))
+        .unwrap()
+    }
+
+    fn describe(ops: &[Op<Pod>]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Create(_) => "create".to_owned(),
+                Op::Update(p) => format!("update {}", p.metadata.name.as_deref().unwrap()),
+                Op::Delete(p) => format!("delete {}", p.metadata.name.as_deref().unwrap()),
+            })
+            .collect()
+    }
+
+    /// (what, replicas, Pods, the plan in words)
+    type Case = (&'static str, Option<i32>, Vec<Pod>, Vec<&'static str>);
+
+    #[test]
+    fn plan_table() {
+        let running = |name, created| pod(name, "Running", true, true, created);
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            ("scale up from nothing", Some(3), vec![], vec!["create"; 3]),
+            ("replicas default to 1", None, vec![], vec!["create"]),
+            ("steady", Some(2), vec![running("a", 1), running("b", 2)], vec![]),
+            ("scale up the rest", Some(3), vec![running("a", 1)], vec!["create"; 2]),
+            ("scale down: unscheduled, then pending, then not ready, then the newest go first", Some(1),
+             vec![running("old", 1), running("new", 2), pod("unready", "Running", true, false, 3),
+                  pod("pending", "Pending", true, false, 4), pod("unbound", "-", false, false, 5)],
+             vec!["delete unbound", "delete pending", "delete unready", "delete new"]),
+            ("finished Pods are deleted and replaced", Some(2),
+             vec![pod("done", "Succeeded", true, false, 1), pod("crashed", "Failed", true, false, 2), running("a", 3)],
+             vec!["delete done", "delete crashed", "create"]),
+            ("negative replicas mean none", Some(-1), vec![running("a", 1)], vec!["delete a"]),
+        ];
+        for (name, replicas, pods, expected) in cases {
+            assert_eq!(describe(&plan(&replica_set(replicas), &pods).unwrap()), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn plan_creates_pods_of_the_template_at_most_a_burst_at_a_time() {
+        let ops = plan(&replica_set(Some(600)), &[]).unwrap();
+        assert_eq!(ops.len(), BURST);
+        let Op::Create(created) = &ops[0] else { panic!("{ops:?}") };
+        assert!(created.metadata.name.as_deref().unwrap().starts_with("web-h-"));
+        assert_eq!(created.metadata.labels.as_ref().unwrap()["app"], "web");
+        assert_eq!(created.metadata.owner_references.as_ref().unwrap()[0].uid, "rs-1");
+        let many: Vec<Pod> = (0..600).map(|i| pod(&format!("p{i}"), "Running", true, true, i)).collect();
+        assert_eq!(plan(&replica_set(Some(0)), &many).unwrap().len(), BURST);
+    }
+
+    #[test]
+    fn status_counts_active_and_ready_pods() {
+        let pods = [
+            pod("a", "Running", true, true, 1),
+            pod("b", "Running", true, false, 2),
+            pod("c", "Succeeded", true, false, 3),
+        ];
+        let status = status(&replica_set(Some(2)), &pods);
+        assert_eq!((status.replicas, status.ready_replicas, status.available_replicas), (2, Some(1), Some(1)));
+        assert_eq!(status.observed_generation, Some(2));
     }
 }

@@ -1,24 +1,38 @@
-//! Running a reconciler: queue, backoff, spans.
+//! Running a reconciler: its work queue, the error policy, a span per reconcile.
 
+use crate::plan;
+use gitplane_api::{kube_core::Resource, object::to_value};
 use gitplane_store::{
     Event, ObjectKey, Op, Revision, Store, StoreError,
     informer::{Cache, Informer, Notification},
 };
-use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
-    sync::Arc,
-    time::Duration,
+use gitplane_workqueue::{Backoff, WorkQueue};
+use serde::Serialize;
+use std::{fmt, sync::Arc, time::Duration};
+use tokio::sync::broadcast::{
+    self,
+    error::{RecvError, TryRecvError},
 };
-use tokio::{sync::broadcast::error::RecvError, time::Instant};
 use tracing::Instrument;
 
 /// What to do with a key after a successful reconcile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
+pub struct Action {
+    requeue_after: Option<Duration>,
+}
+
+impl Action {
+    /// Reconcile again after this long even if nothing changes (sooner if something does).
+    #[must_use]
+    pub const fn requeue(after: Duration) -> Action {
+        Action { requeue_after: Some(after) }
+    }
+
     /// Nothing until a watched object changes.
-    AwaitChange,
-    /// Reconcile again after this long even if nothing changes.
-    RequeueAfter(Duration),
+    #[must_use]
+    pub const fn await_change() -> Action {
+        Action { requeue_after: None }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +41,39 @@ pub enum ReconcileError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Why a key is reconciled, as kube-runtime's `ReconcileReason`: for the reconcile's span only;
+/// reconcilers are level-triggered and never see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReconcileReason {
+    /// The object itself was created, changed or deleted.
+    ObjectChanged,
+    /// An object it relates to (a dependent, a Lease) changed.
+    RelatedObjectChanged(ObjectKey),
+    /// Every object: start-up, or the informer re-listed or events were missed.
+    Resync,
+    /// The last reconcile asked for it ([`Action::requeue`]).
+    RequeueRequested,
+    /// The last reconcile lost a compare-and-swap to a concurrent writer.
+    Conflict,
+    /// The last reconcile failed: retried after the key's backoff.
+    ErrorBackoff,
+}
+
+impl gitplane_workqueue::Reason for ReconcileReason {}
+
+impl fmt::Display for ReconcileReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReconcileReason::ObjectChanged => f.write_str("object changed"),
+            ReconcileReason::RelatedObjectChanged(key) => write!(f, "related object {key} changed"),
+            ReconcileReason::Resync => f.write_str("resync"),
+            ReconcileReason::RequeueRequested => f.write_str("requeue requested"),
+            ReconcileReason::Conflict => f.write_str("retry after a conflict"),
+            ReconcileReason::ErrorBackoff => f.write_str("retry after an error"),
+        }
+    }
 }
 
 /// What a reconciler may use.
@@ -54,6 +101,20 @@ impl Context {
         self.informer.wait_for(revision).await;
         Ok(revision)
     }
+
+    /// Commits a plan in one transaction and waits until the cache shows it.
+    pub async fn apply<K: Resource<DynamicType = ()> + Serialize>(
+        &self,
+        plan: Vec<plan::Op<K>>,
+    ) -> Result<Revision, StoreError> {
+        self.commit(plan.into_iter().map(plan::Op::into_store_op).collect()).await
+    }
+
+    /// Writes an object's status (compare-and-swap on its resourceVersion) and waits until the
+    /// cache shows it.
+    pub async fn update_status<K: Serialize>(&self, object: &K) -> Result<Revision, StoreError> {
+        self.commit(vec![Op::UpdateStatus(to_value(object))]).await
+    }
 }
 
 /// A controller's logic.
@@ -79,47 +140,48 @@ pub fn all_of<K: gitplane_api::kube_core::Resource<DynamicType = ()>>(cache: &Ca
         .collect()
 }
 
-const BACKOFF_BASE: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Retries of a failing key: 100 ms, doubling, at most 30 s.
+const ERROR_BACKOFF: Backoff = Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(30) };
+/// A conflict heals once the cache has caught up with the other writer: retry soon, uncounted.
+const CONFLICT_RETRY: Duration = Duration::from_millis(100);
+
+type Queue = WorkQueue<ObjectKey, ReconcileReason>;
+
+/// The error policy and requeues: what happens to a key after its reconcile.
+fn settle(queue: &mut Queue, key: ObjectKey, result: &Result<Action, ReconcileError>) {
+    match result {
+        Ok(action) => {
+            queue.forget(&key);
+            if let Some(after) = action.requeue_after {
+                queue.add_after(key, ReconcileReason::RequeueRequested, after);
+            }
+        }
+        Err(ReconcileError::Store(e)) if e.is_conflict() => {
+            tracing::debug!(error = %e, "conflict, retrying");
+            queue.add_after(key, ReconcileReason::Conflict, CONFLICT_RETRY);
+        }
+        Err(e) => {
+            let backoff = queue.add_with_backoff(key, ReconcileReason::ErrorBackoff);
+            tracing::warn!(error = %e, ?backoff, "reconcile failed");
+        }
+    }
+}
 
 /// A reconciler with its work queue.
 pub struct Controller<R> {
     reconciler: R,
     ctx: Context,
-    queue: VecDeque<(ObjectKey, &'static str)>,
-    queued: HashSet<ObjectKey>,
-    delayed: BTreeMap<(Instant, u64), ObjectKey>,
-    failures: HashMap<ObjectKey, u32>,
-    sequence: u64,
+    queue: Queue,
 }
 
 impl<R: Reconciler> Controller<R> {
     pub fn new(reconciler: R, ctx: Context) -> Self {
-        Controller {
-            reconciler,
-            ctx,
-            queue: VecDeque::new(),
-            queued: HashSet::new(),
-            delayed: BTreeMap::new(),
-            failures: HashMap::new(),
-            sequence: 0,
-        }
-    }
-
-    fn enqueue(&mut self, key: ObjectKey, reason: &'static str) {
-        if self.queued.insert(key.clone()) {
-            self.queue.push_back((key, reason));
-        }
-    }
-
-    fn enqueue_after(&mut self, key: ObjectKey, after: Duration) {
-        self.sequence += 1;
-        self.delayed.insert((Instant::now() + after, self.sequence), key);
+        Controller { reconciler, ctx, queue: WorkQueue::new(ERROR_BACKOFF) }
     }
 
     fn resync(&mut self) {
         for key in self.reconciler.all_keys(self.ctx.cache()) {
-            self.enqueue(key, "resync");
+            self.queue.add(key, ReconcileReason::Resync);
         }
     }
 
@@ -128,8 +190,25 @@ impl<R: Reconciler> Controller<R> {
             Notification::Resync => self.resync(),
             Notification::Changed(event) => {
                 for key in self.reconciler.keys_for(&event, self.ctx.cache()) {
-                    self.enqueue(key, "change");
+                    let reason = if key == event.key {
+                        ReconcileReason::ObjectChanged
+                    } else {
+                        ReconcileReason::RelatedObjectChanged(event.key.clone())
+                    };
+                    self.queue.add(key, reason);
                 }
+            }
+        }
+    }
+
+    /// Observes the notifications already received; `false` once the informer is gone.
+    fn observe_pending(&mut self, notifications: &mut broadcast::Receiver<Notification>) -> bool {
+        loop {
+            match notifications.try_recv() {
+                Ok(n) => self.observe(n),
+                Err(TryRecvError::Lagged(_)) => self.resync(),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Closed) => return false,
             }
         }
     }
@@ -139,64 +218,104 @@ impl<R: Reconciler> Controller<R> {
         self.ctx.informer.wait_synced().await;
         self.resync();
         loop {
-            while let Ok(n) = notifications.try_recv() {
-                self.observe(n);
+            if !self.observe_pending(&mut notifications) {
+                return;
             }
-            let now = Instant::now();
-            while let Some(entry) = self.delayed.first_entry() {
-                if entry.key().0 > now {
-                    break;
-                }
-                let key = entry.remove();
-                self.enqueue(key, "requeue");
-            }
-            if let Some((key, reason)) = self.queue.pop_front() {
-                self.queued.remove(&key);
+            if let Some((key, reason)) = self.queue.pop() {
                 self.reconcile(key, reason).await;
                 continue;
             }
-            let wake = self.delayed.first_key_value().map(|((at, _), _)| *at);
+            let due = self.queue.due();
             tokio::select! {
                 n = notifications.recv() => match n {
                     Ok(n) => self.observe(n),
                     Err(RecvError::Lagged(_)) => self.resync(),
                     Err(RecvError::Closed) => return,
                 },
-                _ = sleep_until(wake) => {}
+                _ = due => {}
             }
         }
     }
 
-    async fn reconcile(&mut self, key: ObjectKey, reason: &'static str) {
-        let span = tracing::info_span!("reconcile", controller = self.reconciler.name(), object = %key, reason);
+    async fn reconcile(&mut self, key: ObjectKey, reason: ReconcileReason) {
+        let span = tracing::info_span!("reconcile", controller = self.reconciler.name(), object = %key, %reason);
         let result = self.reconciler.reconcile(&key, &self.ctx).instrument(span.clone()).await;
         let _entered = span.enter();
-        match result {
-            Ok(action) => {
-                self.failures.remove(&key);
-                if let Action::RequeueAfter(after) = action {
-                    self.enqueue_after(key, after);
-                }
-            }
-            Err(ReconcileError::Store(e)) if e.is_conflict() => {
-                // Our cache was behind a concurrent writer: retry once it has caught up.
-                tracing::debug!(error = %e, "conflict, retrying");
-                self.enqueue_after(key, BACKOFF_BASE);
-            }
-            Err(e) => {
-                let failures = self.failures.entry(key.clone()).or_default();
-                *failures += 1;
-                let backoff = BACKOFF_BASE.saturating_mul(1 << (*failures).min(10)).min(BACKOFF_MAX);
-                tracing::warn!(error = %e, ?backoff, "reconcile failed");
-                self.enqueue_after(key, backoff);
-            }
-        }
+        settle(&mut self.queue, key, &result);
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gitplane_store::Rejection;
+    use tokio::time::{Instant, advance};
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::new("ConfigMap", "default", name)
+    }
+
+    fn failed() -> Result<Action, ReconcileError> {
+        Err(ReconcileError::Invalid("broken".into()))
+    }
+
+    fn conflict() -> Result<Action, ReconcileError> {
+        Err(StoreError::from(Rejection::Conflict { key: key("a"), expected: 1, current: 2 }).into())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_success_forgets_and_requeues_only_when_asked() {
+        let mut queue = Queue::new(ERROR_BACKOFF);
+        settle(&mut queue, key("a"), &Ok(Action::await_change()));
+        assert!(queue.is_empty());
+        settle(&mut queue, key("a"), &Ok(Action::requeue(Duration::from_secs(5))));
+        assert_eq!(queue.next_due(), Some(Instant::now() + Duration::from_secs(5)));
+        advance(Duration::from_secs(5)).await;
+        assert_eq!(queue.pop(), Some((key("a"), ReconcileReason::RequeueRequested)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_errors_back_off_per_key_and_success_resets_them() {
+        let mut queue = Queue::new(ERROR_BACKOFF);
+        let mut waits = Vec::new();
+        for _ in 0..4 {
+            settle(&mut queue, key("a"), &failed());
+            let at = queue.next_due().unwrap();
+            waits.push(at - Instant::now());
+            advance(at - Instant::now()).await;
+            assert_eq!(queue.pop(), Some((key("a"), ReconcileReason::ErrorBackoff)));
+        }
+        assert_eq!(waits, [100, 200, 400, 800].map(Duration::from_millis));
+        settle(&mut queue, key("a"), &Ok(Action::await_change()));
+        settle(&mut queue, key("a"), &failed());
+        assert_eq!(queue.next_due(), Some(Instant::now() + Duration::from_millis(100)), "back to the first step");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_conflicts_retry_soon_without_growing_the_backoff() {
+        let mut queue = Queue::new(ERROR_BACKOFF);
+        for _ in 0..3 {
+            settle(&mut queue, key("a"), &conflict());
+            assert_eq!(queue.next_due(), Some(Instant::now() + CONFLICT_RETRY));
+            advance(CONFLICT_RETRY).await;
+            assert_eq!(queue.pop(), Some((key("a"), ReconcileReason::Conflict)));
+        }
+        settle(&mut queue, key("a"), &failed());
+        assert_eq!(queue.next_due(), Some(Instant::now() + Duration::from_millis(100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_a_change_during_a_backoff_runs_at_once_and_once() {
+        let mut queue = Queue::new(ERROR_BACKOFF);
+        for _ in 0..5 {
+            settle(&mut queue, key("a"), &failed());
+            advance(Duration::from_secs(30)).await;
+            queue.pop();
+        }
+        settle(&mut queue, key("a"), &failed());
+        queue.add(key("a"), ReconcileReason::ObjectChanged);
+        assert_eq!(queue.pop(), Some((key("a"), ReconcileReason::ObjectChanged)));
+        advance(Duration::from_secs(30)).await;
+        assert_eq!(queue.pop(), None, "the backoff entry went with the change");
     }
 }

@@ -1,43 +1,86 @@
 //! The scheduling loop: pending Pods from the informer cache, snapshots of the nodes, bindings
 //! written with compare-and-swap.
+//!
+//! Pods wait in one [`WorkQueue`], as kube-scheduler's queues: a Pod that fits nowhere is parked
+//! until a change of the cluster could make room (a Node changed, a bound Pod was deleted or
+//! finished) or at most [`MAX_UNSCHEDULABLE_STAY`]; a Pod whose binding fails is retried after a
+//! per-Pod backoff. No failure drops a Pod.
 
 use crate::framework::{NodeInfo, Profile};
-use gitplane_api::object::{kind_of, to_value};
+use gitplane_api::object::{from_value, kind_of, to_value};
 use gitplane_store::{
-    Op, Store,
+    EventType, ObjectKey, Op, Store,
     informer::{Informer, Notification},
 };
+use gitplane_workqueue::{Backoff, WorkQueue};
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition};
+use serde_json::Value;
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{HashMap, HashSet},
     sync::Arc,
     time::Duration,
 };
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 
 type PodId = (String, String);
 
-/// Retry for Pods that fit nowhere, besides every node change and pod deletion.
-const UNSCHEDULABLE_RETRY: Duration = Duration::from_secs(10);
+/// kube-scheduler's podInitialBackoff and podMaxBackoff.
+const BACKOFF: Backoff = Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(10) };
+/// The longest an unschedulable Pod waits for a cluster event before it is tried again. Every
+/// change that can make room wakes it sooner, so this only bounds the cost of a missed one;
+/// kube-scheduler waits 5 minutes, gitplane a minute, as a pass over the nodes is cheap.
+pub const MAX_UNSCHEDULABLE_STAY: Duration = Duration::from_secs(60);
+
+/// Why a Pod is tried (again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reason {
+    /// An unbound Pod was created or changed.
+    PodChanged,
+    /// Every Pod again: start-up, or events were missed.
+    Resync,
+    /// A Node appeared, changed or left.
+    NodeChanged,
+    /// A Pod that held room on a node was deleted.
+    PodDeleted,
+    /// A bound Pod Succeeded or Failed, which frees its room.
+    PodFinished,
+    /// The binding failed; tried again after the Pod's backoff.
+    BindFailed,
+    /// An unschedulable Pod waited [`MAX_UNSCHEDULABLE_STAY`] without a cluster event.
+    UnschedulableTimeout,
+}
+
+impl gitplane_workqueue::Reason for Reason {}
 
 pub struct Scheduler {
     store: Arc<dyn Store>,
     informer: Informer,
     profile: Profile,
-    /// Pods waiting for a node.
-    pending: BTreeSet<PodId>,
-    /// Pods that fit nowhere at the last attempt.
-    unschedulable: BTreeSet<PodId>,
+    /// Pods waiting for a node: due now, backing off, or parked unschedulable.
+    queue: WorkQueue<PodId, Reason>,
+    /// The queued Pods that fit nowhere at their last attempt: a cluster event wakes them.
+    unschedulable: HashSet<PodId>,
     /// Bindings written but not yet seen in the cache: counted on their node meanwhile.
     assumed: HashMap<PodId, (String, Pod)>,
 }
 
-fn id(pod: &Pod) -> PodId {
-    (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
+fn is_terminal(pod: &Value) -> bool {
+    matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
 }
 
-fn is_unbound(pod: &Pod) -> bool {
-    pod.spec.as_ref().is_some_and(|s| s.node_name.as_deref().unwrap_or("").is_empty())
+fn node_name(pod: &Value) -> Option<&str> {
+    pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty())
+}
+
+/// Unbound and not finished: what the scheduler places.
+fn needs_node(pod: &Value) -> bool {
+    pod["spec"].is_object() && node_name(pod).is_none() && !is_terminal(pod)
+}
+
+/// Holds room on its node: bound and not finished (kube-scheduler's informer lists Pods with
+/// `status.phase!=Succeeded,status.phase!=Failed`).
+fn holds_room(pod: &Value) -> bool {
+    node_name(pod).is_some() && !is_terminal(pod)
 }
 
 impl Scheduler {
@@ -47,8 +90,8 @@ impl Scheduler {
             store,
             informer,
             profile,
-            pending: BTreeSet::new(),
-            unschedulable: BTreeSet::new(),
+            queue: WorkQueue::new(BACKOFF),
+            unschedulable: HashSet::new(),
             assumed: HashMap::new(),
         }
     }
@@ -57,27 +100,50 @@ impl Scheduler {
         let mut notifications = self.informer.subscribe();
         self.informer.wait_synced().await;
         self.requeue_all();
-        let mut retry = tokio::time::interval(UNSCHEDULABLE_RETRY);
         loop {
             self.schedule_pending().await;
+            let due = self.queue.due();
             tokio::select! {
                 n = notifications.recv() => match n {
                     Ok(n) => self.observe(n),
                     Err(RecvError::Lagged(_)) => self.requeue_all(),
                     Err(RecvError::Closed) => return,
                 },
-                _ = retry.tick() => self.pending.append(&mut self.unschedulable),
+                _ = due => {}
             }
-            while let Ok(n) = notifications.try_recv() {
-                self.observe(n);
+            if !self.observe_pending(&mut notifications) {
+                return;
+            }
+        }
+    }
+
+    /// Observes the notifications already received; `false` once the informer is gone.
+    fn observe_pending(&mut self, notifications: &mut broadcast::Receiver<Notification>) -> bool {
+        loop {
+            match notifications.try_recv() {
+                Ok(n) => self.observe(n),
+                Err(TryRecvError::Lagged(_)) => self.requeue_all(),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Closed) => return false,
             }
         }
     }
 
     fn requeue_all(&mut self) {
-        let cache = self.informer.cache();
-        self.pending = cache.list_typed::<Pod>(None).iter().filter(|p| is_unbound(p)).map(id).collect();
         self.unschedulable.clear();
+        let pods = self.informer.cache().list(&kind_of::<Pod>(), None);
+        for pod in pods.iter().filter(|p| needs_node(p)) {
+            if let Ok(key) = ObjectKey::from_value(pod) {
+                self.queue.add_after_backoff((key.namespace, key.name), Reason::Resync);
+            }
+        }
+    }
+
+    /// Tries the unschedulable Pods again, each once its backoff is over.
+    fn wake(&mut self, reason: Reason) {
+        for pod_id in self.unschedulable.drain() {
+            self.queue.add_after_backoff(pod_id, reason);
+        }
     }
 
     fn observe(&mut self, notification: Notification) {
@@ -86,32 +152,32 @@ impl Scheduler {
             Notification::Changed(event) => event,
         };
         if event.key.kind == kind_of::<Node>() {
-            self.pending.append(&mut self.unschedulable);
-            return;
+            return self.wake(Reason::NodeChanged);
         }
         if event.key.kind != kind_of::<Pod>() {
             return;
         }
         let pod_id = (event.key.namespace.clone(), event.key.name.clone());
-        let pod = <Pod as k8s_openapi::serde::Deserialize>::deserialize(&*event.object).ok();
-        match (event.event_type, pod) {
-            (gitplane_store::EventType::Deleted, _) => {
-                self.pending.remove(&pod_id);
-                self.unschedulable.remove(&pod_id);
-                self.assumed.remove(&pod_id);
-                // Freed capacity may fit a waiting pod.
-                self.pending.append(&mut self.unschedulable);
+        let pod = &*event.object;
+        if event.event_type == EventType::Deleted {
+            self.queue.remove(&pod_id);
+            self.unschedulable.remove(&pod_id);
+            let assumed = self.assumed.remove(&pod_id).is_some();
+            if assumed || holds_room(pod) {
+                self.wake(Reason::PodDeleted);
             }
-            (_, Some(pod)) if is_unbound(&pod) => {
-                if !self.unschedulable.contains(&pod_id) {
-                    self.pending.insert(pod_id);
-                }
+        } else if needs_node(pod) {
+            // A queued Pod keeps its place, its backoff or its wait for a cluster event.
+            if !self.queue.contains(&pod_id) {
+                self.queue.add(pod_id, Reason::PodChanged);
             }
-            (_, Some(_)) => {
-                self.assumed.remove(&pod_id);
-                self.pending.remove(&pod_id);
+        } else {
+            self.assumed.remove(&pod_id);
+            self.queue.remove(&pod_id);
+            self.unschedulable.remove(&pod_id);
+            if node_name(pod).is_some() && is_terminal(pod) {
+                self.wake(Reason::PodFinished);
             }
-            (_, None) => {}
         }
     }
 
@@ -122,9 +188,9 @@ impl Scheduler {
             .into_iter()
             .map(|n| (n.metadata.name.clone().unwrap_or_default(), NodeInfo::new(n)))
             .collect();
-        // Only Pods bound to a known node count: the others are not decoded at all.
-        let on_a_node = |p: &serde_json::Value| p["spec"]["nodeName"].as_str().is_some_and(|n| nodes.contains_key(n));
-        for pod in cache.list_typed_where::<Pod>(None, on_a_node) {
+        // Only Pods that hold room on a known node count: the others are not decoded at all.
+        let counted = |p: &Value| holds_room(p) && node_name(p).is_some_and(|n| nodes.contains_key(n));
+        for pod in cache.list_typed_where::<Pod>(None, counted) {
             if self.assumed.contains_key(&id(&pod)) {
                 continue;
             }
@@ -146,35 +212,48 @@ impl Scheduler {
         // One snapshot per batch, kept current with the Pods this batch binds: a batch of
         // thousands of Pods must not rebuild it per Pod.
         let mut nodes: Option<Vec<NodeInfo>> = None;
-        while let Some(pod_id) = self.pending.pop_first() {
+        while let Some((pod_id, reason)) = self.queue.pop() {
+            self.unschedulable.remove(&pod_id);
             if self.assumed.contains_key(&pod_id) {
                 continue;
             }
-            let Some(pod) = self.informer.cache().get_typed::<Pod>(&pod_id.0, &pod_id.1) else { continue };
-            if !is_unbound(&pod) {
+            let value = self.informer.cache().get(&ObjectKey::of::<Pod>(&pod_id.0, &pod_id.1));
+            let Some(pod) = value.filter(|v| needs_node(v)).and_then(|v| from_value::<Pod>(Value::clone(&v)).ok())
+            else {
+                self.queue.forget(&pod_id);
                 continue;
-            }
+            };
             let started = std::time::Instant::now();
+            let name = format!("{}/{}", pod_id.0, pod_id.1);
             let snapshot = nodes.get_or_insert_with(|| self.snapshot());
             match self.profile.schedule(&pod, snapshot) {
                 Ok(node) => match self.bind(&pod, &node).await {
                     Ok(()) => {
-                        tracing::info!(pod = %format!("{}/{}", pod_id.0, pod_id.1), %node, elapsed = ?started.elapsed(), "bound");
+                        tracing::info!(pod = %name, %node, ?reason, elapsed = ?started.elapsed(), "bound");
                         if let Some(info) = nodes.iter_mut().flatten().find(|n| n.name() == node) {
                             info.add_pod(&pod);
                         }
+                        self.queue.forget(&pod_id);
                         self.assumed.insert(pod_id, (node, pod));
                     }
                     Err(e) => {
-                        // A conflict means our cache is behind: the next event requeues the pod.
-                        tracing::debug!(error = %e, pod = %pod_id.1, "binding failed");
+                        let backoff = self.queue.add_with_backoff(pod_id, Reason::BindFailed);
+                        if e.is_conflict() {
+                            // Our cache was behind a concurrent writer.
+                            tracing::debug!(error = %e, pod = %name, ?backoff, "binding conflicted, retrying");
+                        } else {
+                            tracing::warn!(error = %e, pod = %name, %node, ?backoff, "binding failed, retrying");
+                        }
                     }
                 },
-                Err(reason) => {
-                    tracing::info!(pod = %format!("{}/{}", pod_id.0, pod_id.1), %reason, "unschedulable");
-                    if let Err(e) = self.mark_unschedulable(&pod, &reason.to_string()).await {
-                        tracing::debug!(error = %e, pod = %pod_id.1, "recording unschedulable failed");
+                Err(unschedulable) => {
+                    tracing::info!(pod = %name, reason = %unschedulable, "unschedulable");
+                    if let Err(e) = self.mark_unschedulable(&pod, &unschedulable.to_string()).await {
+                        tracing::debug!(error = %e, pod = %name, "recording unschedulable failed");
                     }
+                    // Parked until a cluster event (no sooner than its backoff) or the longest stay.
+                    self.queue.record_failure(&pod_id);
+                    self.queue.add_after(pod_id.clone(), Reason::UnschedulableTimeout, MAX_UNSCHEDULABLE_STAY);
                     self.unschedulable.insert(pod_id);
                 }
             }
@@ -203,6 +282,10 @@ impl Scheduler {
         self.store.txn(vec![Op::UpdateStatus(to_value(&status))]).await?;
         Ok(())
     }
+}
+
+fn id(pod: &Pod) -> PodId {
+    (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
 }
 
 /// Sets the PodScheduled condition; `false` when it already said exactly this.

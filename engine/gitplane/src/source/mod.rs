@@ -27,6 +27,7 @@ use gitplane_store::{
     Api, EventType, ObjectKey, Store, StoreError,
     informer::{Cache, Informer, Notification},
 };
+use gitplane_workqueue::{Backoff, WorkQueue};
 use k8s_openapi::api::{
     apps::v1::ReplicaSet,
     core::v1::{Event, Namespace, Node, ObjectReference},
@@ -35,7 +36,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time
 use notify::Watcher;
 use serde_json::Value;
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
@@ -61,6 +62,15 @@ enum Reason {
     /// Objects may differ from Git (drift, a resync): plan again even for the same commit.
     Reconcile,
 }
+
+/// A queued Reconcile is never lost to a Commit request: it does all a Commit does, and more.
+impl gitplane_workqueue::Reason for Reason {
+    fn merge(first: Self, second: Self) -> Self {
+        first.max(second)
+    }
+}
+
+type Queue = WorkQueue<ObjectKey, Reason>;
 
 pub struct SourceController {
     store: Arc<dyn Store>,
@@ -179,7 +189,7 @@ impl SourceController {
         let cache = informer.cache().clone();
         let (pushed_tx, mut pushed) = mpsc::unbounded_channel::<PathBuf>();
         let mut watchers: HashMap<PathBuf, notify::RecommendedWatcher> = HashMap::new();
-        let mut queue: BTreeMap<ObjectKey, Reason> = BTreeMap::new();
+        let mut queue = Queue::new(Backoff::default());
         let mut unhealthy: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut generations: HashMap<ObjectKey, Option<i64>> = HashMap::new();
         let mut resync = tokio::time::interval(self.resync);
@@ -203,7 +213,7 @@ impl SourceController {
                     self.mirrors.untrack(&url);
                 }
             }
-            while let Some((key, reason)) = queue.pop_first() {
+            while let Some((key, reason)) = queue.pop() {
                 // From the store, not the cache: the cache may not show our last status write
                 // yet, and the status says which commit was already handled.
                 match Api::<Application>::new(self.store.clone()).get(&key.namespace, &key.name).await {
@@ -223,7 +233,7 @@ impl SourceController {
                         // Events were missed: no inventory can vouch for the store any more.
                         self.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut().for_each(apply::Inventory::distrust);
                         for app in apps(&cache) {
-                            queue.insert(app_key(&app), Reason::Reconcile);
+                            queue.add(app_key(&app), Reason::Reconcile);
                         }
                     }
                     Err(RecvError::Closed) => return,
@@ -235,20 +245,20 @@ impl SourceController {
                     }
                     for app in apps(&cache) {
                         if !is_url(&app.spec.repo) && self.repo_path(&app.spec.repo).is_ok_and(|p| p.is_some_and(|p| paths.contains(&p))) {
-                            queue.entry(app_key(&app)).or_insert(Reason::Commit);
+                            queue.add(app_key(&app), Reason::Commit);
                         }
                     }
                 }
                 Ok(url) = fetched.recv() => {
                     for app in apps(&cache) {
                         if app.spec.repo == url {
-                            queue.entry(app_key(&app)).or_insert(Reason::Commit);
+                            queue.add(app_key(&app), Reason::Commit);
                         }
                     }
                 }
                 _ = resync.tick() => {
                     for app in apps(&cache) {
-                        queue.insert(app_key(&app), Reason::Reconcile);
+                        queue.add(app_key(&app), Reason::Reconcile);
                     }
                 }
                 _ = health_tick.tick(), if !unhealthy.is_empty() => {
@@ -265,7 +275,7 @@ impl SourceController {
         &self,
         event: &gitplane_store::Event,
         cache: &Cache,
-        queue: &mut BTreeMap<ObjectKey, Reason>,
+        queue: &mut Queue,
         unhealthy: &mut BTreeSet<ObjectKey>,
         generations: &mut HashMap<ObjectKey, Option<i64>>,
     ) {
@@ -278,13 +288,13 @@ impl SourceController {
                 self.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
             }
             if deleted || generations.insert(event.key.clone(), generation) != Some(generation) {
-                queue.entry(event.key.clone()).or_insert(Reason::Commit);
+                queue.add(event.key.clone(), Reason::Commit);
                 unhealthy.insert(event.key.clone());
             }
             // Applications that depend on this one may go now.
             for app in cache.list_typed::<Application>(Some(&event.key.namespace)) {
                 if app.spec.depends_on.contains(&event.key.name) {
-                    queue.entry(app_key(&app)).or_insert(Reason::Commit);
+                    queue.add(app_key(&app), Reason::Commit);
                 }
             }
             return;
@@ -301,7 +311,7 @@ impl SourceController {
             let changed_outside =
                 event.event_type == EventType::Deleted || apply::drifted(&event.object, &self.record_key);
             if changed_outside {
-                queue.insert(owner.clone(), Reason::Reconcile);
+                queue.add(owner.clone(), Reason::Reconcile);
             }
             // Other kinds are healthy once they exist: a ConfigMap's change changes no health.
             if event.event_type == EventType::Deleted || health::assessed(&event.key.kind) {
@@ -928,6 +938,18 @@ mod tests {
         let current = api.get("gitplane-system", name).await.unwrap().unwrap();
         controller.sync(&current, Reason::Commit, &informer).await;
         api.get("gitplane-system", name).await.unwrap().unwrap().status.unwrap().sync.unwrap()
+    }
+
+    #[test]
+    fn a_queued_reconcile_is_not_lost_to_a_commit() {
+        let key = |name: &str| ObjectKey::of::<Application>("gitplane-system", name);
+        let mut queue = Queue::new(Backoff::default());
+        queue.add(key("a"), Reason::Commit);
+        queue.add(key("a"), Reason::Reconcile);
+        queue.add(key("a"), Reason::Commit);
+        queue.add(key("b"), Reason::Commit);
+        let queued: Vec<_> = std::iter::from_fn(|| queue.pop()).collect();
+        assert_eq!(queued, [(key("a"), Reason::Reconcile), (key("b"), Reason::Commit)]);
     }
 
     const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: \"1\"\n";

@@ -1,0 +1,218 @@
+//! The scheduling loop against a real (SQLite) store: Pods are bound to nodes that fit, Pods
+//! that fit nowhere wait for a change of the cluster, finished Pods free their node, and a Pod
+//! whose binding fails is retried rather than dropped.
+
+use gitplane_scheduler::Scheduler;
+use gitplane_store::{
+    Committed, List, ListOptions, Op, Revision, Store, StoreError, WatchOptions, WatchStream, informer::Informer,
+    sqlite::SqliteStore,
+};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+fn node(name: &str, pods: u32, ready: bool) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name},
+        "status": {
+            "allocatable": {"cpu": "4", "memory": "8Gi", "pods": pods.to_string()},
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]
+        }
+    })
+}
+
+fn pod(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "gitplane.local/busybox:1"}]}
+    })
+}
+
+/// A Pod already bound to `node`, in `phase`.
+fn bound_pod(name: &str, node: &str, phase: &str) -> Value {
+    let mut pod = pod(name);
+    pod["spec"]["nodeName"] = json!(node);
+    pod["status"] = json!({"phase": phase});
+    pod
+}
+
+struct Cluster {
+    store: Arc<dyn Store>,
+    scheduler: tokio::task::JoinHandle<()>,
+}
+
+impl Cluster {
+    /// Starts the scheduler over `store` after writing `objects`.
+    async fn start(store: Arc<dyn Store>, objects: Vec<Value>) -> Cluster {
+        if !objects.is_empty() {
+            store.txn(objects.into_iter().map(Op::Create).collect()).await.unwrap();
+        }
+        let informer = Informer::spawn(store.clone(), vec!["Pod".into(), "Node".into()]);
+        let scheduler = tokio::spawn(Scheduler::new(store.clone(), informer, Default::default()).run());
+        Cluster { store, scheduler }
+    }
+
+    async fn pod(&self, name: &str) -> Pod {
+        let value = self.store.get(&gitplane_store::ObjectKey::of::<Pod>("default", name)).await.unwrap();
+        serde_json::from_value(value.expect("the pod exists")).unwrap()
+    }
+
+    /// Waits until the Pod is bound and returns its node.
+    async fn bound(&self, name: &str) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let pod = self.pod(name).await;
+            if let Some(node) = pod.spec.and_then(|s| s.node_name) {
+                return node;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {name} to be bound: {:?}",
+                pod.status
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until the Pod's PodScheduled condition says it fits nowhere; returns the message.
+    async fn unschedulable(&self, name: &str) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let pod = self.pod(name).await;
+            let condition = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| {
+                c.iter().find(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+            });
+            if let Some(message) = condition.and_then(|c| c.message.clone()) {
+                assert!(pod.spec.unwrap().node_name.is_none());
+                return message;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {name} to be unschedulable");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn set_phase(&self, name: &str, phase: &str) {
+        let mut pod = serde_json::to_value(self.pod(name).await).unwrap();
+        pod["status"]["phase"] = json!(phase);
+        self.store.txn(vec![Op::UpdateStatus(pod)]).await.unwrap();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.scheduler.abort();
+    }
+}
+
+async fn sqlite() -> Arc<dyn Store> {
+    Arc::new(SqliteStore::memory().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_pods_go_to_ready_nodes_that_fit_and_wait_for_room() {
+    let objects = vec![node("a", 2, true), node("b", 1, false), pod("p1"), pod("p2"), pod("p3")];
+    let cluster = Cluster::start(sqlite().await, objects).await;
+    assert_eq!(cluster.bound("p1").await, "a");
+    assert_eq!(cluster.bound("p2").await, "a");
+    assert_eq!(
+        cluster.unschedulable("p3").await,
+        "0/2 nodes are available: 1 Too many pods, 1 node(s) were not ready."
+    );
+    // A node that becomes Ready is a change of the cluster: the waiting Pod is tried again.
+    cluster.store.txn(vec![Op::UpdateStatus(node("b", 1, true))]).await.unwrap();
+    assert_eq!(cluster.bound("p3").await, "b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_a_deleted_pod_makes_room() {
+    let cluster = Cluster::start(sqlite().await, vec![node("a", 1, true), pod("p1")]).await;
+    assert_eq!(cluster.bound("p1").await, "a");
+    cluster.store.txn(vec![Op::Create(pod("p2"))]).await.unwrap();
+    cluster.unschedulable("p2").await;
+    let key = gitplane_store::ObjectKey::of::<Pod>("default", "p1");
+    cluster.store.txn(vec![Op::Delete { key, revision: None }]).await.unwrap();
+    assert_eq!(cluster.bound("p2").await, "a");
+}
+
+/// Issue 11, item 2: Succeeded and Failed Pods no longer hold their node's capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t90_issue_11_finished_pods_free_their_node() {
+    let objects = vec![node("a", 2, true), bound_pod("done", "a", "Succeeded"), bound_pod("crashed", "a", "Failed")];
+    let cluster = Cluster::start(sqlite().await, objects).await;
+    cluster.store.txn(vec![Op::Create(pod("p1"))]).await.unwrap();
+    assert_eq!(cluster.bound("p1").await, "a", "a node full of finished Pods has room");
+
+    // A Pod that finishes is a change of the cluster: a Pod waiting for room is tried again.
+    cluster.store.txn(vec![Op::Create(bound_pod("running", "a", "Running"))]).await.unwrap();
+    cluster.store.txn(vec![Op::Create(pod("p2"))]).await.unwrap();
+    assert_eq!(cluster.unschedulable("p2").await, "0/1 nodes are available: 1 Too many pods.");
+    cluster.set_phase("running", "Succeeded").await;
+    assert_eq!(cluster.bound("p2").await, "a");
+}
+
+/// A store whose first `failures` binding transactions fail, as a replica that loses its
+/// leadership or a full disk would make them fail.
+struct FailingBinds {
+    inner: Arc<dyn Store>,
+    failures: AtomicUsize,
+    attempts: AtomicUsize,
+}
+
+fn is_binding(ops: &[Op]) -> bool {
+    matches!(ops.first(), Some(Op::Update(pod)) if pod["kind"] == "Pod" && pod["spec"]["nodeName"].is_string())
+}
+
+#[async_trait::async_trait]
+impl Store for FailingBinds {
+    async fn get(&self, key: &gitplane_store::ObjectKey) -> gitplane_store::Result<Option<Value>> {
+        self.inner.get(key).await
+    }
+
+    async fn list(&self, kind: &str, options: &ListOptions) -> gitplane_store::Result<List> {
+        self.inner.list(kind, options).await
+    }
+
+    async fn txn(&self, ops: Vec<Op>) -> gitplane_store::Result<Committed> {
+        if is_binding(&ops) {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            let fail = self.failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+            if fail {
+                return Err(StoreError::Unavailable("injected: the binding was not written".into()));
+            }
+        }
+        self.inner.txn(ops).await
+    }
+
+    async fn watch(&self, from: Revision, options: WatchOptions) -> gitplane_store::Result<WatchStream> {
+        self.inner.watch(from, options).await
+    }
+
+    async fn revision(&self) -> gitplane_store::Result<Revision> {
+        self.inner.revision().await
+    }
+
+    async fn compact(&self, revision: Revision) -> gitplane_store::Result<()> {
+        self.inner.compact(revision).await
+    }
+}
+
+/// Issue 11, item 3: a binding that fails (not a conflict) is retried with backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t90_issue_11_a_failed_binding_is_retried() {
+    let store =
+        Arc::new(FailingBinds { inner: sqlite().await, failures: AtomicUsize::new(2), attempts: AtomicUsize::new(0) });
+    let cluster = Cluster::start(store.clone(), vec![node("a", 10, true), pod("p1")]).await;
+    assert_eq!(cluster.bound("p1").await, "a");
+    assert_eq!(store.attempts.load(Ordering::SeqCst), 3, "two failed bindings, then the one that was written");
+    // Nothing else is held back by the Pod's failures.
+    cluster.store.txn(vec![Op::Create(pod("p2"))]).await.unwrap();
+    assert_eq!(cluster.bound("p2").await, "a");
+}
