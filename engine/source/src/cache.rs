@@ -14,7 +14,7 @@
 //! - The cache holds the files of the last load only, so it never grows past one commit.
 
 use crate::{
-    AppSource, Limits, LoadError, Manifest, ManifestError, SourceError, manifest,
+    AppSource, Head, Limits, LoadError, Manifest, ManifestError, SourceError, manifest,
     template::{self, Values},
     validate::{self, Accepted, Validator},
 };
@@ -24,6 +24,7 @@ use std::{
     borrow::Cow,
     collections::{HashMap, HashSet, hash_map::RandomState},
     hash::BuildHasher,
+    path::{Path, PathBuf},
     sync::Arc,
 };
 
@@ -40,6 +41,9 @@ pub struct SourceCache {
     /// later load. Random per cache: keys come from Git.
     keys: RandomState,
     stats: CacheStats,
+    /// The Application's repository, kept open: opening one reads its config and the user's
+    /// and system's Git config, and lists its packs, on every sync otherwise.
+    repository: Option<(PathBuf, git2::Repository)>,
 }
 
 /// Counters of the work loads did and avoided, since the cache was made.
@@ -95,6 +99,25 @@ impl CacheStats {
 impl SourceCache {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The head of `branch` in `repo`, through the repository this cache keeps open.
+    pub fn read_head(&mut self, repo: &Path, branch: &str) -> Result<Head, SourceError> {
+        let repository = self.take_repository(repo)?;
+        let head = crate::git::head_of(&repository, repo, branch);
+        self.keep_repository(repo, repository);
+        head
+    }
+
+    pub(crate) fn take_repository(&mut self, repo: &Path) -> Result<git2::Repository, SourceError> {
+        match self.repository.take() {
+            Some((path, repository)) if path == repo => Ok(repository),
+            _ => crate::git::open(repo),
+        }
+    }
+
+    pub(crate) fn keep_repository(&mut self, repo: &Path, repository: git2::Repository) {
+        self.repository = Some((repo.to_owned(), repository));
     }
 
     pub fn stats(&self) -> CacheStats {

@@ -74,6 +74,20 @@ pub enum SourceError {
     },
 }
 
+impl SourceError {
+    /// Whether reading the repository failed rather than the commit being wrong: the same
+    /// commit may read fine on a later try (a repository being made, the disk, a lock).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            SourceError::RepositoryNotFound { .. }
+                | SourceError::OpenRepository { .. }
+                | SourceError::Git { .. }
+                | SourceError::Io { .. }
+        )
+    }
+}
+
 /// One thing wrong in a manifest.
 ///
 /// Displays as `deploy.yaml:9: Deployment web: /spec/replicas: "two" is not of type "integer"`,

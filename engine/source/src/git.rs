@@ -52,10 +52,18 @@ pub struct Head {
     commit: Oid,
 }
 
+impl Head {
+    /// The repository it is the head of.
+    pub fn repo(&self) -> &Path {
+        &self.repo
+    }
+}
+
 /// Reads the manifest files under `dir` (empty: the root) of the head of `branch`.
 pub fn read_commit(repo: &Path, branch: &str, dir: &str, limits: &Limits) -> Result<Commit, SourceError> {
-    let head = read_head(repo, branch)?;
-    let opened = Opened::new(&head)?;
+    let repository = open(repo)?;
+    let head = head_of(&repository, repo, branch)?;
+    let opened = Opened::new(&repository, &head);
     let mut candidates = opened.walk(dir, limits)?;
     let known = vec![None; candidates.len()];
     opened.sizes(&mut candidates, &known, limits)?;
@@ -70,7 +78,11 @@ pub fn read_commit(repo: &Path, branch: &str, dir: &str, limits: &Limits) -> Res
 
 /// Resolves the head of `branch`.
 pub fn read_head(repo: &Path, branch: &str) -> Result<Head, SourceError> {
-    let repository = open(repo)?;
+    head_of(&open(repo)?, repo, branch)
+}
+
+/// Resolves the head of `branch` in an open repository (refs are read anew on every call).
+pub(crate) fn head_of(repository: &Repository, repo: &Path, branch: &str) -> Result<Head, SourceError> {
     let name = repo_name(repo);
     let refname = format!("refs/heads/{branch}");
     // A NUL would panic inside git2's name check.
@@ -88,7 +100,7 @@ pub fn read_head(repo: &Path, branch: &str) -> Result<Head, SourceError> {
     Ok(Head { id: commit.id().to_string(), subject, repo: repo.to_owned(), commit: commit.id() })
 }
 
-fn open(repo: &Path) -> Result<Repository, SourceError> {
+pub(crate) fn open(repo: &Path) -> Result<Repository, SourceError> {
     // NO_SEARCH: a missing repository must not open whatever repository encloses the path.
     Repository::open_ext(repo, RepositoryOpenFlags::NO_SEARCH, std::iter::empty::<&OsStr>()).map_err(|source| {
         match source.code() {
@@ -99,22 +111,17 @@ fn open(repo: &Path) -> Result<Repository, SourceError> {
 }
 
 /// The repository of a [`Head`], open for walking its tree and reading its blobs.
-pub(crate) struct Opened {
-    repository: Repository,
+pub(crate) struct Opened<'r> {
+    repository: &'r Repository,
     /// The repository as errors name it.
     name: String,
     id: String,
     commit: Oid,
 }
 
-impl Opened {
-    pub(crate) fn new(head: &Head) -> Result<Self, SourceError> {
-        Ok(Opened {
-            repository: open(&head.repo)?,
-            name: repo_name(&head.repo),
-            id: head.id.clone(),
-            commit: head.commit,
-        })
+impl<'r> Opened<'r> {
+    pub(crate) fn new(repository: &'r Repository, head: &Head) -> Self {
+        Opened { repository, name: repo_name(&head.repo), id: head.id.clone(), commit: head.commit }
     }
 
     fn git_error(&self, what: &str) -> impl FnOnce(git2::Error) -> SourceError {
@@ -144,7 +151,7 @@ impl Opened {
         };
         let odb = self.repository.odb().map_err(self.git_error("the object database"))?;
         let mut reader = TreeReader {
-            repo: &self.repository,
+            repo: self.repository,
             odb,
             root,
             dir,
@@ -201,7 +208,7 @@ impl Opened {
         let odb = self.repository.odb().map_err(self.git_error("the object database"))?;
         let limits = Limits::default();
         let reader = TreeReader {
-            repo: &self.repository,
+            repo: self.repository,
             odb,
             root,
             dir: String::new(),

@@ -164,20 +164,26 @@ pub fn load_commit(
     cache: &mut SourceCache,
 ) -> Result<Vec<Arc<Manifest>>, LoadError> {
     let dir = git::normalize_dir(&app.path)?;
-    let opened = git::Opened::new(head)?;
-    let mut candidates = opened.walk(&dir, limits)?;
-    // Values files the walk did not list (beside the directory, or not named *.yaml).
-    for path in app.values_files.iter().filter_map(|file| cache::values_path(&dir, file)) {
-        if candidates.binary_search_by(|c| c.path.cmp(&path)).is_err()
-            && let Some(blob) = opened.blob_at(&path)?
-        {
-            candidates.push(cache::Candidate { path, blob, size: 0 });
-            candidates.sort_by(|a, b| a.path.cmp(&b.path));
+    // Out of the cache while it is read (the load needs the cache too), then back in it.
+    let repository = cache.take_repository(head.repo())?;
+    let loaded = (|| {
+        let opened = git::Opened::new(&repository, head);
+        let mut candidates = opened.walk(&dir, limits)?;
+        // Values files the walk did not list (beside the directory, or not named *.yaml).
+        for path in app.values_files.iter().filter_map(|file| cache::values_path(&dir, file)) {
+            if candidates.binary_search_by(|c| c.path.cmp(&path)).is_err()
+                && let Some(blob) = opened.blob_at(&path)?
+            {
+                candidates.push(cache::Candidate { path, blob, size: 0 });
+                candidates.sort_by(|a, b| a.path.cmp(&b.path));
+            }
         }
-    }
-    let known = cache.known_sizes(&candidates);
-    opened.sizes(&mut candidates, &known, limits)?;
-    cache::load(&candidates, &dir, app, validator, limits, cache, |_, c| opened.read(c).map(Cow::Owned))
+        let known = cache.known_sizes(&candidates);
+        opened.sizes(&mut candidates, &known, limits)?;
+        cache::load(&candidates, &dir, app, validator, limits, cache, |_, c| opened.read(c).map(Cow::Owned))
+    })();
+    cache.keep_repository(head.repo(), repository);
+    loaded
 }
 
 /// Loads the Application's objects from a directory that stands for the repository root, by the

@@ -53,6 +53,10 @@ const HISTORY: usize = 10;
 const MAX_LISTED_RESOURCES: usize = 50;
 /// Health is assessed at most this often per burst of changes.
 const HEALTH_DEBOUNCE: Duration = Duration::from_millis(200);
+/// Retries of a sync that failed for a reason that may heal by itself (the store, the disk):
+/// 1 s, doubling, at most 5 minutes.
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Why an Application is queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -74,8 +78,7 @@ type Queue = WorkQueue<ObjectKey, Reason>;
 
 pub struct SourceController {
     store: Arc<dyn Store>,
-    repos_dir: PathBuf,
-    mirrors: Mirrors,
+    repos: Repos,
     record_key: apply::RecordKey,
     validator: Arc<Validator>,
     limits: Limits,
@@ -97,6 +100,30 @@ enum SyncError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Spec(String),
+    /// Something that may heal by itself (a concurrent writer, a mirror's fetch, the disk).
+    #[error("{0}")]
+    Transient(String),
+}
+
+impl SyncError {
+    /// Whether this is the verdict on the commit (with this spec): its content or the
+    /// Application's settings are wrong, so trying the same commit again can only fail again.
+    /// Anything else is retried with back-off.
+    fn is_verdict(&self) -> bool {
+        match self {
+            SyncError::Invalid(_) | SyncError::Spec(_) => true,
+            SyncError::Source(e) => !e.is_transient(),
+            SyncError::Store(_) | SyncError::Transient(_) => false,
+        }
+    }
+}
+
+/// What a sync asks of the loop.
+struct SyncOutcome {
+    /// The Application's health may have changed.
+    assess_health: bool,
+    /// It failed for a reason that may heal by itself: retry with back-off.
+    retry: bool,
 }
 
 /// `namespace/name` of an Application: the value of the inventory annotation.
@@ -133,24 +160,18 @@ fn watched_kinds() -> Vec<String> {
     kinds
 }
 
-impl SourceController {
-    pub fn new(store: Arc<dyn Store>, repos_dir: PathBuf, mirrors: Mirrors, record_key: apply::RecordKey) -> Self {
-        SourceController {
-            store,
-            repos_dir,
-            mirrors,
-            record_key,
-            validator: Arc::new(Validator::new()),
-            limits: Limits::default(),
-            resync: Duration::from_secs(60),
-            caches: Default::default(),
-            inventories: Default::default(),
-        }
-    }
+/// Where Applications' repositories are: hosted ones in a directory, remote ones mirrored.
+#[derive(Clone)]
+struct Repos {
+    dir: PathBuf,
+    mirrors: Mirrors,
+}
 
+impl Repos {
     /// The bare repository an Application reads: a hosted one (`demo` for repos/demo.git) or the
-    /// local mirror of a remote URL. `Ok(None)` while a new mirror has not fetched yet.
-    fn repo_path(&self, repo: &str) -> Result<Option<PathBuf>, SyncError> {
+    /// local mirror of a remote URL. `Ok(None)` while a new mirror has not fetched yet. Touches
+    /// the filesystem (and may make an empty repository): call it off the async runtime.
+    fn path(&self, repo: &str) -> Result<Option<PathBuf>, SyncError> {
         if is_url(repo) {
             if repo.split_once("://").is_some_and(|(_, rest)| rest.split('/').next().is_some_and(|a| a.contains('@'))) {
                 return Err(SyncError::Spec(format!(
@@ -162,7 +183,7 @@ impl SourceController {
             let path = self.mirrors.track(repo).map_err(|e| SyncError::Spec(e.to_string()))?;
             return match self.mirrors.status(repo) {
                 Some(status) if status.last_success.is_some() => Ok(Some(path)),
-                Some(MirrorStatus { last_error: Some(error), .. }) => Err(SyncError::Spec(error)),
+                Some(MirrorStatus { last_error: Some(error), .. }) => Err(SyncError::Transient(error)),
                 _ => Ok(None),
             };
         }
@@ -172,14 +193,69 @@ impl SourceController {
                 "spec.repo {repo:?} is neither a hosted repository's name (like `demo` for repos/demo.git) nor a URL"
             )));
         }
-        let path = self.repos_dir.join(format!("{repo}.git"));
+        let path = self.dir.join(format!("{repo}.git"));
         if !path.exists() {
             // An Application names a hosted repository that does not exist yet: make it empty, so
             // its first push has somewhere to go.
-            crate::bootstrap::empty_repo(&self.repos_dir, repo).map_err(|e| SyncError::Spec(format!("{e:#}")))?;
+            crate::bootstrap::empty_repo(&self.dir, repo).map_err(|e| SyncError::Transient(format!("{e:#}")))?;
             tracing::info!(%repo, "created an empty hosted repository");
         }
         Ok(Some(path))
+    }
+
+    /// [`Repos::path`] on a blocking thread.
+    async fn path_blocking(&self, repo: &str) -> Result<Option<PathBuf>, SyncError> {
+        let (repos, repo) = (self.clone(), repo.to_owned());
+        tokio::task::spawn_blocking(move || repos.path(&repo))
+            .await
+            .unwrap_or_else(|e| Err(SyncError::Transient(format!("finding the repository failed: {e}"))))
+    }
+}
+
+/// The Applications as the cache has them, indexed by the repository they name and by the
+/// namespace their objects go to; rebuilt only when an Application changes.
+#[derive(Default)]
+struct Registry {
+    all: BTreeSet<ObjectKey>,
+    /// `spec.repo` -> its Applications.
+    by_repo: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Default namespace -> the Applications whose workloads go there.
+    by_namespace: HashMap<String, BTreeSet<ObjectKey>>,
+    /// A hosted repository's path -> its name in `spec.repo`.
+    paths: HashMap<PathBuf, String>,
+}
+
+impl Registry {
+    fn of(apps: &[Application]) -> Registry {
+        let mut registry = Registry::default();
+        for app in apps {
+            let key = app_key(app);
+            registry.all.insert(key.clone());
+            registry.by_repo.entry(app.spec.repo.clone()).or_default().insert(key.clone());
+            let namespace = app.spec.namespace.as_deref().unwrap_or(gitplane_api::object::DEFAULT_NAMESPACE);
+            registry.by_namespace.entry(namespace.to_owned()).or_default().insert(key);
+        }
+        registry
+    }
+
+    /// The Applications of the hosted repository at `path`.
+    fn by_path(&self, path: &Path) -> impl Iterator<Item = &ObjectKey> {
+        self.paths.get(path).and_then(|repo| self.by_repo.get(repo)).into_iter().flatten()
+    }
+}
+
+impl SourceController {
+    pub fn new(store: Arc<dyn Store>, repos_dir: PathBuf, mirrors: Mirrors, record_key: apply::RecordKey) -> Self {
+        SourceController {
+            store,
+            repos: Repos { dir: repos_dir, mirrors },
+            record_key,
+            validator: Arc::new(Validator::new()),
+            limits: Limits::default(),
+            resync: Duration::from_secs(60),
+            caches: Default::default(),
+            inventories: Default::default(),
+        }
     }
 
     pub async fn run(self) {
@@ -189,51 +265,54 @@ impl SourceController {
         let cache = informer.cache().clone();
         let (pushed_tx, mut pushed) = mpsc::unbounded_channel::<PathBuf>();
         let mut watchers: HashMap<PathBuf, notify::RecommendedWatcher> = HashMap::new();
-        let mut queue = Queue::new(Backoff::default());
+        let mut queue = Queue::new(Backoff { initial: RETRY_MIN, max: RETRY_MAX });
         let mut unhealthy: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut generations: HashMap<ObjectKey, Option<i64>> = HashMap::new();
         let mut resync = tokio::time::interval(self.resync);
         let mut health_tick = tokio::time::interval(HEALTH_DEBOUNCE);
-        let apps = |cache: &Cache| cache.list_typed::<Application>(None);
-        let mut fetched = self.mirrors.changes();
+        let mut fetched = self.repos.mirrors.changes();
+        let mut registry = Registry::default();
+        let mut applications_changed = true;
         loop {
-            let current = apps(&cache);
-            for app in &current {
-                if !is_url(&app.spec.repo)
-                    && let Ok(Some(path)) = self.repo_path(&app.spec.repo)
-                    && !watchers.contains_key(&path)
-                    && let Some(w) = watch_refs(&path, pushed_tx.clone())
-                {
-                    watchers.insert(path, w);
-                }
-            }
-            // Stop fetching what no Application names any more.
-            for url in self.mirrors.tracked() {
-                if !current.iter().any(|a| a.spec.repo == url) {
-                    self.mirrors.untrack(&url);
-                }
+            // Only when an Application changed: a Pod's event or a push costs a lookup.
+            if std::mem::take(&mut applications_changed) {
+                registry = Registry::of(&cache.list_typed::<Application>(None));
+                self.follow_repositories(&mut registry, &mut watchers, &pushed_tx).await;
             }
             while let Some((key, reason)) = queue.pop() {
                 // From the store, not the cache: the cache may not show our last status write
                 // yet, and the status says which commit was already handled.
                 match Api::<Application>::new(self.store.clone()).get(&key.namespace, &key.name).await {
                     Ok(Some(app)) => {
-                        if self.sync(&app, reason, &informer).await {
-                            unhealthy.insert(key);
+                        let outcome = self.sync(&app, reason, &informer).await;
+                        if outcome.assess_health {
+                            unhealthy.insert(key.clone());
+                        }
+                        if outcome.retry {
+                            let delay = queue.add_with_backoff(key.clone(), Reason::Commit);
+                            tracing::info!(application = %key, ?delay, "retrying after a failure that may heal by itself");
+                        } else {
+                            queue.forget(&key);
                         }
                     }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!(application = %key, error = %e, "reading the Application failed"),
+                    Ok(None) => queue.remove(&key),
+                    Err(e) => {
+                        tracing::warn!(application = %key, error = %e, "reading the Application failed");
+                        queue.add_with_backoff(key, reason);
+                    }
                 }
             }
             tokio::select! {
                 n = notifications.recv() => match n {
-                    Ok(Notification::Changed(e)) => self.observe(&e, &cache, &mut queue, &mut unhealthy, &mut generations),
+                    Ok(Notification::Changed(e)) => {
+                        applications_changed |= self.observe(&e, &cache, &registry, &mut queue, &mut unhealthy, &mut generations);
+                    }
                     Ok(Notification::Resync) | Err(RecvError::Lagged(_)) => {
                         // Events were missed: no inventory can vouch for the store any more.
                         self.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut().for_each(apply::Inventory::distrust);
-                        for app in apps(&cache) {
-                            queue.add(app_key(&app), Reason::Reconcile);
+                        applications_changed = true;
+                        for key in &registry.all {
+                            queue.add(key.clone(), Reason::Reconcile);
                         }
                     }
                     Err(RecvError::Closed) => return,
@@ -243,22 +322,20 @@ impl SourceController {
                     while let Ok(p) = pushed.try_recv() {
                         paths.insert(p);
                     }
-                    for app in apps(&cache) {
-                        if !is_url(&app.spec.repo) && self.repo_path(&app.spec.repo).is_ok_and(|p| p.is_some_and(|p| paths.contains(&p))) {
-                            queue.add(app_key(&app), Reason::Commit);
-                        }
+                    for key in paths.iter().flat_map(|p| registry.by_path(p)) {
+                        queue.add(key.clone(), Reason::Commit);
                     }
                 }
                 Ok(url) = fetched.recv() => {
-                    for app in apps(&cache) {
-                        if app.spec.repo == url {
-                            queue.add(app_key(&app), Reason::Commit);
-                        }
+                    for key in registry.by_repo.get(&url).into_iter().flatten() {
+                        queue.add(key.clone(), Reason::Commit);
                     }
                 }
                 _ = resync.tick() => {
-                    for app in apps(&cache) {
-                        queue.add(app_key(&app), Reason::Reconcile);
+                    // Hosted repositories may have been removed or made meanwhile.
+                    applications_changed = true;
+                    for key in &registry.all {
+                        queue.add(key.clone(), Reason::Reconcile);
                     }
                 }
                 _ = health_tick.tick(), if !unhealthy.is_empty() => {
@@ -266,19 +343,47 @@ impl SourceController {
                         self.assess_health(&key, &cache).await;
                     }
                 }
+                () = queue.due() => {}
             }
         }
     }
 
-    /// Maps a change to the Applications it concerns.
+    /// Watches the refs of every hosted repository an Application names (and no other), and
+    /// stops mirroring remote ones no Application names any more.
+    async fn follow_repositories(
+        &self,
+        registry: &mut Registry,
+        watchers: &mut HashMap<PathBuf, notify::RecommendedWatcher>,
+        pushed: &mpsc::UnboundedSender<PathBuf>,
+    ) {
+        for repo in registry.by_repo.keys().filter(|r| !is_url(r)).cloned().collect::<Vec<_>>() {
+            if let Ok(Some(path)) = self.repos.path_blocking(&repo).await {
+                if !watchers.contains_key(&path)
+                    && let Some(w) = watch_refs(&path, pushed.clone())
+                {
+                    watchers.insert(path.clone(), w);
+                }
+                registry.paths.insert(path, repo);
+            }
+        }
+        watchers.retain(|path, _| registry.paths.contains_key(path));
+        for url in self.repos.mirrors.tracked() {
+            if !registry.by_repo.contains_key(&url) {
+                self.repos.mirrors.untrack(&url);
+            }
+        }
+    }
+
+    /// Maps a change to the Applications it concerns; `true` when an Application changed.
     fn observe(
         &self,
         event: &gitplane_store::Event,
         cache: &Cache,
+        registry: &Registry,
         queue: &mut Queue,
         unhealthy: &mut BTreeSet<ObjectKey>,
         generations: &mut HashMap<ObjectKey, Option<i64>>,
-    ) {
+    ) -> bool {
         if event.key.kind == kind_of::<Application>() {
             // Our own status writes need no sync; spec changes bump the generation.
             let generation = event.object["metadata"]["generation"].as_i64();
@@ -287,8 +392,11 @@ impl SourceController {
                 self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
                 self.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
             }
-            if deleted || generations.insert(event.key.clone(), generation) != Some(generation) {
-                queue.add(event.key.clone(), Reason::Commit);
+            if deleted {
+                queue.remove(&event.key);
+            } else if generations.insert(event.key.clone(), generation) != Some(generation) {
+                // A new spec may change the verdict on the same commit: plan it again.
+                queue.add(event.key.clone(), Reason::Reconcile);
                 unhealthy.insert(event.key.clone());
             }
             // Applications that depend on this one may go now.
@@ -297,7 +405,7 @@ impl SourceController {
                     queue.add(app_key(&app), Reason::Commit);
                 }
             }
-            return;
+            return true;
         }
         // Whoever wrote it (an inventory skips its own writes): by key, as the write may also
         // have changed the inventory annotation.
@@ -320,20 +428,15 @@ impl SourceController {
         } else if matches!(event.key.kind.as_str(), "Pod" | "ReplicaSet.apps") {
             // Pods and ReplicaSets carry no inventory annotation: assess the Applications of
             // that namespace's workloads.
-            for app in cache.list_typed::<Application>(None) {
-                if app.spec.namespace.as_deref().unwrap_or(gitplane_api::object::DEFAULT_NAMESPACE)
-                    == event.key.namespace
-                {
-                    unhealthy.insert(app_key(&app));
-                }
-            }
+            unhealthy.extend(registry.by_namespace.get(&event.key.namespace).into_iter().flatten().cloned());
         }
+        false
     }
 
     /// One sync of one Application; the outcome goes to its status, Events and the log. Whether
     /// the Application's health may have changed: its sync status did, or objects with a
     /// health rule were written.
-    async fn sync(&self, app: &Application, reason: Reason, informer: &Informer) -> bool {
+    async fn sync(&self, app: &Application, reason: Reason, informer: &Informer) -> SyncOutcome {
         let id = app_id(app);
         let last = app.status.as_ref().and_then(|s| s.sync.clone()).unwrap_or_default();
         if let Some(waiting) = self.unmet_dependencies(app, informer.cache()) {
@@ -345,7 +448,7 @@ impl SourceController {
                 })
                 .await;
             }
-            return true;
+            return SyncOutcome { assess_health: true, retry: false };
         }
         let started = Instant::now();
         let started_at = rfc3339();
@@ -353,7 +456,7 @@ impl SourceController {
         let elapsed = started.elapsed();
         let duration_ms = Some(elapsed.as_millis() as u64);
         match outcome {
-            Ok(None) => false,
+            Ok(None) => SyncOutcome { assess_health: false, retry: false },
             Ok(Some(applied)) => {
                 tracing::info!(application = %id, commit = %applied.commit, created = applied.plan.created,
                     updated = applied.plan.updated, pruned = applied.plan.pruned,
@@ -408,7 +511,7 @@ impl SourceController {
                     });
                 })
                 .await;
-                health_may_change
+                SyncOutcome { assess_health: health_may_change, retry: false }
             }
             Err((commit, e)) => {
                 let errors: Vec<String> = match &e {
@@ -429,8 +532,10 @@ impl SourceController {
                     ),
                 )
                 .await;
-                // Only a rejected commit is final; anything else is retried at the next resync.
-                let attempted = if matches!(e, SyncError::Invalid(_)) { commit } else { None };
+                // The verdict on a commit is final: it is not tried again until a new commit or
+                // spec comes. Anything else is retried with back-off.
+                let verdict = e.is_verdict();
+                let attempted = if verdict { commit } else { None };
                 self.update_status(app, |s| {
                     let sync = s.sync.get_or_insert_with(Default::default);
                     sync.status = "Failed".into();
@@ -442,7 +547,7 @@ impl SourceController {
                     sync.duration_ms = duration_ms;
                 })
                 .await;
-                true
+                SyncOutcome { assess_health: true, retry: !verdict }
             }
         }
     }
@@ -475,23 +580,34 @@ impl SourceController {
         reason: Reason,
         informer: &Informer,
     ) -> Result<Option<Applied>, (Option<String>, SyncError)> {
-        let Some(repo) = self.repo_path(&app.spec.repo).map_err(|e| (None, e))? else {
+        let Some(repo) = self.repos.path_blocking(&app.spec.repo).await.map_err(|e| (None, e))? else {
             return Ok(None); // the mirror's first fetch is still running; its change will queue us
         };
+        // The Application's cache keeps its repository open and the outcome of every file.
+        let key = app_key(app);
+        let cache = self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
         let branch = app.spec.branch.clone();
-        let head = tokio::task::spawn_blocking(move || gitplane_source::read_head(&repo, &branch))
-            .await
-            .map_err(|e| (None, SyncError::Spec(format!("reading the repository failed: {e}"))))?
-            .map_err(|e| (None, e.into()))?;
+        let (head, mut cache) = tokio::task::spawn_blocking(move || {
+            let mut cache = cache;
+            (cache.read_head(&repo, &branch), cache)
+        })
+        .await
+        .map_err(|e| (None, SyncError::Transient(format!("reading the repository failed: {e}"))))?;
+        let head = match head {
+            Ok(head) => head,
+            Err(e) => {
+                self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key, cache);
+                return Err((None, e.into()));
+            }
+        };
         let handled = last.attempted_revision.as_deref() == Some(head.id.as_str());
         if handled && (reason == Reason::Commit || last.status == "Failed") {
+            self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key, cache);
             return Ok(None);
         }
         let commit = CommitInfo { id: head.id.clone(), subject: head.subject.clone() };
         let fail = |e: SyncError| (Some(commit.id.clone()), e);
         // Only the files that changed since the last load are rendered and validated again.
-        let key = app_key(app);
-        let mut cache = self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
         let (source, validator, limits) =
             (AppSource::from_spec(&app.spec), self.validator.clone(), self.limits.clone());
         let (loaded, cache) = tokio::task::spawn_blocking(move || {
@@ -499,7 +615,7 @@ impl SourceController {
             (loaded, cache)
         })
         .await
-        .map_err(|e| fail(SyncError::Spec(format!("loading the commit failed: {e}"))))?;
+        .map_err(|e| fail(SyncError::Transient(format!("loading the commit failed: {e}"))))?;
         self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), cache);
         let manifests = loaded.map_err(|e| match e {
             LoadError::Invalid(errors) => fail(SyncError::Invalid(errors)),
@@ -569,7 +685,7 @@ impl SourceController {
             }
         }
         let last = last_conflict.unwrap_or_default();
-        Err(SyncError::Spec(format!("objects kept changing while applying ({last}); will retry")))
+        Err(SyncError::Transient(format!("objects kept changing while applying ({last}); will retry")))
     }
 
     /// Recomputes the health of one Application from the cache.
@@ -953,6 +1069,52 @@ mod tests {
     }
 
     const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: \"1\"\n";
+
+    #[tokio::test]
+    async fn t90_issue_11_a_commit_rejected_for_its_content_is_not_retried() {
+        let (store, controller, repo) = setup().await;
+        // Over the 1 MiB file limit: refused before it is read, not by schema validation.
+        let huge = format!("{CM}# {}\n", "x".repeat(1_200_000));
+        let bad = repo.commit(&[("big.yaml", huge.as_str())]);
+        let status = sync(&store, &controller, "a").await;
+        assert_eq!((status.status.as_str(), status.attempted_revision.as_deref()), ("Failed", Some(bad.as_str())));
+        assert!(status.errors[0].contains("big.yaml"), "{:?}", status.errors);
+
+        // Neither the same commit nor the periodic resync tries it again, and nothing is written.
+        let informer = Informer::spawn(store.clone(), watched_kinds());
+        let before = store.revision().await.unwrap();
+        informer.wait_for(before).await;
+        let app = Api::<Application>::new(store.clone()).get("gitplane-system", "a").await.unwrap().unwrap();
+        for reason in [Reason::Commit, Reason::Reconcile] {
+            let outcome = controller.sync(&app, reason, &informer).await;
+            assert!(!outcome.retry && !outcome.assess_health, "{reason:?}");
+        }
+        assert_eq!(store.revision().await.unwrap(), before, "a final verdict is not written again");
+    }
+
+    #[test]
+    fn t90_issue_11_only_failures_that_may_heal_are_retried() {
+        let verdicts = [
+            SyncError::Invalid(Vec::new()),
+            SyncError::Spec("spec.repo holds credentials".into()),
+            SyncError::Source(gitplane_source::SourceError::FileTooLarge { file: "f".into(), size: 2, limit: 1 }),
+            SyncError::Source(gitplane_source::SourceError::SymlinkAbsolute {
+                file: "f".into(),
+                target: "/etc/passwd".into(),
+                dir: String::new(),
+            }),
+        ];
+        assert!(verdicts.iter().all(SyncError::is_verdict));
+        let healing = [
+            SyncError::Transient("objects kept changing".into()),
+            SyncError::Store(StoreError::Unavailable("no leader".into())),
+            SyncError::Source(gitplane_source::SourceError::Io {
+                path: "x".into(),
+                source: std::io::ErrorKind::Interrupted.into(),
+            }),
+        ];
+        assert!(!healing.iter().any(SyncError::is_verdict));
+    }
 
     #[tokio::test]
     async fn applies_then_prunes_and_keeps_the_last_good_commit() {
