@@ -12,7 +12,10 @@ use crate::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
-use gitplane::source::apply::{self, Cluster, Inventory, Policy};
+use gitplane::source::{
+    allocate::ServiceRanges,
+    apply::{self, Cluster, Inventory, Policy},
+};
 use gitplane_source::{AppSource, Limits, LoadError, Manifest, SourceCache, Validator, load_commit, read_head};
 use gitplane_store::{ObjectKey, Op, remote::pb};
 use serde::Deserialize as _;
@@ -389,6 +392,7 @@ struct State {
     nodes: HashSet<String>,
     revision: i64,
     record_key: apply::RecordKey,
+    service_ranges: ServiceRanges,
 }
 
 impl State {
@@ -404,6 +408,7 @@ impl State {
             nodes: HashSet::new(),
             revision: 0,
             record_key: apply::RecordKey::new([7; 32]),
+            service_ranges: ServiceRanges::default(),
         };
         let head = read_head(repo, "main")?;
         let manifests = load(&head, &state.app, &state.validator, &mut state.cache)?;
@@ -419,6 +424,7 @@ impl State {
             inventory: &self.inventory,
             namespaces: &self.namespaces,
             nodes: &self.nodes,
+            service_ranges: &self.service_ranges,
         };
         let policy = Policy { app: APP, prune: true, allow_empty: false, record_key: &self.record_key };
         apply::plan(manifests, &cluster, &policy)

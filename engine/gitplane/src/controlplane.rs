@@ -4,11 +4,22 @@
 use crate::{
     bootstrap,
     mirror::Mirrors,
-    source::{SourceController, apply::RecordKey},
+    source::{SourceController, allocate::ServiceRanges, apply::RecordKey},
 };
 use gitplane_store::{Store, informer::Informer};
 use std::{path::PathBuf, sync::Arc};
 use tokio::{sync::watch, task::JoinHandle};
+
+/// What the leader-only loops are configured with.
+#[derive(Clone)]
+pub struct Settings {
+    pub repos_dir: PathBuf,
+    pub mirrors: Mirrors,
+    /// The hosted repository of the root Application, made if absent.
+    pub root: Option<String>,
+    pub record_key: RecordKey,
+    pub service_ranges: ServiceRanges,
+}
 
 /// The running leader-only loops; dropping it stops them.
 pub struct ControlPlane {
@@ -16,13 +27,8 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    pub async fn start(
-        store: Arc<dyn Store>,
-        repos_dir: PathBuf,
-        mirrors: Mirrors,
-        root: Option<String>,
-        record_key: RecordKey,
-    ) -> ControlPlane {
+    pub async fn start(store: Arc<dyn Store>, settings: Settings) -> ControlPlane {
+        let Settings { repos_dir, mirrors, root, record_key, service_ranges } = settings;
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
         }
@@ -34,7 +40,8 @@ impl ControlPlane {
         let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
         let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone());
         tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer, Default::default()).run()));
-        tasks.push(tokio::spawn(SourceController::new(store, repos_dir, mirrors, record_key).run()));
+        let source = SourceController::new(store, repos_dir, mirrors, record_key).with_service_ranges(service_ranges);
+        tasks.push(tokio::spawn(source.run()));
         ControlPlane { tasks }
     }
 }
@@ -48,22 +55,13 @@ impl Drop for ControlPlane {
 }
 
 /// Runs the control plane whenever `leading` is true.
-pub async fn run_while_leading(
-    mut leading: watch::Receiver<bool>,
-    store: Arc<dyn Store>,
-    repos_dir: PathBuf,
-    mirrors: Mirrors,
-    root: Option<String>,
-    record_key: RecordKey,
-) {
+pub async fn run_while_leading(mut leading: watch::Receiver<bool>, store: Arc<dyn Store>, settings: Settings) {
     loop {
         if leading.wait_for(|l| *l).await.is_err() {
             return;
         }
         tracing::info!("acting leader: starting the source, the scheduler and the controllers");
-        let running =
-            ControlPlane::start(store.clone(), repos_dir.clone(), mirrors.clone(), root.clone(), record_key.clone())
-                .await;
+        let running = ControlPlane::start(store.clone(), settings.clone()).await;
         if leading.wait_for(|l| !*l).await.is_err() {
             return;
         }

@@ -7,7 +7,7 @@ use crate::{
     githttp, listener,
     mirror::Mirrors,
     nodeservice::{NodeIdentity, NodeService},
-    source::apply::RecordKey,
+    source::{allocate::ServiceRanges, apply::RecordKey},
     webhook,
 };
 use anyhow::Context as _;
@@ -147,6 +147,7 @@ impl Replica {
         credentials: &Credentials,
         git: GitServing,
         push_hint: String,
+        service_ranges: ServiceRanges,
     ) -> anyhow::Result<Replica> {
         let shared = backend.store();
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
@@ -167,14 +168,14 @@ impl Replica {
             )
             .fallback(apiserver::not_found);
         let mut tasks = vec![tokio::spawn(listener::serve(listener, grpc, http, listener::Limits::default()))];
-        tasks.push(tokio::spawn(controlplane::run_while_leading(
-            backend.leading(),
-            shared.clone(),
-            git.repos_dir,
-            git.mirrors,
-            git.root,
-            RecordKey::new(credentials.record_key()),
-        )));
+        let settings = controlplane::Settings {
+            repos_dir: git.repos_dir,
+            mirrors: git.mirrors,
+            root: git.root,
+            record_key: RecordKey::new(credentials.record_key()),
+            service_ranges,
+        };
+        tasks.push(tokio::spawn(controlplane::run_while_leading(backend.leading(), shared.clone(), settings)));
         tasks.push(tokio::spawn(compactor(shared)));
         Ok(Replica { backend, tasks })
     }

@@ -3,6 +3,7 @@
 use crate::{
     credentials::{Credentials, Sources},
     replica::{Backend, GitServing, Replica},
+    source::allocate::ServiceRanges,
 };
 use anyhow::{Context as _, bail};
 use gitplane_store::{
@@ -66,6 +67,9 @@ pub struct ServerArgs {
     /// `<data-dir>/join-token`, made like the peer token.
     #[arg(long)]
     join_token_file: Option<PathBuf>,
+    /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cidr: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -127,7 +131,8 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let hint = format!("http://{listen}/git/<repository>.git (token in {})", args.data_dir.join("git-token").display());
     let mut git = GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref())?;
     git.root = args.bootstrap;
-    let replica = Replica::start(backend, listener, &credentials, git, hint).await?;
+    let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
+    let replica = Replica::start(backend, listener, &credentials, git, hint, ranges).await?;
     tracing::info!(id = args.id, %listen, "replica started");
     crate::up::stop_signal().await;
     tracing::info!("stopping");

@@ -44,7 +44,13 @@ fn columns(kind: &str) -> Vec<Value> {
         "Deployment" => &[("Ready", "string"), ("Up-to-date", "integer"), ("Available", "integer"), ("Age", "string")],
         "ReplicaSet" => &[("Desired", "integer"), ("Current", "integer"), ("Ready", "integer"), ("Age", "string")],
         "Job" => &[("Status", "string"), ("Completions", "string"), ("Age", "string")],
-        "Service" => &[("Type", "string"), ("Cluster-IP", "string"), ("Ports", "string"), ("Age", "string")],
+        "Service" => &[
+            ("Type", "string"),
+            ("Cluster-IP", "string"),
+            ("External-IP", "string"),
+            ("Port(s)", "string"),
+            ("Age", "string"),
+        ],
         "Node" => &[("Status", "string"), ("Age", "string"), ("Version", "string"), ("Pod-CIDR", "string")],
         "Application" => &[("Sync", "string"), ("Health", "string"), ("Revision", "string"), ("Age", "string")],
         "Event" => &[("Type", "string"), ("Reason", "string"), ("Object", "string"), ("Message", "string")],
@@ -111,15 +117,37 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             cells.extend([json!(state), json!(format!("{}/{completions}", int(&status["succeeded"]))), json!(age)]);
         }
         "Service" => {
+            // As kubectl prints them: `80:30080/TCP` when a nodePort is allocated.
             let ports: Vec<String> = spec["ports"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|p| format!("{}/{}", int(&p["port"]), p["protocol"].as_str().unwrap_or("TCP")))
+                .map(|p| {
+                    let protocol = p["protocol"].as_str().unwrap_or("TCP");
+                    match p["nodePort"].as_i64() {
+                        Some(node_port) => format!("{}:{node_port}/{protocol}", int(&p["port"])),
+                        None => format!("{}/{protocol}", int(&p["port"])),
+                    }
+                })
                 .collect();
+            let kind = spec["type"].as_str().unwrap_or("ClusterIP");
+            let ingress: Vec<&str> = status["loadBalancer"]["ingress"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i["ip"].as_str().or(i["hostname"].as_str()))
+                .chain(spec["externalIPs"].as_array().into_iter().flatten().filter_map(Value::as_str))
+                .collect();
+            let external = match kind {
+                "ExternalName" => spec["externalName"].as_str().unwrap_or("<none>").to_owned(),
+                _ if !ingress.is_empty() => ingress.join(","),
+                "LoadBalancer" => "<pending>".to_owned(),
+                _ => "<none>".to_owned(),
+            };
             cells.extend([
-                json!(spec["type"].as_str().unwrap_or("ClusterIP")),
+                json!(kind),
                 json!(spec["clusterIP"].as_str().unwrap_or("<none>")),
+                json!(external),
                 json!(if ports.is_empty() { "<none>".to_owned() } else { ports.join(",") }),
                 json!(age),
             ]);
@@ -224,5 +252,29 @@ mod tests {
             table("Application", &[app], "1", now())["rows"][0]["cells"],
             json!(["demo", "Synced", "Healthy", "0123456789ab", "<unknown>"])
         );
+    }
+
+    #[test]
+    fn service_rows_show_addresses_and_node_ports_as_kubectl() {
+        let row = |spec: Value, status: Value| {
+            let service = json!({"metadata": {"name": "s"}, "spec": spec, "status": status});
+            table("Service", &[service], "1", now())["rows"][0]["cells"].clone()
+        };
+        assert_eq!(
+            row(
+                json!({"type": "NodePort", "clusterIP": "10.96.0.7", "ports": [{"port": 80, "nodePort": 30080}]}),
+                json!({})
+            ),
+            json!(["s", "NodePort", "10.96.0.7", "<none>", "80:30080/TCP", "<unknown>"])
+        );
+        let pending = row(
+            json!({"type": "LoadBalancer", "clusterIP": "10.96.0.8", "ports": [{"port": 53, "protocol": "UDP"}]}),
+            json!({}),
+        );
+        assert_eq!(pending[3], "<pending>");
+        let lb = row(json!({"type": "LoadBalancer"}), json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.7"}]}}));
+        assert_eq!(lb[3], "192.0.2.7");
+        let external = row(json!({"type": "ExternalName", "externalName": "db.example.com"}), json!({}));
+        assert_eq!((external[2].as_str(), external[3].as_str()), (Some("<none>"), Some("db.example.com")));
     }
 }

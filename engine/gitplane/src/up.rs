@@ -9,6 +9,7 @@ use crate::{
     bootstrap,
     credentials::{Credentials, Sources},
     replica::{Backend, GitServing, Replica},
+    source::allocate::ServiceRanges,
 };
 use anyhow::{Context as _, bail};
 use gitplane_nodeagent::{
@@ -44,6 +45,9 @@ pub struct UpArgs {
     /// A file holding the shared secret of webhooks from Git hosts (none: webhooks are refused).
     #[arg(long)]
     webhook_secret_file: Option<PathBuf>,
+    /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cidr: String,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -72,7 +76,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     config.peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?;
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
     let repo_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
-    let replica = Replica::start(Backend::raft(config).await?, listener, &credentials, git, repo_url.clone()).await?;
+    let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
+    let replica =
+        Replica::start(Backend::raft(config).await?, listener, &credentials, git, repo_url.clone(), ranges).await?;
     if !replica.wait_for_leader(Duration::from_secs(30)).await {
         bail!("the store elected no leader within 30 s");
     }

@@ -10,6 +10,7 @@
 //! metadata and a weak value cannot be found from its record offline. A managed field that differs from Git while Git
 //! did not change it is drift: it is corrected and reported.
 
+use crate::source::allocate::{Allocations, ServiceRanges, carry_over};
 use gitplane_api::object::{APPLICATION_ANNOTATION, resource_version};
 use gitplane_source::{Manifest, ManifestError};
 use gitplane_store::{ObjectKey, Op};
@@ -122,6 +123,8 @@ impl Inventory {
 /// copied into a map per sync.
 pub trait Stored {
     fn get(&self, key: &ObjectKey) -> Option<Arc<Value>>;
+    /// Every stored object of a group kind.
+    fn list(&self, kind: &str) -> Vec<Arc<Value>>;
     /// The objects whose inventory annotation names `app` (`namespace/name`).
     fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)>;
 }
@@ -134,6 +137,10 @@ pub fn owned_by(object: &Value, app: &str) -> bool {
 impl Stored for BTreeMap<ObjectKey, Arc<Value>> {
     fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
         BTreeMap::get(self, key).cloned()
+    }
+
+    fn list(&self, kind: &str) -> Vec<Arc<Value>> {
+        self.iter().filter(|(k, _)| k.kind == kind).map(|(_, v)| v.clone()).collect()
     }
 
     fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)> {
@@ -149,6 +156,8 @@ pub struct Cluster<'a> {
     pub inventory: &'a Inventory,
     pub namespaces: &'a HashSet<String>,
     pub nodes: &'a HashSet<String>,
+    /// Where Services get their addresses and nodePorts.
+    pub service_ranges: &'a ServiceRanges,
 }
 
 /// The Application's settings that shape a plan.
@@ -295,12 +304,15 @@ pub fn merge(stored: &Value, last: Option<&Value>, desired: &Value) -> Value {
 }
 
 /// Whether `stored` differs from `desired` in a field `desired` sets (Secret values compared
-/// through the digests of the record when `desired` is a record).
+/// through the digests of the record when `desired` is a record). List items are compared the
+/// same way, in order: what the server adds inside an item (an allocated nodePort, a default)
+/// is not a difference, an item more or less is.
 fn managed_differs(stored: &Value, desired: &Value) -> bool {
     match (stored, desired) {
         (Value::Object(s), Value::Object(d)) => {
             d.iter().any(|(k, dv)| s.get(k).is_none_or(|sv| managed_differs(sv, dv)))
         }
+        (Value::Array(s), Value::Array(d)) => s.len() != d.len() || s.iter().zip(d).any(|(s, d)| managed_differs(s, d)),
         _ => stored != desired,
     }
 }
@@ -311,6 +323,24 @@ pub fn drifted(stored: &Value, key: &RecordKey) -> bool {
     let last =
         stored["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str().and_then(|t| serde_json::from_str(t).ok());
     last.is_some_and(|last: Value| managed_differs(&last_applied_record(stored, key), &last))
+}
+
+/// The allocations of the stored Services, read once per plan. Services this commit prunes free
+/// their addresses for the ones it adds.
+fn services<'s>(
+    slot: &'s mut Option<Allocations>,
+    manifests: &[Arc<Manifest>],
+    cluster: &Cluster<'_>,
+    policy: &Policy<'_>,
+) -> &'s mut Allocations {
+    slot.get_or_insert_with(|| {
+        let wanted: HashSet<&ObjectKey> = manifests.iter().map(|m| &m.key).collect();
+        let stored = cluster.stored.list("Service");
+        let kept = stored.iter().filter(|s| {
+            !(policy.prune && owned_by(s, policy.app) && ObjectKey::from_value(s).is_ok_and(|k| !wanted.contains(&k)))
+        });
+        Allocations::of(kept.map(|s| &**s))
+    })
 }
 
 /// The object as the source writes it: Git's, with the inventory and last-applied annotations.
@@ -332,6 +362,8 @@ pub fn plan(
     let inventory = cluster.inventory;
     let mut errors = Vec::new();
     let mut plan = Plan { full: !inventory.complete, ..Plan::default() };
+    // Built on the first Service that needs it: a commit without Services reads none.
+    let mut allocations: Option<Allocations> = None;
     // Inventory entries that a manifest still names: when that is all of them, nothing left Git.
     let mut named = 0;
     for m in manifests {
@@ -364,8 +396,21 @@ pub fn plan(
                 format!("node {node:?} does not exist: remove spec.nodeName and let the scheduler place the Pod"),
             ));
         }
+        let is_service = m.key.kind == "Service";
         let Some(current) = cluster.stored.get(&m.key) else {
-            plan.ops.push(Op::Create(desired(m, policy.app, &last_applied_record(&m.value, policy.record_key))));
+            let mut object = desired(m, policy.app, &last_applied_record(&m.value, policy.record_key));
+            if is_service
+                && let Err(problems) = services(&mut allocations, manifests, cluster, policy).assign(
+                    &m.key,
+                    &mut object,
+                    None,
+                    cluster.service_ranges,
+                )
+            {
+                errors.extend(problems.into_iter().map(|(path, message)| error_at(m, &path, message)));
+                continue;
+            }
+            plan.ops.push(Op::Create(object));
             plan.written.push(m.clone());
             plan.created += 1;
             continue;
@@ -395,9 +440,15 @@ pub fn plan(
         // has it. The record is Git's object without server fields (the inventory annotation
         // was checked above), except that a Secret's record holds digests: compare its values.
         let secret_fields;
+        let service_fields;
         let git_fields: &Value = if m.value["kind"] == "Secret" {
             secret_fields = without_server_fields(&m.value);
             &secret_fields
+        } else if is_service {
+            // Git's Service with what was allocated to it, so a list replaced whole still holds
+            // its nodePorts.
+            service_fields = carry_over(&record, &current);
+            &service_fields
         } else {
             &record
         };
@@ -412,7 +463,19 @@ pub fn plan(
         let last: Option<Value> = annotation.and_then(|t| serde_json::from_str(t).ok());
         let current_part = without_server_fields(&current);
         let last_part = last.as_ref().map(without_server_fields);
-        let merged = merge(&current_part, last_part.as_deref(), &managed);
+        let mut merged = merge(&current_part, last_part.as_deref(), &managed);
+        if is_service {
+            merged = carry_over(&merged, &current);
+            if let Err(problems) = services(&mut allocations, manifests, cluster, policy).assign(
+                &m.key,
+                &mut merged,
+                Some(&current),
+                cluster.service_ranges,
+            ) {
+                errors.extend(problems.into_iter().map(|(path, message)| error_at(m, &path, message)));
+                continue;
+            }
+        }
         let recorded = last.as_ref() == Some(&*record);
         // Git unchanged since the last apply, yet a field Git manages changed: drift.
         if recorded && managed_differs(&current_part, &managed) {
@@ -553,7 +616,13 @@ mod tests {
         let inventory = Inventory::default();
         let first = plan(
             &manifests,
-            &Cluster { stored: &stored, inventory: &inventory, namespaces: &namespaces, nodes: &nodes },
+            &Cluster {
+                stored: &stored,
+                inventory: &inventory,
+                namespaces: &namespaces,
+                nodes: &nodes,
+                service_ranges: &ServiceRanges::default(),
+            },
             &policy,
         )
         .unwrap();
@@ -562,7 +631,13 @@ mod tests {
         stored.insert(key.clone(), Arc::new(stored_after(&first)));
         let again = plan(
             &manifests,
-            &Cluster { stored: &stored, inventory: &inventory, namespaces: &namespaces, nodes: &nodes },
+            &Cluster {
+                stored: &stored,
+                inventory: &inventory,
+                namespaces: &namespaces,
+                nodes: &nodes,
+                service_ranges: &ServiceRanges::default(),
+            },
             &policy,
         )
         .unwrap();
@@ -572,7 +647,13 @@ mod tests {
         Arc::make_mut(stored.get_mut(&key).unwrap())["data"]["k"] = json!("changed");
         let fix = plan(
             &manifests,
-            &Cluster { stored: &stored, inventory: &inventory, namespaces: &namespaces, nodes: &nodes },
+            &Cluster {
+                stored: &stored,
+                inventory: &inventory,
+                namespaces: &namespaces,
+                nodes: &nodes,
+                service_ranges: &ServiceRanges::default(),
+            },
             &policy,
         )
         .unwrap();
@@ -591,7 +672,13 @@ mod tests {
         owned["metadata"]["annotations"] = json!({APPLICATION_ANNOTATION: "gitplane-system/a"});
         stored.insert(ObjectKey::from_value(&owned).unwrap(), Arc::new(owned));
         let inventory = Inventory::default();
-        let cluster = Cluster { stored: &stored, inventory: &inventory, namespaces: &namespaces, nodes: &nodes };
+        let cluster = Cluster {
+            stored: &stored,
+            inventory: &inventory,
+            namespaces: &namespaces,
+            nodes: &nodes,
+            service_ranges: &ServiceRanges::default(),
+        };
         let errors = plan(&[], &cluster, &policy).unwrap_err();
         assert!(errors[0].message.contains("spec.allowEmpty"), "{errors:?}");
         let allowed = Policy { allow_empty: true, ..policy };
@@ -630,7 +717,13 @@ mod tests {
         let two = manifest(two_value);
         let (mut stored, mut inventory, mut revision) = (BTreeMap::new(), Inventory::default(), 0);
         let mut sync = |manifests: &[Arc<Manifest>], stored: &mut BTreeMap<_, _>, inventory: &mut Inventory| {
-            let cluster = Cluster { stored: &*stored, inventory, namespaces: &namespaces, nodes: &nodes };
+            let cluster = Cluster {
+                stored: &*stored,
+                inventory,
+                namespaces: &namespaces,
+                nodes: &nodes,
+                service_ranges: &ServiceRanges::default(),
+            };
             let plan = plan(manifests, &cluster, &policy).unwrap();
             let committed = commit(stored, &plan, &mut revision);
             inventory.record(&plan, committed.iter().map(|o| &**o), policy.prune);

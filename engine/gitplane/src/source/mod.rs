@@ -10,6 +10,7 @@
 //! says so. An Application with `dependsOn` waits until those are synced and healthy; its
 //! health ([`health`]) is the worst of its objects'.
 
+pub mod allocate;
 pub mod apply;
 mod health;
 
@@ -80,6 +81,7 @@ pub struct SourceController {
     store: Arc<dyn Store>,
     repos: Repos,
     record_key: apply::RecordKey,
+    service_ranges: allocate::ServiceRanges,
     validator: Arc<Validator>,
     limits: Limits,
     resync: Duration,
@@ -245,11 +247,18 @@ impl Registry {
 }
 
 impl SourceController {
+    /// Services get their addresses and nodePorts from `ranges`.
+    pub fn with_service_ranges(mut self, ranges: allocate::ServiceRanges) -> Self {
+        self.service_ranges = ranges;
+        self
+    }
+
     pub fn new(store: Arc<dyn Store>, repos_dir: PathBuf, mirrors: Mirrors, record_key: apply::RecordKey) -> Self {
         SourceController {
             store,
             repos: Repos { dir: repos_dir, mirrors },
             record_key,
+            service_ranges: allocate::ServiceRanges::default(),
             validator: Arc::new(Validator::new()),
             limits: Limits::default(),
             resync: Duration::from_secs(60),
@@ -655,7 +664,13 @@ impl SourceController {
             let plan = {
                 let (namespaces, nodes) = names(informer.cache());
                 let stored = Accepted(informer.cache());
-                let cluster = apply::Cluster { stored: &stored, inventory, namespaces: &namespaces, nodes: &nodes };
+                let cluster = apply::Cluster {
+                    stored: &stored,
+                    inventory,
+                    namespaces: &namespaces,
+                    nodes: &nodes,
+                    service_ranges: &self.service_ranges,
+                };
                 apply::plan(manifests, &cluster, &policy).map_err(SyncError::Invalid)?
             };
             if plan.ops.is_empty() {
@@ -816,6 +831,10 @@ impl apply::Stored for Accepted<'_> {
         self.0.get(key)
     }
 
+    fn list(&self, kind: &str) -> Vec<Arc<Value>> {
+        self.0.list(kind, None)
+    }
+
     fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)> {
         accepted()
             .iter()
@@ -833,7 +852,7 @@ fn names(cache: &Cache) -> (HashSet<String>, HashSet<String>) {
     };
     (names(kind_of::<Namespace>()), names(kind_of::<Node>()))
 }
-/// Watches a bare repository's branch refs (loose and packed) and reports its path on change.
+
 /// Whether a filesystem event can mean that a ref moved. Git writes a ref as `<ref>.lock` and
 /// renames it into place; reading a ref (as every sync does) must not count, or each sync would
 /// queue the next one.
@@ -854,6 +873,7 @@ fn is_lock(path: &Path) -> bool {
     path.extension().is_some_and(|e| e == "lock")
 }
 
+/// Watches a bare repository's branch refs (loose and packed) and reports its path on change.
 fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<notify::RecommendedWatcher> {
     let path = repo.to_path_buf();
     let heads = repo.join("refs").join("heads");
@@ -1137,6 +1157,63 @@ mod tests {
         let cms = Api::<ConfigMap>::new(store.clone()).list(Some("default")).await.unwrap().0;
         let names: Vec<_> = cms.iter().map(|c| c.metadata.name.clone().unwrap()).collect();
         assert_eq!(names, ["other"], "the object removed from Git is pruned");
+    }
+
+    #[tokio::test]
+    async fn services_get_addresses_that_survive_syncs_and_conflicts_reject_the_commit() {
+        use k8s_openapi::api::core::v1::Service;
+        let (store, controller, repo) = setup().await;
+        let svc = |name: &str, extra: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\nspec:\n  type: NodePort\n{extra}  selector:\n    app: web\n  ports:\n    - port: 80\n"
+            )
+        };
+        repo.commit(&[("a.yaml", &svc("a", "")), ("b.yaml", &svc("b", "  clusterIP: 10.96.5.5\n"))]);
+        assert_eq!(sync(&store, &controller, "a").await.status, "Synced");
+        let services = Api::<Service>::new(store.clone());
+        let spec = |s: Service| s.spec.unwrap();
+        let a = spec(services.get("default", "a").await.unwrap().unwrap());
+        let (ip, node_port) = (a.cluster_ip.clone().unwrap(), a.ports.unwrap()[0].node_port.unwrap());
+        assert!(
+            ip.starts_with("10.96.") && ip != "10.96.5.5" && (30000..=32767).contains(&node_port),
+            "{ip} {node_port}"
+        );
+        assert_eq!(spec(services.get("default", "b").await.unwrap().unwrap()).cluster_ip.as_deref(), Some("10.96.5.5"));
+
+        // A change to the Service (its ports list is replaced whole) keeps what was allocated,
+        // and a re-sync of the same commit writes nothing.
+        repo.commit(&[
+            ("a.yaml", &svc("a", "").replace("app: web", "app: web2")),
+            ("b.yaml", &svc("b", "  clusterIP: 10.96.5.5\n")),
+        ]);
+        assert_eq!(sync(&store, &controller, "a").await.status, "Synced");
+        let again = spec(services.get("default", "a").await.unwrap().unwrap());
+        assert_eq!((again.cluster_ip.unwrap(), again.ports.unwrap()[0].node_port.unwrap()), (ip.clone(), node_port));
+        let informer = Informer::spawn(store.clone(), watched_kinds());
+        let before = store.revision().await.unwrap();
+        informer.wait_for(before).await;
+        let app = Api::<Application>::new(store.clone()).get("gitplane-system", "a").await.unwrap().unwrap();
+        let _ = controller.sync(&app, Reason::Reconcile, &informer).await;
+        assert_eq!(store.revision().await.unwrap(), before, "nothing to write on a resync");
+
+        // A clusterIP another Service holds rejects the commit, naming both; the last good stays.
+        repo.commit(&[
+            ("a.yaml", &svc("a", "")),
+            ("b.yaml", &svc("b", "  clusterIP: 10.96.5.5\n")),
+            ("c.yaml", &svc("c", &format!("  clusterIP: {ip}\n"))),
+        ]);
+        let status = sync(&store, &controller, "a").await;
+        assert_eq!(status.status, "Failed");
+        assert!(
+            status.errors[0].starts_with("c.yaml:1: Service c: /spec/clusterIP: ")
+                && status.errors[0].contains("clusterIP of Service default/a"),
+            "{:?}",
+            status.errors
+        );
+        // Pruned with its Service, the address can be given to another in the same commit.
+        repo.commit(&[("c.yaml", &svc("c", &format!("  clusterIP: {ip}\n")))]);
+        assert_eq!(sync(&store, &controller, "a").await.status, "Synced");
+        assert_eq!(spec(services.get("default", "c").await.unwrap().unwrap()).cluster_ip, Some(ip));
     }
 
     #[tokio::test]
