@@ -4,12 +4,12 @@
 use crate::{apiserver, controlplane, githttp, mirror::Mirrors, nodeservice::NodeService, webhook};
 use anyhow::Context as _;
 use axum::{Json, routing::get, serve::ListenerExt};
-use gitplane_store::{
-    Store,
+use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{RaftStore, ReplicaConfig},
     remote::StoreServer,
 };
+use gitplane_store::Store;
 use std::{
     collections::HashMap,
     io::Write as _,

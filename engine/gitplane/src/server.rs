@@ -2,7 +2,7 @@
 
 use crate::replica::{Backend, GitServing, Replica};
 use anyhow::{Context as _, bail};
-use gitplane_store::{
+use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{NodeId, ReplicaConfig},
     remote::PeerToken,

@@ -17,7 +17,8 @@ use gitplane_nodeagent::{
     images,
     runtime::RuntimeConfig,
 };
-use gitplane_store::{Store, raft::ReplicaConfig};
+use gitplane_storage::raft::ReplicaConfig;
+use gitplane_store::Store;
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 #[derive(clap::Args)]

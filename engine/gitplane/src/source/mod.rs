@@ -772,7 +772,7 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gitplane_store::sqlite::SqliteStore;
+    use gitplane_storage::sqlite::SqliteStore;
     use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 
     /// A bare repository whose `main` is replaced by each `commit`.

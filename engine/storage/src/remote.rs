@@ -9,11 +9,11 @@
 //! (`authorization: Bearer <token>`), and the clients here send it: the token is what the
 //! replicas of a cluster share, as etcd's peers share their certificates.
 
-use crate::{
+use futures::StreamExt;
+use gitplane_store::{
     Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError,
     WatchOptions, WatchStream,
 };
-use futures::StreamExt;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::{
