@@ -3,7 +3,7 @@
 
 use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
-use gitplane_api::proto::node::{
+use gitplane_proto::node::{
     EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, PodEvent, RegisterRequest, RegisterResponse,
     UpdatePodStatusRequest, UpdatePodStatusResponse, WatchPodsRequest, node_service_server,
 };
