@@ -8,7 +8,7 @@ use crate::{
     node,
     runtime::{RuntimeConfig, RuntimeManager},
 };
-use gitplane_api::proto::node::{
+use gitplane_proto::node::{
     EventType, HeartbeatRequest, PodEvent, RegisterRequest, UpdatePodStatusRequest, WatchPodsRequest,
     node_service_client::NodeServiceClient,
 };

@@ -3,7 +3,7 @@
 
 use crate::{binary, wait_for};
 use anyhow::{Context, Result, bail};
-use gitplane_store::remote::{PeerToken, RemoteStore};
+use gitplane_storage::remote::{PeerToken, RemoteStore};
 use serde_json::Value;
 use std::{
     collections::BTreeMap,

@@ -9,7 +9,8 @@ use crate::{
     wait_for,
 };
 use anyhow::{Context, Result, ensure};
-use gitplane_store::{ListOptions, ObjectKey, Op, Store, StoreError, remote::RemoteStore};
+use gitplane_storage::remote::RemoteStore;
+use gitplane_store::{ListOptions, ObjectKey, Op, Store, StoreError};
 use serde_json::{Value, json};
 use std::{
     collections::BTreeSet,

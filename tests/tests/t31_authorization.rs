@@ -4,11 +4,11 @@
 //! API), and the expected answer of each cell.
 
 use anyhow::{Context, Result, ensure};
-use gitplane_api::proto::node::{
+use gitplane_e2e::cluster::{Cluster, loopback_request};
+use gitplane_proto::node::{
     HeartbeatRequest, RegisterRequest, UpdatePodStatusRequest, WatchPodsRequest, node_service_client::NodeServiceClient,
 };
-use gitplane_e2e::cluster::{Cluster, loopback_request};
-use gitplane_store::remote::pb::{
+use gitplane_storage::remote::pb::{
     self, raft_service_client::RaftServiceClient, store_service_client::StoreServiceClient,
 };
 use serde_json::json;

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use gitplane_e2e::{cluster::Cluster, failover::leader_kill_under_load};
-use gitplane_store::postgres::testing::PgCluster;
+use gitplane_storage::postgres::testing::PgCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn t71_postgres_leader_kill_under_load_is_linearizable_and_loses_nothing() -> Result<()> {

@@ -1,11 +1,12 @@
-//! gitplane's object model and wire contracts, shared by the control plane and the node agent.
+//! gitplane's object model, shared by the control plane and the node agent (the node service's wire
+//! format is `gitplane-proto`'s).
 //!
-//! This crate stays light (no storage, no Git, no Raft) so the node agent can link it.
+//! This crate stays light (no storage, no Git, no Raft, no gRPC) so the node agent and the store's
+//! contract can link it.
 
 pub mod application;
 pub mod kinds;
 pub mod object;
-pub mod proto;
 pub mod quantity;
 pub mod schema;
 

@@ -6,7 +6,7 @@
 
 use crate::etcd::pb as etcdpb;
 use anyhow::{Context as _, Result};
-use gitplane_store::remote::pb;
+use gitplane_storage::remote::pb;
 use std::{
     net::SocketAddr,
     sync::Arc,

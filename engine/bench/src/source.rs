@@ -17,7 +17,8 @@ use gitplane::source::{
     apply::{self, Cluster, Inventory, Policy},
 };
 use gitplane_source::{AppSource, Limits, LoadError, Manifest, SourceCache, Validator, load_commit, read_head};
-use gitplane_store::{ObjectKey, Op, remote::pb};
+use gitplane_storage::remote::pb;
+use gitplane_store::{ObjectKey, Op};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 use std::{

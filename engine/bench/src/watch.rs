@@ -10,7 +10,7 @@ use crate::{
 };
 use anyhow::{Context as _, Result, bail};
 use futures::StreamExt as _;
-use gitplane_store::remote::pb;
+use gitplane_storage::remote::pb;
 use std::{
     net::SocketAddr,
     sync::{

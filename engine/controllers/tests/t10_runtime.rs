@@ -3,7 +3,8 @@
 //! failures are retried with a growing backoff, and requeues run without any change.
 
 use gitplane_controllers::{Action, Context, Controller, ReconcileError, Reconciler, runtime::all_of};
-use gitplane_store::{Event, ObjectKey, Op, Store, informer::Cache, informer::Informer, sqlite::SqliteStore};
+use gitplane_storage::sqlite::SqliteStore;
+use gitplane_store::{Event, ObjectKey, Op, Store, informer::Cache, informer::Informer};
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::json;
 use std::{

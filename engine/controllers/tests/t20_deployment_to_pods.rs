@@ -1,7 +1,8 @@
 //! The controllers against a real (SQLite) store: Deployment -> ReplicaSet -> Pods, a deleted
 //! Pod comes back, scaling, cascading deletion.
 
-use gitplane_store::{Api, Op, Store, informer::Informer, sqlite::SqliteStore};
+use gitplane_storage::sqlite::SqliteStore;
+use gitplane_store::{Api, Op, Store, informer::Informer};
 use k8s_openapi::api::{apps::v1::Deployment, apps::v1::ReplicaSet, core::v1::Pod};
 use std::{sync::Arc, time::Duration};
 

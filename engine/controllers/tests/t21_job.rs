@@ -3,7 +3,8 @@
 //! here: the test reports their phase as a kubelet would.
 
 use gitplane_controllers::job::JOB_NAME_LABEL;
-use gitplane_store::{Api, Op, Store, informer::Informer, sqlite::SqliteStore};
+use gitplane_storage::sqlite::SqliteStore;
+use gitplane_store::{Api, Op, Store, informer::Informer};
 use k8s_openapi::api::{batch::v1::Job, core::v1::Pod};
 use std::{sync::Arc, time::Duration};
 

@@ -340,7 +340,8 @@ async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>, q:
 mod tests {
     use super::*;
     use axum::body::Body;
-    use gitplane_store::{Op, sqlite::SqliteStore};
+    use gitplane_storage::sqlite::SqliteStore;
+    use gitplane_store::Op;
     use tower::ServiceExt;
 
     async fn call(router: &Router, method: Method, uri: &str) -> (StatusCode, Value) {

@@ -12,12 +12,12 @@ use crate::{
 };
 use anyhow::Context as _;
 use axum::{Json, routing::get};
-use gitplane_store::{
-    Store,
+use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{RaftStore, ReplicaConfig},
     remote::StoreServer,
 };
+use gitplane_store::Store;
 use std::{
     collections::HashMap,
     os::unix::fs::PermissionsExt,

@@ -6,7 +6,7 @@ use crate::{
     source::allocate::ServiceRanges,
 };
 use anyhow::{Context as _, bail};
-use gitplane_store::{
+use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{NodeId, ReplicaConfig},
     remote::PeerToken,

@@ -19,7 +19,8 @@ use gitplane_nodeagent::{
     images,
     runtime::RuntimeConfig,
 };
-use gitplane_store::{Store, raft::ReplicaConfig, remote::PeerToken};
+use gitplane_storage::{raft::ReplicaConfig, remote::PeerToken};
+use gitplane_store::Store;
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 #[derive(clap::Args)]

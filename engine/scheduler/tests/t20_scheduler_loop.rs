@@ -3,9 +3,9 @@
 //! whose binding fails is retried rather than dropped.
 
 use gitplane_scheduler::Scheduler;
+use gitplane_storage::sqlite::SqliteStore;
 use gitplane_store::{
     Committed, List, ListOptions, Op, Revision, Store, StoreError, WatchOptions, WatchStream, informer::Informer,
-    sqlite::SqliteStore,
 };
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};

@@ -886,7 +886,9 @@ spec:
     #[test]
     fn t10_shared_across_threads() {
         fn send_sync<T: Send + Sync>() {}
-        send_sync::<SourceCache>();
+        fn send<T: Send>() {}
+        // Moved to a blocking thread for each load; it keeps a repository open, which is not Sync.
+        send::<SourceCache>();
         send_sync::<Head>();
         send_sync::<AppSource>();
         send_sync::<LoadError>();

@@ -1,8 +1,9 @@
 //! The store contract as tests: every backend runs the same suite (as openraft's
-//! `testing::Suite`). Each check takes a fresh, empty store.
+//! `testing::Suite`). Each check takes a fresh, empty store. Backend crates enable the
+//! `conformance` feature in their dev-dependencies.
 
 use crate::{EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
-use futures::StreamExt;
+use futures::{StreamExt, future::LocalBoxFuture};
 use serde_json::{Value, json};
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -22,29 +23,40 @@ fn rv(v: &Value) -> i64 {
     v["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap()
 }
 
-/// Runs every check against stores made by `new_store`.
-pub async fn run_all<S, F, Fut>(new_store: F)
+/// Runs every check, each against a fresh store made by `new_store`. The guard that comes with
+/// the store (a temporary directory, a cluster to shut down) is dropped after its check, also
+/// when the check fails, as openraft's `StoreBuilder` guard is.
+pub async fn run_all<S, G, F, Fut>(new_store: F)
 where
     S: Store,
     F: Fn() -> Fut,
-    Fut: Future<Output = S>,
+    Fut: Future<Output = (G, S)>,
 {
-    create_get_and_already_exists(Arc::new(new_store().await)).await;
-    revisions_are_global_and_monotonic(Arc::new(new_store().await)).await;
-    update_is_compare_and_swap(Arc::new(new_store().await)).await;
-    status_is_a_subresource(Arc::new(new_store().await)).await;
-    delete_with_precondition(Arc::new(new_store().await)).await;
-    transactions_are_all_or_nothing(Arc::new(new_store().await)).await;
-    list_filters_namespace_at_one_revision(Arc::new(new_store().await)).await;
-    watch_replays_then_follows_in_order(Arc::new(new_store().await)).await;
-    compaction_expires_old_watches(Arc::new(new_store().await)).await;
-    oversized_objects_are_refused(Arc::new(new_store().await)).await;
-    label_selectors_filter_lists(Arc::new(new_store().await)).await;
-    pages_are_consistent_at_the_first_pages_revision(Arc::new(new_store().await)).await;
-    compaction_keeps_what_later_lists_need(Arc::new(new_store().await)).await;
-    watches_filter_kinds_and_send_bookmarks(Arc::new(new_store().await)).await;
-    concurrent_transactions_get_distinct_revisions(Arc::new(new_store().await)).await;
+    for check in CHECKS {
+        let (_guard, store) = new_store().await;
+        check(Arc::new(store)).await;
+    }
 }
+
+type Check = fn(Arc<dyn Store>) -> LocalBoxFuture<'static, ()>;
+
+const CHECKS: [Check; 15] = [
+    |s| Box::pin(create_get_and_already_exists(s)),
+    |s| Box::pin(revisions_are_global_and_monotonic(s)),
+    |s| Box::pin(update_is_compare_and_swap(s)),
+    |s| Box::pin(status_is_a_subresource(s)),
+    |s| Box::pin(delete_with_precondition(s)),
+    |s| Box::pin(transactions_are_all_or_nothing(s)),
+    |s| Box::pin(list_filters_namespace_at_one_revision(s)),
+    |s| Box::pin(watch_replays_then_follows_in_order(s)),
+    |s| Box::pin(compaction_expires_old_watches(s)),
+    |s| Box::pin(oversized_objects_are_refused(s)),
+    |s| Box::pin(label_selectors_filter_lists(s)),
+    |s| Box::pin(pages_are_consistent_at_the_first_pages_revision(s)),
+    |s| Box::pin(compaction_keeps_what_later_lists_need(s)),
+    |s| Box::pin(watches_filter_kinds_and_send_bookmarks(s)),
+    |s| Box::pin(concurrent_transactions_get_distinct_revisions(s)),
+];
 
 async fn create_get_and_already_exists(store: Arc<dyn Store>) {
     let c = store.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap();

@@ -1,6 +1,9 @@
 use gitplane_api::ObjectKey;
 use serde::{Deserialize, Serialize};
 
+/// A backend's own error, whatever its type (sqlx, I/O, gRPC).
+pub type BackendError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why a transaction was refused. Deterministic: every replica that applies the same
 /// transaction to the same state refuses it for the same reason, so it travels in Raft answers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -36,10 +39,12 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
+    /// The backend's own failure (a database, a file, the network), kept whole as the source: the
+    /// contract names no backend's error type.
     #[error("storage backend: {0}")]
-    Backend(#[from] sqlx::Error),
+    Backend(#[source] BackendError),
     #[error("migrating the store schema: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(#[source] BackendError),
     #[error("store unavailable: {0}")]
     Unavailable(String),
     /// This replica cannot take writes now and did not apply the transaction: it is safe to
@@ -52,13 +57,15 @@ pub enum StoreError {
         "write refused: {holder} (leader token {token}) is no longer the leader; the lease is held by {current_holder:?} with token {current_token}: send writes to the current leader"
     )]
     Fenced { holder: String, token: u64, current_holder: String, current_token: u64 },
-    #[error(
-        "cannot connect to the Postgres store at {target}: {source} (check the URL, that the server runs and accepts this user, and that the database exists)"
-    )]
+    /// The backend could not be reached at all, so nothing was read or written.
+    #[error("cannot connect to {target}: {source} ({advice})")]
     Connect {
+        /// What was being connected to, e.g. `the Postgres store at /run/postgresql (...)`.
         target: String,
         #[source]
-        source: sqlx::Error,
+        source: BackendError,
+        /// What to check.
+        advice: &'static str,
     },
 }
 
@@ -69,6 +76,11 @@ impl From<Rejection> for StoreError {
 }
 
 impl StoreError {
+    /// A backend's failure while reading or writing.
+    pub fn backend(e: impl Into<BackendError>) -> Self {
+        StoreError::Backend(e.into())
+    }
+
     pub fn is_conflict(&self) -> bool {
         matches!(self, StoreError::Rejected(Rejection::Conflict { .. }))
     }

@@ -5,25 +5,21 @@
 //! wrote. Updates compare-and-swap on `resourceVersion`; `watch(from)` replays the history after a
 //! revision and then follows new commits, in commit order.
 //!
-//! Backends implement [`Store`]; the rules that turn an [`Op`] into a stored object live in
-//! [`stage`] so every backend applies them identically (a requirement once Raft replays the same
-//! transaction on every replica).
+//! This crate is the contract only: the [`Store`] trait and its types, typed access ([`Api`]),
+//! the shared informer and label selectors. The backends (SQLite, Postgres, Raft, the store over
+//! gRPC) live in `gitplane-storage`, so that what only reads and writes objects (the scheduler,
+//! the controllers) links no database, Raft or gRPC code. The `conformance` feature exports the
+//! suite every backend must pass.
 
 pub mod api;
-mod backend;
-#[cfg(test)]
-mod conformance;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod error;
 pub mod informer;
-pub mod postgres;
-pub mod raft;
-pub mod remote;
 pub mod selector;
-pub mod sqlite;
-pub mod stage;
 
 pub use api::Api;
-pub use error::{Rejection, Result, StoreError};
+pub use error::{BackendError, Rejection, Result, StoreError};
 pub use gitplane_api::ObjectKey;
 
 use futures::stream::BoxStream;
@@ -59,30 +55,6 @@ impl Op {
             }
             Op::Delete { key, .. } => Ok(key.clone()),
         }
-    }
-}
-
-/// A transaction as every backend and replica applies it: the ops, plus what must not differ
-/// between replicas (the time and the uids of created objects), decided once by the proposer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Txn {
-    pub ops: Vec<Op>,
-    /// RFC 3339, for `creationTimestamp`.
-    pub time: String,
-    /// One per `Op::Create`, in order.
-    pub uids: Vec<String>,
-}
-
-impl Txn {
-    /// Stamps `ops` with the current time and fresh uids.
-    pub fn new(ops: Vec<Op>) -> Txn {
-        let uids =
-            ops.iter().filter(|op| matches!(op, Op::Create(_))).map(|_| uuid::Uuid::new_v4().to_string()).collect();
-        let time = k8s_openapi::jiff::Timestamp::now()
-            .round(k8s_openapi::jiff::Unit::Second)
-            .map(|t| t.to_string())
-            .unwrap_or_default();
-        Txn { ops, time, uids }
     }
 }
 
@@ -139,24 +111,6 @@ pub enum EventType {
 }
 
 impl EventType {
-    fn code(self) -> i64 {
-        match self {
-            EventType::Added => 0,
-            EventType::Modified => 1,
-            EventType::Deleted | EventType::Bookmark => Self::DELETED_CODE,
-        }
-    }
-
-    fn from_code(code: i64) -> Self {
-        match code {
-            0 => EventType::Added,
-            1 => EventType::Modified,
-            _ => EventType::Deleted,
-        }
-    }
-
-    pub(crate) const DELETED_CODE: i64 = 2;
-
     /// The Kubernetes watch event type.
     pub fn as_str(self) -> &'static str {
         match self {

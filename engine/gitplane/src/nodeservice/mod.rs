@@ -13,7 +13,7 @@ use identity::{Caller, caller, node_of};
 
 use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
-use gitplane_api::proto::node::{
+use gitplane_proto::node::{
     EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, PodEvent, RegisterRequest, RegisterResponse,
     UpdatePodStatusRequest, UpdatePodStatusResponse, WatchPodsRequest, node_service_server,
 };
@@ -411,8 +411,8 @@ fn merge_status(current: Option<PodStatus>, mut reported: PodStatus) -> PodStatu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gitplane_api::proto::node::node_service_server::NodeService as _;
-    use gitplane_store::sqlite::SqliteStore;
+    use gitplane_proto::node::node_service_server::NodeService as _;
+    use gitplane_storage::sqlite::SqliteStore;
     use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, PodSpec};
 
     const JOIN: &str = "join-token-for-tests-0123";

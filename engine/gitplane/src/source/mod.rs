@@ -952,7 +952,7 @@ fn app_health(app: &Application, applied: bool, cache: &Cache) -> HealthStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gitplane_store::sqlite::SqliteStore;
+    use gitplane_storage::sqlite::SqliteStore;
     use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 
     #[tokio::test]

@@ -9,11 +9,11 @@
 //! (`authorization: Bearer <token>`), and the clients here send it: the token is what the
 //! replicas of a cluster share, as etcd's peers share their certificates.
 
-use crate::{
+use futures::StreamExt;
+use gitplane_store::{
     Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError,
     WatchOptions, WatchStream,
 };
-use futures::StreamExt;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::{
@@ -394,8 +394,8 @@ impl Store for RemoteStore {
         Ok(List { revision: reply.revision, items, continue_token: reply.continue_token })
     }
 
-    /// Sends the transaction to the current replica. `NotLeader` and connection refusals (nothing
-    /// was sent) move on to the next replica, or come back as `NotLeader` when there is no other;
+    /// Sends the transaction to the current replica. `NotLeader` and connections that were never
+    /// established (nothing was sent) move on to the next replica, or come back as `NotLeader` when there is no other;
     /// any other failure is returned as it is, since its outcome is unknown.
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
         let body = pb::Payload { json: json(&ops), data: Vec::new() };
@@ -474,20 +474,100 @@ impl Store for RemoteStore {
     }
 }
 
-/// Whether the request never reached a server (so it was not applied).
+/// Whether the request never left this client: tonic marks every failure to establish the
+/// connection (refused, unreachable, timed out while connecting) with a `ConnectError` in the
+/// source chain. A request that failed on a connection that was established may have been
+/// applied, whatever its error says.
 fn is_connect_error(status: &Status) -> bool {
-    status.code() == Code::Unavailable && {
-        let mut source = std::error::Error::source(status);
-        let mut refused = false;
-        while let Some(e) = source {
-            if let Some(io) = e.downcast_ref::<std::io::Error>() {
-                refused |= io.kind() == std::io::ErrorKind::ConnectionRefused;
-            }
-            if e.downcast_ref::<tonic::transport::Error>().is_some_and(|t| t.to_string().contains("connect")) {
-                refused = true;
-            }
-            source = e.source();
+    status.code() == Code::Unavailable
+        && std::iter::successors(std::error::Error::source(status), |e| e.source())
+            .any(|e| e.is::<tonic::ConnectError>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::Notify;
+
+    /// A store whose transactions arrive and never finish.
+    struct Stall(Arc<Notify>);
+
+    #[async_trait::async_trait]
+    impl Store for Stall {
+        async fn get(&self, _: &ObjectKey) -> Result<Option<Value>> {
+            Err(StoreError::Unavailable("not in this test".into()))
         }
-        refused
+        async fn list(&self, _: &str, _: &ListOptions) -> Result<List> {
+            Err(StoreError::Unavailable("not in this test".into()))
+        }
+        async fn txn(&self, _: Vec<Op>) -> Result<Committed> {
+            self.0.notify_one();
+            std::future::pending().await
+        }
+        async fn watch(&self, _: Revision, _: WatchOptions) -> Result<WatchStream> {
+            Err(StoreError::Unavailable("not in this test".into()))
+        }
+        async fn revision(&self) -> Result<Revision> {
+            Err(StoreError::Unavailable("not in this test".into()))
+        }
+        async fn compact(&self, _: Revision) -> Result<()> {
+            Err(StoreError::Unavailable("not in this test".into()))
+        }
+    }
+
+    fn pod() -> Op {
+        Op::Create(serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"}}))
+    }
+
+    #[tokio::test]
+    async fn only_a_connection_never_established_makes_a_write_safe_to_resend() {
+        // Nothing listens: the connection is refused, the write was certainly not applied.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let mut client = RemoteStore::new(std::slice::from_ref(&endpoint)).unwrap().client().1;
+        let refused = client.txn(pb::Payload { json: json(&vec![pod()]), data: Vec::new() }).await.unwrap_err();
+        assert!(is_connect_error(&refused), "{refused:?}");
+        let err = RemoteStore::new(&[endpoint]).unwrap().txn(vec![pod()]).await.unwrap_err();
+        assert!(matches!(err, StoreError::NotLeader(_)), "refused: safe to send elsewhere: {err}");
+
+        // A listener whose accept queue is full drops new connections' SYNs: the connection times
+        // out before it is established (no refusal, no io::ErrorKind::ConnectionRefused).
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let full = socket.listen(0).unwrap();
+        let address = full.local_addr().unwrap();
+        let mut queued = Vec::new();
+        while let Ok(Ok(stream)) =
+            tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(address)).await
+        {
+            queued.push(stream);
+        }
+        let mut client = RemoteStore::new(&[format!("http://{address}")]).unwrap().client().1;
+        let timed_out = client.txn(pb::Payload { json: json(&vec![pod()]), data: Vec::new() }).await.unwrap_err();
+        assert!(is_connect_error(&timed_out), "{timed_out:?}");
+
+        // The server took the request, then the connection broke: the outcome is unknown.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let arrived = Arc::new(Notify::new());
+        let server = StoreServer::new(Arc::new(Stall(arrived.clone())));
+        let (cut_tx, cut_rx) = tokio::sync::oneshot::channel();
+        let serving = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let stream = stream.into_std().unwrap();
+            let _ = cut_tx.send(stream.try_clone().unwrap());
+            let stream = tokio::net::TcpStream::from_std(stream).unwrap();
+            let incoming = tokio_stream::once(Ok::<_, std::io::Error>(stream));
+            let _ = tonic::transport::Server::builder().add_service(server).serve_with_incoming(incoming).await;
+        });
+        let store = RemoteStore::new(std::slice::from_ref(&endpoint)).unwrap();
+        let write = tokio::spawn(async move { store.txn(vec![pod()]).await });
+        let cut = cut_rx.await.unwrap();
+        arrived.notified().await;
+        cut.shutdown(std::net::Shutdown::Both).unwrap();
+        let err = write.await.unwrap().unwrap_err();
+        assert!(!matches!(err, StoreError::NotLeader(_)), "sent, then broken: never resent: {err}");
+        serving.abort();
     }
 }

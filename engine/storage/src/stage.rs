@@ -2,7 +2,7 @@
 //! `uid`, `creationTimestamp`, `generation`) and the spec/status split. Pure functions, shared
 //! by every backend.
 
-use crate::{MAX_OBJECT_BYTES, ObjectKey, Rejection, Revision};
+use gitplane_store::{MAX_OBJECT_BYTES, ObjectKey, Rejection, Revision};
 
 type Result<T> = std::result::Result<T, Rejection>;
 use serde_json::{Map, Value};

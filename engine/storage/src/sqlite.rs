@@ -13,12 +13,16 @@
 //! watch follows the history is `backend`'s, shared with the Postgres store.
 
 use crate::{
-    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn, WatchOptions,
-    WatchStream,
+    Txn,
     backend::{
         self, EventLog, EventRead, EventRow, EventWrite, ListRequest, ListSource, MAX_BATCH, ObjectWrite, TxnWriter,
         migrator as embedded, parse,
     },
+    db, migrate,
+};
+use gitplane_store::{
+    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, WatchOptions,
+    WatchStream,
 };
 use serde_json::Value;
 use sqlx::{
@@ -109,12 +113,12 @@ impl SqliteStore {
     }
 
     async fn connect(options: SqliteConnectOptions, connections: u32) -> Result<Self> {
-        let pool = SqlitePoolOptions::new().max_connections(connections).connect_with(options).await?;
-        let check: String = sqlx::query_scalar("PRAGMA quick_check").fetch_one(&pool).await?;
+        let pool = SqlitePoolOptions::new().max_connections(connections).connect_with(options).await.map_err(db)?;
+        let check: String = sqlx::query_scalar("PRAGMA quick_check").fetch_one(&pool).await.map_err(db)?;
         if check != "ok" {
             return Err(StoreError::Unavailable(format!("the database failed its integrity check: {check}")));
         }
-        migrator().run(&pool).await?;
+        migrator().run(&pool).await.map_err(migrate)?;
         let revision = meta(&pool, "revision").await?;
         let compacted = meta(&pool, "compacted").await?;
         let (committed, _) = watch::channel(revision);
@@ -161,8 +165,12 @@ impl SqliteStore {
     /// then tells watchers: those behind the snapshot's history get `Expired` and re-list.
     pub async fn install(&self, path: &Path, tables: &[&str]) -> Result<()> {
         let _writer = self.inner.write.lock().await;
-        let mut conn = self.inner.pool.acquire().await?;
-        sqlx::query("ATTACH DATABASE ? AS snapshot").bind(path.to_string_lossy().as_ref()).execute(&mut *conn).await?;
+        let mut conn = self.inner.pool.acquire().await.map_err(db)?;
+        sqlx::query("ATTACH DATABASE ? AS snapshot")
+            .bind(path.to_string_lossy().as_ref())
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
         let copied = async {
             sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
             for table in ["objects", "events", "meta"].iter().chain(tables) {
@@ -177,8 +185,8 @@ impl SqliteStore {
         if copied.is_err() {
             let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
         }
-        sqlx::query("DETACH DATABASE snapshot").execute(&mut *conn).await?;
-        copied?;
+        sqlx::query("DETACH DATABASE snapshot").execute(&mut *conn).await.map_err(db)?;
+        copied.map_err(db)?;
         let revision = meta(&self.inner.pool, "revision").await?;
         self.inner.compacted.store(meta(&self.inner.pool, "compacted").await?, Ordering::SeqCst);
         self.inner.cache.reset(revision);
@@ -211,7 +219,7 @@ async fn checkpoint(inner: std::sync::Weak<Inner>) {
 }
 
 async fn meta(pool: &SqlitePool, key: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = ?").bind(key).fetch_one(pool).await?)
+    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = ?").bind(key).fetch_one(pool).await.map_err(db)?)
 }
 
 async fn write_loop(inner: Arc<Inner>, mut queue: mpsc::Receiver<(Txn, oneshot::Sender<Result<Committed>>)>) {
@@ -241,7 +249,8 @@ async fn current(conn: &mut SqliteConnection, key: &ObjectKey) -> Result<Option<
             .bind(&key.namespace)
             .bind(&key.name)
             .fetch_optional(conn)
-            .await?;
+            .await
+            .map_err(db)?;
     text.map(|t| parse(key, &t)).transpose()
 }
 
@@ -253,14 +262,18 @@ impl Inner {
     {
         let _writer = self.write.lock().await;
         let mut revision = self.revision.load(Ordering::SeqCst);
-        let mut conn = self.pool.acquire().await?;
-        sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await?;
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await.map_err(db)?;
         let result = async {
             let applied = backend::apply_txns(&mut *conn, txns, revision).await?;
             revision = applied.revision;
-            sqlx::query("UPDATE meta SET value = ? WHERE key = 'revision'").bind(revision).execute(&mut *conn).await?;
-            after(&mut conn).await?;
-            sqlx::query("COMMIT").execute(&mut *conn).await?;
+            sqlx::query("UPDATE meta SET value = ? WHERE key = 'revision'")
+                .bind(revision)
+                .execute(&mut *conn)
+                .await
+                .map_err(db)?;
+            after(&mut conn).await.map_err(db)?;
+            sqlx::query("COMMIT").execute(&mut *conn).await.map_err(db)?;
             Ok::<_, StoreError>(applied)
         }
         .await;
@@ -297,7 +310,7 @@ impl TxnWriter for SqliteConnection {
                 row.push_unseparated(")");
             }
             query.push(")");
-            for r in query.build().fetch_all(&mut *self).await? {
+            for r in query.build().fetch_all(&mut *self).await.map_err(db)? {
                 let key = ObjectKey::new(r.get::<String, _>(0), r.get::<String, _>(1), r.get::<String, _>(2));
                 let value = parse(&key, r.get(3))?;
                 found.insert(key, value);
@@ -318,7 +331,7 @@ impl TxnWriter for SqliteConnection {
                     .push_bind(o.revision)
                     .push_bind(o.value.as_deref());
             });
-            query.build().execute(&mut *self).await?;
+            query.build().execute(&mut *self).await.map_err(db)?;
         }
         for chunk in removes.chunks(ROWS_PER_STATEMENT) {
             let mut query =
@@ -329,7 +342,7 @@ impl TxnWriter for SqliteConnection {
                 row.push_unseparated(")");
             }
             query.push(")");
-            query.build().execute(&mut *self).await?;
+            query.build().execute(&mut *self).await.map_err(db)?;
         }
         for chunk in events.chunks(ROWS_PER_STATEMENT / 2) {
             let mut query =
@@ -337,13 +350,13 @@ impl TxnWriter for SqliteConnection {
             query.push_values(chunk, |mut row, e| {
                 row.push_bind(e.revision)
                     .push_bind(e.seq)
-                    .push_bind(e.event_type.code())
+                    .push_bind(backend::event_code(e.event_type))
                     .push_bind(&e.key.kind)
                     .push_bind(&e.key.namespace)
                     .push_bind(&e.key.name)
                     .push_bind(&e.value);
             });
-            query.build().execute(&mut *self).await?;
+            query.build().execute(&mut *self).await.map_err(db)?;
         }
         Ok(())
     }
@@ -352,10 +365,12 @@ impl TxnWriter for SqliteConnection {
 /// A list's reads, in SQLite's SQL (inside one read transaction).
 impl ListSource for SqliteConnection {
     async fn bounds(&mut self) -> Result<(Revision, Revision)> {
-        let latest: i64 =
-            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision'").fetch_one(&mut *self).await?;
+        let latest: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision'")
+            .fetch_one(&mut *self)
+            .await
+            .map_err(db)?;
         let compacted: i64 =
-            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted'").fetch_one(self).await?;
+            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted'").fetch_one(self).await.map_err(db)?;
         Ok((latest, compacted))
     }
 
@@ -395,22 +410,23 @@ impl ListSource for SqliteConnection {
             .bind(revision)
             .bind(limit)
             .fetch_all(self)
-            .await?)
+            .await
+            .map_err(db)?)
     }
 }
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn get(&self, key: &ObjectKey) -> Result<Option<Value>> {
-        let mut conn = self.inner.pool.acquire().await?;
+        let mut conn = self.inner.pool.acquire().await.map_err(db)?;
         current(&mut conn, key).await
     }
 
     async fn list(&self, kind: &str, options: &ListOptions) -> Result<List> {
         let request = ListRequest::parse(options)?;
-        let mut tx = self.inner.pool.begin().await?;
+        let mut tx = self.inner.pool.begin().await.map_err(db)?;
         let list = request.read(&mut *tx, kind).await?;
-        tx.commit().await?;
+        tx.commit().await.map_err(db)?;
         Ok(list)
     }
 
@@ -441,7 +457,7 @@ impl Store for SqliteStore {
         if revision <= self.inner.compacted.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let mut tx = self.inner.pool.begin().await?;
+        let mut tx = self.inner.pool.begin().await.map_err(db)?;
         // Superseded versions and deletions at or below the revision go; the version of every
         // object alive at it stays (what a list continued at a later revision may need).
         sqlx::query(
@@ -452,9 +468,14 @@ impl Store for SqliteStore {
         )
         .bind(revision)
         .execute(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE meta SET value = ? WHERE key = 'compacted'").bind(revision).execute(&mut *tx).await?;
-        tx.commit().await?;
+        .await
+        .map_err(db)?;
+        sqlx::query("UPDATE meta SET value = ? WHERE key = 'compacted'")
+            .bind(revision)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)?;
         self.inner.compacted.store(revision, Ordering::SeqCst);
         Ok(())
     }
@@ -484,7 +505,7 @@ impl EventLog for Inner {
         for kind in kinds.into_iter().flatten() {
             query = query.bind(kind);
         }
-        let rows = query.bind(limit).fetch_all(&self.pool).await?;
+        let rows = query.bind(limit).fetch_all(&self.pool).await.map_err(db)?;
         if rows.is_empty() {
             // Compacted away between the check and the read?
             self.check_compacted(after.0)?;
@@ -509,7 +530,7 @@ mod tests {
 
     #[tokio::test]
     async fn conformance() {
-        crate::conformance::run_all(|| async { SqliteStore::memory().await.unwrap() }).await;
+        gitplane_store::conformance::run_all(|| async { ((), SqliteStore::memory().await.unwrap()) }).await;
     }
 
     #[tokio::test]

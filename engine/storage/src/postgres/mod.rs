@@ -52,12 +52,16 @@ pub use lease::{Fence, LeaderLease, LeaseState};
 pub use replica::PostgresReplica;
 
 use crate::{
-    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn, WatchOptions,
-    WatchStream,
+    Txn,
     backend::{
         self, EventLog, EventRead, EventRow, EventWrite, ListRequest, ListSource, MAX_BATCH, ObjectWrite, TxnWriter,
         parse,
     },
+    db, migrate,
+};
+use gitplane_store::{
+    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, WatchOptions,
+    WatchStream,
 };
 use serde_json::Value;
 use sqlx::{
@@ -160,10 +164,12 @@ impl PostgresStore {
         let target = describe(&options);
         // One connection first: a pool retries a refused connection until its acquire timeout
         // and then reports only that it timed out.
-        let mut probe = PgConnection::connect_with(&options)
-            .await
-            .map_err(|source| StoreError::Connect { target: target.clone(), source })?;
-        let encoding: String = sqlx::query_scalar("SHOW server_encoding").fetch_one(&mut probe).await?;
+        let mut probe = PgConnection::connect_with(&options).await.map_err(|source| StoreError::Connect {
+            target: format!("the Postgres store at {target}"),
+            source: Box::new(source),
+            advice: "check the URL, that the server runs and accepts this user, and that the database exists",
+        })?;
+        let encoding: String = sqlx::query_scalar("SHOW server_encoding").fetch_one(&mut probe).await.map_err(db)?;
         if encoding != "UTF8" {
             return Err(StoreError::Unavailable(format!(
                 "the Postgres database at {target} has encoding {encoding}; gitplane stores UTF-8 JSON: \
@@ -172,7 +178,7 @@ impl PostgresStore {
         }
         let _ = probe.close().await;
         let pool = PgPoolOptions::new().max_connections(POOL_SIZE).connect_lazy_with(options);
-        migrator().run(&pool).await?;
+        migrator().run(&pool).await.map_err(migrate)?;
         let (committed, _) = watch::channel(meta(&pool, "revision").await?);
         let followers = [
             tokio::spawn(listen(pool.clone(), committed.clone())),
@@ -225,7 +231,7 @@ fn describe(options: &PgConnectOptions) -> String {
 }
 
 async fn meta<'c, E: sqlx::PgExecutor<'c>>(executor: E, key: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_one(executor).await?)
+    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_one(executor).await.map_err(db)?)
 }
 
 /// Moves `committed` forward (never back: notifications and polls arrive in any order).
@@ -300,21 +306,32 @@ fn for_each_waiter(e: &StoreError) -> StoreError {
 
 impl Inner {
     async fn apply_batch(&self, txns: &[Txn], fence: Option<&Fence>) -> Result<Vec<Result<Committed, Rejection>>> {
-        let mut tx = self.pool.begin_with(WRITE).await?;
+        let mut tx = self.pool.begin_with(WRITE).await.map_err(db)?;
         // The lease row before the revision row: every transaction that takes both takes them in
         // this order, so fenced writers, compactions and campaigners cannot deadlock.
         if let Some(fence) = fence {
             lease::check(&mut tx, fence).await?;
         }
-        let start: Revision =
-            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision' FOR UPDATE").fetch_one(&mut *tx).await?;
+        let start: Revision = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision' FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?;
         let backend::Applied { results, revision, .. } = backend::apply_txns(&mut *tx, txns, start).await?;
         if revision != start {
-            sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'").bind(revision).execute(&mut *tx).await?;
+            sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'")
+                .bind(revision)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
             // Delivered at commit, to every listening replica.
-            sqlx::query("SELECT pg_notify($1, $2)").bind(CHANNEL).bind(revision.to_string()).execute(&mut *tx).await?;
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(revision.to_string())
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
         }
-        tx.commit().await?;
+        tx.commit().await.map_err(db)?;
         advance(&self.committed, revision);
         Ok(results)
     }
@@ -327,7 +344,8 @@ async fn current(conn: &mut PgConnection, key: &ObjectKey) -> Result<Option<Valu
             .bind(&key.namespace)
             .bind(&key.name)
             .fetch_optional(conn)
-            .await?;
+            .await
+            .map_err(db)?;
     text.map(|t| parse(key, &t)).transpose()
 }
 
@@ -344,7 +362,8 @@ impl TxnWriter for PgConnection {
         .bind(namespaces)
         .bind(names)
         .fetch_all(&mut *self)
-        .await?;
+        .await
+        .map_err(db)?;
         let mut found = HashMap::with_capacity(rows.len());
         for r in rows {
             let key = ObjectKey::new(r.get::<String, _>(0), r.get::<String, _>(1), r.get::<String, _>(2));
@@ -371,7 +390,7 @@ impl TxnWriter for PgConnection {
             .bind(revisions)
             .bind(values)
             .execute(&mut *self)
-            .await?;
+            .await.map_err(db)?;
         }
         if !removes.is_empty() {
             let (kinds, namespaces, names) = columns(removes.iter().map(|o| &o.key));
@@ -383,7 +402,8 @@ impl TxnWriter for PgConnection {
             .bind(namespaces)
             .bind(names)
             .execute(&mut *self)
-            .await?;
+            .await
+            .map_err(db)?;
         }
         let (kinds, namespaces, names) = columns(events.iter().map(|e| &e.key));
         sqlx::query(
@@ -392,13 +412,13 @@ impl TxnWriter for PgConnection {
         )
         .bind(events.iter().map(|e| e.revision).collect::<Vec<i64>>())
         .bind(events.iter().map(|e| e.seq).collect::<Vec<i64>>())
-        .bind(events.iter().map(|e| e.event_type.code()).collect::<Vec<i64>>())
+        .bind(events.iter().map(|e| backend::event_code(e.event_type)).collect::<Vec<i64>>())
         .bind(kinds)
         .bind(namespaces)
         .bind(names)
         .bind(events.iter().map(|e| e.value.as_str()).collect::<Vec<&str>>())
         .execute(&mut *self)
-        .await?;
+        .await.map_err(db)?;
         Ok(())
     }
 
@@ -476,7 +496,7 @@ impl ListSource for PgConnection {
             .bind(revision)
             .bind(limit)
         };
-        Ok(query.fetch_all(self).await?)
+        Ok(query.fetch_all(self).await.map_err(db)?)
     }
 }
 
@@ -484,37 +504,35 @@ impl ListSource for PgConnection {
 /// no commit or compaction can land between the check and the read.
 impl EventLog for Inner {
     async fn read(&self, after: (Revision, i64), kinds: Option<&[String]>, limit: i64) -> Result<EventRead> {
-        let mut tx = self.pool.begin_with(SNAPSHOT).await?;
+        let mut tx = self.pool.begin_with(SNAPSHOT).await.map_err(db)?;
         let (latest, compacted) = tx.bounds().await?;
         if after.0 < compacted {
             return Err(StoreError::Expired { requested: after.0, compacted });
         }
         let rows: Vec<EventRow> = match kinds {
-            Some(kinds) => {
-                sqlx::query_as(
-                    "SELECT revision, seq, type, kind, namespace, name, value FROM events
+            Some(kinds) => sqlx::query_as(
+                "SELECT revision, seq, type, kind, namespace, name, value FROM events
                      WHERE (revision, seq) > ($1, $2) AND kind = ANY($3) ORDER BY revision, seq LIMIT $4",
-                )
-                .bind(after.0)
-                .bind(after.1)
-                .bind(kinds)
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await?
-            }
-            None => {
-                sqlx::query_as(
-                    "SELECT revision, seq, type, kind, namespace, name, value FROM events
+            )
+            .bind(after.0)
+            .bind(after.1)
+            .bind(kinds)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db)?,
+            None => sqlx::query_as(
+                "SELECT revision, seq, type, kind, namespace, name, value FROM events
                      WHERE (revision, seq) > ($1, $2) ORDER BY revision, seq LIMIT $3",
-                )
-                .bind(after.0)
-                .bind(after.1)
-                .bind(limit)
-                .fetch_all(&mut *tx)
-                .await?
-            }
+            )
+            .bind(after.0)
+            .bind(after.1)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db)?,
         };
-        tx.commit().await?;
+        tx.commit().await.map_err(db)?;
         advance(&self.committed, latest);
         EventRead::from_rows(rows, latest)
     }
@@ -526,7 +544,7 @@ impl Store for PostgresStore {
         if has_nul(&key.kind) || has_nul(&key.namespace) || has_nul(&key.name) {
             return Ok(None); // never stored (see `admit`)
         }
-        let mut conn = self.inner.pool.acquire().await?;
+        let mut conn = self.inner.pool.acquire().await.map_err(db)?;
         current(&mut conn, key).await
     }
 
@@ -537,9 +555,9 @@ impl Store for PostgresStore {
         if let Some((namespace, name)) = request.after() {
             refuse_nul("continue token", &format!("{namespace}/{name}"))?;
         }
-        let mut tx = self.inner.pool.begin_with(SNAPSHOT).await?;
+        let mut tx = self.inner.pool.begin_with(SNAPSHOT).await.map_err(db)?;
         let list = request.read(&mut *tx, kind).await?;
-        tx.commit().await?;
+        tx.commit().await.map_err(db)?;
         Ok(list)
     }
 
@@ -554,9 +572,9 @@ impl Store for PostgresStore {
         for kind in options.kinds.iter().flatten() {
             refuse_nul("watched kind", kind)?;
         }
-        let mut tx = self.inner.pool.begin_with(SNAPSHOT).await?;
+        let mut tx = self.inner.pool.begin_with(SNAPSHOT).await.map_err(db)?;
         let (latest, compacted) = tx.bounds().await?;
-        tx.commit().await?;
+        tx.commit().await.map_err(db)?;
         if from < compacted {
             return Err(StoreError::Expired { requested: from, compacted });
         }
@@ -573,13 +591,15 @@ impl Store for PostgresStore {
     }
 
     async fn compact(&self, revision: Revision) -> Result<()> {
-        let mut tx = self.inner.pool.begin_with(WRITE).await?;
+        let mut tx = self.inner.pool.begin_with(WRITE).await.map_err(db)?;
         if let Some(fence) = &self.fence {
             lease::check(&mut tx, fence).await?;
         }
         // Serializes compactions (of every replica) without blocking writers.
-        let compacted: Revision =
-            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted' FOR UPDATE").fetch_one(&mut *tx).await?;
+        let compacted: Revision = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted' FOR UPDATE")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?;
         let revision = revision.min(meta(&mut *tx, "revision").await?);
         if revision <= compacted {
             return Ok(());
@@ -594,9 +614,14 @@ impl Store for PostgresStore {
         )
         .bind(revision)
         .execute(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE meta SET value = $1 WHERE key = 'compacted'").bind(revision).execute(&mut *tx).await?;
-        tx.commit().await?;
+        .await
+        .map_err(db)?;
+        sqlx::query("UPDATE meta SET value = $1 WHERE key = 'compacted'")
+            .bind(revision)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        tx.commit().await.map_err(db)?;
         Ok(())
     }
 }

@@ -2,8 +2,8 @@
 //! one database, the lease and the fence.
 
 use super::{testing::PgCluster, *};
-use crate::{Event, ListOptions, WatchStream};
 use futures::StreamExt;
+use gitplane_store::{Event, ListOptions, WatchStream};
 use serde_json::json;
 use std::{
     collections::BTreeMap,
@@ -48,9 +48,9 @@ where
 async fn conformance() {
     let cluster = PgCluster::start();
     let started = Instant::now();
-    crate::conformance::run_all(|| {
+    gitplane_store::conformance::run_all(|| {
         let cluster = &cluster;
-        async move { PostgresStore::connect_with(cluster.empty_database().await).await.unwrap() }
+        async move { ((), PostgresStore::connect_with(cluster.empty_database().await).await.unwrap()) }
     })
     .await;
     eprintln!("postgres conformance suite: {:.2?} (an emptied database per check)", started.elapsed());

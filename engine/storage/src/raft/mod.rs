@@ -21,10 +21,13 @@ mod tests;
 pub use network::Faults;
 
 use crate::{
-    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, Txn, WatchOptions,
-    WatchStream,
+    Txn, db,
     remote::{PeerToken, RemoteStore, StoreServer},
     sqlite::{Durability, SqliteStore},
+};
+use gitplane_store::{
+    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, WatchOptions,
+    WatchStream,
 };
 use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy, error::ClientWriteError, error::RaftError};
 use serde::{Deserialize, Serialize};
@@ -120,8 +123,9 @@ impl RaftStore {
     pub async fn start(config: ReplicaConfig) -> Result<RaftStore> {
         std::fs::create_dir_all(&config.dir).map_err(|e| fatal(format!("creating {}: {e}", config.dir.display())))?;
         let local = SqliteStore::open(&config.dir.join("store.db"), Durability::Replicated).await?;
-        let log = log_store::LogStore::open(&config.dir.join("raft.db")).await?;
-        let state_machine = state_machine::StateMachine::open(local.clone(), &config.dir.join("snapshots")).await?;
+        let log = log_store::LogStore::open(&config.dir.join("raft.db")).await.map_err(db)?;
+        let state_machine =
+            state_machine::StateMachine::open(local.clone(), &config.dir.join("snapshots")).await.map_err(db)?;
         let raft_config = Config {
             cluster_name: "gitplane".into(),
             heartbeat_interval: config.heartbeat.as_millis() as u64,

@@ -3,9 +3,9 @@
 //! writes to the leader, as Raft followers do.
 
 use super::{Fence, LeaderLease, PostgresStore};
-use crate::{
+use crate::remote::{PeerToken, RemoteStore};
+use gitplane_store::{
     Committed, List, ListOptions, ObjectKey, Op, Result, Revision, Store, StoreError, WatchOptions, WatchStream,
-    remote::{PeerToken, RemoteStore},
 };
 use serde_json::Value;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};

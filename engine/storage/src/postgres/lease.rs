@@ -1,6 +1,7 @@
 //! The leader lease and the write fence (see the module docs of `postgres` for the protocol).
 
-use crate::{Result, StoreError};
+use crate::db;
+use gitplane_store::{Result, StoreError};
 use sqlx::{PgConnection, PgPool};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -72,7 +73,8 @@ impl LeaderLease {
         .bind(&self.holder)
         .bind(self.ttl.as_secs_f64())
         .fetch_optional(&self.pool)
-        .await?;
+        .await
+        .map_err(db)?;
         granted.map(token).transpose()
     }
 
@@ -87,7 +89,8 @@ impl LeaderLease {
         .bind(token)
         .bind(self.ttl.as_secs_f64())
         .execute(&self.pool)
-        .await?;
+        .await
+        .map_err(db)?;
         Ok(renewed.rows_affected() == 1)
     }
 
@@ -99,7 +102,8 @@ impl LeaderLease {
             .bind(&self.holder)
             .bind(token)
             .execute(&self.pool)
-            .await?;
+            .await
+            .map_err(db)?;
         Ok(())
     }
 
@@ -110,7 +114,8 @@ impl LeaderLease {
              FROM leader WHERE id = 1",
         )
         .fetch_optional(pool)
-        .await?;
+        .await
+        .map_err(db)?;
         let (holder, stored, seconds) = row.ok_or_else(|| corrupt("the lease row is missing"))?;
         let expires_in = (seconds > 0.0 && !holder.is_empty())
             .then(|| Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX));
@@ -205,8 +210,10 @@ impl LeaderLease {
 /// The fence check, first in a write transaction: locks the lease row until the transaction
 /// ends, so no takeover can commit between this check and the write.
 pub(super) async fn check(conn: &mut PgConnection, fence: &Fence) -> Result<()> {
-    let row: Option<(String, i64)> =
-        sqlx::query_as("SELECT holder, token FROM leader WHERE id = 1 FOR UPDATE").fetch_optional(conn).await?;
+    let row: Option<(String, i64)> = sqlx::query_as("SELECT holder, token FROM leader WHERE id = 1 FOR UPDATE")
+        .fetch_optional(conn)
+        .await
+        .map_err(db)?;
     let (current_holder, current) = row.ok_or_else(|| corrupt("the lease row is missing"))?;
     let current_token = token(current)?;
     if current_holder != fence.holder || current_token != fence.token {

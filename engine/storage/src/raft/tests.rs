@@ -2,10 +2,8 @@
 //! follower, leader loss, a partitioned leader, catch-up by snapshot, a full restart.
 
 use super::*;
-use crate::{
-    ListOptions, ObjectKey, Op, Store,
-    remote::{PeerToken, RemoteStore},
-};
+use crate::remote::{PeerToken, RemoteStore};
+use gitplane_store::{ListOptions, ObjectKey, Op, Store};
 use serde_json::json;
 use std::{net::SocketAddr, time::Duration};
 use tokio::task::JoinHandle;
@@ -27,11 +25,34 @@ impl Replica {
     }
 }
 
+/// Replicas in one temporary directory. Dropping the cluster (also while a failed test unwinds)
+/// stops every replica and then removes the directory.
 struct Cluster {
-    dir: tempfile::TempDir,
     addrs: BTreeMap<NodeId, SocketAddr>,
     replicas: BTreeMap<NodeId, Replica>,
     tune: fn(&mut ReplicaConfig),
+    // Last: removed once the replicas have stopped.
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let replicas = std::mem::take(&mut self.replicas);
+        if replicas.is_empty() {
+            return;
+        }
+        // Drop cannot await: block this thread (the tests run on a multi-threaded runtime, whose
+        // workers drive the shutdown meanwhile), bounded so an unwinding test never hangs here.
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(async {
+                for replica in replicas.into_values() {
+                    if tokio::time::timeout(Duration::from_secs(10), replica.stop()).await.is_err() {
+                        eprintln!("a replica did not stop within 10 s");
+                    }
+                }
+            })
+        });
+    }
 }
 
 fn fast(config: &mut ReplicaConfig) {
@@ -50,7 +71,7 @@ impl Cluster {
             listeners.insert(id, tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
         }
         let addrs = listeners.iter().map(|(id, l)| (*id, l.local_addr().unwrap())).collect();
-        let mut cluster = Cluster { dir: tempfile::tempdir().unwrap(), addrs, replicas: BTreeMap::new(), tune };
+        let mut cluster = Cluster { addrs, replicas: BTreeMap::new(), tune, dir: tempfile::tempdir().unwrap() };
         for (id, listener) in listeners {
             cluster.launch(id, listener).await;
         }
@@ -134,15 +155,14 @@ async fn count(store: &dyn Store) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_through_a_follower() {
-    // A fresh 3-replica cluster per check: every write is forwarded from a follower.
-    crate::conformance::run_all(|| async {
+    // A fresh 3-replica cluster per check: every write is forwarded from a follower. The cluster
+    // is the check's guard: it stops and is removed when the check ends.
+    gitplane_store::conformance::run_all(|| async {
         let cluster = Cluster::start(3, fast).await;
         let leader = cluster.leader().await;
         let follower = *cluster.addrs.keys().find(|id| **id != leader).unwrap();
         let store = cluster.store(follower);
-        // The cluster must outlive the check; its directory is cleaned when the process ends.
-        std::mem::forget(cluster);
-        store
+        (cluster, store)
     })
     .await;
 }

@@ -4,11 +4,12 @@
 //! its SQL through the small traits here ([`TxnWriter`], [`ListSource`], [`EventLog`]), so the
 //! SQLite and Postgres stores cannot drift apart in behaviour.
 
-use crate::{
-    Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, StoreError, Txn,
-    WatchOptions, WatchStream, selector::Selector, stage,
-};
+use crate::{Txn, stage};
 use futures::StreamExt;
+use gitplane_store::{
+    Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, StoreError,
+    WatchOptions, WatchStream, selector::Selector,
+};
 use serde_json::Value;
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use std::{
@@ -43,6 +44,23 @@ pub(crate) fn migrator(migrations: &[(i64, &'static str, &'static str)], locking
         ignore_missing: false,
         locking,
         no_tx: false,
+    }
+}
+
+/// How the `events` table stores an event's type (2, a deletion, also appears in the SQL).
+pub(crate) fn event_code(event_type: EventType) -> i64 {
+    match event_type {
+        EventType::Added => 0,
+        EventType::Modified => 1,
+        EventType::Deleted | EventType::Bookmark => 2,
+    }
+}
+
+fn event_type(code: i64) -> EventType {
+    match code {
+        0 => EventType::Added,
+        1 => EventType::Modified,
+        _ => EventType::Deleted,
     }
 }
 
@@ -418,7 +436,7 @@ impl EventRead {
             .map(|(revision, seq, code, kind, namespace, name, value)| {
                 let key = ObjectKey::new(kind, namespace, name);
                 let object = parse(&key, &value)?;
-                Ok((seq, Event { revision, event_type: EventType::from_code(code), key, object: Arc::new(object) }))
+                Ok((seq, Event { revision, event_type: event_type(code), key, object: Arc::new(object) }))
             })
             .collect::<Result<_>>()?;
         Ok(EventRead { events, latest })
