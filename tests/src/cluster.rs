@@ -166,10 +166,10 @@ impl Cluster {
         Ok(RemoteStore::with_token(&[format!("http://{}", self.addrs[&id])], PeerToken::new(&self.token)?)?)
     }
 
-    /// A client without the peer token (which every replica must refuse).
-    pub fn client_without_token(&self) -> Result<RemoteStore> {
+    /// A client with a token that is not the cluster's (which every replica must refuse).
+    pub fn client_with_wrong_token(&self) -> Result<RemoteStore> {
         let endpoints: Vec<String> = self.addrs.values().map(|a| format!("http://{a}")).collect();
-        Ok(RemoteStore::new(&endpoints)?)
+        Ok(RemoteStore::with_token(&endpoints, PeerToken::new("not-the-cluster-s-peer-token")?)?)
     }
 }
 

@@ -117,7 +117,7 @@ async fn converged(cluster: &Cluster, acked: &BTreeSet<String>) -> Result<()> {
 pub async fn leader_kill_under_load(cluster: &mut Cluster) -> Result<()> {
     cluster.leader(Duration::from_secs(30))?;
     // The replicas share a peer token: a client without it is refused by every one of them.
-    let intruder = cluster.client_without_token()?.txn(vec![Op::Create(config_map("intruder", "x"))]).await;
+    let intruder = cluster.client_with_wrong_token()?.txn(vec![Op::Create(config_map("intruder", "x"))]).await;
     ensure!(
         intruder.as_ref().is_err_and(|e| e.to_string().contains("peer token")),
         "a client without the peer token was served: {intruder:?}"

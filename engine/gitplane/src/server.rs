@@ -111,8 +111,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let backend = match args.store {
         StoreKind::Sqlite => {
-            let mut config = ReplicaConfig::new(args.id, peers, args.data_dir.join("store"));
-            config.peer_token = peer_token;
+            let mut config = ReplicaConfig::new(args.id, peers, args.data_dir.join("store"), peer_token);
             config.heartbeat = Duration::from_millis(args.heartbeat_ms);
             config.election_timeout = (
                 Duration::from_millis(args.election_timeout_min_ms),

@@ -383,7 +383,10 @@ impl<'a> ListRequest<'a> {
         let want = limit.map_or(usize::MAX, |l| l.max(1));
         // Without a selector every row is an item, so the database can stop after one row more
         // than the page; with one, rows are filtered here, a batch at a time.
-        let batch = if self.selector.is_empty() { limit.map_or(-1, |l| l.max(1) as i64 + 1) } else { LIST_BATCH };
+        // Checked: a limit from outside as large as usize::MAX must not wrap to a batch of 0
+        // (which read nothing, forever).
+        let one_more = |l: usize| i64::try_from(l.max(1)).unwrap_or(i64::MAX).saturating_add(1);
+        let batch = if self.selector.is_empty() { limit.map_or(-1, one_more) } else { LIST_BATCH };
         let mut items = Vec::new();
         let mut more = false;
         loop {

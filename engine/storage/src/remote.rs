@@ -94,20 +94,16 @@ fn parse<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, 
 }
 
 /// The secret a cluster's replicas (and its operators' tools) share to use the store and Raft
-/// services. [`PeerToken::none`]: the services are open to anyone who can reach them.
-#[derive(Clone, Default)]
+/// services. There is no open mode: every replica has one (`gitplane` makes it on first start).
+#[derive(Clone)]
 pub struct PeerToken {
     /// `Bearer <token>`, as clients send it.
-    header: Option<MetadataValue<Ascii>>,
+    header: MetadataValue<Ascii>,
     /// Its SHA-256, which servers compare in constant time.
-    digest: Option<[u8; 32]>,
+    digest: [u8; 32],
 }
 
 impl PeerToken {
-    pub fn none() -> PeerToken {
-        PeerToken::default()
-    }
-
     /// A token of printable ASCII, without spaces (as a generated hex string is).
     pub fn new(token: &str) -> Result<PeerToken> {
         let token = token.trim();
@@ -121,11 +117,7 @@ impl PeerToken {
         let header = format!("Bearer {token}");
         let digest = Sha256::digest(header.as_bytes()).into();
         let header = header.parse().map_err(|_| StoreError::BadRequest("the peer token is not valid ASCII".into()))?;
-        Ok(PeerToken { header: Some(header), digest: Some(digest) })
-    }
-
-    pub fn is_none(&self) -> bool {
-        self.digest.is_none()
+        Ok(PeerToken { header, digest })
     }
 
     /// The server side: `service` admits only requests that carry this token.
@@ -137,27 +129,25 @@ impl PeerToken {
 // Never print the token.
 impl std::fmt::Debug for PeerToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.is_none() { "PeerToken(none)" } else { "PeerToken(set)" })
+        f.write_str("PeerToken(***)")
     }
 }
 
 /// The client side: every request carries the token.
 impl Interceptor for PeerToken {
     fn call(&mut self, mut request: Request<()>) -> std::result::Result<Request<()>, Status> {
-        if let Some(header) = &self.header {
-            request.metadata_mut().insert("authorization", header.clone());
-        }
+        request.metadata_mut().insert("authorization", self.header.clone());
         Ok(request)
     }
 }
 
 /// Refuses requests without the cluster's token (see [`PeerToken::require`]).
 #[derive(Clone)]
-pub struct RequireToken(Option<[u8; 32]>);
+pub struct RequireToken([u8; 32]);
 
 impl Interceptor for RequireToken {
     fn call(&mut self, request: Request<()>) -> std::result::Result<Request<()>, Status> {
-        let Some(expected) = &self.0 else { return Ok(request) };
+        let expected = &self.0;
         let given = request.metadata().get("authorization").map(|v| v.as_bytes()).unwrap_or_default();
         // Comparing digests keeps the comparison constant-time whatever the lengths.
         if bool::from(Sha256::digest(given).ct_eq(expected)) {
@@ -218,7 +208,7 @@ impl store_service_server::StoreService for StoreServer {
         let options = ListOptions {
             namespace: r.namespace,
             label_selector: r.label_selector,
-            limit: r.limit.map(|l| l as usize),
+            limit: r.limit.map(|l| usize::try_from(l).unwrap_or(usize::MAX)),
             continue_token: r.continue_token,
             at_revision: r.at_revision,
         };
@@ -273,11 +263,6 @@ pub struct RemoteStore {
 }
 
 impl RemoteStore {
-    /// Without a peer token.
-    pub fn new(endpoints: &[String]) -> Result<RemoteStore> {
-        RemoteStore::with_token(endpoints, PeerToken::none())
-    }
-
     pub fn with_token(endpoints: &[String], token: PeerToken) -> Result<RemoteStore> {
         if endpoints.is_empty() {
             return Err(StoreError::BadRequest("no store endpoints given".into()));
@@ -519,16 +504,20 @@ mod tests {
         Op::Create(serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"}}))
     }
 
+    fn token() -> PeerToken {
+        PeerToken::new("0123456789abcdef0123456789abcdef").unwrap()
+    }
+
     #[tokio::test]
     async fn only_a_connection_never_established_makes_a_write_safe_to_resend() {
         // Nothing listens: the connection is refused, the write was certainly not applied.
         let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let endpoint = format!("http://{}", closed.local_addr().unwrap());
         drop(closed);
-        let mut client = RemoteStore::new(std::slice::from_ref(&endpoint)).unwrap().client().1;
+        let mut client = RemoteStore::with_token(std::slice::from_ref(&endpoint), token()).unwrap().client().1;
         let refused = client.txn(pb::Payload { json: json(&vec![pod()]), data: Vec::new() }).await.unwrap_err();
         assert!(is_connect_error(&refused), "{refused:?}");
-        let err = RemoteStore::new(&[endpoint]).unwrap().txn(vec![pod()]).await.unwrap_err();
+        let err = RemoteStore::with_token(&[endpoint], token()).unwrap().txn(vec![pod()]).await.unwrap_err();
         assert!(matches!(err, StoreError::NotLeader(_)), "refused: safe to send elsewhere: {err}");
 
         // A listener whose accept queue is full drops new connections' SYNs: the connection times
@@ -543,7 +532,7 @@ mod tests {
         {
             queued.push(stream);
         }
-        let mut client = RemoteStore::new(&[format!("http://{address}")]).unwrap().client().1;
+        let mut client = RemoteStore::with_token(&[format!("http://{address}")], token()).unwrap().client().1;
         let timed_out = client.txn(pb::Payload { json: json(&vec![pod()]), data: Vec::new() }).await.unwrap_err();
         assert!(is_connect_error(&timed_out), "{timed_out:?}");
 
@@ -561,7 +550,7 @@ mod tests {
             let incoming = tokio_stream::once(Ok::<_, std::io::Error>(stream));
             let _ = tonic::transport::Server::builder().add_service(server).serve_with_incoming(incoming).await;
         });
-        let store = RemoteStore::new(std::slice::from_ref(&endpoint)).unwrap();
+        let store = RemoteStore::with_token(std::slice::from_ref(&endpoint), token()).unwrap();
         let write = tokio::spawn(async move { store.txn(vec![pod()]).await });
         let cut = cut_rx.await.unwrap();
         arrived.notified().await;

@@ -266,6 +266,9 @@ async fn pages_are_consistent_at_the_first_pages_revision(store: Arc<dyn Store>)
     assert!(rest[1]["metadata"]["labels"].is_null(), "p3 as it was at the first page's revision");
     let bad = store.list("Pod", &ListOptions { continue_token: Some("zz".into()), ..Default::default() }).await;
     assert!(matches!(bad, Err(StoreError::BadRequest(_))));
+    // The largest limit there is lists everything, at once (it once wrapped to a page of none).
+    let all = store.list("Pod", &ListOptions { limit: Some(usize::MAX), ..Default::default() }).await.unwrap();
+    assert_eq!((all.items.len(), all.continue_token), (5, None));
 }
 
 async fn compaction_keeps_what_later_lists_need(store: Arc<dyn Store>) {

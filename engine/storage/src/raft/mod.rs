@@ -76,7 +76,7 @@ pub struct ReplicaConfig {
 }
 
 impl ReplicaConfig {
-    pub fn new(id: NodeId, peers: BTreeMap<NodeId, String>, dir: PathBuf) -> Self {
+    pub fn new(id: NodeId, peers: BTreeMap<NodeId, String>, dir: PathBuf, peer_token: PeerToken) -> Self {
         ReplicaConfig {
             id,
             peers,
@@ -87,7 +87,7 @@ impl ReplicaConfig {
             election_timeout: (Duration::from_millis(300), Duration::from_millis(500)),
             snapshot_every: 20_000,
             logs_to_keep: 5_000,
-            peer_token: PeerToken::none(),
+            peer_token,
         }
     }
 
