@@ -63,14 +63,14 @@ pub enum Api {
 /// Writes over one connection.
 #[derive(Clone)]
 pub enum Writer {
-    Gitplane(pb::store_service_client::StoreServiceClient<Channel>),
+    Gitplane(crate::procs::StoreClient),
     Etcd(etcdpb::kv_client::KvClient<Channel>),
 }
 
 impl Writer {
     pub fn new(api: Api, channel: Channel) -> Writer {
         match api {
-            Api::Gitplane => Writer::Gitplane(pb::store_service_client::StoreServiceClient::new(channel)),
+            Api::Gitplane => Writer::Gitplane(crate::procs::store_client(channel)),
             Api::Etcd => Writer::Etcd(etcdpb::kv_client::KvClient::new(channel)),
         }
     }

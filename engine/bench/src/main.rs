@@ -5,6 +5,7 @@
 //! measures the GitOps source against the bare YAML parse and `kubectl kustomize`. Progress goes
 //! to stderr, one Markdown table to stdout.
 
+mod auth;
 mod etcd;
 mod failover;
 mod load;
@@ -81,6 +82,7 @@ struct StoreArgs {
 /// Every row id, in run order.
 const ROWS: &[&str] = &[
     "write/gitplane-sqlite-1",
+    "auth/peer-token",
     "write/etcd-1",
     "write/gitplane-postgres-1",
     "write/gitplane-sqlite-3",
@@ -222,6 +224,9 @@ async fn store(s: &Settings) -> Result<()> {
         }
     }
     write_table_rows(&results, &mut rows);
+    if s.wants("auth/peer-token") {
+        rows.push(auth_row(&results));
+    }
 
     let mut failovers = (None, None);
     if s.wants("failover/gitplane-sqlite-3") {
@@ -434,6 +439,32 @@ async fn watch_row(s: &Settings, api: Api, write_to: SocketAddr, watch_on: Socke
         ms(r.delivery.max())
     );
     Ok(r)
+}
+
+/// What authentication costs per write, beside the server's CPU per write on one replica at the
+/// most clients measured in this run.
+fn auth_row(r: &Results) -> Row {
+    let (client, server) = auth::cost();
+    eprintln!("auth: peer token per request: client {client:?}, server {server:?}");
+    let per_write =
+        r.gp1.iter().max_by_key(|(clients, _)| *clients).and_then(|(c, m)| Some((*c, m.server_cpu_per_write?)));
+    let baseline = match per_write {
+        Some((clients, cpu)) if !cpu.is_zero() => format!(
+            "{:.2}% of gitplane-1's server CPU per write at {clients} clients ({} µs)",
+            100.0 * (client + server).as_secs_f64() / cpu.as_secs_f64(),
+            us(Some(cpu))
+        ),
+        _ => "– (run write/gitplane-sqlite-1 for the ratio)".to_owned(),
+    };
+    Row {
+        benchmark: "auth",
+        system: "peer token: client header + server check".into(),
+        load: "per request".into(),
+        cpu: Some(client + server),
+        baseline,
+        notes: format!("client {} ns, server {} ns", client.as_nanos(), server.as_nanos()),
+        ..Row::default()
+    }
 }
 
 fn write_table_rows(r: &Results, rows: &mut Vec<Row>) {

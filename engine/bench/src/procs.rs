@@ -187,6 +187,19 @@ pub struct ReplicaStatus {
     pub revision: i64,
 }
 
+/// The peer token of every cluster a benchmark starts, and what its load generators present.
+pub const PEER_TOKEN: &str = "gitplane-bench-peer-token-0123456789abcdef";
+
+/// A client of the store service that presents [`PEER_TOKEN`].
+pub type StoreClient = gitplane_storage::remote::pb::store_service_client::StoreServiceClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, gitplane_storage::remote::PeerToken>,
+>;
+
+pub fn store_client(channel: tonic::transport::Channel) -> StoreClient {
+    let token = gitplane_storage::remote::PeerToken::new(PEER_TOKEN).expect("a valid constant token");
+    gitplane_storage::remote::pb::store_service_client::StoreServiceClient::with_interceptor(channel, token)
+}
+
 /// `gitplane server` replicas on loopback, each in its own data directory.
 pub struct Gitplane {
     // Declared before `dir`: the processes go before their files.
@@ -208,6 +221,9 @@ impl Gitplane {
             binary: binary.to_owned(),
             dir: tempfile::Builder::new().prefix("gitplane-bench-").tempdir()?,
         };
+        // Every replica shares the cluster's secrets, as an operator would copy them.
+        std::fs::write(cluster.dir.path().join("peer-token"), PEER_TOKEN)?;
+        std::fs::write(cluster.dir.path().join("join-token"), format!("join-{PEER_TOKEN}"))?;
         for id in 1..=replicas {
             cluster.launch(id)?;
         }
@@ -225,6 +241,10 @@ impl Gitplane {
             .arg(self.dir.path().join(format!("replica-{id}")))
             .arg("--repos-dir")
             .arg(self.dir.path().join("repos"))
+            .arg("--peer-token-file")
+            .arg(self.dir.path().join("peer-token"))
+            .arg("--join-token-file")
+            .arg(self.dir.path().join("join-token"))
             .args(&self.extra_args)
             // The server's own default log filter: what users run.
             .env_remove("RUST_LOG");

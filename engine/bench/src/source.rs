@@ -638,7 +638,8 @@ async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize) -> Result<
     let settled = started.elapsed() - first_sync;
     eprintln!("settled {settled:?} after the first sync, at revision {last}");
 
-    let mut client = pb::store_service_client::StoreServiceClient::connect(format!("http://{addr}")).await?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
+    let mut client = crate::procs::store_client(channel);
     let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
     let request = pb::WatchRequest { from_revision: from, kinds: vec!["ConfigMap".into()], bookmarks: false };
     let mut events = client.watch(request).await?.into_inner();

@@ -67,7 +67,7 @@ impl Stream {
     async fn open(api: Api, channel: Channel) -> Result<Stream> {
         match api {
             Api::Gitplane => {
-                let mut client = pb::store_service_client::StoreServiceClient::new(channel);
+                let mut client = crate::procs::store_client(channel);
                 // From the replica's latest revision: only what is written from now on.
                 let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
                 let request =
