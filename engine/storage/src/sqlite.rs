@@ -277,7 +277,7 @@ async fn auto_vacuum(pool: &SqlitePool) -> Result<i64> {
 }
 
 async fn meta(pool: &SqlitePool, key: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = ?").bind(key).fetch_one(pool).await.map_err(db)?)
+    sqlx::query_scalar("SELECT value FROM meta WHERE key = ?").bind(key).fetch_one(pool).await.map_err(db)
 }
 
 async fn write_loop(inner: Arc<Inner>, mut queue: mpsc::Receiver<(Txn, oneshot::Sender<Result<Committed>>)>) {
@@ -460,7 +460,7 @@ impl ListSource for SqliteConnection {
                      AND o.name = e.name AND o.revision <= ?5)
              ORDER BY 1, 2 LIMIT ?6"
         };
-        Ok(sqlx::query_as(sql)
+        sqlx::query_as(sql)
             .bind(kind)
             .bind(namespace)
             .bind(after.0)
@@ -469,7 +469,7 @@ impl ListSource for SqliteConnection {
             .bind(limit)
             .fetch_all(self)
             .await
-            .map_err(db)?)
+            .map_err(db)
     }
 }
 

@@ -231,7 +231,7 @@ fn describe(options: &PgConnectOptions) -> String {
 }
 
 async fn meta<'c, E: sqlx::PgExecutor<'c>>(executor: E, key: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_one(executor).await.map_err(db)?)
+    sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_one(executor).await.map_err(db)
 }
 
 /// Moves `committed` forward (never back: notifications and polls arrive in any order).
@@ -496,7 +496,7 @@ impl ListSource for PgConnection {
             .bind(revision)
             .bind(limit)
         };
-        Ok(query.fetch_all(self).await.map_err(db)?)
+        query.fetch_all(self).await.map_err(db)
     }
 }
 
