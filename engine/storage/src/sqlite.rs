@@ -28,7 +28,7 @@ use serde_json::Value;
 use sqlx::{
     QueryBuilder, Row, Sqlite, SqliteConnection, SqlitePool,
     migrate::Migrator,
-    sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
+    sqlite::{SqliteAutoVacuum, SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous},
 };
 use std::collections::HashMap;
 use std::{
@@ -79,6 +79,14 @@ struct Inner {
 
 /// Events the watch cache holds.
 const WATCH_CACHE: usize = 8192;
+/// Pages given back to the file system per step after a compaction (16 MiB of 4 KiB pages):
+/// writers wait for one step at most.
+const RECLAIM_PAGES: i64 = 4096;
+/// What a WAL keeps of its size once it restarts. Without a limit it keeps its largest size
+/// forever; the background checkpoint restarts it every second, so it rarely needs more.
+const WAL_SIZE_LIMIT: i64 = 64 << 20;
+/// `PRAGMA auto_vacuum` for INCREMENTAL.
+const AUTO_VACUUM_INCREMENTAL: i64 = 2;
 
 impl SqliteStore {
     /// Opens (creating if absent) the database file. A file that exists but is not a valid
@@ -100,8 +108,18 @@ impl SqliteStore {
             // 64 KiB SQLite spills it to a temporary file, a write for every page it touches.
             .pragma("temp_store", "memory")
             // The hot B-tree pages of a growing store stay in memory, not re-read through the kernel.
-            .pragma("cache_size", "-65536");
+            .pragma("cache_size", "-65536")
+            // Pages freed by compaction can be given back (`reclaim`); takes effect on a new file.
+            .auto_vacuum(SqliteAutoVacuum::Incremental)
+            .pragma("journal_size_limit", WAL_SIZE_LIMIT.to_string());
         let store = Self::connect(options, 4).await?;
+        if auto_vacuum(&store.inner.pool).await? != AUTO_VACUUM_INCREMENTAL {
+            // A file made before incremental vacuum: a one-time rewrite switches it over.
+            tracing::info!(path = %path.display(), "rewriting the store once so compaction can give space back");
+            let mut conn = store.inner.pool.acquire().await.map_err(db)?;
+            sqlx::query("PRAGMA auto_vacuum = INCREMENTAL").execute(&mut *conn).await.map_err(db)?;
+            sqlx::query("VACUUM").execute(&mut *conn).await.map_err(db)?;
+        }
         tokio::spawn(checkpoint(Arc::downgrade(&store.inner)));
         Ok(store)
     }
@@ -164,8 +182,16 @@ impl SqliteStore {
     /// Replaces the whole contents with those of another store file (a Raft snapshot), atomically,
     /// then tells watchers: those behind the snapshot's history get `Expired` and re-list.
     pub async fn install(&self, path: &Path, tables: &[&str]) -> Result<()> {
-        let _writer = self.inner.write.lock().await;
-        let mut conn = self.inner.pool.acquire().await.map_err(db)?;
+        self.inner.replace(path, tables).await?;
+        // The rows it replaced are free pages now.
+        self.inner.reclaim().await
+    }
+}
+
+impl Inner {
+    async fn replace(&self, path: &Path, tables: &[&str]) -> Result<()> {
+        let _writer = self.write.lock().await;
+        let mut conn = self.pool.acquire().await.map_err(db)?;
         sqlx::query("ATTACH DATABASE ? AS snapshot")
             .bind(path.to_string_lossy().as_ref())
             .execute(&mut *conn)
@@ -187,11 +213,33 @@ impl SqliteStore {
         }
         sqlx::query("DETACH DATABASE snapshot").execute(&mut *conn).await.map_err(db)?;
         copied.map_err(db)?;
-        let revision = meta(&self.inner.pool, "revision").await?;
-        self.inner.compacted.store(meta(&self.inner.pool, "compacted").await?, Ordering::SeqCst);
-        self.inner.cache.reset(revision);
-        self.inner.revision.store(revision, Ordering::SeqCst);
-        self.inner.committed.send_replace(revision);
+        let revision = meta(&self.pool, "revision").await?;
+        self.compacted.store(meta(&self.pool, "compacted").await?, Ordering::SeqCst);
+        self.cache.reset(revision);
+        self.revision.store(revision, Ordering::SeqCst);
+        self.committed.send_replace(revision);
+        Ok(())
+    }
+
+    /// Gives free pages back to the file system: an incremental vacuum moves live pages into the
+    /// holes and cuts the file's end (in WAL mode, at the next complete checkpoint). A step at a
+    /// time, with the writers held off for one step only, until no page is free or a step frees
+    /// none (a store without incremental auto-vacuum, such as an in-memory one).
+    async fn reclaim(&self) -> Result<()> {
+        let free_pages = || sqlx::query_scalar::<_, i64>("PRAGMA freelist_count").fetch_one(&self.pool);
+        let mut free = free_pages().await.map_err(db)?;
+        while free > 0 {
+            let _writer = self.write.lock().await;
+            sqlx::query(&format!("PRAGMA incremental_vacuum({RECLAIM_PAGES})"))
+                .execute(&self.pool)
+                .await
+                .map_err(db)?;
+            let left = free_pages().await.map_err(db)?;
+            if left >= free {
+                break;
+            }
+            free = left;
+        }
         Ok(())
     }
 }
@@ -218,8 +266,18 @@ async fn checkpoint(inner: std::sync::Weak<Inner>) {
     }
 }
 
+/// The file's auto-vacuum mode. Read inside a read transaction: outside one, a connection
+/// answers with what it last saw (or was told), not what the file says now.
+async fn auto_vacuum(pool: &SqlitePool) -> Result<i64> {
+    let mut tx = pool.begin().await.map_err(db)?;
+    sqlx::query("SELECT 1 FROM sqlite_master LIMIT 1").fetch_optional(&mut *tx).await.map_err(db)?;
+    let mode = sqlx::query_scalar("PRAGMA auto_vacuum").fetch_one(&mut *tx).await.map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    Ok(mode)
+}
+
 async fn meta(pool: &SqlitePool, key: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = ?").bind(key).fetch_one(pool).await.map_err(db)?)
+    sqlx::query_scalar("SELECT value FROM meta WHERE key = ?").bind(key).fetch_one(pool).await.map_err(db)
 }
 
 async fn write_loop(inner: Arc<Inner>, mut queue: mpsc::Receiver<(Txn, oneshot::Sender<Result<Committed>>)>) {
@@ -402,7 +460,7 @@ impl ListSource for SqliteConnection {
                      AND o.name = e.name AND o.revision <= ?5)
              ORDER BY 1, 2 LIMIT ?6"
         };
-        Ok(sqlx::query_as(sql)
+        sqlx::query_as(sql)
             .bind(kind)
             .bind(namespace)
             .bind(after.0)
@@ -411,7 +469,7 @@ impl ListSource for SqliteConnection {
             .bind(limit)
             .fetch_all(self)
             .await
-            .map_err(db)?)
+            .map_err(db)
     }
 }
 
@@ -477,7 +535,8 @@ impl Store for SqliteStore {
             .map_err(db)?;
         tx.commit().await.map_err(db)?;
         self.inner.compacted.store(revision, Ordering::SeqCst);
-        Ok(())
+        drop(_writer);
+        self.inner.reclaim().await
     }
 }
 
@@ -544,6 +603,56 @@ mod tests {
         let store = SqliteStore::open(&path, Durability::Full).await.unwrap();
         assert_eq!(store.revision().await.unwrap(), revision);
         assert!(store.get(&ObjectKey::new("Pod", "a", "p")).await.unwrap().is_some());
+    }
+
+    /// Polls `probe` until it holds (wait, never sleep), for at most 30 s.
+    async fn eventually(what: &str, mut probe: impl FnMut() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !probe() {
+            assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn size(path: &Path) -> u64 {
+        std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+    }
+
+    #[tokio::test]
+    async fn compaction_gives_the_space_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let store = SqliteStore::open(&path, Durability::Full).await.unwrap();
+        // A status write loop: many large revisions of one object.
+        let pod = |i: usize| {
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
+                               "spec": {"message": format!("{i}{}", "x".repeat(400_000))}})
+        };
+        store.txn(vec![Op::Create(pod(0))]).await.unwrap();
+        let mut latest = 0;
+        for i in 1..100 {
+            latest = store.txn(vec![Op::Update(pod(i))]).await.unwrap().revision;
+        }
+        // The background checkpoint moves the history from the WAL into the file.
+        eventually("the history in the database file", || size(&path) > 30_000_000).await;
+        let grown = size(&path);
+        store.compact(latest).await.unwrap();
+        eventually("the file to shrink after compaction", || size(&path) < grown / 4).await;
+        assert!(store.get(&ObjectKey::new("Pod", "a", "p")).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_store_made_before_incremental_vacuum_is_switched_over_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let options = SqliteConnectOptions::new().filename(&path).create_if_missing(true);
+        let old = SqlitePool::connect_with(options).await.unwrap();
+        migrator().run(&old).await.unwrap();
+        let mode: i64 = sqlx::query_scalar("PRAGMA auto_vacuum").fetch_one(&old).await.unwrap();
+        assert_eq!(mode, 0, "made without auto-vacuum");
+        old.close().await;
+        let store = SqliteStore::open(&path, Durability::Full).await.unwrap();
+        assert_eq!(auto_vacuum(store.pool()).await.unwrap(), AUTO_VACUUM_INCREMENTAL);
     }
 
     #[tokio::test]

@@ -231,7 +231,7 @@ fn describe(options: &PgConnectOptions) -> String {
 }
 
 async fn meta<'c, E: sqlx::PgExecutor<'c>>(executor: E, key: &str) -> Result<i64> {
-    Ok(sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_one(executor).await.map_err(db)?)
+    sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_one(executor).await.map_err(db)
 }
 
 /// Moves `committed` forward (never back: notifications and polls arrive in any order).
@@ -496,7 +496,7 @@ impl ListSource for PgConnection {
             .bind(revision)
             .bind(limit)
         };
-        Ok(query.fetch_all(self).await.map_err(db)?)
+        query.fetch_all(self).await.map_err(db)
     }
 }
 
@@ -606,7 +606,7 @@ impl Store for PostgresStore {
         }
         // Superseded versions and deletions at or below the revision go; the version of every
         // object alive at it stays (what a list continued at a later revision may need).
-        sqlx::query(
+        let deleted = sqlx::query(
             "DELETE FROM events WHERE revision <= $1 AND (type = 2 OR EXISTS (
                  SELECT 1 FROM events later WHERE later.kind = events.kind AND later.namespace = events.namespace
                  AND later.name = events.name AND later.revision <= $1
@@ -615,13 +615,24 @@ impl Store for PostgresStore {
         .bind(revision)
         .execute(&mut *tx)
         .await
-        .map_err(db)?;
+        .map_err(db)?
+        .rows_affected();
         sqlx::query("UPDATE meta SET value = $1 WHERE key = 'compacted'")
             .bind(revision)
             .execute(&mut *tx)
             .await
             .map_err(db)?;
         tx.commit().await.map_err(db)?;
+        // Autovacuum would get to the deleted rows once they pass its threshold (a fifth of the
+        // table) at its next round; vacuuming now makes their space (and their TOASTed values',
+        // where large objects live) reusable at once and gives empty pages at the table's end back.
+        // Plain VACUUM takes no lock that blocks writers. The objects table is left to
+        // autovacuum: its dead versions come from steady updates, the load it is tuned for.
+        if deleted > 0
+            && let Err(e) = sqlx::raw_sql("VACUUM events").execute(&self.inner.pool).await
+        {
+            tracing::warn!(error = %e, "vacuuming the compacted history failed; autovacuum will");
+        }
         Ok(())
     }
 }

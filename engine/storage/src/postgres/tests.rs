@@ -57,6 +57,32 @@ async fn conformance() {
 }
 
 #[tokio::test]
+async fn compaction_vacuums_the_history_it_deleted() {
+    let cluster = PgCluster::start();
+    let store = PostgresStore::connect_with(cluster.empty_database().await).await.unwrap();
+    let pod = |i: usize| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
+               "spec": {"message": format!("{i}{}", "x".repeat(100_000))}})
+    };
+    store.txn(vec![Op::Create(pod(0))]).await.unwrap();
+    let mut latest = 0;
+    for i in 1..50 {
+        latest = store.txn(vec![Op::Update(pod(i))]).await.unwrap().revision;
+    }
+    store.compact(latest).await.unwrap();
+    let (vacuums, dead) = eventually("the vacuum in the statistics", || async {
+        let row: (i64, i64) =
+            sqlx::query_as("SELECT vacuum_count, n_dead_tup FROM pg_stat_user_tables WHERE relname = 'events'")
+                .fetch_one(store.pool())
+                .await
+                .unwrap();
+        (row.0 > 0).then_some(row)
+    })
+    .await;
+    assert_eq!((vacuums, dead), (1, 0), "one vacuum, right after the compaction, and no dead row left");
+}
+
+#[tokio::test]
 async fn a_commit_through_one_replica_reaches_the_watchers_of_the_other() {
     let cluster = PgCluster::start();
     let db = cluster.empty_database().await;

@@ -16,6 +16,8 @@ mod log_store;
 mod network;
 mod state_machine;
 #[cfg(test)]
+mod storage_suite;
+#[cfg(test)]
 mod tests;
 
 pub use network::Faults;
