@@ -6,7 +6,8 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::cluster::{Cluster, loopback_request};
 use gitplane_proto::node::{
-    HeartbeatRequest, RegisterRequest, UpdatePodStatusRequest, WatchPodsRequest, node_service_client::NodeServiceClient,
+    HeartbeatRequest, RegisterRequest, UpdatePodStatusRequest, WatchNetworkRequest, WatchPodsRequest,
+    node_service_client::NodeServiceClient,
 };
 use gitplane_storage::remote::pb::{
     self, raft_service_client::RaftServiceClient, store_service_client::StoreServiceClient,
@@ -218,6 +219,9 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
         let expected = by_node(Expect::Grpc(Code::PermissionDenied), Expect::Grpc(Code::Ok));
         let new_name = format!("node-new-{who:?}").to_lowercase();
         m.grpc("Node/Register(new name)", who, expected, grpc_outcome(nodes.register(register(&new_name)).await));
+        let expected = by_node(Expect::Grpc(Code::Ok), Expect::Grpc(Code::PermissionDenied));
+        let network = tokens.request(who, WatchNetworkRequest { resource_version: 0 });
+        m.grpc("Node/WatchNetwork", who, expected, grpc_outcome(nodes.watch_network(network).await));
         for (node, own) in [("node-a", true), ("node-b", false)] {
             let expected = by_node(
                 if own { Expect::Grpc(Code::Ok) } else { Expect::Grpc(Code::PermissionDenied) },

@@ -14,10 +14,11 @@ use identity::{Caller, caller, node_of};
 use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
 use gitplane_proto::node::{
-    EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, PodEvent, RegisterRequest, RegisterResponse,
-    UpdatePodStatusRequest, UpdatePodStatusResponse, WatchPodsRequest, node_service_server,
+    EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, ObjectEvent, PodEvent, RegisterRequest,
+    RegisterResponse, UpdatePodStatusRequest, UpdatePodStatusResponse, WatchNetworkRequest, WatchPodsRequest,
+    node_service_server,
 };
-use gitplane_store::{Api, EventType, ListOptions, Op, Rejection, Store, StoreError, WatchOptions};
+use gitplane_store::{Api, EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
     coordination::v1::{Lease, LeaseSpec},
     core::v1::{ConfigMap, Node, NodeCondition, NodeSpec, Pod, PodStatus},
@@ -235,6 +236,24 @@ fn bound_to(pod: &serde_json::Value, node: &str) -> bool {
 }
 
 type PodEventStream = Pin<Box<dyn Stream<Item = Result<PodEvent, Status>> + Send>>;
+type ObjectEventStream = Pin<Box<dyn Stream<Item = Result<ObjectEvent, Status>> + Send>>;
+
+/// What every node reads to program its networking (a kubelet and kube-proxy read as much).
+const NETWORK_KINDS: [&str; 4] = ["Service", "EndpointSlice.discovery.k8s.io", "Node", "ConfigMap"];
+
+/// Of the ConfigMaps, only cluster DNS's settings: the others may hold anything.
+fn network_object(key: &ObjectKey) -> bool {
+    key.kind != "ConfigMap" || (key.namespace == "kube-system" && key.name == "kube-dns")
+}
+
+fn object_event(kind: WireEventType, revision: i64, group_kind: &str, object: &serde_json::Value) -> ObjectEvent {
+    ObjectEvent {
+        r#type: kind as i32,
+        resource_version: revision,
+        kind: group_kind.to_owned(),
+        object: serde_json::to_vec(object).unwrap_or_default(),
+    }
+}
 
 #[tonic::async_trait]
 impl node_service_server::NodeService for NodeService {
@@ -324,6 +343,65 @@ impl node_service_server::NodeService for NodeService {
             std::future::ready(result)
         });
         tracing::info!(node = %node_name, from, "pod watch started");
+        Ok(Response::new(Box::pin(futures::stream::iter(initial).chain(changes))))
+    }
+
+    type WatchNetworkStream = ObjectEventStream;
+
+    async fn watch_network(
+        &self,
+        request: Request<WatchNetworkRequest>,
+    ) -> Result<Response<ObjectEventStream>, Status> {
+        let own = node_of(&request)?;
+        let resource_version = request.into_inner().resource_version;
+        let mut initial = Vec::new();
+        let from = if resource_version == 0 {
+            // Every kind as of one revision: the first list's.
+            let mut revision = None;
+            for kind in NETWORK_KINDS {
+                let options = ListOptions { at_revision: revision, ..ListOptions::default() };
+                let list = self.store.list(kind, &options).await.map_err(store_status)?;
+                revision = Some(list.revision);
+                initial.extend(
+                    list.items
+                        .iter()
+                        .filter(|o| ObjectKey::from_value(o).is_ok_and(|k| network_object(&k)))
+                        .map(|o| Ok(object_event(WireEventType::Added, list.revision, kind, o))),
+                );
+            }
+            let revision = revision.unwrap_or_default();
+            initial.push(Ok(ObjectEvent {
+                r#type: WireEventType::Bookmark as i32,
+                resource_version: revision,
+                ..Default::default()
+            }));
+            revision
+        } else {
+            resource_version
+        };
+        let kinds = NETWORK_KINDS.iter().map(|k| k.to_string()).collect();
+        let events =
+            self.store.watch(from, WatchOptions { kinds: Some(kinds), bookmarks: true }).await.map_err(store_status)?;
+        let changes = events.filter_map(|event| {
+            std::future::ready(match event {
+                Err(e) => Some(Err(store_status(e))),
+                Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(ObjectEvent {
+                    r#type: WireEventType::Bookmark as i32,
+                    resource_version: e.revision,
+                    ..Default::default()
+                })),
+                Ok(e) if network_object(&e.key) => {
+                    let kind = match e.event_type {
+                        EventType::Added => WireEventType::Added,
+                        EventType::Modified => WireEventType::Modified,
+                        _ => WireEventType::Deleted,
+                    };
+                    Some(Ok(object_event(kind, e.revision, &e.key.kind, &e.object)))
+                }
+                Ok(_) => None,
+            })
+        });
+        tracing::info!(node = %own, from, "network watch started");
         Ok(Response::new(Box::pin(futures::stream::iter(initial).chain(changes))))
     }
 
@@ -525,5 +603,41 @@ mod tests {
             tonic::Code::PermissionDenied
         );
         assert_eq!(code(service.update_pod_status(report(&format!("{a_cidr}7"), as_a.clone())).await), tonic::Code::Ok);
+    }
+
+    #[tokio::test]
+    async fn t10_nodes_watch_what_networking_needs_and_nothing_else() {
+        let service = service().await;
+        service.register(as_caller(node("a"), Caller::Joiner)).await.unwrap();
+        let objects = [
+            serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-dns", "namespace": "kube-system"}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app-config", "namespace": "default"}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "default"}}),
+        ];
+        service.store.txn(objects.into_iter().map(Op::Create).collect()).await.unwrap();
+        let watch = |caller| as_caller(WatchNetworkRequest { resource_version: 0 }, caller);
+        assert_eq!(code(service.watch_network(watch(Caller::Joiner)).await), tonic::Code::PermissionDenied);
+        let mut stream = service.watch_network(watch(Caller::Node("a".into()))).await.unwrap().into_inner();
+        let mut listed = Vec::new();
+        while let Some(Ok(event)) = stream.next().await {
+            if event.r#type == WireEventType::Bookmark as i32 {
+                break;
+            }
+            let object: serde_json::Value = serde_json::from_slice(&event.object).unwrap();
+            listed.push(format!("{} {}", event.kind, object["metadata"]["name"].as_str().unwrap()));
+        }
+        listed.sort();
+        assert_eq!(listed, ["ConfigMap kube-dns", "Node a", "Service web"], "no other ConfigMap, no Secret");
+        let svc = serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "default"}});
+        let other = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default"}});
+        service.store.txn(vec![Op::Create(other), Op::Create(svc)]).await.unwrap();
+        let next = loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap().unwrap();
+            if event.r#type != WireEventType::Bookmark as i32 {
+                break event;
+            }
+        };
+        assert_eq!((next.kind.as_str(), next.r#type), ("Service", WireEventType::Added as i32));
     }
 }
