@@ -4,29 +4,25 @@
 
 use crate::{
     cni,
+    controlplane::{RETRY_MIN, Servers, Token, sleep_or_shutdown},
+    network::Network,
     cri::Cri,
     node,
     runtime::{RuntimeConfig, RuntimeManager},
 };
 use gitplane_proto::node::{
     EventType, HeartbeatRequest, PodEvent, RegisterRequest, UpdatePodStatusRequest, WatchPodsRequest,
-    node_service_client::NodeServiceClient,
 };
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 use std::{
     collections::{HashMap, HashSet},
-    path::{Path, PathBuf},
-    sync::{Arc, PoisonError, RwLock},
+    path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 use tokio::{sync::watch, task::JoinHandle};
-use tonic::{
-    Code, Request, Status,
-    metadata::{Ascii, MetadataValue},
-    service::{Interceptor, interceptor::InterceptedService},
-    transport::Channel,
-};
+use tonic::Code;
 
 /// How an agent finds its control plane and its runtime.
 #[derive(Clone, Debug)]
@@ -97,10 +93,6 @@ pub enum AgentError {
     Cni(#[from] cni::CniError),
 }
 
-/// Retry delays for calls to the control plane.
-const RETRY_MIN: Duration = Duration::from_millis(200);
-const RETRY_MAX: Duration = Duration::from_secs(5);
-
 /// Runs the agent until `shutdown` becomes true.
 pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
     let (cri, version) = Cri::connect_and_check(&cfg.containerd_socket)
@@ -121,6 +113,12 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
     let runtime = Arc::new(RuntimeManager::new(cri, runtime_cfg).await);
     let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
+    // Services, EndpointSlices and Nodes, for the node's networking.
+    let network = Arc::new(Network::default());
+    let following = tokio::spawn({
+        let (network, client, shutdown) = (network.clone(), client.clone(), shutdown.clone());
+        async move { network.follow(client, shutdown).await }
+    });
     let mut pods =
         PodWorkers { cfg: cfg.clone(), runtime: runtime.clone(), client: client.clone(), workers: HashMap::new() };
 
@@ -177,6 +175,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         }
     }
     heartbeat.abort();
+    following.abort();
     pods.stop(cfg.remove_pods_on_exit).await;
     Ok(())
 }
@@ -224,16 +223,6 @@ async fn register(
     }
 }
 
-/// Sleeps with exponential backoff; `true` when shut down meanwhile.
-async fn sleep_or_shutdown(delay: &mut Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
-    let wait = *delay;
-    *delay = (*delay * 2).min(RETRY_MAX);
-    tokio::select! {
-        _ = shutdown.wait_for(|s| *s) => true,
-        _ = tokio::time::sleep(wait) => false,
-    }
-}
-
 async fn heartbeat(cfg: AgentConfig, client: Servers) {
     let mut tick = tokio::time::interval(cfg.heartbeat);
     loop {
@@ -244,116 +233,6 @@ async fn heartbeat(cfg: AgentConfig, client: Servers) {
             tracing::warn!(error = %status.message(), "lease renewal failed");
             client.failed(server);
         }
-    }
-}
-
-/// What the agent presents on every call: its node credential once it has one, before that the
-/// join token.
-#[derive(Clone)]
-struct Token(Arc<RwLock<MetadataValue<Ascii>>>);
-
-fn bearer(token: &str, file: &Path) -> Result<MetadataValue<Ascii>, AgentError> {
-    format!("Bearer {}", token.trim())
-        .parse()
-        .map_err(|_| AgentError::BadToken { file: file.to_owned(), why: "not printable ASCII".into() })
-}
-
-impl Token {
-    /// The kept credential, else the join token.
-    fn load(cfg: &AgentConfig) -> Result<Token, AgentError> {
-        let kept = match std::fs::read_to_string(&cfg.credential_file) {
-            Ok(text) => Some(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(AgentError::BadToken { file: cfg.credential_file.clone(), why: e.to_string() }),
-        };
-        let token = kept
-            .or_else(|| cfg.join_token.clone())
-            .ok_or_else(|| AgentError::NoCredential { file: cfg.credential_file.clone() })?;
-        Ok(Token(Arc::new(RwLock::new(bearer(&token, &cfg.credential_file)?))))
-    }
-
-    /// Uses `credential` from now on and keeps it in `file` (written aside, then renamed).
-    fn keep(&self, credential: &str, file: &Path) -> Result<(), AgentError> {
-        let value = bearer(credential, file)?;
-        let write = || -> std::io::Result<()> {
-            use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
-            if let Some(dir) = file.parent() {
-                std::fs::create_dir_all(dir)?;
-            }
-            let aside = file.with_extension("new");
-            let _ = std::fs::remove_file(&aside);
-            let mut out = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&aside)?;
-            out.write_all(credential.as_bytes())?;
-            out.sync_all()?;
-            std::fs::rename(&aside, file)
-        };
-        write().map_err(|e| AgentError::BadToken { file: file.to_owned(), why: format!("writing it: {e}") })?;
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = value;
-        Ok(())
-    }
-
-    /// Presents the join token again (when the control plane refused the credential); whether
-    /// there is one.
-    fn fall_back_to_join(&self, cfg: &AgentConfig) -> bool {
-        let Some(value) = cfg.join_token.as_deref().and_then(|t| bearer(t, &cfg.credential_file).ok()) else {
-            return false;
-        };
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = value;
-        true
-    }
-}
-
-impl Interceptor for Token {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let value = self.0.read().unwrap_or_else(PoisonError::into_inner).clone();
-        request.metadata_mut().insert("authorization", value);
-        Ok(request)
-    }
-}
-
-type Client = NodeServiceClient<InterceptedService<Channel, Token>>;
-
-/// The control plane's replicas; calls go to one until it fails, then to the next.
-#[derive(Clone)]
-struct Servers {
-    clients: Arc<Vec<Client>>,
-    current: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Servers {
-    fn new(servers: &[String], token: Token) -> Result<Servers, AgentError> {
-        if servers.is_empty() {
-            return Err(AgentError::NoServers);
-        }
-        let clients = servers
-            .iter()
-            .map(|server| {
-                let channel = tonic::transport::Endpoint::from_shared(server.clone())
-                    .map_err(|source| AgentError::Server { server: server.clone(), source })?
-                    .connect_timeout(Duration::from_secs(5))
-                    .http2_keep_alive_interval(Duration::from_secs(10))
-                    .keep_alive_while_idle(true)
-                    .connect_lazy();
-                Ok(NodeServiceClient::with_interceptor(channel, token.clone()))
-            })
-            .collect::<Result<Vec<_>, AgentError>>()?;
-        Ok(Servers { clients: Arc::new(clients), current: Default::default() })
-    }
-
-    fn get(&self) -> (usize, Client) {
-        let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.clients.len();
-        (i, self.clients[i].clone())
-    }
-
-    /// Moves on from `server` unless another call already did.
-    fn failed(&self, server: usize) {
-        let next = (server + 1) % self.clients.len();
-        let _ = self.current.compare_exchange(
-            server,
-            next,
-            std::sync::atomic::Ordering::Relaxed,
-            std::sync::atomic::Ordering::Relaxed,
-        );
     }
 }
 

@@ -1,8 +1,10 @@
 pub mod agent;
 pub mod cni;
 pub mod containerd;
+mod controlplane;
 pub mod cri;
 pub mod images;
+pub mod network;
 pub mod node;
 pub mod runtime;
 mod template;

@@ -1,0 +1,142 @@
+//! The agent's side of the control plane: the node service's replicas (an agent moves to the
+//! next when one fails) and the token every call presents.
+
+use crate::agent::{AgentConfig, AgentError};
+use gitplane_proto::node::node_service_client::NodeServiceClient;
+use std::{
+    path::Path,
+    sync::{Arc, PoisonError, RwLock},
+    time::Duration,
+};
+use tokio::sync::watch;
+use tonic::{
+    Request, Status,
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::Channel,
+};
+
+/// Retry delays for calls to the control plane.
+pub(crate) const RETRY_MIN: Duration = Duration::from_millis(200);
+pub(crate) const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Sleeps with exponential backoff; `true` when shut down meanwhile.
+pub(crate) async fn sleep_or_shutdown(delay: &mut Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+    let wait = *delay;
+    *delay = (*delay * 2).min(RETRY_MAX);
+    tokio::select! {
+        _ = shutdown.wait_for(|s| *s) => true,
+        _ = tokio::time::sleep(wait) => false,
+    }
+}
+
+/// What the agent presents on every call: its node credential once it has one, before that the
+/// join token.
+#[derive(Clone)]
+pub(crate) struct Token(Arc<RwLock<MetadataValue<Ascii>>>);
+
+fn bearer(token: &str, file: &Path) -> Result<MetadataValue<Ascii>, AgentError> {
+    format!("Bearer {}", token.trim())
+        .parse()
+        .map_err(|_| AgentError::BadToken { file: file.to_owned(), why: "not printable ASCII".into() })
+}
+
+impl Token {
+    /// The kept credential, else the join token.
+    pub(crate) fn load(cfg: &AgentConfig) -> Result<Token, AgentError> {
+        let kept = match std::fs::read_to_string(&cfg.credential_file) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(AgentError::BadToken { file: cfg.credential_file.clone(), why: e.to_string() }),
+        };
+        let token = kept
+            .or_else(|| cfg.join_token.clone())
+            .ok_or_else(|| AgentError::NoCredential { file: cfg.credential_file.clone() })?;
+        Ok(Token(Arc::new(RwLock::new(bearer(&token, &cfg.credential_file)?))))
+    }
+
+    /// Uses `credential` from now on and keeps it in `file` (written aside, then renamed).
+    pub(crate) fn keep(&self, credential: &str, file: &Path) -> Result<(), AgentError> {
+        let value = bearer(credential, file)?;
+        let write = || -> std::io::Result<()> {
+            use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+            if let Some(dir) = file.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let aside = file.with_extension("new");
+            let _ = std::fs::remove_file(&aside);
+            let mut out = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&aside)?;
+            out.write_all(credential.as_bytes())?;
+            out.sync_all()?;
+            std::fs::rename(&aside, file)
+        };
+        write().map_err(|e| AgentError::BadToken { file: file.to_owned(), why: format!("writing it: {e}") })?;
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = value;
+        Ok(())
+    }
+
+    /// Presents the join token again (when the control plane refused the credential); whether
+    /// there is one.
+    pub(crate) fn fall_back_to_join(&self, cfg: &AgentConfig) -> bool {
+        let Some(value) = cfg.join_token.as_deref().and_then(|t| bearer(t, &cfg.credential_file).ok()) else {
+            return false;
+        };
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = value;
+        true
+    }
+}
+
+impl Interceptor for Token {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let value = self.0.read().unwrap_or_else(PoisonError::into_inner).clone();
+        request.metadata_mut().insert("authorization", value);
+        Ok(request)
+    }
+}
+
+pub(crate) type Client = NodeServiceClient<InterceptedService<Channel, Token>>;
+
+/// The control plane's replicas; calls go to one until it fails, then to the next.
+#[derive(Clone)]
+pub(crate) struct Servers {
+    clients: Arc<Vec<Client>>,
+    current: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Servers {
+    pub(crate) fn new(servers: &[String], token: Token) -> Result<Servers, AgentError> {
+        if servers.is_empty() {
+            return Err(AgentError::NoServers);
+        }
+        let clients = servers
+            .iter()
+            .map(|server| {
+                let channel = tonic::transport::Endpoint::from_shared(server.clone())
+                    .map_err(|source| AgentError::Server { server: server.clone(), source })?
+                    .connect_timeout(Duration::from_secs(5))
+                    .http2_keep_alive_interval(Duration::from_secs(10))
+                    .keep_alive_while_idle(true)
+                    .connect_lazy();
+                Ok(NodeServiceClient::with_interceptor(channel, token.clone()))
+            })
+            .collect::<Result<Vec<_>, AgentError>>()?;
+        Ok(Servers { clients: Arc::new(clients), current: Default::default() })
+    }
+
+    pub(crate) fn get(&self) -> (usize, Client) {
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.clients.len();
+        (i, self.clients[i].clone())
+    }
+
+    /// Moves on from `server` unless another call already did.
+    pub(crate) fn failed(&self, server: usize) {
+        let next = (server + 1) % self.clients.len();
+        let _ = self.current.compare_exchange(
+            server,
+            next,
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+}
+

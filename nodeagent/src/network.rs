@@ -1,0 +1,254 @@
+//! What the agent knows of the cluster's networking, followed from the control plane's
+//! `WatchNetwork`: Services, EndpointSlices, Nodes and cluster DNS's settings. The proxy, cluster
+//! DNS and the routes to other nodes read it ([`Network::view`]) and are told what changed
+//! ([`Network::subscribe`]), in batches: one per event, or one `Relisted` when the view was
+//! listed anew (at start, after a compaction), after which a reader syncs from scratch.
+
+use crate::controlplane::{RETRY_MIN, Servers, sleep_or_shutdown};
+use gitplane_api::ObjectKey;
+use gitplane_proto::node::{EventType, ObjectEvent, WatchNetworkRequest};
+use k8s_openapi::api::{
+    core::v1::{ConfigMap, Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, PoisonError, RwLock, RwLockReadGuard},
+};
+use tokio::sync::{broadcast, watch};
+use tonic::Code;
+
+const SERVICE: &str = "Service";
+const ENDPOINT_SLICE: &str = "EndpointSlice.discovery.k8s.io";
+const NODE: &str = "Node";
+const CONFIG_MAP: &str = "ConfigMap";
+
+/// The cluster's networking objects as of one revision.
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    pub services: BTreeMap<ObjectKey, Arc<Service>>,
+    pub slices: BTreeMap<ObjectKey, Arc<EndpointSlice>>,
+    pub nodes: BTreeMap<String, Arc<Node>>,
+    /// `kube-system/kube-dns`: stub domains and upstream servers.
+    pub dns_config: Option<Arc<ConfigMap>>,
+    pub revision: i64,
+}
+
+/// One change of the view.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Service(ObjectKey),
+    EndpointSlice(ObjectKey),
+    Node(String),
+    DnsConfig,
+    /// Listed anew: read everything.
+    Relisted,
+}
+
+impl View {
+    /// Applies one watch event; the change it made, if any.
+    fn apply(&mut self, event: &ObjectEvent) -> Result<Option<Change>, serde_json::Error> {
+        let kind = EventType::try_from(event.r#type).unwrap_or(EventType::Unspecified);
+        self.revision = self.revision.max(event.resource_version);
+        let deleted = match kind {
+            EventType::Added | EventType::Modified => false,
+            EventType::Deleted => true,
+            EventType::Bookmark | EventType::Unspecified => return Ok(None),
+        };
+        let value: serde_json::Value = serde_json::from_slice(&event.object)?;
+        let Ok(key) = ObjectKey::from_value(&value) else { return Ok(None) };
+        fn put<K: Ord, T>(map: &mut BTreeMap<K, Arc<T>>, key: K, object: Option<T>) {
+            match object {
+                Some(object) => map.insert(key, Arc::new(object)),
+                None => map.remove(&key),
+            };
+        }
+        let change = match event.kind.as_str() {
+            SERVICE => {
+                let service = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.services, key.clone(), service);
+                Change::Service(key)
+            }
+            ENDPOINT_SLICE => {
+                let slice = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.slices, key.clone(), slice);
+                Change::EndpointSlice(key)
+            }
+            NODE => {
+                let node = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.nodes, key.name.clone(), node);
+                Change::Node(key.name)
+            }
+            CONFIG_MAP => {
+                self.dns_config = (!deleted).then(|| serde_json::from_value(value)).transpose()?.map(Arc::new);
+                Change::DnsConfig
+            }
+            _ => return Ok(None),
+        };
+        Ok(Some(change))
+    }
+}
+
+/// The followed view and its subscribers.
+pub struct Network {
+    view: RwLock<View>,
+    changes: broadcast::Sender<Arc<[Change]>>,
+    /// Whether the first list has arrived.
+    synced: watch::Sender<bool>,
+}
+
+impl Default for Network {
+    fn default() -> Self {
+        Network { view: RwLock::default(), changes: broadcast::channel(1024).0, synced: watch::channel(false).0 }
+    }
+}
+
+impl Network {
+    pub fn view(&self) -> RwLockReadGuard<'_, View> {
+        self.view.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes from now on. A reader that lags behind gets `RecvError::Lagged` and should read
+    /// the whole view again, as after `Relisted`.
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<[Change]>> {
+        self.changes.subscribe()
+    }
+
+    /// Resolves once the first list has arrived.
+    pub async fn synced(&self) {
+        let _ = self.synced.subscribe().wait_for(|s| *s).await;
+    }
+
+    fn publish(&self, changes: Vec<Change>) {
+        if !changes.is_empty() {
+            let _ = self.changes.send(changes.into());
+        }
+    }
+
+    /// Follows the control plane until `shutdown`: lists, then watches, resuming from the last
+    /// revision seen on another replica when one fails, and listing again after a compaction.
+    pub(crate) async fn follow(&self, servers: Servers, mut shutdown: watch::Receiver<bool>) {
+        let mut revision = 0;
+        let mut delay = RETRY_MIN;
+        loop {
+            let (server, mut client) = servers.get();
+            let started = tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                r = client.watch_network(WatchNetworkRequest { resource_version: revision }) => r,
+            };
+            let mut stream = match started {
+                Ok(r) => r.into_inner(),
+                Err(status) => {
+                    tracing::warn!(error = %status.message(), "network watch failed, retrying");
+                    servers.failed(server);
+                    if sleep_or_shutdown(&mut delay, &mut shutdown).await {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            // A fresh list is collected aside and swapped in whole at its bookmark.
+            let mut listing = (revision == 0).then(View::default);
+            loop {
+                let message = tokio::select! {
+                    _ = shutdown.wait_for(|s| *s) => return,
+                    m = stream.message() => m,
+                };
+                match message {
+                    Ok(Some(event)) => {
+                        delay = RETRY_MIN;
+                        revision = revision.max(event.resource_version);
+                        self.observe(&event, &mut listing);
+                    }
+                    Ok(None) => {
+                        tracing::info!("network watch ended, reconnecting");
+                        servers.failed(server);
+                        break;
+                    }
+                    Err(status) => {
+                        if status.code() == Code::OutOfRange {
+                            revision = 0; // compacted: list again
+                        }
+                        tracing::warn!(error = %status.message(), "network watch broke, reconnecting");
+                        servers.failed(server);
+                        break;
+                    }
+                }
+            }
+            if sleep_or_shutdown(&mut delay, &mut shutdown).await {
+                return;
+            }
+        }
+    }
+
+    fn observe(&self, event: &ObjectEvent, listing: &mut Option<View>) {
+        let bookmark = event.r#type == EventType::Bookmark as i32;
+        if let Some(view) = listing {
+            if let Err(e) = view.apply(event) {
+                tracing::warn!(kind = %event.kind, error = %e, "undecodable object in the network watch, skipped");
+            }
+            if bookmark && let Some(view) = listing.take() {
+                *self.view.write().unwrap_or_else(PoisonError::into_inner) = view;
+                self.synced.send_replace(true);
+                self.publish(vec![Change::Relisted]);
+            }
+            return;
+        }
+        let change = self.view.write().unwrap_or_else(PoisonError::into_inner).apply(event);
+        match change {
+            Ok(change) => self.publish(change.into_iter().collect()),
+            Err(e) => tracing::warn!(kind = %event.kind, error = %e, "undecodable object in the network watch, skipped"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn event(kind: EventType, revision: i64, group_kind: &str, object: serde_json::Value) -> ObjectEvent {
+        ObjectEvent {
+            r#type: kind as i32,
+            resource_version: revision,
+            kind: group_kind.into(),
+            object: serde_json::to_vec(&object).unwrap(),
+        }
+    }
+
+    fn bookmark(revision: i64) -> ObjectEvent {
+        ObjectEvent { r#type: EventType::Bookmark as i32, resource_version: revision, ..Default::default() }
+    }
+
+    #[test]
+    fn a_list_is_swapped_in_at_its_bookmark_then_changes_apply_one_by_one() {
+        let network = Network::default();
+        let mut changes = network.subscribe();
+        let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"}});
+        let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+                           "endpoints": [], "metadata": {"name": "web-1", "namespace": "default"}});
+        let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}});
+        let mut listing = Some(View::default());
+        for e in [event(EventType::Added, 7, SERVICE, svc.clone()), event(EventType::Added, 7, ENDPOINT_SLICE, slice)] {
+            network.observe(&e, &mut listing);
+        }
+        assert!(network.view().services.is_empty(), "nothing shows before the list is complete");
+        network.observe(&bookmark(7), &mut listing);
+        assert!(listing.is_none());
+        assert_eq!(*changes.try_recv().unwrap(), [Change::Relisted]);
+        assert_eq!((network.view().services.len(), network.view().slices.len(), network.view().revision), (1, 1, 7));
+
+        network.observe(&event(EventType::Added, 8, NODE, node), &mut listing);
+        assert_eq!(*changes.try_recv().unwrap(), [Change::Node("n2".into())]);
+        network.observe(&event(EventType::Deleted, 9, SERVICE, svc), &mut listing);
+        let key = ObjectKey::new("Service", "default", "web");
+        assert_eq!(*changes.try_recv().unwrap(), [Change::Service(key)]);
+        assert!(network.view().services.is_empty());
+        network.observe(&bookmark(12), &mut listing);
+        assert!(changes.try_recv().is_err(), "a bookmark changes nothing");
+        assert_eq!(network.view().revision, 12);
+        let bad = ObjectEvent { object: b"{not json".to_vec(), ..event(EventType::Added, 13, SERVICE, json!({})) };
+        network.observe(&bad, &mut listing);
+        assert!(changes.try_recv().is_err(), "an undecodable object is skipped");
+    }
+}
