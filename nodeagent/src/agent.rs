@@ -8,6 +8,7 @@ use crate::{
     network::Network,
     cri::Cri,
     node,
+    routes::{CidrError, Ipv4Cidr, PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
 };
 use gitplane_proto::node::{
@@ -40,6 +41,10 @@ pub struct AgentConfig {
     pub cni_data_dir: PathBuf,
     /// The Linux bridge the Pods attach to.
     pub bridge: String,
+    /// The cluster's Pod range (every podCIDR lies in it) and Service range: Pod traffic to
+    /// them is not masqueraded.
+    pub cluster_cidr: Ipv4Cidr,
+    pub service_cidr: Ipv4Cidr,
     pub runtime: RuntimeConfig,
     /// Lease renewal period (the kubelet's is 10 s for a 40 s lease).
     pub heartbeat: Duration,
@@ -64,6 +69,8 @@ impl AgentConfig {
             cni_conf_dir: PathBuf::from("/etc/gitplane/cni/net.d"),
             cni_data_dir: PathBuf::from("/var/lib/gitplane/cni"),
             bridge: "gitplane0".into(),
+            cluster_cidr: Ipv4Cidr::CLUSTER_DEFAULT,
+            service_cidr: Ipv4Cidr::SERVICE_DEFAULT,
             runtime: RuntimeConfig::default(),
             heartbeat: Duration::from_secs(10),
             resync: Duration::from_secs(2),
@@ -91,6 +98,10 @@ pub enum AgentError {
     BadToken { file: PathBuf, why: String },
     #[error(transparent)]
     Cni(#[from] cni::CniError),
+    #[error("the podCIDR the control plane gave: {0}")]
+    PodCidr(#[source] CidrError),
+    #[error("the node's Pod network: {0}")]
+    PodNetwork(#[from] crate::routes::StartError),
 }
 
 /// Runs the agent until `shutdown` becomes true.
@@ -107,6 +118,15 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     };
     let conflist = cni::write_conflist(&cfg.cni_conf_dir, "gitplane", &cfg.bridge, &pod_cidr, &cfg.cni_data_dir)?;
     tracing::info!(node = %cfg.node_name, %pod_cidr, conflist = %conflist.display(), "node registered");
+    let pod_network = Arc::new(
+        PodNetwork::start(PodNetworkConfig {
+            node_name: cfg.node_name.clone(),
+            pod_cidr: pod_cidr.parse().map_err(AgentError::PodCidr)?,
+            cluster_cidr: cfg.cluster_cidr,
+            service_cidr: cfg.service_cidr,
+        })
+        .await?,
+    );
 
     let mut runtime_cfg = cfg.runtime.clone();
     runtime_cfg.node_ip = runtime_cfg.node_ip.or(cfg.node_ip.clone());
@@ -118,6 +138,11 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let following = tokio::spawn({
         let (network, client, shutdown) = (network.clone(), client.clone(), shutdown.clone());
         async move { network.follow(client, shutdown).await }
+    });
+    // Routes to the other nodes' Pods, from the Nodes in that view.
+    let routing = tokio::spawn({
+        let (pod_network, network, shutdown) = (pod_network.clone(), network.clone(), shutdown.clone());
+        async move { pod_network.run(&network, shutdown).await }
     });
     let mut pods =
         PodWorkers { cfg: cfg.clone(), runtime: runtime.clone(), client: client.clone(), workers: HashMap::new() };
@@ -176,7 +201,11 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     }
     heartbeat.abort();
     following.abort();
+    routing.abort();
     pods.stop(cfg.remove_pods_on_exit).await;
+    if cfg.remove_pods_on_exit {
+        pod_network.clean_up().await;
+    }
     Ok(())
 }
 

@@ -1,5 +1,7 @@
 //! The CNI network configuration that containerd's CRI plugin runs for every pod sandbox:
-//! a `bridge` with host-local IPAM over the node's podCIDR, then `portmap` for hostPorts.
+//! a `bridge` with host-local IPAM over the node's podCIDR, then `portmap` for hostPorts. The
+//! bridge does not masquerade (`ipMasq: false`): the agent's own rule does, for traffic that
+//! leaves the cluster's ranges only (`routes::masquerade`).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -101,7 +103,7 @@ mod tests {
                         "type": "bridge",
                         "bridge": "gp0",
                         "isGateway": true,
-                        "ipMasq": true,
+                        "ipMasq": false,
                         "hairpinMode": true,
                         "ipam": {
                             "type": "host-local",

@@ -138,6 +138,9 @@ impl Containerd {
         argv.push(config_path.to_string_lossy().into_owned());
         let mut command = Command::new(&argv[0]);
         command.args(&argv[1..]).stdin(Stdio::null()).stdout(log).stderr(log_err);
+        // Its own process group: a Ctrl-C in the terminal must reach only the agent, which
+        // removes the Pods through this containerd before stopping it.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let child = command.spawn().map_err(|source| ContainerdError::Spawn { program: argv.join(" "), source })?;
         tracing::info!(pid = child.id(), dir = %cfg.dir.display(), "started containerd");
         let mut containerd = Containerd { cfg, child: Some(child), version: String::new() };

@@ -1,10 +1,13 @@
 pub mod agent;
+pub mod cli;
 pub mod cni;
 pub mod containerd;
 mod controlplane;
 pub mod cri;
+pub mod host;
 pub mod images;
 pub mod network;
 pub mod node;
+pub mod routes;
 pub mod runtime;
 mod template;

@@ -8,6 +8,11 @@ use std::collections::BTreeMap;
 /// Pods per node, as the kubelet's default `maxPods`.
 const MAX_PODS: i64 = 110;
 
+/// The host name, the default node name.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "node".into())
+}
+
 /// The host's online CPUs.
 pub fn cpu_count() -> i64 {
     // SAFETY: sysconf has no preconditions.

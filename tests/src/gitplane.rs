@@ -1,6 +1,6 @@
 //! The real `gitplane up` inside a [`NetnsHost`], and a Git working copy driven with real `git`.
 
-use crate::{NetnsHost, wait_for};
+use crate::{HostExt, NetnsHost, wait_for};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use std::{
@@ -49,11 +49,11 @@ impl Gitplane {
             .arg(&repos_dir)
             .arg("--listen")
             .arg(listen.to_string())
-            .args(["--node-name", node_name, "--cgroup-parent", &host.cgroup_parent()])
+            .args(["--node-name", node_name, "--cgroup-parent", host.cgroup_parent()])
             .env("RUST_LOG", "info,sqlx=warn,h2=warn,tower=warn")
             .stdout(out.try_clone()?)
             .stderr(out);
-        let child = host.spawn(&mut command)?;
+        let child = command.spawn().context("starting gitplane up")?;
         let mut up = Gitplane { child, listen, data_dir, repos_dir, log };
         let ready = wait_for(Duration::from_secs(60), || {
             if let Ok(Some(status)) = up.child.try_wait() {

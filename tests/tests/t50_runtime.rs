@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use gitplane_e2e::{NetnsHost, require_root, wait_for};
+use gitplane_e2e::{HostExt, NetnsHost, netns_host, require_root, wait_for};
 use gitplane_nodeagent::cni::write_conflist;
 use gitplane_nodeagent::containerd::{Containerd, ContainerdConfig};
 use gitplane_nodeagent::cri::{Cri, pb};
@@ -80,7 +80,7 @@ async fn start_node(host: &NetnsHost) -> Result<(Containerd, Cri, RuntimeManager
     let runtime = RuntimeManager::new(
         cri.clone(),
         RuntimeConfig {
-            cgroup_parent: host.cgroup_parent(),
+            cgroup_parent: host.cgroup_parent().to_owned(),
             pod_log_dir: host.dir().join("logs"),
             pod_dir: host.dir().join("pods"),
             ..RuntimeConfig::default()
@@ -113,7 +113,7 @@ async fn run_until_running(runtime: &RuntimeManager, pod: &Pod) -> Result<(PodSt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
     require_root()?;
-    let host = NetnsHost::create("gp50")?;
+    let host = netns_host("gp50")?;
 
     let (containerd, cri, runtime) = start_node(&host).await?;
 
@@ -144,7 +144,7 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
     // Syncing again changes nothing.
     let again = runtime.sync_pod(&web).await?;
     ensure!(again.container_statuses == status.container_statuses, "resync changed the pod: {again:#?}");
-    let cgroups = pod_cgroup_dirs(&host.cgroup_parent(), &uid)?;
+    let cgroups = pod_cgroup_dirs(host.cgroup_parent(), &uid)?;
     ensure!(cgroups.iter().any(|d| d.is_dir()), "no pod cgroup in {cgroups:?}");
     // The container's limits reached its cgroup (the sandbox's own has none).
     let pod_memory =
@@ -205,7 +205,7 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
         runtime.kill_pod(id, Duration::from_secs(5)).await?;
         println!("kill_pod {id} took {:?}", started.elapsed());
         ensure!(sandboxes_of(&cri, id).await?.is_empty(), "sandbox of {id} left");
-        let left: Vec<_> = pod_cgroup_dirs(&host.cgroup_parent(), id)?.into_iter().filter(|d| d.exists()).collect();
+        let left: Vec<_> = pod_cgroup_dirs(host.cgroup_parent(), id)?.into_iter().filter(|d| d.exists()).collect();
         ensure!(left.is_empty(), "cgroups left: {left:?}");
     }
     ensure!(runtime.pod_uids().await?.is_empty(), "pods left");
@@ -222,8 +222,8 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t50_dropped_host_leaves_nothing_behind() -> Result<()> {
     require_root()?;
-    let host = NetnsHost::create("gp50d")?;
-    let (name, dir, cgroup_parent) = (host.name().to_string(), host.dir().to_path_buf(), host.cgroup_parent());
+    let host = netns_host("gp50d")?;
+    let (name, dir, cgroup_parent) = (host.name().to_string(), host.dir().to_path_buf(), host.cgroup_parent().to_owned());
     let (containerd, cri, runtime) = start_node(&host).await?;
     let uid = format!("{name}-left");
     run_until_running(&runtime, &pod("left", &uid, HTTPD_IMAGE)?).await?;

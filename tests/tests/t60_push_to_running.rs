@@ -5,7 +5,7 @@
 //! turns Healthy; SIGTERM stops everything cleanly.
 
 use anyhow::{Context, Result, ensure};
-use gitplane_e2e::{Gitplane, NetnsHost, Worktree, require_root, wait_for};
+use gitplane_e2e::{Gitplane, HostExt, NetnsHost, Worktree, netns_host, require_root, wait_for};
 use gitplane_nodeagent::cri::{Cri, pb};
 use serde_json::Value;
 use std::{
@@ -119,7 +119,7 @@ async fn sandboxes(socket: &std::path::Path) -> Result<usize> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t60_push_to_running() -> Result<()> {
     require_root()?;
-    let host = NetnsHost::create("gp60")?;
+    let host = netns_host("gp60")?;
     let up = Gitplane::up(&host, "node-1")?;
 
     // The demo repository that `up` made runs its two web Pods.

@@ -4,7 +4,7 @@
 //! Pod's worker. Also item 9's last clause: the Application of that Deployment is not Healthy.
 
 use anyhow::{Context, Result, ensure};
-use gitplane_e2e::{Gitplane, NetnsHost, Worktree, require_root, wait_for};
+use gitplane_e2e::{Gitplane, NetnsHost, Worktree, netns_host, require_root, wait_for};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -73,7 +73,7 @@ fn waiting(pod: &Value) -> (String, String) {
 #[test]
 fn t90_issue_11_an_unpullable_image_does_not_flood_the_store() -> Result<()> {
     require_root()?;
-    let host = NetnsHost::create("gp90")?;
+    let host = netns_host("gp90")?;
     let up = Gitplane::up(&host, "node-1")?;
     let work = Worktree::clone(up.demo_repo(), host.dir().join("work"))?;
     work.write("bad.yaml", BAD)?;

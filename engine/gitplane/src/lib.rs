@@ -8,6 +8,7 @@ mod credentials;
 mod githttp;
 mod listener;
 mod mirror;
+mod nodes;
 mod nodeservice;
 pub mod offline;
 mod replica;

@@ -21,6 +21,9 @@ enum Command {
     /// Run the whole appliance on this machine: control plane, a node agent, containerd and the
     /// demo repository. Stays in the foreground; Ctrl-C stops it and removes its pods.
     Up(up::UpArgs),
+    /// Run a node agent (what `gitplane-agent` runs): joins the control plane and runs the Pods
+    /// bound to this node. `gitplane up --nodes` starts one in each node's namespaces.
+    Agent(gitplane_nodeagent::cli::AgentArgs),
     /// Run one control-plane replica of a cluster of 1, 3 or 5 (`--id`, `--peers`). Only the
     /// acting leader runs the source, the scheduler and the controllers; every replica serves
     /// reads, the node service and the status API, and forwards writes to the leader.
@@ -65,6 +68,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => run(up::up(args)),
         Command::Server(args) => run(server::server(args)),
+        Command::Agent(args) => run(async { Ok(gitplane_nodeagent::cli::run(args).await?) }),
         Command::Validate(args) => offline::validate(args),
         Command::Render(args) => offline::render(args),
         Command::Schemas { command: SchemasCommand::Write { dir } } => {

@@ -140,10 +140,11 @@ pub struct Replica {
 }
 
 impl Replica {
-    /// Starts the replica on `listener`; `push_hint` is what the read-only API tells writers.
+    /// Starts the replica, serving everything on each of `listeners` (each with its own
+    /// connection limits); `push_hint` is what the read-only API tells writers.
     pub async fn start(
         backend: Backend,
-        listener: tokio::net::TcpListener,
+        listeners: Vec<tokio::net::TcpListener>,
         credentials: &Credentials,
         git: GitServing,
         push_hint: String,
@@ -167,7 +168,10 @@ impl Replica {
                 }),
             )
             .fallback(apiserver::not_found);
-        let mut tasks = vec![tokio::spawn(listener::serve(listener, grpc, http, listener::Limits::default()))];
+        let mut tasks: Vec<JoinHandle<()>> = listeners
+            .into_iter()
+            .map(|l| tokio::spawn(listener::serve(l, grpc.clone(), http.clone(), listener::Limits::default())))
+            .collect();
         let settings = controlplane::Settings {
             repos_dir: git.repos_dir,
             mirrors: git.mirrors,

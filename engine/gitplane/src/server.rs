@@ -131,9 +131,9 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let mut git = GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref())?;
     git.root = args.bootstrap;
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
-    let replica = Replica::start(backend, listener, &credentials, git, hint, ranges).await?;
+    let replica = Replica::start(backend, vec![listener], &credentials, git, hint, ranges).await?;
     tracing::info!(id = args.id, %listen, "replica started");
-    crate::up::stop_signal().await;
+    gitplane_nodeagent::cli::stop_signal().await;
     tracing::info!("stopping");
     replica.shutdown().await;
     Ok(())

@@ -4,10 +4,14 @@
 //! node service and store service on one listener), one in-process node agent, and, unless
 //! `--containerd-socket` names one, a containerd of its own configured from `templates/`. Ctrl-C (or SIGTERM) stops the agent
 //! first, which removes every Pod it runs, then containerd, then the control plane.
+//!
+//! With `--nodes N` the control plane is the same, and the nodes are N network-namespace hosts
+//! on a bridge, each with its own containerd and agent process (`crate::nodes`).
 
 use crate::{
     bootstrap,
     credentials::{Credentials, Sources},
+    nodes,
     replica::{Backend, GitServing, Replica},
     source::allocate::ServiceRanges,
 };
@@ -16,7 +20,10 @@ use gitplane_nodeagent::{
     agent::{self, AgentConfig},
     containerd::{Containerd, ContainerdConfig},
     cri::Cri,
+    cli::stop_signal,
     images,
+    node::hostname,
+    routes::Ipv4Cidr,
     runtime::RuntimeConfig,
 };
 use gitplane_storage::{raft::ReplicaConfig, remote::PeerToken};
@@ -37,18 +44,25 @@ pub struct UpArgs {
     /// Use this running containerd instead of starting one.
     #[arg(long)]
     containerd_socket: Option<PathBuf>,
-    /// The node's name; defaults to the host name.
+    /// The node's name; defaults to the host name. With `--nodes`, the nodes are named
+    /// `<node-name>-1` … `<node-name>-N`.
     #[arg(long)]
     node_name: Option<String>,
-    /// The cgroupfs parent of the pods' cgroups.
+    /// Run N nodes on this machine, like kind with real network namespaces: node `<name>-i` is a
+    /// network namespace of that name (and a mount namespace) wired to a bridge in namespace
+    /// `<name>-net`, at 172.29.0.(10+i), with its own containerd and agent; the control plane
+    /// stays here and also listens on the bridge's 172.29.0.1. Nodes' files: `<data-dir>/nodes/`.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100), conflicts_with = "containerd_socket")]
+    nodes: Option<u16>,
+    /// The cgroupfs parent of the pods' cgroups (with `--nodes`: of each node's, by name).
     #[arg(long, default_value = "/gitplane")]
     cgroup_parent: String,
     /// A file holding the shared secret of webhooks from Git hosts (none: webhooks are refused).
     #[arg(long)]
     webhook_secret_file: Option<PathBuf>,
     /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
-    #[arg(long, default_value = "10.96.0.0/12")]
-    service_cidr: String,
+    #[arg(long, default_value_t = Ipv4Cidr::SERVICE_DEFAULT)]
+    service_cidr: Ipv4Cidr,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -66,6 +80,17 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
+    let port = listener.local_addr().context("the listener's address")?.port();
+    let mut listeners = vec![listener];
+    let node_base = args.node_name.clone().unwrap_or_else(hostname);
+    let node_network = match args.nodes {
+        Some(_) => {
+            let network = nodes::create_network(&node_base, &data_dir, &args.cgroup_parent).await?;
+            listeners.push(tokio::net::TcpListener::from_std(network.listen(port)?)?);
+            Some(network)
+        }
+        None => None,
+    };
     let peers = BTreeMap::from([(1, args.listen.to_string())]);
     let credentials = Credentials::load(Sources {
         data_dir: &data_dir,
@@ -77,14 +102,28 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let config = ReplicaConfig::new(1, peers, data_dir.join("store"), peer_token);
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
     let repo_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
-    let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
+    let ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
     let replica =
-        Replica::start(Backend::raft(config).await?, listener, &credentials, git, repo_url.clone(), ranges).await?;
+        Replica::start(Backend::raft(config).await?, listeners, &credentials, git, repo_url.clone(), ranges).await?;
     if !replica.wait_for_leader(Duration::from_secs(30)).await {
         bail!("the store elected no leader within 30 s");
     }
     let store: Arc<dyn Store> = replica.backend.store();
     bootstrap::root_application(&store, bootstrap::BOOTSTRAP).await.context("creating the root Application")?;
+
+    if let (Some(count), Some(network)) = (args.nodes, node_network) {
+        let cfg = nodes::NodesConfig {
+            count,
+            base: node_base,
+            data_dir: data_dir.clone(),
+            cgroup_parent: args.cgroup_parent.clone(),
+            port,
+            service_cidr: args.service_cidr,
+        };
+        let result = nodes::run(cfg, network, banner(&repo_url, args.listen, &bootstrap_repo), stop_signal()).await;
+        replica.shutdown().await;
+        return result;
+    }
 
     let containerd = match &args.containerd_socket {
         Some(_) => None,
@@ -129,6 +168,7 @@ async fn run_node(
 
     let node_name = args.node_name.clone().unwrap_or_else(hostname);
     let mut cfg = AgentConfig::new(vec![format!("http://{}", args.listen)], node_name, socket);
+    cfg.service_cidr = args.service_cidr;
     cfg.cni_conf_dir = cni_conf_dir;
     cfg.cni_data_dir = data_dir.join("cni/ipam");
     cfg.remove_pods_on_exit = true;
@@ -143,16 +183,7 @@ async fn run_node(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut agent = tokio::spawn(agent::run(cfg, stopped));
 
-    let listen = args.listen;
-    println!(
-        "gitplane is up.\n  \
-         clone:  git clone {repo_url} && cd demo   (edit, commit, then: git push)\n  \
-         apps:   the Applications live in http://{listen}/git/bootstrap.git ({apps}; app-of-apps)\n  \
-         look:   kubectl --server http://{listen} get pods   (or curl http://{listen}/api/v1/pods)\n  \
-         status: kubectl --server http://{listen} get applications -n gitplane-system -o yaml\n\
-         Ctrl-C stops gitplane and removes its pods.",
-        apps = bootstrap_repo.display(),
-    );
+    println!("{}", banner(repo_url, args.listen, bootstrap_repo));
 
     tokio::select! {
         _ = stop_signal() => tracing::info!("stopping: removing pods"),
@@ -171,16 +202,17 @@ async fn run_node(
     }
 }
 
-pub async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-        return std::future::pending().await;
-    };
-    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "node".into())
+/// Where to push and where to look.
+fn banner(repo_url: &str, listen: SocketAddr, bootstrap_repo: &std::path::Path) -> String {
+    format!(
+        "gitplane is up.\n  \
+         clone:  git clone {repo_url} && cd demo   (edit, commit, then: git push)\n  \
+         apps:   the Applications live in http://{listen}/git/bootstrap.git ({apps}; app-of-apps)\n  \
+         look:   kubectl --server http://{listen} get pods   (or curl http://{listen}/api/v1/pods)\n  \
+         status: kubectl --server http://{listen} get applications -n gitplane-system -o yaml\n\
+         Ctrl-C stops gitplane and removes its pods.",
+        apps = bootstrap_repo.display(),
+    )
 }
 
 fn absolute(path: &std::path::Path) -> anyhow::Result<PathBuf> {

@@ -1,0 +1,256 @@
+//! `gitplane up --nodes N`: N nodes on this machine, like kind but with real network namespaces.
+//!
+//! The control plane stays in the machine's namespaces (its `--listen` address, as with one
+//! node) and listens also on the gateway of a [`HostNetwork`], a bridge in a network namespace
+//! of its own (`<base>-net`, [`GATEWAY`]). Node `i` is a [`NetnsHost`] named `<base>-i`,
+//! wired to that bridge at `172.29.0.(10+i)`, running its own containerd and its own agent
+//! process (`gitplane agent`, inside the host's namespaces), which joins with the join token
+//! like any other node. Its files are in `<data-dir>/nodes/<base>-i/` (containerd, CNI,
+//! Pods, `agent.log`, the node credential). Nothing is added to the machine's own network
+//! namespace: Pod and Service addresses and routes exist only inside the hosts.
+//!
+//! Stopping (Ctrl-C) stops each agent, which removes its Pods, then each containerd, then
+//! removes the hosts (processes, cgroups, mounts, namespaces) and the bridge's namespace.
+
+use anyhow::Context as _;
+use gitplane_nodeagent::{
+    containerd::{Containerd, ContainerdConfig},
+    cri::Cri,
+    host::{HostError, HostNetwork, NetnsHost, remove_netns},
+    images,
+    routes::Ipv4Cidr,
+};
+use std::{
+    net::Ipv4Addr,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+use tokio::process::Child;
+
+/// The bridge's address, where the nodes reach the control plane.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 29, 0, 1);
+const PREFIX: u8 = 24;
+/// How long an agent may take to remove its Pods once asked to stop.
+const AGENT_STOP: Duration = Duration::from_secs(90);
+
+/// Node `i`'s address on the bridge.
+pub fn node_address(i: u16) -> Ipv4Addr {
+    let [a, b, c, _] = GATEWAY.octets();
+    // --nodes is at most 100, so this stays inside the /24.
+    Ipv4Addr::new(a, b, c, (10 + i).min(254) as u8)
+}
+
+/// The namespace and bridge the nodes share; also where the control plane listens for them.
+/// What a killed run with the same data directory left is removed first.
+pub async fn create_network(base: &str, data_dir: &Path, cgroup_parent: &str) -> anyhow::Result<HostNetwork> {
+    let name = format!("{base}-net");
+    let (base, data_dir, cgroup_parent) = (base.to_owned(), data_dir.to_owned(), cgroup_parent.to_owned());
+    blocking(move || {
+        remove_leftovers(&base, &data_dir, &cgroup_parent)?;
+        HostNetwork::create(&name, GATEWAY, PREFIX)
+    })
+    .await
+    .context("creating the nodes' network")
+}
+
+/// Hosts of this data directory whose mount namespace is still pinned belong to a run that was
+/// killed before it could remove them: they and their network go.
+fn remove_leftovers(base: &str, data_dir: &Path, cgroup_parent: &str) -> Result<(), HostError> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("nodes")) else { return Ok(()) };
+    let mut found = false;
+    for entry in entries.flatten() {
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+        let dir = entry.path().join("host");
+        if name.starts_with(&format!("{base}-")) && dir.join("mnt").exists() {
+            tracing::warn!(node = %name, "removing what a killed gitplane up left of this node");
+            drop(NetnsHost::adopt(&name, dir, format!("{cgroup_parent}/{name}")));
+            found = true;
+        }
+    }
+    if found {
+        remove_netns(&format!("{base}-net"))?;
+    }
+    Ok(())
+}
+
+/// What every node is started with.
+pub struct NodesConfig {
+    pub count: u16,
+    /// Nodes are `<base>-1` … `<base>-N`.
+    pub base: String,
+    pub data_dir: PathBuf,
+    /// Node `<name>`'s Pods get cgroups below `<cgroup_parent>/<name>`.
+    pub cgroup_parent: String,
+    /// The control plane's port on the gateway.
+    pub port: u16,
+    pub service_cidr: Ipv4Cidr,
+}
+
+/// One node: its host, containerd and agent.
+struct LocalNode {
+    name: String,
+    address: Ipv4Addr,
+    dir: PathBuf,
+    agent: Option<Child>,
+    containerd: Option<Containerd>,
+    host: NetnsHost,
+}
+
+/// Starts the nodes, prints `banner` with them, waits for `stop`, then removes everything it
+/// made (also when starting fails half-way).
+pub async fn run(
+    cfg: NodesConfig,
+    network: HostNetwork,
+    banner: String,
+    stop: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let mut nodes = Vec::new();
+    let result = async {
+        for i in 1..=cfg.count {
+            nodes.push(start_node(&cfg, &network, i).await?);
+        }
+        let list: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("{} {} (ip netns exec {} …; log {})", n.name, n.address, n.name, n.dir.join("agent.log").display()))
+            .collect();
+        println!("{banner}\n  nodes:  {}", list.join("\n          "));
+        wait(&mut nodes, stop).await;
+        anyhow::Ok(())
+    }
+    .await;
+    tracing::info!("stopping the nodes: removing their pods");
+    stop_nodes(nodes, &cfg.cgroup_parent).await;
+    drop_blocking(network).await;
+    result
+}
+
+async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow::Result<LocalNode> {
+    let name = format!("{}-{i}", cfg.base);
+    let dir = cfg.data_dir.join("nodes").join(&name);
+    let address = node_address(i);
+    let host = {
+        let (name, host_dir, cgroup) = (name.clone(), dir.join("host"), format!("{}/{name}", cfg.cgroup_parent));
+        blocking(move || NetnsHost::create(&name, host_dir, cgroup)).await?
+    };
+    // From here on, dropping `node` removes what was made for it.
+    let mut node = LocalNode { name: name.clone(), address, dir: dir.clone(), agent: None, containerd: None, host };
+    network.attach(&node.host, &format!("veth{i}"), address)?;
+
+    let mut containerd_cfg = ContainerdConfig::new(dir.join("containerd"));
+    containerd_cfg.launcher = node.host.launcher();
+    containerd_cfg.cni_conf_dir = dir.join("cni/net.d");
+    let containerd = Containerd::start(containerd_cfg).await.with_context(|| format!("starting {name}'s containerd"))?;
+    let socket = containerd.socket();
+    let cni_conf_dir = containerd.config().cni_conf_dir.clone();
+    node.containerd = Some(containerd);
+    let cri = Cri::connect(&socket).await.with_context(|| format!("connecting to {name}'s containerd"))?;
+    images::ensure_images(&cri, &socket, &cfg.data_dir.join("images")).await?;
+
+    let exe = std::env::current_exe().context("finding the gitplane binary to run the agents")?;
+    let log = std::fs::File::create(dir.join("agent.log")).context("creating the agent's log")?;
+    let mut agent = node.host.command(exe);
+    agent
+        .arg("agent")
+        .arg(format!("--server=http://{GATEWAY}:{}", cfg.port))
+        .arg(format!("--node-name={name}"))
+        .arg(format!("--node-ip={address}"))
+        .arg(format!("--service-cidr={}", cfg.service_cidr))
+        .arg(format!("--cgroup-parent={}", node.host.cgroup_parent()))
+        .arg("--remove-pods-on-exit")
+        .arg("--containerd-socket")
+        .arg(&socket)
+        .arg("--cni-conf-dir")
+        .arg(&cni_conf_dir)
+        .arg("--cni-data-dir")
+        .arg(dir.join("cni/ipam"))
+        .arg("--pod-dir")
+        .arg(dir.join("pods"))
+        .arg("--pod-log-dir")
+        .arg(dir.join("pods/logs"))
+        .arg("--join-token-file")
+        .arg(cfg.data_dir.join("join-token"))
+        .arg("--credential-file")
+        .arg(dir.join("node-credential"))
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().context("the agent's log")?)
+        .stderr(log)
+        // Its own process group: a Ctrl-C in the terminal reaches `gitplane up`, which stops
+        // the agents in order, not every process at once.
+        .process_group(0);
+    let agent = tokio::process::Command::from(agent).spawn().with_context(|| format!("starting {name}'s agent"))?;
+    tracing::info!(node = %name, %address, pid = agent.id(), "node started");
+    node.agent = Some(agent);
+    Ok(node)
+}
+
+/// Until `stop`; an agent that exits meanwhile is reported and not restarted (its node stays
+/// down until the next start).
+async fn wait(nodes: &mut [LocalNode], stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        let exits = nodes.iter_mut().filter_map(|n| {
+            let name = n.name.clone();
+            n.agent.as_mut().map(|a| Box::pin(async move { (name, a.wait().await) }))
+        });
+        let exits: Vec<_> = exits.collect();
+        if exits.is_empty() {
+            stop.await;
+            return;
+        }
+        let (name, status) = tokio::select! {
+            _ = &mut stop => return,
+            (exit, _, _) = futures::future::select_all(exits) => exit,
+        };
+        tracing::warn!(node = %name, ?status, "the node's agent exited; the node stays down until gitplane up restarts");
+        if let Some(node) = nodes.iter_mut().find(|n| n.name == name) {
+            node.agent = None;
+        }
+    }
+}
+
+/// Asks every agent to stop (they remove their Pods), then stops each containerd and removes
+/// the hosts.
+async fn stop_nodes(nodes: Vec<LocalNode>, cgroup_parent: &str) {
+    let stops = nodes.into_iter().map(|mut node| async move {
+        if let Some(mut agent) = node.agent.take() {
+            if let Some(pid) = agent.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
+                // SAFETY: kill(2) on our own child, not yet reaped.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            if tokio::time::timeout(AGENT_STOP, agent.wait()).await.is_err() {
+                tracing::warn!(node = %node.name, "the agent did not stop in time; killing it");
+            }
+        }
+        if let Some(containerd) = node.containerd.take()
+            && let Err(e) = containerd.stop().await
+        {
+            tracing::warn!(node = %node.name, error = %e, "stopping containerd");
+        }
+        // Kills whatever is left in the host and removes it.
+        drop_blocking(node).await;
+    });
+    futures::future::join_all(stops).await;
+    remove_empty_cgroup(cgroup_parent);
+}
+
+/// The nodes' common cgroup parent, in every hierarchy, when nothing else uses it.
+fn remove_empty_cgroup(cgroup_parent: &str) {
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else { return };
+    for hierarchy in hierarchies.flatten() {
+        let _ = std::fs::remove_dir(hierarchy.path().join(cgroup_parent.trim_start_matches('/')));
+    }
+}
+
+/// Runs blocking host set-up off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, HostError> + Send + 'static) -> anyhow::Result<T> {
+    Ok(tokio::task::spawn_blocking(f).await.context("a host set-up task panicked")??)
+}
+
+/// Drops (tears down) a host or network off the async threads: it waits for processes to die.
+async fn drop_blocking<T: Send + 'static>(value: T) {
+    let _ = tokio::task::spawn_blocking(move || drop(value)).await;
+}
+

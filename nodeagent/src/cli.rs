@@ -1,0 +1,104 @@
+//! The node agent's command line, shared by `gitplane-agent` and `gitplane agent` (which
+//! `gitplane up --nodes` starts inside each node's namespaces).
+
+use crate::{
+    agent::{self, AgentConfig, AgentError},
+    routes::Ipv4Cidr,
+};
+use std::path::PathBuf;
+
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// The control plane's replicas, comma-separated; the agent fails over between them.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:8080")]
+    pub server: Vec<String>,
+    /// This node's name; defaults to the host name.
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// This node's address (InternalIP, the Pods' hostIP, and the gateway other nodes route
+    /// this node's podCIDR through).
+    #[arg(long)]
+    pub node_ip: Option<String>,
+    /// containerd's CRI socket.
+    #[arg(long, default_value = "/run/containerd/containerd.sock")]
+    pub containerd_socket: PathBuf,
+    /// Where containerd reads its CNI conflist.
+    #[arg(long, default_value = "/etc/gitplane/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// Where host-local keeps its address allocations.
+    #[arg(long, default_value = "/var/lib/gitplane/cni")]
+    pub cni_data_dir: PathBuf,
+    /// The bridge Pods attach to.
+    #[arg(long, default_value = "gitplane0")]
+    pub bridge: String,
+    /// The cluster's Pod range: every node's podCIDR lies in it.
+    #[arg(long, default_value_t = Ipv4Cidr::CLUSTER_DEFAULT)]
+    pub cluster_cidr: Ipv4Cidr,
+    /// The cluster's Service range (the control plane's `--service-cidr`).
+    #[arg(long, default_value_t = Ipv4Cidr::SERVICE_DEFAULT)]
+    pub service_cidr: Ipv4Cidr,
+    /// The cgroupfs parent of the Pods' cgroups.
+    #[arg(long, default_value = "/gitplane")]
+    pub cgroup_parent: String,
+    /// Per-Pod data on this node (emptyDir volumes).
+    #[arg(long, default_value = "/var/lib/gitplane/pods")]
+    pub pod_dir: PathBuf,
+    /// Container logs.
+    #[arg(long, default_value = "/var/log/gitplane/pods")]
+    pub pod_log_dir: PathBuf,
+    /// Stop and remove every Pod of this node (and its routes) when the agent exits.
+    #[arg(long)]
+    pub remove_pods_on_exit: bool,
+    /// A file holding the cluster's join token (`<data-dir>/join-token` on a control-plane
+    /// replica), needed until the node holds its credential.
+    #[arg(long)]
+    pub join_token_file: Option<PathBuf>,
+    /// Where the node's credential is kept (mode 0600) once it has joined.
+    #[arg(long, default_value = "/var/lib/gitplane/node-credential")]
+    pub credential_file: PathBuf,
+}
+
+impl AgentArgs {
+    /// The agent's configuration; reads the join token file.
+    pub fn into_config(self) -> Result<AgentConfig, AgentError> {
+        let node_name = self.node_name.unwrap_or_else(crate::node::hostname);
+        let mut cfg = AgentConfig::new(self.server, node_name, self.containerd_socket);
+        cfg.node_ip = self.node_ip;
+        cfg.cni_conf_dir = self.cni_conf_dir;
+        cfg.cni_data_dir = self.cni_data_dir;
+        cfg.bridge = self.bridge;
+        cfg.cluster_cidr = self.cluster_cidr;
+        cfg.service_cidr = self.service_cidr;
+        cfg.runtime.cgroup_parent = self.cgroup_parent;
+        cfg.runtime.pod_dir = self.pod_dir;
+        cfg.runtime.pod_log_dir = self.pod_log_dir;
+        cfg.remove_pods_on_exit = self.remove_pods_on_exit;
+        cfg.credential_file = self.credential_file;
+        if let Some(file) = self.join_token_file {
+            let token = std::fs::read_to_string(&file)
+                .map_err(|e| AgentError::BadToken { file: file.clone(), why: format!("reading it: {e}") })?;
+            cfg.join_token = Some(token.trim().to_owned());
+        }
+        Ok(cfg)
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
+    let cfg = args.into_config()?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        stop_signal().await;
+        let _ = stop.send(true);
+    });
+    agent::run(cfg, stopped).await
+}
+
+/// SIGTERM or SIGINT.
+pub async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+}

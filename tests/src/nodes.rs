@@ -1,0 +1,189 @@
+//! The real `gitplane up --nodes N`: the same namespace hosts and bridge a user gets, made by the
+//! product. The control plane listens on a free loopback port of the machine; everything else
+//! (nodes, Pods, their traffic) lives in the namespaces `gitplane up` made, which it removes
+//! when stopped, and which this harness removes with the product's own code if it had to be
+//! killed.
+
+use crate::{binary, wait_for};
+use anyhow::{Context, Result, bail};
+use gitplane_nodeagent::host::{NetnsHost, remove_netns};
+use serde_json::Value;
+use std::{
+    fs::File,
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus},
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+static CLUSTERS_MADE: AtomicU32 = AtomicU32::new(0);
+
+/// `gitplane up --nodes N` running as a child of the test.
+pub struct LocalCluster {
+    child: Option<Child>,
+    /// Nodes are `<base>-1` … `<base>-N`, each in a network namespace of that name.
+    pub base: String,
+    pub nodes: Vec<String>,
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub repos_dir: PathBuf,
+    pub log: PathBuf,
+    cgroup_parent: String,
+    /// Holds the data and repositories; removed last.
+    _dir: tempfile::TempDir,
+}
+
+impl LocalCluster {
+    /// Starts `count` nodes named after `prefix` and waits until the API answers and every node
+    /// is Ready.
+    pub fn up(prefix: &str, count: u16) -> Result<LocalCluster> {
+        let base = format!("{prefix}{}x{}", std::process::id(), CLUSTERS_MADE.fetch_add(1, Ordering::Relaxed));
+        let dir = tempfile::Builder::new().prefix("gp-nodes").tempdir()?;
+        let data_dir = dir.path().join("data");
+        let repos_dir = dir.path().join("repos");
+        let log = dir.path().join("gitplane.log");
+        // A free port of this machine's loopback (the window until gitplane binds it is short).
+        let listen = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let cgroup_parent = format!("/gitplane-e2e-{base}");
+        let out = File::create(&log)?;
+        let mut command = Command::new(binary("gitplane")?);
+        command
+            .arg("up")
+            .arg(format!("--nodes={count}"))
+            .arg(format!("--node-name={base}"))
+            .arg(format!("--listen={listen}"))
+            .arg(format!("--cgroup-parent={cgroup_parent}"))
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--repos-dir")
+            .arg(&repos_dir)
+            .env("RUST_LOG", "info,sqlx=warn,h2=warn,tower=warn")
+            .env("NO_COLOR", "1")
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .process_group(0);
+        let child = command.spawn().context("starting gitplane up --nodes")?;
+        let nodes = (1..=count).map(|i| format!("{base}-{i}")).collect();
+        let mut cluster = LocalCluster {
+            child: Some(child),
+            base,
+            nodes,
+            listen,
+            data_dir,
+            repos_dir,
+            log,
+            cgroup_parent,
+            _dir: dir,
+        };
+        let ready = wait_for(Duration::from_secs(180), || {
+            if let Some(Ok(Some(status))) = cluster.child.as_mut().map(Child::try_wait) {
+                return Some(Err(status));
+            }
+            let ready = cluster.ready_nodes().ok()?;
+            (ready.len() == count as usize).then_some(Ok(()))
+        });
+        match ready {
+            Some(Ok(())) => Ok(cluster),
+            Some(Err(status)) => bail!("gitplane up --nodes exited with {status}:\n{}", cluster.log_text()),
+            None => bail!("{count} nodes were not Ready within 180 s:\n{}", cluster.log_text()),
+        }
+    }
+
+    /// The names of the Nodes whose Ready condition is True.
+    pub fn ready_nodes(&self) -> Result<Vec<String>> {
+        let list = self.get("/api/v1/nodes")?;
+        let items = list["items"].as_array().context("NodeList has items")?;
+        Ok(items
+            .iter()
+            .filter(|n| {
+                n["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            })
+            .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// GET a status API path on the machine's loopback, as JSON.
+    pub fn get(&self, path: &str) -> Result<Value> {
+        let timeout = Duration::from_secs(5);
+        let mut stream = TcpStream::connect_timeout(&self.listen, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: {}\r\nConnection: close\r\n\r\n", self.listen)?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response)?;
+        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+        if !head.lines().next().is_some_and(|status| status.split(' ').nth(1) == Some("200")) {
+            bail!("GET {path}: {head}");
+        }
+        serde_json::from_str(body).with_context(|| format!("GET {path}: not JSON: {body}"))
+    }
+
+    /// Node `name`'s network namespace.
+    pub fn netns(&self, name: &str) -> PathBuf {
+        Path::new("/run/netns").join(name)
+    }
+
+    /// Node `name`'s containerd socket.
+    pub fn containerd_socket(&self, name: &str) -> PathBuf {
+        self.data_dir.join("nodes").join(name).join("containerd/containerd.sock")
+    }
+
+    /// The hosted demo repository, `repos/demo.git`.
+    pub fn demo_repo(&self) -> PathBuf {
+        self.repos_dir.join("demo.git")
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM (as Ctrl-C would), then waits for a clean exit.
+    pub fn stop(mut self, timeout: Duration) -> Result<ExitStatus> {
+        let mut child = self.child.take().context("stopped already")?;
+        terminate(&child);
+        match wait_for(timeout, || child.try_wait().ok().flatten()) {
+            Some(status) => Ok(status),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!("gitplane up --nodes did not stop within {timeout:?} of SIGTERM:\n{}", self.log_text())
+            }
+        }
+    }
+}
+
+fn terminate(child: &Child) {
+    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            terminate(&child);
+            if wait_for(Duration::from_secs(120), || child.try_wait().ok().flatten()).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        // What a killed (or failed) gitplane up left, removed with the product's own code.
+        for name in &self.nodes {
+            let dir = self.data_dir.join("nodes").join(name).join("host");
+            if self.netns(name).exists() || dir.exists() {
+                drop(NetnsHost::adopt(name, dir, format!("{}/{name}", self.cgroup_parent)));
+            }
+        }
+        if let Err(e) = remove_netns(&format!("{}-net", self.base)) {
+            eprintln!("LocalCluster {}: {e}", self.base);
+        }
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir(hierarchy.path().join(self.cgroup_parent.trim_start_matches('/')));
+        }
+    }
+}
