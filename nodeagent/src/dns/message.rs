@@ -239,3 +239,193 @@ fn emit(message: &Message, max_size: u16, buf: &mut Vec<u8>) -> Option<bool> {
     .ok()?;
     Some(header.truncation && !message.truncation)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dns::records::ZoneConfig;
+    use hickory_proto::rr::Name;
+
+    fn zone() -> Zone {
+        let mut zone = Zone::new(ZoneConfig::default()).unwrap();
+        let svc = |name: &str, spec: serde_json::Value| -> k8s_openapi::api::core::v1::Service {
+            serde_json::from_value(serde_json::json!({"metadata": {"namespace": "ns", "name": name}, "spec": spec}))
+                .unwrap()
+        };
+        zone.apply_service(&svc("web", serde_json::json!({"clusterIP": "10.96.0.20"}))).unwrap();
+        zone.apply_service(&svc("ext", serde_json::json!({"type": "ExternalName", "externalName": "www.example.com"})))
+            .unwrap();
+        zone.apply_service(&svc(
+            "alias",
+            serde_json::json!({"type": "ExternalName", "externalName": "web.ns.svc.cluster.local"}),
+        ))
+        .unwrap();
+        zone.apply_service(&svc(
+            "loop",
+            serde_json::json!({"type": "ExternalName", "externalName": "loop.ns.svc.cluster.local"}),
+        ))
+        .unwrap();
+        zone.apply_service(&svc("big", serde_json::json!({"clusterIP": "None"}))).unwrap();
+        let endpoints: Vec<_> = (0..200)
+            .map(|i| serde_json::json!({"addresses": [format!("10.244.{}.{}", i / 250, i % 250 + 1)]}))
+            .collect();
+        let slice = serde_json::json!({"metadata": {"namespace": "ns", "name": "big-1", "labels": {"kubernetes.io/service-name": "big"}},
+            "addressType": "IPv4", "endpoints": endpoints});
+        zone.apply_slice(&serde_json::from_value(slice).unwrap()).unwrap();
+        zone
+    }
+
+    fn forwarding() -> Forwarding {
+        Forwarding::new(vec!["192.0.2.53:53".parse().unwrap()])
+    }
+
+    fn query(name: &str, qtype: RecordType, edns: Option<u16>) -> Message {
+        let mut q = Message::new(0x1234, MessageType::Query, OpCode::Query);
+        q.metadata.recursion_desired = true;
+        q.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+        if let Some(payload) = edns {
+            let mut e = Edns::new();
+            e.set_max_payload(payload);
+            q.set_edns(e);
+        }
+        q
+    }
+
+    fn ask(msg: &Message, transport: Transport) -> Outcome {
+        respond(&zone(), &forwarding(), &msg.to_vec().unwrap(), transport)
+    }
+
+    fn reply(outcome: Outcome) -> (Message, usize) {
+        match outcome {
+            Outcome::Reply(bytes) => (Message::from_vec(&bytes).unwrap(), bytes.len()),
+            Outcome::Forward(p) => panic!("forwarded {:?}", p.question()),
+            Outcome::Drop => panic!("dropped"),
+        }
+    }
+
+    #[test]
+    fn t10_answers_carry_the_request_id_flags_and_edns() {
+        let (r, _) = reply(ask(&query("web.ns.svc.cluster.local.", RecordType::A, Some(4096)), Transport::Udp));
+        assert_eq!((r.id, r.message_type, r.response_code), (0x1234, MessageType::Response, ResponseCode::NoError));
+        assert!(r.authoritative && r.recursion_desired && r.recursion_available && !r.truncation);
+        assert_eq!(r.answers.len(), 1);
+        assert_eq!(r.edns.as_ref().map(Edns::max_payload), Some(MAX_UDP_PAYLOAD));
+        let (r, _) = reply(ask(&query("nope.ns.svc.cluster.local.", RecordType::A, None), Transport::Udp));
+        assert_eq!(r.response_code, ResponseCode::NXDomain);
+        assert!(r.edns.is_none() && r.authorities[0].record_type() == RecordType::SOA);
+    }
+
+    #[test]
+    fn t10_large_answers_truncate_over_udp_only() {
+        let q = query("big.ns.svc.cluster.local.", RecordType::A, None);
+        let (r, len) = reply(ask(&q, Transport::Udp));
+        assert!(r.truncation && r.answers.is_empty() && len <= 512, "TC, question only");
+        let (r, _) = reply(ask(&query("big.ns.svc.cluster.local.", RecordType::A, Some(4096)), Transport::Udp));
+        assert!(r.truncation, "200 records do not fit in 1232 bytes either");
+        let (r, _) = reply(ask(&q, Transport::Tcp));
+        assert!(!r.truncation);
+        assert_eq!(r.answers.len(), 200);
+    }
+
+    #[test]
+    fn t10_external_names_are_followed() {
+        let (r, _) = reply(ask(&query("alias.ns.svc.cluster.local.", RecordType::A, None), Transport::Udp));
+        let shown: Vec<String> = r.answers.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "alias.ns.svc.cluster.local. 5 IN CNAME web.ns.svc.cluster.local.",
+                "web.ns.svc.cluster.local. 5 IN A 10.96.0.20",
+            ]
+        );
+        let (r, _) = reply(ask(&query("loop.ns.svc.cluster.local.", RecordType::A, None), Transport::Udp));
+        assert_eq!(r.response_code, ResponseCode::ServFail, "a CNAME loop ends");
+
+        let Outcome::Forward(pending) =
+            ask(&query("ext.ns.svc.cluster.local.", RecordType::A, Some(1232)), Transport::Udp)
+        else {
+            panic!("an outside target is forwarded")
+        };
+        assert_eq!(pending.question().name().to_string(), "www.example.com.");
+        let sent = Message::from_vec(&pending.upstream_query(7)).unwrap();
+        assert_eq!((sent.id, sent.recursion_desired, sent.queries.len()), (7, true, 1));
+        let mut upstream = Message::new(7, MessageType::Response, OpCode::Query);
+        upstream.add_query(sent.queries[0].clone());
+        upstream.add_answer(Record::from_rdata(
+            Name::from_ascii("www.example.com.").unwrap(),
+            60,
+            hickory_proto::rr::RData::A("192.0.2.1".parse().unwrap()),
+        ));
+        assert!(pending.accepts(7, &upstream) && !pending.accepts(8, &upstream));
+        let r = Message::from_vec(&pending.finish(Some(upstream))).unwrap();
+        let shown: Vec<String> = r.answers.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["ext.ns.svc.cluster.local. 5 IN CNAME www.example.com.", "www.example.com. 60 IN A 192.0.2.1"]
+        );
+        assert_eq!((r.id, r.queries[0].name().to_string()), (0x1234, "ext.ns.svc.cluster.local.".to_string()));
+        let r = Message::from_vec(&pending.finish(None)).unwrap();
+        assert_eq!(r.response_code, ResponseCode::ServFail);
+    }
+
+    #[test]
+    fn t10_requests_answered_with_errors() {
+        let code = |msg: &Message| reply(ask(msg, Transport::Udp)).0.response_code;
+        let mut two = query("web.ns.svc.cluster.local.", RecordType::A, None);
+        two.add_query(Query::query(Name::from_ascii("x.").unwrap(), RecordType::A));
+        assert_eq!(code(&two), ResponseCode::FormErr);
+        let mut none = query("web.ns.svc.cluster.local.", RecordType::A, None);
+        none.queries.clear();
+        assert_eq!(code(&none), ResponseCode::FormErr);
+        let mut notify = query("web.ns.svc.cluster.local.", RecordType::SOA, None);
+        notify.metadata.op_code = OpCode::Notify;
+        assert_eq!(code(&notify), ResponseCode::NotImp);
+        assert_eq!(code(&query("cluster.local.", RecordType::AXFR, None)), ResponseCode::Refused);
+        let mut chaos = query("version.bind.", RecordType::TXT, None);
+        chaos.queries[0].set_query_class(DNSClass::CH);
+        assert_eq!(code(&chaos), ResponseCode::Refused);
+        let mut v1 = query("web.ns.svc.cluster.local.", RecordType::A, Some(1232));
+        v1.edns.as_mut().unwrap().set_version(1);
+        // 16 on the wire, which hickory decodes as BADSIG (the same code in TSIG's registry).
+        let badvers = code(&v1);
+        assert_eq!((badvers.high(), badvers.low()), (ResponseCode::BADVERS.high(), ResponseCode::BADVERS.low()));
+        let no_upstream = respond(
+            &zone(),
+            &Forwarding::default(),
+            &query("example.com.", RecordType::A, None).to_vec().unwrap(),
+            Transport::Udp,
+        );
+        assert_eq!(reply(no_upstream).0.response_code, ResponseCode::ServFail);
+    }
+
+    #[test]
+    fn t10_malformed_packets_never_panic() {
+        let zone = zone();
+        let fwd = forwarding();
+        assert!(matches!(respond(&zone, &fwd, &[], Transport::Udp), Outcome::Drop));
+        assert!(matches!(respond(&zone, &fwd, &[0x12; 11], Transport::Udp), Outcome::Drop));
+        let valid = query("web.ns.svc.cluster.local.", RecordType::A, Some(1232)).to_vec().unwrap();
+        let (r, _) = reply(respond(&zone, &fwd, &valid[..valid.len() - 3], Transport::Udp));
+        assert_eq!((r.id, r.response_code, r.queries.len()), (0x1234, ResponseCode::FormErr, 0));
+        let mut response = valid.clone();
+        response[2] |= 0x80;
+        assert!(matches!(respond(&zone, &fwd, &response, Transport::Udp), Outcome::Drop), "responses are not answered");
+        // Mutations of a valid query: any outcome but a panic.
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..20_000 {
+            let mut packet = valid.clone();
+            for _ in 0..=(next() % 4) {
+                let i = (next() as usize) % packet.len();
+                packet[i] = next() as u8;
+            }
+            packet.truncate(12 + (next() as usize) % (packet.len() - 11));
+            let _ = respond(&zone, &fwd, &packet, Transport::Udp);
+        }
+    }
+}

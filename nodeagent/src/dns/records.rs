@@ -714,3 +714,377 @@ fn reverse_address(lower: &Name) -> Option<IpAddr> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn service(ns: &str, name: &str, spec: serde_json::Value) -> Service {
+        serde_json::from_value(serde_json::json!({"metadata": {"namespace": ns, "name": name}, "spec": spec})).unwrap()
+    }
+
+    pub(crate) fn slice(ns: &str, name: &str, svc: &str, body: serde_json::Value) -> EndpointSlice {
+        let mut body = body;
+        body["metadata"] = serde_json::json!({"namespace": ns, "name": name, "labels": {SERVICE_NAME_LABEL: svc}});
+        if body.get("addressType").is_none() {
+            body["addressType"] = "IPv4".into();
+        }
+        serde_json::from_value(body).unwrap()
+    }
+
+    /// The objects every table below is about.
+    fn zone() -> Zone {
+        let mut zone = Zone::new(ZoneConfig {
+            nameservers: vec!["10.96.0.10".parse().unwrap()],
+            service_cidrs: vec!["10.96.0.0/12".parse().unwrap(), "fd00:96::/108".parse().unwrap()],
+            ..ZoneConfig::default()
+        })
+        .unwrap();
+        let services = [
+            service(
+                "shop",
+                "web",
+                serde_json::json!({"clusterIP": "10.96.0.20", "ports": [
+                {"name": "http", "port": 80}, {"name": "dns", "port": 53, "protocol": "UDP"}, {"port": 8080}]}),
+            ),
+            service("shop", "db", serde_json::json!({"clusterIP": "None", "ports": [{"name": "pg", "port": 5432}]})),
+            service("shop", "ext", serde_json::json!({"type": "ExternalName", "externalName": "Example.COM"})),
+            service("shop", "empty", serde_json::json!({"clusterIP": "None"})),
+            service(
+                "shop",
+                "dual",
+                serde_json::json!({"clusterIP": "10.96.0.21", "clusterIPs": ["10.96.0.21", "fd00:96::21"]}),
+            ),
+        ];
+        for s in &services {
+            zone.apply_service(s).unwrap();
+        }
+        zone.apply_slice(&slice(
+            "shop",
+            "db-a",
+            "db",
+            serde_json::json!({
+            "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}],
+            "endpoints": [
+                {"addresses": ["10.244.1.5"], "hostname": "db-0", "conditions": {"ready": true}},
+                {"addresses": ["10.244.2.6"], "hostname": "db-1"},
+                {"addresses": ["10.244.3.7"], "conditions": {"ready": true}},
+                {"addresses": ["10.244.4.8"], "hostname": "db-2", "conditions": {"ready": false}},
+            ]}),
+        ))
+        .unwrap();
+        zone
+    }
+
+    /// A lookup as zone-file lines: answers, then `+` additionals, or the negative answer.
+    fn show(zone: &Zone, name: &str, qtype: RecordType) -> String {
+        match zone.lookup(&Name::from_ascii(name).unwrap(), qtype) {
+            Lookup::Found { answers, additionals } => answers
+                .iter()
+                .map(ToString::to_string)
+                .chain(additionals.iter().map(|r| format!("+ {r}")))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            Lookup::Alias { cname, target } => format!("{cname}\nthen {target}"),
+            Lookup::NoData { soa } => format!("NODATA {}", soa.name),
+            Lookup::NxDomain { soa } => format!("NXDOMAIN {}", soa.name),
+            Lookup::Foreign => "FOREIGN".into(),
+        }
+    }
+
+    fn check(zone: &Zone, cases: &[(&str, RecordType, &str)]) {
+        let mut failures = Vec::new();
+        for (name, qtype, want) in cases {
+            let got = show(zone, name, *qtype);
+            if got != *want {
+                failures.push(format!("{name} {qtype}:\n  want: {want:?}\n  got:  {got:?}"));
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
+
+    use RecordType::{A, AAAA, ANY, CNAME as Cname, PTR as Ptr, SOA as Soa, SRV as Srv, TXT as Txt};
+
+    #[test]
+    fn t10_services() {
+        check(
+            &zone(),
+            &[
+                ("web.shop.svc.cluster.local.", A, "web.shop.svc.cluster.local. 5 IN A 10.96.0.20"),
+                ("WEB.Shop.svc.Cluster.LOCAL.", A, "WEB.Shop.svc.Cluster.LOCAL. 5 IN A 10.96.0.20"),
+                ("web.shop.svc.cluster.local.", AAAA, "NODATA cluster.local."),
+                ("web.shop.svc.cluster.local.", Txt, "NODATA cluster.local."),
+                ("dual.shop.svc.cluster.local.", AAAA, "dual.shop.svc.cluster.local. 5 IN AAAA fd00:96::21"),
+                (
+                    "dual.shop.svc.cluster.local.",
+                    ANY,
+                    "dual.shop.svc.cluster.local. 5 IN A 10.96.0.21\ndual.shop.svc.cluster.local. 5 IN AAAA fd00:96::21",
+                ),
+                ("missing.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("shop.svc.cluster.local.", A, "NODATA cluster.local."),
+                ("other.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("svc.cluster.local.", A, "NODATA cluster.local."),
+                ("x.web.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("a.b.c.d.e.f.cluster.local.", A, "NXDOMAIN cluster.local."),
+                // What a Pod's search path makes of an outside name: answered here, never forwarded.
+                ("example.com.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("example.com.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("example.com.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("example.com.", A, "FOREIGN"),
+                ("local.", A, "FOREIGN"),
+            ],
+        );
+    }
+
+    #[test]
+    fn t10_srv() {
+        check(
+            &zone(),
+            &[
+                (
+                    "_http._tcp.web.shop.svc.cluster.local.",
+                    Srv,
+                    "_http._tcp.web.shop.svc.cluster.local. 5 IN SRV 0 100 80 web.shop.svc.cluster.local.\n+ web.shop.svc.cluster.local. 5 IN A 10.96.0.20",
+                ),
+                (
+                    "_DNS._UDP.web.shop.svc.cluster.local.",
+                    Srv,
+                    "_DNS._UDP.web.shop.svc.cluster.local. 5 IN SRV 0 100 53 web.shop.svc.cluster.local.\n+ web.shop.svc.cluster.local. 5 IN A 10.96.0.20",
+                ),
+                ("_http._udp.web.shop.svc.cluster.local.", Srv, "NXDOMAIN cluster.local."),
+                ("_http._tcp.web.shop.svc.cluster.local.", A, "NODATA cluster.local."),
+                ("_tcp.web.shop.svc.cluster.local.", Srv, "NODATA cluster.local."),
+                ("_sctp.web.shop.svc.cluster.local.", Srv, "NXDOMAIN cluster.local."),
+                ("http._tcp.web.shop.svc.cluster.local.", Srv, "NXDOMAIN cluster.local."),
+                (
+                    "_pg._tcp.db.shop.svc.cluster.local.",
+                    Srv,
+                    "_pg._tcp.db.shop.svc.cluster.local. 5 IN SRV 0 100 5432 10-244-3-7.db.shop.svc.cluster.local.\n_pg._tcp.db.shop.svc.cluster.local. 5 IN SRV 0 100 5432 db-0.db.shop.svc.cluster.local.\n_pg._tcp.db.shop.svc.cluster.local. 5 IN SRV 0 100 5432 db-1.db.shop.svc.cluster.local.\n+ 10-244-3-7.db.shop.svc.cluster.local. 5 IN A 10.244.3.7\n+ db-0.db.shop.svc.cluster.local. 5 IN A 10.244.1.5\n+ db-1.db.shop.svc.cluster.local. 5 IN A 10.244.2.6",
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn t10_headless_and_external_name() {
+        check(
+            &zone(),
+            &[
+                (
+                    "db.shop.svc.cluster.local.",
+                    A,
+                    "db.shop.svc.cluster.local. 5 IN A 10.244.1.5\ndb.shop.svc.cluster.local. 5 IN A 10.244.2.6\ndb.shop.svc.cluster.local. 5 IN A 10.244.3.7",
+                ),
+                ("db-0.db.shop.svc.cluster.local.", A, "db-0.db.shop.svc.cluster.local. 5 IN A 10.244.1.5"),
+                ("10-244-3-7.db.shop.svc.cluster.local.", A, "10-244-3-7.db.shop.svc.cluster.local. 5 IN A 10.244.3.7"),
+                ("db-2.db.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("db-0.db.shop.svc.cluster.local.", AAAA, "NODATA cluster.local."),
+                ("empty.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                (
+                    "ext.shop.svc.cluster.local.",
+                    A,
+                    "ext.shop.svc.cluster.local. 5 IN CNAME example.com.\nthen example.com.",
+                ),
+                ("ext.shop.svc.cluster.local.", Cname, "ext.shop.svc.cluster.local. 5 IN CNAME example.com."),
+                ("_http._tcp.ext.shop.svc.cluster.local.", Srv, "NXDOMAIN cluster.local."),
+            ],
+        );
+    }
+
+    #[test]
+    fn t10_reverse_pods_and_zone_records() {
+        check(
+            &zone(),
+            &[
+                ("20.0.96.10.in-addr.arpa.", Ptr, "20.0.96.10.in-addr.arpa. 5 IN PTR web.shop.svc.cluster.local."),
+                ("5.1.244.10.IN-ADDR.ARPA.", Ptr, "5.1.244.10.IN-ADDR.ARPA. 5 IN PTR db-0.db.shop.svc.cluster.local."),
+                (
+                    "7.3.244.10.in-addr.arpa.",
+                    Ptr,
+                    "7.3.244.10.in-addr.arpa. 5 IN PTR 10-244-3-7.db.shop.svc.cluster.local.",
+                ),
+                (
+                    "1.2.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.0.d.f.ip6.arpa.",
+                    Ptr,
+                    "1.2.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.0.d.f.ip6.arpa. 5 IN PTR dual.shop.svc.cluster.local.",
+                ),
+                ("20.0.96.10.in-addr.arpa.", A, "NODATA in-addr.arpa."),
+                ("8.4.244.10.in-addr.arpa.", Ptr, "NXDOMAIN in-addr.arpa."),
+                ("99.0.96.10.in-addr.arpa.", Ptr, "NXDOMAIN in-addr.arpa."),
+                ("1.1.168.192.in-addr.arpa.", Ptr, "FOREIGN"),
+                ("96.10.in-addr.arpa.", Ptr, "FOREIGN"),
+                ("020.0.96.10.in-addr.arpa.", Ptr, "FOREIGN"),
+                ("10-244-1-5.shop.pod.cluster.local.", A, "10-244-1-5.shop.pod.cluster.local. 5 IN A 10.244.1.5"),
+                (
+                    "10-244-200-9.any-namespace.pod.cluster.local.",
+                    A,
+                    "10-244-200-9.any-namespace.pod.cluster.local. 5 IN A 10.244.200.9",
+                ),
+                ("10-244-1-5.shop.pod.cluster.local.", AAAA, "NODATA cluster.local."),
+                ("10-1-2-3.shop.pod.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("10-244-1.shop.pod.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("shop.pod.cluster.local.", A, "NODATA cluster.local."),
+                ("dns-version.cluster.local.", Txt, "dns-version.cluster.local. 5 IN TXT 1.1.0"),
+                ("dns-version.cluster.local.", A, "NODATA cluster.local."),
+                (
+                    "cluster.local.",
+                    Soa,
+                    "cluster.local. 5 IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 7 7200 1800 86400 5",
+                ),
+                (
+                    "cluster.local.",
+                    RecordType::NS,
+                    "cluster.local. 5 IN NS ns.dns.cluster.local.\n+ ns.dns.cluster.local. 5 IN A 10.96.0.10",
+                ),
+                ("cluster.local.", A, "NODATA cluster.local."),
+                ("ns.dns.cluster.local.", A, "ns.dns.cluster.local. 5 IN A 10.96.0.10"),
+            ],
+        );
+    }
+
+    #[test]
+    fn t10_updates_touch_one_service() {
+        let mut zone = zone();
+        // Slices may arrive before their Service.
+        zone.apply_slice(&slice(
+            "shop",
+            "late-1",
+            "late",
+            serde_json::json!({"endpoints": [{"addresses": ["10.244.9.9"], "hostname": "l"}]}),
+        ))
+        .unwrap();
+        check(&zone, &[("late.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local.")]);
+        zone.apply_service(&service("shop", "late", serde_json::json!({"clusterIP": "None"}))).unwrap();
+        check(
+            &zone,
+            &[
+                ("late.shop.svc.cluster.local.", A, "late.shop.svc.cluster.local. 5 IN A 10.244.9.9"),
+                ("9.9.244.10.in-addr.arpa.", Ptr, "9.9.244.10.in-addr.arpa. 5 IN PTR l.late.shop.svc.cluster.local."),
+            ],
+        );
+        // A changed slice replaces the endpoints and their PTRs.
+        zone.apply_slice(&slice(
+            "shop",
+            "late-1",
+            "late",
+            serde_json::json!({"endpoints": [{"addresses": ["10.244.9.10"]}]}),
+        ))
+        .unwrap();
+        check(
+            &zone,
+            &[
+                ("late.shop.svc.cluster.local.", A, "late.shop.svc.cluster.local. 5 IN A 10.244.9.10"),
+                ("9.9.244.10.in-addr.arpa.", Ptr, "NXDOMAIN in-addr.arpa."),
+                (
+                    "10.9.244.10.in-addr.arpa.",
+                    Ptr,
+                    "10.9.244.10.in-addr.arpa. 5 IN PTR 10-244-9-10.late.shop.svc.cluster.local.",
+                ),
+            ],
+        );
+        // A slice relabelled to another Service leaves the first one.
+        zone.apply_slice(&slice(
+            "shop",
+            "late-1",
+            "db",
+            serde_json::json!({"endpoints": [{"addresses": ["10.244.9.10"]}]}),
+        ))
+        .unwrap();
+        check(
+            &zone,
+            &[
+                ("late.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                (
+                    "10-244-9-10.db.shop.svc.cluster.local.",
+                    A,
+                    "10-244-9-10.db.shop.svc.cluster.local. 5 IN A 10.244.9.10",
+                ),
+            ],
+        );
+        zone.delete_slice("shop", "late-1");
+        zone.delete_slice("shop", "db-a");
+        check(
+            &zone,
+            &[
+                ("db.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("5.1.244.10.in-addr.arpa.", Ptr, "NXDOMAIN in-addr.arpa."),
+            ],
+        );
+        // publishNotReadyAddresses serves endpoints that are not ready.
+        zone.apply_slice(&slice(
+            "shop",
+            "db-a",
+            "db",
+            serde_json::json!({"endpoints": [{"addresses": ["10.244.4.8"], "conditions": {"ready": false}}]}),
+        ))
+        .unwrap();
+        check(&zone, &[("db.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local.")]);
+        zone.apply_service(&service(
+            "shop",
+            "db",
+            serde_json::json!({"clusterIP": "None", "publishNotReadyAddresses": true}),
+        ))
+        .unwrap();
+        check(&zone, &[("db.shop.svc.cluster.local.", A, "db.shop.svc.cluster.local. 5 IN A 10.244.4.8")]);
+        // A Service that turns invalid stops resolving rather than keeping stale records.
+        let bad = service("shop", "web", serde_json::json!({"type": "ExternalName", "externalName": "bad name!"}));
+        assert_eq!(
+            zone.apply_service(&bad).unwrap_err().to_string(),
+            "Service shop/web: externalName \"bad name!\" is not a DNS name"
+        );
+        check(
+            &zone,
+            &[
+                ("web.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local."),
+                ("20.0.96.10.in-addr.arpa.", Ptr, "NXDOMAIN in-addr.arpa."),
+            ],
+        );
+        for name in ["db", "ext", "empty", "dual", "late"] {
+            zone.delete_service("shop", name);
+        }
+        check(&zone, &[("shop.svc.cluster.local.", A, "NXDOMAIN cluster.local.")]);
+        assert_eq!(zone.services(), 0);
+        assert_eq!(zone.state.len(), 1, "a slice is kept until deleted: its Service may come back");
+        zone.delete_slice("shop", "db-a");
+        assert!(zone.state.is_empty() && zone.reverse.is_empty() && zone.slice_owner.is_empty(), "nothing left behind");
+    }
+
+    #[test]
+    fn t10_objects_that_cannot_be_served() {
+        let mut zone = zone();
+        let no_name: Service = serde_json::from_value(serde_json::json!({"metadata": {"namespace": "x"}})).unwrap();
+        assert_eq!(zone.apply_service(&no_name).unwrap_err(), RecordsError::MissingName { kind: "Service" });
+        let upper = service("shop", "Web_1", serde_json::json!({"clusterIP": "10.96.0.30"}));
+        assert!(zone.apply_service(&upper).unwrap_err().to_string().contains("must be DNS labels"));
+        let no_spec: Service =
+            serde_json::from_value(serde_json::json!({"metadata": {"namespace": "x", "name": "y"}})).unwrap();
+        assert!(zone.apply_service(&no_spec).is_err());
+        // Garbage inside a slice is skipped, not fatal.
+        let odd = slice(
+            "shop",
+            "db-a",
+            "db",
+            serde_json::json!({
+            "ports": [{"name": "Bad Port", "port": 1}, {"name": "ok", "port": 70000}],
+            "endpoints": [{"addresses": ["not-an-ip", "10.244.1.5"], "hostname": "Not A Label"}]}),
+        );
+        zone.apply_slice(&odd).unwrap();
+        check(
+            &zone,
+            &[
+                ("db.shop.svc.cluster.local.", A, "db.shop.svc.cluster.local. 5 IN A 10.244.1.5"),
+                ("10-244-1-5.db.shop.svc.cluster.local.", A, "10-244-1-5.db.shop.svc.cluster.local. 5 IN A 10.244.1.5"),
+                ("_ok._tcp.db.shop.svc.cluster.local.", Srv, "NXDOMAIN cluster.local."),
+            ],
+        );
+        let fqdn = slice(
+            "shop",
+            "db-a",
+            "db",
+            serde_json::json!({"addressType": "FQDN", "endpoints": [{"addresses": ["example.com"]}]}),
+        );
+        zone.apply_slice(&fqdn).unwrap();
+        check(&zone, &[("db.shop.svc.cluster.local.", A, "NXDOMAIN cluster.local.")]);
+        assert!(Zone::new(ZoneConfig { domain: "bad domain".into(), ..ZoneConfig::default() }).is_err());
+    }
+}
