@@ -97,7 +97,8 @@ fn main() -> anyhow::Result<()> {
     for round in 0..args.rounds {
         for (i, addr) in [ours, unbound.addr].into_iter().enumerate() {
             eprintln!("round {}/{}: {}", round + 1, args.rounds, rows[i].0);
-            let run = dnsperf(&query_file, addr, &args, pinned)?;
+            let pid = if i == 0 { std::process::id() } else { unbound.child.id() };
+            let run = dnsperf(&query_file, addr, &args, pinned, pid)?;
             rows[i].1.push(run);
         }
     }
@@ -106,26 +107,27 @@ fn main() -> anyhow::Result<()> {
 
     let cores = if pinned { "1 (CPU 1), 1 thread" } else { "shared, 1 thread" };
     println!(
-        "| Server | Cores | Queries/s (median of {} runs, range) | Avg latency at that load | p50 / p99 at {} qps | Lost |",
+        "| Server | Cores | Queries/s (median of {} runs, range) | Server CPU µs/query | Avg latency at that load | p50 / p99 at {} qps | Lost |",
         args.rounds, args.latency_qps
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (name, runs) in &rows {
         let mut qps: Vec<f64> = runs.iter().map(|r| r.qps).collect();
         qps.sort_by(f64::total_cmp);
         let median = qps[qps.len() / 2];
         let run = runs.iter().find(|r| r.qps == median).context("a run")?;
         println!(
-            "| {name} | {cores} | {median:.0} ({:.0}-{:.0}) | {:.2} ms | {:.3} / {:.3} ms | {} |",
+            "| {name} | {cores} | {median:.0} ({:.0}-{:.0}) | {:.1} | {:.2} ms | {:.3} / {:.3} ms | {} |",
             qps[0],
             qps[qps.len() - 1],
+            run.cpu_per_query,
             run.avg_latency * 1e3,
             run.p50 * 1e3,
             run.p99 * 1e3,
             runs.iter().map(|r| r.lost).sum::<u64>(),
         );
     }
-    println!("| CoreDNS 1.x, published | 2 vCPUs | {COREDNS_QPS:.0} | | | |");
+    println!("| CoreDNS 1.x, published | 2 vCPUs | {COREDNS_QPS:.0} | | | | |");
     let ratio = median_qps(&rows[0].1) / median_qps(&rows[1].1);
     println!();
     println!(
@@ -204,11 +206,23 @@ struct Run {
     qps: f64,
     avg_latency: f64,
     lost: u64,
+    /// Server CPU time (all its threads) per completed query, µs.
+    cpu_per_query: f64,
     p50: f64,
     p99: f64,
 }
 
-fn dnsperf(queries: &Path, addr: SocketAddr, args: &Args, pinned: bool) -> anyhow::Result<Run> {
+/// CPU time of every thread of `pid` so far (schedstat: nanoseconds on a CPU).
+fn cpu_ns(pid: u32) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let stat = std::fs::read_to_string(task?.path().join("schedstat")).unwrap_or_default();
+        total += stat.split_whitespace().next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Ok(total)
+}
+
+fn dnsperf(queries: &Path, addr: SocketAddr, args: &Args, pinned: bool, server_pid: u32) -> anyhow::Result<Run> {
     let base = |extra: &[String]| -> anyhow::Result<String> {
         let mut cmd = if pinned {
             let mut c = Command::new("taskset");
@@ -229,7 +243,9 @@ fn dnsperf(queries: &Path, addr: SocketAddr, args: &Args, pinned: bool) -> anyho
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
+    let cpu_before = cpu_ns(server_pid)?;
     let summary = base(&["-l".into(), args.seconds.to_string()])?;
+    let cpu = cpu_ns(server_pid)? - cpu_before;
     let field = |text: &str, key: &str| -> anyhow::Result<String> {
         let line = text
             .lines()
@@ -244,6 +260,8 @@ fn dnsperf(queries: &Path, addr: SocketAddr, args: &Args, pinned: bool) -> anyho
     let qps: f64 = field(&summary, "Queries per second:")?.parse()?;
     let avg_latency: f64 = field(&summary, "Average Latency (s):")?.split_whitespace().next().unwrap_or("").parse()?;
     let lost: u64 = field(&summary, "Queries lost:")?.split_whitespace().next().unwrap_or("").parse()?;
+    let completed: u64 = field(&summary, "Queries completed:")?.split_whitespace().next().unwrap_or("").parse()?;
+    let cpu_per_query = cpu as f64 / 1e3 / completed.max(1) as f64;
 
     let verbose = base(&["-l".into(), "5".into(), "-Q".into(), args.latency_qps.to_string(), "-v".into()])?;
     let mut latencies: Vec<f64> = verbose
@@ -256,7 +274,7 @@ fn dnsperf(queries: &Path, addr: SocketAddr, args: &Args, pinned: bool) -> anyho
     }
     latencies.sort_by(f64::total_cmp);
     let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
-    Ok(Run { qps, avg_latency, lost, p50: at(0.5), p99: at(0.99) })
+    Ok(Run { qps, avg_latency, lost, cpu_per_query, p50: at(0.5), p99: at(0.99) })
 }
 
 /// unbound with the same names, run by this process and killed by PID when dropped.
