@@ -93,11 +93,6 @@ impl Dns {
         self.set_forwarding(Forwarding::from_resolv_conf(host));
     }
 
-    /// Answers one question from the zone, as a query would (for tests and debugging tools).
-    pub fn lookup(&self, name: &hickory_proto::rr::Name, qtype: hickory_proto::rr::RecordType) -> Lookup {
-        self.0.read().zone.lookup(name, qtype)
-    }
-
     /// Serves UDP and TCP on the given sockets until the `Server` is dropped. Call inside a
     /// tokio runtime: TCP and forwarding run on it; UDP gets threads of its own.
     pub fn serve(&self, listeners: Listeners, cfg: ServerConfig) -> io::Result<Server> {

@@ -181,7 +181,8 @@ pub struct Zone {
 impl Zone {
     pub fn new(cfg: ZoneConfig) -> Result<Zone, RecordsError> {
         let invalid = |reason: String| RecordsError::InvalidDomain { domain: cfg.domain.clone(), reason };
-        let domain = cfg.domain.trim_end_matches('.');
+        let lower = cfg.domain.to_ascii_lowercase();
+        let domain = lower.trim_end_matches('.');
         if domain.is_empty() || !domain.split('.').all(is_dns_label) {
             return Err(invalid("each label must be 1-63 of a-z, 0-9 and '-'".into()));
         }
@@ -204,10 +205,6 @@ impl Zone {
             reverse: HashMap::new(),
             cfg,
         })
-    }
-
-    pub fn config(&self) -> &ZoneConfig {
-        &self.cfg
     }
 
     /// The cluster domain as a lowercase FQDN.
@@ -381,7 +378,7 @@ impl Zone {
                     answers.push(record(RData::NS(NS(self.mname.clone()))));
                 }
                 let additionals = if answers.iter().any(|r| r.record_type() == RecordType::NS) {
-                    address_records(&self.mname, &self.cfg.nameservers, ttl, qtype_any_address())
+                    address_records(&self.mname, &self.cfg.nameservers, ttl, BOTH_FAMILIES)
                 } else {
                     Vec::new()
                 };
@@ -470,7 +467,7 @@ impl Zone {
                 for (target, _, addrs) in &targets {
                     if !seen.contains(target) {
                         seen.push(target);
-                        additionals.extend(address_records(target, addrs, ttl, qtype_any_address()));
+                        additionals.extend(address_records(target, addrs, ttl, BOTH_FAMILIES));
                     }
                 }
                 self.found(answers, additionals)
@@ -544,10 +541,8 @@ impl Served {
     }
 }
 
-/// ANY stands for "both address families" where addresses are added as extra records.
-fn qtype_any_address() -> RecordType {
-    RecordType::ANY
-}
+/// Extra address records (SRV targets, the NS host) are of both families.
+const BOTH_FAMILIES: RecordType = RecordType::ANY;
 
 fn address_records(owner: &Name, ips: &[IpAddr], ttl: u32, qtype: RecordType) -> Vec<Record> {
     let any = qtype == RecordType::ANY;
