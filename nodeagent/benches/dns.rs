@@ -6,7 +6,8 @@
 //! local zone, with `.` refused so nothing is ever resolved outside). Each round runs dnsperf
 //! against one server then the other: a throughput run (100 queries outstanding), then a
 //! run at a fixed rate with per-query latencies (`-v`) for p50 / p99. The servers get CPU 1
-//! and one thread each, dnsperf CPU 0. Prints one Markdown table on stdout.
+//! and one thread each, dnsperf CPU 0. Prints one Markdown table on stdout (each column the
+//! median over the rounds), and each run on stderr.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::process::CommandExt as _;
@@ -99,6 +100,14 @@ fn main() -> anyhow::Result<()> {
             eprintln!("round {}/{}: {}", round + 1, args.rounds, rows[i].0);
             let pid = if i == 0 { std::process::id() } else { unbound.child.id() };
             let run = dnsperf(&query_file, addr, &args, pinned, pid)?;
+            eprintln!(
+                "  {:.0} queries/s, {:.1} µs CPU/query; at {} queries/s p50 {:.3} ms, p99 {:.3} ms",
+                run.qps,
+                run.cpu_per_query,
+                args.latency_qps,
+                run.p50 * 1e3,
+                run.p99 * 1e3
+            );
             rows[i].1.push(run);
         }
     }
@@ -107,28 +116,26 @@ fn main() -> anyhow::Result<()> {
 
     let cores = if pinned { "1 (CPU 1), 1 thread" } else { "shared, 1 thread" };
     println!(
-        "| Server | Cores | Queries/s (median of {} runs, range) | Server CPU µs/query | Avg latency at that load | p50 / p99 at {} qps | Lost |",
+        "| Server | Cores | Queries/s (median of {} runs, range) | Server CPU µs/query | Avg latency at that load | p50 / p99 at {} queries/s | Lost |",
         args.rounds, args.latency_qps
     );
     println!("|---|---|---|---|---|---|---|");
     for (name, runs) in &rows {
-        let mut qps: Vec<f64> = runs.iter().map(|r| r.qps).collect();
-        qps.sort_by(f64::total_cmp);
-        let median = qps[qps.len() / 2];
-        let run = runs.iter().find(|r| r.qps == median).context("a run")?;
+        let qps = sorted(runs.iter().map(|r| r.qps));
         println!(
-            "| {name} | {cores} | {median:.0} ({:.0}-{:.0}) | {:.1} | {:.2} ms | {:.3} / {:.3} ms | {} |",
+            "| {name} | {cores} | {:.0} ({:.0}-{:.0}) | {:.1} | {:.2} ms | {:.3} / {:.3} ms | {} |",
+            median(&qps),
             qps[0],
             qps[qps.len() - 1],
-            run.cpu_per_query,
-            run.avg_latency * 1e3,
-            run.p50 * 1e3,
-            run.p99 * 1e3,
+            median(&sorted(runs.iter().map(|r| r.cpu_per_query))),
+            median(&sorted(runs.iter().map(|r| r.avg_latency * 1e3))),
+            median(&sorted(runs.iter().map(|r| r.p50 * 1e3))),
+            median(&sorted(runs.iter().map(|r| r.p99 * 1e3))),
             runs.iter().map(|r| r.lost).sum::<u64>(),
         );
     }
     println!("| CoreDNS 1.x, published | 2 vCPUs | {COREDNS_QPS:.0} | | | | |");
-    let ratio = median_qps(&rows[0].1) / median_qps(&rows[1].1);
+    let ratio = median(&sorted(rows[0].1.iter().map(|r| r.qps))) / median(&sorted(rows[1].1.iter().map(|r| r.qps)));
     println!();
     println!(
         "gitplane / unbound: {ratio:.2}x. dnsperf on CPU {CLIENT_CPU}, 100 queries outstanding, {} s per run, {} names.",
@@ -145,10 +152,14 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn median_qps(runs: &[Run]) -> f64 {
-    let mut qps: Vec<f64> = runs.iter().map(|r| r.qps).collect();
-    qps.sort_by(f64::total_cmp);
-    qps[qps.len() / 2]
+fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    values
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn service(ns: &str, name: &str, ip: &str) -> Service {
