@@ -94,12 +94,16 @@ fn main() -> anyhow::Result<()> {
         wait_until_answered(addr, "svc-1.ns-1.svc.cluster.local.")?;
     }
 
+    if pinned {
+        // This thread only waits for dnsperf and reads its output: keep it off the servers' CPU.
+        pin_current_thread(CLIENT_CPU)?;
+    }
     let mut rows: Vec<(&str, Vec<Run>)> = vec![("gitplane agent", Vec::new()), ("unbound 1.17", Vec::new())];
     for round in 0..args.rounds {
         for (i, addr) in [ours, unbound.addr].into_iter().enumerate() {
             eprintln!("round {}/{}: {}", round + 1, args.rounds, rows[i].0);
             let pid = if i == 0 { std::process::id() } else { unbound.child.id() };
-            let run = dnsperf(&query_file, addr, &args, pinned, pid)?;
+            let run = dnsperf(dir.path(), &query_file, addr, &args, pinned, pid)?;
             eprintln!(
                 "  {:.0} queries/s, {:.1} µs CPU/query; at {} queries/s p50 {:.3} ms, p99 {:.3} ms",
                 run.qps,
@@ -233,7 +237,14 @@ fn cpu_ns(pid: u32) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-fn dnsperf(queries: &Path, addr: SocketAddr, args: &Args, pinned: bool, server_pid: u32) -> anyhow::Result<Run> {
+fn dnsperf(
+    dir: &Path,
+    queries: &Path,
+    addr: SocketAddr,
+    args: &Args,
+    pinned: bool,
+    server_pid: u32,
+) -> anyhow::Result<Run> {
     let base = |extra: &[String]| -> anyhow::Result<String> {
         let mut cmd = if pinned {
             let mut c = Command::new("taskset");
@@ -244,15 +255,18 @@ fn dnsperf(queries: &Path, addr: SocketAddr, args: &Args, pinned: bool, server_p
         };
         cmd.args(["-s", &addr.ip().to_string(), "-p", &addr.port().to_string()]);
         cmd.arg("-d").arg(queries).args(["-q", "100"]).args(extra);
-        let out = cmd
+        // Into a file, read afterwards: nothing consumes dnsperf's output while it runs.
+        let out_path = dir.join("dnsperf.out");
+        let status = cmd
             .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out_path)?)
             .stderr(Stdio::inherit())
-            .output()
+            .status()
             .context("running dnsperf (Debian package dnsperf)")?;
-        if !out.status.success() {
-            bail!("dnsperf failed: {}", out.status);
+        if !status.success() {
+            bail!("dnsperf failed: {status}");
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        Ok(std::fs::read_to_string(&out_path)?)
     };
     let cpu_before = cpu_ns(server_pid)?;
     let summary = base(&["-l".into(), args.seconds.to_string()])?;
