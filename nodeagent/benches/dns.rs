@@ -22,6 +22,8 @@ use hickory_proto::rr::{Name, RecordType};
 use k8s_openapi::api::core::v1::Service;
 
 const SERVER_CPU: usize = 1;
+/// tmpfs, for dnsperf's per-query output.
+const SCRATCH: &str = "/dev/shm";
 const CLIENT_CPU: usize = 0;
 /// CoreDNS' published figure for its kubernetes plugin on 2 vCPUs.
 const COREDNS_QPS: f64 = 33_669.0;
@@ -103,7 +105,7 @@ fn main() -> anyhow::Result<()> {
         for (i, addr) in [ours, unbound.addr].into_iter().enumerate() {
             eprintln!("round {}/{}: {}", round + 1, args.rounds, rows[i].0);
             let pid = if i == 0 { std::process::id() } else { unbound.child.id() };
-            let run = dnsperf(dir.path(), &query_file, addr, &args, pinned, pid)?;
+            let run = dnsperf(&query_file, addr, &args, pinned, pid)?;
             eprintln!(
                 "  {:.0} queries/s, {:.1} µs CPU/query; at {} queries/s p50 {:.3} ms, p99 {:.3} ms",
                 run.qps,
@@ -237,14 +239,7 @@ fn cpu_ns(pid: u32) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-fn dnsperf(
-    dir: &Path,
-    queries: &Path,
-    addr: SocketAddr,
-    args: &Args,
-    pinned: bool,
-    server_pid: u32,
-) -> anyhow::Result<Run> {
+fn dnsperf(queries: &Path, addr: SocketAddr, args: &Args, pinned: bool, server_pid: u32) -> anyhow::Result<Run> {
     let base = |extra: &[String]| -> anyhow::Result<String> {
         let mut cmd = if pinned {
             let mut c = Command::new("taskset");
@@ -255,18 +250,22 @@ fn dnsperf(
         };
         cmd.args(["-s", &addr.ip().to_string(), "-p", &addr.port().to_string()]);
         cmd.arg("-d").arg(queries).args(["-q", "100"]).args(extra);
-        // Into a file, read afterwards: nothing consumes dnsperf's output while it runs.
-        let out_path = dir.join("dnsperf.out");
+        // Into a file in memory, read afterwards: a pipe read during the run competes with a
+        // CPU under test, and a file on disk made dnsperf's `-v` writes (and so its latencies)
+        // stall for either server.
+        let out_path = Path::new(SCRATCH).join(format!("gitplane-dnsperf-{}.out", std::process::id()));
         let status = cmd
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&out_path)?)
             .stderr(Stdio::inherit())
             .status()
             .context("running dnsperf (Debian package dnsperf)")?;
+        let out = std::fs::read_to_string(&out_path);
+        let _ = std::fs::remove_file(&out_path);
         if !status.success() {
             bail!("dnsperf failed: {status}");
         }
-        Ok(std::fs::read_to_string(&out_path)?)
+        Ok(out?)
     };
     let cpu_before = cpu_ns(server_pid)?;
     let summary = base(&["-l".into(), args.seconds.to_string()])?;
