@@ -71,17 +71,19 @@ impl Forwarding {
     ) -> Result<Forwarding, ConfigMapError> {
         let data = config_map.data.as_ref();
         let field = |key: &str| data.and_then(|d| d.get(key)).map(String::as_str).filter(|v| !v.trim().is_empty());
-        let upstreams = match field("upstreamNameservers") {
-            None => host.upstreams(),
-            Some(json) => {
-                let list: Vec<String> = serde_json::from_str(json)
-                    .map_err(|e| ConfigMapError::Json { key: "upstreamNameservers", reason: e.to_string() })?;
-                if list.len() > MAX_UPSTREAMS {
-                    return Err(ConfigMapError::TooManyUpstreams(list.len()));
-                }
-                list.iter().map(|s| nameserver("upstreamNameservers", s)).collect::<Result<_, _>>()?
+        let mut upstreams = Vec::new();
+        if let Some(json) = field("upstreamNameservers") {
+            let list: Vec<String> = serde_json::from_str(json)
+                .map_err(|e| ConfigMapError::Json { key: "upstreamNameservers", reason: e.to_string() })?;
+            if list.len() > MAX_UPSTREAMS {
+                return Err(ConfigMapError::TooManyUpstreams(list.len()));
             }
-        };
+            upstreams = list.iter().map(|s| nameserver("upstreamNameservers", s)).collect::<Result<_, _>>()?;
+        }
+        // Absent or empty: the node's resolvers, as kube-dns does.
+        if upstreams.is_empty() {
+            upstreams = host.upstreams();
+        }
         let mut stubs = Vec::new();
         if let Some(json) = field("stubDomains") {
             let map: BTreeMap<String, Vec<String>> = serde_json::from_str(json)
@@ -178,8 +180,10 @@ mod tests {
         let fwd = Forwarding::from_config_map(&host(), &ConfigMap::default(), &cluster()).unwrap();
         assert_eq!(fwd, Forwarding::from_resolv_conf(&host()));
         assert_eq!(fwd.upstreams_for(&name("example.com.")), addrs(&["192.0.2.1:53", "192.0.2.2:53"]));
-        let blank = config_map(&[("stubDomains", " "), ("upstreamNameservers", "")]);
-        assert_eq!(Forwarding::from_config_map(&host(), &blank, &cluster()).unwrap(), fwd);
+        for upstreams in ["", "[]"] {
+            let blank = config_map(&[("stubDomains", " "), ("upstreamNameservers", upstreams)]);
+            assert_eq!(Forwarding::from_config_map(&host(), &blank, &cluster()).unwrap(), fwd);
+        }
     }
 
     #[test]
