@@ -3,6 +3,7 @@ pub mod cni;
 pub mod containerd;
 mod controlplane;
 pub mod cri;
+pub mod dns;
 pub mod images;
 pub mod network;
 pub mod node;
