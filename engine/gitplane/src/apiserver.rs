@@ -132,13 +132,29 @@ async fn group_list(State(state): State<ApiState>, method: Method) -> Response {
     Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})).into_response()
 }
 
+/// The short names the API server lists in discovery, which kubectl accepts (`kubectl get ep`).
+fn short_names(plural: &str) -> &'static [&'static str] {
+    match plural {
+        "pods" => &["po"],
+        "services" => &["svc"],
+        "endpoints" => &["ep"],
+        "configmaps" => &["cm"],
+        "events" => &["ev"],
+        "nodes" => &["no"],
+        "namespaces" => &["ns"],
+        "deployments" => &["deploy"],
+        "replicasets" => &["rs"],
+        _ => &[],
+    }
+}
+
 fn resource_list(group: &str, version: &str) -> Option<Value> {
     let resources: Vec<Value> = RESOURCES
         .iter()
         .filter(|r| r.group == group && r.version == version)
         .map(|r| {
             json!({"name": r.plural, "singularName": r.kind.to_lowercase(), "namespaced": r.namespaced,
-                   "kind": r.kind, "verbs": ["get", "list"]})
+                   "kind": r.kind, "verbs": ["get", "list"], "shortNames": short_names(r.plural)})
         })
         .collect();
     if resources.is_empty() {
@@ -432,9 +448,8 @@ mod tests {
         let (_, resources) = call(&router, Method::GET, "/apis/discovery.k8s.io/v1").await;
         assert_eq!(resources["resources"][0]["name"], "endpointslices");
         let (_, core) = call(&router, Method::GET, "/api/v1").await;
-        assert!(
-            core["resources"].as_array().unwrap().iter().any(|r| r["name"] == "endpoints" && r["kind"] == "Endpoints")
-        );
+        let core_endpoints = core["resources"].as_array().unwrap().iter().find(|r| r["name"] == "endpoints").unwrap();
+        assert_eq!((&core_endpoints["kind"], &core_endpoints["shortNames"]), (&json!("Endpoints"), &json!(["ep"])));
 
         let (code, list) = call(&router, Method::GET, "/api/v1/namespaces/default/endpoints").await;
         assert_eq!((code, list["kind"].as_str()), (StatusCode::OK, Some("EndpointsList")));
