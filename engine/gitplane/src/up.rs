@@ -12,6 +12,7 @@ use crate::{
     source::allocate::ServiceRanges,
 };
 use anyhow::{Context as _, bail};
+use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
     containerd::{Containerd, ContainerdConfig},
@@ -49,6 +50,10 @@ pub struct UpArgs {
     /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cidr: String,
+    /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
+    /// broadcast addresses are left out). None: they stay <pending>.
+    #[arg(long, value_parser = AddressPool::parse)]
+    load_balancer_pool: Option<AddressPool>,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -78,8 +83,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
     let repo_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
-    let replica =
-        Replica::start(Backend::raft(config).await?, listener, &credentials, git, repo_url.clone(), ranges).await?;
+    let (backend, pool) = (Backend::raft(config).await?, args.load_balancer_pool);
+    let replica = Replica::start(backend, listener, &credentials, git, repo_url.clone(), ranges, pool).await?;
     if !replica.wait_for_leader(Duration::from_secs(30)).await {
         bail!("the store elected no leader within 30 s");
     }
