@@ -4,5 +4,6 @@ pub mod containerd;
 pub mod cri;
 pub mod images;
 pub mod node;
+pub mod proxy;
 pub mod runtime;
 mod template;
