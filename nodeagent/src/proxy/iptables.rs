@@ -413,7 +413,8 @@ impl IptablesRules {
                 continue;
             }
             let _ = writeln!(out, "*{}", table.name());
-            for name in write.keys() {
+            // Declaring a chain empties it; a chain must be empty to be deleted.
+            for name in write.keys().chain(delete.iter().copied()) {
                 let _ = writeln!(out, ":{name} - [0:0]");
             }
             for rules in write.values() {

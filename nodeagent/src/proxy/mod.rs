@@ -127,7 +127,7 @@ impl Applier for IptablesApplier {
     fn full_sync(&mut self, services: &BTreeMap<ObjectKey, Vec<ServicePort>>) -> Result<(), ProxyError> {
         let existing = exec::run("iptables-save", &[], None)?;
         let text = self.rules.full(services.iter().map(|(k, v)| (k, v.as_slice())), &existing);
-        exec::run("iptables-restore", &["--noflush"], Some(&text))?;
+        exec::run("iptables-restore", &["-w", "--noflush"], Some(&text))?;
         for (table, chain, rule) in iptables::JUMPS {
             let rule: Vec<&str> = rule.split(' ').collect();
             let mut check = vec!["-w", "-t", table, "-C", chain];
@@ -146,7 +146,7 @@ impl Applier for IptablesApplier {
         if text.is_empty() {
             return Ok(());
         }
-        exec::run("iptables-restore", &["--noflush"], Some(&text)).map(drop)
+        exec::run("iptables-restore", &["-w", "--noflush"], Some(&text)).map(drop)
     }
 }
 

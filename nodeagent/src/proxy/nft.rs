@@ -83,10 +83,13 @@ impl Set {
 
     /// The type between the braces of its declaration.
     fn declaration(self) -> &'static str {
-        // The numgen part only gives the key's last field its type (a 32-bit integer).
+        // The numgen part only gives the key's last field its type (a 32-bit integer). `tcp
+        // dport` only types the port field (the rules load it with `th dport`, any protocol):
+        // nft 1.0.6 cannot read back a `typeof` with `th` after `ip` ("conflicting protocols").
         const ADDRESS_ENDPOINTS: &str =
-            "typeof ip daddr . meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport;";
-        const NODEPORT_ENDPOINTS: &str = "typeof meta l4proto . th dport . numgen random mod 1 : ip daddr . th dport;";
+            "typeof ip daddr . meta l4proto . tcp dport . numgen random mod 1 : ip daddr . tcp dport;";
+        const NODEPORT_ENDPOINTS: &str =
+            "typeof meta l4proto . tcp dport . numgen random mod 1 : ip daddr . tcp dport;";
         match self {
             Set::ServiceIps | Set::AffinityServices => "type ipv4_addr . inet_proto . inet_service : verdict;",
             Set::ServiceNodeports => "type inet_proto . inet_service : verdict;",
@@ -165,7 +168,7 @@ impl fmt::Display for Chain {
                 let kind = if nodeport { "nodeport" } else { "external" };
                 write!(f, "{kind}-local-c{n}-l{m}{}", affinity_suffix(affinity))
             }
-            Chain::Drop => f.write_str("drop"),
+            Chain::Drop => f.write_str("no-local-endpoints"),
             Chain::AffinityRecord { timeout } => write!(f, "affinity-{timeout}s"),
         }
     }
@@ -248,11 +251,11 @@ fn fixed_chains(node: &NodeContext) -> Vec<(&'static str, &'static str, Vec<Stri
     let record = "ct state new ct status dnat meta l4proto { tcp, udp, sctp } ct original ip daddr . meta l4proto . ct original proto-dst vmap @affinity-services";
     let check = "ct state new jump service-check";
     vec![
-        ("nat-prerouting", "type nat hook prerouting priority dstnat; policy accept;", vec!["jump services".into()]),
-        ("nat-output", "type nat hook output priority dstnat; policy accept;", vec!["jump services".into()]),
+        ("nat-prerouting", "type nat hook prerouting priority -100; policy accept;", vec!["jump services".into()]),
+        ("nat-output", "type nat hook output priority -100; policy accept;", vec!["jump services".into()]),
         (
             "nat-postrouting",
-            "type nat hook postrouting priority srcnat; policy accept;",
+            "type nat hook postrouting priority 100; policy accept;",
             vec![
                 format!(
                     "meta mark & {MASQ_MARK} == {MASQ_MARK} meta mark set meta mark ^ {MASQ_MARK} masquerade fully-random"
@@ -271,33 +274,29 @@ fn fixed_chains(node: &NodeContext) -> Vec<(&'static str, &'static str, Vec<Stri
             ],
         ),
         ("mark-for-masquerade", "", vec![format!("meta mark set meta mark | {MASQ_MARK}")]),
-        ("filter-input", "type filter hook input priority filter - 10; policy accept;", vec![check.into()]),
-        ("filter-forward", "type filter hook forward priority filter - 10; policy accept;", vec![check.into()]),
-        ("filter-output", "type filter hook output priority filter - 10; policy accept;", vec![check.into()]),
+        ("filter-input", "type filter hook input priority -10; policy accept;", vec![check.into()]),
+        ("filter-forward", "type filter hook forward priority -10; policy accept;", vec![check.into()]),
+        ("filter-output", "type filter hook output priority -10; policy accept;", vec![check.into()]),
         (
             "service-check",
             "",
             vec![
-                "ip daddr . meta l4proto . th dport @no-endpoint-services goto reject".into(),
-                "ip daddr @nodeport-ips meta l4proto . th dport @no-endpoint-nodeports goto reject".into(),
+                "ip daddr . meta l4proto . th dport @no-endpoint-services goto refuse".into(),
+                "ip daddr @nodeport-ips meta l4proto . th dport @no-endpoint-nodeports goto refuse".into(),
                 // An address of the Service range that no rule translated: refuse rather than
                 // route it towards the default gateway.
-                format!("ip daddr {service_cidr} goto reject"),
+                format!("ip daddr {service_cidr} goto refuse"),
             ],
         ),
-        ("reject", "", vec!["meta l4proto tcp reject with tcp reset".into(), "reject".into()]),
-        (
-            "affinity-prerouting",
-            "type filter hook prerouting priority dstnat + 10; policy accept;",
-            vec![record.into()],
-        ),
-        ("affinity-output", "type filter hook output priority dstnat + 10; policy accept;", vec![record.into()]),
+        ("refuse", "", vec!["meta l4proto tcp reject with tcp reset".into(), "reject".into()]),
+        ("affinity-prerouting", "type filter hook prerouting priority -90; policy accept;", vec![record.into()]),
+        ("affinity-output", "type filter hook output priority -90; policy accept;", vec![record.into()]),
     ]
 }
 
 fn affinity_declaration() -> String {
     format!(
-        "add map ip {TABLE} {AFFINITY_MAP} {{ typeof ip saddr . ip daddr . meta l4proto . th dport : ip daddr . th dport; flags dynamic,timeout; timeout 3h; size 1048576; }}"
+        "add map ip {TABLE} {AFFINITY_MAP} {{ typeof ip saddr . ip daddr . meta l4proto . tcp dport : ip daddr . tcp dport; flags dynamic,timeout; timeout 3h; size 1048576; }}"
     )
 }
 

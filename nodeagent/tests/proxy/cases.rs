@@ -1,5 +1,7 @@
 //! The data-driven cases under `tests/proxy/cases/<name>/case.yaml`: a node, Services and
 //! EndpointSlices, and an update (objects that replace those of the same kind and name).
+// Shared by several test crates, each using part of it.
+#![allow(dead_code)]
 
 use gitplane_nodeagent::proxy::desired::{self, Cidr, NodeContext, ObjectKey, ServicePort};
 use k8s_openapi::api::core::v1::Service;
