@@ -13,8 +13,9 @@ use super::desired::{Endpoint, NodeContext, ObjectKey, Policy, Protocol, Route, 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
 
-/// The rules that lead from the built-in chains to ours: (table, chain, rule).
-pub const JUMPS: [(&str, &str, &str); 6] = [
+/// The rules that lead from the built-in chains to ours: (table, chain, rule). A full sync
+/// inserts those `iptables-save` lacks, in the same restore.
+const JUMPS: [(&str, &str, &str); 6] = [
     ("nat", "PREROUTING", "-j GP-SERVICES"),
     ("nat", "OUTPUT", "-j GP-SERVICES"),
     ("nat", "POSTROUTING", "-j GP-POSTROUTING"),
@@ -362,6 +363,11 @@ impl IptablesRules {
             for name in &stale {
                 let _ = writeln!(out, "-X {name}");
             }
+            for (t, chain, rule) in JUMPS {
+                if t == table.name() && !has_rule(iptables_save, t, &format!("-A {chain} {rule}")) {
+                    let _ = writeln!(out, "-I {chain} 1 {rule}");
+                }
+            }
             out.push_str("COMMIT\n");
         }
         out
@@ -429,6 +435,17 @@ impl IptablesRules {
         }
         out
     }
+}
+
+/// Whether `iptables-save` output has `rule` in `table`.
+fn has_rule(iptables_save: &str, table: &str, rule: &str) -> bool {
+    let mut in_table = false;
+    iptables_save.lines().any(|line| {
+        if let Some(t) = line.strip_prefix('*') {
+            in_table = t == table;
+        }
+        in_table && line == rule
+    })
 }
 
 /// Our chains (`:GP-…` lines) in one table's section of `iptables-save` output.

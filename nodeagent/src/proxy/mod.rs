@@ -128,16 +128,6 @@ impl Applier for IptablesApplier {
         let existing = exec::run("iptables-save", &[], None)?;
         let text = self.rules.full(services.iter().map(|(k, v)| (k, v.as_slice())), &existing);
         exec::run("iptables-restore", &["-w", "--noflush"], Some(&text))?;
-        for (table, chain, rule) in iptables::JUMPS {
-            let rule: Vec<&str> = rule.split(' ').collect();
-            let mut check = vec!["-w", "-t", table, "-C", chain];
-            check.extend(&rule);
-            if exec::run("iptables", &check, None).is_err() {
-                let mut insert = vec!["-w", "-t", table, "-I", chain, "1"];
-                insert.extend(&rule);
-                exec::run("iptables", &insert, None)?;
-            }
-        }
         Ok(())
     }
 

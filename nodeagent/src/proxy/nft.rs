@@ -300,13 +300,16 @@ fn affinity_declaration() -> String {
     )
 }
 
+/// Element text, shared between a Service's fragment and the element table.
+type Text = Arc<str>;
+
 /// Who contributed an element: the node (its addresses) or a Service.
 type Owner = Arc<ObjectKey>;
 
 /// What one Service (or the node) contributes: elements and the parametric chains they use.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Fragment {
-    elements: Vec<(Set, String, String)>,
+    elements: Vec<(Set, Text, Text)>,
     chains: Vec<Chain>,
     /// Endpoints (`ip . port`) of its affinity Service ports.
     affinity_endpoints: Vec<String>,
@@ -314,7 +317,7 @@ struct Fragment {
 
 impl Fragment {
     fn add(&mut self, set: Set, key: String, value: String) {
-        self.elements.push((set, key, value));
+        self.elements.push((set, key.into(), value.into()));
     }
 
     fn chain(&mut self, chain: Chain) {
@@ -350,6 +353,9 @@ fn service_fragment(node: &NodeContext, ports: &[ServicePort]) -> Fragment {
     for sp in ports {
         port_fragment(node, sp, &mut f);
     }
+    // Ports of one Service may share elements (a hairpin pair): each once, in a fixed order.
+    f.elements.sort();
+    f.elements.dedup();
     f
 }
 
@@ -445,11 +451,18 @@ fn port_fragment(node: &NodeContext, sp: &ServicePort, f: &mut Fragment) {
 
 /// One element's claimants, first owner (in key order) wins: two Services claiming the same
 /// address and port (an externalIP conflict) must not fail the whole transaction.
-type Claims = Vec<(Owner, String)>;
+type Claims = Vec<(Owner, Text)>;
 
-fn effective(claims: &Claims) -> Option<&String> {
-    claims.iter().min_by(|a, b| a.0.cmp(&b.0)).map(|(_, v)| v)
+fn effective(claims: &Claims) -> Option<&(Owner, Text)> {
+    claims.iter().min_by(|a, b| a.0.cmp(&b.0))
 }
+
+fn effective_value(claims: &Claims) -> Option<Text> {
+    effective(claims).map(|(_, v)| v.clone())
+}
+
+/// Elements touched by an update, with the value each had before it: (set, key, value).
+type Touched = Vec<(Set, Text, Option<Text>)>;
 
 /// (key, endpoint) of each entry of an `nft -j list map` listing, both in nft's `a . b` syntax.
 fn affinity_entries(listing: &str) -> Result<Vec<(String, String)>, serde_json::Error> {
@@ -498,7 +511,7 @@ fn decrement<K: std::hash::Hash + Eq>(counts: &mut HashMap<K, usize>, key: &K) -
 #[derive(Debug)]
 pub struct NftRules {
     node: NodeContext,
-    elements: HashMap<(Set, String), Claims>,
+    elements: HashMap<(Set, Text), Claims>,
     chains: HashMap<Chain, usize>,
     fragments: HashMap<Owner, Fragment>,
     /// Endpoints of affinity Services, to find affinity entries left pointing at removed ones.
@@ -507,8 +520,8 @@ pub struct NftRules {
 
 /// An element change for a partial sync.
 struct Ops {
-    delete: Vec<(Set, String)>,
-    add: Vec<(Set, String, String)>,
+    delete: Vec<(Set, Text)>,
+    add: Vec<(Set, Text, Text)>,
 }
 
 fn node_owner() -> Owner {
@@ -530,10 +543,13 @@ impl NftRules {
         &self.node
     }
 
-    fn claim(&mut self, owner: &Owner, fragment: Fragment, touched: &mut Vec<(Set, String, Option<String>)>) {
+    /// Adds `owner`'s fragment; `touched` (None on a full sync) records what each element was.
+    fn claim(&mut self, owner: &Owner, fragment: Fragment, mut touched: Option<&mut Touched>) {
         for (set, key, value) in &fragment.elements {
             let claims = self.elements.entry((*set, key.clone())).or_default();
-            touched.push((*set, key.clone(), effective(claims).cloned()));
+            if let Some(t) = touched.as_deref_mut() {
+                t.push((*set, key.clone(), effective_value(claims)));
+            }
             claims.push((owner.clone(), value.clone()));
         }
         for chain in &fragment.chains {
@@ -545,17 +561,12 @@ impl NftRules {
         self.fragments.insert(owner.clone(), fragment);
     }
 
-    fn release(
-        &mut self,
-        owner: &Owner,
-        touched: &mut Vec<(Set, String, Option<String>)>,
-        removed_affinity: &mut Vec<String>,
-    ) {
+    fn release(&mut self, owner: &Owner, touched: &mut Touched, removed_affinity: &mut Vec<String>) {
         let Some(fragment) = self.fragments.remove(owner) else { return };
         for (set, key, _) in fragment.elements {
             let k = (set, key);
             if let Some(claims) = self.elements.get_mut(&k) {
-                touched.push((set, k.1.clone(), effective(claims).cloned()));
+                touched.push((set, k.1.clone(), effective_value(claims)));
                 if let Some(i) = claims.iter().position(|(o, _)| o == owner) {
                     claims.swap_remove(i);
                 }
@@ -603,12 +614,11 @@ impl NftRules {
         self.chains.clear();
         self.fragments.clear();
         self.affinity_endpoints.clear();
-        let mut touched = Vec::new();
         let node = self.node.clone();
-        self.claim(&node_owner(), node_fragment(&node), &mut touched);
+        self.claim(&node_owner(), node_fragment(&node), None);
         for (key, ports) in services {
             let fragment = service_fragment(&node, ports);
-            self.claim(&Arc::new(key.clone()), fragment, &mut touched);
+            self.claim(&Arc::new(key.clone()), fragment, None);
         }
         self.render(existing_chains)
     }
@@ -658,15 +668,21 @@ impl NftRules {
                 let _ = writeln!(out, "add rule ip {t} {c} {r}");
             }
         }
-        let mut by_set: HashMap<Set, Vec<(&String, &String)>> = HashMap::new();
-        for ((set, key), claims) in &self.elements {
-            if let Some(v) = effective(claims) {
-                by_set.entry(*set).or_default().push((key, v));
+        // Owner order, each element where its effective claim is: deterministic without a sort
+        // of every element.
+        let mut owners: Vec<&Owner> = self.fragments.keys().collect();
+        owners.sort();
+        let mut by_set: HashMap<Set, Vec<(&Text, &Text)>> = HashMap::new();
+        for owner in owners {
+            for (set, key, value) in &self.fragments[owner].elements {
+                let winner = self.elements.get(&(*set, key.clone())).and_then(effective);
+                if winner.is_some_and(|(o, v)| o == owner && v == value) {
+                    by_set.entry(*set).or_default().push((key, value));
+                }
             }
         }
         for set in SETS {
-            let Some(mut elems) = by_set.remove(&set) else { continue };
-            elems.sort();
+            let Some(elems) = by_set.remove(&set) else { continue };
             // Chunks keep each statement's line short enough for nft's parser and errors readable.
             for chunk in elems.chunks(1000) {
                 let _ = write!(out, "add element ip {t} {} {{ ", set.name());
@@ -704,7 +720,7 @@ impl NftRules {
             let owner = Arc::new(key.clone());
             self.release(&owner, &mut touched, &mut removed_affinity);
             if !ports.is_empty() {
-                self.claim(&owner, service_fragment(&node, ports), &mut touched);
+                self.claim(&owner, service_fragment(&node, ports), Some(&mut touched));
             }
         }
         let ops = self.ops(touched);
@@ -718,9 +734,9 @@ impl NftRules {
         (text, removed_affinity)
     }
 
-    fn ops(&self, touched: Vec<(Set, String, Option<String>)>) -> Ops {
+    fn ops(&self, touched: Touched) -> Ops {
         // The first touch of a key holds its value before this update.
-        let mut first: HashMap<(Set, String), Option<String>> = HashMap::new();
+        let mut first: HashMap<(Set, Text), Option<Text>> = HashMap::new();
         for (set, key, before) in touched {
             first.entry((set, key)).or_insert(before);
         }
@@ -728,7 +744,7 @@ impl NftRules {
         let mut keys: Vec<_> = first.into_iter().collect();
         keys.sort();
         for ((set, key), before) in keys {
-            let after = self.elements.get(&(set, key.clone())).and_then(effective).cloned();
+            let after = self.elements.get(&(set, key.clone())).and_then(effective_value);
             if before == after {
                 continue;
             }

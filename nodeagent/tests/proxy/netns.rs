@@ -6,6 +6,8 @@
 //!                                       │ bridge 10.244.1.1/24, hairpin on every port
 //!                          pod ns 10.244.1.11, .12, ... (one TCP listener each, on :8080)
 //! ```
+// Shared by the tests and the proxy benchmark, each using part of it.
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
