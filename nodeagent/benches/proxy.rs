@@ -118,9 +118,39 @@ fn slice(s: usize, endpoints: usize, generation: usize) -> EndpointSlice {
     }
 }
 
-/// Runs `program args` with `text` on stdin in the calling thread's namespace; its wall time.
-fn timed(program: &str, args: &[&str], text: &str) -> Duration {
-    let start = Instant::now();
+/// Wall time and CPU time (this process and its children, user + system) of one operation:
+/// this machine's cores are shared, so CPU time is the steadier figure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Cost {
+    wall: Duration,
+    cpu: Duration,
+}
+
+fn cpu_now() -> Duration {
+    let mut total = Duration::ZERO;
+    for who in [libc::RUSAGE_SELF, libc::RUSAGE_CHILDREN] {
+        // SAFETY: getrusage fills the struct it is given.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(who, &mut u) };
+        for t in [u.ru_utime, u.ru_stime] {
+            total += Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+        }
+    }
+    total
+}
+
+fn measure<T>(f: impl FnOnce() -> T) -> (T, Cost) {
+    let (wall, cpu) = (Instant::now(), cpu_now());
+    let out = f();
+    (out, Cost { wall: wall.elapsed(), cpu: cpu_now().saturating_sub(cpu) })
+}
+
+/// Runs `program args` with `text` on stdin in the calling thread's namespace.
+fn timed(program: &str, args: &[&str], text: &str) -> Cost {
+    measure(|| run(program, args, text)).1
+}
+
+fn run(program: &str, args: &[&str], text: &str) {
     let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::piped())
@@ -131,7 +161,6 @@ fn timed(program: &str, args: &[&str], text: &str) -> Duration {
     child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{program} failed: {}", String::from_utf8_lossy(&out.stderr));
-    start.elapsed()
 }
 
 fn ms(d: Duration) -> String {
@@ -139,7 +168,12 @@ fn ms(d: Duration) -> String {
     if ms >= 100.0 { format!("{:.0} ms", ms) } else { format!("{ms:.1} ms") }
 }
 
-fn median_max(mut v: Vec<Duration>) -> (Duration, Duration) {
+/// `wall (CPU cpu)`.
+fn cost(c: Cost) -> String {
+    format!("{} (CPU {})", ms(c.wall), ms(c.cpu))
+}
+
+fn median_max(mut v: Vec<Cost>) -> (Cost, Cost) {
     v.sort();
     (v[v.len() / 2], *v.last().unwrap())
 }
@@ -152,8 +186,13 @@ struct Row {
     note: String,
 }
 
-fn ratio(a: Duration, b: Duration) -> String {
-    format!("{:.2}×", a.as_secs_f64() / b.as_secs_f64())
+/// Wall and CPU ratios.
+fn ratio(a: Cost, b: Cost) -> String {
+    format!(
+        "{:.2}× wall, {:.2}× CPU",
+        a.wall.as_secs_f64() / b.wall.as_secs_f64(),
+        a.cpu.as_secs_f64() / b.cpu.as_secs_f64()
+    )
 }
 
 /// One backend against `n` Services: the Proxier's full sync and endpoint changes, each next
@@ -176,20 +215,20 @@ fn backend_rows(o: &Options, backend: Backend, rows: &mut Vec<Row>) {
     let topo = Topology::new(0);
     let mut proxier = Proxier::new(node(), backend);
     proxier.replace_all(services.clone(), slices.clone());
-    let full = in_netns(&topo.node, || proxier.sync().unwrap());
-    assert!(full.full);
+    let (r, full) = measure(|| in_netns(&topo.node, || proxier.sync().unwrap()));
+    assert!(r.full);
     let mut changes = Vec::new();
     for g in 1..=o.changes {
         let s = (g * 7919) % n;
         proxier.update_endpoint_slice(slice(s, o.endpoints, g));
-        let r = in_netns(&topo.node, || proxier.sync().unwrap());
+        let (r, c) = measure(|| in_netns(&topo.node, || proxier.sync().unwrap()));
         assert!(!r.full && r.services == 1);
-        changes.push(r.duration);
+        changes.push(c);
     }
     // Repair / restart: a new Proxier adopts the full table in place.
     let mut restarted = Proxier::new(node(), backend);
     restarted.replace_all(services.clone(), slices.clone());
-    let readopt = in_netns(&topo.node, || restarted.sync().unwrap());
+    let (_, readopt) = measure(|| in_netns(&topo.node, || restarted.sync().unwrap()));
     drop(topo);
 
     // The floor: the same text, generated outside the clock, run alone.
@@ -225,24 +264,24 @@ fn backend_rows(o: &Options, backend: Backend, rows: &mut Vec<Row>) {
     rows.push(Row {
         what: format!("{label}: full sync, empty table"),
         scale: scale.clone(),
-        time: ms(full.duration),
-        floor: ms(full_floor),
-        note: format!("{} of the floor", ratio(full.duration, full_floor)),
+        time: cost(full),
+        floor: cost(full_floor),
+        note: format!("{} of the floor", ratio(full, full_floor)),
     });
     rows.push(Row {
         what: format!("{label}: full sync over its own table (restart, repair)"),
         scale: scale.clone(),
-        time: ms(readopt.duration),
-        floor: ms(readopt_floor),
-        note: format!("{} of the floor", ratio(readopt.duration, readopt_floor)),
+        time: cost(readopt),
+        floor: cost(readopt_floor),
+        note: format!("{} of the floor", ratio(readopt, readopt_floor)),
     });
     let (med, max) = median_max(changes);
     let (fmed, fmax) = median_max(change_floors);
     rows.push(Row {
         what: format!("{label}: one endpoint change (partial sync)"),
         scale,
-        time: format!("{} (max {})", ms(med), ms(max)),
-        floor: format!("{} (max {})", ms(fmed), ms(fmax)),
+        time: format!("{}, max {}", cost(med), ms(max.wall)),
+        floor: format!("{}, max {}", cost(fmed), ms(fmax.wall)),
         note: format!("median of {}; {} of the floor", o.changes, ratio(med, fmed)),
     });
 }
@@ -350,14 +389,14 @@ fn compare_rows(o: &Options, rows: &mut Vec<Row>) {
         rows.push(Row {
             what: format!("{what}: `nft -f` of the full set"),
             scale: scale.clone(),
-            time: ms(full),
+            time: cost(full),
             floor: String::new(),
             note: format!("{} chains", n * (o.endpoints + 1)),
         });
         rows.push(Row {
             what: format!("{what}: one endpoint change"),
             scale: scale.clone(),
-            time: ms(change),
+            time: cost(change),
             floor: String::new(),
             note: "new endpoint chain, Service chain rewritten, old one deleted".into(),
         });
@@ -375,14 +414,14 @@ fn compare_rows(o: &Options, rows: &mut Vec<Row>) {
     rows.push(Row {
         what: "layout: gitplane's (named maps, parametric chains): `nft -f` of the full set".into(),
         scale: scale.clone(),
-        time: ms(full),
+        time: cost(full),
         floor: String::new(),
         note: format!("{} chains", text.matches("add chain").count()),
     });
     rows.push(Row {
         what: "layout: gitplane's: one endpoint change".into(),
         scale,
-        time: ms(change),
+        time: cost(change),
         floor: String::new(),
         note: "element deletes and adds".into(),
     });
@@ -394,24 +433,20 @@ fn main() {
 
     let services: Vec<Service> = (0..o.services).map(service).collect();
     let slices: Vec<EndpointSlice> = (0..o.services).map(|s| slice(s, o.endpoints, 0)).collect();
-    let start = Instant::now();
-    let desired = desired::desired(&node(), &services, &slices);
-    let core = start.elapsed();
+    let (desired, core) = measure(|| desired::desired(&node(), &services, &slices));
     let mut rules = NftRules::new(node());
-    let start = Instant::now();
-    let text = rules.full(desired.iter().map(|(k, v)| (k, v.as_slice())), &[]);
-    let render = start.elapsed();
+    let (text, render) = measure(|| rules.full(desired.iter().map(|(k, v)| (k, v.as_slice())), &[]));
     rows.push(Row {
         what: "pure core: Services × EndpointSlices → Service ports".into(),
         scale: format!("{} × {}", o.services, o.endpoints),
-        time: ms(core),
+        time: cost(core),
         floor: String::new(),
         note: "no I/O".into(),
     });
     rows.push(Row {
         what: "nft layout: Service ports → full `nft -f` text".into(),
         scale: format!("{} × {}", o.services, o.endpoints),
-        time: ms(render),
+        time: cost(render),
         floor: String::new(),
         note: format!("{:.1} MB of text", text.len() as f64 / 1e6),
     });

@@ -3,11 +3,12 @@
 //!
 //! kube-proxy's iptables layout with a `GP-` prefix: `GP-SERVICES` (nat, from PREROUTING and
 //! OUTPUT) jumps per Service address to `GP-SVC-<hash>` (all endpoints) or `GP-SVL-<hash>`
-//! (local ones), which pick an endpoint chain `GP-SEP-<hash>` with `statistic` rules;
-//! `GP-EXT-<hash>` handles external addresses and NodePorts (`GP-NODEPORTS`). Refusals and
-//! drops live in the filter table (`GP-SERVICE-CHECK`), where iptables allows them. A partial
-//! sync writes only the chains whose rules changed and deletes the ones no longer used, so one
-//! endpoint change rewrites one Service chain and adds or removes one endpoint chain.
+//! (local ones), which DNAT to an endpoint with `statistic` rules (through an endpoint chain
+//! `GP-SEP-<hash>` only for session affinity); `GP-EXT-<hash>` handles external addresses and
+//! NodePorts (`GP-NODEPORTS`); `GP-POSTROUTING` masquerades marked and hairpin traffic.
+//! Refusals and drops live in the filter table (`GP-SERVICE-CHECK`), where iptables allows
+//! them. A partial sync writes only the chains whose rules changed and deletes the ones no
+//! longer used, so one endpoint change rewrites one Service chain.
 
 use super::desired::{Endpoint, NodeContext, ObjectKey, Policy, Protocol, Route, ServicePort};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -46,13 +47,14 @@ impl Table {
 enum Shared {
     Services,
     Nodeports,
+    Postrouting,
     ServiceCheck,
 }
 
 impl Shared {
     fn table(self) -> Table {
         match self {
-            Shared::Services | Shared::Nodeports => Table::Nat,
+            Shared::Services | Shared::Nodeports | Shared::Postrouting => Table::Nat,
             Shared::ServiceCheck => Table::Filter,
         }
     }
@@ -61,12 +63,13 @@ impl Shared {
         match self {
             Shared::Services => "GP-SERVICES",
             Shared::Nodeports => "GP-NODEPORTS",
+            Shared::Postrouting => "GP-POSTROUTING",
             Shared::ServiceCheck => "GP-SERVICE-CHECK",
         }
     }
 }
 
-const SHARED: [Shared; 3] = [Shared::Services, Shared::Nodeports, Shared::ServiceCheck];
+const SHARED: [Shared; 4] = [Shared::Services, Shared::Nodeports, Shared::Postrouting, Shared::ServiceCheck];
 
 /// FNV-1a: stable across releases and processes, so a restarted agent finds the same names.
 fn hash(input: &str) -> String {
@@ -123,38 +126,56 @@ fn port_fragment(node: &NodeContext, sp: &ServicePort, f: &mut Fragment) {
     let cluster = node.cluster_cidr;
     let cip = sp.cluster_ip;
 
-    // Endpoint chains and the chains that spread over them.
+    // Hairpin: only a Pod on this node can reach itself through this node's rules.
+    let mut local: Vec<&Endpoint> =
+        sp.cluster_endpoints.iter().chain(&sp.local_endpoints).filter(|e| e.local).collect();
+    local.sort();
+    local.dedup();
+    for ep in local {
+        f.share(
+            Shared::Postrouting,
+            format!("-A GP-POSTROUTING {comment} -s {0}/32 -d {0}/32 -m conntrack --ctstate DNAT -j MASQUERADE", ep.ip),
+        );
+    }
+    // The chains that spread over endpoints. Unlike kube-proxy, an endpoint gets a chain of its
+    // own (`GP-SEP-…`) only for session affinity, which must record the choice: iptables-nft's
+    // restore grows faster than linearly with the number of chains (BENCHMARKS.md), so the
+    // common case DNATs straight from the Service chain.
+    let p = sp.protocol.name();
+    let dnat = |ep: &Endpoint| format!("-p {p} -m {p} -j DNAT --to-destination {}:{}", ep.ip, ep.port);
     let mut sep_chain = |ep: &Endpoint| {
         let sep = format!("{PREFIX}SEP-{}", hash(&format!("{name}/{}:{}", ep.ip, ep.port)));
-        let mut rules = vec![format!("-A {sep} {comment} -s {}/32 -j {PREFIX}MARK-MASQ", ep.ip)];
-        if sp.affinity_timeout.is_some() {
-            rules.push(format!("-A {sep} {comment} -m recent --set --name {sep} --mask 255.255.255.255 --rsource"));
-        }
-        let p = sp.protocol.name();
-        rules.push(format!("-A {sep} {comment} -p {p} -m {p} -j DNAT --to-destination {}:{}", ep.ip, ep.port));
+        let rules = vec![
+            format!("-A {sep} {comment} -m recent --set --name {sep} --mask 255.255.255.255 --rsource"),
+            format!("-A {sep} {comment} {}", dnat(ep)),
+        ];
         f.chains.insert((Table::Nat, sep.clone()), rules);
         sep
     };
     let mut spread = |chain: &str, endpoints: &[Endpoint], masq_outside: bool| {
-        let seps: Vec<String> = endpoints.iter().map(&mut sep_chain).collect();
         let mut rules = Vec::new();
         if masq_outside {
             rules.push(format!("-A {chain} {comment} ! -s {cluster} -d {cip}/32 {pm} -j {PREFIX}MARK-MASQ"));
         }
-        if let Some(timeout) = sp.affinity_timeout {
-            for sep in &seps {
-                rules.push(format!(
-                    "-A {chain} {comment} -m recent --rcheck --seconds {timeout} --reap --name {sep} --mask 255.255.255.255 --rsource -j {sep}"
-                ));
+        let targets: Vec<String> = match sp.affinity_timeout {
+            Some(timeout) => {
+                let seps: Vec<String> = endpoints.iter().map(&mut sep_chain).collect();
+                for sep in &seps {
+                    rules.push(format!(
+                        "-A {chain} {comment} -m recent --rcheck --seconds {timeout} --reap --name {sep} --mask 255.255.255.255 --rsource -j {sep}"
+                    ));
+                }
+                seps.iter().map(|sep| format!("-j {sep}")).collect()
             }
-        }
-        let n = seps.len();
-        for (i, sep) in seps.iter().enumerate() {
+            None => endpoints.iter().map(dnat).collect(),
+        };
+        let n = targets.len();
+        for (i, target) in targets.iter().enumerate() {
             if i + 1 < n {
                 let p = 1.0 / (n - i) as f64;
-                rules.push(format!("-A {chain} {comment} -m statistic --mode random --probability {p:.10} -j {sep}"));
+                rules.push(format!("-A {chain} {comment} -m statistic --mode random --probability {p:.10} {target}"));
             } else {
-                rules.push(format!("-A {chain} {comment} -j {sep}"));
+                rules.push(format!("-A {chain} {comment} {target}"));
             }
         }
         (Table::Nat, chain.to_owned(), rules)
