@@ -80,3 +80,38 @@ fn t10_an_update_equals_a_full_sync_of_the_result() {
         assert_eq!(incremental.render(""), expected, "{}", case.name);
     }
 }
+
+#[test]
+fn t10_two_services_claiming_one_address_never_fail_the_transaction() {
+    // An externalIP both Services list: the first in key order owns the elements; when it goes,
+    // the other takes them over in the same update (a delete and an add, never a duplicate add).
+    let node = cases::all().remove(0).node;
+    let service = |name: &str, cip: &str, ep: &str| {
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "default", "name": name},
+            "spec": {"clusterIP": cip, "externalIPs": ["203.0.113.9"], "ports": [{"port": 80}]},
+        }))
+        .unwrap();
+        let slice: k8s_openapi::api::discovery::v1::EndpointSlice = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "default", "name": name, "labels": {"kubernetes.io/service-name": name}},
+            "addressType": "IPv4", "ports": [{"port": 8080}], "endpoints": [{"addresses": [ep]}],
+        }))
+        .unwrap();
+        (svc, slice)
+    };
+    let (a, a_slice) = service("a", "10.96.0.1", "10.244.2.1");
+    let (b, b_slice) = service("b", "10.96.0.2", "10.244.2.2");
+    let both = gitplane_nodeagent::proxy::desired::desired(&node, &[a, b.clone()], &[a_slice, b_slice.clone()]);
+    let mut nft = NftRules::new(node.clone());
+    let full = nft.full(both.iter().map(|(k, v)| (k, v.as_slice())), &[]);
+    assert_eq!(full.matches("203.0.113.9 . tcp . 80 . 0 : ").count(), 1, "{full}");
+    assert!(full.contains("203.0.113.9 . tcp . 80 . 0 : 10.244.2.1 . 8080"), "{full}");
+
+    let only_b = gitplane_nodeagent::proxy::desired::desired(&node, &[b], &[b_slice]);
+    let (update, _) = nft.update(cases::changes(&both, &only_b));
+    assert!(update.contains("delete element ip gitplane-proxy endpoints { 203.0.113.9 . tcp . 80 . 0 }"), "{update}");
+    assert!(
+        update.contains("add element ip gitplane-proxy endpoints { 203.0.113.9 . tcp . 80 . 0 : 10.244.2.2 . 8080 }"),
+        "{update}"
+    );
+}

@@ -451,10 +451,37 @@ fn port_fragment(node: &NodeContext, sp: &ServicePort, f: &mut Fragment) {
 
 /// One element's claimants, first owner (in key order) wins: two Services claiming the same
 /// address and port (an externalIP conflict) must not fail the whole transaction.
-type Claims = Vec<(Owner, Text)>;
+#[derive(Debug, Default)]
+struct Claims {
+    /// Almost every element has one claimant: kept inline, no allocation per element.
+    first: Option<(Owner, Text)>,
+    more: Vec<(Owner, Text)>,
+}
+
+impl Claims {
+    fn push(&mut self, claim: (Owner, Text)) {
+        if self.first.is_none() {
+            self.first = Some(claim);
+        } else {
+            self.more.push(claim);
+        }
+    }
+
+    fn remove(&mut self, owner: &Owner) {
+        if self.first.as_ref().is_some_and(|(o, _)| o == owner) {
+            self.first = self.more.pop();
+        } else if let Some(i) = self.more.iter().position(|(o, _)| o == owner) {
+            self.more.swap_remove(i);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+}
 
 fn effective(claims: &Claims) -> Option<&(Owner, Text)> {
-    claims.iter().min_by(|a, b| a.0.cmp(&b.0))
+    claims.first.iter().chain(&claims.more).min_by(|a, b| a.0.cmp(&b.0))
 }
 
 fn effective_value(claims: &Claims) -> Option<Text> {
@@ -567,9 +594,7 @@ impl NftRules {
             let k = (set, key);
             if let Some(claims) = self.elements.get_mut(&k) {
                 touched.push((set, k.1.clone(), effective_value(claims)));
-                if let Some(i) = claims.iter().position(|(o, _)| o == owner) {
-                    claims.swap_remove(i);
-                }
+                claims.remove(owner);
                 if claims.is_empty() {
                     self.elements.remove(&k);
                 }
