@@ -15,8 +15,8 @@
 //! as many as there are distinct counts, not Services, and a Service's rules never change:
 //! only elements do. kube-proxy's layout (a chain per Service and per endpoint with an
 //! anonymous `numgen` vmap each) takes 142-150 s to load at 10,000 Services × 10 endpoints
-//! here; this one loads in about 2 s, and one endpoint change is a handful of elements
-//! (BENCHMARKS.md).
+//! here; this one about 2.6 s of CPU, most of it nft's parser, and one endpoint change is a
+//! handful of element deletes and adds, about 20 ms (BENCHMARKS.md).
 
 use super::desired::{Cidr, Endpoint, NodeContext, ObjectKey, Policy, Route, ServicePort};
 use std::collections::{BTreeSet, HashMap};
