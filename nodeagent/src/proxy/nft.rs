@@ -19,6 +19,7 @@
 //! handful of element deletes and adds, about 20 ms (BENCHMARKS.md).
 
 use super::desired::{Cidr, Endpoint, NodeContext, ObjectKey, Policy, Route, ServicePort};
+use super::netlink::{self, Data, Field, NetlinkError};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::{self, Write};
 use std::net::Ipv4Addr;
@@ -108,6 +109,22 @@ impl Set {
 
     fn kind(self) -> &'static str {
         if self.is_map() { "map" } else { "set" }
+    }
+
+    /// Its key and value fields, for [`netlink`].
+    fn fields(self) -> (&'static [Field], Data) {
+        use Field::{Bucket, Ipv4, Port, Proto};
+        const ENDPOINT: &[Field] = &[Ipv4, Port];
+        match self {
+            Set::ServiceIps | Set::AffinityServices => (&[Ipv4, Proto, Port], Data::Verdict),
+            Set::ServiceNodeports => (&[Proto, Port], Data::Verdict),
+            Set::NodeportIps => (&[Ipv4], Data::None),
+            Set::Endpoints | Set::LocalEndpoints => (&[Ipv4, Proto, Port, Bucket], Data::Value(ENDPOINT)),
+            Set::NodeportEndpoints | Set::NodeportLocalEndpoints => (&[Proto, Port, Bucket], Data::Value(ENDPOINT)),
+            Set::NoEndpointServices => (&[Ipv4, Proto, Port], Data::None),
+            Set::NoEndpointNodeports => (&[Proto, Port], Data::None),
+            Set::Hairpin => (&[Ipv4, Ipv4], Data::None),
+        }
     }
 }
 
@@ -650,6 +667,67 @@ impl NftRules {
 
     /// The full transaction for the current state (what [`Self::full`] returns).
     pub fn render(&self, existing_chains: &[String]) -> String {
+        let mut out = self.render_structure(existing_chains);
+        for (set, elems) in self.elements_by_set() {
+            // Chunks keep each statement's line short enough for nft's parser and errors readable.
+            for chunk in elems.chunks(1000) {
+                let _ = write!(out, "add element ip {TABLE} {} {{ ", set.name());
+                for (i, (k, v)) in chunk.iter().enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    out.push_str(k);
+                    if set.is_map() {
+                        out.push_str(" : ");
+                        out.push_str(v);
+                    }
+                }
+                out.push_str(" }\n");
+            }
+        }
+        out
+    }
+
+    /// For a table that does not exist yet: [`Self::full`] without its elements, to run with
+    /// `nft -f`, and then [`Self::load_elements`]. Not one transaction, which is harmless
+    /// only because there was nothing before.
+    pub fn full_without_elements<'a>(
+        &mut self,
+        services: impl IntoIterator<Item = (&'a ObjectKey, &'a [ServicePort])>,
+    ) -> String {
+        self.full(services, &[]);
+        self.render_structure(&[])
+    }
+
+    /// Adds every element of the current state over netlink (after [`Self::full_without_elements`]).
+    pub fn load_elements(&self) -> Result<(), NetlinkError> {
+        for (set, elems) in self.elements_by_set() {
+            let (key, data) = set.fields();
+            let pairs: Vec<(&str, &str)> = elems.iter().map(|(k, v)| (&***k, &***v)).collect();
+            netlink::add_elements(TABLE, set.name(), key, data, &pairs)?;
+        }
+        Ok(())
+    }
+
+    /// Each set's elements (the effective claims), in owner order: deterministic without a
+    /// sort of every element.
+    fn elements_by_set(&self) -> Vec<(Set, Vec<(&Text, &Text)>)> {
+        let mut owners: Vec<&Owner> = self.fragments.keys().collect();
+        owners.sort();
+        let mut by_set: HashMap<Set, Vec<(&Text, &Text)>> = HashMap::new();
+        for owner in owners {
+            for (set, key, value) in &self.fragments[owner].elements {
+                let winner = self.elements.get(&(*set, key.clone())).and_then(effective);
+                if winner.is_some_and(|(o, v)| o == owner && v == value) {
+                    by_set.entry(*set).or_default().push((key, value));
+                }
+            }
+        }
+        SETS.into_iter().filter_map(|set| by_set.remove(&set).map(|e| (set, e))).collect()
+    }
+
+    /// Tables, sets, chains and rules of the full transaction, with the flushes.
+    fn render_structure(&self, existing_chains: &[String]) -> String {
         let t = TABLE;
         let fixed = fixed_chains(&self.node);
         let mut chains: Vec<Chain> = self.chains.keys().copied().collect();
@@ -691,37 +769,6 @@ impl NftRules {
         for c in &chains {
             for r in c.rules(&self.node) {
                 let _ = writeln!(out, "add rule ip {t} {c} {r}");
-            }
-        }
-        // Owner order, each element where its effective claim is: deterministic without a sort
-        // of every element.
-        let mut owners: Vec<&Owner> = self.fragments.keys().collect();
-        owners.sort();
-        let mut by_set: HashMap<Set, Vec<(&Text, &Text)>> = HashMap::new();
-        for owner in owners {
-            for (set, key, value) in &self.fragments[owner].elements {
-                let winner = self.elements.get(&(*set, key.clone())).and_then(effective);
-                if winner.is_some_and(|(o, v)| o == owner && v == value) {
-                    by_set.entry(*set).or_default().push((key, value));
-                }
-            }
-        }
-        for set in SETS {
-            let Some(elems) = by_set.remove(&set) else { continue };
-            // Chunks keep each statement's line short enough for nft's parser and errors readable.
-            for chunk in elems.chunks(1000) {
-                let _ = write!(out, "add element ip {t} {} {{ ", set.name());
-                for (i, (k, v)) in chunk.iter().enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    out.push_str(k);
-                    if set.is_map() {
-                        out.push_str(" : ");
-                        out.push_str(v);
-                    }
-                }
-                out.push_str(" }\n");
             }
         }
         out
