@@ -7,5 +7,6 @@ pub mod dns;
 pub mod images;
 pub mod network;
 pub mod node;
+pub mod proxy;
 pub mod runtime;
 mod template;
