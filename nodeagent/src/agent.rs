@@ -4,9 +4,9 @@
 
 use crate::{
     cni,
-    controlplane::{RETRY_MIN, Servers, Token, sleep_or_shutdown},
-    network::Network,
+    controlplane::{Client, Follower, RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
     cri::Cri,
+    network::Network,
     node,
     routes::{CidrError, Ipv4Cidr, PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 use tokio::{sync::watch, task::JoinHandle};
-use tonic::Code;
+use tonic::{Code, Response, Status, Streaming};
 
 /// How an agent finds its control plane and its runtime.
 #[derive(Clone, Debug)]
@@ -144,61 +144,14 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         let (pod_network, network, shutdown) = (pod_network.clone(), network.clone(), shutdown.clone());
         async move { pod_network.run(&network, shutdown).await }
     });
-    let mut pods =
-        PodWorkers { cfg: cfg.clone(), runtime: runtime.clone(), client: client.clone(), workers: HashMap::new() };
-
-    let mut revision = 0;
-    let mut delay = RETRY_MIN;
-    loop {
-        let request = WatchPodsRequest { node_name: cfg.node_name.clone(), resource_version: revision };
-        let (server, mut watch_client) = client.get();
-        let started = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => break,
-            r = watch_client.watch_pods(request) => r,
-        };
-        let mut stream = match started {
-            Ok(r) => r.into_inner(),
-            Err(status) => {
-                tracing::warn!(error = %status.message(), "pod watch failed, retrying");
-                client.failed(server);
-                if sleep_or_shutdown(&mut delay, &mut shutdown).await {
-                    break;
-                }
-                continue;
-            }
-        };
-        let mut initial: Option<HashSet<String>> = (revision == 0).then(HashSet::new);
-        loop {
-            let message = tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => None,
-                m = stream.message() => Some(m),
-            };
-            let Some(message) = message else { break };
-            match message {
-                Ok(Some(event)) => {
-                    delay = RETRY_MIN;
-                    revision = revision.max(event.resource_version);
-                    pods.observe(event, &mut initial).await;
-                }
-                Ok(None) => {
-                    tracing::info!("pod watch ended, reconnecting");
-                    client.failed(server);
-                    break;
-                }
-                Err(status) => {
-                    if status.code() == Code::OutOfRange {
-                        revision = 0; // compacted: list again
-                    }
-                    tracing::warn!(error = %status.message(), "pod watch broke, reconnecting");
-                    client.failed(server);
-                    break;
-                }
-            }
-        }
-        if *shutdown.borrow() || sleep_or_shutdown(&mut delay, &mut shutdown).await {
-            break;
-        }
-    }
+    let mut pods = PodWorkers {
+        cfg: cfg.clone(),
+        runtime: runtime.clone(),
+        client: client.clone(),
+        workers: HashMap::new(),
+        initial: None,
+    };
+    follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
     following.abort();
     routing.abort();
@@ -271,19 +224,30 @@ struct PodWorkers {
     runtime: Arc<RuntimeManager>,
     client: Servers,
     workers: HashMap<String, (watch::Sender<Option<Pod>>, JoinHandle<()>)>,
+    /// During an initial list, the uids it named so far: at its bookmark, anything else running
+    /// here is an orphan.
+    initial: Option<HashSet<String>>,
 }
 
-fn uid_of(pod: &Pod) -> String {
-    pod.metadata.uid.clone().unwrap_or_default()
-}
+impl Follower for PodWorkers {
+    type Event = PodEvent;
+    const WHAT: &'static str = "pod watch";
 
-impl PodWorkers {
-    /// Applies one watch event. `initial` collects the uids of an initial list until its
-    /// BOOKMARK, after which anything else running here is an orphan.
-    async fn observe(&mut self, event: PodEvent, initial: &mut Option<HashSet<String>>) {
+    async fn open(&self, mut client: Client, from: i64) -> Result<Streaming<PodEvent>, Status> {
+        let request = WatchPodsRequest { node_name: self.cfg.node_name.clone(), resource_version: from };
+        client.watch_pods(request).await.map(Response::into_inner)
+    }
+
+    fn started(&mut self, from: i64) {
+        self.initial = (from == 0).then(HashSet::new);
+    }
+
+    /// Applies one watch event; at the bookmark that ends an initial list, what runs here
+    /// without being in it is an orphan and is removed.
+    async fn observe(&mut self, event: PodEvent) {
         let kind = EventType::try_from(event.r#type).unwrap_or(EventType::Unspecified);
         if kind == EventType::Bookmark {
-            if let Some(listed) = initial.take() {
+            if let Some(listed) = self.initial.take() {
                 self.remove_orphans(&listed).await;
             }
             return;
@@ -298,7 +262,7 @@ impl PodWorkers {
         let uid = uid_of(&pod);
         match kind {
             EventType::Added | EventType::Modified => {
-                if let Some(listed) = initial.as_mut() {
+                if let Some(listed) = self.initial.as_mut() {
                     listed.insert(uid.clone());
                 }
                 self.update(uid, pod);
@@ -307,7 +271,13 @@ impl PodWorkers {
             _ => {}
         }
     }
+}
 
+fn uid_of(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+impl PodWorkers {
     fn update(&mut self, uid: String, pod: Pod) {
         if let Some((tx, _)) = self.workers.get(&uid) {
             // The worker always gets the newest Pod, but is woken only by what it acts on: its

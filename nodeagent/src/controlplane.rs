@@ -2,7 +2,7 @@
 //! next when one fails) and the token every call presents.
 
 use crate::agent::{AgentConfig, AgentError};
-use gitplane_proto::node::node_service_client::NodeServiceClient;
+use gitplane_proto::node::{ObjectEvent, PodEvent, node_service_client::NodeServiceClient};
 use std::{
     path::Path,
     sync::{Arc, PoisonError, RwLock},
@@ -10,7 +10,7 @@ use std::{
 };
 use tokio::sync::watch;
 use tonic::{
-    Request, Status,
+    Code, Request, Status, Streaming,
     metadata::{Ascii, MetadataValue},
     service::{Interceptor, interceptor::InterceptedService},
     transport::Channel,
@@ -140,3 +140,87 @@ impl Servers {
     }
 }
 
+/// A stream the node service sends from a revision (`WatchPods`, `WatchNetwork`), and what to do
+/// with it: what [`follow`] drives.
+pub(crate) trait Follower {
+    type Event: Revisioned;
+    /// What the stream is, for the log.
+    const WHAT: &'static str;
+    /// Opens the stream from `from` (0: list everything first).
+    fn open(&self, client: Client, from: i64) -> impl Future<Output = Result<Streaming<Self::Event>, Status>> + Send;
+    /// A stream from `from` was opened: a fresh list begins when `from` is 0.
+    fn started(&mut self, from: i64);
+    fn observe(&mut self, event: Self::Event) -> impl Future<Output = ()> + Send;
+}
+
+/// An event that carries the revision it brings the follower to.
+pub(crate) trait Revisioned {
+    fn revision(&self) -> i64;
+}
+
+impl Revisioned for PodEvent {
+    fn revision(&self) -> i64 {
+        self.resource_version
+    }
+}
+
+impl Revisioned for ObjectEvent {
+    fn revision(&self) -> i64 {
+        self.resource_version
+    }
+}
+
+/// Follows `follower`'s stream until `shutdown`: when a replica fails, moves to the next one and
+/// resumes from the last revision seen; after a compaction, lists everything again.
+pub(crate) async fn follow<F: Follower>(follower: &mut F, servers: &Servers, shutdown: &mut watch::Receiver<bool>) {
+    let mut revision = 0;
+    let mut delay = RETRY_MIN;
+    loop {
+        let (server, client) = servers.get();
+        let opened = tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => return,
+            r = follower.open(client, revision) => r,
+        };
+        let mut stream = match opened {
+            Ok(stream) => stream,
+            Err(status) => {
+                tracing::warn!(error = %status.message(), "{} failed, retrying", F::WHAT);
+                servers.failed(server);
+                if sleep_or_shutdown(&mut delay, shutdown).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        follower.started(revision);
+        loop {
+            let message = tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                m = stream.message() => m,
+            };
+            match message {
+                Ok(Some(event)) => {
+                    delay = RETRY_MIN;
+                    revision = revision.max(event.revision());
+                    follower.observe(event).await;
+                }
+                Ok(None) => {
+                    tracing::info!("{} ended, reconnecting", F::WHAT);
+                    servers.failed(server);
+                    break;
+                }
+                Err(status) => {
+                    if status.code() == Code::OutOfRange {
+                        revision = 0; // compacted: list again
+                    }
+                    tracing::warn!(error = %status.message(), "{} broke, reconnecting", F::WHAT);
+                    servers.failed(server);
+                    break;
+                }
+            }
+        }
+        if sleep_or_shutdown(&mut delay, shutdown).await {
+            return;
+        }
+    }
+}

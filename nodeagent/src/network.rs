@@ -4,7 +4,7 @@
 //! ([`Network::subscribe`]), in batches: one per event, or one `Relisted` when the view was
 //! listed anew (at start, after a compaction), after which a reader syncs from scratch.
 
-use crate::controlplane::{RETRY_MIN, Servers, sleep_or_shutdown};
+use crate::controlplane::{Client, Follower, Servers, follow};
 use gitplane_api::ObjectKey;
 use gitplane_proto::node::{EventType, ObjectEvent, WatchNetworkRequest};
 use k8s_openapi::api::{
@@ -16,7 +16,7 @@ use std::{
     sync::{Arc, PoisonError, RwLock, RwLockReadGuard},
 };
 use tokio::sync::{broadcast, watch};
-use tonic::Code;
+use tonic::{Response, Status, Streaming};
 
 const SERVICE: &str = "Service";
 const ENDPOINT_SLICE: &str = "EndpointSlice.discovery.k8s.io";
@@ -125,60 +125,9 @@ impl Network {
         }
     }
 
-    /// Follows the control plane until `shutdown`: lists, then watches, resuming from the last
-    /// revision seen on another replica when one fails, and listing again after a compaction.
+    /// Follows the control plane until `shutdown` (see [`follow`]).
     pub(crate) async fn follow(&self, servers: Servers, mut shutdown: watch::Receiver<bool>) {
-        let mut revision = 0;
-        let mut delay = RETRY_MIN;
-        loop {
-            let (server, mut client) = servers.get();
-            let started = tokio::select! {
-                _ = shutdown.wait_for(|s| *s) => return,
-                r = client.watch_network(WatchNetworkRequest { resource_version: revision }) => r,
-            };
-            let mut stream = match started {
-                Ok(r) => r.into_inner(),
-                Err(status) => {
-                    tracing::warn!(error = %status.message(), "network watch failed, retrying");
-                    servers.failed(server);
-                    if sleep_or_shutdown(&mut delay, &mut shutdown).await {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            // A fresh list is collected aside and swapped in whole at its bookmark.
-            let mut listing = (revision == 0).then(View::default);
-            loop {
-                let message = tokio::select! {
-                    _ = shutdown.wait_for(|s| *s) => return,
-                    m = stream.message() => m,
-                };
-                match message {
-                    Ok(Some(event)) => {
-                        delay = RETRY_MIN;
-                        revision = revision.max(event.resource_version);
-                        self.observe(&event, &mut listing);
-                    }
-                    Ok(None) => {
-                        tracing::info!("network watch ended, reconnecting");
-                        servers.failed(server);
-                        break;
-                    }
-                    Err(status) => {
-                        if status.code() == Code::OutOfRange {
-                            revision = 0; // compacted: list again
-                        }
-                        tracing::warn!(error = %status.message(), "network watch broke, reconnecting");
-                        servers.failed(server);
-                        break;
-                    }
-                }
-            }
-            if sleep_or_shutdown(&mut delay, &mut shutdown).await {
-                return;
-            }
-        }
+        follow(&mut Following { network: self, listing: None }, &servers, &mut shutdown).await;
     }
 
     fn observe(&self, event: &ObjectEvent, listing: &mut Option<View>) {
@@ -197,8 +146,34 @@ impl Network {
         let change = self.view.write().unwrap_or_else(PoisonError::into_inner).apply(event);
         match change {
             Ok(change) => self.publish(change.into_iter().collect()),
-            Err(e) => tracing::warn!(kind = %event.kind, error = %e, "undecodable object in the network watch, skipped"),
+            Err(e) => {
+                tracing::warn!(kind = %event.kind, error = %e, "undecodable object in the network watch, skipped")
+            }
         }
+    }
+}
+
+/// The state of one follow: a list in progress, collected aside and swapped in whole at its
+/// bookmark.
+struct Following<'a> {
+    network: &'a Network,
+    listing: Option<View>,
+}
+
+impl Follower for Following<'_> {
+    type Event = ObjectEvent;
+    const WHAT: &'static str = "network watch";
+
+    async fn open(&self, mut client: Client, from: i64) -> Result<Streaming<ObjectEvent>, Status> {
+        client.watch_network(WatchNetworkRequest { resource_version: from }).await.map(Response::into_inner)
+    }
+
+    fn started(&mut self, from: i64) {
+        self.listing = (from == 0).then(View::default);
+    }
+
+    async fn observe(&mut self, event: ObjectEvent) {
+        self.network.observe(&event, &mut self.listing);
     }
 }
 

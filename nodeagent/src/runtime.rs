@@ -42,6 +42,9 @@ pub struct RuntimeConfig {
     /// Cluster DNS servers for `dnsPolicy: ClusterFirst`; empty: the node's resolv.conf.
     pub cluster_dns: Vec<String>,
     pub cluster_domain: String,
+    /// The node's resolv.conf (`dnsPolicy: Default` and the search path's tail); unknown:
+    /// the runtime copies the node's file for Pods that use it unchanged.
+    pub host_dns: Option<crate::dns::ResolvConf>,
     /// The node's memory, for the oom_score_adj of Burstable containers.
     pub node_memory_bytes: Option<u64>,
     /// A pull that takes longer fails with ErrImagePull rather than holding the pod.
@@ -59,6 +62,7 @@ impl Default for RuntimeConfig {
             node_ip: None,
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
+            host_dns: None,
             node_memory_bytes: None,
             image_pull_timeout: Duration::from_secs(60),
             cri_timeout: Duration::from_secs(120),

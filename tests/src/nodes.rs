@@ -116,7 +116,7 @@ impl LocalCluster {
         let mut response = String::new();
         stream.read_to_string(&mut response)?;
         let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-        if !head.lines().next().is_some_and(|status| status.split(' ').nth(1) == Some("200")) {
+        if head.lines().next().is_none_or(|status| status.split(' ').nth(1) != Some("200")) {
             bail!("GET {path}: {head}");
         }
         serde_json::from_str(body).with_context(|| format!("GET {path}: not JSON: {body}"))

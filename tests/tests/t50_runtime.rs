@@ -223,7 +223,8 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
 async fn t50_dropped_host_leaves_nothing_behind() -> Result<()> {
     require_root()?;
     let host = netns_host("gp50d")?;
-    let (name, dir, cgroup_parent) = (host.name().to_string(), host.dir().to_path_buf(), host.cgroup_parent().to_owned());
+    let (name, dir, cgroup_parent) =
+        (host.name().to_string(), host.dir().to_path_buf(), host.cgroup_parent().to_owned());
     let (containerd, cri, runtime) = start_node(&host).await?;
     let uid = format!("{name}-left");
     run_until_running(&runtime, &pod("left", &uid, HTTPD_IMAGE)?).await?;

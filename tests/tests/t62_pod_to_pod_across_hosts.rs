@@ -12,7 +12,6 @@ use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
 use gitplane_nodeagent::routes::Ipv4Cidr;
 use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{Op, Store};
-use serde_json::Value;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
@@ -148,7 +147,7 @@ fn fetch(cluster: &LocalCluster, pod: &WebPod, url: &str) -> Result<String> {
     exec(cluster, pod, &["/bin/busybox", "timeout", "5", "/bin/busybox", "wget", "-q", "-O", "-", url])
 }
 
-/// The machine's own routes into the Pod or Service range (there must be none).
+/// The machine's own routes into the Pod or Service range (the nodes must add none).
 fn machine_routes_into_cluster_ranges() -> Result<Vec<String>> {
     let out = Command::new("ip").args(["-4", "route", "show", "table", "all"]).output()?;
     let ranges = [Ipv4Cidr::CLUSTER_DEFAULT, Ipv4Cidr::SERVICE_DEFAULT];
@@ -170,7 +169,7 @@ fn agent_pid(name: &str) -> Option<i32> {
         let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
         let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let is_agent = args.get(1) == Some(&&b"agent"[..]) && args.iter().any(|a| *a == wanted.as_bytes());
+        let is_agent = args.get(1) == Some(&&b"agent"[..]) && args.contains(&wanted.as_bytes());
         is_agent.then_some(pid)
     })
 }
@@ -179,10 +178,14 @@ fn agent_pid(name: &str) -> Option<i32> {
 async fn t62_pods_reach_pods_on_other_hosts_by_pod_ip_without_nat() -> Result<()> {
     require_root()?;
     let started = Instant::now();
+    let before = machine_routes_into_cluster_ranges()?;
     let cluster = tokio::task::block_in_place(|| LocalCluster::up("gp62", 3))?;
     println!("3 nodes Ready in {:?}", started.elapsed());
-    let leftover = machine_routes_into_cluster_ranges()?;
-    ensure!(leftover.is_empty(), "the machine's own namespace has Pod or Service routes: {leftover:?}");
+    let after = machine_routes_into_cluster_ranges()?;
+    ensure!(
+        before == after,
+        "the nodes added Pod or Service routes to the machine's own namespace: {before:?} -> {after:?}"
+    );
 
     // A Deployment of 3 spreads over the 3 nodes (the scheduler scores least-allocated).
     let work_dir = tempfile::tempdir()?;
@@ -218,23 +221,26 @@ async fn t62_pods_reach_pods_on_other_hosts_by_pod_ip_without_nat() -> Result<()
             wait_for(DEADLINE, || fetch(&cluster, client, &url).map_err(|e| last = Some(e)).ok())
         })
         .with_context(|| format!("{} on {} never reached {url}: {last:?}", client.name, client.node))?;
+        // busybox httpd listens on IPv6 too and reports an IPv4 peer as `[::ffff:a.b.c.d]`.
+        let seen = seen.trim().trim_start_matches('[').trim_end_matches(']').trim_start_matches("::ffff:").to_owned();
         ensure!(
-            seen.trim() == client.ip.to_string(),
+            seen == client.ip.to_string(),
             "{} on {} saw {} connect from {:?}, not its pod IP {}: traffic between Pods is NATed",
             server.name,
             server.node,
             client.name,
-            seen.trim(),
+            seen,
             client.ip
         );
-        println!("{} ({}) -> {} ({}): seen as {}", client.name, client.node, server.name, server.node, seen.trim());
+        println!("{} ({}) -> {} ({}): seen as {seen}", client.name, client.node, server.name, server.node);
     }
 
     // Traffic that leaves the cluster's ranges is masqueraded: the control plane's address on the
     // bridge has no route to any Pod, so only the node's address can get an answer back.
     let control_plane = format!("http://172.29.0.1:{}/healthz", cluster.listen.port());
-    tokio::task::block_in_place(|| wait_for(DEADLINE, || fetch(&cluster, client, &control_plane).ok()))
-        .with_context(|| format!("{} never reached {control_plane}: {:?}", client.name, fetch(&cluster, client, &control_plane)))?;
+    tokio::task::block_in_place(|| wait_for(DEADLINE, || fetch(&cluster, client, &control_plane).ok())).with_context(
+        || format!("{} never reached {control_plane}: {:?}", client.name, fetch(&cluster, client, &control_plane)),
+    )?;
 
     // Node 3 leaves: its agent stops (removing its Pods) and its Node is deleted; the others drop
     // their route to it and keep the one between them.

@@ -3,14 +3,14 @@
 use crate::{Action, Context, ReconcileError, Reconciler};
 use gitplane_api::object::{group_kind, kind_of, resource_version};
 use gitplane_store::{Event, EventType, ObjectKey, Op, informer::Cache};
-use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod};
+use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod, discovery::v1::EndpointSlice};
 use serde_json::Value;
 
 pub struct GarbageCollector;
 
 /// The kinds that have owners in gitplane.
-fn dependent_kinds() -> [String; 2] {
-    [kind_of::<ReplicaSet>(), kind_of::<Pod>()]
+fn dependent_kinds() -> [String; 3] {
+    [kind_of::<ReplicaSet>(), kind_of::<Pod>(), kind_of::<EndpointSlice>()]
 }
 
 fn owner_refs(object: &Value) -> impl Iterator<Item = &Value> {

@@ -9,8 +9,10 @@
 //! its commit, so the next reconcile never acts on a state older than its own writes.
 
 pub mod deployment;
+pub mod endpoints;
 pub mod garbage_collector;
 pub mod job;
+pub mod loadbalancer;
 pub mod names;
 pub mod node_lifecycle;
 pub mod owner;
@@ -30,7 +32,8 @@ pub fn watched_kinds() -> Vec<String> {
         apps::v1::{Deployment, ReplicaSet},
         batch::v1::Job,
         coordination::v1::Lease,
-        core::v1::{Node, Pod},
+        core::v1::{Endpoints, Node, Pod, Service},
+        discovery::v1::EndpointSlice,
     };
     vec![
         kind_of::<Deployment>(),
@@ -39,17 +42,32 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<Pod>(),
         kind_of::<Node>(),
         kind_of::<Lease>(),
+        kind_of::<Service>(),
+        kind_of::<EndpointSlice>(),
+        kind_of::<Endpoints>(),
     ]
 }
 
+/// What the controllers are configured with.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    /// Where LoadBalancer Services get their addresses; none: they stay `<pending>`.
+    pub load_balancer_pool: Option<loadbalancer::AddressPool>,
+}
+
 /// Starts every controller; the handles end them on drop of the runtime or abort.
-pub fn spawn_all(store: Arc<dyn Store>, informer: Informer) -> Vec<tokio::task::JoinHandle<()>> {
+pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings) -> Vec<tokio::task::JoinHandle<()>> {
     let ctx = Context::new(store, informer);
-    vec![
+    let mut tasks = vec![
         tokio::spawn(Controller::new(deployment::DeploymentController, ctx.clone()).run()),
         tokio::spawn(Controller::new(replicaset::ReplicaSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
-        tokio::spawn(Controller::new(node_lifecycle::NodeLifecycleController::default(), ctx).run()),
-    ]
+        tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),
+        tokio::spawn(Controller::new(node_lifecycle::NodeLifecycleController::default(), ctx.clone()).run()),
+    ];
+    if let Some(pool) = settings.load_balancer_pool {
+        tasks.push(tokio::spawn(Controller::new(loadbalancer::LoadBalancerController::new(pool), ctx).run()));
+    }
+    tasks
 }

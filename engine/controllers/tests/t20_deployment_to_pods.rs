@@ -33,7 +33,7 @@ fn deployment(replicas: i32) -> Deployment {
 async fn deployment_replicaset_pods() {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
     let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
-    let handles = gitplane_controllers::spawn_all(store.clone(), informer);
+    let handles = gitplane_controllers::spawn_all(store.clone(), informer, &Default::default());
     let pods = Api::<Pod>::new(store.clone());
     let deployments = Api::<Deployment>::new(store.clone());
     let count = || async { pods.list(Some("default")).await.unwrap().0.len() };

@@ -69,7 +69,7 @@ async fn finished(jobs: &Api<Job>, name: &str) -> (String, k8s_openapi::api::bat
 async fn jobs_run_to_completion_or_to_their_backoff_limit() {
     let store: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
     let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
-    let handles = gitplane_controllers::spawn_all(store.clone(), informer);
+    let handles = gitplane_controllers::spawn_all(store.clone(), informer, &Default::default());
     let (pods, jobs) = (Api::<Pod>::new(store.clone()), Api::<Job>::new(store.clone()));
 
     // Two completions, one at a time, and a failure on the way (within the limit).

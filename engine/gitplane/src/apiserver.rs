@@ -31,6 +31,7 @@ struct Resource {
 const RESOURCES: &[Resource] = &[
     Resource { group: "", version: "v1", plural: "pods", kind: "Pod", namespaced: true },
     Resource { group: "", version: "v1", plural: "services", kind: "Service", namespaced: true },
+    Resource { group: "", version: "v1", plural: "endpoints", kind: "Endpoints", namespaced: true },
     Resource { group: "", version: "v1", plural: "configmaps", kind: "ConfigMap", namespaced: true },
     Resource { group: "", version: "v1", plural: "secrets", kind: "Secret", namespaced: true },
     Resource { group: "", version: "v1", plural: "events", kind: "Event", namespaced: true },
@@ -39,6 +40,13 @@ const RESOURCES: &[Resource] = &[
     Resource { group: "apps", version: "v1", plural: "deployments", kind: "Deployment", namespaced: true },
     Resource { group: "apps", version: "v1", plural: "replicasets", kind: "ReplicaSet", namespaced: true },
     Resource { group: "batch", version: "v1", plural: "jobs", kind: "Job", namespaced: true },
+    Resource {
+        group: "discovery.k8s.io",
+        version: "v1",
+        plural: "endpointslices",
+        kind: "EndpointSlice",
+        namespaced: true,
+    },
     Resource { group: "coordination.k8s.io", version: "v1", plural: "leases", kind: "Lease", namespaced: true },
     Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },
 ];
@@ -124,13 +132,29 @@ async fn group_list(State(state): State<ApiState>, method: Method) -> Response {
     Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})).into_response()
 }
 
+/// The short names the API server lists in discovery, which kubectl accepts (`kubectl get ep`).
+fn short_names(plural: &str) -> &'static [&'static str] {
+    match plural {
+        "pods" => &["po"],
+        "services" => &["svc"],
+        "endpoints" => &["ep"],
+        "configmaps" => &["cm"],
+        "events" => &["ev"],
+        "nodes" => &["no"],
+        "namespaces" => &["ns"],
+        "deployments" => &["deploy"],
+        "replicasets" => &["rs"],
+        _ => &[],
+    }
+}
+
 fn resource_list(group: &str, version: &str) -> Option<Value> {
     let resources: Vec<Value> = RESOURCES
         .iter()
         .filter(|r| r.group == group && r.version == version)
         .map(|r| {
             json!({"name": r.plural, "singularName": r.kind.to_lowercase(), "namespaced": r.namespaced,
-                   "kind": r.kind, "verbs": ["get", "list"]})
+                   "kind": r.kind, "verbs": ["get", "list"], "shortNames": short_names(r.plural)})
         })
         .collect();
     if resources.is_empty() {
@@ -404,6 +428,63 @@ mod tests {
             serde_json::from_slice(&axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap()).unwrap();
         assert_eq!(body["kind"], "Table");
         assert!(!body.to_string().contains("aHVudGVyMg=="));
+    }
+
+    #[tokio::test]
+    async fn serves_endpoints_and_endpoint_slices_with_kubectls_columns() {
+        let store = Arc::new(SqliteStore::memory().await.unwrap());
+        let endpoints = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web", "namespace": "default"},
+                               "subsets": [{"addresses": [{"ip": "10.244.0.5"}], "ports": [{"port": 8080}]}]});
+        let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                           "metadata": {"name": "web-x2k9f", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+                           "addressType": "IPv4", "ports": [{"name": "", "port": 8080, "protocol": "TCP"}],
+                           "endpoints": [{"addresses": ["10.244.0.5"], "conditions": {"ready": true}}]});
+        store.txn(vec![Op::Create(endpoints), Op::Create(slice)]).await.unwrap();
+        let router = router(store, "repo".into());
+
+        let (_, groups) = call(&router, Method::GET, "/apis").await;
+        let discovery = groups["groups"].as_array().unwrap().iter().find(|g| g["name"] == "discovery.k8s.io").unwrap();
+        assert_eq!(discovery["preferredVersion"]["groupVersion"], "discovery.k8s.io/v1");
+        let (_, resources) = call(&router, Method::GET, "/apis/discovery.k8s.io/v1").await;
+        assert_eq!(resources["resources"][0]["name"], "endpointslices");
+        let (_, core) = call(&router, Method::GET, "/api/v1").await;
+        let core_endpoints = core["resources"].as_array().unwrap().iter().find(|r| r["name"] == "endpoints").unwrap();
+        assert_eq!((&core_endpoints["kind"], &core_endpoints["shortNames"]), (&json!("Endpoints"), &json!(["ep"])));
+
+        let (code, list) = call(&router, Method::GET, "/api/v1/namespaces/default/endpoints").await;
+        assert_eq!((code, list["kind"].as_str()), (StatusCode::OK, Some("EndpointsList")));
+        let (_, one) =
+            call(&router, Method::GET, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/web-x2k9f").await;
+        assert_eq!(one["endpoints"][0]["addresses"][0], "10.244.0.5");
+        let (_, selected) = call(
+            &router,
+            Method::GET,
+            "/apis/discovery.k8s.io/v1/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dweb",
+        )
+        .await;
+        assert_eq!(selected["kind"], "EndpointSliceList");
+        assert_eq!(selected["items"].as_array().unwrap().len(), 1);
+
+        let table = |uri: &str| {
+            let request = axum::http::Request::builder()
+                .uri(uri)
+                .header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io,application/json")
+                .body(Body::empty())
+                .unwrap();
+            let router = router.clone();
+            async move {
+                let response = router.oneshot(request).await.unwrap();
+                let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+                serde_json::from_slice::<Value>(&bytes).unwrap()
+            }
+        };
+        let t = table("/api/v1/namespaces/default/endpoints").await;
+        assert_eq!(t["rows"][0]["cells"][1], "10.244.0.5:8080");
+        let t = table("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices").await;
+        assert_eq!(
+            t["rows"][0]["cells"].as_array().unwrap()[..4],
+            [json!("web-x2k9f"), json!("IPv4"), json!("8080"), json!("10.244.0.5")]
+        );
     }
 
     /// Query strings (list parameters, selectors, continue tokens) and Accept headers from

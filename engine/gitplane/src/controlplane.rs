@@ -19,6 +19,7 @@ pub struct Settings {
     pub root: Option<String>,
     pub record_key: RecordKey,
     pub service_ranges: ServiceRanges,
+    pub controllers: gitplane_controllers::Settings,
 }
 
 /// The running leader-only loops; dropping it stops them.
@@ -28,7 +29,7 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn start(store: Arc<dyn Store>, settings: Settings) -> ControlPlane {
-        let Settings { repos_dir, mirrors, root, record_key, service_ranges } = settings;
+        let Settings { repos_dir, mirrors, root, record_key, service_ranges, controllers } = settings;
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
         }
@@ -38,7 +39,7 @@ impl ControlPlane {
             tracing::warn!(error = %e, "creating the root Application failed");
         }
         let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
-        let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone());
+        let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone(), &controllers);
         tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer, Default::default()).run()));
         let source = SourceController::new(store, repos_dir, mirrors, record_key).with_service_ranges(service_ranges);
         tasks.push(tokio::spawn(source.run()));

@@ -113,7 +113,15 @@ pub async fn run(
         }
         let list: Vec<String> = nodes
             .iter()
-            .map(|n| format!("{} {} (ip netns exec {} …; log {})", n.name, n.address, n.name, n.dir.join("agent.log").display()))
+            .map(|n| {
+                format!(
+                    "{} {} (ip netns exec {} …; log {})",
+                    n.name,
+                    n.address,
+                    n.name,
+                    n.dir.join("agent.log").display()
+                )
+            })
             .collect();
         println!("{banner}\n  nodes:  {}", list.join("\n          "));
         wait(&mut nodes, stop).await;
@@ -141,7 +149,8 @@ async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow:
     let mut containerd_cfg = ContainerdConfig::new(dir.join("containerd"));
     containerd_cfg.launcher = node.host.launcher();
     containerd_cfg.cni_conf_dir = dir.join("cni/net.d");
-    let containerd = Containerd::start(containerd_cfg).await.with_context(|| format!("starting {name}'s containerd"))?;
+    let containerd =
+        Containerd::start(containerd_cfg).await.with_context(|| format!("starting {name}'s containerd"))?;
     let socket = containerd.socket();
     let cni_conf_dir = containerd.config().cni_conf_dir.clone();
     node.containerd = Some(containerd);
@@ -253,4 +262,3 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, HostError> + 
 async fn drop_blocking<T: Send + 'static>(value: T) {
     let _ = tokio::task::spawn_blocking(move || drop(value)).await;
 }
-

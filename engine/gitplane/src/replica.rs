@@ -12,6 +12,7 @@ use crate::{
 };
 use anyhow::Context as _;
 use axum::{Json, routing::get};
+use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{RaftStore, ReplicaConfig},
@@ -149,6 +150,7 @@ impl Replica {
         git: GitServing,
         push_hint: String,
         service_ranges: ServiceRanges,
+        load_balancer_pool: Option<AddressPool>,
     ) -> anyhow::Result<Replica> {
         let shared = backend.store();
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
@@ -178,6 +180,7 @@ impl Replica {
             root: git.root,
             record_key: RecordKey::new(credentials.record_key()),
             service_ranges,
+            controllers: gitplane_controllers::Settings { load_balancer_pool },
         };
         tasks.push(tokio::spawn(controlplane::run_while_leading(backend.leading(), shared.clone(), settings)));
         tasks.push(tokio::spawn(compactor(shared)));

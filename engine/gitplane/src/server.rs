@@ -6,6 +6,7 @@ use crate::{
     source::allocate::ServiceRanges,
 };
 use anyhow::{Context as _, bail};
+use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{NodeId, ReplicaConfig},
@@ -70,6 +71,10 @@ pub struct ServerArgs {
     /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cidr: String,
+    /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
+    /// broadcast addresses are left out). None: they stay <pending>.
+    #[arg(long, value_parser = AddressPool::parse)]
+    load_balancer_pool: Option<AddressPool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -131,7 +136,8 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let mut git = GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref())?;
     git.root = args.bootstrap;
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
-    let replica = Replica::start(backend, vec![listener], &credentials, git, hint, ranges).await?;
+    let replica =
+        Replica::start(backend, vec![listener], &credentials, git, hint, ranges, args.load_balancer_pool).await?;
     tracing::info!(id = args.id, %listen, "replica started");
     gitplane_nodeagent::cli::stop_signal().await;
     tracing::info!("stopping");

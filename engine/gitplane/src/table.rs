@@ -51,6 +51,10 @@ fn columns(kind: &str) -> Vec<Value> {
             ("Port(s)", "string"),
             ("Age", "string"),
         ],
+        "Endpoints" => &[("Endpoints", "string"), ("Age", "string")],
+        "EndpointSlice" => {
+            &[("AddressType", "string"), ("Ports", "string"), ("Endpoints", "string"), ("Age", "string")]
+        }
         "Node" => &[("Status", "string"), ("Age", "string"), ("Version", "string"), ("Pod-CIDR", "string")],
         "Application" => &[("Sync", "string"), ("Health", "string"), ("Revision", "string"), ("Age", "string")],
         "Event" => &[("Type", "string"), ("Reason", "string"), ("Object", "string"), ("Message", "string")],
@@ -152,6 +156,21 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 json!(age),
             ]);
         }
+        "Endpoints" => cells.extend([json!(endpoints(o)), json!(age)]),
+        "EndpointSlice" => {
+            let ports = array(&o["ports"]).map(|p| match (p["port"].as_i64(), p["name"].as_str()) {
+                (Some(port), _) => port.to_string(),
+                (None, Some(name)) => name.to_owned(),
+                (None, None) => "*".to_owned(),
+            });
+            let addresses = array(&o["endpoints"]).flat_map(|e| array(&e["addresses"]).map(text).collect::<Vec<_>>());
+            cells.extend([
+                json!(text(&o["addressType"])),
+                json!(at_most_three(ports, "<unset>")),
+                json!(at_most_three(addresses, "<unset>")),
+                json!(age),
+            ]);
+        }
         "Node" => {
             let ready = status["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Ready");
             let state = match ready.and_then(|c| c["status"].as_str()) {
@@ -187,6 +206,43 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
         _ => cells.push(json!(age)),
     }
     cells
+}
+
+fn array(v: &Value) -> impl Iterator<Item = &Value> {
+    v.as_array().into_iter().flatten()
+}
+
+/// kubectl's lists of ports and addresses: the first three, then how many more
+/// (`10.244.0.5:80,10.244.1.7:80,10.244.2.3:80 + 2 more...`), `empty` for none.
+fn at_most_three(items: impl Iterator<Item = String>, empty: &str) -> String {
+    let items: Vec<String> = items.collect();
+    match items.len() {
+        0 => empty.to_owned(),
+        1..=3 => items.join(","),
+        n => format!("{} + {} more...", items[..3].join(","), n - 3),
+    }
+}
+
+/// The ENDPOINTS of an Endpoints object as kubectl prints it: the ready addresses with each
+/// port of their subset (an address alone when the subset has no ports); `<none>` without
+/// subsets, nothing when no address is ready.
+fn endpoints(o: &Value) -> String {
+    let subsets: Vec<&Value> = array(&o["subsets"]).collect();
+    if subsets.is_empty() {
+        return "<none>".to_owned();
+    }
+    let host_port = |ip: &str, port: i64| {
+        if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") }
+    };
+    let items = subsets.into_iter().flat_map(|subset| {
+        let addresses: Vec<String> = array(&subset["addresses"]).map(|a| text(&a["ip"])).collect();
+        let ports: Vec<i64> = array(&subset["ports"]).map(|p| int(&p["port"])).collect();
+        if ports.is_empty() {
+            return addresses;
+        }
+        ports.iter().flat_map(|port| addresses.iter().map(|ip| host_port(ip, *port)).collect::<Vec<_>>()).collect()
+    });
+    at_most_three(items, "")
 }
 
 /// The Table for `items` of `kind`, each row carrying its object's metadata (what
@@ -276,5 +332,38 @@ mod tests {
         assert_eq!(lb[3], "192.0.2.7");
         let external = row(json!({"type": "ExternalName", "externalName": "db.example.com"}), json!({}));
         assert_eq!((external[2].as_str(), external[3].as_str()), (Some("<none>"), Some("db.example.com")));
+    }
+
+    #[test]
+    fn endpoints_rows_list_addresses_as_kubectl() {
+        let row = |kind: &str, object: Value| table(kind, &[object], "1", now())["rows"][0]["cells"].clone();
+        let address = |ip: &str| json!({"ip": ip});
+        let five = json!({"metadata": {"name": "web"}, "subsets": [
+            {"addresses": [address("10.244.0.5"), address("10.244.1.7")], "ports": [{"port": 80}]},
+            {"addresses": [address("10.244.2.3"), address("10.244.2.4"), address("10.244.2.5")],
+             "notReadyAddresses": [address("10.244.2.6")], "ports": [{"port": 80}]}]});
+        assert_eq!(
+            row("Endpoints", five),
+            json!(["web", "10.244.0.5:80,10.244.1.7:80,10.244.2.3:80 + 2 more...", "<unknown>"])
+        );
+        assert_eq!(row("Endpoints", json!({"metadata": {"name": "web"}}))[1], "<none>");
+        let not_ready = json!({"metadata": {"name": "web"}, "subsets": [{"notReadyAddresses": [address("10.244.0.5")], "ports": [{"port": 80}]}]});
+        assert_eq!(row("Endpoints", not_ready)[1], "");
+        let headless = json!({"metadata": {"name": "db"}, "subsets": [{"addresses": [address("10.244.0.5")]}]});
+        assert_eq!(row("Endpoints", headless)[1], "10.244.0.5");
+
+        let slice = json!({"metadata": {"name": "web-x2k9f"}, "addressType": "IPv4",
+                           "ports": [{"name": "http", "port": 8080}, {"name": "https", "port": 8443}],
+                           "endpoints": [{"addresses": ["10.244.0.5"]}, {"addresses": ["10.244.1.7"]}]});
+        let t = table("EndpointSlice", &[slice], "1", now());
+        let names: Vec<&str> =
+            t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["Name", "AddressType", "Ports", "Endpoints", "Age"]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["web-x2k9f", "IPv4", "8080,8443", "10.244.0.5,10.244.1.7", "<unknown>"])
+        );
+        let placeholder = json!({"metadata": {"name": "web-abcde"}, "addressType": "IPv4", "endpoints": []});
+        assert_eq!(row("EndpointSlice", placeholder), json!(["web-abcde", "IPv4", "<unset>", "<unset>", "<unknown>"]));
     }
 }

@@ -16,11 +16,12 @@ use crate::{
     source::allocate::ServiceRanges,
 };
 use anyhow::{Context as _, bail};
+use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
+    cli::stop_signal,
     containerd::{Containerd, ContainerdConfig},
     cri::Cri,
-    cli::stop_signal,
     images,
     node::hostname,
     routes::Ipv4Cidr,
@@ -63,6 +64,10 @@ pub struct UpArgs {
     /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
     #[arg(long, default_value_t = Ipv4Cidr::SERVICE_DEFAULT)]
     service_cidr: Ipv4Cidr,
+    /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
+    /// broadcast addresses are left out). None: they stay <pending>.
+    #[arg(long, value_parser = AddressPool::parse)]
+    load_balancer_pool: Option<AddressPool>,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -103,8 +108,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
     let repo_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
     let ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
-    let replica =
-        Replica::start(Backend::raft(config).await?, listeners, &credentials, git, repo_url.clone(), ranges).await?;
+    let (backend, pool) = (Backend::raft(config).await?, args.load_balancer_pool);
+    let replica = Replica::start(backend, listeners, &credentials, git, repo_url.clone(), ranges, pool).await?;
     if !replica.wait_for_leader(Duration::from_secs(30)).await {
         bail!("the store elected no leader within 30 s");
     }

@@ -130,7 +130,10 @@ pub enum Skipped {
     BadPodCidr(String),
     OutsideCluster(Ipv4Cidr),
     /// Overlaps the podCIDR of this node or of a node earlier by name.
-    Overlaps { pod_cidr: Ipv4Cidr, node: String },
+    Overlaps {
+        pod_cidr: Ipv4Cidr,
+        node: String,
+    },
 }
 
 /// The routes this node should have, by destination, and the Nodes left out.
@@ -492,10 +495,10 @@ mod tests {
         .map(|r| (r.dst, r))
         .collect();
         let installed = [
-            installed("10.244.1.0/24", "172.29.0.12", 0), // right: kept
-            installed("10.244.2.0/24", "172.29.0.99", 0), // the node moved: replaced
+            installed("10.244.1.0/24", "172.29.0.12", 0),  // right: kept
+            installed("10.244.2.0/24", "172.29.0.99", 0),  // the node moved: replaced
             installed("10.244.1.0/24", "172.29.0.12", 50), // a second one: deleted
-            installed("10.244.9.0/24", "172.29.0.19", 0), // its node left: deleted
+            installed("10.244.9.0/24", "172.29.0.19", 0),  // its node left: deleted
         ];
         assert_eq!(
             plan(&desired, &installed),

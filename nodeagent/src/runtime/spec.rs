@@ -133,46 +133,9 @@ fn namespace_options(spec: &PodSpec) -> pb::NamespaceOption {
     }
 }
 
-fn dns_config(pod: &Pod, spec: &PodSpec, cfg: &RuntimeConfig) -> Option<pb::DnsConfig> {
-    let custom = spec.dns_config.as_ref();
-    let options_of = |c: Option<&k8s_openapi::api::core::v1::PodDNSConfig>| -> Vec<String> {
-        c.and_then(|c| c.options.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|o| {
-                let name = o.name.as_deref()?;
-                Some(match o.value.as_deref() {
-                    Some(v) => format!("{name}:{v}"),
-                    None => name.to_string(),
-                })
-            })
-            .collect()
-    };
-    let list = |v: Option<&Vec<String>>| v.cloned().unwrap_or_default();
-    let cluster_first = match spec.dns_policy.as_deref().unwrap_or("ClusterFirst") {
-        "None" => {
-            return Some(pb::DnsConfig {
-                servers: list(custom.and_then(|c| c.nameservers.as_ref())),
-                searches: list(custom.and_then(|c| c.searches.as_ref())),
-                options: options_of(custom),
-            });
-        }
-        "ClusterFirstWithHostNet" => true,
-        "ClusterFirst" => spec.host_network != Some(true),
-        _ => false, // "Default": the node's resolv.conf, which containerd uses when given none.
-    };
-    if !cluster_first || cfg.cluster_dns.is_empty() {
-        return None;
-    }
-    let domain = &cfg.cluster_domain;
-    let ns = pod_namespace(pod);
-    let mut searches = vec![format!("{ns}.svc.{domain}"), format!("svc.{domain}"), domain.clone()];
-    searches.extend(list(custom.and_then(|c| c.searches.as_ref())));
-    let mut servers = cfg.cluster_dns.clone();
-    servers.extend(list(custom.and_then(|c| c.nameservers.as_ref())));
-    let mut options = vec!["ndots:5".to_string()];
-    options.extend(options_of(custom));
-    Some(pb::DnsConfig { servers, searches, options })
+fn dns_config(pod: &Pod, cfg: &RuntimeConfig) -> Option<pb::DnsConfig> {
+    let dns = crate::dns::pod_dns(pod, &cfg.cluster_dns, &cfg.cluster_domain, cfg.host_dns.as_ref())?;
+    Some(pb::DnsConfig { servers: dns.servers, searches: dns.searches, options: dns.options })
 }
 
 fn protocol(name: Option<&str>) -> pb::Protocol {
@@ -231,7 +194,7 @@ pub fn sandbox_config(pod: &Pod, cfg: &RuntimeConfig, attempt: u32) -> Result<pb
         metadata: Some(pb::PodSandboxMetadata { name, uid: uid.into(), namespace, attempt }),
         hostname,
         log_directory: pod_log_directory(cfg, pod)?.to_string_lossy().into_owned(),
-        dns_config: dns_config(pod, spec, cfg),
+        dns_config: dns_config(pod, cfg),
         port_mappings,
         labels,
         annotations,
@@ -672,6 +635,12 @@ mod tests {
         let ns = config.linux.and_then(|l| l.security_context).and_then(|s| s.namespace_options).expect("ns");
         assert_eq!(ns.network, pb::NamespaceMode::Node as i32);
         assert_eq!(config.dns_config, None, "ClusterFirst on the host network falls back to Default");
+        let with_host = RuntimeConfig {
+            host_dns: Some(crate::dns::ResolvConf::parse("nameserver 192.0.2.1\nsearch corp.example\n")),
+            ..cfg()
+        };
+        let dns = sandbox_config(&host, &with_host, 0).expect("config").dns_config.expect("the node's resolv.conf");
+        assert_eq!((dns.servers, dns.searches), (vec!["192.0.2.1".to_string()], vec!["corp.example".to_string()]));
 
         let custom = pod(json!({
             "dnsPolicy": "None",
