@@ -15,7 +15,7 @@
 #[path = "../tests/proxy/netns.rs"]
 mod netns;
 
-use gitplane_nodeagent::proxy::desired::{self, Cidr, NodeContext, ObjectKey, ServicePort};
+use gitplane_nodeagent::proxy::desired::{self, Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
 use gitplane_nodeagent::proxy::iptables::IptablesRules;
 use gitplane_nodeagent::proxy::nft::NftRules;
 use gitplane_nodeagent::proxy::{Backend, Proxier};
@@ -62,8 +62,8 @@ fn node() -> NodeContext {
     NodeContext {
         node_name: "node-a".into(),
         node_ips: vec![netns::NODE_IP],
-        cluster_cidr: "10.244.0.0/16".parse::<Cidr>().unwrap(),
-        service_cidr: "10.96.0.0/12".parse::<Cidr>().unwrap(),
+        cluster_cidr: "10.244.0.0/16".parse::<Ipv4Cidr>().unwrap(),
+        service_cidr: "10.96.0.0/12".parse::<Ipv4Cidr>().unwrap(),
     }
 }
 

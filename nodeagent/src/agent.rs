@@ -3,12 +3,13 @@
 //! spec and reports its status.
 
 use crate::{
+    cidr::{CidrError, Ipv4Cidr},
     cni,
     controlplane::{Client, Follower, RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
     cri::Cri,
     network::Network,
     node,
-    routes::{CidrError, Ipv4Cidr, PodNetwork, PodNetworkConfig},
+    routes::{PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
 };
 use gitplane_proto::node::{

@@ -3,7 +3,7 @@
 
 use crate::{
     agent::{self, AgentConfig, AgentError},
-    routes::Ipv4Cidr,
+    cidr::Ipv4Cidr,
 };
 use std::path::PathBuf;
 

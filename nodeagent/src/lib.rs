@@ -1,4 +1,5 @@
 pub mod agent;
+pub mod cidr;
 pub mod cli;
 pub mod cni;
 pub mod containerd;

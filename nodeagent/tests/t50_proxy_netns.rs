@@ -6,7 +6,7 @@ mod cases;
 #[path = "proxy/netns.rs"]
 mod netns;
 
-use gitplane_nodeagent::proxy::{Backend, Cidr, NodeContext, Proxier, SyncReport};
+use gitplane_nodeagent::proxy::{Backend, Ipv4Cidr, NodeContext, Proxier, SyncReport};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use netns::{BACKEND_PORT, CLIENT_IP, NODE_IP, Outcome, Topology, connect, in_netns};
@@ -21,8 +21,8 @@ fn node() -> NodeContext {
     NodeContext {
         node_name: "node-a".into(),
         node_ips: vec![NODE_IP],
-        cluster_cidr: "10.244.0.0/16".parse::<Cidr>().unwrap(),
-        service_cidr: "10.96.0.0/12".parse::<Cidr>().unwrap(),
+        cluster_cidr: "10.244.0.0/16".parse::<Ipv4Cidr>().unwrap(),
+        service_cidr: "10.96.0.0/12".parse::<Ipv4Cidr>().unwrap(),
     }
 }
 

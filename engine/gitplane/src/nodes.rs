@@ -14,11 +14,11 @@
 
 use anyhow::Context as _;
 use gitplane_nodeagent::{
+    cidr::Ipv4Cidr,
     containerd::{Containerd, ContainerdConfig},
     cri::Cri,
     host::{HostError, HostNetwork, NetnsHost, remove_netns},
     images,
-    routes::Ipv4Cidr,
 };
 use std::{
     net::Ipv4Addr,

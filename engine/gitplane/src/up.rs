@@ -19,12 +19,12 @@ use anyhow::{Context as _, bail};
 use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
+    cidr::Ipv4Cidr,
     cli::stop_signal,
     containerd::{Containerd, ContainerdConfig},
     cri::Cri,
     images,
     node::hostname,
-    routes::Ipv4Cidr,
     runtime::RuntimeConfig,
 };
 use gitplane_storage::{raft::ReplicaConfig, remote::PeerToken};

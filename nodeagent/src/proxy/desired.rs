@@ -7,51 +7,14 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
-use std::str::FromStr;
+
+pub use crate::cidr::Ipv4Cidr;
 
 /// The label an EndpointSlice names its Service with.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// kube-proxy's default session affinity timeout (3 hours).
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
-
-/// An IPv4 prefix such as `10.244.0.0/16`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    pub addr: Ipv4Addr,
-    pub prefix: u8,
-}
-
-impl Cidr {
-    pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
-        u32::from(ip) & mask == u32::from(self.addr) & mask
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0:?} is not an IPv4 prefix such as 10.244.0.0/16")]
-pub struct CidrError(String);
-
-impl FromStr for Cidr {
-    type Err = CidrError;
-    fn from_str(s: &str) -> Result<Self, CidrError> {
-        let err = || CidrError(s.to_owned());
-        let (addr, prefix) = s.split_once('/').ok_or_else(err)?;
-        let addr: Ipv4Addr = addr.parse().map_err(|_| err())?;
-        let prefix: u8 = prefix.parse().map_err(|_| err())?;
-        if prefix > 32 {
-            return Err(err());
-        }
-        Ok(Cidr { addr, prefix })
-    }
-}
 
 /// What the proxy needs to know about the node it runs on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,9 +25,9 @@ pub struct NodeContext {
     pub node_ips: Vec<Ipv4Addr>,
     /// The cluster's Pod range: traffic to a ClusterIP from outside it is masqueraded, and Pods in
     /// it reach an externalTrafficPolicy Local Service's external addresses through all endpoints.
-    pub cluster_cidr: Cidr,
+    pub cluster_cidr: Ipv4Cidr,
     /// The Service range: a new connection to an address in it that no rule translated is refused.
-    pub service_cidr: Cidr,
+    pub service_cidr: Ipv4Cidr,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

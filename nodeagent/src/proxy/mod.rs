@@ -17,7 +17,7 @@ pub mod iptables;
 mod netlink;
 pub mod nft;
 
-pub use desired::{Cidr, NodeContext, ObjectKey, ServicePort};
+pub use desired::{Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
 pub use netlink::NetlinkError;
 
 use k8s_openapi::api::core::v1::Service;

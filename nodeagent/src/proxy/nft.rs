@@ -18,7 +18,7 @@
 //! here; this one about 2.6 s of CPU, most of it nft's parser, and one endpoint change is a
 //! handful of element deletes and adds, about 20 ms (BENCHMARKS.md).
 
-use super::desired::{Cidr, Endpoint, NodeContext, ObjectKey, Policy, Route, ServicePort};
+use super::desired::{Endpoint, Ipv4Cidr, NodeContext, ObjectKey, Policy, Route, ServicePort};
 use super::netlink::{self, Data, Field, NetlinkError};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::{self, Write};
@@ -264,7 +264,7 @@ impl Chain {
 
 /// The fixed chains: (name, base chain declaration or "", rules).
 fn fixed_chains(node: &NodeContext) -> Vec<(&'static str, &'static str, Vec<String>)> {
-    let service_cidr: Cidr = node.service_cidr;
+    let service_cidr: Ipv4Cidr = node.service_cidr;
     let record = "ct state new ct status dnat meta l4proto { tcp, udp, sctp } ct original ip daddr . meta l4proto . ct original proto-dst vmap @affinity-services";
     let check = "ct state new jump service-check";
     vec![

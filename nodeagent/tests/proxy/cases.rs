@@ -3,7 +3,7 @@
 // Shared by several test crates, each using part of it.
 #![allow(dead_code)]
 
-use gitplane_nodeagent::proxy::desired::{self, Cidr, NodeContext, ObjectKey, ServicePort};
+use gitplane_nodeagent::proxy::desired::{self, Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::Value;
@@ -66,8 +66,8 @@ pub fn load(dir: &Path) -> Case {
     let node = NodeContext {
         node_name: n["name"].as_str().unwrap().into(),
         node_ips: n["ips"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().parse().unwrap()).collect(),
-        cluster_cidr: n["clusterCIDR"].as_str().unwrap().parse::<Cidr>().unwrap(),
-        service_cidr: n["serviceCIDR"].as_str().unwrap().parse::<Cidr>().unwrap(),
+        cluster_cidr: n["clusterCIDR"].as_str().unwrap().parse::<Ipv4Cidr>().unwrap(),
+        service_cidr: n["serviceCIDR"].as_str().unwrap().parse::<Ipv4Cidr>().unwrap(),
     };
     let objects = doc["objects"].as_array().cloned().unwrap_or_default();
     let update = doc["update"].as_array().cloned().unwrap_or_default();
