@@ -7,8 +7,10 @@ use crate::{
     cni,
     controlplane::{Client, Follower, RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
     cri::Cri,
+    dns::{self, Dns, ResolvConf, ServerConfig, ZoneConfig, node_local},
     network::Network,
     node,
+    proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
 };
@@ -46,6 +48,11 @@ pub struct AgentConfig {
     /// them is not masqueraded.
     pub cluster_cidr: Ipv4Cidr,
     pub service_cidr: Ipv4Cidr,
+    /// Which rules program Services (kube-proxy's `--proxy-mode`).
+    pub proxy_backend: proxy::Backend,
+    /// The node's resolv.conf: cluster DNS forwards other names to its servers, and Pods with
+    /// `dnsPolicy: Default` get it.
+    pub resolv_conf: PathBuf,
     pub runtime: RuntimeConfig,
     /// Lease renewal period (the kubelet's is 10 s for a 40 s lease).
     pub heartbeat: Duration,
@@ -72,6 +79,8 @@ impl AgentConfig {
             bridge: "gitplane0".into(),
             cluster_cidr: Ipv4Cidr::CLUSTER_DEFAULT,
             service_cidr: Ipv4Cidr::SERVICE_DEFAULT,
+            proxy_backend: proxy::Backend::Nftables,
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
             runtime: RuntimeConfig::default(),
             heartbeat: Duration::from_secs(10),
             resync: Duration::from_secs(2),
@@ -103,6 +112,10 @@ pub enum AgentError {
     PodCidr(#[source] CidrError),
     #[error("the node's Pod network: {0}")]
     PodNetwork(#[from] crate::routes::StartError),
+    #[error("the node's address {0:?} is not an IPv4 address")]
+    NodeIp(String),
+    #[error("cluster DNS: {0}")]
+    Dns(String),
 }
 
 /// Runs the agent until `shutdown` becomes true.
@@ -129,7 +142,30 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .await?,
     );
 
+    // Cluster DNS on this node: the zone and forwarding, served on the Service range's tenth
+    // address, which Pods get as their nameserver.
+    let cluster_dns = cfg.service_cidr.cluster_dns();
+    let host_dns = ResolvConf::read(&cfg.resolv_conf).unwrap_or_else(|e| {
+        tracing::warn!(file = %cfg.resolv_conf.display(), error = %e, "no resolvers to forward other names to");
+        ResolvConf::parse("")
+    });
+    let dns = Dns::new(
+        ZoneConfig {
+            domain: cfg.runtime.cluster_domain.clone(),
+            pod_cidrs: vec![ipnet::Ipv4Net::from(cfg.cluster_cidr).into()],
+            service_cidrs: vec![ipnet::Ipv4Net::from(cfg.service_cidr).into()],
+            nameservers: vec![cluster_dns.into()],
+            ..ZoneConfig::default()
+        },
+        dns::Forwarding::from_resolv_conf(&host_dns),
+    )
+    .map_err(|e| AgentError::Dns(e.to_string()))?;
+    let listeners = node_local::listen(cluster_dns).await.map_err(|e| AgentError::Dns(e.to_string()))?;
+    let dns_server = dns.serve(listeners, ServerConfig::default()).map_err(|e| AgentError::Dns(e.to_string()))?;
+
     let mut runtime_cfg = cfg.runtime.clone();
+    runtime_cfg.cluster_dns = vec![cluster_dns.to_string()];
+    runtime_cfg.host_dns = Some(host_dns.clone());
     runtime_cfg.node_ip = runtime_cfg.node_ip.or(cfg.node_ip.clone());
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
     let runtime = Arc::new(RuntimeManager::new(cri, runtime_cfg).await);
@@ -145,6 +181,23 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         let (pod_network, network, shutdown) = (pod_network.clone(), network.clone(), shutdown.clone());
         async move { pod_network.run(&network, shutdown).await }
     });
+    let proxier = Proxier::new(
+        NodeContext {
+            node_name: cfg.node_name.clone(),
+            node_ips: node_ips(&cfg)?,
+            cluster_cidr: cfg.cluster_cidr,
+            service_cidr: cfg.service_cidr,
+        },
+        cfg.proxy_backend,
+    );
+    let proxying = tokio::spawn({
+        let (network, shutdown) = (network.clone(), shutdown.clone());
+        async move { proxy::follow::run(proxier, &network, shutdown).await }
+    });
+    let naming = tokio::spawn({
+        let (dns, network, shutdown) = (dns.clone(), network.clone(), shutdown.clone());
+        async move { dns::follow::run(&dns, &host_dns, &network, shutdown).await }
+    });
     let mut pods = PodWorkers {
         cfg: cfg.clone(),
         runtime: runtime.clone(),
@@ -156,11 +209,27 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     heartbeat.abort();
     following.abort();
     routing.abort();
+    naming.abort();
+    let proxier = proxying.await;
     pods.stop(cfg.remove_pods_on_exit).await;
+    drop(dns_server);
     if cfg.remove_pods_on_exit {
         pod_network.clean_up().await;
+        if let Ok(mut proxier) = proxier
+            && let Err(error) = tokio::task::spawn_blocking(move || proxier.remove_rules()).await.unwrap_or(Ok(()))
+        {
+            tracing::warn!(%error, "removing the Service rules failed");
+        }
+        if let Err(error) = node_local::remove(cluster_dns).await {
+            tracing::warn!(%error, "removing cluster DNS's address failed");
+        }
     }
     Ok(())
+}
+
+/// The addresses NodePorts answer on: the node's InternalIP.
+fn node_ips(cfg: &AgentConfig) -> Result<Vec<std::net::Ipv4Addr>, AgentError> {
+    cfg.node_ip.iter().map(|ip| ip.parse().map_err(|_| AgentError::NodeIp(ip.clone()))).collect()
 }
 
 /// Registers until it succeeds, and keeps the node credential it returns; `None` when shut

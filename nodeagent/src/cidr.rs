@@ -45,9 +45,21 @@ impl Ipv4Cidr {
         self.contains(other.addr) || other.contains(self.addr)
     }
 
+    /// Cluster DNS's address: the tenth of the Service range, as the control plane keeps it.
+    pub fn cluster_dns(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.addr).wrapping_add(10))
+    }
+
     /// Whether `other` lies wholly inside this network.
     pub fn covers(&self, other: &Ipv4Cidr) -> bool {
         self.prefix <= other.prefix && self.contains(other.addr)
+    }
+}
+
+impl From<Ipv4Cidr> for ipnet::Ipv4Net {
+    fn from(cidr: Ipv4Cidr) -> Self {
+        // The prefix was checked to be at most 32 when the Ipv4Cidr was made.
+        ipnet::Ipv4Net::new_assert(cidr.addr, cidr.prefix)
     }
 }
 

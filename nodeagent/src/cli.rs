@@ -4,6 +4,7 @@
 use crate::{
     agent::{self, AgentConfig, AgentError},
     cidr::Ipv4Cidr,
+    proxy,
 };
 use std::path::PathBuf;
 
@@ -37,6 +38,12 @@ pub struct AgentArgs {
     /// The cluster's Service range (the control plane's `--service-cidr`).
     #[arg(long, default_value_t = Ipv4Cidr::SERVICE_DEFAULT)]
     pub service_cidr: Ipv4Cidr,
+    /// Which rules program Services (kube-proxy's --proxy-mode).
+    #[arg(long, value_enum, default_value_t = proxy::Backend::Nftables)]
+    pub proxy_mode: proxy::Backend,
+    /// The node's resolv.conf: cluster DNS forwards names outside the cluster to its servers.
+    #[arg(long, default_value = "/etc/resolv.conf")]
+    pub resolv_conf: PathBuf,
     /// The cgroupfs parent of the Pods' cgroups.
     #[arg(long, default_value = "/gitplane")]
     pub cgroup_parent: String,
@@ -69,6 +76,8 @@ impl AgentArgs {
         cfg.bridge = self.bridge;
         cfg.cluster_cidr = self.cluster_cidr;
         cfg.service_cidr = self.service_cidr;
+        cfg.proxy_backend = self.proxy_mode;
+        cfg.resolv_conf = self.resolv_conf;
         cfg.runtime.cgroup_parent = self.cgroup_parent;
         cfg.runtime.pod_dir = self.pod_dir;
         cfg.runtime.pod_log_dir = self.pod_log_dir;

@@ -329,14 +329,17 @@ impl HostNetwork {
         Path::new(NETNS_DIR).join(&self.name)
     }
 
-    /// Wires `host` to the bridge: its `eth0` gets `address` (in the bridge's subnet), the
-    /// bridge's side is `port` (an interface name, unique in this network).
+    /// Wires `host` to the bridge: its `eth0` gets `address` (in the bridge's subnet) and a
+    /// default route through the gateway, as a machine has one; the bridge's namespace forwards
+    /// nothing, so traffic for anywhere else ends there. The bridge's side is `port` (an
+    /// interface name, unique in this network).
     pub fn attach(&self, host: &NetnsHost, port: &str, address: Ipv4Addr) -> Result<(), HostError> {
         let net = self.name.as_str();
         ip(&["-n", net, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", host.name()])?;
         ip(&["-n", net, "link", "set", port, "master", BRIDGE, "up"])?;
         ip(&["-n", host.name(), "addr", "add", &format!("{address}/{}", self.prefix), "dev", "eth0"])?;
-        ip(&["-n", host.name(), "link", "set", "eth0", "up"])
+        ip(&["-n", host.name(), "link", "set", "eth0", "up"])?;
+        ip(&["-n", host.name(), "route", "add", "default", "via", &self.gateway.to_string()])
     }
 
     /// A TCP listener on the gateway address, made inside this namespace: the hosts reach it,

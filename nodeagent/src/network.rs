@@ -89,6 +89,23 @@ impl View {
     }
 }
 
+/// Waits for the next batch of changes and takes every batch queued behind it, so a reader
+/// catches up in one step; a reader that fell behind gets `Relisted`. `None`: the feed ended.
+pub async fn next_changes(changes: &mut broadcast::Receiver<Arc<[Change]>>) -> Option<Vec<Change>> {
+    let mut out: Vec<Change> = match changes.recv().await {
+        Ok(batch) => batch.to_vec(),
+        Err(broadcast::error::RecvError::Lagged(_)) => vec![Change::Relisted],
+        Err(broadcast::error::RecvError::Closed) => return None,
+    };
+    loop {
+        match changes.try_recv() {
+            Ok(batch) => out.extend(batch.iter().cloned()),
+            Err(broadcast::error::TryRecvError::Lagged(_)) => out.push(Change::Relisted),
+            Err(_) => return Some(out),
+        }
+    }
+}
+
 /// The followed view and its subscribers.
 pub struct Network {
     view: RwLock<View>,

@@ -18,7 +18,7 @@ pub mod linearizability;
 mod nodes;
 pub use gitplane::{Gitplane, Worktree, binary};
 pub use gitplane_nodeagent::host::NetnsHost;
-pub use nodes::LocalCluster;
+pub use nodes::{LocalCluster, RunningPod};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -108,7 +108,9 @@ pub fn http_get_in(netns: &Path, addr: SocketAddr, path: &str, timeout: Duration
     })
     .with_context(|| format!("GET http://{addr}{path} from {}", netns.display()))?;
     let response = String::from_utf8_lossy(&response);
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    // A CGI's own headers (busybox httpd passes them on) may end in a bare "\n\n".
+    let (head, body) =
+        response.split_once("\r\n\r\n").or_else(|| response.split_once("\n\n")).unwrap_or((&response, ""));
     let status = head.lines().next().unwrap_or("");
     if !status.split(' ').nth(1).is_some_and(|code| code.starts_with('2')) {
         bail!("GET http://{addr}{path}: {status:?}");

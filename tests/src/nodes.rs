@@ -20,6 +20,16 @@ use std::{
 };
 
 static CLUSTERS_MADE: AtomicU32 = AtomicU32::new(0);
+static EXECS: AtomicU32 = AtomicU32::new(0);
+
+/// A Running Pod (not being deleted) and its first container.
+#[derive(Clone, Debug)]
+pub struct RunningPod {
+    pub name: String,
+    pub node: String,
+    pub ip: std::net::Ipv4Addr,
+    pub container: String,
+}
 
 /// `gitplane up --nodes N` running as a child of the test.
 pub struct LocalCluster {
@@ -40,6 +50,11 @@ impl LocalCluster {
     /// Starts `count` nodes named after `prefix` and waits until the API answers and every node
     /// is Ready.
     pub fn up(prefix: &str, count: u16) -> Result<LocalCluster> {
+        Self::up_with(prefix, count, &[])
+    }
+
+    /// [`Self::up`] with more flags for `gitplane up`, e.g. `--proxy-mode=iptables`.
+    pub fn up_with(prefix: &str, count: u16, flags: &[&str]) -> Result<LocalCluster> {
         let base = format!("{prefix}{}x{}", std::process::id(), CLUSTERS_MADE.fetch_add(1, Ordering::Relaxed));
         let dir = tempfile::Builder::new().prefix("gp-nodes").tempdir()?;
         let data_dir = dir.path().join("data");
@@ -60,6 +75,7 @@ impl LocalCluster {
             .arg(&data_dir)
             .arg("--repos-dir")
             .arg(&repos_dir)
+            .args(flags)
             .env("RUST_LOG", "info,sqlx=warn,h2=warn,tower=warn")
             .env("NO_COLOR", "1")
             .stdout(out.try_clone()?)
@@ -90,6 +106,48 @@ impl LocalCluster {
             Some(Err(status)) => bail!("gitplane up --nodes exited with {status}:\n{}", cluster.log_text()),
             None => bail!("{count} nodes were not Ready within 180 s:\n{}", cluster.log_text()),
         }
+    }
+
+    /// The Running Pods of namespace `default` that match a label selector (`app=web`).
+    pub fn running_pods(&self, selector: &str) -> Result<Vec<RunningPod>> {
+        let list =
+            self.get(&format!("/api/v1/namespaces/default/pods?labelSelector={}", selector.replace('=', "%3D")))?;
+        let items = list["items"].as_array().context("PodList has items")?;
+        Ok(items
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null())
+            .filter_map(|p| {
+                let container = p["status"]["containerStatuses"][0]["containerID"].as_str()?;
+                Some(RunningPod {
+                    name: p["metadata"]["name"].as_str()?.to_owned(),
+                    node: p["spec"]["nodeName"].as_str()?.to_owned(),
+                    ip: p["status"]["podIP"].as_str()?.parse().ok()?,
+                    container: container.strip_prefix("containerd://")?.to_owned(),
+                })
+            })
+            .collect())
+    }
+
+    /// Runs `cmd` in a container through its node's containerd (as `kubectl exec`); its stdout.
+    pub fn exec(&self, node: &str, container_id: &str, cmd: &[&str]) -> Result<String> {
+        let exec_id = format!("e2e-{}", EXECS.fetch_add(1, Ordering::Relaxed));
+        let out = Command::new("ctr")
+            .arg("-a")
+            .arg(self.containerd_socket(node))
+            .args(["-n", "k8s.io", "tasks", "exec", "--exec-id", &exec_id, container_id])
+            .args(cmd)
+            .output()?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            bail!("exec {cmd:?} in {container_id} on {node}: {} {}", out.status, stderr.trim());
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `wget -O - url` from inside a container, bounded (Debian's busybox has no `wget -T`).
+    pub fn fetch(&self, node: &str, container_id: &str, url: &str) -> Result<String> {
+        let cmd = ["/bin/busybox", "timeout", "5", "/bin/busybox", "wget", "-q", "-O", "-", url];
+        self.exec(node, container_id, &cmd)
     }
 
     /// The names of the Nodes whose Ready condition is True.

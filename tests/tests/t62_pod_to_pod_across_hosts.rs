@@ -6,9 +6,9 @@
 //! namespace has no such route; a node that leaves has its route removed on the others; stopping
 //! removes every namespace. All traffic stays in namespaces `gitplane up` made.
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use gitplane_api::ObjectKey;
-use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
+use gitplane_e2e::{LocalCluster, RunningPod, Worktree, require_root, wait_for};
 use gitplane_nodeagent::cidr::Ipv4Cidr;
 use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{Op, Store};
@@ -17,7 +17,6 @@ use std::{
     net::Ipv4Addr,
     path::Path,
     process::Command,
-    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -61,31 +60,8 @@ spec:
               memory: 16Mi
 "#;
 
-/// A Running Pod of the Deployment.
-#[derive(Clone, Debug)]
-struct WebPod {
-    name: String,
-    node: String,
-    ip: Ipv4Addr,
-    container: String,
-}
-
-fn running_pods(cluster: &LocalCluster) -> Result<Vec<WebPod>> {
-    let list = cluster.get("/api/v1/namespaces/default/pods?labelSelector=app%3Dwhoami")?;
-    let items = list["items"].as_array().context("PodList has items")?;
-    Ok(items
-        .iter()
-        .filter(|p| p["status"]["phase"] == "Running" && p["metadata"]["deletionTimestamp"].is_null())
-        .filter_map(|p| {
-            let container = p["status"]["containerStatuses"][0]["containerID"].as_str()?;
-            Some(WebPod {
-                name: p["metadata"]["name"].as_str()?.to_owned(),
-                node: p["spec"]["nodeName"].as_str()?.to_owned(),
-                ip: p["status"]["podIP"].as_str()?.parse().ok()?,
-                container: container.strip_prefix("containerd://")?.to_owned(),
-            })
-        })
-        .collect())
+fn running_pods(cluster: &LocalCluster) -> Result<Vec<RunningPod>> {
+    cluster.running_pods("app=whoami")
 }
 
 /// Node name -> (podCIDR, InternalIP).
@@ -125,26 +101,9 @@ fn expected_routes(me: &str, nodes: &BTreeMap<String, (Ipv4Cidr, Ipv4Addr)>) -> 
     nodes.iter().filter(|(name, _)| *name != me).map(|(_, (cidr, ip))| (cidr.to_string(), ip.to_string())).collect()
 }
 
-static EXECS: AtomicU32 = AtomicU32::new(0);
-
-/// Runs `cmd` in a Pod's container through its node's containerd (as `kubectl exec`); stdout.
-fn exec(cluster: &LocalCluster, pod: &WebPod, cmd: &[&str]) -> Result<String> {
-    let exec_id = format!("t62-{}", EXECS.fetch_add(1, Ordering::Relaxed));
-    let out = Command::new("ctr")
-        .arg("-a")
-        .arg(cluster.containerd_socket(&pod.node))
-        .args(["-n", "k8s.io", "tasks", "exec", "--exec-id", &exec_id, &pod.container])
-        .args(cmd)
-        .output()?;
-    if !out.status.success() {
-        bail!("exec {cmd:?} in {}: {} {}", pod.name, out.status, String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// `wget` from inside `pod`, bounded (Debian's busybox has no `wget -T`).
-fn fetch(cluster: &LocalCluster, pod: &WebPod, url: &str) -> Result<String> {
-    exec(cluster, pod, &["/bin/busybox", "timeout", "5", "/bin/busybox", "wget", "-q", "-O", "-", url])
+/// `wget` from inside `pod`.
+fn fetch(cluster: &LocalCluster, pod: &RunningPod, url: &str) -> Result<String> {
+    cluster.fetch(&pod.node, &pod.container, url)
 }
 
 /// The machine's own routes into the Pod or Service range (the nodes must add none).

@@ -18,7 +18,7 @@ use gitplane_nodeagent::{
     containerd::{Containerd, ContainerdConfig},
     cri::Cri,
     host::{HostError, HostNetwork, NetnsHost, remove_netns},
-    images,
+    images, proxy,
 };
 use std::{
     net::Ipv4Addr,
@@ -86,6 +86,7 @@ pub struct NodesConfig {
     /// The control plane's port on the gateway.
     pub port: u16,
     pub service_cidr: Ipv4Cidr,
+    pub proxy_mode: proxy::Backend,
 }
 
 /// One node: its host, containerd and agent.
@@ -166,6 +167,7 @@ async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow:
         .arg(format!("--node-name={name}"))
         .arg(format!("--node-ip={address}"))
         .arg(format!("--service-cidr={}", cfg.service_cidr))
+        .arg(format!("--proxy-mode={}", cfg.proxy_mode))
         .arg(format!("--cgroup-parent={}", node.host.cgroup_parent()))
         .arg("--remove-pods-on-exit")
         .arg("--containerd-socket")

@@ -25,6 +25,7 @@ use gitplane_nodeagent::{
     cri::Cri,
     images,
     node::hostname,
+    proxy,
     runtime::RuntimeConfig,
 };
 use gitplane_storage::{raft::ReplicaConfig, remote::PeerToken};
@@ -64,6 +65,9 @@ pub struct UpArgs {
     /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
     #[arg(long, default_value_t = Ipv4Cidr::SERVICE_DEFAULT)]
     service_cidr: Ipv4Cidr,
+    /// Which rules program Services on the nodes (kube-proxy's --proxy-mode).
+    #[arg(long, value_enum, default_value_t = proxy::Backend::Nftables)]
+    proxy_mode: proxy::Backend,
     /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
     /// broadcast addresses are left out). None: they stay <pending>.
     #[arg(long, value_parser = AddressPool::parse)]
@@ -124,6 +128,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             cgroup_parent: args.cgroup_parent.clone(),
             port,
             service_cidr: args.service_cidr,
+            proxy_mode: args.proxy_mode,
         };
         let result = nodes::run(cfg, network, banner(&repo_url, args.listen, &bootstrap_repo), stop_signal()).await;
         replica.shutdown().await;
@@ -174,6 +179,7 @@ async fn run_node(
     let node_name = args.node_name.clone().unwrap_or_else(hostname);
     let mut cfg = AgentConfig::new(vec![format!("http://{}", args.listen)], node_name, socket);
     cfg.service_cidr = args.service_cidr;
+    cfg.proxy_backend = args.proxy_mode;
     cfg.cni_conf_dir = cni_conf_dir;
     cfg.cni_data_dir = data_dir.join("cni/ipam");
     cfg.remove_pods_on_exit = true;

@@ -9,8 +9,10 @@
 //! The agent owns one `Dns`, feeds it the watch's Services and EndpointSlices, and serves it
 //! on the addresses it chose: `dns.serve(Listeners::bind(&["10.96.0.10:53".parse()?])?, ..)`.
 
+pub mod follow;
 pub mod forward;
 pub mod message;
+pub mod node_local;
 pub mod records;
 pub mod resolv;
 pub mod server;
@@ -73,6 +75,23 @@ impl Dns {
 
     pub fn delete_slice(&self, namespace: &str, name: &str) {
         self.0.write().zone.delete_slice(namespace, name);
+    }
+
+    /// Replaces every Service and EndpointSlice at once (after a fresh list): the new zone is
+    /// built aside and swapped in, so queries never see it half-filled. What could not be
+    /// added is returned, the rest is served.
+    pub fn replace_all<'a>(
+        &self,
+        services: impl IntoIterator<Item = &'a Service>,
+        slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    ) -> Vec<RecordsError> {
+        let cfg = self.0.read().zone.config().clone();
+        // The config was accepted when this Dns was made.
+        let Ok(mut zone) = Zone::new(cfg) else { return Vec::new() };
+        let mut errors: Vec<RecordsError> = services.into_iter().filter_map(|s| zone.apply_service(s).err()).collect();
+        errors.extend(slices.into_iter().filter_map(|s| zone.apply_slice(s).err()));
+        self.0.write().zone = zone;
+        errors
     }
 
     pub fn set_forwarding(&self, forwarding: Forwarding) {

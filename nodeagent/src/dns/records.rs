@@ -207,6 +207,10 @@ impl Zone {
         })
     }
 
+    pub fn config(&self) -> &ZoneConfig {
+        &self.cfg
+    }
+
     /// The cluster domain as a lowercase FQDN.
     pub fn apex(&self) -> &Name {
         &self.apex

@@ -282,8 +282,12 @@ fn fixed_chains(node: &NodeContext) -> Vec<(Table, &'static str, Vec<String>)> {
         (
             Table::Filter,
             "GP-SERVICE-CHECK",
-            // An address of the Service range that no rule translated: refuse rather than route it.
-            vec![format!("-A GP-SERVICE-CHECK -d {} -j REJECT --reject-with icmp-port-unreachable", node.service_cidr)],
+            // An address of the Service range that no rule translated: refuse rather than route it,
+            // unless the node holds it itself (cluster DNS's address on its dummy interface).
+            vec![
+                "-A GP-SERVICE-CHECK -m addrtype --dst-type LOCAL -j RETURN".into(),
+                format!("-A GP-SERVICE-CHECK -d {} -j REJECT --reject-with icmp-port-unreachable", node.service_cidr),
+            ],
         ),
     ]
 }
@@ -459,6 +463,35 @@ impl IptablesRules {
 }
 
 /// Whether `iptables-save` output has `rule` in `table`.
+/// Input for `iptables-restore --noflush` that removes everything of ours in `iptables_save`:
+/// the jumps from the built-in chains, then our chains (emptied first, so that none is still
+/// referenced when it goes). Empty when nothing of ours is there.
+pub fn removal(iptables_save: &str) -> String {
+    let mut out = String::new();
+    for table in [Table::Nat, Table::Filter] {
+        let chains = existing_chains(iptables_save, table.name());
+        let jumps: Vec<_> = JUMPS
+            .iter()
+            .filter(|(t, chain, rule)| *t == table.name() && has_rule(iptables_save, t, &format!("-A {chain} {rule}")))
+            .collect();
+        if chains.is_empty() && jumps.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "*{}", table.name());
+        for name in &chains {
+            let _ = writeln!(out, ":{name} - [0:0]");
+        }
+        for (_, chain, rule) in jumps {
+            let _ = writeln!(out, "-D {chain} {rule}");
+        }
+        for name in &chains {
+            let _ = writeln!(out, "-X {name}");
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
 fn has_rule(iptables_save: &str, table: &str, rule: &str) -> bool {
     let mut in_table = false;
     iptables_save.lines().any(|line| {
@@ -485,4 +518,22 @@ fn existing_chains(iptables_save: &str, table: &str) -> Vec<String> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removal_takes_our_jumps_and_chains_and_nothing_else() {
+        let save = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:GP-SERVICES - [0:0]\n:OTHER - [0:0]\n\
+                    -A PREROUTING -j GP-SERVICES\n-A OUTPUT -j OTHER\nCOMMIT\n\
+                    *filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j ACCEPT\nCOMMIT\n";
+        assert_eq!(
+            removal(save),
+            "*nat\n:GP-SERVICES - [0:0]\n-D PREROUTING -j GP-SERVICES\n-X GP-SERVICES\nCOMMIT\n",
+            "the filter table holds nothing of ours, so it is not touched"
+        );
+        assert_eq!(removal("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n"), "");
+    }
 }

@@ -13,6 +13,7 @@
 
 pub mod desired;
 mod exec;
+pub mod follow;
 pub mod iptables;
 mod netlink;
 pub mod nft;
@@ -26,12 +27,22 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 /// Which rules the proxy programs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
     /// nftables, a table of its own (the default).
     Nftables,
     /// iptables-restore (Debian's nft-backed iptables), chains prefixed `GP-`.
     Iptables,
+}
+
+impl std::fmt::Display for Backend {
+    /// As `--proxy-mode` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Nftables => "nftables",
+            Backend::Iptables => "iptables",
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +73,8 @@ pub struct SyncReport {
 trait Applier: Send {
     fn full_sync(&mut self, services: &BTreeMap<ObjectKey, Vec<ServicePort>>) -> Result<(), ProxyError>;
     fn partial_sync(&mut self, changed: &[(&ObjectKey, &[ServicePort])]) -> Result<(), ProxyError>;
+    /// Removes every rule of ours (the node stops serving Services).
+    fn remove(&mut self) -> Result<(), ProxyError>;
 }
 
 struct NftApplier {
@@ -129,6 +142,11 @@ impl Applier for NftApplier {
         }
         if removed.is_empty() { Ok(()) } else { self.prune_affinity(Some(&removed)) }
     }
+
+    fn remove(&mut self) -> Result<(), ProxyError> {
+        let text = format!("add table ip {0}\ndelete table ip {0}\n", nft::TABLE);
+        exec::run("nft", &["-f", "-"], Some(&text)).map(drop)
+    }
 }
 
 struct IptablesApplier {
@@ -145,6 +163,14 @@ impl Applier for IptablesApplier {
 
     fn partial_sync(&mut self, changed: &[(&ObjectKey, &[ServicePort])]) -> Result<(), ProxyError> {
         let text = self.rules.update(changed.iter().copied());
+        if text.is_empty() {
+            return Ok(());
+        }
+        exec::run("iptables-restore", &["-w", "--noflush"], Some(&text)).map(drop)
+    }
+
+    fn remove(&mut self) -> Result<(), ProxyError> {
+        let text = iptables::removal(&exec::run("iptables-save", &[], None)?);
         if text.is_empty() {
             return Ok(());
         }
@@ -265,6 +291,12 @@ impl Proxier {
     /// The next sync rewrites everything (repair: someone flushed our table).
     pub fn request_full_sync(&mut self) {
         self.full_pending = true;
+    }
+
+    /// Removes every rule of ours from the kernel; the next sync is a full one.
+    pub fn remove_rules(&mut self) -> Result<(), ProxyError> {
+        self.full_pending = true;
+        self.applier.remove()
     }
 
     /// What the rules say now for each Service (for status and tests).

@@ -301,7 +301,9 @@ fn fixed_chains(node: &NodeContext) -> Vec<(&'static str, &'static str, Vec<Stri
                 "ip daddr . meta l4proto . th dport @no-endpoint-services goto refuse".into(),
                 "ip daddr @nodeport-ips meta l4proto . th dport @no-endpoint-nodeports goto refuse".into(),
                 // An address of the Service range that no rule translated: refuse rather than
-                // route it towards the default gateway.
+                // route it towards the default gateway, unless the node holds it itself
+                // (cluster DNS's address on its dummy interface).
+                "fib daddr type local return".into(),
                 format!("ip daddr {service_cidr} goto refuse"),
             ],
         ),
