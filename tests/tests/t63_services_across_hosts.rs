@@ -2,15 +2,23 @@
 //! finds a Service by name through cluster DNS on its own node, and its requests to the
 //! ClusterIP reach the Service's Pods on all three nodes; a NodePort answers on another node's
 //! address; a Service without endpoints refuses at once instead of timing out; after a scale-down
-//! pushed to Git, traffic goes only to the Pod that is left. All traffic stays in namespaces
+//! pushed to Git, traffic goes only to the Pod that is left. With nftables also: what cluster DNS
+//! answers (headless Services, SRV, ExternalName, pod records, other names through the node's
+//! upstream and a stub domain from the kube-dns ConfigMap, both fake servers this test runs in
+//! the bridge's namespace), and commits with a bad clusterIP or a taken nodePort rejected with
+//! file and path while the last good commit stays served. All traffic stays in namespaces
 //! `gitplane up` made.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, require_root, wait_for};
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, SocketAddr},
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
     path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -19,6 +27,44 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// busybox httpd answering its Pod's name at /cgi-bin/host, on a named port; a Service in front
 /// of it by that name, a NodePort Service, and a Service whose selector matches nothing.
 fn manifests(replicas: u32) -> String {
+    format!("{}{DNS_CASES}", workload(replicas))
+}
+
+/// Services only DNS answers for, and the kube-dns ConfigMap: names under `corp.test` go to
+/// the stub server, any other name outside the cluster to the upstream one (fake servers in the
+/// bridge's namespace, see [`FakeDns`]).
+const DNS_CASES: &str = r#"---
+apiVersion: v1
+kind: Service
+metadata:
+  name: whoami-headless
+spec:
+  clusterIP: None
+  selector:
+    app: whoami
+  ports:
+    - name: http
+      port: 8080
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: docs
+spec:
+  type: ExternalName
+  externalName: docs.corp.test
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: kube-dns
+  namespace: kube-system
+data:
+  stubDomains: '{"corp.test": ["172.29.0.1:5353"]}'
+  upstreamNameservers: '["172.29.0.1:5354"]'
+"#;
+
+fn workload(replicas: u32) -> String {
     format!(
         r#"apiVersion: apps/v1
 kind: Deployment
@@ -65,7 +111,8 @@ spec:
   selector:
     app: whoami
   ports:
-    - port: 80
+    - name: http
+      port: 80
       targetPort: http
 ---
 apiVersion: v1
@@ -94,6 +141,139 @@ spec:
     )
 }
 
+/// Two tiny authoritative-for-everything DNS servers on the bridge's address (172.29.0.1) in
+/// the bridge's network namespace: port 5353 answers every A query with [`STUB_ANSWER`], port
+/// 5354 with [`UPSTREAM_ANSWER`]. Stopped on drop.
+struct FakeDns {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+const STUB_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 7);
+const UPSTREAM_ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 8);
+
+impl FakeDns {
+    fn start(cluster: &LocalCluster) -> Result<FakeDns> {
+        let netns = Path::new("/run/netns").join(format!("{}-net", cluster.base));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for (port, answer) in [(5353, STUB_ANSWER), (5354, UPSTREAM_ANSWER)] {
+            let socket = gitplane_nodeagent::host::in_netns(&netns, || UdpSocket::bind(("172.29.0.1", port)))?;
+            socket.set_read_timeout(Some(Duration::from_millis(200)))?;
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 1500];
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok((n, from)) = socket.recv_from(&mut buf)
+                        && let Some(reply) = answer_a(&buf[..n], answer)
+                    {
+                        let _ = socket.send_to(&reply, from);
+                    }
+                }
+            }));
+        }
+        Ok(FakeDns { stop, threads })
+    }
+}
+
+impl Drop for FakeDns {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A reply to a one-question query: `address` for an A question, no answer for any other type.
+fn answer_a(query: &[u8], address: Ipv4Addr) -> Option<Vec<u8>> {
+    let mut end = 12;
+    while *query.get(end)? != 0 {
+        end += 1 + usize::from(query[end]);
+    }
+    let question_end = end + 5;
+    let qtype = u16::from_be_bytes([*query.get(end + 1)?, *query.get(end + 2)?]);
+    let answers: u16 = if qtype == 1 { 1 } else { 0 };
+    let mut reply = Vec::from(&query[..2]);
+    reply.extend_from_slice(&[0x81, 0x80, 0, 1]);
+    reply.extend_from_slice(&answers.to_be_bytes());
+    reply.extend_from_slice(&[0, 0, 0, 0]);
+    reply.extend_from_slice(query.get(12..question_end)?);
+    if qtype == 1 {
+        reply.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 30, 0, 4]);
+        reply.extend_from_slice(&address.octets());
+    }
+    Some(reply)
+}
+
+/// What cluster DNS answers a Pod, through busybox's nslookup (the Pod's own resolv.conf).
+fn dns_cases(cluster: &LocalCluster, client: &RunningPod, running: &[RunningPod]) -> Result<()> {
+    let nslookup = |args: &[&str]| {
+        let mut cmd = vec!["/bin/busybox", "nslookup"];
+        cmd.extend_from_slice(args);
+        cluster.exec(&client.node, &client.container, &cmd)
+    };
+    let expect = |args: &[&str], wanted: &[String]| -> Result<()> {
+        let out = tokio::task::block_in_place(|| {
+            wait_for(DEADLINE, || nslookup(args).ok().filter(|out| wanted.iter().all(|w| out.contains(w.as_str()))))
+        });
+        out.map(drop).with_context(|| format!("nslookup {args:?} should show {wanted:?}: {:?}", nslookup(args)))
+    };
+    // A headless Service: an A record per ready endpoint.
+    let ips: Vec<String> = running.iter().map(|p| p.ip.to_string()).collect();
+    expect(&["whoami-headless.default.svc.cluster.local"], &ips)?;
+    // SRV for the named port.
+    expect(
+        &["-type=SRV", "_http._tcp.whoami.default.svc.cluster.local"],
+        &["80".into(), "whoami.default.svc.cluster.local".into()],
+    )?;
+    // A pod record.
+    let dashed = client.ip.to_string().replace('.', "-");
+    expect(&[&format!("{dashed}.default.pod.cluster.local")], &[client.ip.to_string()])?;
+    // ExternalName: a CNAME to docs.corp.test, which the ConfigMap's stub domain answers.
+    expect(&["docs.default.svc.cluster.local"], &["docs.corp.test".into(), STUB_ANSWER.to_string()])?;
+    // Any other name goes to the ConfigMap's upstream.
+    expect(&["www.example.org"], &[UPSTREAM_ANSWER.to_string()])?;
+    Ok(())
+}
+
+/// Commits that would take a clusterIP outside the range or a nodePort another Service holds
+/// are rejected whole, with file and JSON path, and the last good commit stays served.
+fn bad_commits(cluster: &LocalCluster, work: &Worktree, client: &RunningPod, url: &str) -> Result<()> {
+    let app = || cluster.get("/apis/gitplane.io/v1/namespaces/gitplane-system/applications/demo");
+    let cases = [
+        ("outside.yaml", "clusterIP: 192.168.7.7", "/spec/clusterIP"),
+        ("taken.yaml", "type: NodePort\n  ports:\n    - port: 81\n      nodePort: 30080", "/spec/ports/0/nodePort"),
+    ];
+    for (file, spec, path) in cases {
+        let synced = tokio::task::block_in_place(|| {
+            wait_for(DEADLINE, || app().ok().filter(|a| a["status"]["sync"]["status"] == "Synced"))
+        });
+        let good = synced.context("the demo Application is not Synced")?["status"]["sync"]["revision"].clone();
+        let ports = if spec.contains("ports:") { String::new() } else { "\n  ports:\n    - port: 80".into() };
+        let manifest = format!("apiVersion: v1\nkind: Service\nmetadata:\n  name: bad\nspec:\n  {spec}{ports}\n");
+        work.write(file, &manifest)?;
+        work.commit_and_push(&format!("a bad Service: {file}"))?;
+        let failed = tokio::task::block_in_place(|| {
+            wait_for(DEADLINE, || {
+                let sync = app().ok()?["status"]["sync"].clone();
+                (sync["status"] == "Failed" && sync["errors"].to_string().contains(file)).then_some(sync)
+            })
+        })
+        .with_context(|| {
+            format!("the commit with {file} was not rejected: {:?}", app().map(|a| a["status"].clone()))
+        })?;
+        let errors = failed["errors"].to_string();
+        ensure!(errors.contains(path), "the rejection of {file} does not name {path}: {errors}");
+        ensure!(failed["revision"] == good, "the last good revision must stay: {failed}");
+        ensure!(cluster.fetch(&client.node, &client.container, url).is_ok(), "{url} stopped answering after {file}");
+        println!("{file} rejected: {errors}");
+        work.remove(file)?;
+        work.commit_and_push(&format!("remove {file}"))?;
+    }
+    Ok(())
+}
+
 fn pods(cluster: &LocalCluster) -> Result<Vec<RunningPod>> {
     cluster.running_pods("app=whoami")
 }
@@ -107,11 +287,12 @@ fn answers(cluster: &LocalCluster, client: &RunningPod, url: &str, requests: usi
     Ok(seen)
 }
 
-/// The whole story, with the proxy backend `mode`.
-async fn services_across_hosts(prefix: &str, mode: &str) -> Result<()> {
+/// The whole story, with the proxy backend `mode`; `everything` adds DNS and bad commits.
+async fn services_across_hosts(prefix: &str, mode: &str, everything: bool) -> Result<()> {
     require_root()?;
     let flag = format!("--proxy-mode={mode}");
     let cluster = tokio::task::block_in_place(|| LocalCluster::up_with(prefix, 3, &[&flag]))?;
+    let _fake_dns = FakeDns::start(&cluster)?;
     let work_dir = tempfile::tempdir()?;
     let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
     work.remove("web.yaml")?;
@@ -148,6 +329,10 @@ async fn services_across_hosts(prefix: &str, mode: &str) -> Result<()> {
         .with_context(|| format!("{url} from {} reached only {seen:?} of {everyone:?}", client.name))
     })?;
     println!("{mode}: {url} from {} reached all of {everyone:?}", client.name);
+    if everything {
+        dns_cases(&cluster, &client, &running)?;
+        bad_commits(&cluster, &work, &client, url)?;
+    }
 
     // The NodePort answers on node 1's address, from node 2's namespace.
     let node1 = cluster.get(&format!("/api/v1/nodes/{}", cluster.nodes[0]))?;
@@ -169,17 +354,27 @@ async fn services_across_hosts(prefix: &str, mode: &str) -> Result<()> {
     let error = refused.err().context("a Service without endpoints answered")?.to_string();
     ensure!(error.contains("refused"), "a Service without endpoints should refuse the connection: {error}");
 
-    // Scale down in Git: traffic goes only to the Pod that is left.
+    // Scale down in Git: traffic to the ClusterIP, here from node 2's own network namespace
+    // (the client Pod may be one of those removed), goes only to the Pod that is left.
     work.write("whoami.yaml", &manifests(1))?;
     work.commit_and_push("whoami: 1 replica")?;
+    let service_addr = SocketAddr::from((cluster_ip, 80));
+    let from_node = |n: usize| -> Result<BTreeSet<String>> {
+        let mut seen = BTreeSet::new();
+        for _ in 0..n {
+            let body = gitplane_e2e::http_get_in(&netns, service_addr, "/cgi-bin/host", Duration::from_secs(5))?;
+            seen.insert(body.trim().to_owned());
+        }
+        Ok(seen)
+    };
     let left = tokio::task::block_in_place(|| {
         wait_for(DEADLINE, || {
             let pods = pods(&cluster).ok()?;
-            let seen = answers(&cluster, &client, url, 6).ok()?;
+            let seen = from_node(6).ok()?;
             (pods.len() == 1 && seen.len() == 1 && seen.contains(&pods[0].name)).then_some(seen)
         })
     })
-    .with_context(|| format!("after the scale-down {url} still spread: {:?}", answers(&cluster, &client, url, 6)))?;
+    .with_context(|| format!("after the scale-down {service_addr} still spread: {:?}", from_node(6)))?;
     println!("{mode}: after the scale-down only {left:?} answers");
 
     let status = tokio::task::block_in_place(|| cluster.stop(DEADLINE))?;
@@ -191,6 +386,6 @@ async fn services_across_hosts(prefix: &str, mode: &str) -> Result<()> {
 /// 2-core CI machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t63_services_across_hosts_with_nftables_then_iptables() -> Result<()> {
-    services_across_hosts("gp63n", "nftables").await.context("with --proxy-mode=nftables")?;
-    services_across_hosts("gp63i", "iptables").await.context("with --proxy-mode=iptables")
+    services_across_hosts("gp63n", "nftables", true).await.context("with --proxy-mode=nftables")?;
+    services_across_hosts("gp63i", "iptables", false).await.context("with --proxy-mode=iptables")
 }
