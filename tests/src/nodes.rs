@@ -128,6 +128,18 @@ impl LocalCluster {
             .collect())
     }
 
+    /// The pid of node `name`'s agent process (`gitplane agent --node-name=<name>`).
+    pub fn agent_pid(&self, name: &str) -> Option<i32> {
+        let wanted = format!("--node-name={name}");
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let is_agent = args.get(1) == Some(&&b"agent"[..]) && args.contains(&wanted.as_bytes());
+            is_agent.then_some(pid)
+        })
+    }
+
     /// Runs `cmd` in a container through its node's containerd (as `kubectl exec`); its stdout.
     pub fn exec(&self, node: &str, container_id: &str, cmd: &[&str]) -> Result<String> {
         let exec_id = format!("e2e-{}", EXECS.fetch_add(1, Ordering::Relaxed));

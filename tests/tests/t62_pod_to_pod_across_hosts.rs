@@ -121,18 +121,6 @@ fn machine_routes_into_cluster_ranges() -> Result<Vec<String>> {
         .collect())
 }
 
-/// The pid of node `name`'s agent process (`gitplane agent --node-name=<name>`).
-fn agent_pid(name: &str) -> Option<i32> {
-    let wanted = format!("--node-name={name}");
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let is_agent = args.get(1) == Some(&&b"agent"[..]) && args.contains(&wanted.as_bytes());
-        is_agent.then_some(pid)
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t62_pods_reach_pods_on_other_hosts_by_pod_ip_without_nat() -> Result<()> {
     require_root()?;
@@ -204,10 +192,10 @@ async fn t62_pods_reach_pods_on_other_hosts_by_pod_ip_without_nat() -> Result<()
     // Node 3 leaves: its agent stops (removing its Pods) and its Node is deleted; the others drop
     // their route to it and keep the one between them.
     let gone = cluster.nodes[2].clone();
-    let pid = agent_pid(&gone).with_context(|| format!("{gone}'s agent process"))?;
+    let pid = cluster.agent_pid(&gone).with_context(|| format!("{gone}'s agent process"))?;
     // SAFETY: kill(2) on the agent process found above.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    tokio::task::block_in_place(|| wait_for(DEADLINE, || agent_pid(&gone).is_none().then_some(())))
+    tokio::task::block_in_place(|| wait_for(DEADLINE, || cluster.agent_pid(&gone).is_none().then_some(())))
         .with_context(|| format!("{gone}'s agent did not stop"))?;
     let token = std::fs::read_to_string(cluster.data_dir.join("peer-token"))?;
     let store = RemoteStore::with_token(&[format!("http://{}", cluster.listen)], PeerToken::new(token.trim())?)?;

@@ -354,19 +354,36 @@ async fn services_across_hosts(prefix: &str, mode: &str, everything: bool) -> Re
     let error = refused.err().context("a Service without endpoints answered")?.to_string();
     ensure!(error.contains("refused"), "a Service without endpoints should refuse the connection: {error}");
 
-    // Scale down in Git: traffic to the ClusterIP, here from node 2's own network namespace
-    // (the client Pod may be one of those removed), goes only to the Pod that is left.
-    work.write("whoami.yaml", &manifests(1))?;
-    work.commit_and_push("whoami: 1 replica")?;
     let service_addr = SocketAddr::from((cluster_ip, 80));
-    let from_node = |n: usize| -> Result<BTreeSet<String>> {
+    let from_node = |netns: &Path, n: usize| -> Result<BTreeSet<String>> {
         let mut seen = BTreeSet::new();
         for _ in 0..n {
-            let body = gitplane_e2e::http_get_in(&netns, service_addr, "/cgi-bin/host", Duration::from_secs(5))?;
+            let body = gitplane_e2e::http_get_in(netns, service_addr, "/cgi-bin/host", Duration::from_secs(5))?;
             seen.insert(body.trim().to_owned());
         }
         Ok(seen)
     };
+    // Node 1's agent is killed: its rules keep working meanwhile, and `gitplane up` starts it
+    // again, which takes them over (the scale-down below is then its work).
+    let node1_netns = Path::new("/run/netns").join(&cluster.nodes[0]);
+    if everything {
+        let killed = cluster.agent_pid(&cluster.nodes[0]).context("node 1's agent")?;
+        // SAFETY: kill(2) on the agent process `gitplane up` (our child) runs for node 1.
+        unsafe { libc::kill(killed, libc::SIGKILL) };
+        let meanwhile = from_node(&node1_netns, 3).context("the ClusterIP from node 1 while its agent is down")?;
+        ensure!(!meanwhile.is_empty(), "no answer from the ClusterIP while the agent was down");
+        tokio::task::block_in_place(|| {
+            wait_for(DEADLINE, || cluster.agent_pid(&cluster.nodes[0]).filter(|pid| *pid != killed))
+        })
+        .context("node 1's agent was not started again")?;
+        println!("{mode}: node 1's agent killed; its rules answered meanwhile; it was started again");
+    }
+
+    // Scale down in Git: traffic to the ClusterIP, from node 1's own network namespace (the
+    // client Pod may be one of those removed), goes only to the Pod that is left.
+    work.write("whoami.yaml", &manifests(1))?;
+    work.commit_and_push("whoami: 1 replica")?;
+    let from_node = |n| from_node(&node1_netns, n);
     let left = tokio::task::block_in_place(|| {
         wait_for(DEADLINE, || {
             let pods = pods(&cluster).ok()?;

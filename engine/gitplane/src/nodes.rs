@@ -25,13 +25,16 @@ use std::{
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::Stdio,
-    time::Duration,
+    time::{Duration, Instant},
 };
 use tokio::process::Child;
 
 /// The bridge's address, where the nodes reach the control plane.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 29, 0, 1);
 const PREFIX: u8 = 24;
+/// The first and longest wait before a failed agent is started again.
+const AGENT_RESTART_MIN: Duration = Duration::from_secs(1);
+const AGENT_RESTART_MAX: Duration = Duration::from_secs(30);
 /// How long an agent may take to remove its Pods once asked to stop.
 const AGENT_STOP: Duration = Duration::from_secs(90);
 
@@ -125,7 +128,7 @@ pub async fn run(
             })
             .collect();
         println!("{banner}\n  nodes:  {}", list.join("\n          "));
-        wait(&mut nodes, stop).await;
+        wait(&cfg, &mut nodes, stop).await;
         anyhow::Ok(())
     }
     .await;
@@ -153,13 +156,26 @@ async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow:
     let containerd =
         Containerd::start(containerd_cfg).await.with_context(|| format!("starting {name}'s containerd"))?;
     let socket = containerd.socket();
-    let cni_conf_dir = containerd.config().cni_conf_dir.clone();
     node.containerd = Some(containerd);
     let cri = Cri::connect(&socket).await.with_context(|| format!("connecting to {name}'s containerd"))?;
     images::ensure_images(&cri, &socket, &cfg.data_dir.join("images")).await?;
 
+    node.agent = Some(spawn_agent(cfg, &node)?);
+    tracing::info!(node = %name, %address, "node started");
+    Ok(node)
+}
+
+/// Starts `node`'s agent inside its host, appending to its `agent.log`.
+fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
+    let (name, address, dir) = (&node.name, node.address, &node.dir);
+    let containerd = node.containerd.as_ref().context("the node's containerd is not running")?;
+    let (socket, cni_conf_dir) = (containerd.socket(), containerd.config().cni_conf_dir.clone());
     let exe = std::env::current_exe().context("finding the gitplane binary to run the agents")?;
-    let log = std::fs::File::create(dir.join("agent.log")).context("creating the agent's log")?;
+    let log = std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("agent.log"))
+        .context("opening the agent's log")?;
     let mut agent = node.host.command(exe);
     agent
         .arg("agent")
@@ -192,15 +208,17 @@ async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow:
         // the agents in order, not every process at once.
         .process_group(0);
     let agent = tokio::process::Command::from(agent).spawn().with_context(|| format!("starting {name}'s agent"))?;
-    tracing::info!(node = %name, %address, pid = agent.id(), "node started");
-    node.agent = Some(agent);
-    Ok(node)
+    tracing::info!(node = %name, pid = agent.id(), "agent started");
+    Ok(agent)
 }
 
-/// Until `stop`; an agent that exits meanwhile is reported and not restarted (its node stays
-/// down until the next start).
-async fn wait(nodes: &mut [LocalNode], stop: impl Future<Output = ()>) {
+/// Until `stop`. An agent that fails (a non-zero exit, or killed by a signal) is started again,
+/// as systemd's `Restart=on-failure` does for a kubelet, after a back-off that doubles from 1 s
+/// to 30 s while it keeps failing within a minute of starting; one that exits cleanly (it was
+/// asked to stop) leaves its node down until the next start.
+async fn wait(cfg: &NodesConfig, nodes: &mut [LocalNode], stop: impl Future<Output = ()>) {
     tokio::pin!(stop);
+    let mut backoff: std::collections::HashMap<String, (Duration, Instant)> = Default::default();
     loop {
         let exits = nodes.iter_mut().filter_map(|n| {
             let name = n.name.clone();
@@ -215,9 +233,25 @@ async fn wait(nodes: &mut [LocalNode], stop: impl Future<Output = ()>) {
             _ = &mut stop => return,
             (exit, _, _) = futures::future::select_all(exits) => exit,
         };
-        tracing::warn!(node = %name, ?status, "the node's agent exited; the node stays down until gitplane up restarts");
-        if let Some(node) = nodes.iter_mut().find(|n| n.name == name) {
-            node.agent = None;
+        let Some(node) = nodes.iter_mut().find(|n| n.name == name) else { continue };
+        node.agent = None;
+        if status.as_ref().is_ok_and(|s| s.success()) {
+            tracing::warn!(node = %name, "the node's agent stopped; the node stays down until gitplane up restarts");
+            continue;
+        }
+        let (delay, started) = backoff.entry(name.clone()).or_insert((AGENT_RESTART_MIN, Instant::now()));
+        if started.elapsed() > Duration::from_secs(60) {
+            *delay = AGENT_RESTART_MIN;
+        }
+        tracing::warn!(node = %name, ?status, restart_in = ?delay, "the node's agent failed; restarting it");
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = tokio::time::sleep(*delay) => {}
+        }
+        (*delay, *started) = ((*delay * 2).min(AGENT_RESTART_MAX), Instant::now());
+        match spawn_agent(cfg, node) {
+            Ok(agent) => node.agent = Some(agent),
+            Err(e) => tracing::error!(node = %name, error = %e, "restarting the agent failed; the node stays down"),
         }
     }
 }
