@@ -237,13 +237,19 @@ fn dns_cases(cluster: &LocalCluster, client: &RunningPod, running: &[RunningPod]
     Ok(())
 }
 
-/// Commits that would take a clusterIP outside the range or a nodePort another Service holds
-/// are rejected whole, with file and JSON path, and the last good commit stays served.
+/// Commits with a clusterIP outside the range, a nodePort another Service holds, or a named
+/// targetPort no selected Pod declares are rejected whole, with file and JSON path, and the last
+/// good commit stays served.
 fn bad_commits(cluster: &LocalCluster, work: &Worktree, client: &RunningPod, url: &str) -> Result<()> {
     let app = || cluster.get("/apis/gitplane.io/v1/namespaces/gitplane-system/applications/demo");
     let cases = [
         ("outside.yaml", "clusterIP: 192.168.7.7", "/spec/clusterIP"),
         ("taken.yaml", "type: NodePort\n  ports:\n    - port: 81\n      nodePort: 30080", "/spec/ports/0/nodePort"),
+        (
+            "misnamed.yaml",
+            "selector:\n    app: whoami\n  ports:\n    - port: 82\n      targetPort: htp",
+            "/spec/ports/0/targetPort",
+        ),
     ];
     for (file, spec, path) in cases {
         let synced = tokio::task::block_in_place(|| {

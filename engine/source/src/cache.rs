@@ -304,11 +304,12 @@ pub(crate) fn load<'c>(
         errors.extend(outcome.errors.iter().cloned());
     }
     let accepted: Vec<&Accepted> = outcomes.iter().flat_map(|o| o.manifests.iter()).collect();
-    let duplicates = validate::duplicates(&accepted);
-    if errors.is_empty() && duplicates.is_empty() {
+    let mut across = validate::duplicates(&accepted);
+    across.extend(validate::unknown_target_ports(&accepted));
+    if errors.is_empty() && across.is_empty() {
         return Ok(accepted.into_iter().map(|a| Arc::clone(&a.manifest)).collect());
     }
-    errors.extend(duplicates.into_iter().map(|(_, error)| error));
+    errors.extend(across.into_iter().map(|(_, error)| error));
     let rank: HashMap<&str, usize> = candidates.iter().enumerate().map(|(i, c)| (c.path.as_str(), i)).collect();
     errors.sort_by_key(|e| {
         (rank.get(e.file.as_str()).copied().unwrap_or(usize::MAX), e.line.unwrap_or(0), e.column.unwrap_or(0))

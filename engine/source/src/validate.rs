@@ -2,6 +2,9 @@
 //! scope, no server-managed fields, no duplicates, the namespace defaulted.
 
 mod pod;
+mod service;
+
+pub(crate) use service::unknown_target_ports;
 
 use crate::{
     ManifestError,
@@ -149,7 +152,9 @@ impl Validator {
                 locator,
             })
             .collect();
-        errors.extend(duplicates(&accepted.iter().collect::<Vec<_>>()).into_iter().map(|(_, error)| error));
+        let all: Vec<&Accepted> = accepted.iter().collect();
+        errors.extend(duplicates(&all).into_iter().map(|(_, error)| error));
+        errors.extend(unknown_target_ports(&all).into_iter().map(|(_, error)| error));
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -1035,6 +1040,30 @@ metadata: {name: prod, namespace: \"\"}
                 "b.yaml:5: ConfigMap c: /metadata/name: ConfigMap default/c is also defined at a.yaml:4: keep only one of them"
             ]
         );
+    }
+
+    #[test]
+    fn t10_a_named_target_port_no_selected_pod_declares_is_an_error() {
+        let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  selector: {matchLabels: {app: web}}\n  \
+                          template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers:\n        - name: c\n          \
+                          image: i\n          ports: [{name: http, containerPort: 8080}]\n";
+        let service = |target: &str, app: &str| {
+            format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: web}}\nspec:\n  selector: {{app: {app}}}\n  ports:\n    \
+                 - port: 80\n      targetPort: {target}\n"
+            )
+        };
+        assert_eq!(
+            errors(&[("d.yaml", deployment), ("s.yaml", &service("htp", "web"))]),
+            [
+                "s.yaml:8: Service web: /spec/ports/0/targetPort: targetPort \"htp\" is not the name of a container port of \
+                 the Pods this Service selects (their named ports: http): name the port in the Pod template, or use its number"
+            ]
+        );
+        assert!(check(&[("d.yaml", deployment), ("s.yaml", &service("http", "web"))]).is_ok());
+        assert!(check(&[("d.yaml", deployment), ("s.yaml", &service("8080", "web"))]).is_ok());
+        // Pods from elsewhere: nothing here to check against.
+        assert!(check(&[("d.yaml", deployment), ("s.yaml", &service("htp", "other"))]).is_ok());
     }
 
     #[test]
