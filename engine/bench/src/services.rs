@@ -216,7 +216,7 @@ async fn programming_latency(up: &Up, changes: usize) -> Result<LatencyResult> {
 /// For each node, the time from `since` to its monitor's line showing `ip`'s element; `None`
 /// for a node that had not shown it by `timeout`.
 async fn wait_live(
-    lines: &mut mpsc::UnboundedReceiver<(usize, Instant, String)>,
+    lines: &mut Lines,
     nodes: usize,
     ip: Ipv4Addr,
     since: Instant,
@@ -237,6 +237,9 @@ async fn wait_live(
     seen
 }
 
+/// Each monitor's lines: (node index, when it arrived, the line).
+type Lines = mpsc::UnboundedReceiver<(usize, Instant, String)>;
+
 /// `nft monitor new elements` in each node's network namespace. A thread per monitor reads its
 /// lines and stamps each as it arrives (nft flushes every event as the kernel reports the
 /// commit).
@@ -245,7 +248,7 @@ struct Monitors {
 }
 
 impl Monitors {
-    fn start(nodes: &[String]) -> Result<(Monitors, mpsc::UnboundedReceiver<(usize, Instant, String)>)> {
+    fn start(nodes: &[String]) -> Result<(Monitors, Lines)> {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut monitors = Monitors { children: Vec::new() };
         for (index, node) in nodes.iter().enumerate() {
