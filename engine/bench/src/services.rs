@@ -4,9 +4,9 @@
 //!   EndpointSlice are written straight to the store; each change moves the endpoint to a new
 //!   address, and an `nft monitor` in every node's network namespace timestamps the moment the
 //!   new `endpoints` map element is committed there;
-//! - **traffic**: `hey` inside node 1's namespace against the demo's busybox httpd Pod, straight
-//!   to its Pod IP and through its ClusterIP (scaled to one replica, so both reach the same
-//!   Pod), alternating.
+//! - **traffic**: `hey` against the demo's busybox httpd Pod, straight to its Pod IP and through
+//!   its ClusterIP (scaled to one replica, so both reach the same Pod), alternating, from a
+//!   client Pod's network namespace and from node 1's.
 //!
 //! Every process is owned by a guard that stops it by its PID; `gitplane up` removes its
 //! namespaces when it stops, and the guard removes what a killed one left. No packet leaves the
