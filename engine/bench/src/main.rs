@@ -2,14 +2,16 @@
 //!
 //! `gitplane-bench store` compares gitplane's store with etcd, driven by one load generator:
 //! write throughput and latency, leader failover, and watch fan-out. `gitplane-bench source`
-//! measures the GitOps source against the bare YAML parse and `kubectl kustomize`. Progress goes
-//! to stderr, one Markdown table to stdout.
+//! measures the GitOps source against the bare YAML parse and `kubectl kustomize`;
+//! `gitplane-bench services` Services across the nodes of `gitplane up --nodes`. Progress goes to
+//! stderr, one Markdown table to stdout.
 
 mod auth;
 mod etcd;
 mod failover;
 mod load;
 mod procs;
+mod services;
 mod source;
 mod watch;
 
@@ -33,6 +35,10 @@ enum Command {
     /// The GitOps source against the bare YAML parse and `kubectl kustomize`, and push-to-applied
     /// through a server. Prints one Markdown table.
     Source(source::SourceArgs),
+    /// Services across nodes on `gitplane up --nodes 3`: EndpointSlice-to-rule latency on every
+    /// node, and requests/s through a ClusterIP against straight to the Pod. Prints one
+    /// Markdown table.
+    Services(services::ServicesArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -134,6 +140,7 @@ fn main() -> Result<()> {
         Command::Store(args) => store_main(args),
         Command::Source(args) => source::main(args),
         Command::SourceStep(args) => source::step(args),
+        Command::Services(args) => services::main(args),
     }
 }
 
