@@ -9,10 +9,12 @@
 mod auth;
 mod etcd;
 mod failover;
+mod idle;
 mod load;
 mod procs;
 mod services;
 mod source;
+mod up;
 mod watch;
 
 use anyhow::{Context as _, Result, bail};
@@ -39,6 +41,9 @@ enum Command {
     /// node, and requests/s through a ClusterIP against straight to the Pod. Prints one
     /// Markdown table.
     Services(services::ServicesArgs),
+    /// The idle CPU of `gitplane up --nodes 3` with 100 Applications and 300 Pods, per process
+    /// kind, with the store's and the log's growth. Prints one Markdown table.
+    Idle(idle::IdleArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -141,6 +146,7 @@ fn main() -> Result<()> {
         Command::Source(args) => source::main(args),
         Command::SourceStep(args) => source::step(args),
         Command::Services(args) => services::main(args),
+        Command::Idle(args) => idle::main(args),
     }
 }
 

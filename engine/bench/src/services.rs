@@ -12,15 +12,18 @@
 //! namespaces when it stops, and the guard removes what a killed one left. No packet leaves the
 //! namespaces `gitplane up` makes (the endpoints of the latency Service are never sent to).
 
-use crate::{load::Latencies, procs};
+use crate::{
+    load::Latencies,
+    procs,
+    up::{Up, git, git_in, load_average},
+};
 use anyhow::{Context as _, Result, bail, ensure};
-use gitplane_nodeagent::host::{NetnsHost, remove_netns};
 use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{Op, Store as _};
 use serde_json::{Value, json};
 use std::{
     io::BufRead as _,
-    net::{Ipv4Addr, SocketAddr},
+    net::Ipv4Addr,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -445,117 +448,15 @@ async fn scale_demo_to_one(up: &Up) -> Result<()> {
     ensure!(yaml.contains("replicas: 2"), "the demo's web.yaml has no `replicas: 2`");
     std::fs::write(&file, yaml.replace("replicas: 2", "replicas: 1"))?;
     std::fs::write(work.join("bench-client.yaml"), CLIENT_POD)?;
-    let in_work = || {
-        let mut command = tokio::process::Command::new("git");
-        command.arg("-C").arg(&work).env("GIT_TERMINAL_PROMPT", "0");
-        for var in ["GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME"] {
-            command.env(var, "gitplane-bench");
-        }
-        for var in ["GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL"] {
-            command.env(var, "bench@localhost");
-        }
-        command
-    };
-    git(in_work().args(["add", "--all"])).await?;
-    git(in_work().args(["commit", "--quiet", "-m", "web: 1 replica; a client Pod"])).await?;
-    git(in_work().args(["push", "--quiet", "origin", "HEAD:main"])).await
-}
-
-async fn git(command: &mut tokio::process::Command) -> Result<()> {
-    let output = command.output().await.context("running git")?;
-    ensure!(output.status.success(), "{command:?}: {}", String::from_utf8_lossy(&output.stderr));
-    Ok(())
+    git(git_in(&work).args(["add", "--all"])).await?;
+    git(git_in(&work).args(["commit", "--quiet", "-m", "web: 1 replica; a client Pod"])).await?;
+    git(git_in(&work).args(["push", "--quiet", "origin", "HEAD:main"])).await
 }
 
 // ---------------------------------------------------------------------------------------------
-// gitplane up --nodes
-
-/// `gitplane up --nodes N`, as `tests/src/nodes.rs` starts it: SIGTERM and a wait when dropped,
-/// then the product's own code removes whatever a killed one left.
-struct Up {
-    child: Option<std::process::Child>,
-    nodes: Vec<String>,
-    base: String,
-    listen: SocketAddr,
-    data_dir: PathBuf,
-    repos_dir: PathBuf,
-    log: PathBuf,
-    cgroup_parent: String,
-    /// Holds the data, the repositories and the log; removed last.
-    dir: tempfile::TempDir,
-}
+// What this benchmark waits for in the cluster
 
 impl Up {
-    async fn start(binary: &Path, count: u16) -> Result<Up> {
-        let base = format!("gpb{}", std::process::id());
-        let dir = tempfile::Builder::new().prefix("gitplane-bench-services-").tempdir()?;
-        let (data_dir, repos_dir, log) = (dir.path().join("data"), dir.path().join("repos"), dir.path().join("up.log"));
-        let listen = procs::free_addr()?;
-        let cgroup_parent = format!("/gitplane-bench-{base}");
-        let out = std::fs::File::create(&log)?;
-        let mut command = Command::new(binary);
-        command
-            .arg("up")
-            .arg(format!("--nodes={count}"))
-            .arg(format!("--node-name={base}"))
-            .arg(format!("--listen={listen}"))
-            .arg(format!("--cgroup-parent={cgroup_parent}"))
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("--repos-dir")
-            .arg(&repos_dir)
-            .env("RUST_LOG", "info,sqlx=warn,h2=warn,tower=warn")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            // Not in the terminal's group: Ctrl-C reaches the bench, whose guard stops it.
-            .process_group(0);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec. SIGTERM,
-        // not SIGKILL: a killed bench still lets gitplane up remove its namespaces.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let child = command.spawn().context("starting gitplane up --nodes")?;
-        let nodes = (1..=count).map(|i| format!("{base}-{i}")).collect();
-        let mut up = Up { child: Some(child), nodes, base, listen, data_dir, repos_dir, log, cgroup_parent, dir };
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            if let Some(Ok(Some(status))) = up.child.as_mut().map(std::process::Child::try_wait) {
-                bail!("gitplane up --nodes exited with {status}:\n{}", up.log_tail());
-            }
-            if up.ready_nodes().await.is_ok_and(|n| n == count as usize) {
-                return Ok(up);
-            }
-            if Instant::now() >= deadline {
-                bail!("{count} nodes were not Ready within {DEADLINE:?}:\n{}", up.log_tail());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn get(&self, path: &str) -> Result<Value> {
-        Ok(serde_json::from_str(&procs::http_get(self.listen, path).await?)?)
-    }
-
-    async fn ready_nodes(&self) -> Result<usize> {
-        let list = self.get("/api/v1/nodes").await?;
-        let items = list["items"].as_array().context("NodeList has items")?;
-        Ok(items
-            .iter()
-            .filter(|n| {
-                n["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-            })
-            .count())
-    }
-
     /// Waits until `web` has exactly one Pod, Running, and its EndpointSlice that one endpoint;
     /// (Pod IP, its node, the Service's ClusterIP).
     async fn wait_for_one_web_endpoint(&self) -> Result<(Ipv4Addr, String, Ipv4Addr)> {
@@ -604,71 +505,10 @@ impl Up {
         })
         .await
     }
-
-    fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(30).collect();
-        format!("--- gitplane up, last lines:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
-    }
-
-    /// SIGTERM (as Ctrl-C would), then waits for it to stop.
-    async fn stop(mut self) -> Result<std::process::ExitStatus> {
-        let mut child = self.child.take().context("stopped already")?;
-        terminate(&child);
-        let deadline = Instant::now() + DEADLINE;
-        while Instant::now() < deadline {
-            if let Some(status) = child.try_wait()? {
-                return Ok(status);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        self.child = Some(child);
-        bail!("gitplane up --nodes did not stop within {DEADLINE:?} of SIGTERM:\n{}", self.log_tail())
-    }
-}
-
-fn terminate(child: &std::process::Child) {
-    // SAFETY: kill(2) on our own child, by its PID, not yet reaped.
-    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            terminate(&child);
-            let deadline = Instant::now() + DEADLINE;
-            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if matches!(child.try_wait(), Ok(None)) {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-        // What a killed (or failed) gitplane up left, removed with the product's own code.
-        for name in &self.nodes {
-            let host_dir = self.data_dir.join("nodes").join(name).join("host");
-            if Path::new("/run/netns").join(name).exists() || host_dir.exists() {
-                drop(NetnsHost::adopt(name, host_dir, format!("{}/{name}", self.cgroup_parent)));
-            }
-        }
-        if let Err(e) = remove_netns(&format!("{}-net", self.base)) {
-            eprintln!("gitplane up {}: {e}", self.base);
-        }
-        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
-            let _ = std::fs::remove_dir(hierarchy.path().join(self.cgroup_parent.trim_start_matches('/')));
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The table
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
-}
 
 fn ms(d: Option<Duration>) -> String {
     d.map_or("–".into(), |d| format!("{:.1}", d.as_secs_f64() * 1e3))
