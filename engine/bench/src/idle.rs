@@ -69,11 +69,16 @@ async fn push(up: &Up, repo: &str, message: &str, edit: impl FnOnce(&Path) -> Re
     git(git_in(&work).args(["push", "--quiet", "origin", "HEAD:main"])).await
 }
 
-/// Running Pods in namespace default.
-async fn running(up: &Up) -> Result<usize> {
+/// Running Pods in namespace default: (all of them, the benchmark's own).
+async fn running(up: &Up) -> Result<(usize, usize)> {
     let pods = up.get("/api/v1/namespaces/default/pods").await?;
     let items = pods["items"].as_array().context("PodList has items")?;
-    Ok(items.iter().filter(|p| p["status"]["phase"] == "Running").count())
+    let running: Vec<&str> = items
+        .iter()
+        .filter(|p| p["status"]["phase"] == "Running")
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    Ok((running.len(), running.iter().filter(|n| n.starts_with("idle-")).count()))
 }
 
 /// CPU time (user + system) of every process, by kind.
@@ -136,7 +141,7 @@ async fn run(args: &IdleArgs, gitplane: &Path) -> Result<()> {
     let want = apps * replicas;
     let started = Instant::now();
     loop {
-        let now = running(&up).await.unwrap_or(0);
+        let (_, now) = running(&up).await.unwrap_or_default();
         if now >= want {
             break;
         }
@@ -164,7 +169,7 @@ async fn run(args: &IdleArgs, gitplane: &Path) -> Result<()> {
     let (cpu1, revision1, store1, log1) =
         (cpu_by_kind(up_pid, &node_netns), revision(&up).await?, dir_size(&store), log_bytes(&up));
     let window = t0.elapsed();
-    let pods = running(&up).await?;
+    let (pods, _) = running(&up).await?;
     up.stop().await?;
 
     println!(
