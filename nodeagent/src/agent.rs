@@ -22,10 +22,13 @@ use serde_json::Value;
 use std::{
     collections::{HashMap, HashSet},
     path::PathBuf,
-    sync::Arc,
+    sync::{Arc, PoisonError},
     time::{Duration, Instant},
 };
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::{
+    sync::{Notify, watch},
+    task::JoinHandle,
+};
 use tonic::{Code, Response, Status, Streaming};
 
 /// How an agent finds its control plane and its runtime.
@@ -56,8 +59,12 @@ pub struct AgentConfig {
     pub runtime: RuntimeConfig,
     /// Lease renewal period (the kubelet's is 10 s for a 40 s lease).
     pub heartbeat: Duration,
-    /// How often a pod worker re-checks its Pod without being told (the kubelet's PLEG relist).
+    /// How often a pod worker re-checks a Pod that is still changing (starting, waiting in a
+    /// back-off, failing) without being told.
     pub resync: Duration,
+    /// How often it re-checks a steady Pod (every container running, or the Pod finished): a
+    /// change in the runtime wakes its worker at once through the relist ([`PLEG_PERIOD`]).
+    pub resync_steady: Duration,
     /// Stop and remove every Pod on shutdown (the appliance's `gitplane up` does; a standalone
     /// agent leaves them running, as the kubelet does).
     pub remove_pods_on_exit: bool,
@@ -84,6 +91,7 @@ impl AgentConfig {
             runtime: RuntimeConfig::default(),
             heartbeat: Duration::from_secs(10),
             resync: Duration::from_secs(2),
+            resync_steady: Duration::from_secs(60),
             remove_pods_on_exit: false,
             join_token: None,
             credential_file: PathBuf::from("/var/lib/gitplane/node-credential"),
@@ -198,15 +206,19 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         let (dns, network, shutdown) = (dns.clone(), network.clone(), shutdown.clone());
         async move { dns::follow::run(&dns, &host_dns, &network, shutdown).await }
     });
+    let wakers = Wakers::default();
+    let relisting = tokio::spawn(relist(runtime.clone(), wakers.clone()));
     let mut pods = PodWorkers {
         cfg: cfg.clone(),
         runtime: runtime.clone(),
         client: client.clone(),
         workers: HashMap::new(),
+        wakers,
         initial: None,
     };
     follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
+    relisting.abort();
     following.abort();
     routing.abort();
     naming.abort();
@@ -294,6 +306,8 @@ struct PodWorkers {
     runtime: Arc<RuntimeManager>,
     client: Servers,
     workers: HashMap<String, (watch::Sender<Option<Pod>>, JoinHandle<()>)>,
+    /// Each worker's wake-up, for the relist.
+    wakers: Wakers,
     /// During an initial list, the uids it named so far: at its bookmark, anything else running
     /// here is an orphan.
     initial: Option<HashSet<String>>,
@@ -361,16 +375,21 @@ impl PodWorkers {
             return;
         }
         let (tx, rx) = watch::channel(Some(pod));
+        let wake = Arc::new(Notify::new());
+        self.wakers.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.clone(), wake.clone());
         let worker = PodWorker {
             uid: uid.clone(),
             runtime: self.runtime.clone(),
             client: self.client.clone(),
             resync: self.cfg.resync,
+            resync_steady: self.cfg.resync_steady,
+            wake,
         };
         self.workers.insert(uid, (tx, tokio::spawn(worker.run(rx))));
     }
 
     fn delete(&mut self, uid: &str, last: Pod) {
+        self.wakers.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
         match self.workers.remove(uid) {
             Some((tx, _)) => {
                 tx.send_replace(None);
@@ -388,6 +407,7 @@ impl PodWorkers {
     async fn remove_orphans(&mut self, listed: &HashSet<String>) {
         let gone: Vec<String> = self.workers.keys().filter(|uid| !listed.contains(*uid)).cloned().collect();
         for uid in gone {
+            self.wakers.lock().unwrap_or_else(PoisonError::into_inner).remove(&uid);
             if let Some((tx, _)) = self.workers.remove(&uid) {
                 tx.send_replace(None);
             }
@@ -439,6 +459,9 @@ struct PodWorker {
     runtime: Arc<RuntimeManager>,
     client: Servers,
     resync: Duration,
+    resync_steady: Duration,
+    /// Notified by the relist when the runtime's view of this Pod changed.
+    wake: Arc<Notify>,
 }
 
 impl PodWorker {
@@ -456,6 +479,9 @@ impl PodWorker {
             let mut next_sync = self.resync;
             match self.runtime.sync_pod(&pod).await {
                 Ok(status) => {
+                    if steady(&status) {
+                        next_sync = self.resync_steady;
+                    }
                     let comparable = comparable(&status);
                     if reported.as_ref() != Some(&comparable) {
                         match budget.take(Instant::now()) {
@@ -479,6 +505,7 @@ impl PodWorker {
             last = Some(pod);
             tokio::select! {
                 changed = updates.changed() => if changed.is_err() { return },
+                _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(next_sync) => {}
             }
         }
@@ -502,6 +529,54 @@ impl PodWorker {
                 false
             }
         }
+    }
+}
+
+/// A Pod that only a change in the runtime (which the relist reports) or in its spec can move:
+/// finished, or running with every container running.
+fn steady(status: &k8s_openapi::api::core::v1::PodStatus) -> bool {
+    match status.phase.as_deref() {
+        Some("Succeeded" | "Failed") => true,
+        Some("Running") => status
+            .container_statuses
+            .as_ref()
+            .is_some_and(|statuses| statuses.iter().all(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))),
+        _ => false,
+    }
+}
+
+/// The pod workers' wake-ups by pod uid.
+type Wakers = Arc<std::sync::Mutex<HashMap<String, Arc<Notify>>>>;
+
+/// How often the runtime is relisted (the kubelet's PLEG period).
+pub const PLEG_PERIOD: Duration = Duration::from_secs(1);
+
+/// The kubelet's PLEG: relists the runtime every [`PLEG_PERIOD`] and wakes the worker of every
+/// Pod whose sandboxes or containers changed.
+async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers) {
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut tick = tokio::time::interval(PLEG_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = match runtime.relist().await {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::warn!(error = %e, "relisting the runtime failed");
+                continue;
+            }
+        };
+        {
+            let wakers = wakers.lock().unwrap_or_else(PoisonError::into_inner);
+            let changed = now.iter().filter(|(uid, print)| seen.get(*uid) != Some(print)).map(|(uid, _)| uid);
+            let gone = seen.keys().filter(|uid| !now.contains_key(*uid));
+            for uid in changed.chain(gone) {
+                if let Some(wake) = wakers.get(uid) {
+                    wake.notify_one();
+                }
+            }
+        }
+        seen = now;
     }
 }
 

@@ -245,6 +245,34 @@ impl RuntimeManager {
         Ok(())
     }
 
+    /// What the runtime holds, as one fingerprint per pod uid (its sandboxes' and containers'
+    /// ids and states): the kubelet's PLEG relist, two list calls for the whole node, so that
+    /// pod workers are woken by a change instead of each polling the runtime.
+    pub async fn relist(&self) -> Result<HashMap<String, u64>, RuntimeError> {
+        use std::hash::{DefaultHasher, Hash as _, Hasher as _};
+        let req = pb::ListPodSandboxRequest { filter: None };
+        let sandboxes = self.call("(all)", "ListPodSandbox", None, self.cri.runtime().list_pod_sandbox(req)).await?;
+        let req = pb::ListContainersRequest { filter: None };
+        let containers = self.call("(all)", "ListContainers", None, self.cri.runtime().list_containers(req)).await?;
+        let mut states: HashMap<String, Vec<(String, i32)>> = HashMap::new();
+        let sandboxes = sandboxes.items.into_iter().map(|s| (s.labels, s.id, s.state));
+        let containers = containers.containers.into_iter().map(|c| (c.labels, c.id, c.state));
+        for (labels, id, state) in sandboxes.chain(containers) {
+            if let Some(uid) = labels.get(LABEL_POD_UID) {
+                states.entry(uid.clone()).or_default().push((id, state));
+            }
+        }
+        Ok(states
+            .into_iter()
+            .map(|(uid, mut states)| {
+                states.sort();
+                let mut hasher = DefaultHasher::new();
+                states.hash(&mut hasher);
+                (uid, hasher.finish())
+            })
+            .collect())
+    }
+
     /// The uids of pods that have any sandbox in the runtime.
     pub async fn pod_uids(&self) -> Result<Vec<String>, RuntimeError> {
         let req = pb::ListPodSandboxRequest { filter: None };
