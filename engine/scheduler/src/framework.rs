@@ -1,6 +1,6 @@
 //! The pure scheduling core: filter, then score, then pick. No I/O.
 
-use crate::resources::{Resources, node_allocatable, pod_requests};
+use crate::resources::{Resources, node_allocatable, pod_requests, pod_score_requests};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use std::{collections::BTreeMap, fmt};
 
@@ -9,13 +9,16 @@ use std::{collections::BTreeMap, fmt};
 pub struct NodeInfo {
     pub node: Node,
     pub allocatable: Resources,
+    /// What its Pods request (what fits is decided on this).
     pub requested: Resources,
+    /// The same with kube-scheduler's non-zero defaults (what scoring counts).
+    pub score_requested: Resources,
 }
 
 impl NodeInfo {
     pub fn new(node: Node) -> Self {
         let allocatable = node_allocatable(&node);
-        NodeInfo { node, allocatable, requested: Resources::default() }
+        NodeInfo { node, allocatable, requested: Resources::default(), score_requested: Resources::default() }
     }
 
     pub fn name(&self) -> &str {
@@ -25,6 +28,7 @@ impl NodeInfo {
     /// Accounts for a Pod bound (or assumed bound) to this node.
     pub fn add_pod(&mut self, pod: &Pod) {
         self.requested.add(pod_requests(pod));
+        self.score_requested.add(pod_score_requests(pod));
     }
 }
 
@@ -35,7 +39,8 @@ pub trait FilterPlugin: Send + Sync {
     fn filter(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> Result<(), String>;
 }
 
-/// Score: how good a feasible node is, from 0 to 100.
+/// Score: how good a feasible node is, from 0 to 100. `request` is the Pod's request as scoring
+/// counts it (kube-scheduler's non-zero defaults), to set against `NodeInfo::score_requested`.
 pub trait ScorePlugin: Send + Sync {
     fn name(&self) -> &'static str;
     fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64;
@@ -80,7 +85,7 @@ impl Profile {
     /// Picks the best feasible node: the highest weighted score, ties to the lowest name so the
     /// result is deterministic.
     pub fn schedule(&self, pod: &Pod, nodes: &[NodeInfo]) -> Result<String, ScheduleError> {
-        let request = pod_requests(pod);
+        let (request, score_request) = (pod_requests(pod), pod_score_requests(pod));
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         let mut best: Option<(i64, &str)> = None;
         for node in nodes {
@@ -88,7 +93,8 @@ impl Profile {
                 *reasons.entry(reason).or_default() += 1;
                 continue;
             }
-            let score: i64 = self.scores.iter().map(|(p, w)| w * p.score(pod, &request, node).clamp(0, 100)).sum();
+            let score: i64 =
+                self.scores.iter().map(|(p, w)| w * p.score(pod, &score_request, node).clamp(0, 100)).sum();
             let better = match best {
                 None => true,
                 Some((s, name)) => score > s || (score == s && node.name() < name),

@@ -81,7 +81,7 @@ impl ScorePlugin for LeastAllocated {
     }
 
     fn score(&self, _: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
-        let (a, r) = (&node.allocatable, &node.requested);
+        let (a, r) = (&node.allocatable, &node.score_requested);
         let cpu = free_percent(a.cpu_milli, r.cpu_milli + request.cpu_milli);
         let memory = free_percent(a.memory, r.memory + request.memory);
         (cpu + memory) / 2
@@ -97,7 +97,7 @@ impl ScorePlugin for BalancedAllocation {
     }
 
     fn score(&self, _: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
-        let (a, r) = (&node.allocatable, &node.requested);
+        let (a, r) = (&node.allocatable, &node.score_requested);
         let cpu = 100 - free_percent(a.cpu_milli, r.cpu_milli + request.cpu_milli);
         let memory = 100 - free_percent(a.memory, r.memory + request.memory);
         100 - (cpu - memory).abs()
@@ -188,6 +188,15 @@ mod tests {
         busy.add_pod(&pod("3", "6Gi"));
         let nodes = [busy, node("b", "4", "8Gi", true)];
         assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &nodes), Ok("b".into()));
+    }
+
+    #[test]
+    fn pods_without_requests_spread() {
+        let bare = || serde_json::from_value::<Pod>(json!({"spec": {"containers": [{"name": "c"}]}})).unwrap();
+        let mut one = node("a", "4", "8Gi", true);
+        one.add_pod(&bare());
+        let nodes = [one, node("b", "4", "8Gi", true)];
+        assert_eq!(Profile::default().schedule(&bare(), &nodes), Ok("b".into()));
     }
 
     #[test]

@@ -27,6 +27,12 @@ fn amount(map: Option<&BTreeMap<String, Quantity>>, name: &str, parse: fn(&str) 
     map?.get(name).and_then(|q| parse(&q.0))
 }
 
+/// What scoring counts for a container that requests no CPU or no memory: kube-scheduler's
+/// `DefaultMilliCPURequest` and `DefaultMemoryRequest`, so that Pods without requests still
+/// spread over the nodes instead of all scoring zero.
+const NON_ZERO_CPU_MILLI: i128 = 100;
+const NON_ZERO_MEMORY: i128 = 200 << 20;
+
 fn container_requests(c: &Container) -> Resources {
     let res = c.resources.as_ref();
     let requests = res.and_then(|r| r.requests.as_ref());
@@ -37,12 +43,26 @@ fn container_requests(c: &Container) -> Resources {
 }
 
 /// The effective request of a Pod: the sum of its containers, or the largest init container if
-/// that is more, plus one pod slot.
+/// that is more, plus one pod slot. What fits where is decided on this.
 pub fn pod_requests(pod: &Pod) -> Resources {
+    requests(pod, |c| c)
+}
+
+/// The request scoring counts (kube-scheduler's non-zero requests): as [`pod_requests`], with a
+/// container's zero CPU or memory counted as [`NON_ZERO_CPU_MILLI`] / [`NON_ZERO_MEMORY`].
+pub fn pod_score_requests(pod: &Pod) -> Resources {
+    requests(pod, |c| Resources {
+        cpu_milli: if c.cpu_milli == 0 { NON_ZERO_CPU_MILLI } else { c.cpu_milli },
+        memory: if c.memory == 0 { NON_ZERO_MEMORY } else { c.memory },
+        pods: c.pods,
+    })
+}
+
+fn requests(pod: &Pod, of_container: impl Fn(Resources) -> Resources) -> Resources {
     let Some(spec) = pod.spec.as_ref() else { return Resources { pods: 1, ..Default::default() } };
     let mut total = Resources::default();
     for c in &spec.containers {
-        total.add(container_requests(c));
+        total.add(of_container(container_requests(c)));
     }
     for c in spec.init_containers.iter().flatten() {
         let init = container_requests(c);
