@@ -6,6 +6,7 @@
 //! different pods may sync concurrently.
 
 pub mod actions;
+pub mod calls;
 mod cgroups;
 pub mod failures;
 pub mod spec;
@@ -101,6 +102,7 @@ pub struct RuntimeManager {
     cfg: RuntimeConfig,
     /// Why containers could not be started: their waiting reasons, and the image pull back-off.
     failures: Mutex<Failures>,
+    calls: calls::CriCalls,
 }
 
 impl RuntimeManager {
@@ -109,11 +111,16 @@ impl RuntimeManager {
         if cfg.node_memory_bytes.is_none() {
             cfg.node_memory_bytes = tokio::fs::read_to_string("/proc/meminfo").await.ok().and_then(|m| mem_total(&m));
         }
-        RuntimeManager { cri, cfg, failures: Mutex::default() }
+        RuntimeManager { cri, cfg, failures: Mutex::default(), calls: calls::CriCalls::default() }
     }
 
     pub fn config(&self) -> &RuntimeConfig {
         &self.cfg
+    }
+
+    /// Every CRI call made so far, per operation.
+    pub fn cri_calls(&self) -> std::collections::BTreeMap<&'static str, calls::CallStats> {
+        self.calls.snapshot()
     }
 
     /// Kubelet's SyncPod: makes the runtime match `pod` (sandbox, then each container that
@@ -516,7 +523,10 @@ impl RuntimeManager {
         call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     ) -> Result<T, RuntimeError> {
         let timeout = timeout.unwrap_or(self.cfg.cri_timeout);
-        match tokio::time::timeout(timeout, call).await {
+        let started = Instant::now();
+        let result = tokio::time::timeout(timeout, call).await;
+        self.calls.record(op, started.elapsed());
+        match result {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(source)) => Err(RuntimeError::Cri { pod: pod.to_string(), op, source }),
             Err(_) => Err(RuntimeError::Timeout { pod: pod.to_string(), op, timeout }),

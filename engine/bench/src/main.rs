@@ -3,7 +3,8 @@
 //! `gitplane-bench store` compares gitplane's store with etcd, driven by one load generator:
 //! write throughput and latency, leader failover, and watch fan-out. `gitplane-bench source`
 //! measures the GitOps source against the bare YAML parse and `kubectl kustomize`;
-//! `gitplane-bench services` Services across the nodes of `gitplane up --nodes`. Progress goes to
+//! `gitplane-bench services` Services across the nodes of `gitplane up --nodes`; `gitplane-bench
+//! podstart` Pod start on one node against bare CRI calls. Progress goes to
 //! stderr, one Markdown table to stdout.
 
 mod auth;
@@ -11,6 +12,7 @@ mod etcd;
 mod failover;
 mod idle;
 mod load;
+mod podstart;
 mod procs;
 mod services;
 mod source;
@@ -44,6 +46,9 @@ enum Command {
     /// The idle CPU of `gitplane up --nodes 3` with 100 Applications and 300 Pods, per process
     /// kind, with the store's and the log's growth. Prints one Markdown table.
     Idle(idle::IdleArgs),
+    /// Pod start on one node: the agent's runtime manager from a bound Pod to Running, against
+    /// the same CRI calls made bare, one by one and all at once. Prints Markdown tables.
+    Podstart(podstart::PodStartArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -147,6 +152,7 @@ fn main() -> Result<()> {
         Command::SourceStep(args) => source::step(args),
         Command::Services(args) => services::main(args),
         Command::Idle(args) => idle::main(args),
+        Command::Podstart(args) => podstart::main(args),
     }
 }
 
