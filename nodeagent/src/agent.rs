@@ -15,7 +15,8 @@ use crate::{
     runtime::{RuntimeConfig, RuntimeManager},
 };
 use gitplane_proto::node::{
-    EventType, HeartbeatRequest, PodEvent, RegisterRequest, UpdatePodStatusRequest, WatchPodsRequest,
+    EventType, HeartbeatRequest, PodEvent, RegisterRequest, UpdateNodeStatusRequest, UpdatePodStatusRequest,
+    WatchPodsRequest,
 };
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
@@ -57,8 +58,13 @@ pub struct AgentConfig {
     /// `dnsPolicy: Default` get it.
     pub resolv_conf: PathBuf,
     pub runtime: RuntimeConfig,
+    /// Labels, taints, reserves and eviction thresholds of the Node.
+    pub node: node::NodeConfig,
     /// Lease renewal period (the kubelet's is 10 s for a 40 s lease).
     pub heartbeat: Duration,
+    /// How often the node's own status (pressure conditions, images) is checked; it is sent
+    /// only when it changed (the kubelet's nodeStatusUpdateFrequency).
+    pub node_status_period: Duration,
     /// How often a pod worker re-checks a Pod that is still changing (starting, waiting in a
     /// back-off, failing) without being told.
     pub resync: Duration,
@@ -89,7 +95,9 @@ impl AgentConfig {
             proxy_backend: proxy::Backend::Nftables,
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             runtime: RuntimeConfig::default(),
+            node: node::NodeConfig { nodefs: PathBuf::from("/var/lib/gitplane/pods"), ..Default::default() },
             heartbeat: Duration::from_secs(10),
+            node_status_period: Duration::from_secs(10),
             resync: Duration::from_secs(2),
             resync_steady: Duration::from_secs(60),
             remove_pods_on_exit: false,
@@ -178,6 +186,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
     let runtime = Arc::new(RuntimeManager::new(cri, runtime_cfg).await);
     let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
+    let node_status = tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone()));
     // Services, EndpointSlices and Nodes, for the node's networking.
     let network = Arc::new(Network::default());
     let following = tokio::spawn({
@@ -218,6 +227,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     };
     follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
+    node_status.abort();
     relisting.abort();
     following.abort();
     routing.abort();
@@ -253,7 +263,7 @@ async fn register(
     runtime_version: &str,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<String> {
-    let node = node::describe(&cfg.node_name, cfg.node_ip.as_deref(), runtime_version);
+    let node = node::describe(&cfg.node_name, cfg.node_ip.as_deref(), runtime_version, &cfg.node);
     let request = RegisterRequest { node: serde_json::to_vec(&node).unwrap_or_default() };
     let mut delay = RETRY_MIN;
     loop {
@@ -296,6 +306,47 @@ async fn heartbeat(cfg: AgentConfig, client: Servers) {
         if let Err(status) = c.heartbeat(request).await {
             tracing::warn!(error = %status.message(), "lease renewal failed");
             client.failed(server);
+        }
+    }
+}
+
+/// Sends the node's own status when it changes: pressure conditions, allocatable, images.
+async fn report_node_status(cfg: AgentConfig, client: Servers, runtime: Arc<RuntimeManager>) {
+    let mut tick = tokio::time::interval(cfg.node_status_period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent: Option<Value> = None;
+    let mut conditions = Vec::new();
+    loop {
+        tick.tick().await;
+        let images = match runtime.images().await {
+            Ok(images) => images,
+            Err(error) => {
+                tracing::warn!(%error, "listing images for the node status failed");
+                continue;
+            }
+        };
+        let signals = node::host_signals(&cfg.node.nodefs);
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+        let status = node::status(&cfg.node, &signals, &conditions, images, now);
+        let value = serde_json::to_value(&status).unwrap_or_default();
+        if sent.as_ref() == Some(&value) {
+            continue;
+        }
+        for c in status.conditions.iter().flatten().filter(|c| c.status == "True") {
+            tracing::warn!(condition = %c.type_, message = ?c.message, "node under pressure");
+        }
+        let request =
+            UpdateNodeStatusRequest { node_name: cfg.node_name.clone(), status: value.to_string().into_bytes() };
+        let (server, mut c) = client.get();
+        match c.update_node_status(request).await {
+            Ok(_) => {
+                conditions = status.conditions.unwrap_or_default();
+                sent = Some(value);
+            }
+            Err(status) => {
+                tracing::warn!(error = %status.message(), "node status update failed");
+                client.failed(server);
+            }
         }
     }
 }

@@ -4,9 +4,11 @@
 use crate::{
     agent::{self, AgentConfig, AgentError},
     cidr::Ipv4Cidr,
+    node::{self, pressure::EvictionHard},
     proxy,
 };
-use std::path::PathBuf;
+use k8s_openapi::api::core::v1::Taint;
+use std::{collections::BTreeMap, path::PathBuf};
 
 #[derive(clap::Args, Debug)]
 pub struct AgentArgs {
@@ -60,6 +62,24 @@ pub struct AgentArgs {
     /// replica), needed until the node holds its credential.
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
+    /// Labels of the Node, `key=value,…` (a node may not set node-restriction.kubernetes.io/
+    /// labels, nor kubernetes.io ones outside the kubelet's allowed list).
+    #[arg(long, value_parser = node::parse_labels, default_value = "")]
+    pub node_labels: BTreeMap<String, String>,
+    /// Taints the Node gets when it is first registered, `key[=value]:Effect,…`.
+    #[arg(long, value_parser = node::parse_taints, default_value = "")]
+    pub register_with_taints: ::std::vec::Vec<Taint>,
+    /// Resources kept back for the system, `cpu=100m,memory=256Mi,ephemeral-storage=1Gi`.
+    #[arg(long, default_value = "")]
+    pub system_reserved: node::Reserved,
+    /// Resources kept back for the node agent and the runtime, same syntax.
+    #[arg(long, default_value = "")]
+    pub kube_reserved: node::Reserved,
+    /// Hard eviction thresholds, `memory.available<100Mi,nodefs.available<10%,pid.available<5%`:
+    /// a signal below its threshold sets the pressure condition (and its NoSchedule taint), and
+    /// the threshold is not allocatable.
+    #[arg(long, default_value = "")]
+    pub eviction_hard: EvictionHard,
     /// Where the node's credential is kept (mode 0600) once it has joined.
     #[arg(long, default_value = "/var/lib/gitplane/node-credential")]
     pub credential_file: PathBuf,
@@ -79,6 +99,13 @@ impl AgentArgs {
         cfg.proxy_backend = self.proxy_mode;
         cfg.resolv_conf = self.resolv_conf;
         cfg.runtime.cgroup_parent = self.cgroup_parent;
+        cfg.node = node::NodeConfig {
+            labels: self.node_labels,
+            taints: self.register_with_taints,
+            reserved: self.system_reserved + self.kube_reserved,
+            eviction_hard: self.eviction_hard,
+            nodefs: self.pod_dir.clone(),
+        };
         cfg.runtime.pod_dir = self.pod_dir;
         cfg.runtime.pod_log_dir = self.pod_log_dir;
         cfg.remove_pods_on_exit = self.remove_pods_on_exit;

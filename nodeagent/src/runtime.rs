@@ -280,6 +280,20 @@ impl RuntimeManager {
             .collect())
     }
 
+    /// The images the runtime holds, as a Node lists them.
+    pub async fn images(&self) -> Result<Vec<k8s_openapi::api::core::v1::ContainerImage>, RuntimeError> {
+        let req = pb::ListImagesRequest { filter: None };
+        let listed = self.call("(all)", "ListImages", None, self.cri.images().list_images(req)).await?;
+        Ok(listed
+            .images
+            .into_iter()
+            .map(|image| k8s_openapi::api::core::v1::ContainerImage {
+                names: Some(image.repo_digests.into_iter().chain(image.repo_tags).collect()),
+                size_bytes: i64::try_from(image.size).ok(),
+            })
+            .collect())
+    }
+
     /// The uids of pods that have any sandbox in the runtime.
     pub async fn pod_uids(&self) -> Result<Vec<String>, RuntimeError> {
         let req = pb::ListPodSandboxRequest { filter: None };

@@ -90,6 +90,8 @@ pub struct NodesConfig {
     pub port: u16,
     pub service_cidr: Ipv4Cidr,
     pub proxy_mode: proxy::Backend,
+    /// More flags for every agent.
+    pub agent_args: Vec<String>,
 }
 
 /// One node: its host, containerd and agent.
@@ -200,6 +202,7 @@ fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
         .arg(cfg.data_dir.join("join-token"))
         .arg("--credential-file")
         .arg(dir.join("node-credential"))
+        .args(&cfg.agent_args)
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())
         .stdout(log.try_clone().context("the agent's log")?)

@@ -72,6 +72,10 @@ pub struct UpArgs {
     /// broadcast addresses are left out). None: they stay <pending>.
     #[arg(long, value_parser = AddressPool::parse)]
     load_balancer_pool: Option<AddressPool>,
+    /// An extra flag for every node's agent (repeat it), e.g.
+    /// `--agent-arg=--register-with-taints=dedicated=db:NoSchedule`; see `gitplane agent --help`.
+    #[arg(long = "agent-arg", allow_hyphen_values = true, requires = "nodes")]
+    agent_args: Vec<String>,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -129,6 +133,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             port,
             service_cidr: args.service_cidr,
             proxy_mode: args.proxy_mode,
+            agent_args: args.agent_args.clone(),
         };
         let result = nodes::run(cfg, network, banner(&repo_url, args.listen, &bootstrap_repo), stop_signal()).await;
         replica.shutdown().await;
@@ -191,6 +196,7 @@ async fn run_node(
         pod_dir: data_dir.join("pods"),
         ..RuntimeConfig::default()
     };
+    cfg.node.nodefs = data_dir.join("pods");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut agent = tokio::spawn(agent::run(cfg, stopped));
 

@@ -2,7 +2,7 @@
 
 use crate::framework::{FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin};
 use crate::resources::Resources;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
 
 /// Only nodes whose Ready condition is True and that are not cordoned.
 pub struct NodeReady;
@@ -104,10 +104,112 @@ impl ScorePlugin for BalancedAllocation {
     }
 }
 
+/// Whether `toleration` tolerates `taint` (upstream's `ToleratesTaint`): same effect (or any),
+/// same key (or any, with `Exists`), and for `Equal` the same value.
+fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
+    let effect = toleration.effect.as_deref().unwrap_or_default();
+    let key = toleration.key.as_deref().unwrap_or_default();
+    if (!effect.is_empty() && effect != taint.effect) || (!key.is_empty() && key != taint.key) {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or("Equal") {
+        "Exists" => true,
+        _ => toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
+    }
+}
+
+fn untolerated<'a>(pod: &Pod, node: &'a NodeInfo, effects: &[&str]) -> impl Iterator<Item = &'a Taint> {
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default();
+    let taints = node.node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    let effects: Vec<String> = effects.iter().map(|e| e.to_string()).collect();
+    taints
+        .iter()
+        .filter(move |t| effects.contains(&t.effect))
+        .filter(move |t| !tolerations.iter().any(|tol| tolerates(tol, t)))
+}
+
+/// A node's NoSchedule and NoExecute taints must each be tolerated by the Pod; fewer untolerated
+/// PreferNoSchedule taints score higher (100 for none, halved by the first, and so on: there is
+/// no cross-node normalization as upstream's).
+pub struct TaintToleration;
+
+impl FilterPlugin for TaintToleration {
+    fn name(&self) -> &'static str {
+        "TaintToleration"
+    }
+
+    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), String> {
+        match untolerated(pod, node, &["NoSchedule", "NoExecute"]).next() {
+            None => Ok(()),
+            Some(t) => {
+                Err(format!("node(s) had untolerated taint {{{}: {}}}", t.key, t.value.as_deref().unwrap_or_default()))
+            }
+        }
+    }
+}
+
+impl ScorePlugin for TaintToleration {
+    fn name(&self) -> &'static str {
+        "TaintToleration"
+    }
+
+    fn score(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> i64 {
+        100 / (1 + untolerated(pod, node, &["PreferNoSchedule"]).count() as i64)
+    }
+}
+
+/// Prefers nodes that already hold the Pod's images, by their total size (upstream's
+/// ImageLocality without its spread factor): below 23 MB per container scores 0, 1000 MB per
+/// container scores 100, so that tiny images do not outweigh the spreading of load.
+pub struct ImageLocality;
+
+const IMAGE_MIN_BYTES: i64 = 23 << 20;
+const IMAGE_MAX_BYTES_PER_CONTAINER: i64 = 1000 << 20;
+
+/// An image reference as the runtime names it: `nginx` -> `docker.io/library/nginx:latest`.
+fn normalized_image(image: &str) -> String {
+    let (name, tagged) = match image.rsplit_once('/') {
+        Some((_, last)) => (image.to_owned(), last.contains(':') || last.contains('@')),
+        None => (image.to_owned(), image.contains(':') || image.contains('@')),
+    };
+    let first = name.split('/').next().unwrap_or_default();
+    let has_registry = name.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let name = match (has_registry, name.contains('/')) {
+        (true, _) => name,
+        (false, true) => format!("docker.io/{name}"),
+        (false, false) => format!("docker.io/library/{name}"),
+    };
+    if tagged { name } else { format!("{name}:latest") }
+}
+
+impl ScorePlugin for ImageLocality {
+    fn name(&self) -> &'static str {
+        "ImageLocality"
+    }
+
+    fn score(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> i64 {
+        let Some(spec) = pod.spec.as_ref() else { return 0 };
+        let images = node.node.status.as_ref().and_then(|s| s.images.as_deref()).unwrap_or_default();
+        let present: i64 = spec
+            .containers
+            .iter()
+            .filter_map(|c| c.image.as_deref())
+            .map(normalized_image)
+            .filter_map(|wanted| {
+                images.iter().find(|i| i.names.iter().flatten().any(|n| normalized_image(n) == wanted))?.size_bytes
+            })
+            .sum();
+        let max = IMAGE_MAX_BYTES_PER_CONTAINER * spec.containers.len().max(1) as i64;
+        ((present.clamp(IMAGE_MIN_BYTES, max) - IMAGE_MIN_BYTES) * 100) / (max - IMAGE_MIN_BYTES)
+    }
+}
+
 /// Plugins by name, as the profile configuration refers to them.
 pub enum Plugin {
     Filter(Box<dyn FilterPlugin>),
     Score(Box<dyn ScorePlugin>),
+    /// A plugin at both extension points (its weight is its score's).
+    FilterAndScore(Box<dyn FilterPlugin>, Box<dyn ScorePlugin>),
 }
 
 pub fn registry(name: &str) -> Option<Plugin> {
@@ -115,6 +217,8 @@ pub fn registry(name: &str) -> Option<Plugin> {
         "NodeReady" => Plugin::Filter(Box::new(NodeReady)),
         "NodeSelector" => Plugin::Filter(Box::new(NodeSelector)),
         "NodeResourcesFit" => Plugin::Filter(Box::new(NodeResourcesFit)),
+        "TaintToleration" => Plugin::FilterAndScore(Box::new(TaintToleration), Box::new(TaintToleration)),
+        "ImageLocality" => Plugin::Score(Box::new(ImageLocality)),
         "LeastAllocated" => Plugin::Score(Box::new(LeastAllocated)),
         "BalancedAllocation" => Plugin::Score(Box::new(BalancedAllocation)),
         _ => return None,
@@ -130,6 +234,10 @@ impl Profile {
             match registry(name).ok_or_else(|| ScheduleError::UnknownPlugin((*name).to_owned()))? {
                 Plugin::Filter(f) => filters.push(f),
                 Plugin::Score(s) => scores.push((s, *weight)),
+                Plugin::FilterAndScore(f, s) => {
+                    filters.push(f);
+                    scores.push((s, *weight));
+                }
             }
         }
         Ok(Profile::new(filters, scores))
@@ -142,8 +250,10 @@ impl Default for Profile {
             ("NodeReady", 1),
             ("NodeSelector", 1),
             ("NodeResourcesFit", 1),
+            ("TaintToleration", 3),
             ("LeastAllocated", 1),
             ("BalancedAllocation", 1),
+            ("ImageLocality", 1),
         ])
         .expect("the default plugins are registered")
     }
@@ -219,6 +329,68 @@ mod tests {
         p.spec.as_mut().unwrap().node_selector = Some([("disk".to_owned(), "hdd".to_owned())].into());
         let err = Profile::default().schedule(&p, &[node("a", "1", "1Gi", true)]).unwrap_err();
         assert!(err.to_string().contains("node affinity/selector"));
+    }
+
+    fn tainted(name: &str, taints: serde_json::Value) -> NodeInfo {
+        let mut info = node(name, "4", "8Gi", true);
+        info.node.spec = Some(serde_json::from_value(json!({"taints": taints})).unwrap());
+        info
+    }
+
+    fn tolerating(tolerations: serde_json::Value) -> Pod {
+        let mut p = pod("100m", "64Mi");
+        p.spec.as_mut().unwrap().tolerations = serde_json::from_value(tolerations).unwrap();
+        p
+    }
+
+    #[test]
+    fn taints_keep_pods_off_unless_tolerated() {
+        let nodes = [tainted("a", json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]))];
+        let err = Profile::default().schedule(&pod("100m", "64Mi"), &nodes).unwrap_err();
+        assert_eq!(err.to_string(), "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: db}.");
+        for tolerations in [
+            json!([{"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}]),
+            json!([{"key": "dedicated", "operator": "Exists"}]),
+            json!([{"operator": "Exists"}]),
+        ] {
+            assert_eq!(
+                Profile::default().schedule(&tolerating(tolerations.clone()), &nodes),
+                Ok("a".into()),
+                "{tolerations}"
+            );
+        }
+        for tolerations in [
+            json!([{"key": "dedicated", "value": "web", "effect": "NoSchedule"}]),
+            json!([{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}]),
+        ] {
+            assert!(Profile::default().schedule(&tolerating(tolerations.clone()), &nodes).is_err(), "{tolerations}");
+        }
+    }
+
+    #[test]
+    fn prefer_no_schedule_is_a_preference() {
+        let nodes = [tainted("a", json!([{"key": "spot", "effect": "PreferNoSchedule"}])), tainted("b", json!([]))];
+        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &nodes), Ok("b".into()));
+        let only = [tainted("a", json!([{"key": "spot", "effect": "PreferNoSchedule"}]))];
+        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &only), Ok("a".into()));
+    }
+
+    #[test]
+    fn image_locality_prefers_nodes_holding_big_images() {
+        let with_images = |name: &str, images: serde_json::Value| {
+            let mut info = node(name, "4", "8Gi", true);
+            info.node.status.as_mut().unwrap().images = serde_json::from_value(images).unwrap();
+            info
+        };
+        let mut p = pod("100m", "64Mi");
+        p.spec.as_mut().unwrap().containers[0].image = Some("postgres:16".into());
+        let big = json!([{"names": ["docker.io/library/postgres:16"], "sizeBytes": 400 << 20}]);
+        let nodes = [with_images("a", json!([])), with_images("b", big)];
+        assert!(ImageLocality.score(&p, &Resources::default(), &nodes[1]) > 30);
+        assert_eq!(ImageLocality.score(&p, &Resources::default(), &nodes[0]), 0);
+        assert_eq!(Profile::default().schedule(&p, &nodes), Ok("b".into()));
+        assert_eq!(normalized_image("gitplane.local/httpd:1"), "gitplane.local/httpd:1");
+        assert_eq!(normalized_image("me/app"), "docker.io/me/app:latest");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! it, and their status, with Pod addresses inside its podCIDR.
 
 mod identity;
+mod nodestatus;
 mod podcidr;
 
 pub use identity::NodeIdentity;
@@ -15,13 +16,13 @@ use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
 use gitplane_proto::node::{
     EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, ObjectEvent, PodEvent, RegisterRequest,
-    RegisterResponse, UpdatePodStatusRequest, UpdatePodStatusResponse, WatchNetworkRequest, WatchPodsRequest,
-    node_service_server,
+    RegisterResponse, UpdateNodeStatusRequest, UpdateNodeStatusResponse, UpdatePodStatusRequest,
+    UpdatePodStatusResponse, WatchNetworkRequest, WatchPodsRequest, node_service_server,
 };
 use gitplane_store::{Api, EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
     coordination::v1::{Lease, LeaseSpec},
-    core::v1::{ConfigMap, Node, NodeCondition, NodeSpec, Pod, PodStatus},
+    core::v1::{ConfigMap, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodStatus},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -152,8 +153,15 @@ impl NodeService {
                 None => {
                     let (record, cidr) = podcidr::allocation(&configmaps, &nodes, &name).await?;
                     ops.push(record);
-                    let spec =
-                        NodeSpec { pod_cidr: Some(cidr.clone()), pod_cidrs: Some(vec![cidr]), ..Default::default() };
+                    // Taints come with the first registration only, as the kubelet's
+                    // --register-with-taints: later changes are the cluster owner's.
+                    let taints = reported.spec.as_ref().and_then(|s| s.taints.clone()).filter(|t| !t.is_empty());
+                    let spec = NodeSpec {
+                        pod_cidr: Some(cidr.clone()),
+                        pod_cidrs: Some(vec![cidr]),
+                        taints,
+                        ..Default::default()
+                    };
                     Node { metadata: reported.metadata.clone(), spec: Some(spec), status: None }
                 }
             };
@@ -174,6 +182,35 @@ impl NodeService {
             }
         }
         Err(StoreError::Unavailable(format!("node {name} is being registered concurrently; retry")).into())
+    }
+
+    /// Stores what a node reports of itself, with the taints its pressure conditions call for.
+    async fn update_node_status(&self, name: &str, reported: NodeStatus) -> Result<(), Status> {
+        let nodes = Api::<Node>::new(self.store.clone());
+        for _ in 0..CAS_ATTEMPTS {
+            let Some(mut node) = nodes.get("", name).await.map_err(store_status)? else {
+                return Err(Status::not_found(format!("node {name} is not registered: register it first")));
+            };
+            let status = nodestatus::merge(node.status.as_ref(), reported.clone());
+            let spec = node.spec.get_or_insert_with(Default::default);
+            let taints = nodestatus::condition_taints(&status, spec.taints.as_deref().unwrap_or_default());
+            let mut ops = Vec::with_capacity(2);
+            if taints != spec.taints.clone().unwrap_or_default() {
+                spec.taints = Some(taints).filter(|t| !t.is_empty());
+                ops.push(Op::Update(to_value(&node)));
+            }
+            let mut with_status = node;
+            if !ops.is_empty() {
+                with_status.metadata.resource_version = None; // ordered after the write above
+            }
+            with_status.status = Some(status);
+            ops.push(Op::UpdateStatus(to_value(&with_status)));
+            match self.store.txn(ops).await {
+                Err(e) if e.is_conflict() => continue,
+                other => return other.map(|_| ()).map_err(store_status),
+            }
+        }
+        Err(Status::aborted(format!("node {name} changed concurrently {CAS_ATTEMPTS} times; retry")))
     }
 
     async fn renew_lease(&self, name: &str) -> Result<(), StoreError> {
@@ -273,6 +310,9 @@ impl node_service_server::NodeService for NodeService {
                 "this is node {own}'s credential: it cannot register {name}"
             )));
         }
+        if let Some(why) = node.metadata.labels.as_ref().and_then(nodestatus::forbidden_label) {
+            return Err(Status::permission_denied(format!("node {name}: {why}")));
+        }
         let pod_cidr = self.register_node(node, &caller).await?;
         self.renew_lease(&name).await.map_err(store_status)?;
         tracing::info!(node = %name, %pod_cidr, "node registered");
@@ -290,6 +330,20 @@ impl node_service_server::NodeService for NodeService {
         }
         self.renew_lease(name).await.map_err(store_status)?;
         Ok(Response::new(HeartbeatResponse {}))
+    }
+
+    async fn update_node_status(
+        &self,
+        request: Request<UpdateNodeStatusRequest>,
+    ) -> Result<Response<UpdateNodeStatusResponse>, Status> {
+        let own = node_of(&request)?;
+        let UpdateNodeStatusRequest { node_name, status } = request.into_inner();
+        if node_name != own {
+            return Err(Status::permission_denied(format!("node {own} cannot update the status of {node_name}")));
+        }
+        let status: NodeStatus = decode("status", &status)?;
+        self.update_node_status(&node_name, status).await?;
+        Ok(Response::new(UpdateNodeStatusResponse {}))
     }
 
     type WatchPodsStream = PodEventStream;
