@@ -6,8 +6,8 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::cluster::{Cluster, loopback_request};
 use gitplane_proto::node::{
-    HeartbeatRequest, RegisterRequest, UpdatePodStatusRequest, WatchNetworkRequest, WatchPodsRequest,
-    node_service_client::NodeServiceClient,
+    HeartbeatRequest, RegisterRequest, UpdateNodeStatusRequest, UpdatePodStatusRequest, WatchNetworkRequest,
+    WatchPodsRequest, node_service_client::NodeServiceClient,
 };
 use gitplane_storage::remote::pb::{
     self, raft_service_client::RaftServiceClient, store_service_client::StoreServiceClient,
@@ -229,6 +229,9 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
             );
             let beat = tokens.request(who, HeartbeatRequest { node_name: node.into() });
             m.grpc(&format!("Node/Heartbeat({node})"), who, expected, grpc_outcome(nodes.heartbeat(beat).await));
+            let report = UpdateNodeStatusRequest { node_name: node.into(), status: b"{}".to_vec() };
+            let got = grpc_outcome(nodes.update_node_status(tokens.request(who, report)).await);
+            m.grpc(&format!("Node/UpdateNodeStatus({node})"), who, expected, got);
             let watch = tokens.request(who, WatchPodsRequest { node_name: node.into(), resource_version: 0 });
             m.grpc(&format!("Node/WatchPods({node})"), who, expected, grpc_outcome(nodes.watch_pods(watch).await));
             let status = json!({"phase": "Running", "podIP": pod_ip});
@@ -251,6 +254,13 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
     };
     let got = grpc_outcome(nodes.update_pod_status(tokens.request(Who::NodeA, report)).await);
     m.grpc("Node/UpdatePodStatus(foreign IP)", Who::NodeA, Expect::Grpc(Code::PermissionDenied), got);
+
+    // A node may not give itself a label reserved for the cluster's owner.
+    let mut labelled: serde_json::Value = serde_json::from_slice(&node_json("node-a"))?;
+    labelled["metadata"]["labels"] = json!({"node-restriction.kubernetes.io/pci": "true"});
+    let register = RegisterRequest { node: serde_json::to_vec(&labelled)? };
+    let got = grpc_outcome(nodes.register(tokens.request(Who::NodeA, register)).await);
+    m.grpc("Node/Register(own name, reserved label)", Who::NodeA, Expect::Grpc(Code::PermissionDenied), got);
 
     // HTTP: Git needs the Git token for reads and pushes; the status API is read-only for all.
     tokio::task::block_in_place(|| -> Result<()> {
