@@ -25,6 +25,9 @@ pub struct IdleArgs {
     /// The measurement window, in seconds.
     #[arg(long, default_value_t = 60)]
     window: u64,
+    /// Nodes of `gitplane up --nodes`.
+    #[arg(long, default_value_t = 3)]
+    nodes: u16,
     /// The `gitplane` binary (default: next to this one).
     #[arg(long)]
     gitplane: Option<PathBuf>,
@@ -81,10 +84,19 @@ async fn running(up: &Up) -> Result<(usize, usize)> {
     Ok((running.len(), running.iter().filter(|n| n.starts_with("idle-")).count()))
 }
 
-/// CPU time (user + system) of every process, by kind.
+/// One kind of process: CPU time (user + system), and resident memory (the largest process's
+/// and all of them together).
+#[derive(Clone, Copy, Default)]
+struct Usage {
+    cpu: Duration,
+    rss_max: u64,
+    rss_total: u64,
+}
+
+/// What every process uses, by kind.
 /// The control plane is `up_pid`; the nodes' processes are those in the nodes' network
 /// namespaces (`node_netns`: what `/proc/<pid>/ns/net` links to), not Pods' own namespaces.
-fn cpu_by_kind(up_pid: u32, node_netns: &[PathBuf]) -> BTreeMap<&'static str, Duration> {
+fn usage_by_kind(up_pid: u32, node_netns: &[PathBuf]) -> BTreeMap<&'static str, Usage> {
     // SAFETY: sysconf only reads a constant of the system.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let tick = Duration::from_secs(1) / u32::try_from(hz).unwrap_or(100);
@@ -113,13 +125,23 @@ fn cpu_by_kind(up_pid: u32, node_netns: &[PathBuf]) -> BTreeMap<&'static str, Du
         let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
         let fields: Vec<&str> = rest.split_whitespace().collect();
         let ticks: u32 = fields.get(11..13).map(|f| f.iter().filter_map(|t| t.parse::<u32>().ok()).sum()).unwrap_or(0);
-        *out.entry(kind).or_default() += tick * ticks;
+        let rss = std::fs::read_to_string(entry.path().join("status"))
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| l.strip_prefix("VmRSS:")?.split_whitespace().next()?.parse::<u64>().ok())
+            })
+            .unwrap_or(0)
+            * 1024;
+        let usage: &mut Usage = out.entry(kind).or_default();
+        usage.cpu += tick * ticks;
+        usage.rss_max = usage.rss_max.max(rss);
+        usage.rss_total += rss;
     }
     out
 }
 
 async fn run(args: &IdleArgs, gitplane: &Path) -> Result<()> {
-    let up = Up::start(gitplane, 3).await?;
+    let up = Up::start(gitplane, args.nodes).await?;
     let (apps, replicas) = (args.apps, args.replicas);
     push(&up, "demo", "idle: one Deployment per Application", |work| {
         for i in 0..apps {
@@ -159,33 +181,40 @@ async fn run(args: &IdleArgs, gitplane: &Path) -> Result<()> {
         .filter_map(|n| std::fs::metadata(Path::new("/run/netns").join(n)).ok())
         .map(|m| PathBuf::from(format!("net:[{}]", m.ino())))
         .collect();
-    ensure!(node_netns.len() == 3, "the nodes' network namespaces: {node_netns:?}");
+    ensure!(node_netns.len() == usize::from(args.nodes), "the nodes' network namespaces: {node_netns:?}");
     let up_pid = up.child.as_ref().map(std::process::Child::id).context("gitplane up is not running")?;
     let store = up.data_dir.join("store");
     let (cpu0, revision0, store0, log0) =
-        (cpu_by_kind(up_pid, &node_netns), revision(&up).await?, dir_size(&store), log_bytes(&up));
+        (usage_by_kind(up_pid, &node_netns), revision(&up).await?, dir_size(&store), log_bytes(&up));
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.window)).await;
     let (cpu1, revision1, store1, log1) =
-        (cpu_by_kind(up_pid, &node_netns), revision(&up).await?, dir_size(&store), log_bytes(&up));
+        (usage_by_kind(up_pid, &node_netns), revision(&up).await?, dir_size(&store), log_bytes(&up));
     let window = t0.elapsed();
     let (pods, _) = running(&up).await?;
     up.stop().await?;
 
     println!(
-        "`gitplane up --nodes 3` with {apps} Applications and {pods} Running Pods, idle for {window:.0?} after {}s of settling ({want} Pods ran {to_running:.0?} after the push); 2 CPUs; load average at the end: {}.\n",
+        "`gitplane up --nodes {}` with {apps} Applications and {pods} Running Pods, idle for {window:.0?} after {}s of settling ({want} Pods ran {to_running:.0?} after the push); 2 CPUs; load average at the end: {}.\n",
+        args.nodes,
         args.settle,
         crate::up::load_average()
     );
-    println!("| Processes | CPU, % of one core | CPU time in the window |");
-    println!("|---|--:|--:|");
+    println!("| Processes | CPU, % of one core | CPU time in the window | RSS, largest process | RSS, all |");
+    println!("|---|--:|--:|--:|--:|");
     let mut total = Duration::ZERO;
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20));
     for (kind, after) in &cpu1 {
-        let used = after.saturating_sub(cpu0.get(kind).copied().unwrap_or_default());
+        let used = after.cpu.saturating_sub(cpu0.get(kind).map(|u| u.cpu).unwrap_or_default());
         total += used;
-        println!("| {kind} | {:.2}% | {used:.2?} |", 100.0 * used.as_secs_f64() / window.as_secs_f64());
+        println!(
+            "| {kind} | {:.2}% | {used:.2?} | {} | {} |",
+            100.0 * used.as_secs_f64() / window.as_secs_f64(),
+            mib(after.rss_max),
+            mib(after.rss_total)
+        );
     }
-    println!("| all of the above | {:.2}% | {total:.2?} |", 100.0 * total.as_secs_f64() / window.as_secs_f64());
+    println!("| all of the above | {:.2}% | {total:.2?} | | |", 100.0 * total.as_secs_f64() / window.as_secs_f64());
     println!(
         "\nStore: {} revisions in the window, {} bytes of growth; gitplane up's log: {} bytes.",
         revision1 - revision0,
