@@ -143,10 +143,18 @@ fn modified(path: &Path) -> Result<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).with_context(|| format!("{} was not written", path.display()))
 }
 
+/// Kills the pod as the agent does: again after a failure (a container containerd is still
+/// starting cannot be removed yet), up to 5 times.
 async fn kill(runtime: &RuntimeManager, cri: &Cri, pod: &Pod, grace: Duration) -> Result<Duration> {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let started = Instant::now();
-    runtime.kill_pod(&uid, grace).await?;
+    let mut attempt = 1;
+    while let Err(e) = runtime.kill_pod(&uid, grace).await {
+        println!("kill_pod {uid} (attempt {attempt}): {e}");
+        ensure!(attempt < 5, "kill_pod {uid} failed {attempt} times: {e}");
+        attempt += 1;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
     let took = started.elapsed();
     let filter = pb::ContainerFilter {
         label_selector: [("io.kubernetes.pod.uid".to_string(), uid.clone())].into(),
@@ -419,6 +427,83 @@ async fn t64_exit_reasons_and_oom_killed() -> Result<()> {
     ensure!(condition(&status, "Ready").as_deref() == Some("False"), "{status:#?}");
     worker.stop().await;
     kill(&runtime, &cri, &ending, Duration::from_secs(2)).await?;
+    containerd.stop().await?;
+    Ok(())
+}
+
+/// What the node holds of pod `uid`: sandboxes and containers in containerd, its cgroups, and
+/// its directories (emptyDirs, logs).
+async fn left_of(host: &NetnsHost, cri: &Cri, uid: &str) -> Result<Vec<String>> {
+    let selector: std::collections::HashMap<String, String> =
+        [("io.kubernetes.pod.uid".to_string(), uid.to_string())].into();
+    let filter = pb::PodSandboxFilter { label_selector: selector.clone(), ..Default::default() };
+    let sandboxes = cri.runtime().list_pod_sandbox(pb::ListPodSandboxRequest { filter: Some(filter) }).await?;
+    let filter = pb::ContainerFilter { label_selector: selector, ..Default::default() };
+    let containers = cri.runtime().list_containers(pb::ListContainersRequest { filter: Some(filter) }).await?;
+    let mut left: Vec<String> = sandboxes.into_inner().items.into_iter().map(|s| format!("sandbox {}", s.id)).collect();
+    left.extend(containers.into_inner().containers.into_iter().map(|c| format!("container {}", c.id)));
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+        let dir = hierarchy.path().join(host.cgroup_parent().trim_start_matches('/')).join(format!("pod{uid}"));
+        if dir.exists() {
+            left.push(dir.display().to_string());
+        }
+    }
+    let pod_dir = host.dir().join("pods").join(uid);
+    if pod_dir.exists() {
+        left.push(pod_dir.display().to_string());
+    }
+    for entry in std::fs::read_dir(host.dir().join("logs")).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().ends_with(uid) {
+            left.push(entry.path().display().to_string());
+        }
+    }
+    Ok(left)
+}
+
+/// A Pod deleted while its sandbox is being created: its pod worker finishes that sync, then
+/// kills (the agent serializes both per Pod); a sync cut off mid-way (the agent stopping, a CRI
+/// deadline) leaves what containerd finished to the kill after it. Either way nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t64_pod_deleted_while_its_sandbox_is_created_leaves_nothing() -> Result<()> {
+    require_root()?;
+    let host = netns_host("gp64d")?;
+    let (containerd, cri, runtime) = start_node(&host).await?;
+    for (name, cut_after) in
+        [("finished", None), ("cut-10ms", Some(10)), ("cut-100ms", Some(100)), ("cut-300ms", Some(300))]
+    {
+        let mut app = sh("app", "exec sleep 3600");
+        app["volumeMounts"] = json!([{ "name": "scratch", "mountPath": "/scratch" }]);
+        let doomed =
+            pod(name, &host, json!({ "volumes": [{ "name": "scratch", "emptyDir": {} }], "containers": [app] }))?;
+        let uid = doomed.metadata.uid.clone().unwrap_or_default();
+        let sync = {
+            let (runtime, doomed) = (runtime.clone(), doomed.clone());
+            tokio::spawn(async move { runtime.sync_pod(&doomed).await })
+        };
+        match cut_after {
+            // The deletion arrives once the sandbox exists; the worker's sync runs to its end.
+            None => {
+                let seen = gitplane_e2e::wait_for_async(Duration::from_secs(30), || async {
+                    left_of(&host, &cri, &uid).await.ok().filter(|l| l.iter().any(|s| s.starts_with("sandbox")))
+                })
+                .await;
+                ensure!(seen.is_some(), "no sandbox of {uid} appeared");
+                sync.await??;
+            }
+            Some(ms) => {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                sync.abort();
+                let _ = sync.await;
+            }
+        }
+        kill(&runtime, &cri, &doomed, Duration::from_secs(2)).await?;
+        // Nothing is left, and nothing turns up later from a call containerd was still making.
+        for _ in 0..3 {
+            let left = left_of(&host, &cri, &uid).await?;
+            ensure!(left.is_empty(), "{name}: left behind: {left:?}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
     containerd.stop().await?;
     Ok(())
 }
