@@ -498,10 +498,24 @@ fn grace_period(pod: &Pod) -> Duration {
     Duration::from_secs(seconds.max(0) as u64)
 }
 
+/// Kills the pod, retrying with back-off: a runtime call cut off mid-way leaves a container
+/// that containerd is still starting, which cannot be removed until it has started. What is left
+/// after the last attempt, the orphan removal of the agent's next start removes.
 async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration) {
-    match runtime.kill_pod(uid, grace).await {
-        Ok(()) => tracing::info!(%uid, "pod stopped and removed"),
-        Err(e) => tracing::warn!(%uid, error = %e, "removing pod failed"),
+    const ATTEMPTS: u32 = 5;
+    let mut delay = Duration::from_secs(1);
+    for attempt in 1..=ATTEMPTS {
+        match runtime.kill_pod(uid, grace).await {
+            Ok(()) => {
+                tracing::info!(%uid, "pod stopped and removed");
+                return;
+            }
+            Err(e) => tracing::warn!(%uid, error = %e, attempt, "removing pod failed"),
+        }
+        if attempt < ATTEMPTS {
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
     }
 }
 

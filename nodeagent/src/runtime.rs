@@ -19,6 +19,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tonic::Code;
 
 pub use actions::{ContainerRunState, PodActions, RuntimeContainer, RuntimePod, RuntimeSandbox, compute_pod_actions};
@@ -130,26 +131,14 @@ impl RuntimeManager {
         let spec_err = |source| RuntimeError::Spec { pod: key.clone(), source };
         let uid = pod_uid(pod).map_err(spec_err)?;
         let spec = pod_spec(pod).map_err(spec_err)?;
-        if spec.init_containers.as_ref().is_some_and(|c| !c.is_empty()) {
-            let waiting = Waiting {
-                reason: "CreateContainerConfigError".into(),
-                message: "initContainers are not supported by this node yet".into(),
-            };
-            {
-                let mut failures = self.lock_failures();
-                for c in &spec.containers {
-                    failures.record(uid, &c.name, c.image.as_deref().unwrap_or_default(), waiting.clone());
-                }
-            }
-            return self.pod_status(pod).await;
-        }
-
         let runtime = self.observe(&key, uid).await?;
         let actions = compute_pod_actions(pod, &runtime, now_nanos());
         tracing::debug!(pod = %key, ?actions, "sync pod");
         let grace = grace_period(pod);
 
-        self.stop_containers(&key, &actions.kill_containers, grace).await?;
+        let kill: Vec<&RuntimeContainer> =
+            actions.kill_containers.iter().filter_map(|id| runtime.containers.iter().find(|c| &c.id == id)).collect();
+        self.stop_containers(&key, &kill, grace).await?;
         for id in &actions.stop_sandboxes {
             self.stop_sandbox(&key, id).await?;
         }
@@ -178,10 +167,13 @@ impl RuntimeManager {
                 }
             }
             for (name, attempt) in &actions.start_containers {
-                let Some(container) = spec.containers.iter().find(|c| &c.name == name) else {
+                let mut all = spec.containers.iter().chain(spec.init_containers.iter().flatten());
+                let Some(container) = all.find(|c| &c.name == name) else {
                     continue;
                 };
-                self.start_container(pod, &key, uid, container, *attempt, &sandbox, &sandbox_config).await?;
+                let backoff = actions::backoff_before_run(&runtime, container);
+                let run = Run { attempt: *attempt, backoff, grace };
+                self.start_container(pod, &key, uid, container, run, &sandbox, &sandbox_config).await?;
             }
         }
         self.pod_status(pod).await
@@ -193,7 +185,10 @@ impl RuntimeManager {
         let uid = pod_uid(pod).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
         let runtime = self.observe(&key, uid).await?;
         let waiting = self.lock_failures().waiting(uid);
-        Ok(pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref()))
+        let mut status = pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref());
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        status::keep_transition_times(pod.status.as_ref(), &mut status, now);
+        Ok(status)
     }
 
     /// Kills the pod: stops its containers (each gets `grace` after SIGTERM), stops and removes
@@ -207,13 +202,17 @@ impl RuntimeManager {
             filter: Some(pb::ContainerFilter { label_selector: selector.clone(), ..Default::default() }),
         };
         let containers = self.call(&key, "ListContainers", None, self.cri.runtime().list_containers(req)).await?;
-        let alive: Vec<String> = containers
+        let alive: Vec<RuntimeContainer> = containers
             .containers
             .into_iter()
             .filter(|c| c.state != pb::ContainerState::ContainerExited as i32)
-            .map(|c| c.id)
+            .map(|c| RuntimeContainer {
+                pre_stop: spec::pre_stop_hook(&c.annotations),
+                id: c.id,
+                ..RuntimeContainer::default()
+            })
             .collect();
-        self.stop_containers(&key, &alive, grace).await?;
+        self.stop_containers(&key, &alive.iter().collect::<Vec<_>>(), grace).await?;
 
         let req = pb::ListPodSandboxRequest {
             filter: Some(pb::PodSandboxFilter { label_selector: selector, ..Default::default() }),
@@ -396,13 +395,14 @@ impl RuntimeManager {
         key: &str,
         uid: &str,
         container: &Container,
-        attempt: u32,
+        run: Run,
         sandbox: &RuntimeSandbox,
         sandbox_config: &pb::PodSandboxConfig,
     ) -> Result<(), RuntimeError> {
+        let attempt = run.attempt;
         let image = container.image.as_deref().unwrap_or_default();
         let record = |waiting| self.lock_failures().record(uid, &container.name, image, waiting);
-        let plan = match container_config(pod, container, &self.cfg, attempt, &sandbox.ips) {
+        let mut plan = match container_config(pod, container, &self.cfg, attempt, &sandbox.ips) {
             Ok(plan) => plan,
             Err(e) => {
                 record(Waiting { reason: "CreateContainerConfigError".into(), message: e.to_string() });
@@ -420,6 +420,7 @@ impl RuntimeManager {
                 source,
             })?;
         }
+        plan.config.annotations.insert(spec::ANNOTATION_RESTART_BACKOFF.into(), run.backoff.as_secs().to_string());
         let req = pb::CreateContainerRequest {
             pod_sandbox_id: sandbox.id.clone(),
             config: Some(plan.config),
@@ -438,6 +439,21 @@ impl RuntimeManager {
             Ok(_) => {
                 tracing::info!(pod = %key, container = %container.name, id = %id, attempt, "started container");
                 self.lock_failures().forget(uid, &container.name);
+                let lifecycle = container.lifecycle.as_ref();
+                if let Some(command) = spec::exec_hook(lifecycle.and_then(|l| l.post_start.as_ref()))
+                    && let Err(error) = self.exec_hook(key, &id, &command, self.cfg.cri_timeout).await
+                {
+                    // kubelet kills a container whose postStart hook failed (FailedPostStartHook).
+                    let message = format!(
+                        "Exec lifecycle hook ({command:?}) for Container {:?} in Pod {key:?} failed - {error}",
+                        container.name
+                    );
+                    tracing::info!(pod = %key, container = %container.name, %message, "postStart hook failed");
+                    record(Waiting { reason: "PostStartHookError".into(), message });
+                    let pre_stop = spec::exec_hook(lifecycle.and_then(|l| l.pre_stop.as_ref()));
+                    let started = RuntimeContainer { id, pre_stop, ..RuntimeContainer::default() };
+                    self.stop_containers(key, &[&started], run.grace).await?;
+                }
                 Ok(())
             }
             Err(RuntimeError::Cri { source, .. }) => {
@@ -508,18 +524,55 @@ impl RuntimeManager {
         self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    async fn stop_containers(&self, key: &str, ids: &[String], grace: Duration) -> Result<(), RuntimeError> {
-        let timeout = grace + self.cfg.cri_timeout;
-        let seconds = i64::try_from(grace.as_secs() + u64::from(grace.subsec_nanos() > 0)).unwrap_or(i64::MAX);
-        let results = futures::future::join_all(ids.iter().map(|id| async move {
-            let req = pb::StopContainerRequest { container_id: id.clone(), timeout: seconds };
-            self.call(key, "StopContainer", Some(timeout), self.cri.runtime().stop_container(req)).await
+    /// kubelet's killContainer, for each container at once: its preStop hook, then SIGTERM and
+    /// SIGKILL once `grace` (less what the hook took, at least 2 s) is over.
+    async fn stop_containers(
+        &self,
+        key: &str,
+        containers: &[&RuntimeContainer],
+        grace: Duration,
+    ) -> Result<(), RuntimeError> {
+        let results = futures::future::join_all(containers.iter().map(|c| async move {
+            let started = Instant::now();
+            if let Some(command) = c.pre_stop.as_ref().filter(|_| !grace.is_zero())
+                && let Err(error) = self.exec_hook(key, &c.id, command, grace).await
+            {
+                tracing::info!(pod = %key, container = %c.id, ?command, %error, "preStop hook failed");
+            }
+            let grace = grace.saturating_sub(started.elapsed()).max(MIN_GRACE_PERIOD);
+            let req = pb::StopContainerRequest { container_id: c.id.clone(), timeout: whole_seconds(grace) };
+            self.call(key, "StopContainer", Some(grace + self.cfg.cri_timeout), self.cri.runtime().stop_container(req))
+                .await
         }))
         .await;
         for result in results {
             ignore_not_found(result)?;
         }
         Ok(())
+    }
+
+    /// Runs a lifecycle hook's command in container `id` (CRI ExecSync), for at most `timeout`.
+    /// `Err` says why it failed: the runtime's error, or the command's exit code and output.
+    async fn exec_hook(&self, key: &str, id: &str, command: &[String], timeout: Duration) -> Result<(), String> {
+        let req = pb::ExecSyncRequest {
+            container_id: id.to_string(),
+            cmd: command.to_vec(),
+            timeout: whole_seconds(timeout),
+        };
+        // containerd ends the command at its timeout; the call's own deadline is a backstop.
+        let deadline = Some(timeout + Duration::from_secs(5));
+        match self.call(key, "ExecSync", deadline, self.cri.runtime().exec_sync(req)).await {
+            Ok(done) if done.exit_code == 0 => Ok(()),
+            Ok(done) => Err(format!(
+                "error: command {:?} exited with {}: {}, message: {:?}",
+                command.join(" "),
+                done.exit_code,
+                String::from_utf8_lossy(&done.stderr).trim(),
+                String::from_utf8_lossy(&done.stdout).trim(),
+            )),
+            Err(RuntimeError::Cri { source, .. }) => Err(format!("error: {}", source.message())),
+            Err(e) => Err(format!("error: {e}")),
+        }
     }
 
     async fn stop_sandbox(&self, key: &str, id: &str) -> Result<(), RuntimeError> {
@@ -570,7 +623,28 @@ fn runtime_container(sandbox_id: String, status: pb::ContainerStatus) -> Runtime
         message: status.message,
         image_ref: status.image_ref,
         hash: status.annotations.get(spec::ANNOTATION_CONTAINER_HASH).cloned().unwrap_or_default(),
+        backoff: Duration::from_secs(
+            status.annotations.get(spec::ANNOTATION_RESTART_BACKOFF).and_then(|s| s.parse().ok()).unwrap_or(0),
+        ),
+        pre_stop: spec::pre_stop_hook(&status.annotations),
     }
+}
+
+/// One run of a container to start: its attempt, the crash-loop back-off it waited for, and the
+/// grace period it gets if a failed postStart hook kills it.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    attempt: u32,
+    backoff: Duration,
+    grace: Duration,
+}
+
+/// kubelet's `minimumGracePeriodInSeconds`: a container always gets this after SIGTERM.
+const MIN_GRACE_PERIOD: Duration = Duration::from_secs(2);
+
+/// A duration as CRI's timeout seconds, rounded up.
+fn whole_seconds(d: Duration) -> i64 {
+    i64::try_from(d.as_secs() + u64::from(d.subsec_nanos() > 0)).unwrap_or(i64::MAX)
 }
 
 /// NotFound means "already gone", which is what stop/remove/status callers want anyway.

@@ -65,6 +65,25 @@ fn columns(kind: &str) -> Vec<Value> {
         .collect()
 }
 
+/// kubectl's status of a Pod still initializing: `Init:<reason>` for the first init container
+/// that failed or waits for a reason, else `Init:<done>/<total>`; `None` once all succeeded.
+fn init_reason(statuses: &[Value], total: usize) -> Option<String> {
+    for (i, c) in statuses.iter().enumerate() {
+        let (waiting, terminated) = (&c["state"]["waiting"], &c["state"]["terminated"]);
+        if terminated.is_object() && int(&terminated["exitCode"]) == 0 {
+            continue;
+        }
+        let reason = match (terminated["reason"].as_str(), waiting["reason"].as_str()) {
+            (Some(reason), _) if !reason.is_empty() => format!("Init:{reason}"),
+            _ if terminated.is_object() => format!("Init:ExitCode:{}", int(&terminated["exitCode"])),
+            (_, Some(reason)) if !reason.is_empty() && reason != "PodInitializing" => format!("Init:{reason}"),
+            _ => format!("Init:{i}/{total}"),
+        };
+        return Some(reason);
+    }
+    None
+}
+
 fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
     let age = age(o["metadata"]["creationTimestamp"].as_str(), now);
     let (spec, status) = (&o["spec"], &o["status"]);
@@ -74,12 +93,18 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             let containers = status["containerStatuses"].as_array().cloned().unwrap_or_default();
             let total = spec["containers"].as_array().map_or(0, Vec::len);
             let ready = containers.iter().filter(|c| c["ready"] == true).count();
-            let restarts: i64 = containers.iter().map(|c| int(&c["restartCount"])).sum();
+            let init = status["initContainerStatuses"].as_array().cloned().unwrap_or_default();
+            let restarts: i64 = containers.iter().chain(&init).map(|c| int(&c["restartCount"])).sum();
             // As kubectl: a waiting or terminated reason says more than the phase.
-            let reason = containers
-                .iter()
-                .find_map(|c| c["state"]["waiting"]["reason"].as_str().or(c["state"]["terminated"]["reason"].as_str()))
-                .map(str::to_owned)
+            let reason = init_reason(&init, spec["initContainers"].as_array().map_or(0, Vec::len))
+                .or_else(|| {
+                    containers
+                        .iter()
+                        .find_map(|c| {
+                            c["state"]["waiting"]["reason"].as_str().or(c["state"]["terminated"]["reason"].as_str())
+                        })
+                        .map(str::to_owned)
+                })
                 .unwrap_or_else(|| status["phase"].as_str().unwrap_or("Pending").to_owned());
             let ip = status["podIP"].as_str().unwrap_or("<none>");
             let node = spec["nodeName"].as_str().unwrap_or("<none>");
@@ -298,6 +323,30 @@ mod tests {
         assert_eq!(names, ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node"]);
         assert_eq!(t["rows"][0]["cells"], json!(["web-1", "1/2", "CrashLoopBackOff", 3, "60s", "10.244.0.5", "n1"]));
         assert_eq!(t["rows"][0]["object"]["metadata"]["namespace"], "default");
+    }
+
+    #[test]
+    fn initializing_pods_show_init_progress_as_kubectl() {
+        let status = |init: Value| {
+            let pod = json!({
+                "metadata": {"name": "p"},
+                "spec": {"initContainers": [{"name": "i1"}, {"name": "i2"}], "containers": [{"name": "a"}]},
+                "status": {"phase": "Pending", "initContainerStatuses": init, "containerStatuses": [
+                    {"name": "a", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}]}
+            });
+            let row = &table("Pod", &[pod], "1", now())["rows"][0]["cells"];
+            (row[2].as_str().unwrap_or_default().to_owned(), row[3].as_i64().unwrap_or(-1))
+        };
+        let done = json!({"restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}});
+        let waiting =
+            |reason: &str, restarts: i64| json!({"restartCount": restarts, "state": {"waiting": {"reason": reason}}});
+        let running = json!({"restartCount": 0, "state": {"running": {}}});
+        assert_eq!(status(json!([running, waiting("PodInitializing", 0)])), ("Init:0/2".into(), 0));
+        assert_eq!(status(json!([done, running])), ("Init:1/2".into(), 0));
+        assert_eq!(status(json!([done, waiting("CrashLoopBackOff", 3)])), ("Init:CrashLoopBackOff".into(), 3));
+        let failed = json!({"restartCount": 0, "state": {"terminated": {"exitCode": 3, "reason": "Error"}}});
+        assert_eq!(status(json!([failed, waiting("PodInitializing", 0)])), ("Init:Error".into(), 0));
+        assert_eq!(status(json!([done, done])), ("PodInitializing".into(), 0));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::spec::{container_hash, restart_policy};
 
@@ -19,16 +19,17 @@ pub struct RuntimeSandbox {
     pub ips: Vec<String>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ContainerRunState {
     Created,
     Running,
     Exited,
+    #[default]
     Unknown,
 }
 
 /// One container as the runtime reports it (CRI `ContainerStatus`).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RuntimeContainer {
     pub id: String,
     pub sandbox_id: String,
@@ -45,6 +46,10 @@ pub struct RuntimeContainer {
     pub image_ref: String,
     /// [`super::spec::ANNOTATION_CONTAINER_HASH`] of the spec it was created from.
     pub hash: String,
+    /// The crash-loop back-off waited before this run ([`super::spec::ANNOTATION_RESTART_BACKOFF`]).
+    pub backoff: Duration,
+    /// Its preStop exec hook ([`super::spec::ANNOTATION_PRE_STOP`]).
+    pub pre_stop: Option<Vec<String>>,
 }
 
 /// Everything the runtime holds for one pod uid, across all its sandboxes.
@@ -83,7 +88,8 @@ pub struct PodActions {
     pub create_sandbox: Option<u32>,
     /// Containers created but never started (e.g. the agent stopped in between).
     pub start_created: Vec<String>,
-    /// Containers to create and start: spec name and attempt (= restartCount).
+    /// Containers to create and start: spec name (of an app or init container) and attempt
+    /// (= restartCount).
     pub start_containers: Vec<(String, u32)>,
     /// Containers that will restart once their crash-loop back-off ends.
     pub backing_off: Vec<String>,
@@ -98,15 +104,34 @@ pub fn should_restart(policy: &str, exit_code: i32) -> bool {
     }
 }
 
-/// kubelet's crash-loop back-off: 10 s doubling to 5 min, reset after 10 min of running.
+/// Whether a finished init container runs again: init containers run to success, so only a
+/// failure is retried, unless the pod never restarts anything.
+pub fn should_restart_init(policy: &str, exit_code: i32) -> bool {
+    policy != "Never" && exit_code != 0
+}
+
+/// kubelet's crash-loop back-off: 10 s doubling to 5 min, reset after 10 min of running. The
+/// wait before `previous` ran is kept on it, so a reset holds for the runs after it (the run
+/// count alone would jump back to 5 min on the next crash).
 pub fn restart_backoff(previous: &RuntimeContainer) -> Duration {
-    const INITIAL: u64 = 10;
-    const MAX: u64 = 300;
+    const INITIAL: Duration = Duration::from_secs(10);
+    const MAX: Duration = Duration::from_secs(300);
     let ran_for = Duration::from_nanos(u64::try_from(previous.finished_at - previous.started_at).unwrap_or(0));
-    if ran_for > Duration::from_secs(2 * MAX) {
-        return Duration::from_secs(INITIAL);
+    if ran_for > 2 * MAX || previous.backoff.is_zero() {
+        return INITIAL;
     }
-    Duration::from_secs(INITIAL.saturating_mul(1 << previous.attempt.min(5)).min(MAX))
+    (previous.backoff * 2).min(MAX)
+}
+
+/// The back-off a new run of `container` waits for, to be kept on it: that after its newest
+/// run if that one ended, none after a change of its spec (kubelet keys back-off by spec hash).
+pub fn backoff_before_run(runtime: &RuntimePod, container: &Container) -> Duration {
+    match runtime.runs_of(&container.name).first() {
+        Some(last) if last.state == ContainerRunState::Exited && last.hash == container_hash(container) => {
+            restart_backoff(last)
+        }
+        _ => Duration::ZERO,
+    }
 }
 
 /// When (ns since epoch) the dead run `previous` may be replaced.
@@ -120,6 +145,7 @@ pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActi
     let mut actions = PodActions::default();
     let policy = restart_policy(pod);
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+    let init_containers = pod.spec.as_ref().and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
     let current = runtime.current_sandbox();
 
     for sandbox in runtime.sandboxes.iter().filter(|s| s.ready) {
@@ -151,14 +177,20 @@ pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActi
             if !done {
                 let attempt = runtime.sandboxes.iter().map(|s| s.attempt + 1).max().unwrap_or(0);
                 actions.create_sandbox = Some(attempt);
-                actions.start_containers = to_start;
+                // A new sandbox runs the init containers again, from the first.
+                actions.start_containers = match init_containers.first() {
+                    Some(first) => vec![(first.name.clone(), next_attempt(runtime, &first.name))],
+                    None => to_start,
+                };
                 actions.kill_containers = running_ids(runtime, None);
             }
         }
         Some(sandbox) => {
             actions.kill_containers = running_ids(runtime, Some(&sandbox.id));
-            let mut finished = true;
-            for c in containers {
+            let init = init_step(init_containers, runtime, &sandbox.id, policy, now, &mut actions);
+            let mut finished = init != Init::Running;
+            let containers_now = if init == Init::Done { containers } else { &[] };
+            for c in containers_now {
                 let runs = runtime.runs_of(&c.name);
                 let Some(last) = runs.first() else {
                     finished = false;
@@ -196,14 +228,14 @@ pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActi
             }
             // Containers the spec no longer has (kubelet kills unknown containers too).
             for c in &runtime.containers {
-                let known = containers.iter().any(|spec| spec.name == c.name);
+                let known = containers.iter().chain(init_containers).any(|spec| spec.name == c.name);
                 let alive = matches!(c.state, ContainerRunState::Running | ContainerRunState::Created);
                 if !known && alive && c.sandbox_id == sandbox.id {
                     actions.kill_containers.push(c.id.clone());
                 }
             }
             // A finished pod gives its IP back, as kubelet stops the sandbox of a done pod.
-            if finished && !containers.is_empty() {
+            if finished && (!containers.is_empty() || init == Init::Failed) {
                 actions.stop_sandboxes.push(sandbox.id.clone());
             }
         }
@@ -211,7 +243,7 @@ pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActi
 
     // Keep the newest run and the one before it of each container (status shows lastState).
     let mut keep: Vec<&str> = Vec::new();
-    for c in containers {
+    for c in containers.iter().chain(init_containers) {
         keep.extend(runtime.runs_of(&c.name).iter().take(2).map(|r| r.id.as_str()));
     }
     for c in &runtime.containers {
@@ -228,6 +260,61 @@ pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActi
         }
     }
     actions
+}
+
+/// Where a pod's init containers are in sandbox `sandbox`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Init {
+    /// Every one succeeded (or there are none): the app containers run.
+    Done,
+    /// One is starting, running, or waiting to be retried.
+    Running,
+    /// One failed under restartPolicy Never: the pod has failed.
+    Failed,
+}
+
+/// kubelet's `findNextInitContainerToRun`: init containers run one at a time, in order, each
+/// to success in the current sandbox; a failed one is retried with the crash-loop back-off.
+fn init_step(
+    init_containers: &[Container],
+    runtime: &RuntimePod,
+    sandbox: &str,
+    policy: &str,
+    now: i64,
+    actions: &mut PodActions,
+) -> Init {
+    for c in init_containers {
+        let runs = runtime.runs_of(&c.name);
+        let Some(last) = runs.iter().find(|r| r.sandbox_id == sandbox) else {
+            actions.start_containers.push((c.name.clone(), next_attempt(runtime, &c.name)));
+            return Init::Running;
+        };
+        match last.state {
+            ContainerRunState::Running => return Init::Running,
+            ContainerRunState::Created => {
+                actions.start_created.push(last.id.clone());
+                return Init::Running;
+            }
+            ContainerRunState::Exited if last.exit_code == 0 => continue,
+            ContainerRunState::Exited | ContainerRunState::Unknown => {
+                if policy == "Never" {
+                    return Init::Failed;
+                }
+                if now >= restart_allowed_at(last) {
+                    actions.start_containers.push((c.name.clone(), last.attempt + 1));
+                } else {
+                    actions.backing_off.push(c.name.clone());
+                }
+                return Init::Running;
+            }
+        }
+    }
+    Init::Done
+}
+
+/// The attempt number of the next run of container `name`.
+fn next_attempt(runtime: &RuntimePod, name: &str) -> u32 {
+    runtime.runs_of(name).first().map_or(0, |last| last.attempt + 1)
 }
 
 /// Running or created containers, except those in sandbox `keep`.
@@ -283,6 +370,7 @@ mod tests {
             message: String::new(),
             image_ref: "sha256:1".into(),
             hash: spec.map(container_hash).unwrap_or_default(),
+            ..RuntimeContainer::default()
         }
     }
 
@@ -309,11 +397,13 @@ mod tests {
     #[test]
     fn a_crashed_container_restarts_after_its_backoff() {
         let pod = pod("Always");
+        let mut a1 = container(&pod, "a1", "a", 1, Exited, 1);
+        a1.backoff = Duration::from_secs(10);
         let runtime = RuntimePod {
             sandboxes: vec![sandbox("s0", 0, true)],
-            containers: vec![container(&pod, "a1", "a", 1, Exited, 1), container(&pod, "b0", "b", 0, Running, 0)],
+            containers: vec![a1, container(&pod, "b0", "b", 0, Running, 0)],
         };
-        // The second restart waits 20 s after the exit at 101 s.
+        // The second restart (after a first wait of 10 s) waits 20 s after the exit at 101 s.
         let early = compute_pod_actions(&pod, &runtime, 110 * SECOND);
         assert_eq!(early.backing_off, ["a"]);
         assert!(early.start_containers.is_empty());
@@ -394,17 +484,165 @@ mod tests {
     }
 
     #[test]
-    fn backoff_doubles_to_five_minutes() {
+    fn backoff_doubles_to_five_minutes_and_a_long_run_resets_it() {
         let pod = pod("Always");
-        let mut run = container(&pod, "a", "a", 0, Exited, 1);
-        let backoffs: Vec<u64> = (0..7)
-            .map(|attempt| {
-                run.attempt = attempt;
-                restart_backoff(&run).as_secs()
-            })
-            .collect();
-        assert_eq!(backoffs, [10, 20, 40, 80, 160, 300, 300]);
-        run.finished_at = run.started_at + 700 * SECOND;
-        assert_eq!(restart_backoff(&run).as_secs(), 10, "a long run resets the back-off");
+        let spec = &pod.spec.as_ref().expect("spec").containers[0];
+        // Each run crashes after 1 s; its successor keeps the back-off it waited for.
+        let mut run = container(&pod, "a0", "a", 0, Exited, 1);
+        let mut waits = Vec::new();
+        for attempt in 1..=8 {
+            let wait = backoff_before_run(&RuntimePod { containers: vec![run.clone()], ..Default::default() }, spec);
+            waits.push(wait.as_secs());
+            run.attempt = attempt;
+            run.backoff = wait;
+            if attempt == 6 {
+                run.finished_at = run.started_at + 601 * SECOND; // ran for more than 10 minutes
+            } else {
+                run.finished_at = run.started_at + SECOND;
+            }
+        }
+        // The reset holds: the crash after it waits 10 s, the next 20 s, not 5 min again.
+        assert_eq!(waits, [10, 20, 40, 80, 160, 300, 10, 20]);
+
+        let mut changed = container(&pod, "a0", "a", 3, Exited, 1);
+        changed.backoff = Duration::from_secs(80);
+        changed.hash = "old".into();
+        let runtime = RuntimePod { containers: vec![changed], ..Default::default() };
+        assert_eq!(backoff_before_run(&runtime, spec), Duration::ZERO, "a new spec starts a new back-off");
+        let running = RuntimePod { containers: vec![container(&pod, "a0", "a", 0, Running, 0)], ..Default::default() };
+        assert_eq!(backoff_before_run(&running, spec), Duration::ZERO);
+    }
+
+    fn init_pod(policy: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "web", "uid": "u-1" },
+            "spec": {
+                "restartPolicy": policy,
+                "initContainers": [{ "name": "i1", "image": "i:1" }, { "name": "i2", "image": "i:1" }],
+                "containers": [{ "name": "a", "image": "i:1" }],
+            },
+        }))
+        .expect("valid pod")
+    }
+
+    /// A run of an init or app container of [`init_pod`] in sandbox `sandbox`.
+    fn run_in(
+        pod: &Pod,
+        sandbox: &str,
+        name: &str,
+        attempt: u32,
+        state: ContainerRunState,
+        code: i32,
+    ) -> RuntimeContainer {
+        let mut run = container(pod, &format!("{name}-{sandbox}-{attempt}"), name, attempt, state, code);
+        run.sandbox_id = sandbox.into();
+        run
+    }
+
+    #[test]
+    fn init_containers_run_in_order_each_to_success_before_the_app() {
+        let start = |name: &str, attempt: u32| vec![(name.to_string(), attempt)];
+        let none: Vec<(String, u32)> = Vec::new();
+        struct Case {
+            what: &'static str,
+            policy: &'static str,
+            runs: Vec<(&'static str, u32, ContainerRunState, i32)>,
+            now: i64,
+            start: Vec<(String, u32)>,
+            backing_off: Vec<&'static str>,
+            stop_sandbox: bool,
+        }
+        let case = |what, policy, runs, now, start, backing_off, stop_sandbox| Case {
+            what,
+            policy,
+            runs,
+            now,
+            start,
+            backing_off,
+            stop_sandbox,
+        };
+        let cases = [
+            case("nothing ran yet", "Always", vec![], 0, start("i1", 0), vec![], false),
+            case("the first runs", "Always", vec![("i1", 0, Running, 0)], 0, none.clone(), vec![], false),
+            case("the first succeeded", "Always", vec![("i1", 0, Exited, 0)], 0, start("i2", 0), vec![], false),
+            case(
+                "both succeeded: the app starts",
+                "Always",
+                vec![("i1", 0, Exited, 0), ("i2", 0, Exited, 0)],
+                0,
+                start("a", 0),
+                vec![],
+                false,
+            ),
+            case(
+                "a failed init container backs off",
+                "Always",
+                vec![("i1", 0, Exited, 1)],
+                105 * SECOND,
+                none.clone(),
+                vec!["i1"],
+                false,
+            ),
+            case(
+                "then runs again",
+                "OnFailure",
+                vec![("i1", 0, Exited, 1)],
+                111 * SECOND,
+                start("i1", 1),
+                vec![],
+                false,
+            ),
+            case("under Never the pod fails", "Never", vec![("i1", 0, Exited, 1)], 0, none.clone(), vec![], true),
+            case(
+                "the app's own restarts do not rerun init",
+                "Always",
+                vec![("i1", 0, Exited, 0), ("i2", 0, Exited, 0), ("a", 0, Exited, 1)],
+                200 * SECOND,
+                start("a", 1),
+                vec![],
+                false,
+            ),
+        ];
+        for c in cases {
+            let pod = init_pod(c.policy);
+            let containers =
+                c.runs.iter().map(|&(name, attempt, state, code)| run_in(&pod, "s0", name, attempt, state, code));
+            let runtime = RuntimePod { sandboxes: vec![sandbox("s0", 0, true)], containers: containers.collect() };
+            let actions = compute_pod_actions(&pod, &runtime, c.now);
+            assert_eq!(actions.start_containers, c.start, "{}", c.what);
+            assert_eq!(actions.backing_off, c.backing_off, "{}", c.what);
+            assert_eq!(actions.stop_sandboxes == ["s0"], c.stop_sandbox, "{}", c.what);
+        }
+
+        // A new pod's sandbox starts with the first init container only.
+        let actions = compute_pod_actions(&init_pod("Always"), &RuntimePod::default(), 0);
+        assert_eq!((actions.create_sandbox, actions.start_containers), (Some(0), start("i1", 0)));
+        // A created init container is started; app containers wait.
+        let pod = init_pod("Always");
+        let runtime = RuntimePod {
+            sandboxes: vec![sandbox("s0", 0, true)],
+            containers: vec![run_in(&pod, "s0", "i1", 0, Created, 0)],
+        };
+        let actions = compute_pod_actions(&pod, &runtime, 0);
+        assert_eq!((actions.start_created, actions.start_containers), (vec!["i1-s0-0".to_string()], none.clone()));
+        // A failed Never pod gets no new sandbox once its own is stopped.
+        let runtime = RuntimePod {
+            sandboxes: vec![sandbox("s0", 0, false)],
+            containers: vec![run_in(&init_pod("Never"), "s0", "i1", 0, Exited, 1)],
+        };
+        assert_eq!(compute_pod_actions(&init_pod("Never"), &runtime, 0), PodActions::default());
+        // A new sandbox runs the init containers again, even those that succeeded in the old one.
+        let pod = init_pod("Always");
+        let runtime = RuntimePod {
+            sandboxes: vec![sandbox("s0", 0, false), sandbox("s1", 1, true)],
+            containers: vec![
+                run_in(&pod, "s0", "i1", 0, Exited, 0),
+                run_in(&pod, "s0", "i2", 0, Exited, 0),
+                run_in(&pod, "s0", "a", 0, Exited, 137),
+            ],
+        };
+        let actions = compute_pod_actions(&pod, &runtime, 200 * SECOND);
+        assert_eq!(actions.start_containers, start("i1", 1));
+        assert!(actions.remove_containers.is_empty(), "init runs are kept: {actions:?}");
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use gitplane_api::quantity::{parse_milli, parse_units};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodSpec};
 
 use super::RuntimeConfig;
 use crate::cri::pb;
@@ -20,6 +20,11 @@ pub const LABEL_CONTAINER_NAME: &str = "io.kubernetes.container.name";
 pub const ANNOTATION_CONTAINER_HASH: &str = "io.kubernetes.container.hash";
 pub const ANNOTATION_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
 pub const ANNOTATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
+/// The container's preStop hook (its LifecycleHandler as JSON), kept on the container as kubelet
+/// does: a Pod killed without its spec (deleted while the agent was away) still runs it.
+pub const ANNOTATION_PRE_STOP: &str = "io.kubernetes.container.preStopHandler";
+/// The crash-loop back-off waited before this run (seconds): the next one doubles it.
+pub const ANNOTATION_RESTART_BACKOFF: &str = "gitplane.io/crash-loop-back-off-seconds";
 
 /// Why a container's config cannot be made: shown as waiting reason
 /// `CreateContainerConfigError` with this message, as kubelet does.
@@ -73,6 +78,17 @@ pub fn pod_spec(pod: &Pod) -> Result<&PodSpec, SpecError> {
 /// `Always` unless the pod says otherwise (the API default).
 pub fn restart_policy(pod: &Pod) -> &str {
     pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always")
+}
+
+/// The command of an exec lifecycle hook, the kind the agent runs (validation refuses others).
+pub fn exec_hook(handler: Option<&LifecycleHandler>) -> Option<Vec<String>> {
+    handler?.exec.as_ref()?.command.clone().filter(|c| !c.is_empty())
+}
+
+/// The preStop exec hook a container was created with.
+pub fn pre_stop_hook(annotations: &HashMap<String, String>) -> Option<Vec<String>> {
+    let handler: LifecycleHandler = serde_json::from_str(annotations.get(ANNOTATION_PRE_STOP)?).ok()?;
+    exec_hook(Some(&handler))
 }
 
 /// The pod's cgroup under the node's parent, named as kubelet's cgroupfs driver does.
@@ -267,6 +283,9 @@ pub fn container_config(
     annotations.insert(ANNOTATION_RESTART_COUNT.to_string(), attempt.to_string());
     annotations
         .insert(ANNOTATION_GRACE_PERIOD.to_string(), spec.termination_grace_period_seconds.unwrap_or(30).to_string());
+    if let Some(pre_stop) = container.lifecycle.as_ref().and_then(|l| l.pre_stop.as_ref()) {
+        annotations.insert(ANNOTATION_PRE_STOP.to_string(), serde_json::to_string(pre_stop).unwrap_or_default());
+    }
 
     let config = pb::ContainerConfig {
         metadata: Some(pb::ContainerMetadata { name: container.name.clone(), attempt }),

@@ -34,16 +34,27 @@ pub fn pod_status(
 ) -> PodStatus {
     let policy = restart_policy(pod);
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+    let init_containers = pod.spec.as_ref().and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
     let sandbox = runtime.current_sandbox();
-    let statuses: Vec<ContainerStatus> = containers
+    // kubelet shows every container of a pod with init containers as PodInitializing until it runs.
+    let default_reason = if init_containers.is_empty() { "ContainerCreating" } else { "PodInitializing" };
+    let status_of = |c: &k8s_openapi::api::core::v1::Container, policy: &str| {
+        let image = c.image.clone().unwrap_or_default();
+        container_status(&c.name, image, &runtime.runs_of(&c.name), waiting.get(&c.name), policy, default_reason)
+    };
+    let statuses: Vec<ContainerStatus> = containers.iter().map(|c| status_of(c, policy)).collect();
+    // Init containers run to success: only failures are retried, and a success is ready.
+    let init_policy = if policy == "Never" { "Never" } else { "OnFailure" };
+    let init_statuses: Vec<ContainerStatus> = init_containers
         .iter()
         .map(|c| {
-            let image = c.image.clone().unwrap_or_default();
-            container_status(&c.name, image, &runtime.runs_of(&c.name), waiting.get(&c.name), policy)
+            let mut status = status_of(c, init_policy);
+            status.ready = succeeded(&status);
+            status
         })
         .collect();
 
-    let phase = phase(policy, &statuses, containers.is_empty());
+    let phase = phase(policy, &init_statuses, &statuses, containers.is_empty());
     let all_ready = !statuses.is_empty() && statuses.iter().all(|s| s.ready);
     let not_ready = |what: &str| {
         let names: Vec<&str> = statuses.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
@@ -58,9 +69,10 @@ pub fn pod_status(
     };
     let finished = matches!(phase, "Succeeded" | "Failed");
     let ready_reason = if finished { "PodCompleted" } else { "ContainersNotReady" };
+    let (initialized, not_initialized) = initialized(&init_statuses, &statuses, phase);
     let conditions = vec![
         condition("PodScheduled", true, None, None),
-        condition("Initialized", true, None, None),
+        condition("Initialized", initialized, Some("ContainersNotInitialized"), not_initialized),
         condition("ContainersReady", all_ready, Some(ready_reason), not_ready("containers")),
         condition("Ready", all_ready, Some(ready_reason), not_ready("containers")),
     ];
@@ -75,9 +87,46 @@ pub fn pod_status(
         host_ips: node_ip.map(|ip| vec![HostIP { ip: ip.to_string() }]),
         start_time: runtime.sandboxes.iter().map(|s| s.created_at).min().and_then(time),
         container_statuses: Some(statuses),
+        init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         qos_class: Some(qos_class(pod).to_string()),
         ..Default::default()
     }
+}
+
+/// Whether an app container is ready. The one place that decides it: today a running container
+/// is ready (no readiness probes yet).
+pub fn container_ready(run: &RuntimeContainer) -> bool {
+    run.state == ContainerRunState::Running
+}
+
+/// kubelet's condition times: a condition whose status is that of the same condition in
+/// `previous` (the status last reported) keeps its lastTransitionTime; a new or changed one gets
+/// `now`. So the time changes only with the condition, and [`pod_status`] stays free of the clock.
+pub fn keep_transition_times(previous: Option<&PodStatus>, status: &mut PodStatus, now: Time) {
+    let old = previous.and_then(|p| p.conditions.as_deref()).unwrap_or_default();
+    for c in status.conditions.iter_mut().flatten() {
+        let same = old.iter().find(|o| o.type_ == c.type_ && o.status == c.status);
+        c.last_transition_time = Some(same.and_then(|o| o.last_transition_time.clone()).unwrap_or_else(|| now.clone()));
+    }
+}
+
+/// Whether a container's current state is a successful exit.
+fn succeeded(status: &ContainerStatus) -> bool {
+    status.state.as_ref().and_then(|s| s.terminated.as_ref()).is_some_and(|t| t.exit_code == 0)
+}
+
+/// Whether any app container has run (kubelet's `HasAnyRegularContainerStarted`).
+fn any_started(statuses: &[ContainerStatus]) -> bool {
+    statuses.iter().any(|s| s.container_id.is_some())
+}
+
+/// kubelet's Initialized condition: every init container succeeded (or app containers ran).
+fn initialized(init: &[ContainerStatus], statuses: &[ContainerStatus], phase: &str) -> (bool, Option<String>) {
+    let incomplete: Vec<&str> = init.iter().filter(|s| !succeeded(s)).map(|s| s.name.as_str()).collect();
+    if incomplete.is_empty() || phase == "Succeeded" || any_started(statuses) {
+        return (true, None);
+    }
+    (false, Some(format!("containers with incomplete status: [{}]", incomplete.join(" "))))
 }
 
 /// A CRI timestamp (ns since epoch, 0 = never) as a Kubernetes time.
@@ -116,11 +165,12 @@ fn container_status(
     runs: &[&RuntimeContainer],
     pending: Option<&Waiting>,
     policy: &str,
+    default_reason: &str,
 ) -> ContainerStatus {
     let pending_state = |w: &Waiting| waiting_state(&w.reason, Some(w.message.clone()));
     let mut status = ContainerStatus { name: name.to_string(), image, ..Default::default() };
     let Some(last) = runs.first() else {
-        status.state = Some(pending.map(pending_state).unwrap_or_else(|| waiting_state("ContainerCreating", None)));
+        status.state = Some(pending.map(pending_state).unwrap_or_else(|| waiting_state(default_reason, None)));
         status.started = Some(false);
         return status;
     };
@@ -134,13 +184,12 @@ fn container_status(
                 running: Some(ContainerStateRunning { started_at: time(last.started_at) }),
                 ..Default::default()
             });
-            // No probes yet: a running container is ready.
-            status.ready = true;
+            status.ready = container_ready(last);
             status.started = Some(true);
             status.last_state = previous;
         }
         ContainerRunState::Created => {
-            status.state = Some(pending.map(pending_state).unwrap_or_else(|| waiting_state("ContainerCreating", None)));
+            status.state = Some(pending.map(pending_state).unwrap_or_else(|| waiting_state(default_reason, None)));
             status.started = Some(false);
             status.last_state = previous;
         }
@@ -171,9 +220,30 @@ fn go_duration(d: std::time::Duration) -> String {
     if minutes == 0 { format!("{seconds}s") } else { format!("{minutes}m{seconds}s") }
 }
 
-/// kubelet's `getPhase` for a pod without init containers.
-fn phase(policy: &str, statuses: &[ContainerStatus], no_containers: bool) -> &'static str {
+/// kubelet's `getPhase`.
+fn phase(policy: &str, init: &[ContainerStatus], statuses: &[ContainerStatus], no_containers: bool) -> &'static str {
     if no_containers {
+        return "Pending";
+    }
+    let (mut pending_init, mut failed_init) = (0, 0);
+    for s in init {
+        let state = s.state.as_ref();
+        let last = s.last_state.as_ref().and_then(|l| l.terminated.as_ref());
+        if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+            failed_init += usize::from(t.exit_code != 0);
+        } else if state.and_then(|s| s.waiting.as_ref()).is_some()
+            && let Some(t) = last
+        {
+            failed_init += usize::from(t.exit_code != 0);
+        } else {
+            pending_init += 1;
+        }
+    }
+    if failed_init > 0 && policy == "Never" {
+        return "Failed";
+    }
+    // Init containers that run again in a new sandbox do not send a pod that ran back to Pending.
+    if pending_init > 0 && !any_started(statuses) {
         return "Pending";
     }
     let (mut waiting, mut running, mut stopped, mut succeeded) = (0, 0, 0, 0);
@@ -238,6 +308,7 @@ mod tests {
             message: String::new(),
             image_ref: "sha256:abc".into(),
             hash: String::new(),
+            ..RuntimeContainer::default()
         }
     }
 
@@ -305,7 +376,10 @@ mod tests {
 
     #[test]
     fn a_crashing_container_is_in_crash_loop_back_off() {
-        let runs = vec![run(0, ContainerRunState::Exited, 1), run(1, ContainerRunState::Exited, 1)];
+        // The second run waited 10 s after the first crash: the next wait is 20 s.
+        let second =
+            RuntimeContainer { backoff: std::time::Duration::from_secs(10), ..run(1, ContainerRunState::Exited, 1) };
+        let runs = vec![run(0, ContainerRunState::Exited, 1), second];
         let status = pod_status(&pod("Always"), &runtime(runs), &HashMap::new(), None);
         assert_eq!(status.phase.as_deref(), Some("Running"));
         let c = &status.container_statuses.as_ref().expect("statuses")[0];
@@ -343,5 +417,121 @@ mod tests {
         let ready = done.conditions.iter().flatten().find(|c| c.type_ == "Ready").expect("Ready");
         assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
         assert_eq!(state(&done)["terminated"]["reason"], "Completed");
+    }
+
+    #[test]
+    fn exit_reasons_and_codes() {
+        let reason = |code: i32, runtime_reason: &str| {
+            let mut r = run(0, ContainerRunState::Exited, code);
+            r.reason = runtime_reason.into();
+            let status = pod_status(&pod("Never"), &runtime(vec![r]), &HashMap::new(), None);
+            let t = &state(&status)["terminated"];
+            (t["reason"].as_str().unwrap_or_default().to_string(), t["exitCode"].as_i64().unwrap_or(-1))
+        };
+        assert_eq!(reason(0, ""), ("Completed".into(), 0));
+        assert_eq!(reason(3, ""), ("Error".into(), 3));
+        // containerd's own reason for a container the kernel's OOM killer ended.
+        assert_eq!(reason(137, "OOMKilled"), ("OOMKilled".into(), 137));
+    }
+
+    fn init_pod(policy: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "web", "uid": "u-1" },
+            "spec": {
+                "restartPolicy": policy,
+                "initContainers": [{ "name": "i1", "image": "i:1" }, { "name": "i2", "image": "i:1" }],
+                "containers": [{ "name": "web", "image": "i:1" }],
+            },
+        }))
+        .expect("valid pod")
+    }
+
+    fn named(name: &str, state: ContainerRunState, exit_code: i32) -> RuntimeContainer {
+        RuntimeContainer { name: name.into(), id: format!("{name}-0"), ..run(0, state, exit_code) }
+    }
+
+    /// Each init container's (state, reason or "", ready), then the app's waiting reason or
+    /// state, the phase and the Initialized condition.
+    fn init_view(status: &PodStatus) -> (Vec<(String, bool)>, String, String, String) {
+        let describe = |c: &ContainerStatus| {
+            let state = c.state.clone().unwrap_or_default();
+            match (state.waiting, state.running, state.terminated) {
+                (Some(w), _, _) => format!("waiting {}", w.reason.unwrap_or_default()),
+                (_, Some(_), _) => "running".to_string(),
+                (_, _, Some(t)) => format!("terminated {} {}", t.reason.unwrap_or_default(), t.exit_code),
+                _ => String::new(),
+            }
+        };
+        let init = status.init_container_statuses.iter().flatten().map(|c| (describe(c), c.ready)).collect();
+        let app = describe(&status.container_statuses.as_ref().expect("statuses")[0]);
+        let initialized = status.conditions.iter().flatten().find(|c| c.type_ == "Initialized").expect("Initialized");
+        let initialized = format!("{} {}", initialized.status, initialized.message.clone().unwrap_or_default());
+        (init, app, status.phase.clone().unwrap_or_default(), initialized.trim().to_string())
+    }
+
+    #[test]
+    fn init_containers_in_the_status() {
+        use ContainerRunState::{Exited, Running};
+        let view = |policy: &str, runs: Vec<RuntimeContainer>| {
+            init_view(&pod_status(&init_pod(policy), &runtime(runs), &HashMap::new(), None))
+        };
+        let s = |x: &str| x.to_string();
+        assert_eq!(
+            view("Always", vec![]),
+            (
+                vec![(s("waiting PodInitializing"), false), (s("waiting PodInitializing"), false)],
+                s("waiting PodInitializing"),
+                s("Pending"),
+                s("False containers with incomplete status: [i1 i2]"),
+            )
+        );
+        assert_eq!(
+            view("Always", vec![named("i1", Exited, 0), named("i2", Running, 0)]),
+            (
+                vec![(s("terminated Completed 0"), true), (s("running"), false)],
+                s("waiting PodInitializing"),
+                s("Pending"),
+                s("False containers with incomplete status: [i2]"),
+            )
+        );
+        assert_eq!(
+            view("Always", vec![named("i1", Exited, 0), named("i2", Exited, 0), named("web", Running, 0)]),
+            (
+                vec![(s("terminated Completed 0"), true), (s("terminated Completed 0"), true)],
+                s("running"),
+                s("Running"),
+                s("True"),
+            )
+        );
+        // A failing init container: retried (Always, OnFailure) while the pod stays Pending, or
+        // the end of the pod (Never).
+        let failing = view("OnFailure", vec![named("i1", Exited, 1)]);
+        assert_eq!((failing.0[0].0.as_str(), failing.2.as_str()), ("waiting CrashLoopBackOff", "Pending"));
+        let failed = view("Never", vec![named("i1", Exited, 1)]);
+        assert_eq!((failed.0[0].0.as_str(), failed.2.as_str()), ("terminated Error 1", "Failed"));
+        assert_eq!(failed.1, "waiting PodInitializing");
+        // An init container that succeeded does not run again under Always.
+        let status = pod_status(&init_pod("Always"), &runtime(vec![named("i1", Exited, 0)]), &HashMap::new(), None);
+        let i1 = &status.init_container_statuses.as_ref().expect("init statuses")[0];
+        assert_eq!(i1.last_state, None);
+    }
+
+    #[test]
+    fn condition_times_change_only_with_the_condition() {
+        let t = |s: i64| Time(Timestamp::from_second(s).expect("time"));
+        let starting = pod_status(&pod("Always"), &runtime(vec![]), &HashMap::new(), None);
+        let mut first = starting.clone();
+        keep_transition_times(None, &mut first, t(100));
+        let mut again = starting.clone();
+        keep_transition_times(Some(&first), &mut again, t(200));
+        assert_eq!(again, first, "an unchanged status keeps its times");
+
+        let mut running =
+            pod_status(&pod("Always"), &runtime(vec![run(0, ContainerRunState::Running, 0)]), &HashMap::new(), None);
+        keep_transition_times(Some(&again), &mut running, t(300));
+        let times: Vec<(String, Option<Time>)> =
+            running.conditions.iter().flatten().map(|c| (c.type_.clone(), c.last_transition_time.clone())).collect();
+        let expected = [("PodScheduled", 100), ("Initialized", 100), ("ContainersReady", 300), ("Ready", 300)];
+        assert_eq!(times, expected.map(|(type_, at)| (type_.to_string(), Some(t(at)))));
     }
 }

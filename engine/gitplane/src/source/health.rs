@@ -64,10 +64,9 @@ const BROKEN: [&str; 6] = [
 pub fn pod(pod: &Value) -> (Health, String) {
     let status = &pod["status"];
     let phase = status["phase"].as_str().unwrap_or("Pending");
-    let broken = status["containerStatuses"]
-        .as_array()
+    let broken = ["initContainerStatuses", "containerStatuses"]
         .into_iter()
-        .flatten()
+        .flat_map(|list| status[list].as_array().into_iter().flatten())
         .filter_map(|c| {
             let reason = c["state"]["waiting"]["reason"].as_str()?;
             BROKEN.contains(&reason).then(|| format!("container {}: {reason}", c["name"].as_str().unwrap_or("")))
@@ -219,6 +218,9 @@ mod tests {
         let pulling = json!({"status": {"phase": "Pending", "containerStatuses": [
             {"name": "web", "state": {"waiting": {"reason": "ErrImagePull"}}}]}});
         assert_eq!(pod(&pulling), (Health::Degraded, "container web: ErrImagePull".into()));
+        let init_crashing = json!({"status": {"phase": "Pending", "initContainerStatuses": [
+            {"name": "migrate", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}});
+        assert_eq!(pod(&init_crashing), (Health::Degraded, "container migrate: CrashLoopBackOff".into()));
         assert_eq!(pod(&json!({"status": {"phase": "Succeeded"}})).0, Health::Healthy);
     }
 

@@ -45,9 +45,10 @@ const fn row(path: &'static str, allowed: Allowed, what: &'static str) -> Unsupp
 }
 
 /// Every Pod field gitplane's node agent does not support yet (scheduling fields are the
-/// scheduler's and not listed). Fields not listed are carried out as Kubernetes does.
+/// scheduler's and not listed). Fields not listed are carried out as Kubernetes does. Rows under
+/// `containers/` hold for `initContainers/` too (so sidecars, init containers with a
+/// restartPolicy, stay refused).
 const UNSUPPORTED: &[Unsupported] = &[
-    row("initContainers", Nothing, "initContainers"),
     row("ephemeralContainers", Nothing, "ephemeralContainers"),
     row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
     row("automountServiceAccountToken", Values(&["false"]), "automountServiceAccountToken (no token is mounted)"),
@@ -77,7 +78,9 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("containers/*/envFrom", Nothing, "envFrom"),
     row("containers/*/env/*/valueFrom", Keys(&["fieldRef"]), "env valueFrom.{key}"),
     row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),
-    row("containers/*/lifecycle", Nothing, "lifecycle (postStart, preStop)"),
+    row("containers/*/lifecycle", Keys(&["postStart", "preStop"]), "lifecycle.{key}"),
+    row("containers/*/lifecycle/postStart", Keys(&["exec"]), "a postStart {key} hook"),
+    row("containers/*/lifecycle/preStop", Keys(&["exec"]), "a preStop {key} hook"),
     row("containers/*/livenessProbe", Nothing, "livenessProbe"),
     row("containers/*/readinessProbe", Nothing, "readinessProbe"),
     row("containers/*/startupProbe", Nothing, "startupProbe"),
@@ -130,13 +133,41 @@ const NOT_YET: &str = "is not supported by gitplane's node agent yet";
 pub(super) fn problems(spec: &Value, at: &str) -> Vec<Problem> {
     let mut problems = Vec::new();
     for row in UNSUPPORTED {
-        let segments: Vec<&str> = row.path.split('/').collect();
+        let mut segments: Vec<&str> = row.path.split('/').collect();
         for (pointer, value) in matches(spec, at.to_owned(), &segments) {
             problems.extend(check(row, pointer, value));
+        }
+        if segments[0] == "containers" {
+            segments[0] = "initContainers";
+            for (pointer, value) in matches(spec, at.to_owned(), &segments) {
+                problems.extend(check(row, pointer, value));
+            }
         }
     }
     problems.extend(mount_problems(spec, at));
     problems.extend(quantity_problems(spec, at));
+    problems.extend(lifecycle_problems(spec, at));
+    problems
+}
+
+/// What the API server refuses of the Pod's lifecycle: a negative grace period, and hooks or
+/// probes on an init container (it runs to completion; only sidecars may have them).
+fn lifecycle_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let grace = &spec["terminationGracePeriodSeconds"];
+    if grace.as_i64().is_some_and(|g| g < 0) {
+        problems.push(Problem::at(
+            format!("{at}/terminationGracePeriodSeconds"),
+            format!("{grace} is negative: give the seconds a Pod may take to stop (0 or more; 30 if unset)"),
+        ));
+    }
+    for field in ["lifecycle", "livenessProbe", "readinessProbe", "startupProbe"] {
+        for (pointer, value) in matches(spec, at.to_owned(), &["initContainers", "*", field]) {
+            if !is_empty(value) {
+                problems.push(Problem::at(pointer, format!("{field} is not allowed in an init container: remove it")));
+            }
+        }
+    }
     problems
 }
 
@@ -208,7 +239,10 @@ fn mount_problems(spec: &Value, at: &str) -> Vec<Problem> {
     let volumes: Vec<&str> =
         spec["volumes"].as_array().into_iter().flatten().filter_map(|v| v["name"].as_str()).collect();
     let mut problems = Vec::new();
-    for (pointer, mount) in matches(spec, at.to_owned(), &["containers", "*", "volumeMounts", "*"]) {
+    let mounts = ["containers", "initContainers"]
+        .into_iter()
+        .flat_map(|list| matches(spec, at.to_owned(), &[list, "*", "volumeMounts", "*"]));
+    for (pointer, mount) in mounts {
         if let Some(name) = mount["name"].as_str()
             && !volumes.contains(&name)
         {
@@ -232,8 +266,9 @@ fn mount_problems(spec: &Value, at: &str) -> Vec<Problem> {
 /// Container resources the agent cannot read as quantities.
 fn quantity_problems(spec: &Value, at: &str) -> Vec<Problem> {
     let mut problems = Vec::new();
-    for list in ["limits", "requests"] {
-        for (pointer, resources) in matches(spec, at.to_owned(), &["containers", "*", "resources", list]) {
+    let lists = ["containers", "initContainers"].into_iter().flat_map(|c| ["limits", "requests"].map(|l| (c, l)));
+    for (containers, list) in lists {
+        for (pointer, resources) in matches(spec, at.to_owned(), &[containers, "*", "resources", list]) {
             for (name, quantity) in resources.as_object().into_iter().flatten() {
                 let text = match quantity {
                     Value::String(s) => s.clone(),
