@@ -10,6 +10,7 @@ use crate::{
     dns::{self, Dns, ResolvConf, ServerConfig, ZoneConfig, node_local},
     network::Network,
     node,
+    prober::{PodProber, Prober},
     proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
@@ -176,6 +177,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     runtime_cfg.host_dns = Some(host_dns.clone());
     runtime_cfg.node_ip = runtime_cfg.node_ip.or(cfg.node_ip.clone());
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
+    let prober = Prober::new(cri.clone());
     let runtime = Arc::new(RuntimeManager::new(cri, runtime_cfg).await);
     let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
     // Services, EndpointSlices and Nodes, for the node's networking.
@@ -211,6 +213,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let mut pods = PodWorkers {
         cfg: cfg.clone(),
         runtime: runtime.clone(),
+        prober,
         client: client.clone(),
         workers: HashMap::new(),
         wakers,
@@ -304,6 +307,7 @@ async fn heartbeat(cfg: AgentConfig, client: Servers) {
 struct PodWorkers {
     cfg: AgentConfig,
     runtime: Arc<RuntimeManager>,
+    prober: Prober,
     client: Servers,
     workers: HashMap<String, (watch::Sender<Option<Pod>>, JoinHandle<()>)>,
     /// Each worker's wake-up, for the relist.
@@ -374,12 +378,18 @@ impl PodWorkers {
             });
             return;
         }
+        let key = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or(""),
+            pod.metadata.name.as_deref().unwrap_or("")
+        );
         let (tx, rx) = watch::channel(Some(pod));
         let wake = Arc::new(Notify::new());
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.clone(), wake.clone());
         let worker = PodWorker {
             uid: uid.clone(),
             runtime: self.runtime.clone(),
+            probes: self.prober.pod(key, wake.clone()),
             client: self.client.clone(),
             resync: self.cfg.resync,
             resync_steady: self.cfg.resync_steady,
@@ -457,6 +467,8 @@ async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration) {
 struct PodWorker {
     uid: String,
     runtime: Arc<RuntimeManager>,
+    /// The Pod's probe workers; they wake this worker when a verdict changes.
+    probes: PodProber,
     client: Servers,
     resync: Duration,
     resync_steady: Duration,
@@ -465,7 +477,7 @@ struct PodWorker {
 }
 
 impl PodWorker {
-    async fn run(self, mut updates: watch::Receiver<Option<Pod>>) {
+    async fn run(mut self, mut updates: watch::Receiver<Option<Pod>>) {
         let mut reported: Option<Value> = None;
         let mut budget = WriteBudget::new(Instant::now());
         let mut last: Option<Pod> = None;
@@ -477,8 +489,10 @@ impl PodWorker {
                 return;
             };
             let mut next_sync = self.resync;
-            match self.runtime.sync_pod(&pod).await {
+            self.probes.update(&pod);
+            match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {
                 Ok(status) => {
+                    self.probes.observe(&status);
                     if steady(&status) {
                         next_sync = self.resync_steady;
                     }

@@ -25,6 +25,7 @@ pub use spec::{SpecError, container_config, sandbox_config};
 pub use status::{Waiting, pod_status};
 
 use crate::cri::{Cri, pb};
+use crate::prober::{PodProbes, kill_unhealthy};
 use failures::Failures;
 use spec::{LABEL_POD_UID, image_pull_policy, pod_cgroup, pod_key, pod_log_directory, pod_spec, pod_uid};
 
@@ -117,8 +118,9 @@ impl RuntimeManager {
     }
 
     /// Kubelet's SyncPod: makes the runtime match `pod` (sandbox, then each container that
-    /// should run under its restartPolicy) and returns the observed status. Idempotent.
-    pub async fn sync_pod(&self, pod: &Pod) -> Result<PodStatus, RuntimeError> {
+    /// should run under its restartPolicy; a container that failed its liveness or startup
+    /// probe is killed first) and returns the observed status. Idempotent.
+    pub async fn sync_pod(&self, pod: &Pod, probes: &PodProbes) -> Result<PodStatus, RuntimeError> {
         let key = pod_key(pod);
         let spec_err = |source| RuntimeError::Spec { pod: key.clone(), source };
         let uid = pod_uid(pod).map_err(spec_err)?;
@@ -134,14 +136,19 @@ impl RuntimeManager {
                     failures.record(uid, &c.name, c.image.as_deref().unwrap_or_default(), waiting.clone());
                 }
             }
-            return self.pod_status(pod).await;
+            return self.pod_status(pod, probes).await;
         }
 
         let runtime = self.observe(&key, uid).await?;
-        let actions = compute_pod_actions(pod, &runtime, now_nanos());
+        let mut actions = compute_pod_actions(pod, &runtime, now_nanos());
+        let unhealthy = kill_unhealthy(pod, &runtime, probes, now_nanos(), &mut actions);
         tracing::debug!(pod = %key, ?actions, "sync pod");
         let grace = grace_period(pod);
 
+        for kill in &unhealthy {
+            tracing::info!(pod = %key, container = %kill.name, id = %kill.id, grace = ?kill.grace, "{}", kill.message());
+            self.stop_containers(&key, std::slice::from_ref(&kill.id), kill.grace).await?;
+        }
         self.stop_containers(&key, &actions.kill_containers, grace).await?;
         for id in &actions.stop_sandboxes {
             self.stop_sandbox(&key, id).await?;
@@ -177,16 +184,16 @@ impl RuntimeManager {
                 self.start_container(pod, &key, uid, container, *attempt, &sandbox, &sandbox_config).await?;
             }
         }
-        self.pod_status(pod).await
+        self.pod_status(pod, probes).await
     }
 
     /// The observed status of `pod`.
-    pub async fn pod_status(&self, pod: &Pod) -> Result<PodStatus, RuntimeError> {
+    pub async fn pod_status(&self, pod: &Pod, probes: &PodProbes) -> Result<PodStatus, RuntimeError> {
         let key = pod_key(pod);
         let uid = pod_uid(pod).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
         let runtime = self.observe(&key, uid).await?;
         let waiting = self.lock_failures().waiting(uid);
-        Ok(pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref()))
+        Ok(pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref(), probes))
     }
 
     /// Kills the pod: stops its containers (each gets `grace` after SIGTERM), stops and removes

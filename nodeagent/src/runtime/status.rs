@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::actions::{ContainerRunState, RuntimeContainer, RuntimePod, restart_backoff, should_restart};
 use super::spec::{qos_class, restart_policy};
+use crate::prober::PodProbes;
 
 /// The runtime prefix of container IDs in pod status (`containerd://<id>`).
 pub const CONTAINER_ID_PREFIX: &str = "containerd://";
@@ -24,24 +25,27 @@ pub struct Waiting {
 }
 
 /// The pod's status. `waiting` holds the reasons of containers that could not be created;
-/// `node_ip` becomes hostIP. It depends on nothing else (not the time): an unchanged pod has an
-/// unchanged status, which is not written again.
+/// `node_ip` becomes hostIP; `probes` decide which running containers have started and are
+/// ready. It depends on nothing else (not the time): an unchanged pod has an unchanged status,
+/// which is not written again.
 pub fn pod_status(
     pod: &Pod,
     runtime: &RuntimePod,
     waiting: &HashMap<String, Waiting>,
     node_ip: Option<&str>,
+    probes: &PodProbes,
 ) -> PodStatus {
     let policy = restart_policy(pod);
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
     let sandbox = runtime.current_sandbox();
-    let statuses: Vec<ContainerStatus> = containers
+    let mut statuses: Vec<ContainerStatus> = containers
         .iter()
         .map(|c| {
             let image = c.image.clone().unwrap_or_default();
             container_status(&c.name, image, &runtime.runs_of(&c.name), waiting.get(&c.name), policy)
         })
         .collect();
+    probes.update_container_statuses(&mut statuses);
 
     let phase = phase(policy, &statuses, containers.is_empty());
     let all_ready = !statuses.is_empty() && statuses.iter().all(|s| s.ready);
@@ -134,7 +138,7 @@ fn container_status(
                 running: Some(ContainerStateRunning { started_at: time(last.started_at) }),
                 ..Default::default()
             });
-            // No probes yet: a running container is ready.
+            // Unless its probes say otherwise (`PodProbes::update_container_statuses`).
             status.ready = true;
             status.started = Some(true);
             status.last_state = previous;
@@ -263,7 +267,7 @@ mod tests {
 
     #[test]
     fn a_new_pod_is_pending_while_containers_are_created() {
-        let status = pod_status(&pod("Always"), &RuntimePod::default(), &HashMap::new(), None);
+        let status = pod_status(&pod("Always"), &RuntimePod::default(), &HashMap::new(), None, &PodProbes::default());
         assert_eq!(status.phase.as_deref(), Some("Pending"));
         assert_eq!(state(&status), json!({ "waiting": { "reason": "ContainerCreating" } }));
         assert_eq!(condition(&status, "PodScheduled"), "True");
@@ -277,7 +281,7 @@ mod tests {
             "web".to_string(),
             Waiting { reason: "ErrImagePull".into(), message: "not found".into() },
         )]);
-        let status = pod_status(&pod("Always"), &runtime(vec![]), &waiting, None);
+        let status = pod_status(&pod("Always"), &runtime(vec![]), &waiting, None, &PodProbes::default());
         assert_eq!(status.phase.as_deref(), Some("Pending"));
         assert_eq!(state(&status), json!({ "waiting": { "reason": "ErrImagePull", "message": "not found" } }));
     }
@@ -289,6 +293,7 @@ mod tests {
             &runtime(vec![run(0, ContainerRunState::Running, 0)]),
             &HashMap::new(),
             Some("192.168.1.10"),
+            &PodProbes::default(),
         );
         assert_eq!(status.phase.as_deref(), Some("Running"));
         assert_eq!(status.pod_ip.as_deref(), Some("10.244.1.2"));
@@ -306,7 +311,7 @@ mod tests {
     #[test]
     fn a_crashing_container_is_in_crash_loop_back_off() {
         let runs = vec![run(0, ContainerRunState::Exited, 1), run(1, ContainerRunState::Exited, 1)];
-        let status = pod_status(&pod("Always"), &runtime(runs), &HashMap::new(), None);
+        let status = pod_status(&pod("Always"), &runtime(runs), &HashMap::new(), None, &PodProbes::default());
         assert_eq!(status.phase.as_deref(), Some("Running"));
         let c = &status.container_statuses.as_ref().expect("statuses")[0];
         assert_eq!(c.restart_count, 1);
@@ -330,6 +335,7 @@ mod tests {
                 &runtime(vec![run(0, ContainerRunState::Exited, exit_code)]),
                 &HashMap::new(),
                 None,
+                &PodProbes::default(),
             );
             status.phase.unwrap_or_default()
         };
@@ -338,8 +344,13 @@ mod tests {
         assert_eq!(phase("OnFailure", 0), "Succeeded");
         assert_eq!(phase("OnFailure", 2), "Running");
         assert_eq!(phase("Always", 0), "Running");
-        let done =
-            pod_status(&pod("Never"), &runtime(vec![run(0, ContainerRunState::Exited, 0)]), &HashMap::new(), None);
+        let done = pod_status(
+            &pod("Never"),
+            &runtime(vec![run(0, ContainerRunState::Exited, 0)]),
+            &HashMap::new(),
+            None,
+            &PodProbes::default(),
+        );
         let ready = done.conditions.iter().flatten().find(|c| c.type_ == "Ready").expect("Ready");
         assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
         assert_eq!(state(&done)["terminated"]["reason"], "Completed");
