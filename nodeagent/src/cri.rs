@@ -69,4 +69,38 @@ impl Cri {
     pub fn images(&self) -> ImageServiceClient<tonic::transport::Channel> {
         ImageServiceClient::new(self.channel.clone())
     }
+
+    /// CRI `ExecSync`: runs `cmd` in a container and waits for it (at most `timeout` seconds,
+    /// enforced by the runtime; 0 means no limit).
+    pub async fn exec_sync(&self, request: exec::ExecSyncRequest) -> Result<exec::ExecSyncResponse, tonic::Status> {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        grpc.ready().await.map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static("/runtime.v1.RuntimeService/ExecSync");
+        let codec = tonic_prost::ProstCodec::default();
+        Ok(grpc.unary(tonic::Request::new(request), path, codec).await?.into_inner())
+    }
+}
+
+/// The messages of CRI's `ExecSync` (k8s.io/cri-api runtime/v1, same field numbers), written
+/// out beside the generated ones.
+pub mod exec {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ExecSyncRequest {
+        #[prost(string, tag = "1")]
+        pub container_id: String,
+        #[prost(string, repeated, tag = "2")]
+        pub cmd: Vec<String>,
+        #[prost(int64, tag = "3")]
+        pub timeout: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ExecSyncResponse {
+        #[prost(bytes = "vec", tag = "1")]
+        pub stdout: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub stderr: Vec<u8>,
+        #[prost(int32, tag = "3")]
+        pub exit_code: i32,
+    }
 }

@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::cri::{Cri, pb};
+use crate::cri::{Cri, exec::ExecSyncRequest};
 pub use pod::{PodProbes, Unhealthy, kill_unhealthy};
 pub use results::{ProbeResult, ProbeType, Results};
 use worker::{Observed, PodContext, State, Step, Timing, Worker};
@@ -381,16 +381,14 @@ const MAX_EXEC_OUTPUT: usize = 10 * 1024;
 /// command that outlives the timeout a failure.
 async fn exec(cri: &Cri, container_id: &str, command: &[String], timeout: Duration) -> (ProbeResult, String) {
     let timed_out = || (ProbeResult::Failure, format!("command {:?} timed out", command.join(" ")));
-    let request = pb::ExecSyncRequest {
+    let request = ExecSyncRequest {
         container_id: container_id.to_owned(),
         cmd: command.to_vec(),
         timeout: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
     };
     // The runtime enforces the timeout; the margin covers the call itself.
-    let mut client = cri.runtime();
-    match tokio::time::timeout(timeout + Duration::from_secs(5), client.exec_sync(request)).await {
+    match tokio::time::timeout(timeout + Duration::from_secs(5), cri.exec_sync(request)).await {
         Ok(Ok(response)) => {
-            let response = response.into_inner();
             let mut output = response.stdout;
             output.extend_from_slice(&response.stderr);
             output.truncate(MAX_EXEC_OUTPUT);
