@@ -10,6 +10,7 @@ use crate::{
     dns::{self, Dns, ResolvConf, ServerConfig, ZoneConfig, node_local},
     network::Network,
     node,
+    prober::{PodProber, Prober},
     proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
@@ -184,6 +185,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     runtime_cfg.host_dns = Some(host_dns.clone());
     runtime_cfg.node_ip = runtime_cfg.node_ip.or(cfg.node_ip.clone());
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
+    let prober = Prober::new(cri.clone());
     let runtime = Arc::new(RuntimeManager::new(cri, runtime_cfg).await);
     let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
     let node_status = tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone()));
@@ -220,6 +222,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let mut pods = PodWorkers {
         cfg: cfg.clone(),
         runtime: runtime.clone(),
+        prober,
         client: client.clone(),
         workers: HashMap::new(),
         wakers,
@@ -355,6 +358,7 @@ async fn report_node_status(cfg: AgentConfig, client: Servers, runtime: Arc<Runt
 struct PodWorkers {
     cfg: AgentConfig,
     runtime: Arc<RuntimeManager>,
+    prober: Prober,
     client: Servers,
     workers: HashMap<String, (watch::Sender<Option<Pod>>, JoinHandle<()>)>,
     /// Each worker's wake-up, for the relist.
@@ -425,12 +429,18 @@ impl PodWorkers {
             });
             return;
         }
+        let key = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or(""),
+            pod.metadata.name.as_deref().unwrap_or("")
+        );
         let (tx, rx) = watch::channel(Some(pod));
         let wake = Arc::new(Notify::new());
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.clone(), wake.clone());
         let worker = PodWorker {
             uid: uid.clone(),
             runtime: self.runtime.clone(),
+            probes: self.prober.pod(key, wake.clone()),
             client: self.client.clone(),
             resync: self.cfg.resync,
             resync_steady: self.cfg.resync_steady,
@@ -522,6 +532,8 @@ async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration) {
 struct PodWorker {
     uid: String,
     runtime: Arc<RuntimeManager>,
+    /// The Pod's probe workers; they wake this worker when a verdict changes.
+    probes: PodProber,
     client: Servers,
     resync: Duration,
     resync_steady: Duration,
@@ -530,7 +542,7 @@ struct PodWorker {
 }
 
 impl PodWorker {
-    async fn run(self, mut updates: watch::Receiver<Option<Pod>>) {
+    async fn run(mut self, mut updates: watch::Receiver<Option<Pod>>) {
         let mut reported: Option<Value> = None;
         let mut budget = WriteBudget::new(Instant::now());
         let mut last: Option<Pod> = None;
@@ -542,8 +554,10 @@ impl PodWorker {
                 return;
             };
             let mut next_sync = self.resync;
-            match self.runtime.sync_pod(&pod).await {
+            self.probes.update(&pod);
+            match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {
                 Ok(status) => {
+                    self.probes.observe(&status);
                     if steady(&status) {
                         next_sync = self.resync_steady;
                     }

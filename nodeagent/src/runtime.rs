@@ -27,6 +27,7 @@ pub use spec::{SpecError, container_config, sandbox_config};
 pub use status::{Waiting, pod_status};
 
 use crate::cri::{Cri, pb};
+use crate::prober::{PodProbes, kill_unhealthy};
 use failures::Failures;
 use spec::{LABEL_POD_UID, image_pull_policy, pod_cgroup, pod_key, pod_log_directory, pod_spec, pod_uid};
 
@@ -125,17 +126,24 @@ impl RuntimeManager {
     }
 
     /// Kubelet's SyncPod: makes the runtime match `pod` (sandbox, then each container that
-    /// should run under its restartPolicy) and returns the observed status. Idempotent.
-    pub async fn sync_pod(&self, pod: &Pod) -> Result<PodStatus, RuntimeError> {
+    /// should run under its restartPolicy; a container that failed its liveness or startup
+    /// probe is killed first) and returns the observed status. Idempotent.
+    pub async fn sync_pod(&self, pod: &Pod, probes: &PodProbes) -> Result<PodStatus, RuntimeError> {
         let key = pod_key(pod);
         let spec_err = |source| RuntimeError::Spec { pod: key.clone(), source };
         let uid = pod_uid(pod).map_err(spec_err)?;
         let spec = pod_spec(pod).map_err(spec_err)?;
         let runtime = self.observe(&key, uid).await?;
-        let actions = compute_pod_actions(pod, &runtime, now_nanos());
+        let mut actions = compute_pod_actions(pod, &runtime, now_nanos());
+        let unhealthy = kill_unhealthy(pod, &runtime, probes, now_nanos(), &mut actions);
         tracing::debug!(pod = %key, ?actions, "sync pod");
         let grace = grace_period(pod);
 
+        for kill in &unhealthy {
+            tracing::info!(pod = %key, container = %kill.name, id = %kill.id, grace = ?kill.grace, "{}", kill.message());
+            let run: Vec<&RuntimeContainer> = runtime.containers.iter().filter(|c| c.id == kill.id).collect();
+            self.stop_containers(&key, &run, kill.grace).await?;
+        }
         let kill: Vec<&RuntimeContainer> =
             actions.kill_containers.iter().filter_map(|id| runtime.containers.iter().find(|c| &c.id == id)).collect();
         self.stop_containers(&key, &kill, grace).await?;
@@ -176,16 +184,16 @@ impl RuntimeManager {
                 self.start_container(pod, &key, uid, container, run, &sandbox, &sandbox_config).await?;
             }
         }
-        self.pod_status(pod).await
+        self.pod_status(pod, probes).await
     }
 
     /// The observed status of `pod`.
-    pub async fn pod_status(&self, pod: &Pod) -> Result<PodStatus, RuntimeError> {
+    pub async fn pod_status(&self, pod: &Pod, probes: &PodProbes) -> Result<PodStatus, RuntimeError> {
         let key = pod_key(pod);
         let uid = pod_uid(pod).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
         let runtime = self.observe(&key, uid).await?;
         let waiting = self.lock_failures().waiting(uid);
-        let mut status = pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref());
+        let mut status = pod_status(pod, &runtime, &waiting, self.cfg.node_ip.as_deref(), probes);
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         status::keep_transition_times(pod.status.as_ref(), &mut status, now);
         Ok(status)

@@ -12,6 +12,7 @@ use gitplane_nodeagent::cni::write_conflist;
 use gitplane_nodeagent::containerd::{Containerd, ContainerdConfig};
 use gitplane_nodeagent::cri::{Cri, pb};
 use gitplane_nodeagent::images::{HTTPD_IMAGE, ensure_images};
+use gitplane_nodeagent::prober::PodProbes;
 use gitplane_nodeagent::runtime::{RuntimeConfig, RuntimeManager};
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde_json::json;
@@ -95,7 +96,7 @@ async fn run_until_running(runtime: &RuntimeManager, pod: &Pod) -> Result<(PodSt
     let bound = Instant::now();
     let mut syncs = 0;
     loop {
-        let status = runtime.sync_pod(pod).await?;
+        let status = runtime.sync_pod(pod, &PodProbes::default()).await?;
         syncs += 1;
         if status.phase.as_deref() == Some("Running")
             && let Some(ip) = status.pod_ip.as_deref()
@@ -142,7 +143,7 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
     println!("GET http://{ip}/ answered in {:?}", started.elapsed());
 
     // Syncing again changes nothing.
-    let again = runtime.sync_pod(&web).await?;
+    let again = runtime.sync_pod(&web, &PodProbes::default()).await?;
     ensure!(again.container_statuses == status.container_statuses, "resync changed the pod: {again:#?}");
     let cgroups = pod_cgroup_dirs(host.cgroup_parent(), &uid)?;
     ensure!(cgroups.iter().any(|d| d.is_dir()), "no pod cgroup in {cgroups:?}");
@@ -165,7 +166,7 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
     // The runtime manager keeps its channel; it reconnects to the new containerd.
     let mut transient = Vec::new();
     let after = loop {
-        match runtime.sync_pod(&web).await {
+        match runtime.sync_pod(&web, &PodProbes::default()).await {
             Ok(status) => break status,
             Err(e) if started.elapsed() < Duration::from_secs(10) => transient.push(e.to_string()),
             Err(e) => bail!("no sync after the containerd restart: {e} (before: {transient:?})"),
@@ -182,7 +183,7 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
     let nope_uid = format!("{}-nope", host.name());
     let nope = pod("nope", &nope_uid, "gitplane.local/nope:1")?;
     let started = Instant::now();
-    let status = runtime.sync_pod(&nope).await?;
+    let status = runtime.sync_pod(&nope, &PodProbes::default()).await?;
     let elapsed = started.elapsed();
     ensure!(waiting_reason(&status).as_deref() == Some("ErrImagePull"), "{status:#?}");
     ensure!(status.phase.as_deref() == Some("Pending"), "{status:#?}");
@@ -192,7 +193,7 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
         "ErrImagePull after {elapsed:?} (first sync: sandbox, then the failed pull): {}",
         message.unwrap_or_default()
     );
-    let status = runtime.sync_pod(&nope).await?;
+    let status = runtime.sync_pod(&nope, &PodProbes::default()).await?;
     ensure!(waiting_reason(&status).as_deref() == Some("ImagePullBackOff"), "{status:#?}");
 
     let mut uids = runtime.pod_uids().await?;

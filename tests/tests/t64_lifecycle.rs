@@ -15,6 +15,7 @@ use gitplane_nodeagent::cni::write_conflist;
 use gitplane_nodeagent::containerd::{Containerd, ContainerdConfig};
 use gitplane_nodeagent::cri::{Cri, pb};
 use gitplane_nodeagent::images::{HTTPD_IMAGE, ensure_images};
+use gitplane_nodeagent::prober::PodProbes;
 use gitplane_nodeagent::runtime::{RuntimeConfig, RuntimeManager};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use serde_json::{Value, json};
@@ -73,7 +74,7 @@ impl Worker {
         let (runtime, pod) = (runtime.clone(), pod.clone());
         let task = tokio::spawn(async move {
             loop {
-                match runtime.sync_pod(&pod).await {
+                match runtime.sync_pod(&pod, &PodProbes::default()).await {
                     Ok(status) => {
                         tx.send_replace(Some(status));
                     }
@@ -236,7 +237,7 @@ async fn t64_init_containers_run_in_order_before_the_app() -> Result<()> {
     ensure!(written == "first\nsecond\napp\n", "{}: {written:?}", log.display());
     // Once initialized, a sync changes nothing: the init containers do not run again.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let again = runtime.sync_pod(&web).await?;
+    let again = runtime.sync_pod(&web, &PodProbes::default()).await?;
     ensure!(again.init_container_statuses == status.init_container_statuses, "{again:#?}");
     worker.stop().await;
     kill(&runtime, &cri, &web, Duration::from_secs(2)).await?;
@@ -261,7 +262,7 @@ async fn t64_init_containers_run_in_order_before_the_app() -> Result<()> {
     ensure!(app.container_id.is_none() && waiting_reason(app) == Some("PodInitializing"), "{app:#?}");
     ensure!(condition(&status, "Initialized").as_deref() == Some("False"), "{status:#?}");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let again = runtime.sync_pod(&failing).await?;
+    let again = runtime.sync_pod(&failing, &PodProbes::default()).await?;
     ensure!(
         again.phase.as_deref() == Some("Failed") && again.pod_ip.is_none(),
         "the failed pod runs again: {again:#?}"
@@ -478,7 +479,7 @@ async fn t64_pod_deleted_while_its_sandbox_is_created_leaves_nothing() -> Result
         let uid = doomed.metadata.uid.clone().unwrap_or_default();
         let sync = {
             let (runtime, doomed) = (runtime.clone(), doomed.clone());
-            tokio::spawn(async move { runtime.sync_pod(&doomed).await })
+            tokio::spawn(async move { runtime.sync_pod(&doomed, &PodProbes::default()).await })
         };
         match cut_after {
             // The deletion arrives once the sandbox exists; the worker's sync runs to its end.

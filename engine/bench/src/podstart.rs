@@ -14,6 +14,7 @@ use gitplane_nodeagent::{
     cri::{Cri, pb},
     host::NetnsHost,
     images::{HTTPD_IMAGE, ensure_images},
+    prober::PodProbes,
     runtime::{RuntimeConfig, RuntimeManager, calls::CallStats, container_config, sandbox_config},
 };
 use k8s_openapi::api::core::v1::Pod;
@@ -142,7 +143,7 @@ fn pod(name: &str) -> Result<Pod> {
 async fn run_until_running(runtime: &RuntimeManager, pod: &Pod) -> Result<Duration> {
     let started = Instant::now();
     loop {
-        let status = runtime.sync_pod(pod).await?;
+        let status = runtime.sync_pod(pod, &PodProbes::default()).await?;
         if status.phase.as_deref() == Some("Running") && status.pod_ip.is_some() {
             return Ok(started.elapsed());
         }

@@ -869,7 +869,6 @@ spec:
                 ),
             ),
             (24, "/containers/0/envFrom".into(), format!("envFrom {not_yet}: remove it")),
-            (25, "/containers/0/livenessProbe".into(), format!("livenessProbe {not_yet}: remove it")),
             (
                 26,
                 "/containers/0/resources/limits/cpu".into(),
@@ -901,10 +900,12 @@ spec:
         assert_eq!(got, expected);
 
         // The same rules for bare Pods, ReplicaSets and Jobs, at their Pod spec.
-        let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, image: i, readinessProbe: {exec: {command: [sh]}}}]\n";
+        let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: c, image: i, lifecycle: {preStop: {httpGet: {port: 80}}}}]\n";
         assert_eq!(
             errors(&[("pod.yaml", pod)]),
-            [format!("pod.yaml:5: Pod p: /spec/containers/0/readinessProbe: readinessProbe {not_yet}: remove it")]
+            [format!(
+                "pod.yaml:5: Pod p: /spec/containers/0/lifecycle/preStop/httpGet: a preStop httpGet hook {not_yet} (it supports exec)"
+            )]
         );
         let job = "apiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      enableServiceLinks: true\n      containers: [{name: c, image: i}]\n";
         assert_eq!(
@@ -945,7 +946,7 @@ spec:
         - {name: NAME, value: x}
         - {name: IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
         - {name: APP, valueFrom: {fieldRef: {fieldPath: \"metadata.labels['app']\"}}}
-      ports: [{containerPort: 80, hostPort: 8080}]
+      ports: [{name: http, containerPort: 80, hostPort: 8080}]
       resources: {requests: {cpu: 100m, memory: 32Mi}, limits: {cpu: 1, memory: 64Mi}}
       securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}, readOnlyRootFilesystem: true}
       terminationMessagePath: /dev/termination-log
@@ -953,6 +954,15 @@ spec:
       volumeMounts:
         - {name: scratch, mountPath: /tmp, subPath: a/b}
         - {name: etc, mountPath: /etc/gp, readOnly: true}
+      startupProbe: {tcpSocket: {port: http}, failureThreshold: 30, periodSeconds: 1}
+      livenessProbe: {exec: {command: [cat, /tmp/ok]}, terminationGracePeriodSeconds: 5, successThreshold: 1}
+      readinessProbe:
+        httpGet: {port: 80, path: /ready, scheme: HTTP, httpHeaders: [{name: X-Probe, value: yes}]}
+        initialDelaySeconds: 0
+        successThreshold: 2
+    - name: d
+      image: i
+      livenessProbe: {grpc: {port: 9000, service: health}, periodSeconds: 0}
 ";
         assert!(check(&[("pod.yaml", pod)]).is_ok(), "{:?}", check(&[("pod.yaml", pod)]));
         assert!(check(&[("deploy.yaml", DEMO_DEPLOYMENT)]).is_ok());
@@ -992,8 +1002,78 @@ spec:
             format!("pod.yaml:14: Pod p: /spec/containers/0/lifecycle/preStop/httpGet: a preStop httpGet hook {not_yet} (it supports exec)"),
         ];
         expected.sort();
-        // (Until probes are supported, the init container's probe is also refused as such.)
-        got.retain(|e| !e.contains(&format!("livenessProbe {not_yet}")));
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn t10_probes_the_node_agent_cannot_run_are_refused() {
+        let pod = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  containers:
+    - name: web
+      image: i
+      ports: [{name: http, containerPort: 80}]
+      livenessProbe: {httpGet: {port: htp}, successThreshold: 2, periodSeconds: -1}
+      readinessProbe: {exec: {command: [cat]}, tcpSocket: {port: 80}, terminationGracePeriodSeconds: 3}
+      startupProbe: {failureThreshold: -3, terminationGracePeriodSeconds: 0}
+    - name: side
+      image: i
+      livenessProbe: {tcpSocket: {port: 0}, failureThreshold: 3}
+      readinessProbe: {httpGet: {port: 443, scheme: HTTPS}}
+      startupProbe: {exec: {command: []}}
+";
+        let at = "pod.yaml:{}: Pod p: /spec/containers/";
+        let expected = [
+            (
+                9,
+                "0/livenessProbe/httpGet/port",
+                "\"htp\" names no port of container \"web\": add a port named htp to its ports, or use the port's number",
+            ),
+            (
+                9,
+                "0/livenessProbe/periodSeconds",
+                "periodSeconds must not be negative (it is -1): set a positive number, or remove it for the default (10)",
+            ),
+            (
+                9,
+                "0/livenessProbe/successThreshold",
+                "successThreshold must be 1 for a livenessProbe (it is 2): remove it, or set it to 1",
+            ),
+            (10, "0/readinessProbe", "readinessProbe has 2 handlers (exec, tcpSocket): keep one"),
+            (
+                10,
+                "0/readinessProbe/terminationGracePeriodSeconds",
+                "terminationGracePeriodSeconds is for liveness and startup probes only (readiness kills nothing): remove it",
+            ),
+            (11, "0/startupProbe", "startupProbe has no handler: set one of exec, httpGet, tcpSocket, grpc"),
+            (
+                11,
+                "0/startupProbe/failureThreshold",
+                "failureThreshold must not be negative (it is -3): set a positive number, or remove it for the default (3)",
+            ),
+            (
+                11,
+                "0/startupProbe/terminationGracePeriodSeconds",
+                "terminationGracePeriodSeconds must be greater than 0 (it is 0): set a positive number, or remove it for the Pod's",
+            ),
+            (14, "1/livenessProbe/tcpSocket/port", "0 is not a port number: use one from 1 to 65535"),
+            (
+                15,
+                "1/readinessProbe/httpGet/scheme",
+                "scheme \"HTTPS\" is not supported by gitplane's node agent yet: probe over HTTP, or use a tcpSocket probe",
+            ),
+            (16, "1/startupProbe/exec/command", "exec needs a command: set exec.command, e.g. [cat, /tmp/healthy]"),
+        ];
+        let mut expected: Vec<String> = expected
+            .into_iter()
+            .map(|(line, path, message)| format!("{}{path}: {message}", at.replace("{}", &line.to_string())))
+            .collect();
+        let mut got = errors(&[("pod.yaml", pod)]);
+        got.sort();
+        expected.sort();
         assert_eq!(got, expected);
     }
 

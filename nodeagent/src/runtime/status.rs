@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::actions::{ContainerRunState, RuntimeContainer, RuntimePod, restart_backoff, should_restart};
 use super::spec::{qos_class, restart_policy};
+use crate::prober::PodProbes;
 
 /// The runtime prefix of container IDs in pod status (`containerd://<id>`).
 pub const CONTAINER_ID_PREFIX: &str = "containerd://";
@@ -24,13 +25,15 @@ pub struct Waiting {
 }
 
 /// The pod's status. `waiting` holds the reasons of containers that could not be created;
-/// `node_ip` becomes hostIP. It depends on nothing else (not the time): an unchanged pod has an
-/// unchanged status, which is not written again.
+/// `node_ip` becomes hostIP; `probes` decide which running containers have started and are
+/// ready. It depends on nothing else (not the time): an unchanged pod has an unchanged status,
+/// which is not written again.
 pub fn pod_status(
     pod: &Pod,
     runtime: &RuntimePod,
     waiting: &HashMap<String, Waiting>,
     node_ip: Option<&str>,
+    probes: &PodProbes,
 ) -> PodStatus {
     let policy = restart_policy(pod);
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
@@ -42,7 +45,7 @@ pub fn pod_status(
         let image = c.image.clone().unwrap_or_default();
         container_status(&c.name, image, &runtime.runs_of(&c.name), waiting.get(&c.name), policy, default_reason)
     };
-    let statuses: Vec<ContainerStatus> = containers.iter().map(|c| status_of(c, policy)).collect();
+    let mut statuses: Vec<ContainerStatus> = containers.iter().map(|c| status_of(c, policy)).collect();
     // Init containers run to success: only failures are retried, and a success is ready.
     let init_policy = if policy == "Never" { "Never" } else { "OnFailure" };
     let init_statuses: Vec<ContainerStatus> = init_containers
@@ -53,6 +56,7 @@ pub fn pod_status(
             status
         })
         .collect();
+    probes.update_container_statuses(&mut statuses);
 
     let phase = phase(policy, &init_statuses, &statuses, containers.is_empty());
     let all_ready = !statuses.is_empty() && statuses.iter().all(|s| s.ready);
@@ -184,6 +188,7 @@ fn container_status(
                 running: Some(ContainerStateRunning { started_at: time(last.started_at) }),
                 ..Default::default()
             });
+            // Unless its probes say otherwise (`PodProbes::update_container_statuses`).
             status.ready = container_ready(last);
             status.started = Some(true);
             status.last_state = previous;
@@ -334,7 +339,7 @@ mod tests {
 
     #[test]
     fn a_new_pod_is_pending_while_containers_are_created() {
-        let status = pod_status(&pod("Always"), &RuntimePod::default(), &HashMap::new(), None);
+        let status = pod_status(&pod("Always"), &RuntimePod::default(), &HashMap::new(), None, &PodProbes::default());
         assert_eq!(status.phase.as_deref(), Some("Pending"));
         assert_eq!(state(&status), json!({ "waiting": { "reason": "ContainerCreating" } }));
         assert_eq!(condition(&status, "PodScheduled"), "True");
@@ -348,7 +353,7 @@ mod tests {
             "web".to_string(),
             Waiting { reason: "ErrImagePull".into(), message: "not found".into() },
         )]);
-        let status = pod_status(&pod("Always"), &runtime(vec![]), &waiting, None);
+        let status = pod_status(&pod("Always"), &runtime(vec![]), &waiting, None, &PodProbes::default());
         assert_eq!(status.phase.as_deref(), Some("Pending"));
         assert_eq!(state(&status), json!({ "waiting": { "reason": "ErrImagePull", "message": "not found" } }));
     }
@@ -360,6 +365,7 @@ mod tests {
             &runtime(vec![run(0, ContainerRunState::Running, 0)]),
             &HashMap::new(),
             Some("192.168.1.10"),
+            &PodProbes::default(),
         );
         assert_eq!(status.phase.as_deref(), Some("Running"));
         assert_eq!(status.pod_ip.as_deref(), Some("10.244.1.2"));
@@ -380,7 +386,7 @@ mod tests {
         let second =
             RuntimeContainer { backoff: std::time::Duration::from_secs(10), ..run(1, ContainerRunState::Exited, 1) };
         let runs = vec![run(0, ContainerRunState::Exited, 1), second];
-        let status = pod_status(&pod("Always"), &runtime(runs), &HashMap::new(), None);
+        let status = pod_status(&pod("Always"), &runtime(runs), &HashMap::new(), None, &PodProbes::default());
         assert_eq!(status.phase.as_deref(), Some("Running"));
         let c = &status.container_statuses.as_ref().expect("statuses")[0];
         assert_eq!(c.restart_count, 1);
@@ -404,6 +410,7 @@ mod tests {
                 &runtime(vec![run(0, ContainerRunState::Exited, exit_code)]),
                 &HashMap::new(),
                 None,
+                &PodProbes::default(),
             );
             status.phase.unwrap_or_default()
         };
@@ -412,8 +419,13 @@ mod tests {
         assert_eq!(phase("OnFailure", 0), "Succeeded");
         assert_eq!(phase("OnFailure", 2), "Running");
         assert_eq!(phase("Always", 0), "Running");
-        let done =
-            pod_status(&pod("Never"), &runtime(vec![run(0, ContainerRunState::Exited, 0)]), &HashMap::new(), None);
+        let done = pod_status(
+            &pod("Never"),
+            &runtime(vec![run(0, ContainerRunState::Exited, 0)]),
+            &HashMap::new(),
+            None,
+            &PodProbes::default(),
+        );
         let ready = done.conditions.iter().flatten().find(|c| c.type_ == "Ready").expect("Ready");
         assert_eq!(ready.reason.as_deref(), Some("PodCompleted"));
         assert_eq!(state(&done)["terminated"]["reason"], "Completed");
@@ -424,7 +436,7 @@ mod tests {
         let reason = |code: i32, runtime_reason: &str| {
             let mut r = run(0, ContainerRunState::Exited, code);
             r.reason = runtime_reason.into();
-            let status = pod_status(&pod("Never"), &runtime(vec![r]), &HashMap::new(), None);
+            let status = pod_status(&pod("Never"), &runtime(vec![r]), &HashMap::new(), None, &PodProbes::default());
             let t = &state(&status)["terminated"];
             (t["reason"].as_str().unwrap_or_default().to_string(), t["exitCode"].as_i64().unwrap_or(-1))
         };
@@ -473,7 +485,7 @@ mod tests {
     fn init_containers_in_the_status() {
         use ContainerRunState::{Exited, Running};
         let view = |policy: &str, runs: Vec<RuntimeContainer>| {
-            init_view(&pod_status(&init_pod(policy), &runtime(runs), &HashMap::new(), None))
+            init_view(&pod_status(&init_pod(policy), &runtime(runs), &HashMap::new(), None, &PodProbes::default()))
         };
         let s = |x: &str| x.to_string();
         assert_eq!(
@@ -511,7 +523,13 @@ mod tests {
         assert_eq!((failed.0[0].0.as_str(), failed.2.as_str()), ("terminated Error 1", "Failed"));
         assert_eq!(failed.1, "waiting PodInitializing");
         // An init container that succeeded does not run again under Always.
-        let status = pod_status(&init_pod("Always"), &runtime(vec![named("i1", Exited, 0)]), &HashMap::new(), None);
+        let status = pod_status(
+            &init_pod("Always"),
+            &runtime(vec![named("i1", Exited, 0)]),
+            &HashMap::new(),
+            None,
+            &PodProbes::default(),
+        );
         let i1 = &status.init_container_statuses.as_ref().expect("init statuses")[0];
         assert_eq!(i1.last_state, None);
     }
@@ -519,15 +537,20 @@ mod tests {
     #[test]
     fn condition_times_change_only_with_the_condition() {
         let t = |s: i64| Time(Timestamp::from_second(s).expect("time"));
-        let starting = pod_status(&pod("Always"), &runtime(vec![]), &HashMap::new(), None);
+        let starting = pod_status(&pod("Always"), &runtime(vec![]), &HashMap::new(), None, &PodProbes::default());
         let mut first = starting.clone();
         keep_transition_times(None, &mut first, t(100));
         let mut again = starting.clone();
         keep_transition_times(Some(&first), &mut again, t(200));
         assert_eq!(again, first, "an unchanged status keeps its times");
 
-        let mut running =
-            pod_status(&pod("Always"), &runtime(vec![run(0, ContainerRunState::Running, 0)]), &HashMap::new(), None);
+        let mut running = pod_status(
+            &pod("Always"),
+            &runtime(vec![run(0, ContainerRunState::Running, 0)]),
+            &HashMap::new(),
+            None,
+            &PodProbes::default(),
+        );
         keep_transition_times(Some(&again), &mut running, t(300));
         let times: Vec<(String, Option<Time>)> =
             running.conditions.iter().flatten().map(|c| (c.type_.clone(), c.last_transition_time.clone())).collect();

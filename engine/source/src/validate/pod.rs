@@ -81,9 +81,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("containers/*/lifecycle", Keys(&["postStart", "preStop"]), "lifecycle.{key}"),
     row("containers/*/lifecycle/postStart", Keys(&["exec"]), "a postStart {key} hook"),
     row("containers/*/lifecycle/preStop", Keys(&["exec"]), "a preStop {key} hook"),
-    row("containers/*/livenessProbe", Nothing, "livenessProbe"),
-    row("containers/*/readinessProbe", Nothing, "readinessProbe"),
-    row("containers/*/startupProbe", Nothing, "startupProbe"),
     row("containers/*/resizePolicy", Nothing, "resizePolicy"),
     row("containers/*/restartPolicy", Nothing, "a container's restartPolicy"),
     row("containers/*/resources/claims", Nothing, "resources.claims"),
@@ -147,6 +144,7 @@ pub(super) fn problems(spec: &Value, at: &str) -> Vec<Problem> {
     problems.extend(mount_problems(spec, at));
     problems.extend(quantity_problems(spec, at));
     problems.extend(lifecycle_problems(spec, at));
+    problems.extend(probe_problems(spec, at));
     problems
 }
 
@@ -281,6 +279,119 @@ fn quantity_problems(spec: &Value, at: &str) -> Vec<Problem> {
                         format!("{quantity} is not a quantity: write e.g. 250m or 0.5 (cpu), 64Mi or 1G (memory)"),
                     ));
                 }
+            }
+        }
+    }
+    problems
+}
+
+/// The probes and whether each must have `successThreshold: 1`.
+const PROBES: [(&str, bool); 3] = [("livenessProbe", true), ("readinessProbe", false), ("startupProbe", true)];
+const HANDLERS: [&str; 4] = ["exec", "httpGet", "tcpSocket", "grpc"];
+/// Timing fields and their defaults (`0` takes the default too, as the API server defaults it).
+const TIMINGS: [(&str, u32); 5] = [
+    ("initialDelaySeconds", 0),
+    ("timeoutSeconds", 1),
+    ("periodSeconds", 10),
+    ("successThreshold", 1),
+    ("failureThreshold", 3),
+];
+
+/// What the API server refuses of probes (no handler or several, negative timings, a
+/// successThreshold other than 1 where only 1 makes sense), and what the agent could never
+/// probe: a port name the container does not declare (the API server accepts it, and the
+/// kubelet's probe then fails at every period), a scheme it does not speak.
+fn probe_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (pointer, container) in matches(spec, at.to_owned(), &["containers", "*"]) {
+        let ports: Vec<&str> =
+            container["ports"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str()).collect();
+        let name = container["name"].as_str().unwrap_or_default();
+        for (field, only_one_success) in PROBES {
+            let probe = &container[field];
+            if !probe.is_object() {
+                continue; // absent, or the schema's error
+            }
+            let here = format!("{pointer}/{field}");
+            let handlers: Vec<&str> = HANDLERS.iter().copied().filter(|h| !probe[*h].is_null()).collect();
+            match handlers.as_slice() {
+                [] => problems.push(Problem::at(
+                    here.clone(),
+                    format!("{field} has no handler: set one of {}", HANDLERS.join(", ")),
+                )),
+                [_] => {}
+                several => problems.push(Problem::at(
+                    here.clone(),
+                    format!("{field} has {} handlers ({}): keep one", several.len(), several.join(", ")),
+                )),
+            }
+            for (timing, default) in TIMINGS {
+                if let Some(value) = probe[timing].as_i64()
+                    && value < 0
+                {
+                    problems.push(Problem::at(
+                        format!("{here}/{timing}"),
+                        format!("{timing} must not be negative (it is {value}): set a positive number, or remove it for the default ({default})"),
+                    ));
+                }
+            }
+            if only_one_success
+                && let Some(value) = probe["successThreshold"].as_i64()
+                && value > 1
+            {
+                problems.push(Problem::at(
+                    format!("{here}/successThreshold"),
+                    format!("successThreshold must be 1 for a {field} (it is {value}): remove it, or set it to 1"),
+                ));
+            }
+            match probe["terminationGracePeriodSeconds"].as_i64() {
+                Some(_) if !only_one_success => problems.push(Problem::at(
+                    format!("{here}/terminationGracePeriodSeconds"),
+                    "terminationGracePeriodSeconds is for liveness and startup probes only (readiness kills nothing): remove it",
+                )),
+                Some(value) if value <= 0 => problems.push(Problem::at(
+                    format!("{here}/terminationGracePeriodSeconds"),
+                    format!("terminationGracePeriodSeconds must be greater than 0 (it is {value}): set a positive number, or remove it for the Pod's"),
+                )),
+                _ => {}
+            }
+            for handler in ["httpGet", "tcpSocket", "grpc"] {
+                let port = &probe[handler]["port"];
+                let at = format!("{here}/{handler}/port");
+                match port {
+                    Value::String(text) if handler != "grpc" && text.parse::<i64>().is_err() => {
+                        if !ports.contains(&text.as_str()) {
+                            problems.push(Problem::at(
+                                at,
+                                format!(
+                                    "{text:?} names no port of container {name:?}: add a port named {text} to its ports, or use the port's number"
+                                ),
+                            ));
+                        }
+                    }
+                    Value::Null => {}
+                    _ => {
+                        let number = port.as_i64().or_else(|| port.as_str().and_then(|t| t.parse().ok()));
+                        if number.is_none_or(|n| !(1..=65535).contains(&n)) {
+                            problems
+                                .push(Problem::at(at, format!("{port} is not a port number: use one from 1 to 65535")));
+                        }
+                    }
+                }
+            }
+            if let Some(scheme) = probe["httpGet"]["scheme"].as_str()
+                && scheme != "HTTP"
+            {
+                problems.push(Problem::at(
+                    format!("{here}/httpGet/scheme"),
+                    format!("scheme {scheme:?} {NOT_YET}: probe over HTTP, or use a tcpSocket probe"),
+                ));
+            }
+            if probe["exec"].is_object() && probe["exec"]["command"].as_array().is_none_or(Vec::is_empty) {
+                problems.push(Problem::at(
+                    format!("{here}/exec/command"),
+                    "exec needs a command: set exec.command, e.g. [cat, /tmp/healthy]",
+                ));
             }
         }
     }
