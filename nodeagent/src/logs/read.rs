@@ -207,7 +207,7 @@ where
             continue;
         }
         idle += 1;
-        if idle % RUNNING_CHECK_EVERY == 0 && !running().await {
+        if idle.is_multiple_of(RUNNING_CHECK_EVERY) && !running().await {
             // It stopped: what it wrote last, then the end.
             if read_records(&mut reader, &mut line, &mut writer, &mut out, to, true).await?.is_ok() {
                 writer.finish(&mut out);
