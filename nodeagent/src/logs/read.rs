@@ -156,6 +156,9 @@ where
     }
     writer.finish(&mut out);
     flush(&mut out, &to, true).await;
+    if writer.malformed > 0 {
+        tracing::warn!(file = %path.display(), skipped = writer.malformed, "records that are not CRI log records were skipped");
+    }
     Ok(())
 }
 

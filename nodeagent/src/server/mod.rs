@@ -133,6 +133,9 @@ impl KubeletServer {
                 &format!("container {id} is not container {container} of pod {namespace}/{pod}"),
             );
         }
+        if status.log_path.is_empty() {
+            return text(StatusCode::NOT_FOUND, &format!("container {id} of pod {namespace}/{pod} has no log file"));
+        }
         let path = std::path::PathBuf::from(&status.log_path);
         let (tx, rx) = mpsc::channel(8);
         let cri = self.cri.clone();
