@@ -8,12 +8,14 @@ use crate::{
     controlplane::{Client, Follower, RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
     cri::Cri,
     dns::{self, Dns, ResolvConf, ServerConfig, ZoneConfig, node_local},
+    logs::rotate::{self, LogRotation},
     network::Network,
     node,
     prober::{PodProber, Prober},
     proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
+    server::{self, KubeletServer},
 };
 use gitplane_proto::node::{
     EventType, HeartbeatRequest, PodEvent, RegisterRequest, UpdateNodeStatusRequest, UpdatePodStatusRequest,
@@ -79,6 +81,11 @@ pub struct AgentConfig {
     pub join_token: Option<String>,
     /// Where the node credential is kept (mode 0600) once registration returned it.
     pub credential_file: PathBuf,
+    /// The port of the node's kubelet endpoint (container logs for the control plane), on the
+    /// node's address, else on loopback (`server`).
+    pub kubelet_port: u16,
+    /// When container logs are rotated, and how many files are kept.
+    pub log_rotation: LogRotation,
 }
 
 impl AgentConfig {
@@ -104,6 +111,8 @@ impl AgentConfig {
             remove_pods_on_exit: false,
             join_token: None,
             credential_file: PathBuf::from("/var/lib/gitplane/node-credential"),
+            kubelet_port: server::DEFAULT_PORT,
+            log_rotation: LogRotation::default(),
         }
     }
 }
@@ -133,6 +142,8 @@ pub enum AgentError {
     NodeIp(String),
     #[error("cluster DNS: {0}")]
     Dns(String),
+    #[error("the kubelet endpoint on {addr}: {source} (another process holds the port? pass --kubelet-port)")]
+    KubeletPort { addr: std::net::SocketAddr, source: std::io::Error },
 }
 
 /// Runs the agent until `shutdown` becomes true.
@@ -186,7 +197,14 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     runtime_cfg.node_ip = runtime_cfg.node_ip.or(cfg.node_ip.clone());
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
     let prober = Prober::new(cri.clone());
-    let runtime = Arc::new(RuntimeManager::new(cri, runtime_cfg).await);
+    let runtime = Arc::new(RuntimeManager::new(cri.clone(), runtime_cfg).await);
+    // Container logs: the endpoint the control plane reads them from, and their rotation.
+    let kubelet_addr = std::net::SocketAddr::from((kubelet_ip(&cfg)?, cfg.kubelet_port));
+    let kubelet_listener = tokio::net::TcpListener::bind(kubelet_addr)
+        .await
+        .map_err(|source| AgentError::KubeletPort { addr: kubelet_addr, source })?;
+    let kubelet = tokio::spawn(KubeletServer { cri: cri.clone(), token: token.clone() }.serve(kubelet_listener));
+    let rotating = tokio::spawn(rotate::run(cri, cfg.runtime.pod_log_dir.clone(), cfg.log_rotation));
     let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
     let node_status = tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone()));
     // Services, EndpointSlices and Nodes, for the node's networking.
@@ -232,6 +250,8 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     heartbeat.abort();
     node_status.abort();
     relisting.abort();
+    kubelet.abort();
+    rotating.abort();
     following.abort();
     routing.abort();
     naming.abort();
@@ -257,6 +277,15 @@ fn node_ips(cfg: &AgentConfig) -> Result<Vec<std::net::Ipv4Addr>, AgentError> {
     cfg.node_ip.iter().map(|ip| ip.parse().map_err(|_| AgentError::NodeIp(ip.clone()))).collect()
 }
 
+/// Where the kubelet endpoint listens: the node's address, else loopback (the embedded
+/// appliance's own node, whose control plane is in the same process).
+fn kubelet_ip(cfg: &AgentConfig) -> Result<std::net::IpAddr, AgentError> {
+    match &cfg.node_ip {
+        Some(ip) => ip.parse().map_err(|_| AgentError::NodeIp(ip.clone())),
+        None => Ok(std::net::Ipv4Addr::LOCALHOST.into()),
+    }
+}
+
 /// Registers until it succeeds, and keeps the node credential it returns; `None` when shut
 /// down first.
 async fn register(
@@ -266,7 +295,8 @@ async fn register(
     runtime_version: &str,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<String> {
-    let node = node::describe(&cfg.node_name, cfg.node_ip.as_deref(), runtime_version, &cfg.node);
+    let mut node = node::describe(&cfg.node_name, cfg.node_ip.as_deref(), runtime_version, &cfg.node);
+    server::advertise(&mut node, cfg.kubelet_port);
     let request = RegisterRequest { node: serde_json::to_vec(&node).unwrap_or_default() };
     let mut delay = RETRY_MIN;
     loop {

@@ -4,6 +4,7 @@
 use crate::{
     agent::{self, AgentConfig, AgentError},
     cidr::Ipv4Cidr,
+    logs::rotate::LogRotation,
     node::{self, pressure::EvictionHard},
     proxy,
 };
@@ -83,6 +84,26 @@ pub struct AgentArgs {
     /// Where the node's credential is kept (mode 0600) once it has joined.
     #[arg(long, default_value = "/var/lib/gitplane/node-credential")]
     pub credential_file: PathBuf,
+    /// The port of the node's kubelet endpoint, on --node-ip (else loopback), where the
+    /// control plane reads container logs (the kubelet's --port).
+    #[arg(long, default_value_t = crate::server::DEFAULT_PORT)]
+    pub kubelet_port: u16,
+    /// A running container's log file is rotated once it reaches this size (the kubelet's
+    /// containerLogMaxSize).
+    #[arg(long, default_value = "10Mi", value_parser = parse_size)]
+    pub container_log_max_size: u64,
+    /// Log files kept per container, the current one included (the kubelet's
+    /// containerLogMaxFiles).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(2..))]
+    pub container_log_max_files: u16,
+}
+
+/// A size as a Kubernetes quantity (`10Mi`, `500k`, `1048576`).
+fn parse_size(text: &str) -> Result<u64, String> {
+    gitplane_api::quantity::parse_units(text)
+        .and_then(|n| u64::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{text:?} is not a positive size (e.g. 10Mi)"))
 }
 
 impl AgentArgs {
@@ -110,6 +131,9 @@ impl AgentArgs {
         cfg.runtime.pod_log_dir = self.pod_log_dir;
         cfg.remove_pods_on_exit = self.remove_pods_on_exit;
         cfg.credential_file = self.credential_file;
+        cfg.kubelet_port = self.kubelet_port;
+        cfg.log_rotation =
+            LogRotation { max_size: self.container_log_max_size, max_files: usize::from(self.container_log_max_files) };
         if let Some(file) = self.join_token_file {
             let token = std::fs::read_to_string(&file)
                 .map_err(|e| AgentError::BadToken { file: file.clone(), why: format!("reading it: {e}") })?;

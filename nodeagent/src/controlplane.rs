@@ -75,6 +75,13 @@ impl Token {
         Ok(())
     }
 
+    /// The node credential, once the node holds one (never the join token).
+    pub(crate) fn credential(&self) -> Option<String> {
+        let value = self.0.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let token = value.to_str().ok()?.strip_prefix("Bearer ")?;
+        token.starts_with("node:").then(|| token.to_owned())
+    }
+
     /// Presents the join token again (when the control plane refused the credential); whether
     /// there is one.
     pub(crate) fn fall_back_to_join(&self, cfg: &AgentConfig) -> bool {

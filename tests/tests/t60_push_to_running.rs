@@ -151,6 +151,9 @@ async fn t60_push_to_running() -> Result<()> {
         "kubectl get pods: {listed}{}",
         String::from_utf8_lossy(&kubectl.stderr)
     );
+    // And the Pods' logs, from the embedded node's kubelet endpoint on loopback.
+    let logs = host.command("kubectl").args(["--server", "http://127.0.0.1:8080", "logs", &running[0].0]).output()?;
+    ensure!(logs.status.success(), "kubectl logs {}: {}", running[0].0, String::from_utf8_lossy(&logs.stderr));
     let synced = demo_status(&up, &host)?;
     ensure!(synced["status"] == "Synced", "status after a good push: {synced}");
 

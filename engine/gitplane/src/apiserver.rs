@@ -1,7 +1,10 @@
 //! The read-only status API on Kubernetes paths (`/api`, `/apis`, discovery, list, get), served
 //! beside the node gRPC service on one listener. Every write answers 405 and says where to push.
+//! [`logs`] is the pod log subresource, streamed from the node that runs the Pod.
 
-use crate::table;
+mod logs;
+
+use crate::{kubelet_client::KubeletClient, table};
 use axum::{
     Json, Router,
     extract::{Path, Query as Query_, State},
@@ -66,11 +69,13 @@ struct ApiState {
     store: Arc<dyn Store>,
     /// Where desired state is written, for the 405 answer.
     push_hint: Arc<str>,
+    /// Reads container logs from the nodes.
+    kubelet: KubeletClient,
 }
 
 /// The status API router.
-pub fn router(store: Arc<dyn Store>, push_hint: String) -> Router {
-    let state = ApiState { store, push_hint: push_hint.into() };
+pub fn router(store: Arc<dyn Store>, push_hint: String, kubelet: KubeletClient) -> Router {
+    let state = ApiState { store, push_hint: push_hint.into(), kubelet };
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/api", any(core_versions))
@@ -215,6 +220,9 @@ async fn core(
     Query_(params): Query_<HashMap<String, String>>,
     Path(path): Path<String>,
 ) -> Response {
+    if let Some((namespace, name)) = logs::log_path(&path) {
+        return logs::serve(state.store.as_ref(), &state.kubelet, method, namespace, name, &params).await;
+    }
     match query(&headers, &params) {
         Ok(q) => serve(state, method, q, "", &path).await,
         Err(response) => *response,
@@ -368,6 +376,10 @@ mod tests {
     use gitplane_store::Op;
     use tower::ServiceExt;
 
+    fn kubelet() -> KubeletClient {
+        KubeletClient::new(crate::nodeservice::NodeIdentity::new("join-token-0123456789", [7; 32]), None)
+    }
+
     async fn call(router: &Router, method: Method, uri: &str) -> (StatusCode, Value) {
         let request = axum::http::Request::builder().method(method).uri(uri).body(Body::empty()).unwrap();
         let response = router.clone().oneshot(request).await.unwrap();
@@ -382,7 +394,7 @@ mod tests {
         let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
                          "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "podIP": "10.244.0.5"}});
         store.txn(vec![Op::Create(pod)]).await.unwrap();
-        let router = router(store, "/srv/repos/demo.git".into());
+        let router = router(store, "/srv/repos/demo.git".into(), kubelet());
 
         let (code, all) = call(&router, Method::GET, "/api/v1/pods").await;
         assert_eq!(code, StatusCode::OK);
@@ -409,7 +421,7 @@ mod tests {
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "a", "labels": {"x": "1"}},
                             "data": {"password": "aHVudGVyMg=="}});
         store.txn(vec![Op::Create(secret)]).await.unwrap();
-        let router = router(store, "repo".into());
+        let router = router(store, "repo".into(), kubelet());
         let (_, one) = call(&router, Method::GET, "/api/v1/namespaces/a/secrets/s").await;
         assert_eq!(one["data"]["password"], MASK);
         let (_, list) = call(&router, Method::GET, "/api/v1/secrets?labelSelector=x%3D1").await;
@@ -440,7 +452,7 @@ mod tests {
                            "addressType": "IPv4", "ports": [{"name": "", "port": 8080, "protocol": "TCP"}],
                            "endpoints": [{"addresses": ["10.244.0.5"], "conditions": {"ready": true}}]});
         store.txn(vec![Op::Create(endpoints), Op::Create(slice)]).await.unwrap();
-        let router = router(store, "repo".into());
+        let router = router(store, "repo".into(), kubelet());
 
         let (_, groups) = call(&router, Method::GET, "/apis").await;
         let discovery = groups["groups"].as_array().unwrap().iter().find(|g| g["name"] == "discovery.k8s.io").unwrap();
@@ -499,7 +511,7 @@ mod tests {
                                  "labels": {"app": name, "tier": "web"}}});
                 store.txn(vec![Op::Create(pod)]).await.unwrap();
             }
-            router(store, "repo".into())
+            router(store, "repo".into(), kubelet())
         });
         let (_, page) = runtime.block_on(call(&router, Method::GET, "/api/v1/pods?limit=1"));
         let token = page["metadata"]["continue"].as_str().unwrap().to_owned();

@@ -6,6 +6,7 @@ mod bootstrap;
 mod controlplane;
 mod credentials;
 mod githttp;
+mod kubelet_client;
 mod listener;
 mod mirror;
 mod nodes;

@@ -92,6 +92,10 @@ pub struct NodesConfig {
     pub proxy_mode: proxy::Backend,
     /// More flags for every agent.
     pub agent_args: Vec<String>,
+    /// The agents' kubelet endpoint port and container log rotation (`gitplane agent` flags).
+    pub kubelet_port: u16,
+    pub container_log_max_size: String,
+    pub container_log_max_files: u16,
 }
 
 /// One node: its host, containerd and agent.
@@ -186,6 +190,9 @@ fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
         .arg(format!("--node-ip={address}"))
         .arg(format!("--service-cidr={}", cfg.service_cidr))
         .arg(format!("--proxy-mode={}", cfg.proxy_mode))
+        .arg(format!("--kubelet-port={}", cfg.kubelet_port))
+        .arg(format!("--container-log-max-size={}", cfg.container_log_max_size))
+        .arg(format!("--container-log-max-files={}", cfg.container_log_max_files))
         .arg(format!("--cgroup-parent={}", node.host.cgroup_parent()))
         .arg("--remove-pods-on-exit")
         .arg("--containerd-socket")

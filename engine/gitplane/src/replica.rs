@@ -4,7 +4,9 @@
 use crate::{
     apiserver, controlplane,
     credentials::Credentials,
-    githttp, listener,
+    githttp,
+    kubelet_client::KubeletClient,
+    listener,
     mirror::Mirrors,
     nodeservice::{NodeIdentity, NodeService},
     source::{allocate::ServiceRanges, apply::RecordKey},
@@ -142,7 +144,9 @@ pub struct Replica {
 
 impl Replica {
     /// Starts the replica, serving everything on each of `listeners` (each with its own
-    /// connection limits); `push_hint` is what the read-only API tells writers.
+    /// connection limits); `push_hint` is what the read-only API tells writers; `nodes_netns`,
+    /// the network namespace to reach the nodes' kubelet endpoints from (`gitplane up --nodes`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         backend: Backend,
         listeners: Vec<tokio::net::TcpListener>,
@@ -151,15 +155,17 @@ impl Replica {
         push_hint: String,
         service_ranges: ServiceRanges,
         load_balancer_pool: Option<AddressPool>,
+        nodes_netns: Option<PathBuf>,
     ) -> anyhow::Result<Replica> {
         let shared = backend.store();
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
+        let kubelet = KubeletClient::new(identity.clone(), nodes_netns);
         let nodes = NodeService::new(shared.clone(), identity).into_server();
         let grpc = backend.routes().add_service(nodes).into_axum_router();
         let info = backend.clone();
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
-        let http = apiserver::router(shared.clone(), push_hint)
+        let http = apiserver::router(shared.clone(), push_hint, kubelet)
             .merge(githttp::router(git.repos_dir.clone(), auth))
             .merge(webhook::router(git.mirrors.clone(), secrets))
             .route(

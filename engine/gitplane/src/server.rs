@@ -137,7 +137,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     git.root = args.bootstrap;
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
     let replica =
-        Replica::start(backend, vec![listener], &credentials, git, hint, ranges, args.load_balancer_pool).await?;
+        Replica::start(backend, vec![listener], &credentials, git, hint, ranges, args.load_balancer_pool, None).await?;
     tracing::info!(id = args.id, %listen, "replica started");
     gitplane_nodeagent::cli::stop_signal().await;
     tracing::info!("stopping");

@@ -24,6 +24,7 @@ use gitplane_nodeagent::{
     containerd::{Containerd, ContainerdConfig},
     cri::Cri,
     images,
+    logs::rotate::LogRotation,
     node::hostname,
     proxy,
     runtime::RuntimeConfig,
@@ -76,6 +77,17 @@ pub struct UpArgs {
     /// `--agent-arg=--register-with-taints=dedicated=db:NoSchedule`; see `gitplane agent --help`.
     #[arg(long = "agent-arg", allow_hyphen_values = true, requires = "nodes")]
     agent_args: Vec<String>,
+    /// The port of each node's kubelet endpoint (container logs), on the node's address (on
+    /// 127.0.0.1 for the embedded node).
+    #[arg(long, default_value_t = gitplane_nodeagent::server::DEFAULT_PORT)]
+    kubelet_port: u16,
+    /// A running container's log file is rotated at this size (`gitplane agent
+    /// --container-log-max-size`).
+    #[arg(long, default_value = "10Mi")]
+    container_log_max_size: String,
+    /// Log files kept per container, the current one included.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(2..))]
+    container_log_max_files: u16,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -117,7 +129,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let repo_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
     let ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
     let (backend, pool) = (Backend::raft(config).await?, args.load_balancer_pool);
-    let replica = Replica::start(backend, listeners, &credentials, git, repo_url.clone(), ranges, pool).await?;
+    let nodes_netns = node_network.as_ref().map(|n| n.netns_path());
+    let replica =
+        Replica::start(backend, listeners, &credentials, git, repo_url.clone(), ranges, pool, nodes_netns).await?;
     if !replica.wait_for_leader(Duration::from_secs(30)).await {
         bail!("the store elected no leader within 30 s");
     }
@@ -134,6 +148,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             service_cidr: args.service_cidr,
             proxy_mode: args.proxy_mode,
             agent_args: args.agent_args.clone(),
+            kubelet_port: args.kubelet_port,
+            container_log_max_size: args.container_log_max_size.clone(),
+            container_log_max_files: args.container_log_max_files,
         };
         let result = nodes::run(cfg, network, banner(&repo_url, args.listen, &bootstrap_repo), stop_signal()).await;
         replica.shutdown().await;
@@ -190,6 +207,16 @@ async fn run_node(
     cfg.remove_pods_on_exit = true;
     cfg.join_token = Some(join_token.to_owned());
     cfg.credential_file = data_dir.join("node-credential");
+    cfg.kubelet_port = args.kubelet_port;
+    cfg.log_rotation = LogRotation {
+        max_size: gitplane_api::quantity::parse_units(&args.container_log_max_size)
+            .and_then(|n| u64::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .with_context(|| {
+                format!("--container-log-max-size {:?} is not a size (e.g. 10Mi)", args.container_log_max_size)
+            })?,
+        max_files: usize::from(args.container_log_max_files),
+    };
     cfg.runtime = RuntimeConfig {
         cgroup_parent: args.cgroup_parent.clone(),
         pod_log_dir: data_dir.join("pods/logs"),

@@ -1,0 +1,138 @@
+//! How a replica calls a node's kubelet endpoint (kube-apiserver's kubelet client): HTTP/1.1
+//! to the node's InternalIP (loopback for a node registered without one: the embedded
+//! appliance's own node) on the port its Node advertises
+//! (`status.daemonEndpoints.kubeletEndpoint.Port`, 10250 when absent), with the token derived
+//! from that node's credential (`gitplane_nodeagent::server::auth`), which every replica can
+//! compute.
+//!
+//! Under `gitplane up --nodes` the nodes live behind a bridge in a network namespace of their
+//! own; connections to them are then made from that namespace (`netns`).
+
+use crate::nodeservice::NodeIdentity;
+use gitplane_nodeagent::server::{DEFAULT_PORT, auth};
+use hyper::{Request, Response, body::Incoming};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Node;
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    time::Duration,
+};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a node may take to start answering (the body may then stream for as long as it
+/// follows).
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a node's kubelet endpoint could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error("cannot reach node {node}'s agent at {addr}: {why}")]
+    Unreachable { node: String, addr: SocketAddr, why: String },
+}
+
+/// Calls nodes' kubelet endpoints.
+#[derive(Clone)]
+pub struct KubeletClient {
+    identity: NodeIdentity,
+    /// The network namespace to connect from (`gitplane up --nodes`); `None`: this process's.
+    netns: Option<PathBuf>,
+}
+
+/// Where a Node's kubelet endpoint is.
+pub fn kubelet_address(node: &Node) -> SocketAddr {
+    let status = node.status.as_ref();
+    let ip = status
+        .and_then(|s| s.addresses.as_ref())
+        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+        .and_then(|a| a.address.parse::<IpAddr>().ok())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let port = status
+        .and_then(|s| s.daemon_endpoints.as_ref())
+        .and_then(|d| d.kubelet_endpoint.as_ref())
+        .and_then(|e| u16::try_from(e.port).ok())
+        .filter(|p| *p != 0)
+        .unwrap_or(DEFAULT_PORT);
+    SocketAddr::new(ip, port)
+}
+
+impl KubeletClient {
+    pub fn new(identity: NodeIdentity, netns: Option<PathBuf>) -> KubeletClient {
+        KubeletClient { identity, netns }
+    }
+
+    async fn connect(&self, addr: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+        let socket = match &self.netns {
+            None => tokio::net::TcpSocket::new_v4()?,
+            Some(netns) => {
+                // A socket keeps the namespace it was made in.
+                let netns = netns.clone();
+                let made = tokio::task::spawn_blocking(move || {
+                    gitplane_nodeagent::host::in_netns(&netns, tokio::net::TcpSocket::new_v4)
+                });
+                made.await.map_err(std::io::Error::other)??
+            }
+        };
+        tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s"))?
+    }
+
+    /// `GET path_and_query` on node `name`'s endpoint; the answer, whatever its status.
+    pub async fn get(&self, node: &Node, path_and_query: &str) -> Result<Response<Incoming>, KubeletError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let addr = kubelet_address(node);
+        let unreachable = |why: String| KubeletError::Unreachable { node: name.clone(), addr, why };
+        let stream = self.connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        // Ends when the answer has been read or dropped (the reader went away).
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "kubelet endpoint connection ended");
+            }
+        });
+        let token = auth::token(&self.identity.credential(&name));
+        let request = Request::get(path_and_query)
+            .header(hyper::header::HOST, addr.to_string())
+            .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .map_err(|e| unreachable(e.to_string()))?;
+        tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(request))
+            .await
+            .map_err(|_| unreachable(format!("no answer within {} s", RESPONSE_TIMEOUT.as_secs())))?
+            .map_err(|e| unreachable(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn finds_the_endpoint_in_the_node() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1"},
+            "status": {"addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "172.29.0.11"}],
+                       "daemonEndpoints": {"kubeletEndpoint": {"Port": 10251}}}
+        }))
+        .unwrap();
+        assert_eq!(kubelet_address(&node), "172.29.0.11:10251".parse().unwrap());
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "n1"}})).unwrap();
+        assert_eq!(kubelet_address(&bare), "127.0.0.1:10250".parse().unwrap());
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_node_is_said_so() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1"}, "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}
+        }))
+        .unwrap();
+        let client = KubeletClient::new(NodeIdentity::new("join-token-0123456789", [7; 32]), None);
+        let error = client.get(&node, "/containerLogs/a/b/c").await.unwrap_err().to_string();
+        assert!(error.starts_with(&format!("cannot reach node n1's agent at 127.0.0.1:{port}")), "{error}");
+    }
+}
