@@ -10,6 +10,7 @@ use crate::{
     dns::{self, Dns, ResolvConf, ServerConfig, ZoneConfig, node_local},
     network::Network,
     node,
+    podconfig::PodConfig,
     proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
@@ -176,7 +177,15 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     runtime_cfg.host_dns = Some(host_dns.clone());
     runtime_cfg.node_ip = runtime_cfg.node_ip.or(cfg.node_ip.clone());
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
-    let runtime = Arc::new(RuntimeManager::new(cri, runtime_cfg).await);
+    runtime_cfg.node_cpu_milli = runtime_cfg.node_cpu_milli.or(u64::try_from(node::cpu_count() * 1000).ok());
+    // The ConfigMaps and Secrets this node's Pods reference, for env and volumes.
+    let pod_config = Arc::new(PodConfig::default());
+    let runtime = Arc::new(RuntimeManager::new(cri, runtime_cfg).await.with_config_source(pod_config.clone()));
+    let following_config = tokio::spawn({
+        let (pod_config, client, node_name, shutdown) =
+            (pod_config.clone(), client.clone(), cfg.node_name.clone(), shutdown.clone());
+        async move { pod_config.follow(client, node_name, shutdown).await }
+    });
     let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
     // Services, EndpointSlices and Nodes, for the node's networking.
     let network = Arc::new(Network::default());
@@ -215,10 +224,12 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         workers: HashMap::new(),
         wakers,
         initial: None,
+        config: pod_config,
     };
     follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
     relisting.abort();
+    following_config.abort();
     following.abort();
     routing.abort();
     naming.abort();
@@ -311,6 +322,8 @@ struct PodWorkers {
     /// During an initial list, the uids it named so far: at its bookmark, anything else running
     /// here is an orphan.
     initial: Option<HashSet<String>>,
+    /// Wakes the workers of Pods whose ConfigMaps or Secrets change.
+    config: Arc<PodConfig>,
 }
 
 impl Follower for PodWorkers {
@@ -364,6 +377,9 @@ fn uid_of(pod: &Pod) -> String {
 impl PodWorkers {
     fn update(&mut self, uid: String, pod: Pod) {
         if let Some((tx, _)) = self.workers.get(&uid) {
+            if let Some(wake) = self.wakers.lock().unwrap_or_else(PoisonError::into_inner).get(&uid) {
+                self.config.register(&uid, &pod, wake.clone());
+            }
             // The worker always gets the newest Pod, but is woken only by what it acts on: its
             // own status writes come back through the watch, and once woke it at once, so every
             // status that differed from the last one started the next sync (70 a second).
@@ -374,8 +390,9 @@ impl PodWorkers {
             });
             return;
         }
-        let (tx, rx) = watch::channel(Some(pod));
         let wake = Arc::new(Notify::new());
+        self.config.register(&uid, &pod, wake.clone());
+        let (tx, rx) = watch::channel(Some(pod));
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.clone(), wake.clone());
         let worker = PodWorker {
             uid: uid.clone(),
@@ -384,12 +401,14 @@ impl PodWorkers {
             resync: self.cfg.resync,
             resync_steady: self.cfg.resync_steady,
             wake,
+            config: self.config.clone(),
         };
         self.workers.insert(uid, (tx, tokio::spawn(worker.run(rx))));
     }
 
     fn delete(&mut self, uid: &str, last: Pod) {
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
+        self.config.unregister(uid);
         match self.workers.remove(uid) {
             Some((tx, _)) => {
                 tx.send_replace(None);
@@ -408,6 +427,7 @@ impl PodWorkers {
         let gone: Vec<String> = self.workers.keys().filter(|uid| !listed.contains(*uid)).cloned().collect();
         for uid in gone {
             self.wakers.lock().unwrap_or_else(PoisonError::into_inner).remove(&uid);
+            self.config.unregister(&uid);
             if let Some((tx, _)) = self.workers.remove(&uid) {
                 tx.send_replace(None);
             }
@@ -460,8 +480,10 @@ struct PodWorker {
     client: Servers,
     resync: Duration,
     resync_steady: Duration,
-    /// Notified by the relist when the runtime's view of this Pod changed.
+    /// Notified by the relist when the runtime's view of this Pod changed, and when a ConfigMap
+    /// or Secret it references changed.
     wake: Arc<Notify>,
+    config: Arc<PodConfig>,
 }
 
 impl PodWorker {
@@ -476,6 +498,10 @@ impl PodWorker {
                 kill(&self.runtime, &self.uid, grace).await;
                 return;
             };
+            // What this version of the Pod references is here before it is read (once per version).
+            if last.as_ref().is_none_or(|l| l.metadata.resource_version != pod.metadata.resource_version) {
+                self.config.wait_for(&pod).await;
+            }
             let mut next_sync = self.resync;
             match self.runtime.sync_pod(&pod).await {
                 Ok(status) => {

@@ -10,6 +10,7 @@ pub mod host;
 pub mod images;
 pub mod network;
 pub mod node;
+pub mod podconfig;
 pub mod proxy;
 pub mod routes;
 pub mod runtime;
