@@ -327,7 +327,7 @@ mod tests {
         assert_eq!((added, removed), (vec![], vec![secret.clone()]));
         assert!(!refs.take(&secret, 8), "no longer referenced");
         let (_, removed) = refs.set_pod(pod("b"), BTreeSet::new());
-        assert_eq!(removed, [cm.clone()]);
+        assert_eq!(removed, std::slice::from_ref(&cm));
         refs.set_pod(pod("c"), [cm.clone()].into());
         assert!(refs.take(&cm, 3), "referenced again: sent again from its current state");
     }
