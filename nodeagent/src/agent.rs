@@ -11,6 +11,7 @@ use crate::{
     logs::rotate::{self, LogRotation},
     network::Network,
     node,
+    podconfig::PodConfig,
     prober::{PodProber, Prober},
     proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
@@ -196,8 +197,19 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     runtime_cfg.host_dns = Some(host_dns.clone());
     runtime_cfg.node_ip = runtime_cfg.node_ip.or(cfg.node_ip.clone());
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
+    // resourceFieldRef without a limit reads the node's allocatable, as the kubelet does.
+    runtime_cfg.node_cpu_milli = runtime_cfg
+        .node_cpu_milli
+        .or(u64::try_from(node::cpu_count() * 1000).ok().map(|c| c.saturating_sub(cfg.node.reserved.cpu_milli)));
+    // The ConfigMaps and Secrets this node's Pods reference, for env and volumes.
+    let pod_config = Arc::new(PodConfig::default());
     let prober = Prober::new(cri.clone());
-    let runtime = Arc::new(RuntimeManager::new(cri.clone(), runtime_cfg).await);
+    let runtime = Arc::new(RuntimeManager::new(cri.clone(), runtime_cfg).await.with_config_source(pod_config.clone()));
+    let following_config = tokio::spawn({
+        let (pod_config, client, node_name, shutdown) =
+            (pod_config.clone(), client.clone(), cfg.node_name.clone(), shutdown.clone());
+        async move { pod_config.follow(client, node_name, shutdown).await }
+    });
     // Container logs: the endpoint the control plane reads them from, and their rotation.
     let kubelet_addr = std::net::SocketAddr::from((kubelet_ip(&cfg)?, cfg.kubelet_port));
     let kubelet_listener = tokio::net::TcpListener::bind(kubelet_addr)
@@ -245,6 +257,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         workers: HashMap::new(),
         wakers,
         initial: None,
+        config: pod_config,
     };
     follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
@@ -252,6 +265,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     relisting.abort();
     kubelet.abort();
     rotating.abort();
+    following_config.abort();
     following.abort();
     routing.abort();
     naming.abort();
@@ -396,6 +410,8 @@ struct PodWorkers {
     /// During an initial list, the uids it named so far: at its bookmark, anything else running
     /// here is an orphan.
     initial: Option<HashSet<String>>,
+    /// Wakes the workers of Pods whose ConfigMaps or Secrets change.
+    config: Arc<PodConfig>,
 }
 
 impl Follower for PodWorkers {
@@ -449,6 +465,9 @@ fn uid_of(pod: &Pod) -> String {
 impl PodWorkers {
     fn update(&mut self, uid: String, pod: Pod) {
         if let Some((tx, _)) = self.workers.get(&uid) {
+            if let Some(wake) = self.wakers.lock().unwrap_or_else(PoisonError::into_inner).get(&uid) {
+                self.config.register(&uid, &pod, wake.clone());
+            }
             // The worker always gets the newest Pod, but is woken only by what it acts on: its
             // own status writes come back through the watch, and once woke it at once, so every
             // status that differed from the last one started the next sync (70 a second).
@@ -464,8 +483,9 @@ impl PodWorkers {
             pod.metadata.namespace.as_deref().unwrap_or(""),
             pod.metadata.name.as_deref().unwrap_or("")
         );
-        let (tx, rx) = watch::channel(Some(pod));
         let wake = Arc::new(Notify::new());
+        self.config.register(&uid, &pod, wake.clone());
+        let (tx, rx) = watch::channel(Some(pod));
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.clone(), wake.clone());
         let worker = PodWorker {
             uid: uid.clone(),
@@ -475,12 +495,14 @@ impl PodWorkers {
             resync: self.cfg.resync,
             resync_steady: self.cfg.resync_steady,
             wake,
+            config: self.config.clone(),
         };
         self.workers.insert(uid, (tx, tokio::spawn(worker.run(rx))));
     }
 
     fn delete(&mut self, uid: &str, last: Pod) {
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
+        self.config.unregister(uid);
         match self.workers.remove(uid) {
             Some((tx, _)) => {
                 tx.send_replace(None);
@@ -499,6 +521,7 @@ impl PodWorkers {
         let gone: Vec<String> = self.workers.keys().filter(|uid| !listed.contains(*uid)).cloned().collect();
         for uid in gone {
             self.wakers.lock().unwrap_or_else(PoisonError::into_inner).remove(&uid);
+            self.config.unregister(&uid);
             if let Some((tx, _)) = self.workers.remove(&uid) {
                 tx.send_replace(None);
             }
@@ -567,8 +590,10 @@ struct PodWorker {
     client: Servers,
     resync: Duration,
     resync_steady: Duration,
-    /// Notified by the relist when the runtime's view of this Pod changed.
+    /// Notified by the relist when the runtime's view of this Pod changed, and when a ConfigMap
+    /// or Secret it references changed.
     wake: Arc<Notify>,
+    config: Arc<PodConfig>,
 }
 
 impl PodWorker {
@@ -583,6 +608,10 @@ impl PodWorker {
                 kill(&self.runtime, &self.uid, grace).await;
                 return;
             };
+            // What this version of the Pod references is here before it is read (once per version).
+            if last.as_ref().is_none_or(|l| l.metadata.resource_version != pod.metadata.resource_version) {
+                self.config.wait_for(&pod).await;
+            }
             let mut next_sync = self.resync;
             self.probes.update(&pod);
             match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {

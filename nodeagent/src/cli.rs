@@ -76,7 +76,8 @@ pub struct AgentArgs {
     /// Resources kept back for the node agent and the runtime, same syntax.
     #[arg(long, default_value = "")]
     pub kube_reserved: node::Reserved,
-    /// Hard eviction thresholds, `memory.available<100Mi,nodefs.available<10%,pid.available<5%`:
+    /// Hard eviction thresholds, `memory.available<100Mi,nodefs.available<1Gi,pid.available<5%`
+    /// (the defaults; a threshold may also be a percentage, `nodefs.available<10%`):
     /// a signal below its threshold sets the pressure condition (and its NoSchedule taint), and
     /// the threshold is not allocatable.
     #[arg(long, default_value = "")]

@@ -11,6 +11,7 @@ pub mod images;
 pub mod logs;
 pub mod network;
 pub mod node;
+pub mod podconfig;
 pub mod prober;
 pub mod proxy;
 pub mod routes;

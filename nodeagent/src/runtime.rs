@@ -8,9 +8,11 @@
 pub mod actions;
 pub mod calls;
 mod cgroups;
+pub mod env;
 pub mod failures;
 pub mod spec;
 pub mod status;
+pub mod volumes;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -48,8 +50,12 @@ pub struct RuntimeConfig {
     /// The node's resolv.conf (`dnsPolicy: Default` and the search path's tail); unknown:
     /// the runtime copies the node's file for Pods that use it unchanged.
     pub host_dns: Option<crate::dns::ResolvConf>,
-    /// The node's memory, for the oom_score_adj of Burstable containers.
+    /// The node's memory, for the oom_score_adj of Burstable containers (and the memory limit
+    /// `resourceFieldRef` gives a container without one).
     pub node_memory_bytes: Option<u64>,
+    /// The node's allocatable CPU in millicores: the CPU limit `resourceFieldRef` gives a
+    /// container without one.
+    pub node_cpu_milli: Option<u64>,
     /// A pull that takes longer fails with ErrImagePull rather than holding the pod.
     pub image_pull_timeout: Duration,
     /// The longest any other CRI call may take (plus the grace period for StopContainer).
@@ -67,6 +73,7 @@ impl Default for RuntimeConfig {
             cluster_domain: "cluster.local".into(),
             host_dns: None,
             node_memory_bytes: None,
+            node_cpu_milli: None,
             image_pull_timeout: Duration::from_secs(60),
             cri_timeout: Duration::from_secs(120),
         }
@@ -105,6 +112,8 @@ pub struct RuntimeManager {
     /// Why containers could not be started: their waiting reasons, and the image pull back-off.
     failures: Mutex<Failures>,
     calls: calls::CriCalls,
+    /// The ConfigMaps and Secrets Pods reference (env, volumes).
+    objects: std::sync::Arc<dyn env::ConfigSource>,
 }
 
 impl RuntimeManager {
@@ -113,7 +122,19 @@ impl RuntimeManager {
         if cfg.node_memory_bytes.is_none() {
             cfg.node_memory_bytes = tokio::fs::read_to_string("/proc/meminfo").await.ok().and_then(|m| mem_total(&m));
         }
-        RuntimeManager { cri, cfg, failures: Mutex::default(), calls: calls::CriCalls::default() }
+        RuntimeManager {
+            cri,
+            cfg,
+            failures: Mutex::default(),
+            calls: calls::CriCalls::default(),
+            objects: std::sync::Arc::new(env::NoConfig),
+        }
+    }
+
+    /// Reads ConfigMaps and Secrets from `objects` (without: none exist).
+    pub fn with_config_source(mut self, objects: std::sync::Arc<dyn env::ConfigSource>) -> Self {
+        self.objects = objects;
+        self
     }
 
     pub fn config(&self) -> &RuntimeConfig {
@@ -133,6 +154,20 @@ impl RuntimeManager {
         let spec_err = |source| RuntimeError::Spec { pod: key.clone(), source };
         let uid = pod_uid(pod).map_err(spec_err)?;
         let spec = pod_spec(pod).map_err(spec_err)?;
+        // Volumes before the sandbox, as the kubelet waits for them before it creates one.
+        if volumes::has_volumes(pod)
+            && let Err(e) = volumes::set_up(pod, uid, &self.cfg, &*self.objects)
+        {
+            let waiting = Waiting { reason: "ContainerCreating".into(), message: e.to_string() };
+            {
+                let mut failures = self.lock_failures();
+                for c in &spec.containers {
+                    failures.record(uid, &c.name, c.image.as_deref().unwrap_or_default(), waiting.clone());
+                }
+            }
+            return self.pod_status(pod, probes).await;
+        }
+
         let runtime = self.observe(&key, uid).await?;
         let mut actions = compute_pod_actions(pod, &runtime, now_nanos());
         let unhealthy = kill_unhealthy(pod, &runtime, probes, now_nanos(), &mut actions);
@@ -246,6 +281,7 @@ impl RuntimeManager {
             .and_then(|r| r)
             .map_err(io("removing the pod's cgroups".into()))?;
         let pod_dir = self.cfg.pod_dir.join(uid);
+        volumes::tear_down(&pod_dir).map_err(io(format!("unmounting the volumes under {}", pod_dir.display())))?;
         remove_dir_all(&pod_dir).map_err(io(format!("removing {}", pod_dir.display())))?;
         if let Ok(entries) = std::fs::read_dir(&self.cfg.pod_log_dir) {
             let suffix = format!("_{uid}");
@@ -410,7 +446,7 @@ impl RuntimeManager {
         let attempt = run.attempt;
         let image = container.image.as_deref().unwrap_or_default();
         let record = |waiting| self.lock_failures().record(uid, &container.name, image, waiting);
-        let mut plan = match container_config(pod, container, &self.cfg, attempt, &sandbox.ips) {
+        let mut plan = match container_config(pod, container, &self.cfg, attempt, &sandbox.ips, &*self.objects) {
             Ok(plan) => plan,
             Err(e) => {
                 record(Waiting { reason: "CreateContainerConfigError".into(), message: e.to_string() });

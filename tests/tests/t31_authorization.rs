@@ -6,8 +6,8 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::cluster::{Cluster, loopback_request};
 use gitplane_proto::node::{
-    HeartbeatRequest, RegisterRequest, UpdateNodeStatusRequest, UpdatePodStatusRequest, WatchNetworkRequest,
-    WatchPodsRequest, node_service_client::NodeServiceClient,
+    EventType, HeartbeatRequest, RegisterRequest, UpdateNodeStatusRequest, UpdatePodStatusRequest, WatchNetworkRequest,
+    WatchPodConfigRequest, WatchPodsRequest, node_service_client::NodeServiceClient,
 };
 use gitplane_storage::remote::pb::{
     self, raft_service_client::RaftServiceClient, store_service_client::StoreServiceClient,
@@ -143,18 +143,24 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
     let a = a.into_inner();
     tokens.node_a = a.credential.clone();
     nodes.register(tokens.request(Who::Join, RegisterRequest { node: node_json("node-b") })).await?;
-    // A Pod bound to each, written as the control plane would (through the store, as a peer).
+    // A Pod bound to each, reading a Secret of its own, written as the control plane would
+    // (through the store, as a peer).
     let mut uids = Vec::new();
     for node in ["node-a", "node-b"] {
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": format!("secret-of-{node}"), "namespace": "default"}, "data": {"k": "dg=="}});
+        let env =
+            json!([{"name": "S", "valueFrom": {"secretKeyRef": {"name": format!("secret-of-{node}"), "key": "k"}}}]);
         let pod = json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": format!("on-{node}"), "namespace": "default"}, "spec": {"nodeName": node}});
-        let txn = serde_json::to_vec(&json!([{"Create": pod}]))?;
+            "metadata": {"name": format!("on-{node}"), "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "i:1", "env": env}]}});
+        let txn = serde_json::to_vec(&json!([{"Create": secret}, {"Create": pod}]))?;
         let reply = store.txn(tokens.request(Who::Peer, pb::Payload { json: txn, data: Vec::new() })).await?;
         let Some(pb::txn_reply::Outcome::Committed(committed)) = reply.into_inner().outcome else {
             anyhow::bail!("creating the Pod on {node} was not committed");
         };
         let committed: serde_json::Value = serde_json::from_slice(&committed)?;
-        uids.push(committed["objects"][0]["metadata"]["uid"].as_str().context("uid")?.to_owned());
+        uids.push(committed["objects"][1]["metadata"]["uid"].as_str().context("uid")?.to_owned());
     }
     let pod_ip = a.pod_cidr.replace("0/24", "5");
 
@@ -243,8 +249,31 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
             };
             let got = grpc_outcome(nodes.update_pod_status(tokens.request(who, report)).await);
             m.grpc(&format!("Node/UpdatePodStatus(Pod on {node})"), who, expected, got);
+            let config = tokens.request(who, WatchPodConfigRequest { node_name: node.into() });
+            let got = grpc_outcome(nodes.watch_pod_config(config).await);
+            m.grpc(&format!("Node/WatchPodConfig({node})"), who, expected, got);
         }
     }
+    // Node A reads the Secret its own Pod references, never the one only node B's Pod does
+    // (the node authorizer): that Secret is not in A's stream.
+    let config = tokens.request(Who::NodeA, WatchPodConfigRequest { node_name: "node-a".into() });
+    let mut stream = nodes.watch_pod_config(config).await?.into_inner();
+    let mut listed = Vec::new();
+    while let Some(event) = tokio::time::timeout(DEADLINE, stream.message()).await?? {
+        if event.r#type == EventType::Bookmark as i32 {
+            break;
+        }
+        let object: serde_json::Value = serde_json::from_slice(&event.object)?;
+        listed.push(format!("{} {}", event.kind, object["metadata"]["name"].as_str().unwrap_or_default()));
+    }
+    ensure!(listed == ["Secret secret-of-node-a"], "node A's pod config: {listed:?}");
+    let got = if listed.iter().any(|o| o.ends_with("secret-of-node-b")) { Code::Ok } else { Code::PermissionDenied };
+    m.grpc(
+        "Node/WatchPodConfig(a Secret only node B's Pod references)",
+        Who::NodeA,
+        Expect::Grpc(Code::PermissionDenied),
+        got,
+    );
     // A Pod IP outside the node's podCIDR is refused even to the node itself.
     let report = UpdatePodStatusRequest {
         namespace: "default".into(),

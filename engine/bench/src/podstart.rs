@@ -15,7 +15,7 @@ use gitplane_nodeagent::{
     host::NetnsHost,
     images::{HTTPD_IMAGE, ensure_images},
     prober::PodProbes,
-    runtime::{RuntimeConfig, RuntimeManager, calls::CallStats, container_config, sandbox_config},
+    runtime::{RuntimeConfig, RuntimeManager, calls::CallStats, container_config, env::NoConfig, sandbox_config},
 };
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
@@ -174,7 +174,7 @@ async fn bare(
             let sandbox = cri.runtime().run_pod_sandbox(req).await?.into_inner().pod_sandbox_id;
             calls.record("RunPodSandbox", t.elapsed());
             let container = &pod.spec.as_ref().context("spec")?.containers[0];
-            let plan = container_config(&pod, container, cfg, 0, &[])?;
+            let plan = container_config(&pod, container, cfg, 0, &[], &NoConfig)?;
             let t = Instant::now();
             let req = pb::CreateContainerRequest {
                 pod_sandbox_id: sandbox,

@@ -306,6 +306,7 @@ pub(crate) fn load<'c>(
     let accepted: Vec<&Accepted> = outcomes.iter().flat_map(|o| o.manifests.iter()).collect();
     let mut across = validate::duplicates(&accepted);
     across.extend(validate::unknown_target_ports(&accepted));
+    across.extend(validate::missing_keys(&accepted));
     if errors.is_empty() && across.is_empty() {
         return Ok(accepted.into_iter().map(|a| Arc::clone(&a.manifest)).collect());
     }

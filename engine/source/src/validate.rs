@@ -1,9 +1,11 @@
 //! Documents into objects gitplane accepts: known kind, strict schema, Kubernetes names and
 //! scope, no server-managed fields, no duplicates, the namespace defaulted.
 
+mod config_refs;
 mod pod;
 mod service;
 
+pub(crate) use config_refs::missing_keys;
 pub(crate) use service::unknown_target_ports;
 
 use crate::{
@@ -155,6 +157,7 @@ impl Validator {
         let all: Vec<&Accepted> = accepted.iter().collect();
         errors.extend(duplicates(&all).into_iter().map(|(_, error)| error));
         errors.extend(unknown_target_ports(&all).into_iter().map(|(_, error)| error));
+        errors.extend(missing_keys(&all).into_iter().map(|(_, error)| error));
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -826,14 +829,15 @@ spec:
       volumes:
         - {name: scratch, emptyDir: {}}
         - name: settings
-          configMap: {name: settings}
+          configMap: {name: settings, defaultMode: 1000, items: [{key: a, path: ../a}]}
+        - {name: tokens, projected: {sources: []}}
       containers:
         - name: web
           image: httpd
           env:
             - name: PASSWORD
               valueFrom:
-                secretKeyRef: {name: creds, key: password}
+                resourceFieldRef: {resource: limits.ephemeral-storage}
             - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
             - {name: LIMIT, valueFrom: {fieldRef: {fieldPath: status.phase}}}
           envFrom: [{configMapRef: {name: settings}}]
@@ -853,39 +857,53 @@ spec:
             ),
             (
                 14,
-                "/volumes/1/configMap".into(),
-                format!("a configMap volume {not_yet} (it supports emptyDir, hostPath)"),
+                "/volumes/1/configMap/defaultMode".into(),
+                "mode 1000 is out of range: write a value between 0 and 0777 (octal), e.g. 0644".into(),
             ),
             (
-                21,
-                "/containers/0/env/0/valueFrom/secretKeyRef".into(),
-                format!("env valueFrom.secretKeyRef {not_yet} (it supports fieldRef)"),
+                14,
+                "/volumes/1/configMap/items/0/path".into(),
+                "path \"../a\" must not contain '..' nor start with '..': files stay inside their volume".into(),
             ),
             (
-                23,
+                15,
+                "/volumes/2/projected".into(),
+                format!(
+                    "a projected volume {not_yet} (it supports emptyDir, hostPath, configMap, secret, downwardAPI)"
+                ),
+            ),
+            (
+                22,
+                "/containers/0/env/0/valueFrom/resourceFieldRef/resource".into(),
+                format!(
+                    "resource \"limits.ephemeral-storage\" {not_yet}: use one of limits.cpu, limits.memory, \
+                     requests.cpu, requests.memory"
+                ),
+            ),
+            (
+                24,
                 "/containers/0/env/2/valueFrom/fieldRef/fieldPath".into(),
                 format!(
                     "fieldRef.fieldPath \"status.phase\" {not_yet}: use one of metadata.name, metadata.namespace, metadata.uid, spec.nodeName, spec.serviceAccountName, status.hostIP, status.hostIPs, status.podIP, status.podIPs, metadata.labels['<key>'], metadata.annotations['<key>']"
                 ),
             ),
-            (24, "/containers/0/envFrom".into(), format!("envFrom {not_yet}: remove it")),
             (
-                26,
+                27,
                 "/containers/0/resources/limits/cpu".into(),
                 "\"lots\" is not a quantity: write e.g. 250m or 0.5 (cpu), 64Mi or 1G (memory)".into(),
             ),
             (
-                26,
+                27,
                 "/containers/0/resources/limits/ephemeral-storage".into(),
                 format!("resource ephemeral-storage {not_yet} (it supports cpu, memory)"),
             ),
             (
-                29,
+                30,
                 "/containers/0/volumeMounts/1/name".into(),
                 "\"data\" names no volume of the Pod: add it to spec.volumes, or fix the name".into(),
             ),
             (
-                29,
+                30,
                 "/containers/0/volumeMounts/1/subPath".into(),
                 "\"../etc\" must be a relative path inside the volume, without '..'".into(),
             ),
@@ -938,12 +956,24 @@ spec:
   volumes:
     - {name: scratch, emptyDir: {}}
     - {name: etc, hostPath: {path: /etc/gp}}
+    - {name: fast, emptyDir: {medium: Memory, sizeLimit: 64Mi}}
+    - {name: conf, configMap: {name: app, defaultMode: 0o644, items: [{key: a, path: conf/a.ini, mode: 256}]}}
+    - {name: tls, secret: {secretName: tls, optional: true}}
+    - name: info
+      downwardAPI:
+        items:
+          - {path: labels, fieldRef: {fieldPath: metadata.labels}}
+          - {path: mem, resourceFieldRef: {containerName: c, resource: limits.memory, divisor: 1Mi}}
   containers:
     - name: c
       image: i
       command: [/bin/sh, -c, echo $(NAME)]
+      envFrom: [{configMapRef: {name: app}, prefix: APP_}, {secretRef: {name: tls, optional: true}}]
       env:
         - {name: NAME, value: x}
+        - {name: MODE, valueFrom: {configMapKeyRef: {name: app, key: mode, optional: true}}}
+        - {name: PW, valueFrom: {secretKeyRef: {name: db, key: password}}}
+        - {name: CPUS, valueFrom: {resourceFieldRef: {resource: limits.cpu, divisor: 1m}}}
         - {name: IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
         - {name: APP, valueFrom: {fieldRef: {fieldPath: \"metadata.labels['app']\"}}}
       ports: [{name: http, containerPort: 80, hostPort: 8080}]
@@ -1187,6 +1217,31 @@ metadata: {name: prod, namespace: \"\"}
         assert!(check(&[("d.yaml", deployment), ("s.yaml", &service("8080", "web"))]).is_ok());
         // Pods from elsewhere: nothing here to check against.
         assert!(check(&[("d.yaml", deployment), ("s.yaml", &service("htp", "other"))]).is_ok());
+    }
+
+    #[test]
+    fn t10_a_missing_key_of_a_config_map_or_secret_in_the_commit_is_an_error() {
+        let objects = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: app}\ndata: {mode: fast}\n---\n\
+                       apiVersion: v1\nkind: Secret\nmetadata: {name: db}\nstringData: {password: hunter2}\n";
+        let pod = |env_key: &str, item_key: &str, optional: bool| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers:\n    - name: c\n      image: i\n      \
+                 env:\n        - {{name: A, valueFrom: {{configMapKeyRef: {{name: app, key: {env_key}, optional: {optional}}}}}}}\n        \
+                 - {{name: B, valueFrom: {{secretKeyRef: {{name: elsewhere, key: x}}}}}}\n  volumes:\n    \
+                 - {{name: s, secret: {{secretName: db, items: [{{key: {item_key}, path: pw}}]}}}}\n"
+            )
+        };
+        assert_eq!(
+            errors(&[("o.yaml", objects), ("p.yaml", &pod("mdoe", "passwd", false))]),
+            [
+                "p.yaml:9: Pod p: /spec/containers/0/env/0/valueFrom/configMapKeyRef/key: ConfigMap app (in this commit) has \
+                 no key \"mdoe\" (its keys: mode): add the key, fix the name, or mark the reference optional: true",
+                "p.yaml:12: Pod p: /spec/volumes/0/secret/items/0/key: Secret db (in this commit) has no key \"passwd\" \
+                 (its keys: password): add the key, fix the name, or mark the reference optional: true",
+            ]
+        );
+        assert!(check(&[("o.yaml", objects), ("p.yaml", &pod("mode", "password", false))]).is_ok());
+        assert!(check(&[("o.yaml", objects), ("p.yaml", &pod("mdoe", "password", true))]).is_ok(), "optional");
     }
 
     #[test]

@@ -24,8 +24,10 @@ impl Threshold {
     }
 }
 
-/// Hard eviction thresholds. The kubelet's defaults for memory and the node's file system, and
-/// 5% of the PID space (the kubelet sets none by default, leaving PIDPressure always False).
+/// Hard eviction thresholds: the kubelet's default for memory; 1 GiB free for the node's file
+/// system where the kubelet has 10% (an appliance shares its disk with everything else on the
+/// machine, and 10% of a large, well-used disk would keep Pods off a node with tens of GiB
+/// free); 5% of the PID space (the kubelet sets none by default, leaving PIDPressure False).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EvictionHard {
     pub memory_available: Threshold,
@@ -37,7 +39,7 @@ impl Default for EvictionHard {
     fn default() -> Self {
         EvictionHard {
             memory_available: Threshold::Amount(100 << 20),
-            nodefs_available: Threshold::Percent(10.0),
+            nodefs_available: Threshold::Amount(1 << 30),
             pid_available: Threshold::Percent(5.0),
         }
     }

@@ -42,12 +42,18 @@ pub enum SpecError {
     InvalidQuantity { field: String, value: String },
     #[error("{what} is not supported by this node yet")]
     Unsupported { what: String },
-    #[error("volume {volume:?}: {kind} volumes are not supported by this node yet (emptyDir and hostPath are)")]
+    #[error(
+        "volume {volume:?}: {kind} volumes are not supported by this node yet (emptyDir, hostPath, configMap, secret \
+         and downwardAPI are)"
+    )]
     UnsupportedVolume { volume: String, kind: String },
     #[error("container {container:?}: volumeMount {volume:?} names no volume of the pod")]
     UnknownVolume { container: String, volume: String },
     #[error("container {container:?} must run as non-root (runAsNonRoot) but would run as root")]
     RunsAsRoot { container: String },
+    /// A ConfigMap or Secret (or a key of one) that the container's environment reads.
+    #[error("{message}")]
+    MissingConfig { message: String },
 }
 
 /// The identity kubelet gives a pod in logs and errors: `namespace/name`.
@@ -248,6 +254,7 @@ pub fn container_config(
     cfg: &RuntimeConfig,
     attempt: u32,
     pod_ips: &[String],
+    objects: &dyn super::env::ConfigSource,
 ) -> Result<ContainerPlan, SpecError> {
     let spec = pod_spec(pod)?;
     let uid = pod_uid(pod)?;
@@ -257,11 +264,7 @@ pub fn container_config(
         .clone()
         .filter(|i| !i.is_empty())
         .ok_or_else(|| SpecError::MissingImage { container: container.name.clone() })?;
-    if container.env_from.as_ref().is_some_and(|e| !e.is_empty()) {
-        return Err(SpecError::Unsupported { what: format!("container {:?}: envFrom", container.name) });
-    }
-
-    let envs = environment(pod, container, cfg, pod_ips)?;
+    let envs = super::env::environment(pod, container, cfg, pod_ips, objects)?;
     let lookup: HashMap<&str, &str> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let expand_all = |v: &Option<Vec<String>>| -> Vec<String> {
         v.iter().flatten().map(|s| expand(s, |name| lookup.get(name).copied())).collect()
@@ -309,49 +312,8 @@ pub fn container_config(
     Ok(ContainerPlan { config, host_dirs })
 }
 
-/// The container's environment in order, with `$(VAR)` references to earlier variables expanded
-/// and field references resolved.
-fn environment(
-    pod: &Pod,
-    container: &Container,
-    cfg: &RuntimeConfig,
-    pod_ips: &[String],
-) -> Result<Vec<(String, String)>, SpecError> {
-    let mut envs: Vec<(String, String)> = Vec::new();
-    for var in container.env.iter().flatten() {
-        let value = match (&var.value, &var.value_from) {
-            (_, Some(from)) => {
-                if let Some(field) = &from.field_ref {
-                    field_value(pod, &field.field_path, cfg, pod_ips).ok_or_else(|| SpecError::Unsupported {
-                        what: format!("env {:?}: fieldRef {:?}", var.name, field.field_path),
-                    })?
-                } else {
-                    let kind = if from.secret_key_ref.is_some() {
-                        "secretKeyRef"
-                    } else if from.config_map_key_ref.is_some() {
-                        "configMapKeyRef"
-                    } else {
-                        "resourceFieldRef"
-                    };
-                    return Err(SpecError::Unsupported { what: format!("env {:?}: valueFrom.{kind}", var.name) });
-                }
-            }
-            (Some(value), None) => {
-                let known: HashMap<&str, &str> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                expand(value, |name| known.get(name).copied())
-            }
-            (None, None) => String::new(),
-        };
-        match envs.iter_mut().find(|(k, _)| *k == var.name) {
-            Some(slot) => slot.1 = value,
-            None => envs.push((var.name.clone(), value)),
-        }
-    }
-    Ok(envs)
-}
-
 /// The downward API fields an environment variable may reference.
-fn field_value(pod: &Pod, path: &str, cfg: &RuntimeConfig, pod_ips: &[String]) -> Option<String> {
+pub(super) fn field_value(pod: &Pod, path: &str, cfg: &RuntimeConfig, pod_ips: &[String]) -> Option<String> {
     let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
     let from_map = |map: &Option<BTreeMap<String, String>>, key: &str| map.as_ref()?.get(key).cloned();
@@ -425,6 +387,8 @@ fn mounts(
         } else if volume.empty_dir.is_some() {
             let dir = empty_dir_path(cfg, uid, safe_name("volume name", &volume.name)?);
             host_dirs.push(dir.clone());
+            dir
+        } else if let Some(dir) = super::volumes::host_path(cfg, uid, volume)? {
             dir
         } else {
             // The volume source is the one field besides the name.
@@ -578,6 +542,7 @@ fn container_security_context(
 
 #[cfg(test)]
 mod tests {
+    use super::super::env::NoConfig;
     use super::*;
     use serde_json::json;
 
@@ -698,7 +663,7 @@ mod tests {
             }],
         }));
         let container = &pod.spec.as_ref().expect("spec").containers[0];
-        let plan = container_config(&pod, container, &cfg(), 3, &["10.244.1.7".into()]).expect("config");
+        let plan = container_config(&pod, container, &cfg(), 3, &["10.244.1.7".into()], &NoConfig).expect("config");
         let config = &plan.config;
         assert_eq!(config.metadata, Some(pb::ContainerMetadata { name: "app".into(), attempt: 3 }));
         assert_eq!(config.image.as_ref().map(|i| i.image.as_str()), Some("gitplane.local/httpd:1"));
@@ -738,7 +703,7 @@ mod tests {
     fn best_effort_gets_minimum_shares_and_no_quota() {
         let pod = pod(json!({ "containers": [{ "name": "c", "image": "i:1" }] }));
         let container = &pod.spec.as_ref().expect("spec").containers[0];
-        let plan = container_config(&pod, container, &cfg(), 0, &[]).expect("config");
+        let plan = container_config(&pod, container, &cfg(), 0, &[], &NoConfig).expect("config");
         let resources = plan.config.linux.and_then(|l| l.resources).expect("resources");
         assert_eq!((resources.cpu_shares, resources.cpu_quota, resources.memory_limit_in_bytes), (2, 0, 0));
         assert_eq!(resources.oom_score_adj, 1000);
@@ -748,21 +713,19 @@ mod tests {
     #[test]
     fn config_errors_name_the_problem() {
         let case = |container: serde_json::Value| {
-            let pod =
-                pod(json!({ "volumes": [{ "name": "cm", "configMap": { "name": "x" } }], "containers": [container] }));
+            let pod = pod(
+                json!({ "volumes": [{ "name": "cm", "projected": { "sources": [] } }], "containers": [container] }),
+            );
             let container = &pod.spec.as_ref().expect("spec").containers[0];
-            container_config(&pod, container, &cfg(), 0, &[]).expect_err("must fail").to_string()
+            container_config(&pod, container, &cfg(), 0, &[], &NoConfig).expect_err("must fail").to_string()
         };
         let secret = case(json!({ "name": "c", "image": "i:1", "env": [
             { "name": "PW", "valueFrom": { "secretKeyRef": { "name": "s", "key": "k" } } }
         ]}));
-        assert_eq!(secret, "env \"PW\": valueFrom.secretKeyRef is not supported by this node yet");
+        assert!(secret.starts_with("secret \"shop/s\" not found (env \"PW\" reads its key \"k\")"), "{secret}");
         let volume =
             case(json!({ "name": "c", "image": "i:1", "volumeMounts": [{ "name": "cm", "mountPath": "/x" }] }));
-        assert_eq!(
-            volume,
-            "volume \"cm\": configMap volumes are not supported by this node yet (emptyDir and hostPath are)"
-        );
+        assert!(volume.starts_with("volume \"cm\": projected volumes are not supported"), "{volume}");
         let unknown =
             case(json!({ "name": "c", "image": "i:1", "volumeMounts": [{ "name": "nope", "mountPath": "/x" }] }));
         assert!(unknown.contains("names no volume"), "{unknown}");

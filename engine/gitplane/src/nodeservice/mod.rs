@@ -3,11 +3,13 @@
 //!
 //! Every call is authenticated before its body is read ([`identity`]), and a node acts only on
 //! what is its own, as Kubernetes' NodeRestriction admits: its Node and Lease, the Pods bound to
-//! it, and their status, with Pod addresses inside its podCIDR.
+//! it, and their status, with Pod addresses inside its podCIDR; and, as Kubernetes' node
+//! authorizer, only the ConfigMaps and Secrets those Pods reference ([`podconfig`]).
 
 mod identity;
 mod nodestatus;
 mod podcidr;
+mod podconfig;
 
 pub use identity::NodeIdentity;
 use identity::{Caller, caller, node_of};
@@ -17,7 +19,7 @@ use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
 use gitplane_proto::node::{
     EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, ObjectEvent, PodEvent, RegisterRequest,
     RegisterResponse, UpdateNodeStatusRequest, UpdateNodeStatusResponse, UpdatePodStatusRequest,
-    UpdatePodStatusResponse, WatchNetworkRequest, WatchPodsRequest, node_service_server,
+    UpdatePodStatusResponse, WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest, node_service_server,
 };
 use gitplane_store::{Api, EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
@@ -457,6 +459,22 @@ impl node_service_server::NodeService for NodeService {
         });
         tracing::info!(node = %own, from, "network watch started");
         Ok(Response::new(Box::pin(futures::stream::iter(initial).chain(changes))))
+    }
+
+    type WatchPodConfigStream = ObjectEventStream;
+
+    async fn watch_pod_config(
+        &self,
+        request: Request<WatchPodConfigRequest>,
+    ) -> Result<Response<ObjectEventStream>, Status> {
+        let own = node_of(&request)?;
+        let node_name = request.into_inner().node_name;
+        if node_name != own {
+            return Err(Status::permission_denied(format!(
+                "node {own} cannot read what the Pods of {node_name} reference"
+            )));
+        }
+        Ok(Response::new(podconfig::watch(self.store.clone(), own).await?))
     }
 
     async fn update_pod_status(

@@ -71,12 +71,9 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("securityContext/seccompProfile/type", Values(&["\"Unconfined\""]), "securityContext.seccompProfile.type"),
     row("securityContext/appArmorProfile/type", Values(&["\"Unconfined\""]), "securityContext.appArmorProfile.type"),
     row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
-    row("volumes/*", Keys(&["name", "emptyDir", "hostPath"]), "a {key} volume"),
-    row("volumes/*/emptyDir/medium", Values(&["\"\""]), "emptyDir.medium"),
-    row("volumes/*/emptyDir/sizeLimit", Nothing, "emptyDir.sizeLimit"),
+    row("volumes/*", Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI"]), "a {key} volume"),
+    row("volumes/*/emptyDir/medium", Values(&["\"\"", "\"Memory\""]), "emptyDir.medium"),
     row("volumes/*/hostPath/type", Values(&["\"\""]), "hostPath.type"),
-    row("containers/*/envFrom", Nothing, "envFrom"),
-    row("containers/*/env/*/valueFrom", Keys(&["fieldRef"]), "env valueFrom.{key}"),
     row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),
     row("containers/*/lifecycle", Keys(&["postStart", "preStop"]), "lifecycle.{key}"),
     row("containers/*/lifecycle/postStart", Keys(&["exec"]), "a postStart {key} hook"),
@@ -145,6 +142,7 @@ pub(super) fn problems(spec: &Value, at: &str) -> Vec<Problem> {
     problems.extend(quantity_problems(spec, at));
     problems.extend(lifecycle_problems(spec, at));
     problems.extend(probe_problems(spec, at));
+    problems.extend(volume_problems(spec, at));
     problems
 }
 
@@ -165,6 +163,120 @@ fn lifecycle_problems(spec: &Value, at: &str) -> Vec<Problem> {
                 problems.push(Problem::at(pointer, format!("{field} is not allowed in an init container: remove it")));
             }
         }
+    }
+    problems
+}
+
+/// A file mode of a volume: 0 to 0777 (the API server's check). JSON and YAML write it in
+/// decimal (YAML also as `0644`, which is octal there).
+fn mode_problem(pointer: String, value: &Value) -> Option<Problem> {
+    let mode = value.as_i64()?;
+    (!(0..=0o777).contains(&mode)).then(|| {
+        Problem::at(
+            pointer,
+            format!("mode {mode} is out of range: write a value between 0 and 0777 (octal), e.g. 0644"),
+        )
+    })
+}
+
+/// A file path of a volume item: relative, without '..' (the API server's check).
+fn path_problem(pointer: String, value: &Value) -> Option<Problem> {
+    let path = value.as_str()?;
+    let why = if path.is_empty() {
+        "must not be empty"
+    } else if path.starts_with('/') {
+        "must be a relative path"
+    } else if path.split('/').any(|part| part == "..") || path.starts_with("..") {
+        "must not contain '..' nor start with '..'"
+    } else {
+        return None;
+    };
+    Some(Problem::at(pointer, format!("path {path:?} {why}: files stay inside their volume")))
+}
+
+/// The resources a `resourceFieldRef` may name on this node.
+const RESOURCE_FIELDS: [&str; 4] = ["limits.cpu", "limits.memory", "requests.cpu", "requests.memory"];
+
+/// The Pod fields a downwardAPI volume may hold.
+fn volume_field_path_supported(path: &str) -> bool {
+    let keyed = |prefix: &str| path.strip_prefix(prefix).is_some_and(|rest| rest.ends_with("']") && rest.len() > 2);
+    ["metadata.name", "metadata.namespace", "metadata.uid", "metadata.labels", "metadata.annotations"].contains(&path)
+        || keyed("metadata.labels['")
+        || keyed("metadata.annotations['")
+}
+
+fn resource_field_problem(pointer: String, selector: &Value, needs_container: bool) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    if let Some(resource) = selector["resource"].as_str()
+        && !RESOURCE_FIELDS.contains(&resource)
+    {
+        problems.push(Problem::at(
+            format!("{pointer}/resource"),
+            format!("resource {resource:?} {NOT_YET}: use one of {}", RESOURCE_FIELDS.join(", ")),
+        ));
+    }
+    if let Some(divisor) = selector.get("divisor") {
+        let text = match divisor {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        if parse_milli(&text).is_none_or(|d| d <= 0) {
+            problems.push(Problem::at(format!("{pointer}/divisor"), format!("{divisor} is not a positive quantity")));
+        }
+    }
+    if needs_container && selector["containerName"].as_str().is_none_or(str::is_empty) {
+        problems.push(Problem::at(pointer, "a downwardAPI volume's resourceFieldRef needs containerName"));
+    }
+    problems
+}
+
+/// Bad values in configMap, secret, downwardAPI and emptyDir volumes and in env
+/// resourceFieldRefs: paths that leave the volume, modes out of range, fields the node cannot
+/// give, sizes that are not quantities.
+fn volume_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for source in ["configMap", "secret", "downwardAPI"] {
+        for (pointer, volume) in matches(spec, at.to_owned(), &["volumes", "*", source]) {
+            problems.extend(mode_problem(format!("{pointer}/defaultMode"), &volume["defaultMode"]));
+            for (i, item) in volume["items"].as_array().into_iter().flatten().enumerate() {
+                let item_at = format!("{pointer}/items/{i}");
+                problems.extend(path_problem(format!("{item_at}/path"), &item["path"]));
+                problems.extend(mode_problem(format!("{item_at}/mode"), &item["mode"]));
+                if let Some(path) = item["fieldRef"]["fieldPath"].as_str()
+                    && !volume_field_path_supported(path)
+                {
+                    problems.push(Problem::at(
+                        format!("{item_at}/fieldRef/fieldPath"),
+                        format!(
+                            "fieldPath {path:?} is not supported in a downwardAPI volume: use metadata.name, \
+                             metadata.namespace, metadata.uid, metadata.labels, metadata.annotations or one key of them"
+                        ),
+                    ));
+                }
+                if item["resourceFieldRef"].is_object() {
+                    problems.extend(resource_field_problem(
+                        format!("{item_at}/resourceFieldRef"),
+                        &item["resourceFieldRef"],
+                        true,
+                    ));
+                }
+            }
+        }
+    }
+    for (pointer, size) in matches(spec, at.to_owned(), &["volumes", "*", "emptyDir", "sizeLimit"]) {
+        let text = match size {
+            Value::String(s) => s.clone(),
+            Value::Null => continue,
+            other => other.to_string(),
+        };
+        if parse_milli(&text).is_none() {
+            problems.push(Problem::at(pointer, format!("{size} is not a quantity: write e.g. 64Mi or 1Gi")));
+        }
+    }
+    for (pointer, selector) in
+        matches(spec, at.to_owned(), &["containers", "*", "env", "*", "valueFrom", "resourceFieldRef"])
+    {
+        problems.extend(resource_field_problem(pointer, selector, false));
     }
     problems
 }

@@ -1,0 +1,234 @@
+//! The kubelet's volume manager for the volumes whose content the node makes: configMap, secret
+//! and downwardAPI (written with the [`atomic_writer`], again on every sync, so a change in Git
+//! reaches running containers in place) and emptyDir with `medium: Memory` (a tmpfs). They live
+//! in `<pod_dir>/<uid>/volumes/<plugin>/<name>`; secret volumes are on a tmpfs too, as the
+//! kubelet keeps Secrets off the node's disk.
+//!
+//! Mounts are made in the agent's mount namespace, which is containerd's (the agent runs in its
+//! node's pinned mount namespace, see `host`), so the bind mount CRI makes of the directory
+//! carries the tmpfs. [`tear_down`] unmounts them before the Pod's directory is removed.
+
+pub mod atomic_writer;
+pub mod projection;
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use gitplane_api::quantity::parse_units;
+use k8s_openapi::api::core::v1::{Pod, Volume};
+
+use super::RuntimeConfig;
+use super::env::ConfigSource;
+use super::spec::{SpecError, pod_namespace, safe_name};
+
+const CONFIG_MAP: &str = "kubernetes.io~configmap";
+const SECRET: &str = "kubernetes.io~secret";
+const DOWNWARD_API: &str = "kubernetes.io~downward-api";
+const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
+
+/// Why a volume could not be set up: the kubelet's `MountVolume.SetUp failed` message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("MountVolume.SetUp failed for volume {volume:?}: {message}")]
+pub struct VolumeError {
+    pub volume: String,
+    pub message: String,
+}
+
+/// The node directory of a configMap, secret or downwardAPI volume; `None` for other kinds.
+pub fn host_path(cfg: &RuntimeConfig, uid: &str, volume: &Volume) -> Result<Option<PathBuf>, SpecError> {
+    let plugin = if volume.config_map.is_some() {
+        CONFIG_MAP
+    } else if volume.secret.is_some() {
+        SECRET
+    } else if volume.downward_api.is_some() {
+        DOWNWARD_API
+    } else {
+        return Ok(None);
+    };
+    let name = safe_name("volume name", &volume.name)?;
+    Ok(Some(cfg.pod_dir.join(uid).join("volumes").join(plugin).join(name)))
+}
+
+/// Whether the pod has a volume this module sets up.
+pub fn has_volumes(pod: &Pod) -> bool {
+    pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
+        v.config_map.is_some()
+            || v.secret.is_some()
+            || v.downward_api.is_some()
+            || v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() == Some("Memory"))
+    })
+}
+
+/// Makes every such volume of `pod` hold what it should now. A volume that fails keeps what it
+/// held (the kubelet does not empty a volume whose ConfigMap went away); the error is returned
+/// only for a volume that was never set up, which the Pod must wait for.
+pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSource) -> Result<(), VolumeError> {
+    let namespace = pod_namespace(pod);
+    let mut mounted: Option<Vec<PathBuf>> = None;
+    for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        let fail = |message: String| VolumeError { volume: volume.name.clone(), message };
+        let name = safe_name("volume name", &volume.name).map_err(|e| fail(e.to_string()))?;
+        if let Some(empty) = volume.empty_dir.as_ref().filter(|e| e.medium.as_deref() == Some("Memory")) {
+            let dir = cfg.pod_dir.join(uid).join("volumes").join(EMPTY_DIR).join(name);
+            let size = match &empty.size_limit {
+                Some(q) => {
+                    Some(parse_units(&q.0).ok_or_else(|| fail(format!("sizeLimit {:?} is not a quantity", q.0)))?)
+                }
+                None => None,
+            };
+            let mounted = mounted.get_or_insert_with(mount_points);
+            ensure_tmpfs(&dir, size, mounted)
+                .map_err(|e| fail(format!("mounting a tmpfs on {}: {e}", dir.display())))?;
+            continue;
+        }
+        let Some(dir) = host_path(cfg, uid, volume).map_err(|e| fail(e.to_string()))? else { continue };
+        let payload = if let Some(source) = &volume.config_map {
+            projection::config_map(source, objects.config_map(namespace, &source.name).as_deref(), namespace)
+        } else if let Some(source) = &volume.secret {
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                return Err(fail(format!("creating {}: {e}", dir.display())));
+            }
+            let mounted = mounted.get_or_insert_with(mount_points);
+            if let Err(e) = ensure_tmpfs(&dir, None, mounted) {
+                // Still served, from the node's disk: say so rather than fail the Pod.
+                tracing::warn!(pod = ?pod.metadata.name, volume = %volume.name, error = %e,
+                    "no tmpfs for the secret volume; its files are on the node's disk");
+            }
+            let name = source.secret_name.as_deref().unwrap_or_default();
+            projection::secret(source, objects.secret(namespace, name).as_deref(), namespace)
+        } else if let Some(source) = &volume.downward_api {
+            projection::downward_api(source, pod, cfg)
+        } else {
+            continue;
+        };
+        let result = payload.and_then(|payload| {
+            atomic_writer::write(&dir, &payload, SystemTime::now())
+                .map_err(|e| format!("writing {}: {e}", dir.display()))
+                .map(|changed| {
+                    if changed {
+                        tracing::info!(pod = ?pod.metadata.name, volume = %volume.name, files = payload.len(), "volume written");
+                    }
+                })
+        });
+        if let Err(message) = result {
+            if !atomic_writer::written(&dir) {
+                return Err(fail(message));
+            }
+            tracing::warn!(pod = ?pod.metadata.name, volume = %volume.name, error = %message, "volume kept as it was");
+        }
+    }
+    Ok(())
+}
+
+/// Mounts a tmpfs on `dir` unless one is there.
+fn ensure_tmpfs(dir: &Path, size: Option<i128>, mounted: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    if mounted.iter().any(|m| m == dir) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut options = String::from("mode=0755");
+    if let Some(size) = size.filter(|s| *s > 0) {
+        options.push_str(&format!(",size={size}"));
+    }
+    mount_tmpfs(dir, &options)?;
+    mounted.push(dir.to_owned());
+    Ok(())
+}
+
+fn c_path(path: &Path) -> std::io::Result<std::ffi::CString> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)
+}
+
+fn mount_tmpfs(dir: &Path, options: &str) -> std::io::Result<()> {
+    let target = c_path(dir)?;
+    let data = std::ffi::CString::new(options).map_err(std::io::Error::other)?;
+    // SAFETY: mount(2) with NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"tmpfs".as_ptr(),
+            target.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            data.as_ptr().cast(),
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
+/// The mount points of this mount namespace (`/proc/self/mountinfo`'s fifth field, unescaped).
+fn mount_points() -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    text.lines().filter_map(|line| line.split(' ').nth(4)).map(|p| PathBuf::from(unescape_mount_path(p))).collect()
+}
+
+/// mountinfo writes space, tab, newline and backslash as octal escapes (`\040`).
+fn unescape_mount_path(path: &str) -> String {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && let Ok(code) = u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("x"), 8)
+        {
+            out.push(code);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Unmounts everything mounted under `pod_dir` (deepest first), so that the directory can be
+/// removed without reaching into a tmpfs that something still holds.
+pub fn tear_down(pod_dir: &Path) -> std::io::Result<()> {
+    let mut under: Vec<PathBuf> =
+        mount_points().into_iter().filter(|m| m.starts_with(pod_dir) && m != pod_dir).collect();
+    under.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    under.dedup();
+    for point in under {
+        let target = c_path(&point)?;
+        // SAFETY: umount2(2) with a NUL-terminated path.
+        if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINVAL) && e.raw_os_error() != Some(libc::ENOENT) {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path("/var/lib/a\\040b"), "/var/lib/a b");
+        assert_eq!(unescape_mount_path("/plain"), "/plain");
+        assert_eq!(unescape_mount_path("/odd\\"), "/odd\\");
+    }
+
+    #[test]
+    fn volumes_live_under_the_pod_by_plugin() {
+        let cfg = RuntimeConfig { pod_dir: "/pods".into(), ..Default::default() };
+        let volume: Volume =
+            serde_json::from_value(serde_json::json!({"name": "conf", "configMap": {"name": "x"}})).unwrap();
+        assert_eq!(
+            host_path(&cfg, "u", &volume).unwrap(),
+            Some(PathBuf::from("/pods/u/volumes/kubernetes.io~configmap/conf"))
+        );
+        let volume: Volume =
+            serde_json::from_value(serde_json::json!({"name": "s", "secret": {"secretName": "x"}})).unwrap();
+        assert_eq!(
+            host_path(&cfg, "u", &volume).unwrap(),
+            Some(PathBuf::from("/pods/u/volumes/kubernetes.io~secret/s"))
+        );
+        let volume: Volume = serde_json::from_value(serde_json::json!({"name": "..", "downwardAPI": {}})).unwrap();
+        assert!(host_path(&cfg, "u", &volume).is_err());
+    }
+}
