@@ -1,6 +1,7 @@
 //! `gitplane-bench idle`: what an idle appliance costs (issue 11): the CPU of `gitplane up
 //! --nodes 3` once 100 Applications and their 300 Pods run and nothing changes, per process
-//! kind, with the store's growth and the log volume over the same window.
+//! kind, with the store's growth and the log volume over the same window. With `--probe`, each
+//! Pod's container has a readiness probe run every second (issue 13): what probing costs.
 
 use crate::up::{Up, git, git_in};
 use anyhow::{Context as _, Result, ensure};
@@ -31,6 +32,32 @@ pub struct IdleArgs {
     /// The `gitplane` binary (default: next to this one).
     #[arg(long)]
     gitplane: Option<PathBuf>,
+    /// A readiness probe every container gets, run every second.
+    #[arg(long, value_enum, default_value_t = Probe::None)]
+    probe: Probe,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    None,
+    /// tcpSocket on the httpd's port.
+    Tcp,
+    /// httpGet of a small file.
+    Http,
+    /// exec of `busybox true` (CRI ExecSync).
+    Exec,
+}
+
+impl Probe {
+    /// The probe's YAML under a container, at its indentation.
+    fn yaml(self) -> &'static str {
+        match self {
+            Probe::None => "",
+            Probe::Tcp => "          readinessProbe: {tcpSocket: {port: 8080}, periodSeconds: 1}\n",
+            Probe::Http => "          readinessProbe: {httpGet: {port: 8080, path: /etc/passwd}, periodSeconds: 1}\n",
+            Probe::Exec => "          readinessProbe: {exec: {command: [/bin/busybox, \"true\"]}, periodSeconds: 1}\n",
+        }
+    }
 }
 
 /// How long the Pods may take to run (300 Pods on a 2-core machine).
@@ -45,12 +72,13 @@ pub fn main(args: IdleArgs) -> Result<()> {
     runtime.block_on(run(&args, &gitplane))
 }
 
-fn deployment(i: usize, replicas: usize) -> String {
+fn deployment(i: usize, replicas: usize, probe: Probe) -> String {
+    let probe = probe.yaml();
     format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: idle-{i}\nspec:\n  replicas: {replicas}\n  \
          selector:\n    matchLabels:\n      app: idle-{i}\n  template:\n    metadata:\n      labels:\n        app: idle-{i}\n    \
          spec:\n      terminationGracePeriodSeconds: 1\n      containers:\n        - name: httpd\n          \
-         image: gitplane.local/httpd:1\n          command: [/bin/busybox, httpd, -f, -p, \"8080\", -h, /]\n"
+         image: gitplane.local/httpd:1\n          command: [/bin/busybox, httpd, -f, -p, \"8080\", -h, /]\n{probe}"
     )
 }
 
@@ -147,7 +175,7 @@ async fn run(args: &IdleArgs, gitplane: &Path) -> Result<()> {
         for i in 0..apps {
             let dir = work.join(format!("apps/idle-{i}"));
             std::fs::create_dir_all(&dir)?;
-            std::fs::write(dir.join("deployment.yaml"), deployment(i, replicas))?;
+            std::fs::write(dir.join("deployment.yaml"), deployment(i, replicas, args.probe))?;
         }
         Ok(())
     })
@@ -195,8 +223,9 @@ async fn run(args: &IdleArgs, gitplane: &Path) -> Result<()> {
     up.stop().await?;
 
     println!(
-        "`gitplane up --nodes {}` with {apps} Applications and {pods} Running Pods, idle for {window:.0?} after {}s of settling ({want} Pods ran {to_running:.0?} after the push); 2 CPUs; load average at the end: {}.\n",
+        "`gitplane up --nodes {}` with {apps} Applications and {pods} Running Pods (probe: {:?}), idle for {window:.0?} after {}s of settling ({want} Pods ran {to_running:.0?} after the push); 2 CPUs; load average at the end: {}.\n",
         args.nodes,
+        args.probe,
         args.settle,
         crate::up::load_average()
     );

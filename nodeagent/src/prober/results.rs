@@ -13,8 +13,6 @@ pub enum ProbeType {
 }
 
 impl ProbeType {
-    pub const ALL: [ProbeType; 3] = [ProbeType::Liveness, ProbeType::Readiness, ProbeType::Startup];
-
     /// As Kubernetes names it in messages: `Liveness probe failed: …`.
     pub fn title(self) -> &'static str {
         match self {
