@@ -330,7 +330,8 @@ mod tests {
         assert_eq!(allocatable["cpu"].0, cpu);
         // 8 GiB - 2 GiB reserved - 100 MiB hard eviction threshold.
         assert_eq!(allocatable["memory"].0, format!("{}Ki", ((6u64 << 30) - (100 << 20)) / 1024));
-        assert_eq!(allocatable["ephemeral-storage"].0, (90u64 << 30).to_string());
+        // 100 GiB - 1 GiB hard eviction threshold.
+        assert_eq!(allocatable["ephemeral-storage"].0, (99u64 << 30).to_string());
         assert_eq!(status.images.unwrap()[0].names.as_ref().unwrap()[0], "big");
     }
 

@@ -184,8 +184,8 @@ mod tests {
         let signals = Signals {
             memory_available: Some(50 << 20),
             memory_capacity: Some(8 << 30),
-            nodefs_available: Some(50),
-            nodefs_capacity: Some(100),
+            nodefs_available: Some(50 << 30),
+            nodefs_capacity: Some(100 << 30),
             pid_available: None,
             pid_capacity: None,
         };
