@@ -695,8 +695,18 @@ async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers) {
     let mut seen: HashMap<String, u64> = HashMap::new();
     let mut tick = tokio::time::interval(PLEG_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_cleanup = Instant::now();
     loop {
         tick.tick().await;
+        if last_cleanup.elapsed() >= ORPHAN_CLEANUP_PERIOD {
+            last_cleanup = Instant::now();
+            let keep: HashSet<String> = wakers.lock().unwrap_or_else(PoisonError::into_inner).keys().cloned().collect();
+            match runtime.remove_orphaned_cgroups(&keep).await {
+                Ok(removed) if !removed.is_empty() => tracing::info!(?removed, "removed orphaned pod cgroups"),
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "cleaning up orphaned pod cgroups failed"),
+            }
+        }
         let now = match runtime.relist().await {
             Ok(now) => now,
             Err(e) => {
@@ -717,6 +727,10 @@ async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers) {
         seen = now;
     }
 }
+
+/// How often the relist also removes the cgroups of pods that are gone (the kubelet does it in
+/// its housekeeping, every 2 s; cgroups left behind cost nothing but a directory).
+const ORPHAN_CLEANUP_PERIOD: Duration = Duration::from_secs(30);
 
 /// Whether a pod worker must sync again for this new version of its Pod: anything but the
 /// status and the bookkeeping of the write itself (resourceVersion, managedFields).

@@ -14,7 +14,7 @@ pub mod spec;
 pub mod status;
 pub mod volumes;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
@@ -293,6 +293,36 @@ impl RuntimeManager {
         }
         tracing::info!(uid, "killed pod");
         Ok(())
+    }
+
+    /// The kubelet's orphaned pod cgroup cleanup: removes the cgroups of pods that have no
+    /// sandbox in the runtime and are not in `keep` (the pods this node runs). A runtime call
+    /// cut off mid-way (a CRI deadline, an agent stopping) can still create a pod's cgroup
+    /// after the pod was killed. Returns the uids removed.
+    pub async fn remove_orphaned_cgroups(&self, keep: &HashSet<String>) -> Result<Vec<String>, RuntimeError> {
+        let parent = self.cfg.cgroup_parent.clone();
+        let io = |source| RuntimeError::Io { pod: "(all)".into(), what: "listing pod cgroups".into(), source };
+        let found = tokio::task::spawn_blocking(move || cgroups::pod_cgroup_uids(&parent))
+            .await
+            .map_err(|e| io(std::io::Error::other(e.to_string())))?
+            .map_err(io)?;
+        let mut orphans: Vec<String> = found.into_iter().filter(|uid| !keep.contains(uid)).collect();
+        if orphans.is_empty() {
+            return Ok(orphans);
+        }
+        let running: HashSet<String> = self.pod_uids().await?.into_iter().collect();
+        orphans.retain(|uid| !running.contains(uid) && spec::safe_name("uid", uid).is_ok());
+        let cgroups: Vec<String> = orphans.iter().map(|uid| pod_cgroup(&self.cfg, uid)).collect();
+        tokio::task::spawn_blocking(move || {
+            for cgroup in cgroups {
+                if let Err(error) = cgroups::remove_cgroup(&cgroup, Duration::from_millis(200)) {
+                    tracing::warn!(%cgroup, %error, "removing an orphaned pod cgroup failed");
+                }
+            }
+        })
+        .await
+        .map_err(|e| io(std::io::Error::other(e.to_string())))?;
+        Ok(orphans)
     }
 
     /// What the runtime holds, as one fingerprint per pod uid (its sandboxes' and containers'

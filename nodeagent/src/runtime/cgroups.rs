@@ -71,6 +71,22 @@ pub fn remove_cgroup(cgroup: &str, patience: Duration) -> io::Result<()> {
     first_error.map_or(Ok(()), Err)
 }
 
+/// The uids of the pod cgroups (`pod<uid>`) below `parent` in any hierarchy.
+pub fn pod_cgroup_uids(parent: &str) -> io::Result<Vec<String>> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let relative = parent.trim_start_matches('/');
+    let mut uids: Vec<String> = hierarchies(&mountinfo)
+        .into_iter()
+        .filter_map(|root| std::fs::read_dir(root.join(relative)).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("pod").map(str::to_owned))
+        .collect();
+    uids.sort();
+    uids.dedup();
+    Ok(uids)
+}
+
 /// rmdir bottom-up: cgroup directories only disappear with rmdir, never with unlink.
 fn remove_tree(dir: &Path) -> io::Result<()> {
     let entries = match std::fs::read_dir(dir) {
