@@ -215,7 +215,13 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let kubelet_listener = tokio::net::TcpListener::bind(kubelet_addr)
         .await
         .map_err(|source| AgentError::KubeletPort { addr: kubelet_addr, source })?;
-    let kubelet = tokio::spawn(KubeletServer { cri: cri.clone(), token: token.clone() }.serve(kubelet_listener));
+    let kubelet = KubeletServer {
+        cri: cri.clone(),
+        token: token.clone(),
+        node_name: cfg.node_name.clone(),
+        stats: Arc::default(),
+    };
+    let kubelet = tokio::spawn(kubelet.serve(kubelet_listener));
     let rotating = tokio::spawn(rotate::run(cri, cfg.runtime.pod_log_dir.clone(), cfg.log_rotation));
     let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
     let node_status = tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone()));

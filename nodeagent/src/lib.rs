@@ -17,4 +17,5 @@ pub mod proxy;
 pub mod routes;
 pub mod runtime;
 pub mod server;
+pub mod stats;
 mod template;

@@ -1,8 +1,10 @@
 //! The read-only status API on Kubernetes paths (`/api`, `/apis`, discovery, list, get), served
 //! beside the node gRPC service on one listener. Every write answers 405 and says where to push.
-//! [`logs`] is the pod log subresource, streamed from the node that runs the Pod.
+//! [`logs`] is the pod log subresource, streamed from the node that runs the Pod; [`metrics`]
+//! is the resource metrics API (`kubectl top`), asked of the nodes.
 
 mod logs;
+mod metrics;
 
 use crate::{kubelet_client::KubeletClient, table};
 use axum::{
@@ -133,6 +135,7 @@ async fn group_list(State(state): State<ApiState>, method: Method) -> Response {
             let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
             json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
         })
+        .chain([metrics::api_group()])
         .collect();
     Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})).into_response()
 }
@@ -236,6 +239,9 @@ async fn grouped(
     Query_(params): Query_<HashMap<String, String>>,
     Path(path): Path<String>,
 ) -> Response {
+    if path.split('/').next() == Some(metrics::GROUP) {
+        return metrics::serve(state.store.as_ref(), &state.kubelet, method, &path, &params).await;
+    }
     let q = match query(&headers, &params) {
         Ok(q) => q,
         Err(response) => return *response,

@@ -6,6 +6,9 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+// Built without transparent huge pages (`no_thp`): mimalloc would otherwise advise them for its
+// arenas, and each sparsely used 2 MiB page counted whole made the agent 20 MiB and the control
+// plane 28 MiB larger at rest (BENCHMARKS.md, "the agent at rest").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,5 +1,6 @@
 //! The agent's kubelet endpoint (the kubelet's server on port 10250), which the control plane's
-//! replicas call for `kubectl logs`: `GET /containerLogs/{namespace}/{pod}/{container}` with
+//! replicas call for `kubectl top` (`GET /stats/summary`, see [`crate::stats`]) and for
+//! `kubectl logs`: `GET /containerLogs/{namespace}/{pod}/{container}` with
 //! `containerID` (which run: the replica chose it from the Pod's status, as the kubelet's
 //! `validateContainerLogStatus`), `follow`, `tailLines`, `sinceSeconds`, `sinceTime`,
 //! `timestamps` and `limitBytes`. The answer is the log, streamed (chunked), or a plain-text
@@ -16,6 +17,7 @@ use crate::{
     cri::{Cri, pb},
     logs::{cri_log::LogOptions, read::read_logs},
     runtime::spec::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE},
+    stats::StatsProvider,
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
@@ -38,6 +40,8 @@ type Body = BoxBody<Bytes, Infallible>;
 pub(crate) struct KubeletServer {
     pub cri: Cri,
     pub token: Token,
+    pub node_name: String,
+    pub stats: Arc<StatsProvider>,
 }
 
 impl KubeletServer {
@@ -89,10 +93,13 @@ impl KubeletServer {
             return text(StatusCode::METHOD_NOT_ALLOWED, "only GET");
         }
         let segments: Vec<&str> = request.uri().path().split('/').skip(1).collect();
+        if segments == ["stats", "summary"] {
+            return self.summary().await;
+        }
         let ["containerLogs", namespace, pod, container] = segments.as_slice() else {
             return text(
                 StatusCode::NOT_FOUND,
-                "not found: the node serves /containerLogs/{namespace}/{pod}/{container}",
+                "not found: the node serves /containerLogs/{namespace}/{pod}/{container} and /stats/summary",
             );
         };
         let query = query_pairs(request.uri().query().unwrap_or(""));
@@ -101,6 +108,19 @@ impl KubeletServer {
             Err(message) => return text(StatusCode::BAD_REQUEST, &message),
         };
         self.container_logs(namespace, pod, container, id, options).await
+    }
+
+    async fn summary(&self) -> Response<Body> {
+        match self.stats.summary(&self.cri, &self.node_name).await {
+            Ok(summary) => match serde_json::to_vec(&summary) {
+                Ok(json) => Response::builder()
+                    .header(hyper::header::CONTENT_TYPE, "application/json")
+                    .body(Full::new(Bytes::from(json)).boxed())
+                    .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "building the answer")),
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+            },
+            Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        }
     }
 
     async fn container_logs(
