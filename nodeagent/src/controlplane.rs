@@ -239,3 +239,23 @@ pub(crate) async fn follow<F: Follower>(follower: &mut F, servers: &Servers, shu
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_https_server_needs_the_cluster_ca() {
+        let mut cfg = AgentConfig::new(vec![], "n1", "/nonexistent".into());
+        cfg.join_token = Some("join-0123456789abcdef".into());
+        cfg.credential_file = "/nonexistent/node-credential".into();
+        let token = Token::load(&cfg).unwrap();
+        let https = ["https://192.0.2.1:8080".to_owned()];
+        let refused = Servers::new(&https, token.clone(), None).map(|_| ()).unwrap_err();
+        assert!(matches!(refused, AgentError::NoCertificateAuthority { .. }), "{refused}");
+        assert!(refused.to_string().contains("--certificate-authority"), "{refused}");
+        let ca = "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n";
+        assert!(Servers::new(&https, token.clone(), Some(ca)).is_ok());
+        assert!(Servers::new(&["http://127.0.0.1:8080".to_owned()], token, None).is_ok());
+    }
+}

@@ -519,6 +519,18 @@ mod tests {
     use super::*;
     use tokio::sync::Notify;
 
+    #[test]
+    fn peers_off_loopback_are_reached_over_https_with_the_cluster_ca() {
+        assert_eq!(PeerToken::url("127.0.0.1:8080"), "http://127.0.0.1:8080");
+        assert_eq!(PeerToken::url("localhost:8080"), "http://localhost:8080");
+        assert_eq!(PeerToken::url("[::1]:8080"), "http://[::1]:8080");
+        assert_eq!(PeerToken::url("192.0.2.1:8080"), "https://192.0.2.1:8080");
+        assert_eq!(PeerToken::url("cp-1.example:8080"), "https://cp-1.example:8080");
+        let without_ca = token().endpoint("https://192.0.2.1:8080").map(|_| ()).unwrap_err().to_string();
+        assert!(without_ca.contains("no cluster CA"), "{without_ca}");
+        assert!(token().endpoint("http://127.0.0.1:1").is_ok());
+    }
+
     /// A store whose transactions arrive and never finish.
     struct Stall(Arc<Notify>);
 
