@@ -33,6 +33,7 @@ use std::{
 use tokio::{
     io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf},
     net::{TcpListener, TcpStream},
+    time::Instant,
 };
 use tower::ServiceExt as _;
 
@@ -47,6 +48,8 @@ pub const MAX_HEADER_BYTES: usize = 64 << 10;
 /// The answer to cleartext HTTP on a TLS listener.
 const PLAIN_ON_TLS: &[u8] = b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n\
     Client sent an HTTP request to an HTTPS server.\n";
+/// The first byte of a TLS ClientHello (a handshake record).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// What every HTTP/2 client sends first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -179,6 +182,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
         let _ = stream.set_nodelay(true);
         let (grpc, http, builder, tls) = (grpc.clone(), http.clone(), builder.clone(), tls.clone());
         let header_read_timeout = limits.header_read_timeout;
+        let accepted = Instant::now();
         tokio::spawn(async move {
             let _held = (slot, held);
             let service = tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
@@ -195,10 +199,24 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                     }
                     builder.serve_connection(TokioIo::new(stream), service).await
                 }
-                Some(tls) => {
-                    let Some(stream) = handshake(&tls, stream, header_read_timeout).await else { return };
-                    builder.serve_connection(TokioIo::new(stream), service).await
-                }
+                // The first byte, the handshake and the request's first bytes share one allowance.
+                Some(tls) => match first_byte(&stream, accepted + header_read_timeout).await {
+                    None => return,
+                    Some(TLS_HANDSHAKE_RECORD) => {
+                        let deadline = accepted + header_read_timeout;
+                        let Some(stream) = handshake(&tls, stream, deadline).await else { return };
+                        builder.serve_connection(TokioIo::new(stream), service).await
+                    }
+                    // Cleartext from loopback never left this machine (a wildcard listener's own
+                    // clients, e.g. `gitplane up --listen 0.0.0.0:8080`'s agent): served as such.
+                    Some(_) if client.0.is_loopback() => {
+                        if !request_began(&stream, header_read_timeout).await {
+                            return;
+                        }
+                        builder.serve_connection(TokioIo::new(stream), service).await
+                    }
+                    Some(_) => return refuse_cleartext(stream).await,
+                },
             };
             if let Err(e) = result {
                 tracing::trace!(%peer, error = %e, "connection ended with an error");
@@ -231,21 +249,34 @@ async fn request_began(stream: &TcpStream, timeout: Duration) -> bool {
     tokio::time::timeout(timeout, check).await.unwrap_or(false)
 }
 
+/// The first byte a client sends, before `deadline`.
+async fn first_byte(stream: &TcpStream, deadline: Instant) -> Option<u8> {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => Some(first[0]),
+        _ => None,
+    }
+}
+
+/// Go's answer to cleartext on a TLS port, rather than a reset. What the client sent is
+/// drained (briefly) first, so that closing does not reset the connection before it reads.
+async fn refuse_cleartext(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt as _;
+    let _ = stream.write_all(PLAIN_ON_TLS).await;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
 /// The TLS handshake and the first bytes of a request, both within `timeout` (as
 /// [`request_began`] bounds a cleartext client); the bytes read are served again after.
 async fn handshake(
     tls: &tokio_rustls::TlsAcceptor,
     stream: TcpStream,
-    timeout: Duration,
+    deadline: Instant,
 ) -> Option<Replayed<tokio_rustls::server::TlsStream<TcpStream>>> {
     let began = async {
-        // Cleartext on a TLS port gets Go's answer rather than a reset (a TLS record starts 0x16).
-        let mut first = [0u8; 1];
-        if stream.peek(&mut first).await.ok()? == 1 && first[0] != 0x16 {
-            let mut stream = stream;
-            let _ = tokio::io::AsyncWriteExt::write_all(&mut stream, PLAIN_ON_TLS).await;
-            return None;
-        }
         let mut stream =
             tls.accept(stream).await.inspect_err(|e| tracing::debug!(error = %e, "TLS handshake failed")).ok()?;
         let mut first = Vec::with_capacity(H2_PREFACE.len());
@@ -259,7 +290,7 @@ async fn handshake(
         }
         Some(Replayed { first, at: 0, inner: stream })
     };
-    tokio::time::timeout(timeout, began).await.ok().flatten()
+    tokio::time::timeout_at(deadline, began).await.ok().flatten()
 }
 
 /// A stream whose first bytes were already read: they are read again first.

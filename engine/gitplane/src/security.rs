@@ -68,19 +68,20 @@ impl Security {
             return Ok(None);
         };
         let url = url(listen);
-        let ca = tls::serves_tls(listen).then(|| self.ca.pem());
+        let ca = url.starts_with("https://").then(|| self.ca.pem());
         let path = self.data_dir.join("kubeconfig");
         kubeconfig::write(&path, &kubeconfig::render(&url, ca.as_deref(), user, token))?;
         Ok(Some(path))
     }
 }
 
-/// How this machine reaches a replica listening on `listen` (the wildcard: on loopback).
+/// How this machine reaches a replica listening on `listen`: the wildcard on loopback, where
+/// cleartext is served too.
 pub fn url(listen: SocketAddr) -> String {
-    let scheme = if tls::serves_tls(listen) { "https" } else { "http" };
     let mut addr = listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
+    let scheme = if tls::serves_tls(addr) { "https" } else { "http" };
     format!("{scheme}://{addr}")
 }
