@@ -82,6 +82,9 @@ pub struct AgentConfig {
     pub join_token: Option<String>,
     /// Where the node credential is kept (mode 0600) once registration returned it.
     pub credential_file: PathBuf,
+    /// The cluster CA's certificate (PEM): `https://` servers must present a certificate it
+    /// signed (the kubelet's `certificate-authority`).
+    pub certificate_authority: Option<String>,
     /// The port of the node's kubelet endpoint (container logs for the control plane), on the
     /// node's address, else on loopback (`server`).
     pub kubelet_port: u16,
@@ -112,6 +115,7 @@ impl AgentConfig {
             remove_pods_on_exit: false,
             join_token: None,
             credential_file: PathBuf::from("/var/lib/gitplane/node-credential"),
+            certificate_authority: None,
             kubelet_port: server::DEFAULT_PORT,
             log_rotation: LogRotation::default(),
         }
@@ -126,6 +130,13 @@ pub enum AgentError {
     Server { server: String, source: tonic::transport::Error },
     #[error("no control plane address given")]
     NoServers,
+    #[error(
+        "control plane address {server:?} is HTTPS: give the cluster CA's certificate \
+         (--certificate-authority; it is <data-dir>/ca.crt on a control-plane replica)"
+    )]
+    NoCertificateAuthority { server: String },
+    #[error("the cluster CA's certificate {file}: {why}")]
+    BadCertificateAuthority { file: PathBuf, why: String },
     #[error(
         "no way to join: {file} holds no node credential and no join token was given \
          (--join-token-file; the token is <data-dir>/join-token on a control-plane replica)"
@@ -154,7 +165,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .map_err(|source| AgentError::Runtime { socket: cfg.containerd_socket.clone(), source })?;
     let runtime_version = format!("{}://{}", version.runtime_name, version.runtime_version);
     let token = Token::load(&cfg)?;
-    let client = Servers::new(&cfg.servers, token.clone())?;
+    let client = Servers::new(&cfg.servers, token.clone(), cfg.certificate_authority.as_deref())?;
 
     let Some(pod_cidr) = register(&cfg, &client, &token, &runtime_version, &mut shutdown).await else {
         return Ok(());

@@ -63,6 +63,10 @@ pub struct AgentArgs {
     /// replica), needed until the node holds its credential.
     #[arg(long)]
     pub join_token_file: Option<PathBuf>,
+    /// The cluster CA's certificate (`<data-dir>/ca.crt` on a control-plane replica), which
+    /// `https://` servers are verified against.
+    #[arg(long)]
+    pub certificate_authority: Option<PathBuf>,
     /// Labels of the Node, `key=value,…` (a node may not set node-restriction.kubernetes.io/
     /// labels, nor kubernetes.io ones outside the kubelet's allowed list).
     #[arg(long, value_parser = node::parse_labels, default_value = "")]
@@ -135,6 +139,17 @@ impl AgentArgs {
         cfg.kubelet_port = self.kubelet_port;
         cfg.log_rotation =
             LogRotation { max_size: self.container_log_max_size, max_files: usize::from(self.container_log_max_files) };
+        if let Some(file) = self.certificate_authority {
+            let pem = std::fs::read_to_string(&file).map_err(|e| AgentError::BadCertificateAuthority {
+                file: file.clone(),
+                why: format!("reading it: {e}"),
+            })?;
+            if !pem.contains("-----BEGIN CERTIFICATE-----") {
+                let why = "it holds no PEM certificate".to_owned();
+                return Err(AgentError::BadCertificateAuthority { file, why });
+            }
+            cfg.certificate_authority = Some(pem);
+        }
         if let Some(file) = self.join_token_file {
             let token = std::fs::read_to_string(&file)
                 .map_err(|e| AgentError::BadToken { file: file.clone(), why: format!("reading it: {e}") })?;

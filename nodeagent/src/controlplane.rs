@@ -13,7 +13,7 @@ use tonic::{
     Code, Request, Status, Streaming,
     metadata::{Ascii, MetadataValue},
     service::{Interceptor, interceptor::InterceptedService},
-    transport::Channel,
+    transport::{Certificate, Channel, ClientTlsConfig},
 };
 
 /// Retry delays for calls to the control plane.
@@ -111,15 +111,23 @@ pub(crate) struct Servers {
 }
 
 impl Servers {
-    pub(crate) fn new(servers: &[String], token: Token) -> Result<Servers, AgentError> {
+    pub(crate) fn new(servers: &[String], token: Token, ca: Option<&str>) -> Result<Servers, AgentError> {
         if servers.is_empty() {
             return Err(AgentError::NoServers);
         }
         let clients = servers
             .iter()
             .map(|server| {
-                let channel = tonic::transport::Endpoint::from_shared(server.clone())
-                    .map_err(|source| AgentError::Server { server: server.clone(), source })?
+                let mut endpoint = tonic::transport::Endpoint::from_shared(server.clone())
+                    .map_err(|source| AgentError::Server { server: server.clone(), source })?;
+                if server.starts_with("https://") {
+                    let ca = ca.ok_or_else(|| AgentError::NoCertificateAuthority { server: server.clone() })?;
+                    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+                    endpoint = endpoint
+                        .tls_config(tls)
+                        .map_err(|source| AgentError::Server { server: server.clone(), source })?;
+                }
+                let channel = endpoint
                     .connect_timeout(Duration::from_secs(5))
                     .http2_keep_alive_interval(Duration::from_secs(10))
                     .keep_alive_while_idle(true)
@@ -229,5 +237,25 @@ pub(crate) async fn follow<F: Follower>(follower: &mut F, servers: &Servers, shu
         if sleep_or_shutdown(&mut delay, shutdown).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_https_server_needs_the_cluster_ca() {
+        let mut cfg = AgentConfig::new(vec![], "n1", "/nonexistent".into());
+        cfg.join_token = Some("join-0123456789abcdef".into());
+        cfg.credential_file = "/nonexistent/node-credential".into();
+        let token = Token::load(&cfg).unwrap();
+        let https = ["https://192.0.2.1:8080".to_owned()];
+        let refused = Servers::new(&https, token.clone(), None).map(|_| ()).unwrap_err();
+        assert!(matches!(refused, AgentError::NoCertificateAuthority { .. }), "{refused}");
+        assert!(refused.to_string().contains("--certificate-authority"), "{refused}");
+        let ca = "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n";
+        assert!(Servers::new(&https, token.clone(), Some(ca)).is_ok());
+        assert!(Servers::new(&["http://127.0.0.1:8080".to_owned()], token, None).is_ok());
     }
 }

@@ -29,11 +29,16 @@ fn free_port() -> Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-/// `GET path` on loopback; the body of a 2xx answer.
+/// The status API token (role `read`) of every [`Cluster`], from the token file it is given.
+pub const READ_TOKEN: &str = "e2e-read-token-0123456789abcdef";
+/// `Authorization` with [`READ_TOKEN`].
+pub const READ_BEARER: (&str, &str) = ("Authorization", "Bearer e2e-read-token-0123456789abcdef");
+
+/// `GET path` on loopback with [`READ_TOKEN`]; the body of a 2xx answer.
 pub fn loopback_get(addr: SocketAddr, path: &str) -> Result<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {READ_TOKEN}\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
@@ -76,6 +81,7 @@ impl Cluster {
         let token = format!("e2e-{}-{nanos:x}", std::process::id());
         std::fs::write(dir.path().join("peer-token"), &token)?;
         std::fs::write(dir.path().join("join-token"), format!("join-{token}"))?;
+        std::fs::write(dir.path().join("tokens.csv"), format!("{READ_TOKEN},e2e,e2e,\"read\"\n"))?;
         let mut cluster = Cluster {
             dir,
             addrs,
@@ -103,6 +109,8 @@ impl Cluster {
             .arg(self.dir.path().join("peer-token"))
             .arg("--join-token-file")
             .arg(self.dir.path().join("join-token"))
+            .arg("--tokens-file")
+            .arg(self.dir.path().join("tokens.csv"))
             .args(&self.extra_args)
             .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
             .stdout(log.try_clone()?)

@@ -6,7 +6,7 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{
     Worktree,
-    cluster::{Cluster, loopback_get, loopback_request},
+    cluster::{Cluster, READ_BEARER, loopback_get, loopback_request},
     wait_for,
 };
 use std::{
@@ -64,15 +64,17 @@ async fn t30_huge_list_limits_are_clamped_and_hold_no_connection() -> Result<()>
     let cluster = tokio::task::block_in_place(start)?;
     let addr = cluster.addrs[&1];
     let huge = "/api/v1/pods?limit=18446744073709551615";
-    let abusers: Vec<_> =
-        (0..8).map(|_| tokio::task::spawn_blocking(move || loopback_request(addr, "GET", huge, &[], b""))).collect();
+    let abusers: Vec<_> = (0..8)
+        .map(|_| tokio::task::spawn_blocking(move || loopback_request(addr, "GET", huge, &[READ_BEARER], b"")))
+        .collect();
     tokio::task::block_in_place(|| served(addr, "during 8 lists with a huge limit"))?;
     for abuser in abusers {
         let (code, body) = abuser.await??;
         ensure!(code == 200 && body.contains("PodList"), "a huge limit is a page, not an error: {code} {body}");
     }
     for nonsense in ["-1", "1e3", "x", "99999999999999999999999"] {
-        let (code, body) = loopback_request(addr, "GET", &format!("/api/v1/pods?limit={nonsense}"), &[], b"")?;
+        let (code, body) =
+            loopback_request(addr, "GET", &format!("/api/v1/pods?limit={nonsense}"), &[READ_BEARER], b"")?;
         ensure!(code == 400 && body.contains("BadRequest"), "limit={nonsense}: {code} {body}");
     }
     Ok(())

@@ -4,7 +4,7 @@
 //! API), and the expected answer of each cell.
 
 use anyhow::{Context, Result, ensure};
-use gitplane_e2e::cluster::{Cluster, loopback_request};
+use gitplane_e2e::cluster::{Cluster, READ_BEARER, loopback_request};
 use gitplane_proto::node::{
     EventType, HeartbeatRequest, RegisterRequest, UpdateNodeStatusRequest, UpdatePodStatusRequest, WatchNetworkRequest,
     WatchPodConfigRequest, WatchPodsRequest, node_service_client::NodeServiceClient,
@@ -291,7 +291,8 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
     let got = grpc_outcome(nodes.register(tokens.request(Who::NodeA, register)).await);
     m.grpc("Node/Register(own name, reserved label)", Who::NodeA, Expect::Grpc(Code::PermissionDenied), got);
 
-    // HTTP: Git needs the Git token for reads and pushes; the status API is read-only for all.
+    // HTTP: Git needs the Git token for reads and pushes; the status API needs a token of its
+    // own (none of the others opens it), and is read-only for that too.
     tokio::task::block_in_place(|| -> Result<()> {
         for who in EVERYONE {
             let auth = tokens.of(who).map(|t| format!("Bearer {t}"));
@@ -303,13 +304,21 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
                 m.http(&format!("GET {path}"), who, if who == Who::Git { 404 } else { 401 }, code);
             }
             let (code, _) = loopback_request(addr, "GET", "/api/v1/pods", &headers, b"")?;
-            m.http("GET /api/v1/pods", who, 200, code);
+            m.http("GET /api/v1/pods", who, 401, code);
             let path = "/api/v1/namespaces/default/pods/on-node-a";
             let (code, _) = loopback_request(addr, "DELETE", path, &headers, b"")?;
-            m.http("DELETE a Pod", who, 405, code);
+            m.http("DELETE a Pod", who, 401, code);
             let (code, _) = loopback_request(addr, "POST", "/hooks/generic", &headers, b"{}")?;
             m.http("POST /hooks/generic (no webhook secret configured)", who, 401, code);
         }
+        Ok(())
+    })?;
+    tokio::task::block_in_place(|| -> Result<()> {
+        let (code, _) = loopback_request(addr, "GET", "/api/v1/pods", &[READ_BEARER], b"")?;
+        m.http("GET /api/v1/pods (status API read token)", Who::Nobody, 200, code);
+        let (code, _) =
+            loopback_request(addr, "DELETE", "/api/v1/namespaces/default/pods/on-node-a", &[READ_BEARER], b"")?;
+        m.http("DELETE a Pod (status API read token)", Who::Nobody, 405, code);
         Ok(())
     })?;
     println!("authorization matrix: {} cells", m.cells);

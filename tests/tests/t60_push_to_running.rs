@@ -151,6 +151,32 @@ async fn t60_push_to_running() -> Result<()> {
         "kubectl get pods: {listed}{}",
         String::from_utf8_lossy(&kubectl.stderr)
     );
+    // The kubeconfig `up` wrote (and printed) works too; a wrong token is refused even on
+    // loopback, where no token at all reads.
+    let kubeconfig = up.data_dir.join("kubeconfig");
+    ensure!(up.log_text().contains(&format!("kubeconfig: {}", kubeconfig.display())), "the banner names no kubeconfig");
+    let with_config =
+        host.command("kubectl").arg("--kubeconfig").arg(&kubeconfig).args(["get", "pods", "-o", "name"]).output()?;
+    ensure!(
+        with_config.stdout == kubectl.stdout,
+        "kubectl --kubeconfig: {}",
+        String::from_utf8_lossy(&with_config.stderr)
+    );
+    // (kubectl sends no token over cleartext, so curl shows the refusal.)
+    let wrong = host
+        .command("curl")
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-H",
+            "Authorization: Bearer not-a-token-of-this-cluster",
+        ])
+        .arg("http://127.0.0.1:8080/api/v1/pods")
+        .output()?;
+    ensure!(wrong.stdout == b"401", "a wrong token on loopback: {wrong:?}");
     // And the Pods' logs, from the embedded node's kubelet endpoint on loopback.
     let logs = host.command("kubectl").args(["--server", "http://127.0.0.1:8080", "logs", &running[0].0]).output()?;
     ensure!(logs.status.success(), "kubectl logs {}: {}", running[0].0, String::from_utf8_lossy(&logs.stderr));

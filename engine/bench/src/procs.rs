@@ -145,11 +145,18 @@ pub fn free_addr() -> Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-/// `GET path` over HTTP/1.0 on `addr`; the body of a 2xx answer.
+/// `GET path` over HTTP/1.0 on `addr` without a token (`gitplane up`'s loopback); the body of
+/// a 2xx answer.
 pub async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    http_get_as(addr, path, None).await
+}
+
+/// [`http_get`] with a status API token, as a `gitplane server` needs.
+pub async fn http_get_as(addr: SocketAddr, path: &str, token: Option<&str>) -> Result<String> {
+    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes()).await?;
+        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n{authorization}\r\n").as_bytes()).await?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await?;
         anyhow::Ok(String::from_utf8_lossy(&response).into_owned())
@@ -189,6 +196,8 @@ pub struct ReplicaStatus {
 
 /// The peer token of every cluster a benchmark starts, and what its load generators present.
 pub const PEER_TOKEN: &str = "gitplane-bench-peer-token-0123456789abcdef";
+/// The status API token (role `read`) of the replicas the benchmarks start.
+pub const READ_TOKEN: &str = "gitplane-bench-read-token-0123456789abcdef";
 
 /// A client of the store service that presents [`PEER_TOKEN`].
 pub type StoreClient = gitplane_storage::remote::pb::store_service_client::StoreServiceClient<
@@ -224,6 +233,7 @@ impl Gitplane {
         // Every replica shares the cluster's secrets, as an operator would copy them.
         std::fs::write(cluster.dir.path().join("peer-token"), PEER_TOKEN)?;
         std::fs::write(cluster.dir.path().join("join-token"), format!("join-{PEER_TOKEN}"))?;
+        std::fs::write(cluster.dir.path().join("tokens.csv"), format!("{READ_TOKEN},bench,bench,\"read\"\n"))?;
         for id in 1..=replicas {
             cluster.launch(id)?;
         }
@@ -245,6 +255,8 @@ impl Gitplane {
             .arg(self.dir.path().join("peer-token"))
             .arg("--join-token-file")
             .arg(self.dir.path().join("join-token"))
+            .arg("--tokens-file")
+            .arg(self.dir.path().join("tokens.csv"))
             .args(&self.extra_args)
             // The server's own default log filter: what users run.
             .env_remove("RUST_LOG");
@@ -283,7 +295,7 @@ impl Gitplane {
     }
 
     pub async fn status(&self, id: u64) -> Option<ReplicaStatus> {
-        let body = http_get(self.addrs[&id], "/replica").await.ok()?;
+        let body = http_get_as(self.addrs[&id], "/replica", Some(READ_TOKEN)).await.ok()?;
         let value: serde_json::Value = serde_json::from_str(&body).ok()?;
         Some(ReplicaStatus { leading: value["leading"] == true, revision: value["revision"].as_i64()? })
     }

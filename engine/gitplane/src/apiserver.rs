@@ -96,7 +96,7 @@ pub async fn not_found(uri: axum::http::Uri) -> Response {
     )
 }
 
-fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response {
+pub(crate) fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response {
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message.into(), "reason": reason, "code": code.as_u16(),

@@ -118,6 +118,16 @@ impl Credentials {
         derive(&self.peer_token, "gitplane node credential v1")
     }
 
+    /// The seed of the cluster CA's key (`tls::ClusterCa::derive`).
+    pub fn ca_seed(&self) -> [u8; 32] {
+        derive(&self.peer_token, "gitplane cluster ca v1")
+    }
+
+    /// The read token `authn` writes into a tokens file it makes: every replica makes the same.
+    pub fn first_read_token(&self) -> String {
+        hex::encode(derive(&self.peer_token, "gitplane first read token v1"))
+    }
+
     /// The key of the digests that stand for Secret values in last-applied records.
     pub fn record_key(&self) -> [u8; 32] {
         derive(&self.peer_token, "gitplane secret record v1")
@@ -160,6 +170,7 @@ mod tests {
         let again = Credentials::load(sources()).unwrap();
         assert_eq!((&first.git_token, &first.peer_token), (&again.git_token, &again.peer_token));
         assert_ne!(first.node_key(), first.record_key(), "each purpose has its own key");
+        assert_ne!(first.ca_seed(), first.node_key());
         assert_eq!(format!("{first:?}"), "Credentials(***)");
     }
 

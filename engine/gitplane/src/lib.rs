@@ -2,10 +2,14 @@
 //! (the source's plan, health) that benchmarks drive directly.
 
 mod apiserver;
+mod audit;
+mod authn;
+mod authz;
 mod bootstrap;
 mod controlplane;
 mod credentials;
 mod githttp;
+mod kubeconfig;
 mod kubelet_client;
 mod listener;
 mod mirror;
@@ -13,8 +17,10 @@ mod nodes;
 mod nodeservice;
 pub mod offline;
 mod replica;
+mod security;
 pub mod server;
 pub mod source;
 mod table;
+mod tls;
 pub mod up;
 mod webhook;

@@ -11,6 +11,10 @@
 //!
 //! Every request carries its [`ClientAddr`] so that handlers can bound per-client work too
 //! ([`PerClient`]).
+//!
+//! A listener with a TLS configuration ([`Listener::tls`]) completes the handshake within
+//! `header_read_timeout` too, and then serves what ALPN chose (`h2` or `http/1.1`) exactly as
+//! it serves cleartext.
 
 use axum::{Router, body::Body, extract::Request};
 use hyper_util::{
@@ -21,14 +25,31 @@ use hyper_util::{
 use std::{
     collections::HashMap,
     net::IpAddr,
+    pin::Pin,
     sync::{Arc, Mutex, PoisonError},
+    task::{Context, Poll},
     time::Duration,
 };
-use tokio::net::{TcpListener, TcpStream};
+use tokio::{
+    io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf},
+    net::{TcpListener, TcpStream},
+    time::Instant,
+};
 use tower::ServiceExt as _;
+
+/// A bound socket, and whether it serves TLS.
+pub struct Listener {
+    pub tcp: TcpListener,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
+}
 
 /// The largest request head (HTTP/1) or header list (HTTP/2) accepted.
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
+/// The answer to cleartext HTTP on a TLS listener.
+const PLAIN_ON_TLS: &[u8] = b"HTTP/1.0 400 Bad Request\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n\
+    Client sent an HTTP request to an HTTPS server.\n";
+/// The first byte of a TLS ClientHello (a handshake record).
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// What every HTTP/2 client sends first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -118,7 +139,8 @@ fn is_grpc<B>(request: &axum::http::Request<B>) -> bool {
 }
 
 /// Serves `grpc` and `http` on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, grpc: Router, http: Router, limits: Limits) {
+pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limits) {
+    let Listener { tcp: listener, tls } = listener;
     let connections = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     let per_client = PerClient::new(limits.max_connections_per_client);
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -158,21 +180,45 @@ pub async fn serve(listener: TcpListener, grpc: Router, http: Router, limits: Li
         };
         // Without TCP_NODELAY every small answer waits for the peer's delayed ACK (~40 ms).
         let _ = stream.set_nodelay(true);
-        let (grpc, http, builder) = (grpc.clone(), http.clone(), builder.clone());
+        let (grpc, http, builder, tls) = (grpc.clone(), http.clone(), builder.clone(), tls.clone());
         let header_read_timeout = limits.header_read_timeout;
+        let accepted = Instant::now();
         tokio::spawn(async move {
             let _held = (slot, held);
-            if !request_began(&stream, header_read_timeout).await {
-                return;
-            }
             let service = tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
                 request.extensions_mut().insert(client);
                 let request = request.map(Body::new);
                 let router = if is_grpc(&request) { grpc.clone() } else { http.clone() };
                 router.oneshot(request)
             });
-            let connection = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
-            if let Err(e) = connection.await {
+            let service = TowerToHyperService::new(service);
+            let result = match tls {
+                None => {
+                    if !request_began(&stream, header_read_timeout).await {
+                        return;
+                    }
+                    builder.serve_connection(TokioIo::new(stream), service).await
+                }
+                // The first byte, the handshake and the request's first bytes share one allowance.
+                Some(tls) => match first_byte(&stream, accepted + header_read_timeout).await {
+                    None => return,
+                    Some(TLS_HANDSHAKE_RECORD) => {
+                        let deadline = accepted + header_read_timeout;
+                        let Some(stream) = handshake(&tls, stream, deadline).await else { return };
+                        builder.serve_connection(TokioIo::new(stream), service).await
+                    }
+                    // Cleartext from loopback never left this machine (a wildcard listener's own
+                    // clients, e.g. `gitplane up --listen 0.0.0.0:8080`'s agent): served as such.
+                    Some(_) if client.0.is_loopback() => {
+                        if !request_began(&stream, header_read_timeout).await {
+                            return;
+                        }
+                        builder.serve_connection(TokioIo::new(stream), service).await
+                    }
+                    Some(_) => return refuse_cleartext(stream).await,
+                },
+            };
+            if let Err(e) = result {
                 tracing::trace!(%peer, error = %e, "connection ended with an error");
             }
         });
@@ -203,6 +249,96 @@ async fn request_began(stream: &TcpStream, timeout: Duration) -> bool {
     tokio::time::timeout(timeout, check).await.unwrap_or(false)
 }
 
+/// The first byte a client sends, before `deadline`.
+async fn first_byte(stream: &TcpStream, deadline: Instant) -> Option<u8> {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => Some(first[0]),
+        _ => None,
+    }
+}
+
+/// Go's answer to cleartext on a TLS port, rather than a reset. What the client sent is
+/// drained (briefly) first, so that closing does not reset the connection before it reads.
+async fn refuse_cleartext(mut stream: TcpStream) {
+    use tokio::io::AsyncWriteExt as _;
+    let _ = stream.write_all(PLAIN_ON_TLS).await;
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
+/// The TLS handshake and the first bytes of a request, both within `timeout` (as
+/// [`request_began`] bounds a cleartext client); the bytes read are served again after.
+async fn handshake(
+    tls: &tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    deadline: Instant,
+) -> Option<Replayed<tokio_rustls::server::TlsStream<TcpStream>>> {
+    let began = async {
+        let mut stream =
+            tls.accept(stream).await.inspect_err(|e| tracing::debug!(error = %e, "TLS handshake failed")).ok()?;
+        let mut first = Vec::with_capacity(H2_PREFACE.len());
+        let mut buf = [0u8; H2_PREFACE.len()];
+        while first.len() < H2_PREFACE.len() && H2_PREFACE.starts_with(&first) {
+            let n = stream.read(&mut buf[..H2_PREFACE.len() - first.len()]).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            first.extend_from_slice(&buf[..n]);
+        }
+        Some(Replayed { first, at: 0, inner: stream })
+    };
+    tokio::time::timeout_at(deadline, began).await.ok().flatten()
+}
+
+/// A stream whose first bytes were already read: they are read again first.
+struct Replayed<S> {
+    first: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Replayed<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        if self.at < self.first.len() {
+            let n = (self.first.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.first[at..at + n]);
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Replayed<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,5 +363,16 @@ mod tests {
         assert!(!is_grpc(&request("application/json")));
         let path_only = axum::http::Request::builder().uri("/gitplane.node.v1.NodeService/Register").body(()).unwrap();
         assert!(!is_grpc(&path_only));
+    }
+
+    #[tokio::test]
+    async fn replayed_bytes_come_first() {
+        let (mut a, b) = tokio::io::duplex(64);
+        tokio::io::AsyncWriteExt::write_all(&mut a, b" rest").await.unwrap();
+        drop(a);
+        let mut replayed = Replayed { first: b"GET".to_vec(), at: 0, inner: b };
+        let mut all = String::new();
+        replayed.read_to_string(&mut all).await.unwrap();
+        assert_eq!(all, "GET rest");
     }
 }

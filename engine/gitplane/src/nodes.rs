@@ -185,7 +185,10 @@ fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
     let mut agent = node.host.command(exe);
     agent
         .arg("agent")
-        .arg(format!("--server=http://{GATEWAY}:{}", cfg.port))
+        // The bridge is not loopback: the replica serves TLS there, with the cluster CA.
+        .arg(format!("--server=https://{GATEWAY}:{}", cfg.port))
+        .arg("--certificate-authority")
+        .arg(cfg.data_dir.join("ca.crt"))
         .arg(format!("--node-name={name}"))
         .arg(format!("--node-ip={address}"))
         .arg(format!("--service-cidr={}", cfg.service_cidr))

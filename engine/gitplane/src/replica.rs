@@ -2,7 +2,7 @@
 //! node service, store service, Raft), the leader-only control plane, and compaction.
 
 use crate::{
-    apiserver, controlplane,
+    apiserver, authz, controlplane,
     credentials::Credentials,
     githttp,
     kubelet_client::KubeletClient,
@@ -145,11 +145,13 @@ pub struct Replica {
 impl Replica {
     /// Starts the replica, serving everything on each of `listeners` (each with its own
     /// connection limits); `push_hint` is what the read-only API tells writers; `nodes_netns`,
-    /// the network namespace to reach the nodes' kubelet endpoints from (`gitplane up --nodes`).
+    /// the network namespace to reach the nodes' kubelet endpoints from (`gitplane up --nodes`);
+    /// `access`, who may use the status API.
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         backend: Backend,
-        listeners: Vec<tokio::net::TcpListener>,
+        listeners: Vec<listener::Listener>,
+        access: authz::ApiAccess,
         credentials: &Credentials,
         git: GitServing,
         push_hint: String,
@@ -166,8 +168,6 @@ impl Replica {
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let http = apiserver::router(shared.clone(), push_hint, kubelet)
-            .merge(githttp::router(git.repos_dir.clone(), auth))
-            .merge(webhook::router(git.mirrors.clone(), secrets))
             .route(
                 "/replica",
                 get(move || {
@@ -175,6 +175,10 @@ impl Replica {
                     async move { Json(info.status().await) }
                 }),
             )
+            // Git and webhooks, merged below, authenticate on their own.
+            .layer(axum::middleware::from_fn_with_state(access, authz::admit))
+            .merge(githttp::router(git.repos_dir.clone(), auth))
+            .merge(webhook::router(git.mirrors.clone(), secrets))
             .fallback(apiserver::not_found);
         let mut tasks: Vec<JoinHandle<()>> = listeners
             .into_iter()

@@ -3,7 +3,9 @@
 use crate::{
     credentials::{Credentials, Sources},
     replica::{Backend, GitServing, Replica},
+    security::{self, Security},
     source::allocate::ServiceRanges,
+    tls,
 };
 use anyhow::{Context as _, bail};
 use gitplane_controllers::loadbalancer::AddressPool;
@@ -75,6 +77,15 @@ pub struct ServerArgs {
     /// broadcast addresses are left out). None: they stay <pending>.
     #[arg(long, value_parser = AddressPool::parse)]
     load_balancer_pool: Option<AddressPool>,
+    /// The status API's bearer tokens, `token,user,uid,"role,…"` per line (roles: read, debug;
+    /// kube-apiserver's --token-auth-file). Default: `<data-dir>/tokens.csv`, made on first
+    /// start with one read token (written into `<data-dir>/kubeconfig`).
+    #[arg(long)]
+    tokens_file: Option<PathBuf>,
+    /// More names (addresses or DNS names) for this replica's serving certificate, which holds
+    /// its listen address, its address in --peers, the host name and loopback already.
+    #[arg(long, value_delimiter = ',')]
+    tls_san: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -112,8 +123,12 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         join_token_file: args.join_token_file.as_deref(),
         makes_cluster_secrets: peers.keys().next() == Some(&args.id),
     })?;
-    let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?;
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let security = Security::load(&args.data_dir, &credentials, args.tokens_file.as_deref(), false)?;
+    let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?.with_ca(&security.ca.pem());
+    let tcp = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let own_host = own.rsplit_once(':').map_or(own.as_str(), |(host, _)| host).to_owned();
+    let names = tls::serving_names(listen, &[&[own_host][..], &args.tls_san].concat());
+    let listener = security.listener(tcp, &names)?;
     let backend = match args.store {
         StoreKind::Sqlite => {
             let mut config = ReplicaConfig::new(args.id, peers, args.data_dir.join("store"), peer_token);
@@ -132,13 +147,20 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
             Backend::Postgres(PostgresReplica::start(url, args.id, &peers, lease, peer_token).await?)
         }
     };
-    let hint = format!("http://{listen}/git/<repository>.git (token in {})", args.data_dir.join("git-token").display());
+    let hint = format!(
+        "{}/git/<repository>.git (token in {})",
+        security::url(listen),
+        args.data_dir.join("git-token").display()
+    );
+    let kubeconfig = security.write_kubeconfig(listen)?;
     let mut git = GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref())?;
     git.root = args.bootstrap;
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
-    let replica =
-        Replica::start(backend, vec![listener], &credentials, git, hint, ranges, args.load_balancer_pool, None).await?;
-    tracing::info!(id = args.id, %listen, "replica started");
+    let access = security.access.clone();
+    let pool = args.load_balancer_pool;
+    let replica = Replica::start(backend, vec![listener], access, &credentials, git, hint, ranges, pool, None).await?;
+    let kubeconfig = kubeconfig.map(|p| p.display().to_string()).unwrap_or_default();
+    tracing::info!(id = args.id, url = %security::url(listen), %kubeconfig, "replica started");
     gitplane_nodeagent::cli::stop_signal().await;
     tracing::info!("stopping");
     replica.shutdown().await;

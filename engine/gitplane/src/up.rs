@@ -13,7 +13,9 @@ use crate::{
     credentials::{Credentials, Sources},
     nodes,
     replica::{Backend, GitServing, Replica},
+    security::{self, Security},
     source::allocate::ServiceRanges,
+    tls,
 };
 use anyhow::{Context as _, bail};
 use gitplane_controllers::loadbalancer::AddressPool;
@@ -88,6 +90,11 @@ pub struct UpArgs {
     /// Log files kept per container, the current one included.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(2..))]
     container_log_max_files: u16,
+    /// The status API's bearer tokens, `token,user,uid,"role,…"` per line (roles: read, debug).
+    /// Default: `<data-dir>/tokens.csv`, made on first start with one read token (written into
+    /// `<data-dir>/kubeconfig`). Reads from loopback need none.
+    #[arg(long)]
+    tokens_file: Option<PathBuf>,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -102,36 +109,49 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let repos_dir = demo_repo.parent().map(PathBuf::from).unwrap_or_default();
 
     // The embedded default is a cluster of one replica.
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
-    let port = listener.local_addr().context("the listener's address")?.port();
-    let mut listeners = vec![listener];
-    let node_base = args.node_name.clone().unwrap_or_else(hostname);
-    let node_network = match args.nodes {
-        Some(_) => {
-            let network = nodes::create_network(&node_base, &data_dir, &args.cgroup_parent).await?;
-            listeners.push(tokio::net::TcpListener::from_std(network.listen(port)?)?);
-            Some(network)
-        }
-        None => None,
-    };
-    let peers = BTreeMap::from([(1, args.listen.to_string())]);
     let credentials = Credentials::load(Sources {
         data_dir: &data_dir,
         peer_token_file: None,
         join_token_file: None,
         makes_cluster_secrets: true,
     })?;
-    let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?;
+    let security = Security::load(&data_dir, &credentials, args.tokens_file.as_deref(), true)?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
+    let port = listener.local_addr().context("the listener's address")?.port();
+    let names = tls::serving_names(args.listen, &[nodes::GATEWAY.to_string()]);
+    let mut listeners = vec![security.listener(listener, &names)?];
+    let node_base = args.node_name.clone().unwrap_or_else(hostname);
+    let node_network = match args.nodes {
+        Some(_) => {
+            let network = nodes::create_network(&node_base, &data_dir, &args.cgroup_parent).await?;
+            let bridge = tokio::net::TcpListener::from_std(network.listen(port)?)?;
+            listeners.push(security.listener(bridge, &names)?);
+            Some(network)
+        }
+        None => None,
+    };
+    let peers = BTreeMap::from([(1, args.listen.to_string())]);
+    let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?.with_ca(&security.ca.pem());
     let config = ReplicaConfig::new(1, peers, data_dir.join("store"), peer_token);
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
-    let repo_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
+    let api_url = security::url(args.listen);
+    let repo_url = format!(
+        "{}://git:$(cat {})@{}/git/demo.git",
+        api_url.split_once("://").map_or("http", |(scheme, _)| scheme),
+        data_dir.join("git-token").display(),
+        api_url.split_once("://").map_or(api_url.as_str(), |(_, addr)| addr),
+    );
     let ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
     let (backend, pool) = (Backend::raft(config).await?, args.load_balancer_pool);
     let nodes_netns = node_network.as_ref().map(|n| n.netns_path());
+    let access = security.access.clone();
     let replica =
-        Replica::start(backend, listeners, &credentials, git, repo_url.clone(), ranges, pool, nodes_netns).await?;
+        Replica::start(backend, listeners, access, &credentials, git, repo_url.clone(), ranges, pool, nodes_netns)
+            .await?;
+    let kubeconfig = security.write_kubeconfig(args.listen)?;
+    let banner = banner(&repo_url, &api_url, kubeconfig.as_deref(), &bootstrap_repo);
     if !replica.wait_for_leader(Duration::from_secs(30)).await {
         bail!("the store elected no leader within 30 s");
     }
@@ -152,7 +172,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             container_log_max_size: args.container_log_max_size.clone(),
             container_log_max_files: args.container_log_max_files,
         };
-        let result = nodes::run(cfg, network, banner(&repo_url, args.listen, &bootstrap_repo), stop_signal()).await;
+        let result = nodes::run(cfg, network, banner, stop_signal()).await;
         replica.shutdown().await;
         return result;
     }
@@ -164,8 +184,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             Some(Containerd::start(cfg).await.context("starting containerd")?)
         }
     };
-    let result =
-        run_node(&args, &data_dir, containerd.as_ref(), &credentials.join_token, &repo_url, &bootstrap_repo).await;
+    let agent = AgentAccess { url: api_url, join_token: credentials.join_token.clone(), ca: security.ca.pem() };
+    let result = run_node(&args, &data_dir, containerd.as_ref(), agent, &banner).await;
     if let Some(containerd) = containerd
         && let Err(e) = containerd.stop().await
     {
@@ -175,14 +195,20 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     result
 }
 
+/// How the embedded agent reaches the control plane.
+struct AgentAccess {
+    url: String,
+    join_token: String,
+    ca: String,
+}
+
 /// Images, the node agent, the banner, and the wait for a stop signal.
 async fn run_node(
     args: &UpArgs,
     data_dir: &std::path::Path,
     containerd: Option<&Containerd>,
-    join_token: &str,
-    repo_url: &str,
-    bootstrap_repo: &std::path::Path,
+    access: AgentAccess,
+    banner: &str,
 ) -> anyhow::Result<()> {
     let socket = match (containerd, &args.containerd_socket) {
         (Some(c), _) => c.socket(),
@@ -199,13 +225,14 @@ async fn run_node(
     }
 
     let node_name = args.node_name.clone().unwrap_or_else(hostname);
-    let mut cfg = AgentConfig::new(vec![format!("http://{}", args.listen)], node_name, socket);
+    let mut cfg = AgentConfig::new(vec![access.url], node_name, socket);
     cfg.service_cidr = args.service_cidr;
     cfg.proxy_backend = args.proxy_mode;
     cfg.cni_conf_dir = cni_conf_dir;
     cfg.cni_data_dir = data_dir.join("cni/ipam");
     cfg.remove_pods_on_exit = true;
-    cfg.join_token = Some(join_token.to_owned());
+    cfg.join_token = Some(access.join_token);
+    cfg.certificate_authority = Some(access.ca);
     cfg.credential_file = data_dir.join("node-credential");
     cfg.kubelet_port = args.kubelet_port;
     cfg.log_rotation = LogRotation {
@@ -227,7 +254,7 @@ async fn run_node(
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut agent = tokio::spawn(agent::run(cfg, stopped));
 
-    println!("{}", banner(repo_url, args.listen, bootstrap_repo));
+    println!("{banner}");
 
     tokio::select! {
         _ = stop_signal() => tracing::info!("stopping: removing pods"),
@@ -247,13 +274,16 @@ async fn run_node(
 }
 
 /// Where to push and where to look.
-fn banner(repo_url: &str, listen: SocketAddr, bootstrap_repo: &std::path::Path) -> String {
+fn banner(repo_url: &str, url: &str, kubeconfig: Option<&std::path::Path>, bootstrap_repo: &std::path::Path) -> String {
+    let kubeconfig = kubeconfig.map_or_else(String::new, |path| {
+        format!("\n  kubeconfig: {path} (a read token: kubectl --kubeconfig {path} get pods)", path = path.display())
+    });
     format!(
         "gitplane is up.\n  \
          clone:  git clone {repo_url} && cd demo   (edit, commit, then: git push)\n  \
-         apps:   the Applications live in http://{listen}/git/bootstrap.git ({apps}; app-of-apps)\n  \
-         look:   kubectl --server http://{listen} get pods   (or curl http://{listen}/api/v1/pods)\n  \
-         status: kubectl --server http://{listen} get applications -n gitplane-system -o yaml\n\
+         apps:   the Applications live in {url}/git/bootstrap.git ({apps}; app-of-apps)\n  \
+         look:   kubectl --server {url} get pods   (or curl {url}/api/v1/pods)\n  \
+         status: kubectl --server {url} get applications -n gitplane-system -o yaml{kubeconfig}\n\
          Ctrl-C stops gitplane and removes its pods.",
         apps = bootstrap_repo.display(),
     )

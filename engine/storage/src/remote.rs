@@ -95,12 +95,28 @@ fn parse<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, 
 
 /// The secret a cluster's replicas (and its operators' tools) share to use the store and Raft
 /// services. There is no open mode: every replica has one (`gitplane` makes it on first start).
+///
+/// It also carries the cluster CA's certificate, which peers verify each other's serving
+/// certificates against: whoever holds the token talks to the replicas, so it goes with it.
 #[derive(Clone)]
 pub struct PeerToken {
     /// `Bearer <token>`, as clients send it.
     header: MetadataValue<Ascii>,
     /// Its SHA-256, which servers compare in constant time.
     digest: [u8; 32],
+    /// The cluster CA's certificate (PEM), for `https://` endpoints.
+    ca: Option<Arc<str>>,
+}
+
+/// Whether a replica serves `host` (an address or a name) over TLS: every address but loopback,
+/// which stays plain HTTP (the local appliance's, and what only this machine reaches). The
+/// replica's listener and its peers' clients decide with this one rule.
+pub fn serves_tls(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => !ip.is_loopback(),
+        Err(_) => host != "localhost",
+    }
 }
 
 impl PeerToken {
@@ -117,7 +133,34 @@ impl PeerToken {
         let header = format!("Bearer {token}");
         let digest = Sha256::digest(header.as_bytes()).into();
         let header = header.parse().map_err(|_| StoreError::BadRequest("the peer token is not valid ASCII".into()))?;
-        Ok(PeerToken { header, digest })
+        Ok(PeerToken { header, digest, ca: None })
+    }
+
+    /// The cluster CA (PEM) that `https://` endpoints are verified against.
+    pub fn with_ca(mut self, ca_pem: &str) -> PeerToken {
+        self.ca = Some(ca_pem.into());
+        self
+    }
+
+    /// The URL of a replica at `host:port`, by [`serves_tls`].
+    pub fn url(addr: &str) -> String {
+        let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+        let scheme = if serves_tls(host) { "https" } else { "http" };
+        format!("{scheme}://{addr}")
+    }
+
+    /// A channel endpoint for `url`: an `https://` one trusts the cluster CA only.
+    pub fn endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint> {
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_owned())
+            .map_err(|err| StoreError::BadRequest(format!("store endpoint {url:?}: {err}")))?;
+        if !url.starts_with("https://") {
+            return Ok(endpoint);
+        }
+        let ca = self.ca.as_deref().ok_or_else(|| {
+            StoreError::BadRequest(format!("store endpoint {url:?} is HTTPS but no cluster CA certificate was given"))
+        })?;
+        let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        endpoint.tls_config(tls).map_err(|err| StoreError::BadRequest(format!("store endpoint {url:?}: {err}")))
     }
 
     /// The server side: `service` admits only requests that carry this token.
@@ -275,11 +318,8 @@ impl RemoteStore {
         let clients = endpoints
             .iter()
             .map(|e| {
-                let channel = tonic::transport::Endpoint::from_shared(e.clone())
-                    .map_err(|err| StoreError::BadRequest(format!("store endpoint {e:?}: {err}")))?
-                    .connect_timeout(Duration::from_secs(2))
-                    .tcp_nodelay(true)
-                    .connect_lazy();
+                let channel =
+                    token.endpoint(e)?.connect_timeout(Duration::from_secs(2)).tcp_nodelay(true).connect_lazy();
                 Ok(StoreServiceClient::with_interceptor(channel, token.clone())
                     .max_decoding_message_size(64 << 20)
                     .max_encoding_message_size(64 << 20))
@@ -478,6 +518,18 @@ fn is_connect_error(status: &Status) -> bool {
 mod tests {
     use super::*;
     use tokio::sync::Notify;
+
+    #[test]
+    fn peers_off_loopback_are_reached_over_https_with_the_cluster_ca() {
+        assert_eq!(PeerToken::url("127.0.0.1:8080"), "http://127.0.0.1:8080");
+        assert_eq!(PeerToken::url("localhost:8080"), "http://localhost:8080");
+        assert_eq!(PeerToken::url("[::1]:8080"), "http://[::1]:8080");
+        assert_eq!(PeerToken::url("192.0.2.1:8080"), "https://192.0.2.1:8080");
+        assert_eq!(PeerToken::url("cp-1.example:8080"), "https://cp-1.example:8080");
+        let without_ca = token().endpoint("https://192.0.2.1:8080").map(|_| ()).unwrap_err().to_string();
+        assert!(without_ca.contains("no cluster CA"), "{without_ca}");
+        assert!(token().endpoint("http://127.0.0.1:1").is_ok());
+    }
 
     /// A store whose transactions arrive and never finish.
     struct Stall(Arc<Notify>);

@@ -63,7 +63,7 @@ impl PostgresReplica {
         let peers = peers
             .iter()
             .filter(|(peer, _)| **peer != id)
-            .map(|(peer, addr)| Ok((*peer, RemoteStore::with_token(&[format!("http://{addr}")], peer_token.clone())?)))
+            .map(|(peer, addr)| Ok((*peer, RemoteStore::with_token(&[PeerToken::url(addr)], peer_token.clone())?)))
             .collect::<Result<_>>()?;
         Ok(PostgresReplica { inner: Arc::new(Inner { id, holder, store, token, leading, peers, peer_token }) })
     }

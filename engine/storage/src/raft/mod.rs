@@ -154,9 +154,7 @@ impl RaftStore {
             .peers
             .iter()
             .filter(|(id, _)| **id != config.id)
-            .map(|(id, addr)| {
-                Ok((*id, RemoteStore::with_token(&[format!("http://{addr}")], config.peer_token.clone())?))
-            })
+            .map(|(id, addr)| Ok((*id, RemoteStore::with_token(&[PeerToken::url(addr)], config.peer_token.clone())?)))
             .collect::<Result<_>>()?;
         let (proposals, queue) = mpsc::channel(MAX_BATCH * MAX_IN_FLIGHT);
         tokio::spawn(propose(raft.clone(), queue));

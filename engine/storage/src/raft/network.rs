@@ -58,13 +58,18 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
+        let endpoint = self
+            .token
+            .endpoint(&PeerToken::url(&node.addr))
             .map(|e| e.connect_timeout(Duration::from_millis(500)).tcp_nodelay(true).connect_lazy());
-        let client = endpoint.ok().map(|channel| {
-            RaftServiceClient::with_interceptor(channel, self.token.clone())
-                .max_decoding_message_size(256 << 20)
-                .max_encoding_message_size(256 << 20)
-        });
+        let client = endpoint
+            .inspect_err(|e| tracing::warn!(peer = target, error = %e, "cannot reach a peer"))
+            .ok()
+            .map(|channel| {
+                RaftServiceClient::with_interceptor(channel, self.token.clone())
+                    .max_decoding_message_size(256 << 20)
+                    .max_encoding_message_size(256 << 20)
+            });
         PeerClient { from: self.id, target, client, faults: self.faults.clone() }
     }
 }

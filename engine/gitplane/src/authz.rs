@@ -1,0 +1,173 @@
+//! Who may use the status API, checked before a handler runs (kube-apiserver's authentication
+//! then authorization filters), and the audit line of every request.
+//!
+//! - `/healthz`, `/livez`, `/readyz` (and their sub-paths): anyone, unaudited.
+//! - Everything else needs a bearer token (`authn`) with the role the request needs: `debug`
+//!   for `exec`, `attach` and `portforward` subresources, `read` for the rest. No token, or
+//!   one that is not in the token file: 401; a token without the role: 403 (Kubernetes'
+//!   `Status` bodies, naming the user, never the token).
+//! - `gitplane up` only: a request without a token from a loopback address reads as
+//!   `system:anonymous` (what this machine's own users did before tokens existed).
+
+use crate::{
+    apiserver,
+    audit::{AuditLog, RequestInfo},
+    authn::{Role, Tokens, User},
+    listener::ClientAddr,
+};
+use axum::{
+    extract::{Request, State},
+    http::{StatusCode, header::AUTHORIZATION},
+    middleware::Next,
+    response::Response,
+};
+use std::sync::Arc;
+
+/// How the status API admits requests.
+#[derive(Clone)]
+pub struct ApiAccess {
+    pub tokens: Arc<Tokens>,
+    /// `gitplane up`: reads from loopback need no token.
+    pub anonymous_loopback_reads: bool,
+    pub audit: AuditLog,
+}
+
+const ANONYMOUS: &str = "system:anonymous";
+
+/// Health endpoints answer everyone, as kube-apiserver's `system:public-info-viewer` allows.
+fn is_health(path: &str) -> bool {
+    ["/healthz", "/livez", "/readyz"]
+        .iter()
+        .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
+}
+
+/// The role a request needs.
+fn required_role(info: &RequestInfo) -> Role {
+    match info.subresource.as_str() {
+        "exec" | "attach" | "portforward" => Role::Debug,
+        _ => Role::Read,
+    }
+}
+
+/// The middleware (`axum::middleware::from_fn_with_state`).
+pub async fn admit(State(access): State<ApiAccess>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_owned();
+    if is_health(&path) {
+        return next.run(request).await;
+    }
+    let client = request.extensions().get::<ClientAddr>().copied().unwrap_or(ClientAddr([0, 0, 0, 0].into()));
+    let info = RequestInfo::new(request.method().as_str(), &path, request.uri().query());
+    let user = match bearer(&request) {
+        Some(token) => access.tokens.authenticate(token),
+        None if access.anonymous_loopback_reads && client.0.is_loopback() => {
+            Some(Arc::new(User { name: ANONYMOUS.into(), uid: String::new(), roles: vec![Role::Read] }))
+        }
+        None => None,
+    };
+    let Some(user) = user else {
+        let response = apiserver::status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        access.audit.record(ANONYMOUS, client.0, &info, response.status().as_u16());
+        return response;
+    };
+    let role = required_role(&info);
+    let response = if user.has(role) {
+        next.run(request).await
+    } else {
+        apiserver::status(StatusCode::FORBIDDEN, "Forbidden", forbidden_message(&user, &info, role))
+    };
+    access.audit.record(&user.name, client.0, &info, response.status().as_u16());
+    response
+}
+
+/// The token of `Authorization: Bearer <token>`, if that is what the request carries.
+fn bearer(request: &Request) -> Option<&str> {
+    let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Kube-apiserver's wording, with the role that is missing.
+fn forbidden_message(user: &User, info: &RequestInfo, role: Role) -> String {
+    let what = if info.resource.is_empty() {
+        format!("cannot {} path {:?}", info.verb, info.path)
+    } else {
+        let resource = if info.subresource.is_empty() {
+            info.resource.clone()
+        } else {
+            format!("{}/{}", info.resource, info.subresource)
+        };
+        let scope =
+            if info.namespace.is_empty() { String::new() } else { format!(" in the namespace {:?}", info.namespace) };
+        format!("cannot {} resource {resource:?} in API group {:?}{scope}", info.verb, info.api_group)
+    };
+    format!("User {:?} {what}: it needs a token with the {:?} role", user.name, role.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::authn::{Entry, Tokens};
+    use axum::{Router, body::Body, routing::get};
+    use tower::ServiceExt as _;
+
+    const READ: &str = "0123456789abcdef0123456789abcdef";
+    const DEBUG: &str = "fedcba9876543210fedcba9876543210";
+
+    fn router(anonymous_loopback_reads: bool) -> Router {
+        let user = |name: &str, roles: Vec<Role>| User { name: name.into(), uid: name.into(), roles };
+        let tokens = Tokens::new(&[
+            Entry { token: READ.into(), user: user("alice", vec![Role::Read]) },
+            Entry { token: DEBUG.into(), user: user("bob", vec![Role::Debug]) },
+        ]);
+        let access = ApiAccess { tokens: Arc::new(tokens), anonymous_loopback_reads, audit: AuditLog::disabled() };
+        Router::new()
+            .route("/healthz", get(|| async { "ok" }))
+            .route("/api/{*path}", get(|| async { "objects" }))
+            .layer(axum::middleware::from_fn_with_state(access, admit))
+    }
+
+    async fn code(router: &Router, path: &str, token: Option<&str>, from: [u8; 4]) -> (u16, String) {
+        let mut request = Request::builder().uri(path);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let mut request = request.body(Body::empty()).unwrap();
+        request.extensions_mut().insert(ClientAddr(from.into()));
+        let response = router.clone().oneshot(request).await.unwrap();
+        let code = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        (code, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn each_caller_gets_what_its_role_allows() {
+        let server = router(false);
+        let remote = [192, 0, 2, 9];
+        let pods = "/api/v1/namespaces/default/pods";
+        let cells = [
+            ("/healthz", None, 200),
+            // Sub-paths of health endpoints pass anonymously too (to a 404 here: no such route).
+            ("/healthz/ping", None, 404),
+            ("/healthzx", None, 401),
+            (pods, None, 401),
+            (pods, Some("wrong-token-wrong-token"), 401),
+            (pods, Some(READ), 200),
+            (pods, Some(DEBUG), 403),
+            ("/api/v1/namespaces/default/pods/p/exec", Some(READ), 403),
+            ("/api/v1/namespaces/default/pods/p/exec", Some(DEBUG), 200),
+        ];
+        for (path, token, expected) in cells {
+            let (got, body) = code(&server, path, token, remote).await;
+            assert_eq!(got, expected, "{path} with {token:?}: {body}");
+            assert!(!body.contains(READ) && !body.contains(DEBUG), "{body}");
+        }
+        let (_, body) = code(&server, pods, Some(DEBUG), remote).await;
+        assert!(body.contains("\"Forbidden\"") && body.contains("User \\\"bob\\\" cannot list resource"), "{body}");
+        // Anonymous loopback reads are `gitplane up`'s alone.
+        assert_eq!(code(&server, pods, None, [127, 0, 0, 1]).await.0, 401);
+        let appliance = router(true);
+        assert_eq!(code(&appliance, pods, None, [127, 0, 0, 1]).await.0, 200);
+        assert_eq!(code(&appliance, pods, None, remote).await.0, 401);
+        assert_eq!(code(&appliance, pods, Some("wrong-token-wrong-token"), [127, 0, 0, 1]).await.0, 401);
+    }
+}

@@ -1,0 +1,87 @@
+//! What a replica sets up on start to serve privately (`gitplane server` and `gitplane up`
+//! alike): the cluster CA (`tls`), the status API's tokens (`authn`), its audit log (`audit`),
+//! and the kubeconfig for users (`kubeconfig`).
+
+use crate::{
+    audit::{self, AuditLog},
+    authn::{self, Role},
+    authz::ApiAccess,
+    credentials::Credentials,
+    kubeconfig, listener,
+    tls::{self, ClusterCa},
+};
+use anyhow::Context as _;
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+pub struct Security {
+    pub ca: ClusterCa,
+    pub access: ApiAccess,
+    /// The first `read` token of the token file and its user, for the kubeconfig.
+    reader: Option<(String, String)>,
+    data_dir: PathBuf,
+}
+
+impl Security {
+    /// `tokens_file`: the operator's (which must exist), else `<data-dir>/tokens.csv`, made on
+    /// first start with one read token (the same on every replica: it is derived from the peer
+    /// token). `anonymous_loopback_reads`: `gitplane up`'s.
+    pub fn load(
+        data_dir: &Path,
+        credentials: &Credentials,
+        tokens_file: Option<&Path>,
+        anonymous_loopback_reads: bool,
+    ) -> anyhow::Result<Security> {
+        let ca = ClusterCa::derive(credentials.ca_seed())?;
+        ca.write_certificate(&data_dir.join("ca.crt"))?;
+        let (path, create) = match tokens_file {
+            Some(path) => (path.to_path_buf(), false),
+            None => (data_dir.join("tokens.csv"), true),
+        };
+        let entries = authn::load_or_create(&path, &credentials.first_read_token(), create)?;
+        let reader = entries.iter().find(|e| e.user.has(Role::Read)).map(|e| (e.user.name.clone(), e.token.clone()));
+        let audit_path = data_dir.join("audit.log");
+        let audit = AuditLog::open(&audit_path, audit::MAX_BYTES)
+            .with_context(|| format!("opening the audit log {}", audit_path.display()))?;
+        let access = ApiAccess { tokens: Arc::new(authn::Tokens::new(&entries)), anonymous_loopback_reads, audit };
+        Ok(Security { ca, access, reader, data_dir: data_dir.to_path_buf() })
+    }
+
+    /// `tcp` as a listener: TLS for `names` unless it is bound to loopback.
+    pub fn listener(&self, tcp: tokio::net::TcpListener, names: &[String]) -> anyhow::Result<listener::Listener> {
+        let addr = tcp.local_addr().context("the listener's address")?;
+        let tls = match tls::serves_tls(addr) {
+            true => Some(tokio_rustls::TlsAcceptor::from(self.ca.server_config(names)?)),
+            false => None,
+        };
+        Ok(listener::Listener { tcp, tls })
+    }
+
+    /// Writes `<data-dir>/kubeconfig` for this replica at `listen`; its path, or `None` when
+    /// the token file holds no `read` token.
+    pub fn write_kubeconfig(&self, listen: SocketAddr) -> anyhow::Result<Option<PathBuf>> {
+        let Some((user, token)) = &self.reader else {
+            tracing::warn!("the token file holds no read token: no kubeconfig written");
+            return Ok(None);
+        };
+        let url = url(listen);
+        let ca = url.starts_with("https://").then(|| self.ca.pem());
+        let path = self.data_dir.join("kubeconfig");
+        kubeconfig::write(&path, &kubeconfig::render(&url, ca.as_deref(), user, token))?;
+        Ok(Some(path))
+    }
+}
+
+/// How this machine reaches a replica listening on `listen`: the wildcard on loopback, where
+/// cleartext is served too.
+pub fn url(listen: SocketAddr) -> String {
+    let mut addr = listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let scheme = if tls::serves_tls(addr) { "https" } else { "http" };
+    format!("{scheme}://{addr}")
+}
