@@ -5,7 +5,11 @@
 //! Pod pushed after the failover runs and is reported Running.
 
 use anyhow::{Context, Result, bail, ensure};
-use gitplane_e2e::{HostExt, NetnsHost, Worktree, binary, netns_host, require_root, wait_for};
+use gitplane_e2e::{
+    NetnsHost, Worktree, binary,
+    cluster::{READ_TOKEN, loopback_get},
+    netns_host, require_root, wait_for,
+};
 use gitplane_nodeagent::{
     containerd::{Containerd, ContainerdConfig},
     cri::{Cri, pb},
@@ -115,6 +119,7 @@ impl Processes {
             format!("--repos-dir={}", path("repos")),
             format!("--peer-token-file={}", path("peer-token")),
             format!("--join-token-file={}", path("join-token")),
+            format!("--tokens-file={}", path("tokens.csv")),
             "--bootstrap=bootstrap".to_owned(),
         ];
         let child = self.spawn(&format!("replica-{id}"), &args)?;
@@ -122,8 +127,14 @@ impl Processes {
         Ok(())
     }
 
+    /// `GET path` with the read token, from inside the host.
+    fn read(&self, id: u16, path: &str) -> Option<Value> {
+        let body = self.host.in_netns(|| loopback_get(Self::addr(id), path).map_err(std::io::Error::other)).ok()?;
+        serde_json::from_str(&body).ok()
+    }
+
     fn status(&self, id: u16) -> Option<Value> {
-        serde_json::from_str(&self.host.http_get(Self::addr(id), "/replica", Duration::from_secs(2)).ok()?).ok()
+        self.read(id, "/replica")
     }
 
     fn leader(&mut self) -> Result<u16> {
@@ -140,10 +151,7 @@ impl Processes {
 
     /// GET from whichever live replica answers.
     fn get(&self, path: &str) -> Option<Value> {
-        self.replicas.keys().find_map(|id| {
-            let body = self.host.http_get(Self::addr(*id), path, Duration::from_secs(5)).ok()?;
-            serde_json::from_str(&body).ok()
-        })
+        self.replicas.keys().find_map(|id| self.read(*id, path))
     }
 
     fn kill(&mut self, id: u16) -> Result<()> {
@@ -221,6 +229,7 @@ async fn t76_the_agent_survives_a_control_plane_failover() -> Result<()> {
     // Tokens of at least 16 characters, as the replicas require.
     std::fs::write(dir.join("peer-token"), format!("peer-token-of-t76-{}", std::process::id()))?;
     std::fs::write(dir.join("join-token"), format!("join-token-of-t76-{}", std::process::id()))?;
+    std::fs::write(dir.join("tokens.csv"), format!("{READ_TOKEN},e2e,e2e,\"read\"\n"))?;
     let mut processes = Processes { host, replicas: BTreeMap::new(), agent: None };
     for id in 1..=REPLICAS {
         processes.start_replica(id)?;
