@@ -213,9 +213,16 @@ struct Render {
     table: bool,
 }
 
+/// `{"type":"...","object":...}` and a newline, the object serialized in place (not copied into
+/// a wrapper value: every watcher renders every event it gets).
 fn line(event_type: &str, object: &Value) -> Bytes {
-    let mut out = serde_json::to_vec(&json!({"type": event_type, "object": object})).unwrap_or_default();
-    out.push(b'\n');
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(event_type.as_bytes());
+    out.extend_from_slice(b"\",\"object\":");
+    // Writing a `Value` into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut out, object);
+    out.extend_from_slice(b"}\n");
     out.into()
 }
 
