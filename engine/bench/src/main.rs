@@ -7,6 +7,7 @@
 //! podstart` Pod start on one node against bare CRI calls. Progress goes to
 //! stderr, one Markdown table to stdout.
 
+mod apiwatch;
 mod auth;
 mod etcd;
 mod failover;
@@ -49,6 +50,9 @@ enum Command {
     /// Pod start on one node: the agent's runtime manager from a bound Pod to Running, against
     /// the same CRI calls made bare, one by one and all at once. Prints Markdown tables.
     Podstart(podstart::PodStartArgs),
+    /// The status API's WATCH: 1,000 watches of Pods over HTTP while Pods are created at 100/s,
+    /// event delivery p50 / p99 against the store's own watch. Prints one Markdown table.
+    ApiWatch(apiwatch::ApiWatchArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -153,6 +157,7 @@ fn main() -> Result<()> {
         Command::Services(args) => services::main(args),
         Command::Idle(args) => idle::main(args),
         Command::Podstart(args) => podstart::main(args),
+        Command::ApiWatch(args) => apiwatch::main(args),
     }
 }
 

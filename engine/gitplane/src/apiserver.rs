@@ -1,12 +1,19 @@
 //! The read-only status API on Kubernetes paths (`/api`, `/apis`, discovery, list, get), served
 //! beside the node gRPC service on one listener. Every write answers 405 and says where to push.
 //! [`logs`] is the pod log subresource, streamed from the node that runs the Pod; [`metrics`]
-//! is the resource metrics API (`kubectl top`), asked of the nodes.
+//! is the resource metrics API (`kubectl top`), asked of the nodes; [`watch`] serves
+//! `?watch=1`; [`fields`] parses and matches field selectors.
 
+mod fields;
 mod logs;
 mod metrics;
+mod watch;
 
-use crate::{kubelet_client::KubeletClient, table};
+use crate::{
+    kubelet_client::KubeletClient,
+    listener::{ClientAddr, PerClient},
+    table,
+};
 use axum::{
     Json, Router,
     extract::{Path, Query as Query_, State},
@@ -73,11 +80,14 @@ struct ApiState {
     push_hint: Arc<str>,
     /// Reads container logs from the nodes.
     kubelet: KubeletClient,
+    /// Open watches per client address.
+    watches: PerClient,
 }
 
 /// The status API router.
 pub fn router(store: Arc<dyn Store>, push_hint: String, kubelet: KubeletClient) -> Router {
-    let state = ApiState { store, push_hint: push_hint.into(), kubelet };
+    let watches = PerClient::new(watch::MAX_WATCHES_PER_CLIENT);
+    let state = ApiState { store, push_hint: push_hint.into(), kubelet, watches };
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/api", any(core_versions))
@@ -96,12 +106,15 @@ pub async fn not_found(uri: axum::http::Uri) -> Response {
     )
 }
 
-pub(crate) fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response {
-    let body = json!({
+fn status_body(code: StatusCode, reason: &str, message: impl Into<String>) -> Value {
+    json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message.into(), "reason": reason, "code": code.as_u16(),
-    });
-    (code, Json(body)).into_response()
+    })
+}
+
+pub(crate) fn status(code: StatusCode, reason: &str, message: impl Into<String>) -> Response {
+    (code, Json(status_body(code, reason, message))).into_response()
 }
 
 fn read_only(state: &ApiState) -> Response {
@@ -162,7 +175,7 @@ fn resource_list(group: &str, version: &str) -> Option<Value> {
         .filter(|r| r.group == group && r.version == version)
         .map(|r| {
             json!({"name": r.plural, "singularName": r.kind.to_lowercase(), "namespaced": r.namespaced,
-                   "kind": r.kind, "verbs": ["get", "list"], "shortNames": short_names(r.plural)})
+                   "kind": r.kind, "verbs": ["get", "list", "watch"], "shortNames": short_names(r.plural)})
         })
         .collect();
     if resources.is_empty() {
@@ -180,6 +193,10 @@ struct Query {
     table: bool,
     /// `?consistency=linearizable`: read after a quorum-confirmed read point.
     linearizable: bool,
+    /// `?fieldSelector=`, checked against the kind once the path names it.
+    fields: fields::FieldSelector,
+    /// `?watch=1`.
+    watch: Option<watch::Params>,
 }
 
 fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query, Box<Response>> {
@@ -199,13 +216,8 @@ fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query,
         },
         None => None,
     };
-    if params.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        return Err(Box::new(status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            "watching over the status API is not supported yet: poll instead",
-        )));
-    }
+    let watch = watch::params(params).map_err(bad)?;
+    let fields = fields::FieldSelector::parse(params.get("fieldSelector").map_or("", String::as_str)).map_err(bad)?;
     let list = ListOptions {
         label_selector: params.get("labelSelector").filter(|s| !s.is_empty()).cloned(),
         limit,
@@ -213,11 +225,12 @@ fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query,
         ..Default::default()
     };
     let linearizable = params.get("consistency").is_some_and(|c| c == "linearizable");
-    Ok(Query { list, table, linearizable })
+    Ok(Query { list, table, linearizable, fields, watch })
 }
 
 async fn core(
     state: State<ApiState>,
+    client: ClientAddr,
     method: Method,
     headers: HeaderMap,
     Query_(params): Query_<HashMap<String, String>>,
@@ -227,13 +240,14 @@ async fn core(
         return logs::serve(state.store.as_ref(), &state.kubelet, method, namespace, name, &params).await;
     }
     match query(&headers, &params) {
-        Ok(q) => serve(state, method, q, "", &path).await,
+        Ok(q) => serve(state, client, method, q, "", &path).await,
         Err(response) => *response,
     }
 }
 
 async fn grouped(
     state: State<ApiState>,
+    client: ClientAddr,
     method: Method,
     headers: HeaderMap,
     Query_(params): Query_<HashMap<String, String>>,
@@ -247,7 +261,7 @@ async fn grouped(
         Err(response) => return *response,
     };
     match path.split_once('/') {
-        Some((group, rest)) => serve(state, method, q, group, rest).await,
+        Some((group, rest)) => serve(state, client, method, q, group, rest).await,
         None => status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find /apis/{path}")),
     }
 }
@@ -270,7 +284,14 @@ fn masked(mut object: Value) -> Value {
 const MASK: &str = "<masked>";
 
 /// `{version}/[namespaces/{ns}/]{plural}[/{name}]` within one group.
-async fn serve(State(state): State<ApiState>, method: Method, q: Query, group: &str, path: &str) -> Response {
+async fn serve(
+    State(state): State<ApiState>,
+    client: ClientAddr,
+    method: Method,
+    q: Query,
+    group: &str,
+    path: &str,
+) -> Response {
     if method != Method::GET {
         return read_only(&state);
     }
@@ -304,6 +325,30 @@ async fn serve(State(state): State<ApiState>, method: Method, q: Query, group: &
             format!("the server doesn't have a resource type \"{plural}\""),
         );
     };
+    if let Err(message) = q.fields.check(resource.kind) {
+        return status(StatusCode::BAD_REQUEST, "BadRequest", message);
+    }
+    if let Some(params) = q.watch {
+        let Some(held) = state.watches.try_take(client) else {
+            return status(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                format!("this client holds {} watches already: close some", watch::MAX_WATCHES_PER_CLIENT),
+            );
+        };
+        let fields = match name {
+            Some(name) => q.fields.with_name(name),
+            None => q.fields,
+        };
+        let target = watch::Target {
+            resource,
+            namespace: namespace.map(str::to_owned),
+            labels: q.list.label_selector,
+            fields,
+            table: q.table,
+        };
+        return watch::serve(state.store.clone(), held, target, params).await;
+    }
     let read = async {
         if q.linearizable
             && let Err(e) = state.store.barrier().await
@@ -345,7 +390,9 @@ async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>, q:
     let options = ListOptions { namespace: namespace.map(str::to_owned), ..q.list };
     match state.store.list(&resource.group_kind(), &options).await {
         Ok(list) => {
-            let items: Vec<Value> = list.items.into_iter().map(masked).collect();
+            // Field selectors filter each page; a page may come out short, its continue token
+            // still right (Kubernetes allows short pages).
+            let items: Vec<Value> = list.items.into_iter().filter(|o| q.fields.matches(o)).map(masked).collect();
             let revision = list.revision.to_string();
             if q.table {
                 let mut t = table::table(resource.kind, &items, &revision, Timestamp::now());
