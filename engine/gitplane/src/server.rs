@@ -75,6 +75,9 @@ pub struct ServerArgs {
     /// broadcast addresses are left out). None: they stay <pending>.
     #[arg(long, value_parser = AddressPool::parse)]
     load_balancer_pool: Option<AddressPool>,
+    /// How long an Event is kept after its last occurrence (kube-apiserver's --event-ttl).
+    #[arg(long, default_value = "1h", value_parser = crate::events::parse_ttl)]
+    event_ttl: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -136,8 +139,18 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let mut git = GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref())?;
     git.root = args.bootstrap;
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
-    let replica =
-        Replica::start(backend, vec![listener], &credentials, git, hint, ranges, args.load_balancer_pool, None).await?;
+    let replica = Replica::start(
+        backend,
+        vec![listener],
+        &credentials,
+        git,
+        hint,
+        ranges,
+        args.load_balancer_pool,
+        args.event_ttl,
+        None,
+    )
+    .await?;
     tracing::info!(id = args.id, %listen, "replica started");
     gitplane_nodeagent::cli::stop_signal().await;
     tracing::info!("stopping");
