@@ -9,7 +9,7 @@ use crate::controlplane::Servers;
 use gitplane_api::events::{Correlator, Record, Source, reference};
 use gitplane_proto::node::{CreateEventsRequest, NodeEvent};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use std::time::Duration;
+use std::{collections::HashMap, time::Duration};
 use tokio::sync::mpsc;
 
 /// Records waiting to be sent.
@@ -79,20 +79,40 @@ async fn send(mut rx: mpsc::Receiver<Record>, servers: Servers, node_name: Strin
         if batch.is_empty() {
             continue;
         }
-        // One more replica if the first fails; then the batch is dropped (Events are best effort).
-        for _ in 0..2 {
-            let (server, mut client) = servers.get();
-            let request = CreateEventsRequest { node_name: node_name.clone(), events: batch.clone() };
-            match client.create_events(request).await {
-                Ok(_) => break,
-                Err(status) => {
-                    tracing::warn!(error = %status.message(), events = batch.len(), "recording events failed");
-                    if status.code() == tonic::Code::PermissionDenied || status.code() == tonic::Code::InvalidArgument {
-                        break; // a Pod deleted meanwhile: sending it elsewhere changes nothing
-                    }
-                    servers.failed(server);
+        if create(&servers, &node_name, batch.clone()).await == Err(tonic::Code::PermissionDenied) {
+            // A Pod deleted meanwhile refuses the whole batch: the other Pods' Events go on
+            // their own, a call per Pod.
+            let mut by_object: HashMap<Vec<u8>, Vec<NodeEvent>> = HashMap::new();
+            for event in batch {
+                by_object.entry(event.involved_object.clone()).or_default().push(event);
+            }
+            if by_object.len() > 1 {
+                for events in by_object.into_values() {
+                    let _ = create(&servers, &node_name, events).await;
                 }
             }
         }
     }
+}
+
+/// One `CreateEvents`, on a second replica if the first fails; then the Events are dropped
+/// (they are best effort).
+async fn create(servers: &Servers, node_name: &str, events: Vec<NodeEvent>) -> Result<(), tonic::Code> {
+    let mut outcome = Ok(());
+    for _ in 0..2 {
+        let (server, mut client) = servers.get();
+        let request = CreateEventsRequest { node_name: node_name.to_owned(), events: events.clone() };
+        match client.create_events(request).await {
+            Ok(_) => return Ok(()),
+            Err(status) => {
+                tracing::info!(error = %status.message(), events = events.len(), "recording events failed");
+                outcome = Err(status.code());
+                if matches!(status.code(), tonic::Code::PermissionDenied | tonic::Code::InvalidArgument) {
+                    break; // another replica answers the same
+                }
+                servers.failed(server);
+            }
+        }
+    }
+    outcome
 }

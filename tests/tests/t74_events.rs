@@ -113,8 +113,15 @@ fn wait_event(
         about(&events, kind, name_prefix, reason).into_iter().find(|e| check(e)).cloned()
     })
     .with_context(|| {
+        let agents: String = cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                std::fs::read_to_string(cluster.data_dir.join("nodes").join(n).join("agent.log")).unwrap_or_default()
+            })
+            .collect();
         format!(
-            "no {reason} event about {kind} {name_prefix}…; events: {:#?}\n{}",
+            "no {reason} event about {kind} {name_prefix}…; agents' logs:\n{agents}\nevents: {:#?}\n{}",
             events(cluster).map(|e| e
                 .iter()
                 .map(|e| format!("{} {} {}", e["involvedObject"]["name"], e["reason"], e["message"]))
