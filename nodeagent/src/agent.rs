@@ -214,8 +214,11 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .or(u64::try_from(node::cpu_count() * 1000).ok().map(|c| c.saturating_sub(cfg.node.reserved.cpu_milli)));
     // The ConfigMaps and Secrets this node's Pods reference, for env and volumes.
     let pod_config = Arc::new(PodConfig::default());
-    let prober = Prober::new(cri.clone());
-    let runtime = Arc::new(RuntimeManager::new(cri.clone(), runtime_cfg).await.with_config_source(pod_config.clone()));
+    let events = crate::events::Recorder::spawn(client.clone(), cfg.node_name.clone());
+    let prober = Prober::new(cri.clone(), events.clone());
+    let runtime = Arc::new(
+        RuntimeManager::new(cri.clone(), runtime_cfg).await.with_config_source(pod_config.clone()).with_events(events),
+    );
     let following_config = tokio::spawn({
         let (pod_config, client, node_name, shutdown) =
             (pod_config.clone(), client.clone(), cfg.node_name.clone(), shutdown.clone());
@@ -502,12 +505,13 @@ impl PodWorkers {
         );
         let wake = Arc::new(Notify::new());
         self.config.register(&uid, &pod, wake.clone());
+        let involved = gitplane_api::events::reference(&pod);
         let (tx, rx) = watch::channel(Some(pod));
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.clone(), wake.clone());
         let worker = PodWorker {
             uid: uid.clone(),
             runtime: self.runtime.clone(),
-            probes: self.prober.pod(key, wake.clone()),
+            probes: self.prober.pod(key, involved, wake.clone()),
             client: self.client.clone(),
             resync: self.cfg.resync,
             resync_steady: self.cfg.resync_steady,
@@ -622,6 +626,11 @@ impl PodWorker {
             let pod = updates.borrow_and_update().clone();
             let Some(pod) = pod else {
                 let grace = last.as_ref().map_or(Duration::from_secs(30), grace_period);
+                for (pod, c) in last.iter().flat_map(|p| p.spec.iter().flat_map(|s| &s.containers).map(move |c| (p, c)))
+                {
+                    let message = format!("Stopping container {}", c.name);
+                    self.runtime.events().pod(pod, gitplane_api::events::NORMAL, "Killing", &message);
+                }
                 kill(&self.runtime, &self.uid, grace).await;
                 return;
             };

@@ -6,6 +6,7 @@ pub mod containerd;
 mod controlplane;
 pub mod cri;
 pub mod dns;
+pub mod events;
 pub mod host;
 pub mod images;
 pub mod logs;

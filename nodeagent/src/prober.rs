@@ -29,6 +29,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::cri::{Cri, pb::ExecSyncRequest};
+use crate::events::Recorder;
+use k8s_openapi::api::core::v1::ObjectReference;
 pub use pod::{PodProbes, Unhealthy, kill_unhealthy};
 pub use results::{ProbeResult, ProbeType, Results};
 use worker::{Observed, PodContext, State, Step, Timing, Worker};
@@ -37,18 +39,22 @@ use worker::{Observed, PodContext, State, Step, Timing, Worker};
 #[derive(Clone, Debug)]
 pub struct Prober {
     cri: Cri,
+    /// Unhealthy, on every failed probe, as the kubelet records it.
+    events: Recorder,
 }
 
 impl Prober {
-    pub fn new(cri: Cri) -> Prober {
-        Prober { cri }
+    pub fn new(cri: Cri, events: Recorder) -> Prober {
+        Prober { cri, events }
     }
 
-    /// The prober of one Pod; `wake` wakes the Pod's worker when a probe's verdict changes.
-    pub fn pod(&self, pod_key: String, wake: Arc<Notify>) -> PodProber {
+    /// The prober of one Pod (`involved`, for its Events); `wake` wakes the Pod's worker when a
+    /// probe's verdict changes.
+    pub fn pod(&self, pod_key: String, involved: ObjectReference, wake: Arc<Notify>) -> PodProber {
+        let events = self.events.clone();
         PodProber {
             cri: self.cri.clone(),
-            shared: Arc::new(Shared { pod_key, wake, state: Mutex::default() }),
+            shared: Arc::new(Shared { pod_key, involved, events, wake, state: Mutex::default() }),
             workers: HashMap::new(),
         }
     }
@@ -72,6 +78,8 @@ struct WorkerHandle {
 /// What the Pod's workers share: its last observed status and the results.
 struct Shared {
     pod_key: String,
+    involved: ObjectReference,
+    events: Recorder,
     /// The pod worker's wake-up.
     wake: Arc<Notify>,
     state: Mutex<PodState>,
@@ -324,6 +332,15 @@ impl ProbeRun {
             let timeout = self.worker.timing.timeout;
             let (result, message) = self.probe(ip.as_deref(), timeout, &mut buf).await;
             let probe = self.worker.probe_type;
+            if result == ProbeResult::Failure {
+                let message = format!("{} probe failed: {message}", probe.title());
+                self.shared.events.object(
+                    self.shared.involved.clone(),
+                    gitplane_api::events::WARNING,
+                    "Unhealthy",
+                    &message,
+                );
+            }
             match result {
                 ProbeResult::Failure if last != ProbeResult::Failure => {
                     tracing::info!(pod = %self.shared.pod_key, container = %self.container, probe = %probe, "{} probe failed: {message}", probe.title());

@@ -29,8 +29,10 @@ pub use spec::{SpecError, container_config, sandbox_config};
 pub use status::{Waiting, pod_status};
 
 use crate::cri::{Cri, pb};
+use crate::events::Recorder;
 use crate::prober::{PodProbes, kill_unhealthy};
 use failures::Failures;
+use gitplane_api::events::{NORMAL, WARNING};
 use spec::{LABEL_POD_UID, image_pull_policy, pod_cgroup, pod_key, pod_log_directory, pod_spec, pod_uid};
 
 /// How this node runs pods.
@@ -114,6 +116,8 @@ pub struct RuntimeManager {
     calls: calls::CriCalls,
     /// The ConfigMaps and Secrets Pods reference (env, volumes).
     objects: std::sync::Arc<dyn env::ConfigSource>,
+    /// Pulling, Pulled, Created, Started, Killing, BackOff, FailedMount, as the kubelet's.
+    events: Recorder,
 }
 
 impl RuntimeManager {
@@ -128,7 +132,19 @@ impl RuntimeManager {
             failures: Mutex::default(),
             calls: calls::CriCalls::default(),
             objects: std::sync::Arc::new(env::NoConfig),
+            events: Recorder::disabled(),
         }
+    }
+
+    /// Where the node's Events go.
+    pub fn events(&self) -> &Recorder {
+        &self.events
+    }
+
+    /// Records the runtime's Events through `events` (without: none are recorded).
+    pub fn with_events(mut self, events: Recorder) -> Self {
+        self.events = events;
+        self
     }
 
     /// Reads ConfigMaps and Secrets from `objects` (without: none exist).
@@ -159,6 +175,7 @@ impl RuntimeManager {
             && let Err(e) = volumes::set_up(pod, uid, &self.cfg, &*self.objects)
         {
             let waiting = Waiting { reason: "ContainerCreating".into(), message: e.to_string() };
+            self.events.pod(pod, WARNING, "FailedMount", &waiting.message);
             {
                 let mut failures = self.lock_failures();
                 for c in &spec.containers {
@@ -176,11 +193,15 @@ impl RuntimeManager {
 
         for kill in &unhealthy {
             tracing::info!(pod = %key, container = %kill.name, id = %kill.id, grace = ?kill.grace, "{}", kill.message());
+            self.events.pod(pod, NORMAL, "Killing", &kill.message());
             let run: Vec<&RuntimeContainer> = runtime.containers.iter().filter(|c| c.id == kill.id).collect();
             self.stop_containers(&key, &run, kill.grace).await?;
         }
         let kill: Vec<&RuntimeContainer> =
             actions.kill_containers.iter().filter_map(|id| runtime.containers.iter().find(|c| &c.id == id)).collect();
+        for c in &kill {
+            self.events.pod(pod, NORMAL, "Killing", &format!("Stopping container {}", c.name));
+        }
         self.stop_containers(&key, &kill, grace).await?;
         for id in &actions.stop_sandboxes {
             self.stop_sandbox(&key, id).await?;
@@ -219,7 +240,31 @@ impl RuntimeManager {
                 self.start_container(pod, &key, uid, container, run, &sandbox, &sandbox_config).await?;
             }
         }
-        self.pod_status(pod, probes).await
+        let status = self.pod_status(pod, probes).await?;
+        self.record_back_off(pod, &status);
+        Ok(status)
+    }
+
+    /// The kubelet's BackOff Events, on every sync that finds a container waiting out a back-off
+    /// (counted on one Event per container and reason by the control plane).
+    fn record_back_off(&self, pod: &Pod, status: &PodStatus) {
+        let statuses = status.init_container_statuses.iter().chain(status.container_statuses.iter()).flatten();
+        for c in statuses {
+            let reason = c.state.as_ref().and_then(|s| s.waiting.as_ref()).and_then(|w| w.reason.as_deref());
+            let message = match reason {
+                Some("CrashLoopBackOff") => format!(
+                    "Back-off restarting failed container {} in pod {}_{}({})",
+                    c.name,
+                    pod.metadata.name.as_deref().unwrap_or(""),
+                    pod.metadata.namespace.as_deref().unwrap_or(""),
+                    pod.metadata.uid.as_deref().unwrap_or("")
+                ),
+                Some("ImagePullBackOff") => format!("Back-off pulling image {:?}", c.image),
+                _ => continue,
+            };
+            let type_ = if reason == Some("CrashLoopBackOff") { WARNING } else { NORMAL };
+            self.events.pod(pod, type_, "BackOff", &message);
+        }
     }
 
     /// The observed status of `pod`.
@@ -479,11 +524,13 @@ impl RuntimeManager {
         let mut plan = match container_config(pod, container, &self.cfg, attempt, &sandbox.ips, &*self.objects) {
             Ok(plan) => plan,
             Err(e) => {
-                record(Waiting { reason: "CreateContainerConfigError".into(), message: e.to_string() });
+                let message = e.to_string();
+                self.events.pod(pod, WARNING, "Failed", &format!("Error: {message}"));
+                record(Waiting { reason: "CreateContainerConfigError".into(), message });
                 return Ok(());
             }
         };
-        if let Err(waiting) = self.ensure_image(key, uid, container, sandbox_config).await? {
+        if let Err(waiting) = self.ensure_image(pod, key, uid, container, sandbox_config).await? {
             tracing::info!(pod = %key, container = %container.name, reason = %waiting.reason, message = %waiting.message, "image not available");
             return Ok(());
         }
@@ -501,8 +548,12 @@ impl RuntimeManager {
             sandbox_config: Some(sandbox_config.clone()),
         };
         let id = match self.call(key, "CreateContainer", None, self.cri.runtime().create_container(req)).await {
-            Ok(created) => created.container_id,
+            Ok(created) => {
+                self.events.pod(pod, NORMAL, "Created", &format!("Created container: {}", container.name));
+                created.container_id
+            }
             Err(RuntimeError::Cri { source, .. }) => {
+                self.events.pod(pod, WARNING, "Failed", &format!("Error: {}", source.message()));
                 record(Waiting { reason: "CreateContainerError".into(), message: source.message().to_string() });
                 return Ok(());
             }
@@ -512,6 +563,7 @@ impl RuntimeManager {
         match self.call(key, "StartContainer", None, self.cri.runtime().start_container(req)).await {
             Ok(_) => {
                 tracing::info!(pod = %key, container = %container.name, id = %id, attempt, "started container");
+                self.events.pod(pod, NORMAL, "Started", &format!("Started container {}", container.name));
                 self.lock_failures().forget(uid, &container.name);
                 let lifecycle = container.lifecycle.as_ref();
                 if let Some(command) = spec::exec_hook(lifecycle.and_then(|l| l.post_start.as_ref()))
@@ -531,6 +583,7 @@ impl RuntimeManager {
                 Ok(())
             }
             Err(RuntimeError::Cri { source, .. }) => {
+                self.events.pod(pod, WARNING, "Failed", &format!("Error: {}", source.message()));
                 record(Waiting { reason: "RunContainerError".into(), message: source.message().to_string() });
                 Ok(())
             }
@@ -542,6 +595,7 @@ impl RuntimeManager {
     /// then honour imagePullPolicy. `Ok(Err(waiting))`: the container waits for its image.
     async fn ensure_image(
         &self,
+        pod: &Pod,
         key: &str,
         uid: &str,
         container: &Container,
@@ -566,6 +620,8 @@ impl RuntimeManager {
             Err(e) => return Err(e),
         };
         if present && policy != "Always" {
+            let message = format!("Container image {image:?} already present on machine");
+            self.events.pod(pod, NORMAL, "Pulled", &message);
             return Ok(Ok(()));
         }
         if policy == "Never" {
@@ -579,17 +635,21 @@ impl RuntimeManager {
         }
 
         let started = Instant::now();
+        self.events.pod(pod, NORMAL, "Pulling", &format!("Pulling image {image:?}"));
         let req = pb::PullImageRequest { image: Some(spec), auth: None, sandbox_config: Some(sandbox_config.clone()) };
         let timeout = self.cfg.image_pull_timeout;
         let error = match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
             Ok(pulled) => {
                 tracing::info!(pod = %key, image, image_ref = %pulled.image_ref, elapsed = ?started.elapsed(), "pulled image");
+                let message = format!("Successfully pulled image {image:?} in {:?}", started.elapsed());
+                self.events.pod(pod, NORMAL, "Pulled", &message);
                 return Ok(Ok(()));
             }
             Err(RuntimeError::Cri { source, .. }) => source.message().to_string(),
             Err(RuntimeError::Timeout { .. }) => format!("pulling image {image:?} did not finish within {timeout:?}"),
             Err(e) => return Err(e),
         };
+        self.events.pod(pod, WARNING, "Failed", &format!("Failed to pull image {image:?}: {error}"));
         Ok(Err(self.lock_failures().pull_failed(uid, &container.name, &image, &error, Instant::now())))
     }
 

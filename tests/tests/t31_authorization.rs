@@ -6,8 +6,9 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::cluster::{Cluster, READ_BEARER, loopback_request};
 use gitplane_proto::node::{
-    EventType, HeartbeatRequest, RegisterRequest, UpdateNodeStatusRequest, UpdatePodStatusRequest, WatchNetworkRequest,
-    WatchPodConfigRequest, WatchPodsRequest, node_service_client::NodeServiceClient,
+    CreateEventsRequest, EventType, HeartbeatRequest, NodeEvent, RegisterRequest, UpdateNodeStatusRequest,
+    UpdatePodStatusRequest, WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest,
+    node_service_client::NodeServiceClient,
 };
 use gitplane_storage::remote::pb::{
     self, raft_service_client::RaftServiceClient, store_service_client::StoreServiceClient,
@@ -249,6 +250,18 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
             };
             let got = grpc_outcome(nodes.update_pod_status(tokens.request(who, report)).await);
             m.grpc(&format!("Node/UpdatePodStatus(Pod on {node})"), who, expected, got);
+            // Events, as node A, about a Pod on A or on B (NodeRestriction: its own Pods only).
+            let involved = json!({"kind": "Pod", "namespace": "default", "name": format!("on-{node}")});
+            let event = NodeEvent {
+                involved_object: serde_json::to_vec(&involved)?,
+                r#type: "Normal".into(),
+                reason: "Started".into(),
+                message: "Started container c".into(),
+                time_unix_millis: 0,
+            };
+            let events = CreateEventsRequest { node_name: "node-a".into(), events: vec![event] };
+            let got = grpc_outcome(nodes.create_events(tokens.request(who, events)).await);
+            m.grpc(&format!("Node/CreateEvents(Pod on {node})"), who, expected, got);
             let config = tokens.request(who, WatchPodConfigRequest { node_name: node.into() });
             let got = grpc_outcome(nodes.watch_pod_config(config).await);
             m.grpc(&format!("Node/WatchPodConfig({node})"), who, expected, got);

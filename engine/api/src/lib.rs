@@ -5,6 +5,7 @@
 //! contract can link it.
 
 pub mod application;
+pub mod events;
 pub mod kinds;
 pub mod object;
 pub mod podrefs;

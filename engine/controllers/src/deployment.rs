@@ -10,6 +10,7 @@ use crate::{
     plan::Op,
     runtime::all_of,
 };
+use gitplane_api::events::NORMAL;
 use gitplane_api::object::kind_of;
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
@@ -172,7 +173,13 @@ impl Reconciler for DeploymentController {
         let owned = |cache: &Cache| -> Vec<ReplicaSet> {
             cache.list_typed_where::<ReplicaSet>(Some(&key.namespace), |rs| is_controlled_by(rs, &uid))
         };
-        ctx.apply(plan(&d, &owned(ctx.cache()))?).await?;
+        let before = owned(ctx.cache());
+        let ops = plan(&d, &before)?;
+        let scalings = scaling_messages(&ops, &before);
+        ctx.apply(ops).await?;
+        for message in scalings {
+            ctx.event("deployment-controller", &d, NORMAL, "ScalingReplicaSet", &message);
+        }
         let status = status(&d, &owned(ctx.cache()));
         if d.status.as_ref() != Some(&status) {
             let mut updated = d.clone();
@@ -181,6 +188,30 @@ impl Reconciler for DeploymentController {
         }
         Ok(Action::await_change())
     }
+}
+
+/// The deployment controller's ScalingReplicaSet messages for a plan (`Scaled up replica set
+/// web-5d8f from 0 to 3`), a created ReplicaSet counting as scaled from 0.
+fn scaling_messages(ops: &[Op<ReplicaSet>], owned: &[ReplicaSet]) -> Vec<String> {
+    ops.iter()
+        .filter_map(|op| {
+            let (rs, from) = match op {
+                Op::Create(rs) => (rs, 0),
+                Op::Update(rs) => (rs, owned.iter().find(|o| o.metadata.name == rs.metadata.name).map_or(0, replicas)),
+                Op::Delete(_) => return None,
+            };
+            let to = replicas(rs);
+            let direction = match to.cmp(&from) {
+                std::cmp::Ordering::Greater => "up",
+                std::cmp::Ordering::Less => "down",
+                std::cmp::Ordering::Equal => return None,
+            };
+            Some(format!(
+                "Scaled {direction} replica set {} from {from} to {to}",
+                rs.metadata.name.as_deref().unwrap_or("")
+            ))
+        })
+        .collect()
 }
 
 fn condition(type_: &str, ok: bool, true_reason: &str, false_reason: &str) -> DeploymentCondition {
@@ -324,6 +355,23 @@ mod tests {
         let Op::Create(new) = new else { panic!("{new:?}") };
         assert_eq!(new.metadata.name, Some(format!("web-{}", template_hash(&d))));
         assert!(plan(&Deployment::default(), &[]).is_err(), "no spec");
+    }
+
+    #[test]
+    fn scaling_is_recorded_as_the_deployment_controller_says_it() {
+        let d = spec(Some(3), None, Some(0));
+        let owned = [rs(&d, "old", 3, 3, 3, 1), rs(&d, "new", 1, 1, 1, 2)];
+        let ops = [scaled(&owned[1], 3), scaled(&owned[0], 0), Op::Delete(owned[0].clone())];
+        assert_eq!(
+            scaling_messages(&ops, &owned),
+            ["Scaled up replica set new from 1 to 3", "Scaled down replica set old from 3 to 0"]
+        );
+        let created = plan(&d, &[]).unwrap();
+        assert_eq!(
+            scaling_messages(&created, &[]),
+            [format!("Scaled up replica set web-{} from 0 to 3", template_hash(&d))]
+        );
+        assert!(scaling_messages(&[scaled(&owned[0], 3)], &owned).is_empty(), "no change, no Event");
     }
 
     #[test]

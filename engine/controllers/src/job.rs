@@ -9,6 +9,7 @@ use crate::{
     replicaset::{is_active, phase},
     runtime::all_of,
 };
+use gitplane_api::events::{NORMAL, WARNING};
 use gitplane_api::object::kind_of;
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::{
@@ -183,11 +184,21 @@ impl Reconciler for JobController {
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let owned = |cache: &Cache| cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid));
         let (step, ops) = plan(&job, &owned(ctx.cache()))?;
+        let events = crate::replicaset::pod_events(&ops);
         ctx.apply(ops).await?;
+        for (reason, message) in events {
+            ctx.event("job-controller", &job, NORMAL, reason, &message);
+        }
         let counts = Counts::of(&owned(ctx.cache()));
         match &step {
-            Step::Complete => tracing::info!(succeeded = counts.succeeded, "job complete"),
-            Step::Failed(_, message) => tracing::info!(failed = counts.failed, "job failed: {message}"),
+            Step::Complete => {
+                tracing::info!(succeeded = counts.succeeded, "job complete");
+                ctx.event("job-controller", &job, NORMAL, "Completed", "Job completed");
+            }
+            Step::Failed(reason, message) => {
+                tracing::info!(failed = counts.failed, "job failed: {message}");
+                ctx.event("job-controller", &job, WARNING, reason, message);
+            }
             Step::Run(_) => {}
         }
         let status = status(&job, &step, counts, &Time(k8s_openapi::jiff::Timestamp::now()));

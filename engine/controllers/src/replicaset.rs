@@ -6,6 +6,7 @@ use crate::{
     plan::Op,
     runtime::all_of,
 };
+use gitplane_api::events::NORMAL;
 use gitplane_api::object::kind_of;
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::{
@@ -133,7 +134,11 @@ impl Reconciler for ReplicaSetController {
         if !ops.is_empty() {
             tracing::info!(creating, deleting = ops.len() - creating, "scaling");
         }
+        let events = pod_events(&ops);
         ctx.apply(ops).await?;
+        for (reason, message) in events {
+            ctx.event("replicaset-controller", &rs, NORMAL, reason, &message);
+        }
         let status = status(&rs, &owned(ctx.cache()));
         if rs.status.as_ref() != Some(&status) {
             let mut updated = rs.clone();
@@ -142,6 +147,18 @@ impl Reconciler for ReplicaSetController {
         }
         Ok(Action::await_change())
     }
+}
+
+/// SuccessfulCreate / SuccessfulDelete for each Pod a plan creates or deletes, as the
+/// ReplicaSet and Job controllers record them once the write succeeded.
+pub(crate) fn pod_events(ops: &[Op<Pod>]) -> Vec<(&'static str, String)> {
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::Create(p) => Some(("SuccessfulCreate", format!("Created pod: {}", p.metadata.name.as_deref()?))),
+            Op::Delete(p) => Some(("SuccessfulDelete", format!("Deleted pod: {}", p.metadata.name.as_deref()?))),
+            Op::Update(_) => None,
+        })
+        .collect()
 }
 
 #[cfg(test)]

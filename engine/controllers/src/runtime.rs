@@ -1,12 +1,15 @@
 //! Running a reconciler: its work queue, the error policy, a span per reconcile.
 
 use crate::plan;
+use gitplane_api::events::{Record, Source, reference};
 use gitplane_api::{kube_core::Resource, object::to_value};
+use gitplane_store::events::Recorder;
 use gitplane_store::{
     Event, ObjectKey, Op, Revision, Store, StoreError,
     informer::{Cache, Informer, Notification},
 };
 use gitplane_workqueue::{Backoff, WorkQueue};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use std::{fmt, sync::Arc, time::Duration};
 use tokio::sync::broadcast::{
@@ -81,11 +84,26 @@ impl fmt::Display for ReconcileReason {
 pub struct Context {
     pub store: Arc<dyn Store>,
     pub informer: Informer,
+    /// One Event writer for every controller; each names itself as the source.
+    events: Recorder,
 }
 
 impl Context {
     pub fn new(store: Arc<dyn Store>, informer: Informer) -> Self {
-        Context { store, informer }
+        let events = Recorder::spawn(store.clone(), Source::component("controller-manager"));
+        Context { store, informer, events }
+    }
+
+    /// Records an Event from `component` (`deployment-controller`, …) about `object`.
+    pub fn event<K: k8s_openapi::Resource + k8s_openapi::Metadata<Ty = ObjectMeta>>(
+        &self,
+        component: &str,
+        object: &K,
+        type_: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        self.events.record(Record::new(Source::component(component), reference(object), type_, reason, message));
     }
 
     pub fn cache(&self) -> &Arc<Cache> {

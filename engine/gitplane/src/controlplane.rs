@@ -7,7 +7,7 @@ use crate::{
     source::{SourceController, allocate::ServiceRanges, apply::RecordKey},
 };
 use gitplane_store::{Store, informer::Informer};
-use std::{path::PathBuf, sync::Arc};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::{sync::watch, task::JoinHandle};
 
 /// What the leader-only loops are configured with.
@@ -20,6 +20,8 @@ pub struct Settings {
     pub record_key: RecordKey,
     pub service_ranges: ServiceRanges,
     pub controllers: gitplane_controllers::Settings,
+    /// How long an Event lives after its last occurrence (`--event-ttl`).
+    pub event_ttl: Duration,
 }
 
 /// The running leader-only loops; dropping it stops them.
@@ -29,7 +31,7 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn start(store: Arc<dyn Store>, settings: Settings) -> ControlPlane {
-        let Settings { repos_dir, mirrors, root, record_key, service_ranges, controllers } = settings;
+        let Settings { repos_dir, mirrors, root, record_key, service_ranges, controllers, event_ttl } = settings;
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
         }
@@ -41,8 +43,10 @@ impl ControlPlane {
         let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
         let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone(), &controllers);
         tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer, Default::default()).run()));
+        let store_for_events = store.clone();
         let source = SourceController::new(store, repos_dir, mirrors, record_key).with_service_ranges(service_ranges);
         tasks.push(tokio::spawn(source.run()));
+        tasks.push(tokio::spawn(gitplane_store::events::run_garbage_collector(store_for_events, event_ttl)));
         ControlPlane { tasks }
     }
 }

@@ -8,6 +8,7 @@ mod authz;
 mod bootstrap;
 mod controlplane;
 mod credentials;
+mod events;
 mod githttp;
 mod kubeconfig;
 mod kubelet_client;

@@ -157,6 +157,7 @@ impl Replica {
         push_hint: String,
         service_ranges: ServiceRanges,
         load_balancer_pool: Option<AddressPool>,
+        event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
     ) -> anyhow::Result<Replica> {
         let shared = backend.store();
@@ -191,6 +192,7 @@ impl Replica {
             record_key: RecordKey::new(credentials.record_key()),
             service_ranges,
             controllers: gitplane_controllers::Settings { load_balancer_pool },
+            event_ttl,
         };
         tasks.push(tokio::spawn(controlplane::run_while_leading(backend.leading(), shared.clone(), settings)));
         tasks.push(tokio::spawn(compactor(shared)));

@@ -86,6 +86,9 @@ pub struct ServerArgs {
     /// its listen address, its address in --peers, the host name and loopback already.
     #[arg(long, value_delimiter = ',')]
     tls_san: Vec<String>,
+    /// How long an Event is kept after its last occurrence (kube-apiserver's --event-ttl).
+    #[arg(long, default_value = "1h", value_parser = crate::events::parse_ttl)]
+    event_ttl: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -158,7 +161,9 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
     let access = security.access.clone();
     let pool = args.load_balancer_pool;
-    let replica = Replica::start(backend, vec![listener], access, &credentials, git, hint, ranges, pool, None).await?;
+    let replica =
+        Replica::start(backend, vec![listener], access, &credentials, git, hint, ranges, pool, args.event_ttl, None)
+            .await?;
     let kubeconfig = kubeconfig.map(|p| p.display().to_string()).unwrap_or_default();
     tracing::info!(id = args.id, url = %security::url(listen), %kubeconfig, "replica started");
     gitplane_nodeagent::cli::stop_signal().await;

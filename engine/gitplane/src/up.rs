@@ -75,6 +75,9 @@ pub struct UpArgs {
     /// broadcast addresses are left out). None: they stay <pending>.
     #[arg(long, value_parser = AddressPool::parse)]
     load_balancer_pool: Option<AddressPool>,
+    /// How long an Event is kept after its last occurrence (kube-apiserver's --event-ttl).
+    #[arg(long, default_value = "1h", value_parser = crate::events::parse_ttl)]
+    event_ttl: Duration,
     /// An extra flag for every node's agent (repeat it), e.g.
     /// `--agent-arg=--register-with-taints=dedicated=db:NoSchedule`; see `gitplane agent --help`.
     #[arg(long = "agent-arg", allow_hyphen_values = true, requires = "nodes")]
@@ -147,9 +150,19 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let (backend, pool) = (Backend::raft(config).await?, args.load_balancer_pool);
     let nodes_netns = node_network.as_ref().map(|n| n.netns_path());
     let access = security.access.clone();
-    let replica =
-        Replica::start(backend, listeners, access, &credentials, git, repo_url.clone(), ranges, pool, nodes_netns)
-            .await?;
+    let replica = Replica::start(
+        backend,
+        listeners,
+        access,
+        &credentials,
+        git,
+        repo_url.clone(),
+        ranges,
+        pool,
+        args.event_ttl,
+        nodes_netns,
+    )
+    .await?;
     let kubeconfig = security.write_kubeconfig(args.listen)?;
     let banner = banner(&repo_url, &api_url, kubeconfig.as_deref(), &bootstrap_repo);
     if !replica.wait_for_leader(Duration::from_secs(30)).await {

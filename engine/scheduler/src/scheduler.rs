@@ -7,7 +7,9 @@
 //! per-Pod backoff. No failure drops a Pod.
 
 use crate::framework::{NodeInfo, Profile};
+use gitplane_api::events::{NORMAL, Source, WARNING, reference};
 use gitplane_api::object::{from_value, kind_of, to_value};
+use gitplane_store::events::Recorder;
 use gitplane_store::{
     EventType, ObjectKey, Op, Store,
     informer::{Informer, Notification},
@@ -62,6 +64,8 @@ pub struct Scheduler {
     unschedulable: HashSet<PodId>,
     /// Bindings written but not yet seen in the cache: counted on their node meanwhile.
     assumed: HashMap<PodId, (String, Pod)>,
+    /// Scheduled and FailedScheduling, as kube-scheduler records them.
+    events: Recorder,
 }
 
 fn is_terminal(pod: &Value) -> bool {
@@ -87,12 +91,13 @@ impl Scheduler {
     /// The informer must watch `Pod` and `Node`.
     pub fn new(store: Arc<dyn Store>, informer: Informer, profile: Profile) -> Self {
         Scheduler {
-            store,
             informer,
             profile,
             queue: WorkQueue::new(BACKOFF),
             unschedulable: HashSet::new(),
             assumed: HashMap::new(),
+            events: Recorder::spawn(store.clone(), Source::component("default-scheduler")),
+            store,
         }
     }
 
@@ -230,6 +235,8 @@ impl Scheduler {
                 Ok(node) => match self.bind(&pod, &node).await {
                     Ok(()) => {
                         tracing::info!(pod = %name, %node, ?reason, elapsed = ?started.elapsed(), "bound");
+                        let message = format!("Successfully assigned {name} to {node}");
+                        self.events.event(reference(&pod), NORMAL, "Scheduled", &message);
                         if let Some(info) = nodes.iter_mut().flatten().find(|n| n.name() == node) {
                             info.add_pod(&pod);
                         }
@@ -248,6 +255,7 @@ impl Scheduler {
                 },
                 Err(unschedulable) => {
                     tracing::info!(pod = %name, reason = %unschedulable, "unschedulable");
+                    self.events.event(reference(&pod), WARNING, "FailedScheduling", &unschedulable.to_string());
                     if let Err(e) = self.mark_unschedulable(&pod, &unschedulable.to_string()).await {
                         tracing::debug!(error = %e, pod = %name, "recording unschedulable failed");
                     }

@@ -15,6 +15,7 @@ pub mod api;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+pub mod events;
 pub mod informer;
 pub mod selector;
 

@@ -6,6 +6,7 @@
 //! it, and their status, with Pod addresses inside its podCIDR; and, as Kubernetes' node
 //! authorizer, only the ConfigMaps and Secrets those Pods reference ([`podconfig`]).
 
+mod events;
 mod identity;
 mod nodestatus;
 mod podcidr;
@@ -17,9 +18,10 @@ use identity::{Caller, caller, node_of};
 use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
 use gitplane_proto::node::{
-    EventType as WireEventType, HeartbeatRequest, HeartbeatResponse, ObjectEvent, PodEvent, RegisterRequest,
-    RegisterResponse, UpdateNodeStatusRequest, UpdateNodeStatusResponse, UpdatePodStatusRequest,
-    UpdatePodStatusResponse, WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest, node_service_server,
+    CreateEventsRequest, CreateEventsResponse, EventType as WireEventType, HeartbeatRequest, HeartbeatResponse,
+    ObjectEvent, PodEvent, RegisterRequest, RegisterResponse, UpdateNodeStatusRequest, UpdateNodeStatusResponse,
+    UpdatePodStatusRequest, UpdatePodStatusResponse, WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest,
+    node_service_server,
 };
 use gitplane_store::{Api, EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
@@ -46,11 +48,14 @@ pub struct NodeService {
     /// allocation record, so in parallel all but one would fail their compare-and-swap.
     /// (Replicas still race each other; the compare-and-swap decides, and the loser retries.)
     allocating: tokio::sync::Mutex<()>,
+    /// The kubelet's Events, from every node this replica serves.
+    events: gitplane_store::events::Recorder,
 }
 
 impl NodeService {
     pub fn new(store: Arc<dyn Store>, identity: NodeIdentity) -> Self {
-        NodeService { store, identity, allocating: tokio::sync::Mutex::new(()) }
+        let events = gitplane_store::events::Recorder::spawn(store.clone(), Default::default());
+        NodeService { store, identity, allocating: tokio::sync::Mutex::new(()), events }
     }
 
     /// The service behind its authentication.
@@ -477,6 +482,21 @@ impl node_service_server::NodeService for NodeService {
         Ok(Response::new(podconfig::watch(self.store.clone(), own).await?))
     }
 
+    async fn create_events(
+        &self,
+        request: Request<CreateEventsRequest>,
+    ) -> Result<Response<CreateEventsResponse>, Status> {
+        let own = node_of(&request)?;
+        let req = request.into_inner();
+        if req.node_name != own {
+            return Err(Status::permission_denied(format!("node {own} cannot record events as {}", req.node_name)));
+        }
+        for record in events::authorize(self.store.clone(), &own, req.events).await? {
+            self.events.record(record);
+        }
+        Ok(Response::new(CreateEventsResponse {}))
+    }
+
     async fn update_pod_status(
         &self,
         request: Request<UpdatePodStatusRequest>,
@@ -675,6 +695,32 @@ mod tests {
             tonic::Code::PermissionDenied
         );
         assert_eq!(code(service.update_pod_status(report(&format!("{a_cidr}7"), as_a.clone())).await), tonic::Code::Ok);
+
+        // Events: about its own Pods and Node only; a batch with one other object is refused whole.
+        let event = |kind: &str, name: &str| gitplane_proto::node::NodeEvent {
+            involved_object: serde_json::to_vec(
+                &serde_json::json!({"kind": kind, "namespace": "default", "name": name}),
+            )
+            .unwrap(),
+            r#type: "Normal".into(),
+            reason: "Started".into(),
+            message: "Started container c".into(),
+            time_unix_millis: 0,
+        };
+        let events = |node: &str, batch: Vec<gitplane_proto::node::NodeEvent>, caller: Caller| {
+            as_caller(CreateEventsRequest { node_name: node.into(), events: batch }, caller)
+        };
+        let ok = events("a", vec![event("Pod", "p"), event("Node", "a")], as_a.clone());
+        assert_eq!(code(service.create_events(ok).await), tonic::Code::Ok);
+        for (batch, caller) in [
+            (events("a", vec![event("Pod", "p")], as_b.clone()), "another node's name"),
+            (events("b", vec![event("Pod", "p")], as_b.clone()), "a Pod bound elsewhere"),
+            (events("b", vec![event("Node", "a")], as_b.clone()), "another Node"),
+            (events("a", vec![event("Pod", "p"), event("Pod", "missing")], as_a.clone()), "a Pod that is nowhere"),
+            (events("a", vec![event("Secret", "s")], as_a.clone()), "another kind"),
+        ] {
+            assert_eq!(code(service.create_events(batch).await), tonic::Code::PermissionDenied, "{caller}");
+        }
     }
 
     #[tokio::test]

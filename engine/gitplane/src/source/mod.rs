@@ -18,6 +18,7 @@ use crate::{
     mirror::{self, MirrorStatus, Mirrors, is_url},
     source::health::Health,
 };
+use gitplane_api::events::{NORMAL, Source, WARNING};
 use gitplane_api::{
     Application, ApplicationStatus, HealthStatus, ResourceHealth, RevisionHistory, SyncChanges, SyncStatus,
     kinds::accepted,
@@ -25,15 +26,15 @@ use gitplane_api::{
 };
 use gitplane_source::{AppSource, Limits, LoadError, ManifestError, SourceCache, Validator};
 use gitplane_store::{
-    Api, EventType, ObjectKey, Store, StoreError,
+    Api, EventType, ObjectKey, Op, Store, StoreError,
+    events::Recorder,
     informer::{Cache, Informer, Notification},
 };
 use gitplane_workqueue::{Backoff, WorkQueue};
 use k8s_openapi::api::{
     apps::v1::ReplicaSet,
-    core::v1::{Event, Namespace, Node, ObjectReference},
+    core::v1::{Namespace, Node, ObjectReference},
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use notify::Watcher;
 use serde_json::Value;
 use std::{
@@ -89,6 +90,8 @@ pub struct SourceController {
     caches: std::sync::Mutex<HashMap<ObjectKey, SourceCache>>,
     /// What each Application owns and applied last (see [`apply::Inventory`]).
     inventories: std::sync::Mutex<HashMap<ObjectKey, apply::Inventory>>,
+    /// Synced, SyncFailed, Pruned and DriftCorrected.
+    events: Recorder,
 }
 
 /// Why a sync did not apply a commit.
@@ -255,7 +258,6 @@ impl SourceController {
 
     pub fn new(store: Arc<dyn Store>, repos_dir: PathBuf, mirrors: Mirrors, record_key: apply::RecordKey) -> Self {
         SourceController {
-            store,
             repos: Repos { dir: repos_dir, mirrors },
             record_key,
             service_ranges: allocate::ServiceRanges::default(),
@@ -264,6 +266,8 @@ impl SourceController {
             resync: Duration::from_secs(60),
             caches: Default::default(),
             inventories: Default::default(),
+            events: Recorder::spawn(store.clone(), Source::component("gitplane-source")),
+            store,
         }
     }
 
@@ -470,16 +474,32 @@ impl SourceController {
                 tracing::info!(application = %id, commit = %applied.commit, created = applied.plan.created,
                     updated = applied.plan.updated, pruned = applied.plan.pruned,
                     drift = applied.plan.drifted.len(), ?elapsed, "synced");
+                let commit = short(&applied.commit);
                 for key in &applied.plan.drifted {
-                    self.record_event(
-                        key,
-                        "Warning",
-                        "DriftCorrected",
-                        &format!("{key} was changed outside Git; restored to commit {}", short(&applied.commit)),
-                    )
-                    .await;
+                    let message = format!("{key} was changed outside Git; restored to commit {commit}");
+                    self.record_event(key, informer.cache(), WARNING, "DriftCorrected", &message);
                 }
                 let new_revision = last.revision.as_deref() != Some(applied.commit.as_str());
+                let plan = &applied.plan;
+                if new_revision || plan.created + plan.updated + plan.pruned > 0 {
+                    let message = format!(
+                        "synced commit {commit}: {} created, {} updated, {} pruned",
+                        plan.created, plan.updated, plan.pruned
+                    );
+                    self.record_event(&app_key(app), informer.cache(), NORMAL, "Synced", &message);
+                }
+                let pruned: Vec<String> = plan
+                    .ops
+                    .iter()
+                    .filter_map(|op| match op {
+                        Op::Delete { key, .. } => Some(key.to_string()),
+                        _ => None,
+                    })
+                    .collect();
+                if !pruned.is_empty() {
+                    let message = format!("pruned what commit {commit} no longer has: {}", pruned.join(", "));
+                    self.record_event(&app_key(app), informer.cache(), NORMAL, "Pruned", &message);
+                }
                 let health_may_change = last.status != "Synced"
                     || applied.plan.ops.iter().any(|op| op.key().is_ok_and(|k| health::assessed(&k.kind)));
                 // Written with the sync status: a Synced status beside the health of the last
@@ -529,18 +549,13 @@ impl SourceController {
                 };
                 tracing::error!(application = %id, commit = commit.as_deref().unwrap_or("-"),
                     "commit rejected, {} stays applied:\n  {}", last.revision.as_deref().unwrap_or("nothing"), errors.join("\n  "));
-                self.record_event(
-                    &app_key(app),
-                    "Warning",
-                    "SyncFailed",
-                    &format!(
-                        "commit {} rejected: {} error(s), the first: {}",
-                        commit.as_deref().map(short).unwrap_or("-"),
-                        errors.len(),
-                        errors.first().map(String::as_str).unwrap_or("")
-                    ),
-                )
-                .await;
+                let message = format!(
+                    "commit {} rejected: {} error(s), the first: {}",
+                    commit.as_deref().map(short).unwrap_or("-"),
+                    errors.len(),
+                    errors.first().map(String::as_str).unwrap_or("")
+                );
+                self.record_event(&app_key(app), informer.cache(), WARNING, "SyncFailed", &message);
                 // The verdict on a commit is final: it is not tried again until a new commit or
                 // spec comes. Anything else is retried with back-off.
                 let verdict = e.is_verdict();
@@ -744,65 +759,22 @@ impl SourceController {
         }
     }
 
-    /// Creates or bumps an Event about `involved`, as the API server aggregates repeated events.
-    async fn record_event(&self, involved: &ObjectKey, event_type: &str, reason: &str, message: &str) {
-        let namespace = if involved.namespace.is_empty() { "default" } else { involved.namespace.as_str() };
-        let name = format!(
-            "{}.{}",
-            gitplane_controllers::names::truncate(&involved.name, 200),
-            gitplane_controllers::names::hash(format!("{}/{}/{}", involved.kind, involved.name, reason).as_bytes())
-        );
-        let api = Api::<Event>::new(self.store.clone());
-        let time = Time(now());
-        for _ in 0..CONFLICT_RETRIES {
-            let result = match api.get(namespace, &name).await {
-                Ok(Some(mut existing)) => {
-                    existing.count = Some(existing.count.unwrap_or(1) + 1);
-                    existing.last_timestamp = Some(time.clone());
-                    existing.message = Some(message.to_owned());
-                    api.update(&existing).await.map(|_| ())
-                }
-                Ok(None) => {
-                    let (kind, api_version) = match involved.kind.split_once('.') {
-                        Some((kind, group)) => (kind.to_owned(), format!("{group}/v1")),
-                        None => (involved.kind.clone(), "v1".to_owned()),
-                    };
-                    let event = Event {
-                        metadata: ObjectMeta {
-                            name: Some(name.clone()),
-                            namespace: Some(namespace.to_owned()),
-                            ..Default::default()
-                        },
-                        involved_object: ObjectReference {
-                            kind: Some(kind),
-                            api_version: Some(api_version),
-                            namespace: (!involved.namespace.is_empty()).then(|| involved.namespace.clone()),
-                            name: Some(involved.name.clone()),
-                            ..Default::default()
-                        },
-                        reason: Some(reason.to_owned()),
-                        message: Some(message.to_owned()),
-                        type_: Some(event_type.to_owned()),
-                        count: Some(1),
-                        first_timestamp: Some(time.clone()),
-                        last_timestamp: Some(time.clone()),
-                        event_time: Some(MicroTime(now())),
-                        reporting_component: Some("gitplane-source".into()),
-                        ..Default::default()
-                    };
-                    api.create(&event).await.map(|_| ())
-                }
-                Err(e) => Err(e),
-            };
-            match result {
-                Err(e) if e.is_conflict() || e.is_already_exists() => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, reason, "recording an event failed");
-                    return;
-                }
-                Ok(()) => return,
-            }
-        }
+    /// Records an Event about `involved` (its uid from the cache, so `kubectl describe` finds it).
+    fn record_event(&self, involved: &ObjectKey, cache: &Cache, event_type: &str, reason: &str, message: &str) {
+        let (kind, api_version) = match involved.kind.split_once('.') {
+            Some((kind, group)) => (kind.to_owned(), format!("{group}/v1")),
+            None => (involved.kind.clone(), "v1".to_owned()),
+        };
+        let uid = cache.get(involved).and_then(|o| o["metadata"]["uid"].as_str().map(str::to_owned));
+        let reference = ObjectReference {
+            kind: Some(kind),
+            api_version: Some(api_version),
+            namespace: (!involved.namespace.is_empty()).then(|| involved.namespace.clone()),
+            name: Some(involved.name.clone()),
+            uid,
+            ..Default::default()
+        };
+        self.events.event(reference, event_type, reason, message);
     }
 }
 
@@ -953,7 +925,7 @@ fn app_health(app: &Application, applied: bool, cache: &Cache) -> HealthStatus {
 mod tests {
     use super::*;
     use gitplane_storage::sqlite::SqliteStore;
-    use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+    use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
 
     #[tokio::test]
     async fn t90_issue_11_reading_refs_is_not_a_push() {
@@ -1358,10 +1330,19 @@ mod tests {
         assert_eq!(status.sync.unwrap().status, "Synced");
         let restored = configmaps.get("default", "settings").await.unwrap().unwrap();
         assert_eq!(restored.data.unwrap()["a"], "1");
-        let (events, _) = Api::<Event>::new(store.clone()).list(Some("default")).await.unwrap();
-        let drift =
-            events.iter().find(|e| e.reason.as_deref() == Some("DriftCorrected")).expect("a DriftCorrected event");
+        // The recorder writes once a second.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let drift = loop {
+            let (events, _) = Api::<Event>::new(store.clone()).list(Some("default")).await.unwrap();
+            if let Some(e) = events.into_iter().find(|e| e.reason.as_deref() == Some("DriftCorrected")) {
+                break e;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no DriftCorrected event");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert!(drift.message.as_deref().unwrap().contains("ConfigMap default/settings"), "{drift:?}");
+        assert_eq!(drift.involved_object.uid, restored.metadata.uid, "kubectl describe matches on the uid");
+        assert_eq!(drift.source.and_then(|s| s.component).as_deref(), Some("gitplane-source"));
         loop_.abort();
     }
 }
