@@ -5,7 +5,11 @@
 //! Pods are all the control plane makes on its own, which is what these reads need.
 
 use anyhow::{Context, Result, ensure};
-use gitplane_e2e::{Worktree, cluster::Cluster, wait_for};
+use gitplane_e2e::{
+    Worktree,
+    cluster::{Cluster, READ_TOKEN},
+    wait_for,
+};
 use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
@@ -56,9 +60,10 @@ impl Drop for Running {
     }
 }
 
-fn kubectl(server: &str) -> Command {
+/// kubectl with the kubeconfig the replica wrote (HTTPS with the cluster CA and a read token).
+fn kubectl(kubeconfig: &str) -> Command {
     let mut command = Command::new("kubectl");
-    command.args(["--server", server, "--request-timeout", "0", "-n", "default"]);
+    command.args(["--kubeconfig", kubeconfig, "--request-timeout", "0", "-n", "default"]);
     command
 }
 
@@ -83,6 +88,8 @@ import sys
 from kubernetes import client, watch
 configuration = client.Configuration()
 configuration.host = sys.argv[1]
+configuration.ssl_ca_cert = sys.argv[2]
+configuration.api_key = {"authorization": "Bearer " + sys.argv[3]}
 v1 = client.CoreV1Api(client.ApiClient(configuration))
 pods = v1.list_namespaced_pod("default")
 print("LIST", pods.metadata.resource_version, " ".join(sorted(p.metadata.name for p in pods.items)), flush=True)
@@ -99,8 +106,10 @@ fn t72_watch_and_field_selectors_through_kubectl_and_the_python_client() -> Resu
     let cluster = Cluster::start(1, &["--bootstrap", "bootstrap"])?;
     cluster.leader(DEADLINE)?;
     let addr = cluster.addrs[&1];
-    let server = format!("http://{addr}");
     let dir = cluster.dir.path();
+    let server = dir.join("replica-1/kubeconfig").to_string_lossy().into_owned();
+    let https = format!("https://{addr}");
+    let ca = dir.join("replica-1/ca.crt").to_string_lossy().into_owned();
     let token = std::fs::read_to_string(dir.join("replica-1/git-token"))?.trim().to_owned();
     let git = |repo: &str| format!("http://git:{token}@{addr}/git/{repo}.git");
     wait_for(DEADLINE, || dir.join("repos/bootstrap.git/HEAD").exists().then_some(()))
@@ -178,8 +187,11 @@ fn t72_watch_and_field_selectors_through_kubectl_and_the_python_client() -> Resu
         dir,
         "wait",
     )?;
-    let mut python =
-        Running::start(Command::new("/usr/bin/python3").args(["-c", PYTHON_WATCH, &server]), dir, "python")?;
+    let mut python = Running::start(
+        Command::new("/usr/bin/python3").args(["-c", PYTHON_WATCH, &https, &ca, READ_TOKEN]),
+        dir,
+        "python",
+    )?;
     let listed = wait_for(DEADLINE, || python.out().lines().find(|l| l.starts_with("LIST")).map(str::to_owned))
         .with_context(|| format!("the Python client lists Pods: {}{}", python.out(), python.err()))?;
     ensure!(listed.matches(" web-").count() == 2, "the Python list: {listed}");

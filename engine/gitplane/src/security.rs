@@ -50,13 +50,11 @@ impl Security {
         Ok(Security { ca, access, reader, data_dir: data_dir.to_path_buf() })
     }
 
-    /// `tcp` as a listener: TLS for `names` unless it is bound to loopback.
+    /// `tcp` as a listener serving TLS for `names`; clients on loopback may also speak
+    /// cleartext (the listener tells them apart by the first byte), so a replica bound to
+    /// loopback serves both, and kubectl, which sends a bearer token only over TLS, can use it.
     pub fn listener(&self, tcp: tokio::net::TcpListener, names: &[String]) -> anyhow::Result<listener::Listener> {
-        let addr = tcp.local_addr().context("the listener's address")?;
-        let tls = match tls::serves_tls(addr) {
-            true => Some(tokio_rustls::TlsAcceptor::from(self.ca.server_config(names)?)),
-            false => None,
-        };
+        let tls = Some(tokio_rustls::TlsAcceptor::from(self.ca.server_config(names)?));
         Ok(listener::Listener { tcp, tls })
     }
 
@@ -67,7 +65,12 @@ impl Security {
             tracing::warn!("the token file holds no read token: no kubeconfig written");
             return Ok(None);
         };
-        let url = url(listen);
+        // `gitplane up` reads anonymously on loopback, over cleartext as its README shows;
+        // everyone else needs the token, which kubectl sends only over TLS.
+        let url = match self.access.anonymous_loopback_reads {
+            true => url(listen),
+            false => url(listen).replacen("http://", "https://", 1),
+        };
         let ca = url.starts_with("https://").then(|| self.ca.pem());
         let path = self.data_dir.join("kubeconfig");
         kubeconfig::write(&path, &kubeconfig::render(&url, ca.as_deref(), user, token))?;
