@@ -5,6 +5,7 @@ mod apiserver;
 mod bootstrap;
 mod controlplane;
 mod credentials;
+pub mod encryption;
 mod githttp;
 mod kubelet_client;
 mod listener;

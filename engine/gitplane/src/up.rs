@@ -124,7 +124,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         makes_cluster_secrets: true,
     })?;
     let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?;
-    let config = ReplicaConfig::new(1, peers, data_dir.join("store"), peer_token);
+    let mut config = ReplicaConfig::new(1, peers, data_dir.join("store"), peer_token);
+    config.secrets = crate::encryption::load_keys(&data_dir, None, true)?;
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
     let repo_url = format!("http://git:$(cat {})@{}/git/demo.git", data_dir.join("git-token").display(), args.listen);
     let ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;

@@ -8,6 +8,7 @@
 //! boundary: the contract names none of their types.
 
 mod backend;
+pub mod encryption;
 pub mod postgres;
 pub mod raft;
 pub mod remote;
