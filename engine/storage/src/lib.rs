@@ -9,6 +9,8 @@
 
 mod backend;
 pub mod encryption;
+#[cfg(test)]
+mod encryption_tests;
 pub mod postgres;
 pub mod raft;
 pub mod remote;

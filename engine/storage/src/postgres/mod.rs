@@ -161,7 +161,7 @@ impl PostgresStore {
         Self::open(options, POLL_INTERVAL, Keyring::identity()).await
     }
 
-    async fn open(mut options: PgConnectOptions, poll_interval: Duration, secrets: Keyring) -> Result<Self> {
+    pub(crate) async fn open(mut options: PgConnectOptions, poll_interval: Duration, secrets: Keyring) -> Result<Self> {
         if options.get_application_name().is_none() {
             options = options.application_name("gitplane");
         }

@@ -12,7 +12,7 @@
 // openraft's traits fix their (large) error types; we return what they ask for.
 #![allow(clippy::result_large_err)]
 
-mod log_store;
+pub(crate) mod log_store;
 mod network;
 mod state_machine;
 #[cfg(test)]
