@@ -224,6 +224,7 @@ impl Gitplane {
         // Every replica shares the cluster's secrets, as an operator would copy them.
         std::fs::write(cluster.dir.path().join("peer-token"), PEER_TOKEN)?;
         std::fs::write(cluster.dir.path().join("join-token"), format!("join-{PEER_TOKEN}"))?;
+        std::fs::write(cluster.dir.path().join("encryption-keys"), format!("bench {}\n", "5e".repeat(32)))?;
         for id in 1..=replicas {
             cluster.launch(id)?;
         }
@@ -245,6 +246,8 @@ impl Gitplane {
             .arg(self.dir.path().join("peer-token"))
             .arg("--join-token-file")
             .arg(self.dir.path().join("join-token"))
+            .arg("--encryption-key-file")
+            .arg(self.dir.path().join("encryption-keys"))
             .args(&self.extra_args)
             // The server's own default log filter: what users run.
             .env_remove("RUST_LOG");

@@ -6,7 +6,7 @@
 use crate::{
     encryption::{self, AtRest, Key, Keyring},
     postgres::{PostgresStore, testing::PgCluster},
-    raft::{RaftStore, ReplicaConfig},
+    raft::{RaftStore, ReplicaConfig, log_store::LogStore},
     remote::PeerToken,
     sqlite::{Durability, SqliteStore},
 };
@@ -136,8 +136,8 @@ async fn the_raft_log_and_snapshots_hold_no_secret_in_clear() {
     let dir = tempfile::tempdir().unwrap();
     let peers = BTreeMap::from([(1, "127.0.0.1:9".to_owned())]);
     let mut config = ReplicaConfig::new(1, peers, dir.path().to_path_buf(), PeerToken::new(&"t".repeat(32)).unwrap());
-    let secrets = keyring(&["k1"]);
-    config.secrets = secrets.clone();
+    let k1 = Key::generate("k1").unwrap();
+    config.secrets = Keyring::new(vec![k1.clone()]);
     let store = RaftStore::start(config).await.unwrap();
     write_objects(&store).await;
     assert_reads_are_plaintext(&store).await;
@@ -152,17 +152,32 @@ async fn the_raft_log_and_snapshots_hold_no_secret_in_clear() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     store.shutdown().await;
-    // The log read back from disk (not from memory) opens.
-    let mut log = crate::raft::log_store::LogStore::open(&dir.path().join("raft.db"), secrets).await.unwrap();
-    let mut reader = openraft::storage::RaftLogStorage::get_log_reader(&mut log).await;
-    let entries = openraft::RaftLogReader::try_get_log_entries(&mut reader, 0..100).await.unwrap();
-    assert!(entries.len() > 5, "{} entries", entries.len());
     assert_no_plaintext_on_disk(dir.path(), &["raft.db-wal", "store.db-wal"]);
     for (path, bytes) in files(dir.path()) {
         if path.ends_with(".db") && path.contains("snapshots") {
             assert!(contains(&bytes, CONFIG_MARK), "the snapshot was scanned");
         }
     }
+    drop(store);
+    // A new write key: the log re-seals itself under it, and then opens without the old key.
+    let raft_db = dir.path().join("raft.db");
+    let k2 = Key::generate("k2").unwrap();
+    let _rotating = LogStore::open(&raft_db, Keyring::new(vec![k2.clone(), k1])).await.unwrap();
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", raft_db.display())).await.unwrap();
+    let count = |pattern: &'static str| {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM log WHERE entry LIKE ?").bind(pattern).fetch_one(&pool)
+    };
+    assert!(count("%gitplane:enc:v1:k2:%").await.unwrap() == 0 && count("%gitplane:enc:v1:k1:%").await.unwrap() > 3);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count("%gitplane:enc:v1:k1:%").await.unwrap() > 0 {
+        assert!(Instant::now() < deadline, "the log was not re-sealed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The log read back from disk (not from memory) opens with k2 alone.
+    let mut log = LogStore::open(&raft_db, Keyring::new(vec![k2])).await.unwrap();
+    let mut reader = openraft::storage::RaftLogStorage::get_log_reader(&mut log).await;
+    let entries = openraft::RaftLogReader::try_get_log_entries(&mut reader, 0..100).await.unwrap();
+    assert!(entries.len() > 5, "{} entries", entries.len());
 }
 
 #[tokio::test]

@@ -56,6 +56,9 @@ struct SealedEntry {
     log_id: LogId<NodeId>,
 }
 
+/// When the second pass of a re-seal runs.
+const RESEAL_AGAIN: Duration = Duration::from_secs(2);
+
 const SEALED: &str = "{\"sealed\":";
 
 /// What a sealed payload is bound to.
@@ -108,8 +111,12 @@ async fn reseal(pool: SqlitePool, secrets: Keyring) {
     let mut changes = secrets.write_key_changes();
     loop {
         let write = changes.borrow_and_update().clone();
-        if let Some(write) = write {
-            match reseal_once(&pool, &secrets, &write).await {
+        // Twice: an entry encoded under the old key just before the change may be written after
+        // the first pass has read the log.
+        for pause in [Duration::ZERO, RESEAL_AGAIN] {
+            tokio::time::sleep(pause).await;
+            let Some(write) = &write else { break };
+            match reseal_once(&pool, &secrets, write).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(entries = n, key = %write, "re-sealed Raft log entries under the write key"),
                 Err(e) => {
