@@ -218,3 +218,28 @@ async fn replica_encryption(server: &str) -> anyhow::Result<Status> {
     serde_json::from_value(status["encryption"].clone())
         .with_context(|| format!("the replica at {server} reports no encryption status: is it older?"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    #[tokio::test]
+    async fn the_key_file_is_made_once_privately_and_only_by_the_maker() {
+        let dir = tempfile::tempdir().unwrap();
+        let follower = load_keys(dir.path(), None, false).unwrap_err().to_string();
+        assert!(follower.contains("encryption-keys") && follower.contains("lowest id"), "{follower}");
+        let keys = load_keys(dir.path(), None, true).unwrap();
+        let path = dir.path().join(KEY_FILE);
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let again = load_keys(dir.path(), None, true).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "made once");
+        assert_eq!(keys.write_key(), again.write_key());
+        // A replica given the file uses it as it is.
+        let other = tempfile::tempdir().unwrap();
+        let given = load_keys(other.path(), Some(&path), false).unwrap();
+        assert_eq!(given.names(), keys.names());
+        assert!(!other.path().join(KEY_FILE).exists());
+    }
+}
