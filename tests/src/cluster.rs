@@ -82,6 +82,12 @@ impl Cluster {
         std::fs::write(dir.path().join("peer-token"), &token)?;
         std::fs::write(dir.path().join("join-token"), format!("join-{token}"))?;
         std::fs::write(dir.path().join("tokens.csv"), format!("{READ_TOKEN},e2e,e2e,\"read\"\n"))?;
+        // One key file for every replica, as the operator copies it (mode 0600 like theirs).
+        std::fs::write(dir.path().join("encryption-keys"), format!("e2e-1 {nanos:064x}\n"))?;
+        std::fs::set_permissions(
+            dir.path().join("encryption-keys"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )?;
         let mut cluster = Cluster {
             dir,
             addrs,
@@ -111,6 +117,8 @@ impl Cluster {
             .arg(self.dir.path().join("join-token"))
             .arg("--tokens-file")
             .arg(self.dir.path().join("tokens.csv"))
+            .arg("--encryption-key-file")
+            .arg(self.dir.path().join("encryption-keys"))
             .args(&self.extra_args)
             .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
             .stdout(log.try_clone()?)

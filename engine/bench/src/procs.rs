@@ -234,6 +234,7 @@ impl Gitplane {
         std::fs::write(cluster.dir.path().join("peer-token"), PEER_TOKEN)?;
         std::fs::write(cluster.dir.path().join("join-token"), format!("join-{PEER_TOKEN}"))?;
         std::fs::write(cluster.dir.path().join("tokens.csv"), format!("{READ_TOKEN},bench,bench,\"read\"\n"))?;
+        std::fs::write(cluster.dir.path().join("encryption-keys"), format!("bench {}\n", "5e".repeat(32)))?;
         for id in 1..=replicas {
             cluster.launch(id)?;
         }
@@ -257,6 +258,8 @@ impl Gitplane {
             .arg(self.dir.path().join("join-token"))
             .arg("--tokens-file")
             .arg(self.dir.path().join("tokens.csv"))
+            .arg("--encryption-key-file")
+            .arg(self.dir.path().join("encryption-keys"))
             .args(&self.extra_args)
             // The server's own default log filter: what users run.
             .env_remove("RUST_LOG");

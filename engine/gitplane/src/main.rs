@@ -1,6 +1,6 @@
 //! `gitplane`: the control plane and its command line.
 
-use gitplane::{offline, server, up};
+use gitplane::{encryption, offline, server, up};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -38,6 +38,8 @@ enum Command {
     /// Print an Application's objects as the server would apply them (rendered, validated,
     /// namespaces defaulted), as YAML documents; Secrets' values masked.
     Render(offline::RenderArgs),
+    /// Encryption of Secrets at rest: rotate the key (`gitplane secrets rotate`).
+    Secrets(encryption::SecretsArgs),
     /// The JSON Schemas of the accepted kinds.
     Schemas {
         #[command(subcommand)]
@@ -72,6 +74,7 @@ fn main() -> anyhow::Result<()> {
         Command::Up(args) => run(up::up(args)),
         Command::Server(args) => run(server::server(args)),
         Command::Agent(args) => run(async { Ok(gitplane_nodeagent::cli::run(args).await?) }),
+        Command::Secrets(args) => run(encryption::secrets(args)),
         Command::Validate(args) => offline::validate(args),
         Command::Render(args) => offline::render(args),
         Command::Schemas { command: SchemasCommand::Write { dir } } => {

@@ -15,7 +15,9 @@ use crate::{
 use anyhow::Context as _;
 use axum::{Json, routing::get};
 use gitplane_controllers::loadbalancer::AddressPool;
+use gitplane_storage::encryption::Keyring;
 use gitplane_storage::{
+    encryption::AtRest,
     postgres::PostgresReplica,
     raft::{RaftStore, ReplicaConfig},
     remote::StoreServer,
@@ -45,6 +47,9 @@ pub enum Backend {
 
 impl Backend {
     pub async fn raft(config: ReplicaConfig) -> anyhow::Result<Backend> {
+        if config.secrets.write_key().is_none() {
+            tracing::warn!("no encryption key: Secrets are stored in clear");
+        }
         let dir = config.dir.clone();
         let store =
             RaftStore::start(config).await.with_context(|| format!("opening the store in {}", dir.display()))?;
@@ -66,6 +71,22 @@ impl Backend {
         }
     }
 
+    /// The keys Secrets are sealed with.
+    pub fn secrets(&self) -> Keyring {
+        match self {
+            Backend::Raft(s) => s.local().secrets().clone(),
+            Backend::Postgres(s) => s.store().secrets().clone(),
+        }
+    }
+
+    /// Where this replica's sealed Secrets stand against the write key.
+    pub async fn at_rest(&self) -> gitplane_store::Result<AtRest> {
+        match self {
+            Backend::Raft(s) => s.local().at_rest().await,
+            Backend::Postgres(s) => s.store().at_rest().await,
+        }
+    }
+
     /// The gRPC services of the store: clients and forwarded writes, and Raft's own.
     fn routes(&self) -> tonic::service::Routes {
         match self {
@@ -77,6 +98,16 @@ impl Backend {
     }
 
     async fn status(&self) -> serde_json::Value {
+        let mut status = self.store_status().await;
+        // Key names and counts only, never a key.
+        status["encryption"] = match self.at_rest().await {
+            Ok(at_rest) => serde_json::to_value(at_rest).unwrap_or_default(),
+            Err(e) => serde_json::json!({"error": e.to_string()}),
+        };
+        status
+    }
+
+    async fn store_status(&self) -> serde_json::Value {
         match self {
             Backend::Raft(store) => {
                 let m = store.raft().metrics().borrow().clone();
@@ -195,6 +226,7 @@ impl Replica {
             event_ttl,
         };
         tasks.push(tokio::spawn(controlplane::run_while_leading(backend.leading(), shared.clone(), settings)));
+        tasks.push(tokio::spawn(crate::encryption::reencryptor(backend.clone(), shared.clone())));
         tasks.push(tokio::spawn(compactor(shared)));
         Ok(Replica { backend, tasks })
     }

@@ -2,6 +2,7 @@
 
 use crate::{
     credentials::{Credentials, Sources},
+    encryption::load_keys,
     replica::{Backend, GitServing, Replica},
     security::{self, Security},
     source::allocate::ServiceRanges,
@@ -70,6 +71,11 @@ pub struct ServerArgs {
     /// `<data-dir>/join-token`, made like the peer token.
     #[arg(long)]
     join_token_file: Option<PathBuf>,
+    /// The keys that encrypt Secrets at rest (the same file on each replica; the first key
+    /// encrypts, all decrypt; followed while running). Default: `<data-dir>/encryption-keys`,
+    /// made like the peer token.
+    #[arg(long)]
+    encryption_key_file: Option<PathBuf>,
     /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cidr: String,
@@ -120,12 +126,14 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         Some(l) => l,
         None => own.parse().with_context(|| format!("this replica's address {own:?} is not host:port"))?,
     };
+    let makes_cluster_secrets = peers.keys().next() == Some(&args.id);
     let credentials = Credentials::load(Sources {
         data_dir: &args.data_dir,
         peer_token_file: args.peer_token_file.as_deref(),
         join_token_file: args.join_token_file.as_deref(),
-        makes_cluster_secrets: peers.keys().next() == Some(&args.id),
+        makes_cluster_secrets,
     })?;
+    let secrets = load_keys(&args.data_dir, args.encryption_key_file.as_deref(), makes_cluster_secrets)?;
     let security = Security::load(&args.data_dir, &credentials, args.tokens_file.as_deref(), false)?;
     let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?.with_ca(&security.ca.pem());
     let tcp = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
@@ -142,12 +150,13 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
             );
             config.snapshot_every = args.snapshot_every;
             config.logs_to_keep = args.logs_to_keep;
+            config.secrets = secrets;
             Backend::raft(config).await?
         }
         StoreKind::Postgres => {
             let url = args.postgres_url.as_deref().context("--store postgres needs --postgres-url")?;
             let lease = Duration::from_millis(args.lease_ms);
-            Backend::Postgres(PostgresReplica::start(url, args.id, &peers, lease, peer_token).await?)
+            Backend::Postgres(PostgresReplica::start(url, args.id, &peers, lease, peer_token, secrets).await?)
         }
     };
     let hint = format!(

@@ -137,7 +137,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     };
     let peers = BTreeMap::from([(1, args.listen.to_string())]);
     let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?.with_ca(&security.ca.pem());
-    let config = ReplicaConfig::new(1, peers, data_dir.join("store"), peer_token);
+    let mut config = ReplicaConfig::new(1, peers, data_dir.join("store"), peer_token);
+    config.secrets = crate::encryption::load_keys(&data_dir, None, true)?;
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
     let api_url = security::url(args.listen);
     let repo_url = format!(

@@ -4,7 +4,7 @@
 //! its SQL through the small traits here ([`TxnWriter`], [`ListSource`], [`EventLog`]), so the
 //! SQLite and Postgres stores cannot drift apart in behaviour.
 
-use crate::{Txn, stage};
+use crate::{Txn, encryption::Keyring, stage};
 use futures::StreamExt;
 use gitplane_store::{
     Committed, Event, EventType, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, StoreError,
@@ -69,6 +69,11 @@ pub(crate) fn parse(key: &ObjectKey, text: &str) -> Result<Value> {
     serde_json::from_str(text).map_err(|source| StoreError::Corrupt { key: key.to_string(), source })
 }
 
+/// A stored object from its stored text: opened (when sealed) and parsed.
+pub(crate) fn decode(keys: &Keyring, key: &ObjectKey, stored: &str) -> Result<Value> {
+    parse(key, &keys.open(key, stored).map_err(StoreError::backend)?)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Writes
 // ---------------------------------------------------------------------------------------------
@@ -94,8 +99,8 @@ pub(crate) struct EventWrite {
 /// batch touches, then one write of the outcome. Statements per batch, not per transaction,
 /// are what make group commit pay (each statement is a round trip to the database driver).
 pub(crate) trait TxnWriter: Send {
-    /// The stored objects among `keys` (absent ones are missing from the answer).
-    fn current_many(&mut self, keys: &[ObjectKey]) -> impl Future<Output = Result<HashMap<ObjectKey, Value>>> + Send;
+    /// The stored text of the objects among `keys` (absent ones are missing from the answer).
+    fn current_many(&mut self, keys: &[ObjectKey]) -> impl Future<Output = Result<HashMap<ObjectKey, String>>> + Send;
     /// Writes the final state of every changed object and appends the events.
     fn write(&mut self, objects: &[ObjectWrite], events: &[EventWrite]) -> impl Future<Output = Result<()>> + Send;
     /// Refuses keys the database cannot store. Everything by default.
@@ -107,9 +112,13 @@ pub(crate) trait TxnWriter: Send {
 /// Applies transactions in order inside the caller's open database transaction, the first at
 /// `revision + 1`: each commits under its own revision or is refused without effect. They are
 /// staged in memory against the objects read once for the whole batch, so a refused transaction
-/// simply leaves nothing behind. Returns each outcome and the revision of the last commit.
+/// simply leaves nothing behind. Objects of the encrypted kinds are sealed with `secrets`' write
+/// key; a transaction that touches one that cannot be opened is refused (naming it and its key),
+/// never the whole batch: on a Raft replica, a failed apply would stop the replica.
+/// Returns each outcome and the revision of the last commit.
 pub(crate) async fn apply_txns<W: TxnWriter, T: Borrow<Txn>>(
     writer: &mut W,
+    secrets: &Keyring,
     txns: &[T],
     mut revision: Revision,
 ) -> Result<Applied> {
@@ -118,18 +127,28 @@ pub(crate) async fn apply_txns<W: TxnWriter, T: Borrow<Txn>>(
     keys.dedup();
     keys.retain(|k| writer.admit(k).is_ok());
     let mut found = writer.current_many(&keys).await?;
-    let mut state: HashMap<ObjectKey, Option<Value>> = keys
-        .into_iter()
-        .map(|k| {
-            let v = found.remove(&k);
-            (k, v)
-        })
-        .collect();
+    let mut unreadable: HashMap<ObjectKey, String> = HashMap::new();
+    let mut state: HashMap<ObjectKey, Option<Value>> = HashMap::with_capacity(keys.len());
+    for k in keys {
+        let value = match found.remove(&k).map(|text| decode(secrets, &k, &text)).transpose() {
+            Ok(v) => v,
+            Err(e) => {
+                unreadable.insert(k, e.to_string());
+                continue;
+            }
+        };
+        state.insert(k, value);
+    }
     let mut objects: BTreeMap<ObjectKey, ObjectWrite> = BTreeMap::new();
     let mut events = Vec::new();
     let mut watched = Vec::new();
     let mut results = Vec::with_capacity(txns.len());
     for txn in txns {
+        let blocked = txn.borrow().ops.iter().find_map(|op| unreadable.get(&op.key().ok()?));
+        if let Some(reason) = blocked {
+            results.push(Err(Rejection::Invalid(reason.clone())));
+            continue;
+        }
         match stage_txn(writer, txn.borrow(), revision + 1, &state) {
             Err(r) => results.push(Err(r)),
             Ok(staged) if staged.is_empty() => results.push(Ok(Committed { revision, objects: Vec::new() })),
@@ -138,6 +157,7 @@ pub(crate) async fn apply_txns<W: TxnWriter, T: Borrow<Txn>>(
                 let mut committed = Vec::with_capacity(staged.len());
                 for (seq, event_type, key, text, value) in staged {
                     let gone = event_type == EventType::Deleted;
+                    let text = secrets.seal(&key, text);
                     state.insert(key.clone(), (!gone).then(|| value.clone()));
                     objects.insert(
                         key.clone(),
@@ -365,7 +385,7 @@ impl<'a> ListRequest<'a> {
 
     /// Reads one page from `source`, all at one revision: the continue token's, `at_revision`,
     /// or the latest.
-    pub(crate) async fn read<S: ListSource>(&self, source: &mut S, kind: &str) -> Result<List> {
+    pub(crate) async fn read<S: ListSource>(&self, source: &mut S, secrets: &Keyring, kind: &str) -> Result<List> {
         let (latest, compacted) = source.bounds().await?;
         let (revision, mut after) = match (&self.token, self.options.at_revision) {
             (Some(t), _) => (t.revision, (t.namespace.clone(), t.name.clone())),
@@ -394,7 +414,7 @@ impl<'a> ListRequest<'a> {
             let exhausted = batch < 0 || (rows.len() as i64) < batch;
             for (namespace, name, text) in rows {
                 let key = ObjectKey::new(kind, namespace, name);
-                let value = parse(&key, &text)?;
+                let value = decode(secrets, &key, &text)?;
                 if !self.selector.matches(&value) {
                     after = (key.namespace, key.name);
                     continue;
@@ -433,12 +453,12 @@ pub(crate) struct EventRead {
 pub(crate) type EventRow = (i64, i64, i64, String, String, String, String);
 
 impl EventRead {
-    pub(crate) fn from_rows(rows: Vec<EventRow>, latest: Revision) -> Result<Self> {
+    pub(crate) fn from_rows(rows: Vec<EventRow>, secrets: &Keyring, latest: Revision) -> Result<Self> {
         let events = rows
             .into_iter()
             .map(|(revision, seq, code, kind, namespace, name, value)| {
                 let key = ObjectKey::new(kind, namespace, name);
-                let object = parse(&key, &value)?;
+                let object = decode(secrets, &key, &value)?;
                 Ok((seq, Event { revision, event_type: event_type(code), key, object: Arc::new(object) }))
             })
             .collect::<Result<_>>()?;

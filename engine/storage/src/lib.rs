@@ -8,6 +8,9 @@
 //! boundary: the contract names none of their types.
 
 mod backend;
+pub mod encryption;
+#[cfg(test)]
+mod encryption_tests;
 pub mod postgres;
 pub mod raft;
 pub mod remote;

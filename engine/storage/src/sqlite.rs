@@ -16,9 +16,11 @@ use crate::{
     Txn,
     backend::{
         self, EventLog, EventRead, EventRow, EventWrite, ListRequest, ListSource, MAX_BATCH, ObjectWrite, TxnWriter,
-        migrator as embedded, parse,
+        decode, migrator as embedded,
     },
-    db, migrate,
+    db,
+    encryption::{self, AtRest, Keyring},
+    migrate,
 };
 use gitplane_store::{
     Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, WatchOptions,
@@ -75,6 +77,8 @@ struct Inner {
     compacted: AtomicI64,
     committed: watch::Sender<Revision>,
     cache: backend::WatchCache,
+    /// Seals Secrets on the way in, opens them on the way out.
+    secrets: Keyring,
 }
 
 /// Events the watch cache holds.
@@ -89,9 +93,14 @@ const WAL_SIZE_LIMIT: i64 = 64 << 20;
 const AUTO_VACUUM_INCREMENTAL: i64 = 2;
 
 impl SqliteStore {
-    /// Opens (creating if absent) the database file. A file that exists but is not a valid
-    /// gitplane store is an error, never silently recreated.
+    /// Opens (creating if absent) the database file, storing Secrets in clear. A file that exists
+    /// but is not a valid gitplane store is an error, never silently recreated.
     pub async fn open(path: &Path, durability: Durability) -> Result<Self> {
+        Self::open_encrypted(path, durability, Keyring::identity()).await
+    }
+
+    /// Opens (creating if absent) the database file; Secrets are sealed with `secrets`.
+    pub async fn open_encrypted(path: &Path, durability: Durability, secrets: Keyring) -> Result<Self> {
         let synchronous = match durability {
             Durability::Full => SqliteSynchronous::Full,
             Durability::Replicated => SqliteSynchronous::Normal,
@@ -112,7 +121,7 @@ impl SqliteStore {
             // Pages freed by compaction can be given back (`reclaim`); takes effect on a new file.
             .auto_vacuum(SqliteAutoVacuum::Incremental)
             .pragma("journal_size_limit", WAL_SIZE_LIMIT.to_string());
-        let store = Self::connect(options, 4).await?;
+        let store = Self::connect(options, 4, secrets).await?;
         if auto_vacuum(&store.inner.pool).await? != AUTO_VACUUM_INCREMENTAL {
             // A file made before incremental vacuum: a one-time rewrite switches it over.
             tracing::info!(path = %path.display(), "rewriting the store once so compaction can give space back");
@@ -127,10 +136,10 @@ impl SqliteStore {
     /// A private in-memory store, for tests.
     pub async fn memory() -> Result<Self> {
         // One connection: each in-memory connection would be its own database.
-        Self::connect(SqliteConnectOptions::new().in_memory(true), 1).await
+        Self::connect(SqliteConnectOptions::new().in_memory(true), 1, Keyring::identity()).await
     }
 
-    async fn connect(options: SqliteConnectOptions, connections: u32) -> Result<Self> {
+    async fn connect(options: SqliteConnectOptions, connections: u32, secrets: Keyring) -> Result<Self> {
         let pool = SqlitePoolOptions::new().max_connections(connections).connect_with(options).await.map_err(db)?;
         let check: String = sqlx::query_scalar("PRAGMA quick_check").fetch_one(&pool).await.map_err(db)?;
         if check != "ok" {
@@ -147,6 +156,7 @@ impl SqliteStore {
             compacted: AtomicI64::new(compacted),
             committed,
             cache: backend::WatchCache::new(WATCH_CACHE, revision),
+            secrets,
         });
         let (writer, queue) = mpsc::channel(MAX_BATCH);
         tokio::spawn(write_loop(inner.clone(), queue));
@@ -172,6 +182,40 @@ impl SqliteStore {
     /// Follows the latest applied revision.
     pub fn committed(&self) -> watch::Receiver<Revision> {
         self.inner.committed.subscribe()
+    }
+
+    /// The keys Secrets are sealed with.
+    pub fn secrets(&self) -> &Keyring {
+        &self.inner.secrets
+    }
+
+    /// Where the sealed objects stand against the write key.
+    pub async fn at_rest(&self) -> Result<AtRest> {
+        let Some(write) = self.inner.secrets.write_key() else { return Ok(AtRest::default()) };
+        let prefix = encryption::prefix_of(&write);
+        let mut at_rest = AtRest { write_key: Some(write), ..AtRest::default() };
+        for kind in encryption::ENCRYPTED_KINDS {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SELECT namespace, name FROM objects WHERE kind = ?1 AND substr(value, 1, length(?2)) <> ?2",
+            )
+            .bind(kind)
+            .bind(&prefix)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(db)?;
+            at_rest.stale.extend(rows.into_iter().map(|(ns, name)| ObjectKey::new(*kind, ns, name)));
+            let history: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM events WHERE kind = ?1 AND substr(value, 1, length(?2)) <> ?2",
+            )
+            .bind(kind)
+            .bind(&prefix)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(db)?;
+            at_rest.stale_history += history;
+        }
+        at_rest.stale_objects = at_rest.stale.len();
+        Ok(at_rest)
     }
 
     /// The connection pool, for a Raft state machine's own tables in the same database.
@@ -300,7 +344,7 @@ async fn write_loop(inner: Arc<Inner>, mut queue: mpsc::Receiver<(Txn, oneshot::
     }
 }
 
-async fn current(conn: &mut SqliteConnection, key: &ObjectKey) -> Result<Option<Value>> {
+async fn current(conn: &mut SqliteConnection, secrets: &Keyring, key: &ObjectKey) -> Result<Option<Value>> {
     let text: Option<String> =
         sqlx::query_scalar("SELECT value FROM objects WHERE kind = ? AND namespace = ? AND name = ?")
             .bind(&key.kind)
@@ -309,7 +353,7 @@ async fn current(conn: &mut SqliteConnection, key: &ObjectKey) -> Result<Option<
             .fetch_optional(conn)
             .await
             .map_err(db)?;
-    text.map(|t| parse(key, &t)).transpose()
+    text.map(|t| decode(secrets, key, &t)).transpose()
 }
 
 impl Inner {
@@ -323,7 +367,7 @@ impl Inner {
         let mut conn = self.pool.acquire().await.map_err(db)?;
         sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await.map_err(db)?;
         let result = async {
-            let applied = backend::apply_txns(&mut *conn, txns, revision).await?;
+            let applied = backend::apply_txns(&mut *conn, &self.secrets, txns, revision).await?;
             revision = applied.revision;
             sqlx::query("UPDATE meta SET value = ? WHERE key = 'revision'")
                 .bind(revision)
@@ -356,7 +400,7 @@ impl Inner {
 const ROWS_PER_STATEMENT: usize = 500;
 
 impl TxnWriter for SqliteConnection {
-    async fn current_many(&mut self, keys: &[ObjectKey]) -> Result<HashMap<ObjectKey, Value>> {
+    async fn current_many(&mut self, keys: &[ObjectKey]) -> Result<HashMap<ObjectKey, String>> {
         let mut found = HashMap::with_capacity(keys.len());
         for chunk in keys.chunks(ROWS_PER_STATEMENT) {
             let mut query = QueryBuilder::<Sqlite>::new(
@@ -370,8 +414,7 @@ impl TxnWriter for SqliteConnection {
             query.push(")");
             for r in query.build().fetch_all(&mut *self).await.map_err(db)? {
                 let key = ObjectKey::new(r.get::<String, _>(0), r.get::<String, _>(1), r.get::<String, _>(2));
-                let value = parse(&key, r.get(3))?;
-                found.insert(key, value);
+                found.insert(key, r.get(3));
             }
         }
         Ok(found)
@@ -477,13 +520,13 @@ impl ListSource for SqliteConnection {
 impl Store for SqliteStore {
     async fn get(&self, key: &ObjectKey) -> Result<Option<Value>> {
         let mut conn = self.inner.pool.acquire().await.map_err(db)?;
-        current(&mut conn, key).await
+        current(&mut conn, &self.inner.secrets, key).await
     }
 
     async fn list(&self, kind: &str, options: &ListOptions) -> Result<List> {
         let request = ListRequest::parse(options)?;
         let mut tx = self.inner.pool.begin().await.map_err(db)?;
-        let list = request.read(&mut *tx, kind).await?;
+        let list = request.read(&mut *tx, &self.inner.secrets, kind).await?;
         tx.commit().await.map_err(db)?;
         Ok(list)
     }
@@ -569,7 +612,7 @@ impl EventLog for Inner {
             // Compacted away between the check and the read?
             self.check_compacted(after.0)?;
         }
-        EventRead::from_rows(rows, latest)
+        EventRead::from_rows(rows, &self.secrets, latest)
     }
 }
 

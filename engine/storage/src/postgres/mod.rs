@@ -55,9 +55,11 @@ use crate::{
     Txn,
     backend::{
         self, EventLog, EventRead, EventRow, EventWrite, ListRequest, ListSource, MAX_BATCH, ObjectWrite, TxnWriter,
-        parse,
+        decode,
     },
-    db, migrate,
+    db,
+    encryption::{self, AtRest, Keyring},
+    migrate,
 };
 use gitplane_store::{
     Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, WatchOptions,
@@ -122,6 +124,9 @@ struct Inner {
     committed: watch::Sender<Revision>,
     /// The notification listener and the poll; they only feed `committed`.
     followers: [JoinHandle<()>; 2],
+    /// Seals Secrets on the way in, opens them on the way out. Every replica on the database
+    /// must hold the same keys.
+    secrets: Keyring,
 }
 
 impl Drop for Inner {
@@ -136,6 +141,11 @@ impl PostgresStore {
     /// Connects to `url` (`postgres://user:password@host:port/database`, or
     /// `postgres:///database?host=/run/postgresql` for a unix socket) and migrates the schema.
     pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_encrypted(url, Keyring::identity()).await
+    }
+
+    /// Connects to `url` as [`PostgresStore::connect`] does; Secrets are sealed with `secrets`.
+    pub async fn connect_encrypted(url: &str, secrets: Keyring) -> Result<Self> {
         let options: PgConnectOptions = url.parse().map_err(|e| {
             // The URL may hold a password: name the problem, not the URL.
             StoreError::BadRequest(format!(
@@ -143,15 +153,15 @@ impl PostgresStore {
                  or postgres:///database?host=/run/postgresql for a unix socket)"
             ))
         })?;
-        Self::connect_with(options).await
+        Self::open(options, POLL_INTERVAL, secrets).await
     }
 
     /// Connects with explicit options and migrates the schema.
     pub async fn connect_with(options: PgConnectOptions) -> Result<Self> {
-        Self::open(options, POLL_INTERVAL).await
+        Self::open(options, POLL_INTERVAL, Keyring::identity()).await
     }
 
-    async fn open(mut options: PgConnectOptions, poll_interval: Duration) -> Result<Self> {
+    pub(crate) async fn open(mut options: PgConnectOptions, poll_interval: Duration, secrets: Keyring) -> Result<Self> {
         if options.get_application_name().is_none() {
             options = options.application_name("gitplane");
         }
@@ -184,7 +194,7 @@ impl PostgresStore {
             tokio::spawn(listen(pool.clone(), committed.clone())),
             tokio::spawn(poll(pool.clone(), committed.clone(), poll_interval)),
         ];
-        let inner = Arc::new(Inner { pool, committed, followers });
+        let inner = Arc::new(Inner { pool, committed, followers, secrets });
         let (writer, queue) = mpsc::channel(MAX_BATCH);
         tokio::spawn(write_loop(inner.clone(), queue));
         Ok(PostgresStore { inner, writer, fence: None })
@@ -211,6 +221,40 @@ impl PostgresStore {
     /// Follows the latest revision this process knows to be committed, by any replica.
     pub fn committed(&self) -> watch::Receiver<Revision> {
         self.inner.committed.subscribe()
+    }
+
+    /// The keys Secrets are sealed with.
+    pub fn secrets(&self) -> &Keyring {
+        &self.inner.secrets
+    }
+
+    /// Where the sealed objects stand against the write key.
+    pub async fn at_rest(&self) -> Result<AtRest> {
+        let Some(write) = self.inner.secrets.write_key() else { return Ok(AtRest::default()) };
+        let prefix = encryption::prefix_of(&write);
+        let mut at_rest = AtRest { write_key: Some(write), ..AtRest::default() };
+        for kind in encryption::ENCRYPTED_KINDS {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SELECT namespace, name FROM objects WHERE kind = $1 AND substr(value, 1, length($2)) <> $2",
+            )
+            .bind(kind)
+            .bind(&prefix)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(db)?;
+            at_rest.stale.extend(rows.into_iter().map(|(ns, name)| ObjectKey::new(*kind, ns, name)));
+            let history: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM events WHERE kind = $1 AND substr(value, 1, length($2)) <> $2",
+            )
+            .bind(kind)
+            .bind(&prefix)
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(db)?;
+            at_rest.stale_history += history;
+        }
+        at_rest.stale_objects = at_rest.stale.len();
+        Ok(at_rest)
     }
 
     /// The connection pool (for a [`LeaderLease`] on the same database).
@@ -316,7 +360,8 @@ impl Inner {
             .fetch_one(&mut *tx)
             .await
             .map_err(db)?;
-        let backend::Applied { results, revision, .. } = backend::apply_txns(&mut *tx, txns, start).await?;
+        let backend::Applied { results, revision, .. } =
+            backend::apply_txns(&mut *tx, &self.secrets, txns, start).await?;
         if revision != start {
             sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'")
                 .bind(revision)
@@ -337,7 +382,7 @@ impl Inner {
     }
 }
 
-async fn current(conn: &mut PgConnection, key: &ObjectKey) -> Result<Option<Value>> {
+async fn current(conn: &mut PgConnection, secrets: &Keyring, key: &ObjectKey) -> Result<Option<Value>> {
     let text: Option<String> =
         sqlx::query_scalar("SELECT value FROM objects WHERE kind = $1 AND namespace = $2 AND name = $3")
             .bind(&key.kind)
@@ -346,12 +391,12 @@ async fn current(conn: &mut PgConnection, key: &ObjectKey) -> Result<Option<Valu
             .fetch_optional(conn)
             .await
             .map_err(db)?;
-    text.map(|t| parse(key, &t)).transpose()
+    text.map(|t| decode(secrets, key, &t)).transpose()
 }
 
 /// The writes of a transaction, in Postgres' SQL (inside the open Postgres transaction).
 impl TxnWriter for PgConnection {
-    async fn current_many(&mut self, keys: &[ObjectKey]) -> Result<HashMap<ObjectKey, Value>> {
+    async fn current_many(&mut self, keys: &[ObjectKey]) -> Result<HashMap<ObjectKey, String>> {
         let (kinds, namespaces, names) = columns(keys.iter());
         let rows = sqlx::query(
             "SELECT o.kind, o.namespace, o.name, o.value FROM objects o
@@ -367,8 +412,7 @@ impl TxnWriter for PgConnection {
         let mut found = HashMap::with_capacity(rows.len());
         for r in rows {
             let key = ObjectKey::new(r.get::<String, _>(0), r.get::<String, _>(1), r.get::<String, _>(2));
-            let value = parse(&key, r.get(3))?;
-            found.insert(key, value);
+            found.insert(key, r.get(3));
         }
         Ok(found)
     }
@@ -534,7 +578,7 @@ impl EventLog for Inner {
         };
         tx.commit().await.map_err(db)?;
         advance(&self.committed, latest);
-        EventRead::from_rows(rows, latest)
+        EventRead::from_rows(rows, &self.secrets, latest)
     }
 }
 
@@ -545,7 +589,7 @@ impl Store for PostgresStore {
             return Ok(None); // never stored (see `admit`)
         }
         let mut conn = self.inner.pool.acquire().await.map_err(db)?;
-        current(&mut conn, key).await
+        current(&mut conn, &self.inner.secrets, key).await
     }
 
     async fn list(&self, kind: &str, options: &ListOptions) -> Result<List> {
@@ -556,7 +600,7 @@ impl Store for PostgresStore {
             refuse_nul("continue token", &format!("{namespace}/{name}"))?;
         }
         let mut tx = self.inner.pool.begin_with(SNAPSHOT).await.map_err(db)?;
-        let list = request.read(&mut *tx, kind).await?;
+        let list = request.read(&mut *tx, &self.inner.secrets, kind).await?;
         tx.commit().await.map_err(db)?;
         Ok(list)
     }

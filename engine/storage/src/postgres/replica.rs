@@ -3,7 +3,10 @@
 //! writes to the leader, as Raft followers do.
 
 use super::{Fence, LeaderLease, PostgresStore};
-use crate::remote::{PeerToken, RemoteStore};
+use crate::{
+    encryption::Keyring,
+    remote::{PeerToken, RemoteStore},
+};
 use gitplane_store::{
     Committed, List, ListOptions, ObjectKey, Op, Result, Revision, Store, StoreError, WatchOptions, WatchStream,
 };
@@ -43,8 +46,9 @@ impl PostgresReplica {
         peers: &BTreeMap<u64, String>,
         ttl: Duration,
         peer_token: PeerToken,
+        secrets: Keyring,
     ) -> Result<PostgresReplica> {
-        let store = PostgresStore::connect(url).await?;
+        let store = PostgresStore::connect_encrypted(url, secrets).await?;
         // One holder name per process incarnation: a restarted replica never mistakes an old
         // grant for its own.
         let holder = format!("{id}/{}", uuid::Uuid::new_v4());
@@ -66,6 +70,11 @@ impl PostgresReplica {
             .map(|(peer, addr)| Ok((*peer, RemoteStore::with_token(&[PeerToken::url(addr)], peer_token.clone())?)))
             .collect::<Result<_>>()?;
         Ok(PostgresReplica { inner: Arc::new(Inner { id, holder, store, token, leading, peers, peer_token }) })
+    }
+
+    /// The store on the shared database.
+    pub fn store(&self) -> &PostgresStore {
+        &self.inner.store
     }
 
     pub fn id(&self) -> u64 {

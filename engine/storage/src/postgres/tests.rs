@@ -114,7 +114,7 @@ async fn notifications_wake_watchers_without_the_poll() {
     let db = cluster.empty_database().await;
     let writer = PostgresStore::connect_with(db.clone()).await.unwrap();
     // Polling once an hour: only a notification can deliver within the test's deadline.
-    let reader = PostgresStore::open(db, Duration::from_secs(3600)).await.unwrap();
+    let reader = PostgresStore::open(db, Duration::from_secs(3600), Keyring::identity()).await.unwrap();
     let mut committed = reader.committed();
     let mut watch = reader.watch(0, WatchOptions::default()).await.unwrap();
     // The listener subscribes in the background; a commit before that is caught up by its
@@ -132,7 +132,7 @@ async fn notifications_wake_watchers_without_the_poll() {
 async fn the_poll_finds_commits_whose_notification_was_lost() {
     let cluster = PgCluster::start();
     let db = cluster.empty_database().await;
-    let reader = PostgresStore::open(db.clone(), Duration::from_millis(100)).await.unwrap();
+    let reader = PostgresStore::open(db.clone(), Duration::from_millis(100), Keyring::identity()).await.unwrap();
     let mut watch = reader.watch(0, WatchOptions::default()).await.unwrap();
     // A commit that notifies nobody, as if the listener had been disconnected at the time.
     let mut conn = PgConnection::connect_with(&db).await.unwrap();
@@ -142,7 +142,8 @@ async fn the_poll_finds_commits_whose_notification_was_lost() {
         .fetch_one(&mut *tx)
         .await
         .unwrap();
-    let backend::Applied { results, revision, .. } = backend::apply_txns(&mut *tx, &[txn], start).await.unwrap();
+    let backend::Applied { results, revision, .. } =
+        backend::apply_txns(&mut *tx, &Keyring::identity(), &[txn], start).await.unwrap();
     assert!(results[0].is_ok());
     sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'").bind(revision).execute(&mut *tx).await.unwrap();
     tx.commit().await.unwrap();

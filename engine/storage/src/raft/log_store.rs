@@ -8,13 +8,20 @@
 //! appends that queue meanwhile share one SQLite transaction and one fsync. Truncation and purge
 //! go through the same writer, in order.
 //!
+//! An entry that carries an object of an encrypted kind (a Secret) is stored with its payload
+//! sealed under the store's write key, bound to the entry's index; its log id stays readable, so
+//! the log's state is known without the keys. When the write key changes, a task re-seals the
+//! entries sealed under other keys (and seals the ones written before encryption was on), so an
+//! old key can be dropped without losing the log.
+//!
 //! The commit index is not saved (openraft's default): the state machine stores its applied
 //! position in the same transaction as the state, and a restarted replica learns the commit
 //! index from the leader. Saving it cost a synced write on every replica for every commit.
 
-use super::{NodeId, TypeConfig};
+use super::{Batch, NodeId, TypeConfig};
+use crate::encryption::{self, Keyring};
 use openraft::{
-    AnyError, Entry, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
+    AnyError, Entry, EntryPayload, LogId, LogState, OptionalSend, RaftLogReader, StorageError, StorageIOError, Vote,
     storage::{LogFlushed, RaftLogStorage},
 };
 use sqlx::{
@@ -38,6 +45,119 @@ pub struct LogStore {
     pool: SqlitePool,
     recent: Arc<Mutex<Recent>>,
     writer: mpsc::UnboundedSender<Write>,
+    secrets: Keyring,
+}
+
+/// An entry as the log table holds it when its payload is sealed (`sealed` first: the text
+/// starts with [`SEALED`]).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SealedEntry {
+    sealed: String,
+    log_id: LogId<NodeId>,
+}
+
+/// When the second pass of a re-seal runs.
+const RESEAL_AGAIN: Duration = Duration::from_secs(2);
+
+const SEALED: &str = "{\"sealed\":";
+
+/// What a sealed payload is bound to.
+fn entry_aad(index: u64) -> Vec<u8> {
+    format!("gitplane raft log entry {index}").into_bytes()
+}
+
+/// Whether an entry carries an object of an encrypted kind.
+fn carries_secrets(entry: &Entry<TypeConfig>) -> bool {
+    match &entry.payload {
+        EntryPayload::Normal(Batch(txns)) => {
+            txns.iter().flat_map(|t| &t.ops).any(|op| op.key().is_ok_and(|k| encryption::encrypts(&k.kind)))
+        }
+        _ => false,
+    }
+}
+
+/// The log table's text for `entry`.
+fn encode(secrets: &Keyring, entry: &Entry<TypeConfig>) -> Result<String, serde_json::Error> {
+    if carries_secrets(entry) {
+        let payload = serde_json::to_vec(&entry.payload)?;
+        if let Some(sealed) = secrets.seal_bytes(&entry_aad(entry.log_id.index), &payload) {
+            return serde_json::to_string(&SealedEntry { sealed, log_id: entry.log_id });
+        }
+    }
+    serde_json::to_string(entry)
+}
+
+fn decode_error(e: impl std::fmt::Display) -> StorageError<NodeId> {
+    StorageIOError::read_logs(AnyError::error(e.to_string())).into()
+}
+
+/// An entry from the log table's text.
+fn decode(secrets: &Keyring, text: &str) -> StoreResult<Entry<TypeConfig>> {
+    if !text.starts_with(SEALED) {
+        return serde_json::from_str(text).map_err(decode_error);
+    }
+    let SealedEntry { sealed, log_id } = serde_json::from_str(text).map_err(decode_error)?;
+    let payload = secrets
+        .open_bytes(&entry_aad(log_id.index), &sealed)
+        .map_err(|(_, reason)| decode_error(format!("cannot decrypt Raft log entry {}: {reason}", log_id.index)))?;
+    Ok(Entry { log_id, payload: serde_json::from_slice(&payload).map_err(decode_error)? })
+}
+
+/// Re-seals, under the current write key, every entry sealed under another key or carrying a
+/// Secret in clear; at start and after every change of the write key, while the log lives.
+/// Each row is replaced only if it still holds what was read, so appends, truncations and
+/// purges meanwhile win.
+async fn reseal(pool: SqlitePool, secrets: Keyring) {
+    let mut changes = secrets.write_key_changes();
+    loop {
+        let write = changes.borrow_and_update().clone();
+        // Twice: an entry encoded under the old key just before the change may be written after
+        // the first pass has read the log.
+        for pause in [Duration::ZERO, RESEAL_AGAIN] {
+            tokio::time::sleep(pause).await;
+            let Some(write) = &write else { break };
+            match reseal_once(&pool, &secrets, write).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(entries = n, key = %write, "re-sealed Raft log entries under the write key"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "re-sealing the Raft log failed; it is retried at the next key change")
+                }
+            }
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn reseal_once(
+    pool: &SqlitePool,
+    secrets: &Keyring,
+    write: &str,
+) -> Result<usize, Box<dyn std::error::Error + Send + Sync>> {
+    let current = format!("{SEALED}\"{}{write}:", encryption::PREFIX);
+    let rows: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT idx, entry FROM log WHERE substr(entry, 1, length(?1)) != ?1
+           AND (entry LIKE '{\"sealed\":%' OR instr(entry, '\"kind\":\"Secret\"') > 0)",
+    )
+    .bind(&current)
+    .fetch_all(pool)
+    .await?;
+    let mut count = 0;
+    for (idx, text) in rows {
+        let entry = decode(secrets, &text).map_err(|e| e.to_string())?;
+        let new = encode(secrets, &entry)?;
+        if new != text {
+            sqlx::query("UPDATE log SET entry = ? WHERE idx = ? AND entry = ?")
+                .bind(new)
+                .bind(idx)
+                .bind(&text)
+                .execute(pool)
+                .await?;
+            count += 1;
+        }
+    }
+    Ok(count)
 }
 
 type Done = oneshot::Sender<Result<(), sqlx::Error>>;
@@ -112,7 +232,7 @@ fn io<E: std::error::Error + 'static>(
 }
 
 impl LogStore {
-    pub async fn open(path: &Path) -> Result<LogStore, sqlx::Error> {
+    pub async fn open(path: &Path, secrets: Keyring) -> Result<LogStore, sqlx::Error> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -128,8 +248,9 @@ impl LogStore {
             .execute(&pool)
             .await?;
         let (writer, queue) = mpsc::unbounded_channel();
-        tokio::spawn(write_loop(pool.clone(), queue));
-        Ok(LogStore { pool, recent: Arc::default(), writer })
+        tokio::spawn(write_loop(pool.clone(), secrets.clone(), queue));
+        tokio::spawn(reseal(pool.clone(), secrets.clone()));
+        Ok(LogStore { pool, recent: Arc::default(), writer, secrets })
     }
 
     /// Queues `write` and waits for it to be done.
@@ -163,7 +284,7 @@ async fn set_meta<T: serde::Serialize>(pool: &SqlitePool, key: &str, value: &T) 
     Ok(())
 }
 
-async fn write_loop(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Write>) {
+async fn write_loop(pool: SqlitePool, secrets: Keyring, mut queue: mpsc::UnboundedReceiver<Write>) {
     let mut queued = Vec::new();
     let mut appends = Vec::new();
     while queue.recv_many(&mut queued, 256).await > 0 {
@@ -175,11 +296,11 @@ async fn write_loop(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Write>)
                 }
                 // Whatever was appended before goes first.
                 Write::Truncate(index, done) => {
-                    commit(&pool, &mut appends).await;
+                    commit(&pool, &secrets, &mut appends).await;
                     (sqlx::query("DELETE FROM log WHERE idx >= ?").bind(index as i64).execute(&pool).await, done)
                 }
                 Write::Purge(log_id, done) => {
-                    commit(&pool, &mut appends).await;
+                    commit(&pool, &secrets, &mut appends).await;
                     let purged = async {
                         set_meta(&pool, "purged", &log_id).await?;
                         sqlx::query("DELETE FROM log WHERE idx <= ?").bind(log_id.index as i64).execute(&pool).await
@@ -187,26 +308,30 @@ async fn write_loop(pool: SqlitePool, mut queue: mpsc::UnboundedReceiver<Write>)
                     (purged.await, done)
                 }
                 Write::Flush(done) => {
-                    commit(&pool, &mut appends).await;
+                    commit(&pool, &secrets, &mut appends).await;
                     let _ = done.send(Ok(()));
                     continue;
                 }
             };
             let _ = done.send(result.map(|_| ()));
         }
-        commit(&pool, &mut appends).await;
+        commit(&pool, &secrets, &mut appends).await;
     }
 }
 
 /// Writes the queued appends in one transaction (one fsync) and reports each to openraft.
-async fn commit(pool: &SqlitePool, appends: &mut Vec<(Vec<Entry<TypeConfig>>, LogFlushed<TypeConfig>)>) {
+async fn commit(
+    pool: &SqlitePool,
+    secrets: &Keyring,
+    appends: &mut Vec<(Vec<Entry<TypeConfig>>, LogFlushed<TypeConfig>)>,
+) {
     if appends.is_empty() {
         return;
     }
     let result = async {
         let mut tx = pool.begin().await?;
         for entry in appends.iter().flat_map(|(entries, _)| entries) {
-            let text = serde_json::to_string(entry).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+            let text = encode(secrets, entry).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
             sqlx::query("INSERT OR REPLACE INTO log (idx, entry) VALUES (?, ?)")
                 .bind(entry.log_id.index as i64)
                 .bind(text)
@@ -250,9 +375,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             .fetch_all(&self.pool)
             .await
             .map_err(io(StorageIOError::read_logs))?;
-        rows.iter()
-            .map(|row| serde_json::from_str(row.get::<&str, _>(0)).map_err(io(StorageIOError::read_logs)))
-            .collect()
+        rows.iter().map(|row| decode(&self.secrets, row.get::<&str, _>(0))).collect()
     }
 }
 
@@ -266,8 +389,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(io(StorageIOError::read_logs))?;
+        // The log id only: a sealed entry's is readable without the keys.
+        #[derive(serde::Deserialize)]
+        struct LogIdOnly {
+            log_id: LogId<NodeId>,
+        }
         let last = last
-            .map(|e| serde_json::from_str::<Entry<TypeConfig>>(&e).map_err(io(StorageIOError::read_logs)))
+            .map(|e| serde_json::from_str::<LogIdOnly>(&e).map_err(io(StorageIOError::read_logs)))
             .transpose()?
             .map(|e| e.log_id);
         Ok(LogState { last_purged_log_id: purged, last_log_id: last.or(purged) })

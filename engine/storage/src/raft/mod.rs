@@ -12,7 +12,7 @@
 // openraft's traits fix their (large) error types; we return what they ask for.
 #![allow(clippy::result_large_err)]
 
-mod log_store;
+pub(crate) mod log_store;
 mod network;
 mod state_machine;
 #[cfg(test)]
@@ -24,6 +24,7 @@ pub use network::Faults;
 
 use crate::{
     Txn, db,
+    encryption::Keyring,
     remote::{PeerToken, RemoteStore, StoreServer},
     sqlite::{Durability, SqliteStore},
 };
@@ -75,6 +76,9 @@ pub struct ReplicaConfig {
     pub logs_to_keep: u64,
     /// What the replicas present to each other's store and Raft services, and require.
     pub peer_token: PeerToken,
+    /// Seals Secrets in the store and in the log (none by default: set it). The same keys on
+    /// every replica: snapshots carry the sealed values from one replica to another.
+    pub secrets: Keyring,
 }
 
 impl ReplicaConfig {
@@ -90,6 +94,7 @@ impl ReplicaConfig {
             snapshot_every: 20_000,
             logs_to_keep: 5_000,
             peer_token,
+            secrets: Keyring::identity(),
         }
     }
 
@@ -124,8 +129,10 @@ impl RaftStore {
     /// Opens (or creates) this replica's state and joins the cluster of `config.peers`.
     pub async fn start(config: ReplicaConfig) -> Result<RaftStore> {
         std::fs::create_dir_all(&config.dir).map_err(|e| fatal(format!("creating {}: {e}", config.dir.display())))?;
-        let local = SqliteStore::open(&config.dir.join("store.db"), Durability::Replicated).await?;
-        let log = log_store::LogStore::open(&config.dir.join("raft.db")).await.map_err(db)?;
+        let local =
+            SqliteStore::open_encrypted(&config.dir.join("store.db"), Durability::Replicated, config.secrets.clone())
+                .await?;
+        let log = log_store::LogStore::open(&config.dir.join("raft.db"), config.secrets.clone()).await.map_err(db)?;
         let state_machine =
             state_machine::StateMachine::open(local.clone(), &config.dir.join("snapshots")).await.map_err(db)?;
         let raft_config = Config {
@@ -186,6 +193,11 @@ impl RaftStore {
     /// the time to run what only one replica may run (source, scheduler, controllers).
     pub fn leading(&self) -> watch::Receiver<bool> {
         self.inner.leading.clone()
+    }
+
+    /// This replica's own SQLite store (its applied state).
+    pub fn local(&self) -> &SqliteStore {
+        &self.inner.local
     }
 
     /// Fault injection for tests: cut replicas off from the others.

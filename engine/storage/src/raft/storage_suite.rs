@@ -18,7 +18,8 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Bui
     async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateMachine), StorageError<NodeId>> {
         let dir = tempfile::tempdir().map_err(setup)?;
         let store = SqliteStore::open(&dir.path().join("store.db"), Durability::Replicated).await.map_err(setup)?;
-        let log = LogStore::open(&dir.path().join("raft.db")).await.map_err(setup)?;
+        let log =
+            LogStore::open(&dir.path().join("raft.db"), crate::encryption::Keyring::identity()).await.map_err(setup)?;
         let state_machine = StateMachine::open(store, &dir.path().join("snapshots")).await.map_err(setup)?;
         Ok((dir, log, state_machine))
     }
