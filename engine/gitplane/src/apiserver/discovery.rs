@@ -337,4 +337,57 @@ mod tests {
         assert!(v["gitVersion"].as_str().unwrap().starts_with("v1.33.0-gitplane."));
         assert!(v.get("goVersion").is_some() && v["platform"].as_str().unwrap().contains('/'));
     }
+
+    /// Through the router as a replica serves it (with its fallback): content types, group
+    /// documents, the status subresource, and a Status 404 for paths nothing serves.
+    #[tokio::test]
+    async fn the_router_serves_discovery_and_answers_unknown_paths_with_a_status() {
+        use axum::body::Body;
+        use gitplane_store::{Op, Store};
+        use tower::ServiceExt;
+        let store = std::sync::Arc::new(gitplane_storage::sqlite::SqliteStore::memory().await.unwrap());
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"}});
+        store.txn(vec![Op::Create(pod)]).await.unwrap();
+        let kubelet = crate::kubelet_client::KubeletClient::new(
+            crate::nodeservice::NodeIdentity::new("join-token-0123456789", [7; 32]),
+            None,
+        );
+        let router = super::super::router(store, "repo".into(), kubelet).fallback(super::super::not_found);
+        let call = |uri: &str, accept: Option<&str>| {
+            let mut request = axum::http::Request::builder().uri(uri);
+            if let Some(accept) = accept {
+                request = request.header("accept", accept);
+            }
+            let router = router.clone();
+            let request = request.body(Body::empty()).unwrap();
+            async move {
+                let response = router.oneshot(request).await.unwrap();
+                let (code, headers) = (response.status(), response.headers().clone());
+                let bytes = axum::body::to_bytes(response.into_body(), 1 << 24).await.unwrap();
+                (code, headers, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+            }
+        };
+        let (_, headers, body) = call("/apis", Some(KUBECTL)).await;
+        assert_eq!(headers["content-type"], "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList");
+        assert_eq!(body["kind"], "APIGroupDiscoveryList");
+        let (_, headers, body) = call("/api", None).await;
+        assert_eq!(
+            (headers["content-type"].to_str().unwrap(), body["kind"].as_str()),
+            ("application/json", Some("APIVersions"))
+        );
+        let (code, _, body) = call("/apis/apps", None).await;
+        assert_eq!((code.as_u16(), body["kind"].as_str()), (200, Some("APIGroup")));
+        let (code, _, body) = call("/api/v1/namespaces/a/pods/p/status", None).await;
+        assert_eq!((code.as_u16(), body["metadata"]["name"].as_str()), (200, Some("p")));
+        let (_, _, body) = call("/version", None).await;
+        assert_eq!(body["major"], "1");
+        for path in ["/metrics", "/openapi/v9", "/readyz-not", "/apis/widgets.example.com", "/"] {
+            let (code, _, body) = call(path, None).await;
+            assert_eq!(
+                (code.as_u16(), body["kind"].as_str(), body["code"].as_u64()),
+                (404, Some("Status"), Some(404)),
+                "{path}"
+            );
+        }
+    }
 }
