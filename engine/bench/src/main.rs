@@ -4,9 +4,11 @@
 //! write throughput and latency, leader failover, and watch fan-out. `gitplane-bench source`
 //! measures the GitOps source against the bare YAML parse and `kubectl kustomize`;
 //! `gitplane-bench services` Services across the nodes of `gitplane up --nodes`; `gitplane-bench
-//! podstart` Pod start on one node against bare CRI calls. Progress goes to
+//! podstart` Pod start on one node against bare CRI calls; `gitplane-bench api` reads of the status
+//! API with 150,000 Pods stored. Progress goes to
 //! stderr, one Markdown table to stdout.
 
+mod api;
 mod auth;
 mod etcd;
 mod failover;
@@ -49,6 +51,10 @@ enum Command {
     /// Pod start on one node: the agent's runtime manager from a bound Pod to Running, against
     /// the same CRI calls made bare, one by one and all at once. Prints Markdown tables.
     Podstart(podstart::PodStartArgs),
+    /// Reads of the status API with 150,000 Pods stored: cluster-wide LIST (unpaged, and in
+    /// kubectl's pages of 500) and GET of one Pod by 100 concurrent readers. Prints one Markdown
+    /// table.
+    Api(api::ApiArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -153,6 +159,7 @@ fn main() -> Result<()> {
         Command::Services(args) => services::main(args),
         Command::Idle(args) => idle::main(args),
         Command::Podstart(args) => podstart::main(args),
+        Command::Api(args) => api::main(args),
     }
 }
 
