@@ -8,6 +8,7 @@ pub mod application;
 pub mod events;
 pub mod kinds;
 pub mod object;
+pub mod openapi;
 pub mod podrefs;
 pub mod quantity;
 pub mod schema;

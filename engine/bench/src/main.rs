@@ -4,9 +4,11 @@
 //! write throughput and latency, leader failover, and watch fan-out. `gitplane-bench source`
 //! measures the GitOps source against the bare YAML parse and `kubectl kustomize`;
 //! `gitplane-bench services` Services across the nodes of `gitplane up --nodes`; `gitplane-bench
-//! podstart` Pod start on one node against bare CRI calls. Progress goes to
+//! podstart` Pod start on one node against bare CRI calls; `gitplane-bench api` reads of the status
+//! API with 150,000 Pods stored. Progress goes to
 //! stderr, one Markdown table to stdout.
 
+mod api;
 mod apiwatch;
 mod auth;
 mod encryption;
@@ -51,6 +53,10 @@ enum Command {
     /// Pod start on one node: the agent's runtime manager from a bound Pod to Running, against
     /// the same CRI calls made bare, one by one and all at once. Prints Markdown tables.
     Podstart(podstart::PodStartArgs),
+    /// Reads of the status API with 150,000 Pods stored: cluster-wide LIST (unpaged, and in
+    /// kubectl's pages of 500) and GET of one Pod by 100 concurrent readers. Prints one Markdown
+    /// table.
+    Api(api::ApiArgs),
     /// The status API's WATCH: 1,000 watches of Pods over HTTP while Pods are created at 100/s,
     /// event delivery p50 / p99 against the store's own watch. Prints one Markdown table.
     ApiWatch(apiwatch::ApiWatchArgs),
@@ -161,6 +167,7 @@ fn main() -> Result<()> {
         Command::Services(args) => services::main(args),
         Command::Idle(args) => idle::main(args),
         Command::Podstart(args) => podstart::main(args),
+        Command::Api(args) => api::main(args),
         Command::ApiWatch(args) => apiwatch::main(args),
         Command::Encryption(args) => encryption::main(args),
     }

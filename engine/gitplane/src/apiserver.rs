@@ -2,11 +2,15 @@
 //! beside the node gRPC service on one listener. Every write answers 405 and says where to push.
 //! [`logs`] is the pod log subresource, streamed from the node that runs the Pod; [`metrics`]
 //! is the resource metrics API (`kubectl top`), asked of the nodes; [`watch`] serves
-//! `?watch=1`; [`fields`] parses and matches field selectors.
+//! `?watch=1`; [`fields`] parses and matches field selectors; [`discovery`], [`openapi`] and
+//! [`health`] are what clients read about the server itself.
 
+mod discovery;
 mod fields;
+pub mod health;
 mod logs;
 mod metrics;
+mod openapi;
 mod watch;
 
 use crate::{
@@ -89,9 +93,10 @@ pub fn router(store: Arc<dyn Store>, push_hint: String, kubelet: KubeletClient) 
     let watches = PerClient::new(watch::MAX_WATCHES_PER_CLIENT);
     let state = ApiState { store, push_hint: push_hint.into(), kubelet, watches };
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/version", get(|| async { Json(discovery::version()) }))
         .route("/api", any(core_versions))
         .route("/apis", any(group_list))
+        .merge(openapi::router())
         .route("/api/{*path}", any(core))
         .route("/apis/{*path}", any(grouped))
         .with_state(state)
@@ -128,61 +133,18 @@ fn read_only(state: &ApiState) -> Response {
     )
 }
 
-async fn core_versions(State(state): State<ApiState>, method: Method) -> Response {
+async fn core_versions(State(state): State<ApiState>, method: Method, headers: HeaderMap) -> Response {
     if method != Method::GET {
         return read_only(&state);
     }
-    Json(json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})).into_response()
+    discovery::root(true, &headers)
 }
 
-async fn group_list(State(state): State<ApiState>, method: Method) -> Response {
+async fn group_list(State(state): State<ApiState>, method: Method, headers: HeaderMap) -> Response {
     if method != Method::GET {
         return read_only(&state);
     }
-    let mut groups: Vec<(&str, &str)> =
-        RESOURCES.iter().filter(|r| !r.group.is_empty()).map(|r| (r.group, r.version)).collect();
-    groups.dedup();
-    let groups: Vec<Value> = groups
-        .into_iter()
-        .map(|(g, v)| {
-            let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
-            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
-        })
-        .chain([metrics::api_group()])
-        .collect();
-    Json(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})).into_response()
-}
-
-/// The short names the API server lists in discovery, which kubectl accepts (`kubectl get ep`).
-fn short_names(plural: &str) -> &'static [&'static str] {
-    match plural {
-        "pods" => &["po"],
-        "services" => &["svc"],
-        "endpoints" => &["ep"],
-        "configmaps" => &["cm"],
-        "events" => &["ev"],
-        "nodes" => &["no"],
-        "namespaces" => &["ns"],
-        "deployments" => &["deploy"],
-        "replicasets" => &["rs"],
-        _ => &[],
-    }
-}
-
-fn resource_list(group: &str, version: &str) -> Option<Value> {
-    let resources: Vec<Value> = RESOURCES
-        .iter()
-        .filter(|r| r.group == group && r.version == version)
-        .map(|r| {
-            json!({"name": r.plural, "singularName": r.kind.to_lowercase(), "namespaced": r.namespaced,
-                   "kind": r.kind, "verbs": ["get", "list", "watch"], "shortNames": short_names(r.plural)})
-        })
-        .collect();
-    if resources.is_empty() {
-        return None;
-    }
-    let group_version = if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}))
+    discovery::root(false, &headers)
 }
 
 /// What a request asks for beyond its path: the Kubernetes list parameters and the format.
@@ -262,7 +224,11 @@ async fn grouped(
     };
     match path.split_once('/') {
         Some((group, rest)) => serve(state, client, method, q, group, rest).await,
-        None => status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find /apis/{path}")),
+        None if method == Method::GET => match discovery::group(&path) {
+            Some(group) => Json(group).into_response(),
+            None => status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find /apis/{path}")),
+        },
+        None => read_only(&state),
     }
 }
 
@@ -305,7 +271,7 @@ async fn serve(
     };
     let (plural, name) = match rest {
         [] => {
-            return resource_list(group, version).map(|l| Json(l).into_response()).unwrap_or_else(|| {
+            return discovery::resource_list(group, version).map(|l| Json(l).into_response()).unwrap_or_else(|| {
                 status(
                     StatusCode::NOT_FOUND,
                     "NotFound",
@@ -314,7 +280,8 @@ async fn serve(
             });
         }
         [plural] => (*plural, None),
-        [plural, name] => (*plural, Some(*name)),
+        // A `status` subresource reads as the whole object, as the API server answers it.
+        [plural, name] | [plural, name, "status"] => (*plural, Some(*name)),
         _ => return status(StatusCode::NOT_FOUND, "NotFound", format!("the server could not find {path}")),
     };
     let Some(resource) = RESOURCES.iter().find(|r| r.group == group && r.version == *version && r.plural == plural)

@@ -200,6 +200,7 @@ impl Replica {
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let http = apiserver::router(shared.clone(), push_hint, kubelet)
+            .merge(apiserver::health::router(backend.clone()))
             .route(
                 "/replica",
                 get(move || {

@@ -4,21 +4,37 @@
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-fn column(name: &str, kind: &str, description: &str) -> Value {
+/// One column: its name, type and priority (1: shown only by `kubectl get -o wide`).
+fn column(name: &str, kind: &str, priority: u8) -> Value {
     let format = if name == "Name" { "name" } else { "" };
-    json!({"name": name, "type": kind, "format": format, "description": description, "priority": 0})
+    json!({"name": name, "type": kind, "format": format, "description": "", "priority": priority})
 }
 
-/// `5s`, `12m`, `3h4m`, `2d` as `kubectl` prints ages.
+/// `5s`, `12m`, `3h4m`, `2d5h` as the API server prints ages (apimachinery's `HumanDuration`).
 pub fn age(created: Option<&str>, now: Timestamp) -> String {
     let Some(created) = created.and_then(|c| c.parse::<Timestamp>().ok()) else { return "<unknown>".into() };
-    let s = now.duration_since(created).as_secs().max(0);
-    match s {
-        0..120 => format!("{s}s"),
-        120..600 => format!("{}m{}s", s / 60, s % 60),
-        600..10_800 => format!("{}m", s / 60),
-        10_800..172_800 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
-        _ => format!("{}d", s / 86_400),
+    human_duration(now.duration_since(created).as_secs())
+}
+
+fn human_duration(s: i64) -> String {
+    if s < -1 {
+        return "<invalid>".into();
+    }
+    let s = s.max(0);
+    let (m, h) = (s / 60, s / 3600);
+    let (d, y) = (h / 24, h / (24 * 365));
+    let unit =
+        |n: i64, u: &str, rest: i64, ru: &str| if rest == 0 { format!("{n}{u}") } else { format!("{n}{u}{rest}{ru}") };
+    match () {
+        _ if s < 120 => format!("{s}s"),
+        _ if m < 10 => unit(m, "m", s % 60, "s"),
+        _ if m < 180 => format!("{m}m"),
+        _ if h < 8 => unit(h, "h", m % 60, "m"),
+        _ if h < 48 => format!("{h}h"),
+        _ if h < 24 * 8 => unit(d, "d", h % 24, "h"),
+        _ if h < 24 * 365 * 2 => format!("{d}d"),
+        _ if h < 24 * 365 * 8 => unit(y, "y", d % 365, "d"),
+        _ => format!("{y}y"),
     }
 }
 
@@ -26,131 +42,328 @@ fn text(v: &Value) -> String {
     v.as_str().unwrap_or("").to_owned()
 }
 
+fn or_none(v: &Value) -> String {
+    v.as_str().filter(|s| !s.is_empty()).unwrap_or("<none>").to_owned()
+}
+
 fn int(v: &Value) -> i64 {
     v.as_i64().unwrap_or(0)
 }
 
-/// The columns after Name for a kind, and a row's cells for them.
+const S: &str = "string";
+const I: &str = "integer";
+
+/// The columns of a kind, as the API server's printers define them (`-o wide` adds the
+/// priority 1 ones); the Name column is first unless the kind puts it elsewhere (Event).
 fn columns(kind: &str) -> Vec<Value> {
-    let cols: &[(&str, &str)] = match kind {
-        "Pod" => &[
-            ("Ready", "string"),
-            ("Status", "string"),
-            ("Restarts", "integer"),
-            ("Age", "string"),
-            ("IP", "string"),
-            ("Node", "string"),
+    let workload = [("Containers", S, 1), ("Images", S, 1), ("Selector", S, 1)];
+    let cols: Vec<(&str, &str, u8)> = match kind {
+        "Pod" => vec![
+            ("Name", S, 0),
+            ("Ready", S, 0),
+            ("Status", S, 0),
+            ("Restarts", S, 0),
+            ("Age", S, 0),
+            ("IP", S, 1),
+            ("Node", S, 1),
+            ("Nominated Node", S, 1),
+            ("Readiness Gates", S, 1),
         ],
-        "Deployment" => &[("Ready", "string"), ("Up-to-date", "integer"), ("Available", "integer"), ("Age", "string")],
-        "ReplicaSet" => &[("Desired", "integer"), ("Current", "integer"), ("Ready", "integer"), ("Age", "string")],
-        "Job" => &[("Status", "string"), ("Completions", "string"), ("Age", "string")],
-        "Service" => &[
-            ("Type", "string"),
-            ("Cluster-IP", "string"),
-            ("External-IP", "string"),
-            ("Port(s)", "string"),
-            ("Age", "string"),
+        "Deployment" => [("Name", S, 0), ("Ready", S, 0), ("Up-to-date", I, 0), ("Available", I, 0), ("Age", S, 0)]
+            .into_iter()
+            .chain(workload)
+            .collect(),
+        "ReplicaSet" => [("Name", S, 0), ("Desired", I, 0), ("Current", I, 0), ("Ready", I, 0), ("Age", S, 0)]
+            .into_iter()
+            .chain(workload)
+            .collect(),
+        "Job" => [("Name", S, 0), ("Status", S, 0), ("Completions", S, 0), ("Duration", S, 0), ("Age", S, 0)]
+            .into_iter()
+            .chain(workload)
+            .collect(),
+        "Service" => vec![
+            ("Name", S, 0),
+            ("Type", S, 0),
+            ("Cluster-IP", S, 0),
+            ("External-IP", S, 0),
+            ("Port(s)", S, 0),
+            ("Age", S, 0),
+            ("Selector", S, 1),
         ],
-        "Endpoints" => &[("Endpoints", "string"), ("Age", "string")],
+        "Endpoints" => vec![("Name", S, 0), ("Endpoints", S, 0), ("Age", S, 0)],
         "EndpointSlice" => {
-            &[("AddressType", "string"), ("Ports", "string"), ("Endpoints", "string"), ("Age", "string")]
+            vec![("Name", S, 0), ("AddressType", S, 0), ("Ports", S, 0), ("Endpoints", S, 0), ("Age", S, 0)]
         }
-        "Node" => &[("Status", "string"), ("Age", "string"), ("Version", "string"), ("Pod-CIDR", "string")],
-        "Application" => &[("Sync", "string"), ("Health", "string"), ("Revision", "string"), ("Age", "string")],
-        "Event" => &[("Type", "string"), ("Reason", "string"), ("Object", "string"), ("Message", "string")],
-        _ => &[("Age", "string")],
+        "Node" => vec![
+            ("Name", S, 0),
+            ("Status", S, 0),
+            ("Roles", S, 0),
+            ("Age", S, 0),
+            ("Version", S, 0),
+            ("Internal-IP", S, 1),
+            ("External-IP", S, 1),
+            ("OS-Image", S, 1),
+            ("Kernel-Version", S, 1),
+            ("Container-Runtime", S, 1),
+        ],
+        "Namespace" => vec![("Name", S, 0), ("Status", S, 0), ("Age", S, 0)],
+        "ConfigMap" => vec![("Name", S, 0), ("Data", I, 0), ("Age", S, 0)],
+        "Secret" => vec![("Name", S, 0), ("Type", S, 0), ("Data", I, 0), ("Age", S, 0)],
+        "Lease" => vec![("Name", S, 0), ("Holder", S, 0), ("Age", S, 0)],
+        "Event" => vec![
+            ("Last Seen", S, 0),
+            ("Type", S, 0),
+            ("Reason", S, 0),
+            ("Object", S, 0),
+            ("Subobject", S, 1),
+            ("Source", S, 1),
+            ("Message", S, 0),
+            ("First Seen", S, 1),
+            ("Count", I, 1),
+            ("Name", S, 1),
+        ],
+        "Application" => vec![
+            ("Name", S, 0),
+            ("Sync", S, 0),
+            ("Health", S, 0),
+            ("Revision", S, 0),
+            ("Age", S, 0),
+            ("Repo", S, 1),
+            ("Branch", S, 1),
+            ("Path", S, 1),
+        ],
+        _ => vec![("Name", S, 0), ("Age", S, 0)],
     };
-    std::iter::once(column("Name", "string", "Name of the object"))
-        .chain(cols.iter().map(|(n, t)| column(n, t, "")))
-        .collect()
+    cols.into_iter().map(|(n, t, p)| column(n, t, p)).collect()
 }
 
-/// kubectl's status of a Pod still initializing: `Init:<reason>` for the first init container
-/// that failed or waits for a reason, else `Init:<done>/<total>`; `None` once all succeeded.
-fn init_reason(statuses: &[Value], total: usize) -> Option<String> {
-    for (i, c) in statuses.iter().enumerate() {
-        let (waiting, terminated) = (&c["state"]["waiting"], &c["state"]["terminated"]);
+/// A terminated container's reason, or its signal or exit code when it gives none.
+fn terminated_reason(t: &Value, prefix: &str) -> String {
+    match t["reason"].as_str().filter(|r| !r.is_empty()) {
+        Some(reason) => format!("{prefix}{reason}"),
+        None if int(&t["signal"]) != 0 => format!("{prefix}Signal:{}", int(&t["signal"])),
+        None => format!("{prefix}ExitCode:{}", int(&t["exitCode"])),
+    }
+}
+
+fn condition_true(status: &Value, kind: &str) -> bool {
+    array(&status["conditions"]).any(|c| c["type"] == kind && c["status"] == "True")
+}
+
+/// The later of `latest` and the time a container last terminated.
+fn last_termination(latest: Option<Timestamp>, c: &Value) -> Option<Timestamp> {
+    let finished = c["lastState"]["terminated"]["finishedAt"].as_str().and_then(|t| t.parse::<Timestamp>().ok());
+    latest.max(finished)
+}
+
+/// A Pod's READY, STATUS and RESTARTS as the API server's printer works them out: init
+/// containers first (`Init:1/2`, `Init:CrashLoopBackOff`), then the app containers' waiting or
+/// terminated reasons over the phase, `Terminating` while deleted.
+fn pod_state(o: &Value, now: Timestamp) -> (String, String, String) {
+    let (spec, status) = (&o["spec"], &o["status"]);
+    let init_specs: Vec<&Value> = array(&spec["initContainers"]).collect();
+    let restartable = |name: &Value| init_specs.iter().any(|c| c["name"] == *name && c["restartPolicy"] == "Always");
+    let mut total =
+        array(&spec["containers"]).count() + init_specs.iter().filter(|c| c["restartPolicy"] == "Always").count();
+    if total == 0 {
+        total = array(&status["containerStatuses"]).count();
+    }
+    let mut ready = 0;
+    let mut restarts = 0;
+    let mut last_restart = None;
+    let (mut sidecar_restarts, mut sidecar_last_restart) = (0, None);
+    let phase = status["phase"].as_str().unwrap_or("Pending");
+    let mut reason = status["reason"].as_str().filter(|r| !r.is_empty()).unwrap_or(phase).to_owned();
+    if array(&status["conditions"]).any(|c| c["type"] == "PodScheduled" && c["reason"] == "SchedulingGated") {
+        reason = "SchedulingGated".into();
+    }
+    let mut initializing = false;
+    for (i, c) in array(&status["initContainerStatuses"]).enumerate() {
+        restarts += int(&c["restartCount"]);
+        last_restart = last_termination(last_restart, c);
+        if restartable(&c["name"]) {
+            sidecar_restarts += int(&c["restartCount"]);
+            sidecar_last_restart = last_termination(sidecar_last_restart, c);
+        }
+        let (terminated, waiting) = (&c["state"]["terminated"], &c["state"]["waiting"]);
         if terminated.is_object() && int(&terminated["exitCode"]) == 0 {
             continue;
         }
-        let reason = match (terminated["reason"].as_str(), waiting["reason"].as_str()) {
-            (Some(reason), _) if !reason.is_empty() => format!("Init:{reason}"),
-            _ if terminated.is_object() => format!("Init:ExitCode:{}", int(&terminated["exitCode"])),
-            (_, Some(reason)) if !reason.is_empty() && reason != "PodInitializing" => format!("Init:{reason}"),
-            _ => format!("Init:{i}/{total}"),
+        if restartable(&c["name"]) && c["started"] == true {
+            ready += usize::from(c["ready"] == true);
+            continue;
+        }
+        reason = match waiting["reason"].as_str() {
+            _ if terminated.is_object() => terminated_reason(terminated, "Init:"),
+            Some(r) if !r.is_empty() && r != "PodInitializing" => format!("Init:{r}"),
+            _ => format!("Init:{i}/{}", init_specs.len()),
         };
-        return Some(reason);
+        initializing = true;
+        break;
     }
-    None
+    if !initializing || condition_true(status, "Initialized") {
+        restarts = sidecar_restarts;
+        last_restart = sidecar_last_restart;
+        let mut running = false;
+        for c in array(&status["containerStatuses"]).collect::<Vec<_>>().into_iter().rev() {
+            restarts += int(&c["restartCount"]);
+            last_restart = last_termination(last_restart, c);
+            let (terminated, waiting) = (&c["state"]["terminated"], &c["state"]["waiting"]);
+            if let Some(r) = waiting["reason"].as_str().filter(|r| !r.is_empty()) {
+                reason = r.to_owned();
+            } else if terminated.is_object() {
+                reason = terminated_reason(terminated, "");
+            } else if c["ready"] == true && c["state"]["running"].is_object() {
+                running = true;
+                ready += 1;
+            }
+        }
+        if reason == "Completed" && running {
+            reason = if condition_true(status, "Ready") { "Running" } else { "NotReady" }.into();
+        }
+    }
+    if o["metadata"]["deletionTimestamp"].is_string() {
+        if status["reason"] == "NodeLost" {
+            reason = "Unknown".into();
+        } else if !matches!(phase, "Succeeded" | "Failed") {
+            reason = "Terminating".into();
+        }
+    }
+    let restarts = match last_restart {
+        Some(at) if restarts != 0 => format!("{restarts} ({} ago)", human_duration(now.duration_since(at).as_secs())),
+        _ => restarts.to_string(),
+    };
+    (format!("{ready}/{total}"), reason, restarts)
+}
+
+/// `app=web,tier in (db,web)`: a label selector as the API server prints one.
+fn selector(s: &Value) -> String {
+    let mut requirements: Vec<(String, String)> = s["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), format!("{k}={}", text(v))))
+        .collect();
+    for e in array(&s["matchExpressions"]) {
+        let key = text(&e["key"]);
+        let mut values: Vec<String> = array(&e["values"]).map(text).collect();
+        values.sort();
+        let r = match e["operator"].as_str().unwrap_or("") {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.clone(),
+            "DoesNotExist" => format!("!{key}"),
+            other => format!("{key} {other}"),
+        };
+        requirements.push((key, r));
+    }
+    requirements.sort();
+    let printed: Vec<String> = requirements.into_iter().map(|(_, r)| r).collect();
+    if printed.is_empty() { "<none>".into() } else { printed.join(",") }
+}
+
+/// `app=web,tier=db`: a label map (a Service's selector) as the API server prints it.
+fn labels(m: &Value) -> String {
+    let printed: Vec<String> = m.as_object().into_iter().flatten().map(|(k, v)| format!("{k}={}", text(v))).collect();
+    if printed.is_empty() { "<none>".into() } else { printed.join(",") }
+}
+
+/// A workload's wide cells: the template's container names, their images, the selector.
+fn workload(spec: &Value) -> [Value; 3] {
+    let containers: Vec<&Value> = array(&spec["template"]["spec"]["containers"]).collect();
+    let names: Vec<String> = containers.iter().map(|c| text(&c["name"])).collect();
+    let images: Vec<String> = containers.iter().map(|c| text(&c["image"])).collect();
+    [json!(names.join(",")), json!(images.join(",")), json!(selector(&spec["selector"]))]
+}
+
+fn since(t: &Value, now: Timestamp) -> Option<String> {
+    let t = t.as_str().and_then(|t| t.parse::<Timestamp>().ok())?;
+    Some(human_duration(now.duration_since(t).as_secs()))
 }
 
 fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
     let age = age(o["metadata"]["creationTimestamp"].as_str(), now);
     let (spec, status) = (&o["spec"], &o["status"]);
-    let mut cells = vec![json!(text(&o["metadata"]["name"]))];
+    let name = json!(text(&o["metadata"]["name"]));
     match kind {
         "Pod" => {
-            let containers = status["containerStatuses"].as_array().cloned().unwrap_or_default();
-            let total = spec["containers"].as_array().map_or(0, Vec::len);
-            let ready = containers.iter().filter(|c| c["ready"] == true).count();
-            let init = status["initContainerStatuses"].as_array().cloned().unwrap_or_default();
-            let restarts: i64 = containers.iter().chain(&init).map(|c| int(&c["restartCount"])).sum();
-            // As kubectl: a waiting or terminated reason says more than the phase.
-            let reason = init_reason(&init, spec["initContainers"].as_array().map_or(0, Vec::len))
-                .or_else(|| {
-                    containers
-                        .iter()
-                        .find_map(|c| {
-                            c["state"]["waiting"]["reason"].as_str().or(c["state"]["terminated"]["reason"].as_str())
-                        })
-                        .map(str::to_owned)
-                })
-                .unwrap_or_else(|| status["phase"].as_str().unwrap_or("Pending").to_owned());
-            let ip = status["podIP"].as_str().unwrap_or("<none>");
-            let node = spec["nodeName"].as_str().unwrap_or("<none>");
-            cells.extend([
-                json!(format!("{ready}/{total}")),
+            let (ready, reason, restarts) = pod_state(o, now);
+            let ip = array(&status["podIPs"]).next().map(|i| text(&i["ip"])).unwrap_or_else(|| text(&status["podIP"]));
+            let gates: Vec<&Value> = array(&spec["readinessGates"]).collect();
+            let gates = if gates.is_empty() {
+                "<none>".to_owned()
+            } else {
+                let met =
+                    gates.iter().filter(|g| condition_true(status, g["conditionType"].as_str().unwrap_or(""))).count();
+                format!("{met}/{}", gates.len())
+            };
+            vec![
+                name,
+                json!(ready),
                 json!(reason),
                 json!(restarts),
                 json!(age),
-                json!(ip),
-                json!(node),
-            ]);
+                json!(if ip.is_empty() { "<none>".to_owned() } else { ip }),
+                json!(or_none(&spec["nodeName"])),
+                json!(or_none(&status["nominatedNodeName"])),
+                json!(gates),
+            ]
         }
         "Deployment" => {
             let want = spec["replicas"].as_i64().unwrap_or(1);
-            cells.extend([
+            let mut row = vec![
+                name,
                 json!(format!("{}/{want}", int(&status["readyReplicas"]))),
                 json!(int(&status["updatedReplicas"])),
                 json!(int(&status["availableReplicas"])),
                 json!(age),
-            ]);
+            ];
+            row.extend(workload(spec));
+            row
         }
         "ReplicaSet" => {
-            cells.extend([
-                json!(int(&spec["replicas"])),
+            let mut row = vec![
+                name,
+                json!(spec["replicas"].as_i64().unwrap_or(1)),
                 json!(int(&status["replicas"])),
                 json!(int(&status["readyReplicas"])),
                 json!(age),
-            ]);
+            ];
+            row.extend(workload(spec));
+            row
         }
         "Job" => {
-            let finished = status["conditions"].as_array().into_iter().flatten().find_map(|c| {
-                (c["status"] == "True")
-                    .then(|| c["type"].as_str())
-                    .flatten()
-                    .filter(|t| matches!(*t, "Complete" | "Failed"))
-            });
-            let state = finished.unwrap_or(if int(&status["active"]) > 0 { "Running" } else { "Pending" });
-            let completions = spec["completions"].as_i64().unwrap_or(1);
-            cells.extend([json!(state), json!(format!("{}/{completions}", int(&status["succeeded"]))), json!(age)]);
+            let state = if condition_true(status, "Complete") {
+                "Complete"
+            } else if condition_true(status, "Failed") {
+                "Failed"
+            } else if o["metadata"]["deletionTimestamp"].is_string() {
+                "Terminating"
+            } else if condition_true(status, "Suspended") {
+                "Suspended"
+            } else if condition_true(status, "FailureTarget") {
+                "FailureTarget"
+            } else if condition_true(status, "SuccessCriteriaMet") {
+                "SuccessCriteriaMet"
+            } else {
+                "Running"
+            };
+            let succeeded = int(&status["succeeded"]);
+            let completions = match (spec["completions"].as_i64(), spec["parallelism"].as_i64().unwrap_or(1)) {
+                (Some(c), _) => format!("{succeeded}/{c}"),
+                (None, p) if p > 1 => format!("{succeeded}/1 of {p}"),
+                (None, _) => format!("{succeeded}/1"),
+            };
+            let start = status["startTime"].as_str().and_then(|t| t.parse::<Timestamp>().ok());
+            let end = status["completionTime"].as_str().and_then(|t| t.parse::<Timestamp>().ok()).unwrap_or(now);
+            let duration = start.map(|s| human_duration(end.duration_since(s).as_secs())).unwrap_or_default();
+            let mut row = vec![name, json!(state), json!(completions), json!(duration), json!(age)];
+            row.extend(workload(spec));
+            row
         }
         "Service" => {
             // As kubectl prints them: `80:30080/TCP` when a nodePort is allocated.
-            let ports: Vec<String> = spec["ports"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let ports: Vec<String> = array(&spec["ports"])
                 .map(|p| {
                     let protocol = p["protocol"].as_str().unwrap_or("TCP");
                     match p["nodePort"].as_i64() {
@@ -160,12 +373,9 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 })
                 .collect();
             let kind = spec["type"].as_str().unwrap_or("ClusterIP");
-            let ingress: Vec<&str> = status["loadBalancer"]["ingress"]
-                .as_array()
-                .into_iter()
-                .flatten()
+            let ingress: Vec<&str> = array(&status["loadBalancer"]["ingress"])
                 .filter_map(|i| i["ip"].as_str().or(i["hostname"].as_str()))
-                .chain(spec["externalIPs"].as_array().into_iter().flatten().filter_map(Value::as_str))
+                .chain(array(&spec["externalIPs"]).filter_map(Value::as_str))
                 .collect();
             let external = match kind {
                 "ExternalName" => spec["externalName"].as_str().unwrap_or("<none>").to_owned(),
@@ -173,15 +383,17 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 "LoadBalancer" => "<pending>".to_owned(),
                 _ => "<none>".to_owned(),
             };
-            cells.extend([
+            vec![
+                name,
                 json!(kind),
-                json!(spec["clusterIP"].as_str().unwrap_or("<none>")),
+                json!(or_none(&spec["clusterIP"])),
                 json!(external),
                 json!(if ports.is_empty() { "<none>".to_owned() } else { ports.join(",") }),
                 json!(age),
-            ]);
+                json!(labels(&spec["selector"])),
+            ]
         }
-        "Endpoints" => cells.extend([json!(endpoints(o)), json!(age)]),
+        "Endpoints" => vec![name, json!(endpoints(o)), json!(age)],
         "EndpointSlice" => {
             let ports = array(&o["ports"]).map(|p| match (p["port"].as_i64(), p["name"].as_str()) {
                 (Some(port), _) => port.to_string(),
@@ -189,48 +401,119 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 (None, None) => "*".to_owned(),
             });
             let addresses = array(&o["endpoints"]).flat_map(|e| array(&e["addresses"]).map(text).collect::<Vec<_>>());
-            cells.extend([
+            vec![
+                name,
                 json!(text(&o["addressType"])),
                 json!(at_most_three(ports, "<unset>")),
                 json!(at_most_three(addresses, "<unset>")),
                 json!(age),
-            ]);
+            ]
         }
         "Node" => {
-            let ready = status["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == "Ready");
-            let state = match ready.and_then(|c| c["status"].as_str()) {
-                Some("True") => "Ready",
-                _ => "NotReady",
+            let mut state: Vec<String> = array(&status["conditions"])
+                .filter(|c| c["type"] == "Ready")
+                .map(|c| if c["status"] == "True" { "Ready".into() } else { "NotReady".into() })
+                .collect();
+            if state.is_empty() {
+                state.push("Unknown".into());
+            }
+            if spec["unschedulable"] == true {
+                state.push("SchedulingDisabled".into());
+            }
+            let mut roles: Vec<String> = o["metadata"]["labels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter_map(|(k, v)| match k.strip_prefix("node-role.kubernetes.io/") {
+                    Some(role) => Some(role.to_owned()),
+                    None if k == "kubernetes.io/role" => Some(text(v)),
+                    None => None,
+                })
+                .filter(|r| !r.is_empty())
+                .collect();
+            roles.sort();
+            roles.dedup();
+            let address = |kind: &str| {
+                array(&status["addresses"])
+                    .find(|a| a["type"] == kind)
+                    .map(|a| text(&a["address"]))
+                    .unwrap_or("<none>".into())
             };
-            cells.extend([
-                json!(state),
+            let info = &status["nodeInfo"];
+            let or_unknown = |v: &Value| v.as_str().filter(|s| !s.is_empty()).unwrap_or("<unknown>").to_owned();
+            vec![
+                name,
+                json!(state.join(",")),
+                json!(if roles.is_empty() { "<none>".to_owned() } else { roles.join(",") }),
                 json!(age),
-                json!(text(&status["nodeInfo"]["kubeletVersion"])),
-                json!(spec["podCIDR"].as_str().unwrap_or("<none>")),
-            ]);
+                json!(text(&info["kubeletVersion"])),
+                json!(address("InternalIP")),
+                json!(address("ExternalIP")),
+                json!(or_unknown(&info["osImage"])),
+                json!(or_unknown(&info["kernelVersion"])),
+                json!(or_unknown(&info["containerRuntimeVersion"])),
+            ]
         }
+        "Namespace" => vec![name, json!(status["phase"].as_str().unwrap_or("Active")), json!(age)],
+        "ConfigMap" => {
+            let count = |v: &Value| v.as_object().map_or(0, |m| m.len());
+            vec![name, json!(count(&o["data"]) + count(&o["binaryData"])), json!(age)]
+        }
+        "Secret" => {
+            let data = o["data"].as_object().map_or(0, |m| m.len());
+            vec![name, json!(o["type"].as_str().unwrap_or("Opaque")), json!(data), json!(age)]
+        }
+        "Lease" => vec![name, json!(spec["holderIdentity"].as_str().unwrap_or("<unknown>")), json!(age)],
         "Application" => {
             let revision = status["sync"]["revision"].as_str().map(|r| r.get(..12).unwrap_or(r)).unwrap_or("<none>");
-            cells.extend([
+            vec![
+                name,
                 json!(status["sync"]["status"].as_str().unwrap_or("Unknown")),
                 json!(status["health"]["status"].as_str().unwrap_or("Unknown")),
                 json!(revision),
                 json!(age),
-            ]);
+                json!(text(&spec["repo"])),
+                json!(spec["branch"].as_str().unwrap_or("main")),
+                json!(or_none(&spec["path"])),
+            ]
         }
         "Event" => {
-            let object =
-                format!("{}/{}", text(&o["involvedObject"]["kind"]).to_lowercase(), text(&o["involvedObject"]["name"]));
-            cells.extend([
+            let involved = &o["involvedObject"];
+            let kind = text(&involved["kind"]).to_lowercase();
+            let object = match involved["name"].as_str().filter(|n| !n.is_empty()) {
+                Some(n) => format!("{kind}/{n}"),
+                None => kind,
+            };
+            let first = since(&o["firstTimestamp"], now)
+                .or_else(|| since(&o["eventTime"], now))
+                .unwrap_or_else(|| "<unknown>".into());
+            let (last, count) = match o["series"].is_object() {
+                true => (
+                    since(&o["series"]["lastObservedTime"], now).unwrap_or_else(|| first.clone()),
+                    int(&o["series"]["count"]),
+                ),
+                false => (since(&o["lastTimestamp"], now).unwrap_or_else(|| first.clone()), int(&o["count"]).max(1)),
+            };
+            let first_non_empty =
+                |a: &Value, b: &Value| a.as_str().filter(|s| !s.is_empty()).or(b.as_str()).unwrap_or("").to_owned();
+            let component = first_non_empty(&o["source"]["component"], &o["reportingComponent"]);
+            let instance = first_non_empty(&o["source"]["host"], &o["reportingInstance"]);
+            let source = if instance.is_empty() { component } else { format!("{component}, {instance}") };
+            vec![
+                json!(last),
                 json!(text(&o["type"])),
                 json!(text(&o["reason"])),
                 json!(object),
-                json!(text(&o["message"])),
-            ]);
+                json!(text(&involved["fieldPath"])),
+                json!(source),
+                json!(text(&o["message"]).trim()),
+                json!(first),
+                json!(count),
+                name,
+            ]
         }
-        _ => cells.push(json!(age)),
+        _ => vec![name, json!(age)],
     }
-    cells
 }
 
 fn array(v: &Value) -> impl Iterator<Item = &Value> {
@@ -299,12 +582,39 @@ mod tests {
         "2026-01-01T01:00:00Z".parse().unwrap()
     }
 
+    /// The columns `kubectl get -o wide` adds.
+    fn wide(t: &Value) -> Vec<&str> {
+        t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["priority"] == 1)
+            .map(|c| c["name"].as_str().unwrap())
+            .collect()
+    }
+
+    fn names(t: &Value) -> Vec<&str> {
+        t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect()
+    }
+
+    fn row(kind: &str, object: Value) -> Vec<Value> {
+        let t = table(kind, &[object], "1", now());
+        let cells = t["rows"][0]["cells"].as_array().unwrap().clone();
+        assert_eq!(cells.len(), names(&t).len(), "{kind}: a cell per column");
+        cells
+    }
+
     #[test]
     fn ages_read_like_kubectl() {
         assert_eq!(age(Some("2026-01-01T00:59:30Z"), now()), "30s");
-        assert_eq!(age(Some("2026-01-01T00:55:00Z"), now()), "5m0s");
+        assert_eq!(age(Some("2026-01-01T00:55:00Z"), now()), "5m");
+        assert_eq!(age(Some("2026-01-01T00:54:30Z"), now()), "5m30s");
         assert_eq!(age(Some("2026-01-01T00:00:00Z"), now()), "60m");
-        assert_eq!(age(Some("2025-12-25T01:00:00Z"), now()), "7d");
+        assert_eq!(age(Some("2025-12-31T21:30:00Z"), now()), "3h30m");
+        assert_eq!(age(Some("2025-12-31T13:00:00Z"), now()), "12h");
+        assert_eq!(age(Some("2025-12-28T22:00:00Z"), now()), "3d3h");
+        assert_eq!(age(Some("2025-12-10T01:00:00Z"), now()), "22d");
+        assert_eq!(age(Some("2023-01-02T01:00:00Z"), now()), "3y");
         assert_eq!(age(None, now()), "<unknown>");
     }
 
@@ -320,8 +630,15 @@ mod tests {
         let t = table("Pod", &[pod], "7", now());
         let names: Vec<&str> =
             t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
-        assert_eq!(names, ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node"]);
-        assert_eq!(t["rows"][0]["cells"], json!(["web-1", "1/2", "CrashLoopBackOff", 3, "60s", "10.244.0.5", "n1"]));
+        assert_eq!(
+            names,
+            ["Name", "Ready", "Status", "Restarts", "Age", "IP", "Node", "Nominated Node", "Readiness Gates"]
+        );
+        assert_eq!(wide(&t), ["IP", "Node", "Nominated Node", "Readiness Gates"]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["web-1", "1/2", "CrashLoopBackOff", "3", "60s", "10.244.0.5", "n1", "<none>", "<none>"])
+        );
         assert_eq!(t["rows"][0]["object"]["metadata"]["namespace"], "default");
     }
 
@@ -335,7 +652,7 @@ mod tests {
                     {"name": "a", "restartCount": 0, "state": {"waiting": {"reason": "PodInitializing"}}}]}
             });
             let row = &table("Pod", &[pod], "1", now())["rows"][0]["cells"];
-            (row[2].as_str().unwrap_or_default().to_owned(), row[3].as_i64().unwrap_or(-1))
+            (row[2].as_str().unwrap_or_default().to_owned(), row[3].as_str().unwrap_or_default().parse().unwrap_or(-1))
         };
         let done = json!({"restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}});
         let waiting =
@@ -355,7 +672,7 @@ mod tests {
             "sync": {"status": "Synced", "revision": "0123456789abcdef"}, "health": {"status": "Healthy"}}});
         assert_eq!(
             table("Application", &[app], "1", now())["rows"][0]["cells"],
-            json!(["demo", "Synced", "Healthy", "0123456789ab", "<unknown>"])
+            json!(["demo", "Synced", "Healthy", "0123456789ab", "<unknown>", "", "main", "<none>"])
         );
     }
 
@@ -370,7 +687,7 @@ mod tests {
                 json!({"type": "NodePort", "clusterIP": "10.96.0.7", "ports": [{"port": 80, "nodePort": 30080}]}),
                 json!({})
             ),
-            json!(["s", "NodePort", "10.96.0.7", "<none>", "80:30080/TCP", "<unknown>"])
+            json!(["s", "NodePort", "10.96.0.7", "<none>", "80:30080/TCP", "<unknown>", "<none>"])
         );
         let pending = row(
             json!({"type": "LoadBalancer", "clusterIP": "10.96.0.8", "ports": [{"port": 53, "protocol": "UDP"}]}),
@@ -414,5 +731,193 @@ mod tests {
         );
         let placeholder = json!({"metadata": {"name": "web-abcde"}, "addressType": "IPv4", "endpoints": []});
         assert_eq!(row("EndpointSlice", placeholder), json!(["web-abcde", "IPv4", "<unset>", "<unset>", "<unknown>"]));
+    }
+
+    #[test]
+    fn pods_show_restarts_ago_terminating_and_readiness_gates() {
+        let pod = json!({
+            "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z", "deletionTimestamp": "2026-01-01T00:59:00Z"},
+            "spec": {"containers": [{"name": "a"}], "readinessGates": [{"conditionType": "example.com/lb"}]},
+            "status": {"phase": "Running", "podIPs": [{"ip": "10.244.0.9"}], "nominatedNodeName": "n2",
+                       "conditions": [{"type": "example.com/lb", "status": "True"}],
+                       "containerStatuses": [{"name": "a", "ready": true, "restartCount": 2, "state": {"running": {}},
+                           "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-01-01T00:55:00Z"}}}]}
+        });
+        assert_eq!(
+            json!(row("Pod", pod)),
+            json!(["p", "1/1", "Terminating", "2 (5m ago)", "60m", "10.244.0.9", "<none>", "n2", "1/1"])
+        );
+        let done = json!({"metadata": {"name": "j"}, "spec": {"containers": [{"name": "a"}]}, "status": {"phase": "Succeeded",
+            "containerStatuses": [{"name": "a", "restartCount": 0, "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]}});
+        assert_eq!(row("Pod", done)[1..3], [json!("0/1"), json!("Completed")]);
+        let killed = json!({"metadata": {"name": "k"}, "spec": {"containers": [{"name": "a"}]}, "status": {"phase": "Running",
+            "containerStatuses": [{"name": "a", "restartCount": 0, "state": {"terminated": {"exitCode": 137, "signal": 9}}}]}});
+        assert_eq!(row("Pod", killed)[2], "Signal:9");
+    }
+
+    #[test]
+    fn workloads_show_containers_images_and_selector_when_wide() {
+        let template =
+            json!({"spec": {"containers": [{"name": "web", "image": "httpd:1"}, {"name": "log", "image": "busybox"}]}});
+        let selector = json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["web", "db"]}]});
+        let deployment = json!({"metadata": {"name": "web"}, "spec": {"replicas": 3, "selector": selector, "template": template},
+                                "status": {"readyReplicas": 2, "updatedReplicas": 3, "availableReplicas": 2}});
+        let t = table("Deployment", &[deployment], "1", now());
+        assert_eq!(names(&t), ["Name", "Ready", "Up-to-date", "Available", "Age", "Containers", "Images", "Selector"]);
+        assert_eq!(wide(&t), ["Containers", "Images", "Selector"]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["web", "2/3", 3, 2, "<unknown>", "web,log", "httpd:1,busybox", "app=web,tier in (db,web)"])
+        );
+        let rs = json!({"metadata": {"name": "web-5d4f"}, "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}}, "template": template},
+                        "status": {"replicas": 3, "readyReplicas": 1}});
+        let t = table("ReplicaSet", &[rs], "1", now());
+        assert_eq!(names(&t), ["Name", "Desired", "Current", "Ready", "Age", "Containers", "Images", "Selector"]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["web-5d4f", 3, 3, 1, "<unknown>", "web,log", "httpd:1,busybox", "app=web"])
+        );
+    }
+
+    #[test]
+    fn jobs_show_status_completions_and_duration() {
+        let job = |status: Value| {
+            json!({"metadata": {"name": "migrate"}, "spec": {"completions": 2, "template": {"spec": {"containers": [{"name": "m", "image": "busybox"}]}},
+                                          "selector": {"matchLabels": {"batch.kubernetes.io/controller-uid": "u1"}}}, "status": status})
+        };
+        let t = table("Job", &[job(json!({}))], "1", now());
+        assert_eq!(names(&t), ["Name", "Status", "Completions", "Duration", "Age", "Containers", "Images", "Selector"]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!([
+                "migrate",
+                "Running",
+                "0/2",
+                "",
+                "<unknown>",
+                "m",
+                "busybox",
+                "batch.kubernetes.io/controller-uid=u1"
+            ])
+        );
+        let complete = row(
+            "Job",
+            job(json!({"succeeded": 2, "startTime": "2026-01-01T00:50:00Z", "completionTime": "2026-01-01T00:50:42Z",
+                                              "conditions": [{"type": "Complete", "status": "True"}]})),
+        );
+        assert_eq!(complete[1..4], [json!("Complete"), json!("2/2"), json!("42s")]);
+        let failed = row(
+            "Job",
+            job(json!({"startTime": "2026-01-01T00:58:00Z", "conditions": [{"type": "Failed", "status": "True"}]})),
+        );
+        assert_eq!(failed[1..4], [json!("Failed"), json!("0/2"), json!("2m")]);
+    }
+
+    #[test]
+    fn nodes_show_roles_and_wide_system_info() {
+        let node = json!({"metadata": {"name": "n1", "labels": {"node-role.kubernetes.io/control-plane": "", "kubernetes.io/role": "worker"}},
+                          "spec": {"unschedulable": true},
+                          "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                                     "addresses": [{"type": "InternalIP", "address": "172.29.0.2"}, {"type": "Hostname", "address": "n1"}],
+                                     "nodeInfo": {"kubeletVersion": "v1.33.0-gitplane.0.1.0", "osImage": "Debian GNU/Linux 13",
+                                                  "kernelVersion": "6.12.0", "containerRuntimeVersion": "containerd://1.6.20"}}});
+        let t = table("Node", &[node], "1", now());
+        assert_eq!(wide(&t), ["Internal-IP", "External-IP", "OS-Image", "Kernel-Version", "Container-Runtime"]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!([
+                "n1",
+                "Ready,SchedulingDisabled",
+                "control-plane,worker",
+                "<unknown>",
+                "v1.33.0-gitplane.0.1.0",
+                "172.29.0.2",
+                "<none>",
+                "Debian GNU/Linux 13",
+                "6.12.0",
+                "containerd://1.6.20"
+            ])
+        );
+        assert_eq!(row("Node", json!({"metadata": {"name": "n2"}}))[1..3], [json!("Unknown"), json!("<none>")]);
+    }
+
+    #[test]
+    fn namespaces_config_maps_secrets_and_leases_have_their_columns() {
+        let t =
+            table("Namespace", &[json!({"metadata": {"name": "default"}, "status": {"phase": "Active"}})], "1", now());
+        assert_eq!(
+            (names(&t), &t["rows"][0]["cells"]),
+            (vec!["Name", "Status", "Age"], &json!(["default", "Active", "<unknown>"]))
+        );
+        let cm = json!({"metadata": {"name": "c"}, "data": {"a": "1", "b": "2"}, "binaryData": {"c": "AA=="}});
+        assert_eq!(json!(row("ConfigMap", cm)), json!(["c", 3, "<unknown>"]));
+        let secret = json!({"metadata": {"name": "s"}, "type": "kubernetes.io/tls", "data": {"tls.crt": "<masked>", "tls.key": "<masked>"}});
+        let t = table("Secret", &[secret], "1", now());
+        assert_eq!(names(&t), ["Name", "Type", "Data", "Age"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["s", "kubernetes.io/tls", 2, "<unknown>"]));
+        let lease =
+            json!({"metadata": {"name": "n1", "namespace": "kube-node-lease"}, "spec": {"holderIdentity": "n1"}});
+        assert_eq!(json!(row("Lease", lease)), json!(["n1", "n1", "<unknown>"]));
+    }
+
+    #[test]
+    fn events_show_last_seen_object_and_wide_source_and_count() {
+        let event = json!({"metadata": {"name": "web-1.17f0"}, "type": "Normal", "reason": "Scheduled",
+                           "involvedObject": {"kind": "Pod", "name": "web-1", "fieldPath": "spec.containers{web}"},
+                           "source": {"component": "default-scheduler"}, "message": " Successfully assigned default/web-1 to n1 ",
+                           "firstTimestamp": "2026-01-01T00:50:00Z", "lastTimestamp": "2026-01-01T00:58:00Z", "count": 4});
+        let t = table("Event", &[event], "1", now());
+        assert_eq!(
+            names(&t),
+            ["Last Seen", "Type", "Reason", "Object", "Subobject", "Source", "Message", "First Seen", "Count", "Name"]
+        );
+        assert_eq!(wide(&t), ["Subobject", "Source", "First Seen", "Count", "Name"]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!([
+                "2m",
+                "Normal",
+                "Scheduled",
+                "pod/web-1",
+                "spec.containers{web}",
+                "default-scheduler",
+                "Successfully assigned default/web-1 to n1",
+                "10m",
+                4,
+                "web-1.17f0"
+            ])
+        );
+        let series = json!({"metadata": {"name": "e"}, "involvedObject": {"kind": "Node", "name": "n1"}, "reportingComponent": "kubelet",
+                            "reportingInstance": "n1", "eventTime": "2026-01-01T00:40:00Z",
+                            "series": {"count": 7, "lastObservedTime": "2026-01-01T00:59:00Z"}});
+        let cells = row("Event", series);
+        assert_eq!(
+            (&cells[0], &cells[5], &cells[7], &cells[8]),
+            (&json!("60s"), &json!("kubelet, n1"), &json!("20m"), &json!(7))
+        );
+    }
+
+    #[test]
+    fn every_served_kind_has_a_row_per_column() {
+        for kind in [
+            "Pod",
+            "Service",
+            "Endpoints",
+            "ConfigMap",
+            "Secret",
+            "Event",
+            "Node",
+            "Namespace",
+            "Deployment",
+            "ReplicaSet",
+            "Job",
+            "EndpointSlice",
+            "Lease",
+            "Application",
+        ] {
+            let t = table(kind, &[json!({"metadata": {"name": "x"}})], "1", now());
+            assert_eq!(t["rows"][0]["cells"].as_array().unwrap().len(), names(&t).len(), "{kind}");
+            assert!(names(&t).contains(&"Name"), "{kind}");
+        }
     }
 }

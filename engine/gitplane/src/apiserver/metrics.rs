@@ -33,6 +33,16 @@ pub fn api_group() -> Value {
     json!({"name": GROUP, "versions": [gv.clone()], "preferredVersion": gv})
 }
 
+/// The group's entry in aggregated discovery (`/apis` as kubectl asks for it).
+pub fn aggregated_group() -> Value {
+    let resource = |name: &str, kind: &str, scope: &str| {
+        let kind = json!({"group": GROUP, "version": VERSION, "kind": kind});
+        json!({"resource": name, "responseKind": kind, "scope": scope, "verbs": ["get", "list"]})
+    };
+    let resources = [resource("nodes", "NodeMetrics", "Cluster"), resource("pods", "PodMetrics", "Namespaced")];
+    json!({"metadata": {"name": GROUP}, "versions": [{"version": VERSION, "resources": resources, "freshness": "Current"}]})
+}
+
 fn resource_list() -> Value {
     let resource = |name: &str, kind: &str, namespaced: bool| json!({"name": name, "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": ["get", "list"]});
     json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": format!("{GROUP}/{VERSION}"),

@@ -1,0 +1,279 @@
+//! `gitplane-bench api`: reads of the status API with many Pods stored. The Pods are written
+//! straight into a replica's SQLite store before `gitplane server` starts on it (no Raft, no
+//! controllers on the way: the reads are what is measured), bound to nodes that do not exist so
+//! that nothing schedules or runs them. Then over HTTP/1.1 keep-alive connections on loopback:
+//! a cluster-wide LIST unpaged and as kubectl pages it (`limit=500`, as JSON and as the Table
+//! kubectl asks for), one at a time; and GET of one Pod by 100 concurrent readers. Anchors:
+//! Kubernetes' API call latency SLOs (p99 of a read of one object under 1 s, of a cluster-wide
+//! list under 30 s) and the goal (a cluster-wide LIST under 1 s at p99).
+
+use crate::procs::{self, Child};
+use anyhow::{Context as _, Result, bail};
+use gitplane_storage::sqlite::{Durability, SqliteStore};
+use gitplane_store::{Op, Store};
+use serde_json::{Value, json};
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    process::Command,
+    time::{Duration, Instant},
+};
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    net::TcpStream,
+};
+
+#[derive(clap::Args, Clone)]
+pub struct ApiArgs {
+    /// Pods stored.
+    #[arg(long, default_value_t = 150_000)]
+    pods: usize,
+    /// Runs of each LIST row.
+    #[arg(long, default_value_t = 10)]
+    lists: usize,
+    /// Concurrent readers of the GET row.
+    #[arg(long, default_value_t = 100)]
+    readers: usize,
+    /// The GET row's window, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// The `gitplane` binary (default: next to this one).
+    #[arg(long)]
+    gitplane: Option<PathBuf>,
+}
+
+const NAMESPACES: usize = 100;
+const NODES: usize = 1_000;
+const BATCH: usize = 2_000;
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json";
+
+/// A Running Pod of a Deployment, about 1.5 KiB of JSON: what a LIST carries per item.
+fn pod(i: usize) -> Value {
+    let (namespace, node) = (format!("ns-{}", i % NAMESPACES), format!("node-{}", i % NODES));
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("web-{i:06}"), "namespace": namespace,
+            "labels": {"app": format!("web-{}", i % 500), "pod-template-hash": "5d4f8c7b9"},
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {
+            "nodeName": node, "restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
+            "containers": [{
+                "name": "web", "image": "gitplane.local/httpd:1", "imagePullPolicy": "IfNotPresent",
+                "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}},
+                "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 10},
+            }],
+        },
+        "status": {
+            "phase": "Running", "podIP": format!("10.244.{}.{}", (i / 250) % 256, i % 250 + 2),
+            "hostIP": format!("172.29.{}.{}", (i % NODES) / 250, (i % NODES) % 250 + 2),
+            "startTime": "2026-01-01T00:00:01Z",
+            "conditions": [
+                {"type": "Initialized", "status": "True"}, {"type": "Ready", "status": "True"},
+                {"type": "ContainersReady", "status": "True"}, {"type": "PodScheduled", "status": "True"},
+            ],
+            "containerStatuses": [{
+                "name": "web", "ready": true, "started": true, "restartCount": 0,
+                "image": "gitplane.local/httpd:1", "imageID": "sha256:0123456789abcdef",
+                "containerID": format!("containerd://{i:064x}"),
+                "state": {"running": {"startedAt": "2026-01-01T00:00:02Z"}},
+            }],
+        },
+    })
+}
+
+/// One HTTP/1.1 keep-alive connection.
+struct Connection {
+    stream: BufReader<TcpStream>,
+    addr: SocketAddr,
+}
+
+impl Connection {
+    async fn open(addr: SocketAddr) -> Result<Connection> {
+        let stream = TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+        stream.set_nodelay(true)?;
+        Ok(Connection { stream: BufReader::new(stream), addr })
+    }
+
+    /// `GET path`: the body of a 200 answer (the server sends a Content-Length).
+    async fn get(&mut self, path: &str, accept: &str) -> Result<Vec<u8>> {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: {accept}\r\n\r\n", self.addr);
+        self.stream.get_mut().write_all(request.as_bytes()).await?;
+        let (mut status, mut length) = (String::new(), None);
+        self.stream.read_line(&mut status).await?;
+        loop {
+            let mut line = String::new();
+            if self.stream.read_line(&mut line).await? == 0 {
+                bail!("GET {path}: the connection closed");
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse::<usize>().ok();
+            }
+        }
+        let length = length.with_context(|| format!("GET {path}: no Content-Length"))?;
+        let mut body = vec![0; length];
+        self.stream.read_exact(&mut body).await?;
+        if status.split(' ').nth(1) != Some("200") {
+            bail!("GET {path}: {} {}", status.trim_end(), String::from_utf8_lossy(&body));
+        }
+        Ok(body)
+    }
+}
+
+/// A whole cluster-wide LIST, following continue tokens when `limit` is set: (items, bytes).
+async fn list_all(c: &mut Connection, limit: Option<usize>, accept: &str) -> Result<(usize, usize)> {
+    let (mut items, mut bytes, mut token) = (0, 0, None::<String>);
+    loop {
+        let mut path = "/api/v1/pods".to_owned();
+        if let Some(limit) = limit {
+            path.push_str(&format!("?limit={limit}"));
+            if let Some(t) = &token {
+                path.push_str(&format!("&continue={t}"));
+            }
+        }
+        let body = c.get(&path, accept).await?;
+        bytes += body.len();
+        let page: Value = serde_json::from_slice(&body)?;
+        items += page["items"].as_array().or(page["rows"].as_array()).map_or(0, Vec::len);
+        token = page["metadata"]["continue"].as_str().filter(|t| !t.is_empty()).map(str::to_owned);
+        if token.is_none() || limit.is_none() {
+            return Ok((items, bytes));
+        }
+    }
+}
+
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    sorted[((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> String {
+    if d < Duration::from_millis(10) {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    } else {
+        format!("{:.0} ms", d.as_secs_f64() * 1e3)
+    }
+}
+
+pub fn main(args: ApiArgs) -> Result<()> {
+    let gitplane = procs::prepare(args.gitplane.as_deref(), None)?;
+    if !gitplane.exists() {
+        bail!(
+            "no gitplane binary at {}: build it (cargo build --release --bin gitplane) or pass --gitplane",
+            gitplane.display()
+        );
+    }
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(args, gitplane))
+}
+
+async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
+    let dir = tempfile::Builder::new().prefix("gitplane-bench-api-").tempdir()?;
+    let data = dir.path().join("replica-1");
+    std::fs::create_dir_all(&data)?;
+    let started = Instant::now();
+    {
+        // Where `gitplane server` keeps the replica's store: `<data-dir>/store/store.db`.
+        std::fs::create_dir_all(data.join("store"))?;
+        let store = SqliteStore::open(&data.join("store/store.db"), Durability::Replicated).await?;
+        for start in (0..args.pods).step_by(BATCH) {
+            let ops = (start..(start + BATCH).min(args.pods)).map(|i| Op::Create(pod(i))).collect();
+            store.txn(ops).await.with_context(|| format!("writing Pods from {start}"))?;
+        }
+    }
+    eprintln!("stored {} Pods in {:.1} s", args.pods, started.elapsed().as_secs_f64());
+
+    let addr = procs::free_addr()?;
+    std::fs::write(dir.path().join("peer-token"), procs::PEER_TOKEN)?;
+    std::fs::write(dir.path().join("join-token"), format!("join-{}", procs::PEER_TOKEN))?;
+    let mut command = Command::new(&gitplane);
+    command
+        .arg("server")
+        .args(["--id", "1", "--peers", &format!("1={addr}")])
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--repos-dir")
+        .arg(dir.path().join("repos"))
+        .arg("--peer-token-file")
+        .arg(dir.path().join("peer-token"))
+        .arg("--join-token-file")
+        .arg(dir.path().join("join-token"))
+        .env_remove("RUST_LOG");
+    let _server = Child::spawn("gitplane server", command, &dir.path().join("server.log"))?;
+    procs::wait_for("the server ready", Duration::from_secs(120), || async move {
+        procs::http_get(addr, "/readyz").await.ok()
+    })
+    .await
+    .with_context(|| std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default())?;
+
+    println!("| Read ({} Pods, loopback HTTP/1.1) | Runs | p50 | p99 | Items | Bytes per LIST | Anchor |", args.pods);
+    println!("|---|---|---|---|---|---|---|");
+    let mut c = Connection::open(addr).await?;
+    for (name, limit, accept) in [
+        ("LIST cluster-wide, unpaged (JSON)", None, "application/json"),
+        ("LIST cluster-wide, limit=500 pages (JSON, client-go)", Some(500), "application/json"),
+        ("LIST cluster-wide, limit=500 pages (Table, kubectl get -A)", Some(500), TABLE),
+    ] {
+        let mut took = Vec::new();
+        let mut last = (0, 0);
+        list_all(&mut c, limit, accept).await?; // warm-up: SQLite's page cache, the allocator
+        for _ in 0..args.lists {
+            let t = Instant::now();
+            last = list_all(&mut c, limit, accept).await?;
+            took.push(t.elapsed());
+        }
+        if last.0 != args.pods {
+            bail!("{name}: {} items, not {}", last.0, args.pods);
+        }
+        took.sort();
+        println!(
+            "| {name} | {} | {} | {} | {} | {:.1} MiB | SLO 30 s; goal 1 s |",
+            args.lists,
+            ms(quantile(&took, 0.5)),
+            ms(quantile(&took, 0.99)),
+            last.0,
+            last.1 as f64 / (1 << 20) as f64
+        );
+        eprintln!("{name}: done");
+    }
+
+    let window = Duration::from_secs_f64(args.duration);
+    let (mut readers, pods) = (Vec::new(), args.pods);
+    for r in 0..args.readers {
+        readers.push(tokio::spawn(async move {
+            let mut c = Connection::open(addr).await?;
+            let mut took = Vec::new();
+            let end = Instant::now() + window;
+            let mut i = r;
+            while Instant::now() < end {
+                let n = (i * 7_919) % pods;
+                let path = format!("/api/v1/namespaces/ns-{}/pods/web-{n:06}", n % NAMESPACES);
+                let t = Instant::now();
+                c.get(&path, "application/json").await?;
+                took.push(t.elapsed());
+                i += args.readers;
+            }
+            anyhow::Ok(took)
+        }));
+    }
+    let mut took = Vec::new();
+    for reader in readers {
+        took.extend(reader.await??);
+    }
+    took.sort();
+    println!(
+        "| GET one Pod, {} concurrent readers ({:.0} reads/s) | {} | {} | {} | 1 | | SLO 1 s |",
+        args.readers,
+        took.len() as f64 / args.duration,
+        took.len(),
+        ms(quantile(&took, 0.5)),
+        ms(quantile(&took, 0.99)),
+    );
+    Ok(())
+}
