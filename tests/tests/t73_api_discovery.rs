@@ -8,7 +8,7 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{
     Worktree,
-    cluster::{Cluster, loopback_get, loopback_request},
+    cluster::{Cluster, READ_BEARER, loopback_get, loopback_request},
     wait_for,
 };
 use serde_json::Value;
@@ -66,16 +66,17 @@ spec:
           image: gitplane.local/busybox:1
 "#;
 
-/// The real kubectl against `server`, with its own discovery cache.
+/// The real kubectl with the replica's kubeconfig (HTTPS, the cluster CA, a read token), with
+/// its own discovery cache.
 struct Kubectl {
-    server: String,
+    kubeconfig: String,
     cache: tempfile::TempDir,
 }
 
 impl Kubectl {
     fn run(&self, args: &[&str]) -> Result<(bool, String, String)> {
         let out = Command::new("kubectl")
-            .args(["--server", &self.server, "--cache-dir"])
+            .args(["--kubeconfig", &self.kubeconfig, "--cache-dir"])
             .arg(self.cache.path())
             .args(args)
             .output()
@@ -130,7 +131,8 @@ fn t73_kubectl_discovers_explains_and_prints_wide_tables() -> Result<()> {
         format!("the Deployment's and the Job's Pods are created; {:?}\n{}", pods(), cluster.logs())
     })?;
 
-    let kubectl = Kubectl { server: format!("http://{addr}"), cache: tempfile::tempdir()? };
+    let kubeconfig = cluster.dir.path().join("replica-1/kubeconfig").to_string_lossy().into_owned();
+    let kubectl = Kubectl { kubeconfig, cache: tempfile::tempdir()? };
     let version = kubectl.ok(&["version"])?;
     ensure!(version.contains("Server Version: v1.33.0-gitplane."), "kubectl version: {version}");
 
@@ -203,7 +205,7 @@ fn t73_kubectl_discovers_explains_and_prints_wide_tables() -> Result<()> {
     ensure!(ready.contains("[+]leader ok") && ready.ends_with("readyz check passed\n"), "readyz: {ready}");
     ensure!(kubectl.ok(&["get", "--raw", "/livez"])? == "ok", "livez");
     for path in ["/metrics", "/openapi/v9", "/no/such/path", "/apis/widgets.example.com", "/readyz/etcd"] {
-        let (code, body) = loopback_request(addr, "GET", path, &[], b"")?;
+        let (code, body) = loopback_request(addr, "GET", path, &[READ_BEARER], b"")?;
         ensure!(code == 404, "{path}: {code} {body}");
         if !path.starts_with("/readyz") {
             let status: Value = serde_json::from_str(&body).with_context(|| format!("{path}: {body}"))?;
