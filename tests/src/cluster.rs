@@ -72,6 +72,16 @@ pub fn loopback_request(
     Ok((code, body.to_owned()))
 }
 
+/// One encryption key file for every replica of a cluster (`--encryption-key-file`), as the
+/// operator copies it (mode 0600 like theirs): replicas but the lowest-id one refuse to start
+/// without it.
+pub fn write_encryption_keys(path: &std::path::Path) -> Result<()> {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
+    std::fs::write(path, format!("e2e-1 {nanos:064x}\n"))?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    Ok(())
+}
+
 impl Cluster {
     /// Starts `n` replicas; `extra_args` go to every `gitplane server`.
     pub fn start(n: u64, extra_args: &[&str]) -> Result<Cluster> {
@@ -82,12 +92,7 @@ impl Cluster {
         std::fs::write(dir.path().join("peer-token"), &token)?;
         std::fs::write(dir.path().join("join-token"), format!("join-{token}"))?;
         std::fs::write(dir.path().join("tokens.csv"), format!("{READ_TOKEN},e2e,e2e,\"read\"\n"))?;
-        // One key file for every replica, as the operator copies it (mode 0600 like theirs).
-        std::fs::write(dir.path().join("encryption-keys"), format!("e2e-1 {nanos:064x}\n"))?;
-        std::fs::set_permissions(
-            dir.path().join("encryption-keys"),
-            std::os::unix::fs::PermissionsExt::from_mode(0o600),
-        )?;
+        write_encryption_keys(&dir.path().join("encryption-keys"))?;
         let mut cluster = Cluster {
             dir,
             addrs,

@@ -65,6 +65,7 @@ impl Replicas {
                  {BOTH},operator,1003,\"read,debug\"\n"
             ),
         )?;
+        gitplane_e2e::cluster::write_encryption_keys(&d.join("encryption-keys"))?;
         let peers: Vec<String> = (1..=3).map(|id| format!("{id}={}:{PORT}", Self::addr(id))).collect();
         for id in 1..=3u8 {
             let log = std::fs::File::create(d.join(format!("replica-{id}.log")))?;
@@ -82,6 +83,8 @@ impl Replicas {
                 .arg(d.join("join-token"))
                 .arg("--tokens-file")
                 .arg(d.join("tokens.csv"))
+                .arg("--encryption-key-file")
+                .arg(d.join("encryption-keys"))
                 .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
                 .stdout(log.try_clone()?)
                 .stderr(log)

@@ -7,7 +7,7 @@
 use anyhow::{Context, Result, bail, ensure};
 use gitplane_e2e::{
     NetnsHost, Worktree, binary,
-    cluster::{READ_TOKEN, loopback_get},
+    cluster::{READ_TOKEN, loopback_get, write_encryption_keys},
     netns_host, require_root, wait_for,
 };
 use gitplane_nodeagent::{
@@ -120,6 +120,7 @@ impl Processes {
             format!("--peer-token-file={}", path("peer-token")),
             format!("--join-token-file={}", path("join-token")),
             format!("--tokens-file={}", path("tokens.csv")),
+            format!("--encryption-key-file={}", path("encryption-keys")),
             "--bootstrap=bootstrap".to_owned(),
         ];
         let child = self.spawn(&format!("replica-{id}"), &args)?;
@@ -229,6 +230,7 @@ async fn t76_the_agent_survives_a_control_plane_failover() -> Result<()> {
     // Tokens of at least 16 characters, as the replicas require.
     std::fs::write(dir.join("peer-token"), format!("peer-token-of-t76-{}", std::process::id()))?;
     std::fs::write(dir.join("join-token"), format!("join-token-of-t76-{}", std::process::id()))?;
+    write_encryption_keys(&dir.join("encryption-keys"))?;
     std::fs::write(dir.join("tokens.csv"), format!("{READ_TOKEN},e2e,e2e,\"read\"\n"))?;
     let mut processes = Processes { host, replicas: BTreeMap::new(), agent: None };
     for id in 1..=REPLICAS {
