@@ -6,7 +6,10 @@
 //! peer (store, Raft) endpoints and by the kubelet endpoint, and a node's own certificate opens
 //! neither the peer endpoints nor the kubelet endpoint; and the cluster works end to end after:
 //! a Pod runs and `kubectl logs` reads it through the replica, which reaches the node over
-//! mutual TLS. Every request is made from the node's network namespace (`ip netns exec`).
+//! mutual TLS. An agent that registered before certificates (a credential, no certificate)
+//! trades its credential for certificates when started again; `gitplane secrets rotate` asks
+//! the replica over HTTPS. Every request is made from the node's network namespace (`ip netns
+//! exec`).
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
@@ -200,5 +203,47 @@ Raft service, the node's own         {needs_replica}
     wait_for(DEADLINE, logs).with_context(|| format!("kubectl logs talker never worked:\n{}", cluster.log_text()))?;
     let summary = cluster.get("/apis/metrics.k8s.io/v1beta1/nodes");
     ensure!(summary.is_ok(), "metrics through the kubelet endpoint: {summary:?}");
+
+    // Migration: an agent that registered before certificates holds a node credential and no
+    // certificate. Started again, it registers with the credential and gets certificates, which
+    // replace the credential.
+    let peer_token = std::fs::read_to_string(cluster.data_dir.join("peer-token"))?;
+    let node_key = hmac(peer_token.trim().as_bytes(), b"gitplane node credential v1");
+    let credential = format!("node:{node}:{}", hex::encode(hmac(&node_key, node.as_bytes())));
+    let credential_file = node_dir.join("node-credential");
+    std::fs::write(&credential_file, credential)?;
+    std::fs::set_permissions(&credential_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    std::fs::remove_file(&client)?;
+    std::fs::remove_file(&serving)?;
+    let killed = cluster.agent_pid(&node).context("the agent's pid")?;
+    // SAFETY: kill(2) on the agent process `gitplane up` (our child) runs for the node; it
+    // starts the agent again.
+    unsafe { libc::kill(killed, libc::SIGKILL) };
+    wait_for(DEADLINE, || (client.exists() && serving.exists() && !credential_file.exists()).then_some(()))
+        .with_context(|| format!("the restarted agent did not trade its credential:\n{}", cluster.log_text()))?;
+    ensure!(cluster.agent_pid(&node).is_some_and(|pid| pid != killed));
+    wait_for(DEADLINE, logs).context("kubectl logs talker after the agent's migration")?;
+
+    // `gitplane secrets rotate` asks the replica over HTTPS, verified with the cluster CA.
+    let data = cluster.data_dir.to_string_lossy().into_owned();
+    let server = format!("172.29.0.1:{port}");
+    let rotate = Command::new("ip")
+        .args(["netns", "exec", &node])
+        .arg(gitplane_e2e::binary("gitplane")?)
+        .args(["secrets", "rotate", "--data-dir", &data, "--server", &server, "--wait-seconds", "60"])
+        .output()?;
+    let printed = String::from_utf8_lossy(&rotate.stdout);
+    ensure!(
+        rotate.status.success() && printed.contains("done: every Secret is encrypted"),
+        "gitplane secrets rotate over HTTPS: {printed} {}",
+        String::from_utf8_lossy(&rotate.stderr)
+    );
     Ok(())
+}
+
+fn hmac(key: &[u8], message: &[u8]) -> Vec<u8> {
+    use hmac::Mac as _;
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("HMAC takes keys of any length");
+    mac.update(message);
+    mac.finalize().into_bytes().to_vec()
 }
