@@ -81,7 +81,8 @@ pub struct AgentConfig {
     pub remove_pods_on_exit: bool,
     /// The cluster's join token, for the first registration (or after losing the credential).
     pub join_token: Option<String>,
-    /// Where the node credential is kept (mode 0600) once registration returned it.
+    /// Where the node credential is kept (mode 0600) once registration returned it; the node's
+    /// certificates go next to it (`certificate::Files`).
     pub credential_file: PathBuf,
     /// The cluster CA's certificate (PEM): `https://` servers must present a certificate it
     /// signed (the kubelet's `certificate-authority`).
