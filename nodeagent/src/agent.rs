@@ -3,6 +3,7 @@
 //! spec and reports its status.
 
 use crate::{
+    certificate::{self, KeyAndCertificate},
     cidr::{CidrError, Ipv4Cidr},
     cni,
     controlplane::{Client, Follower, RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
@@ -19,8 +20,8 @@ use crate::{
     server::{self, KubeletServer},
 };
 use gitplane_proto::node::{
-    EventType, HeartbeatRequest, PodEvent, RegisterRequest, UpdateNodeStatusRequest, UpdatePodStatusRequest,
-    WatchPodsRequest,
+    EventType, HeartbeatRequest, PodEvent, RegisterRequest, RegisterResponse, UpdateNodeStatusRequest,
+    UpdatePodStatusRequest, WatchPodsRequest,
 };
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
@@ -80,7 +81,8 @@ pub struct AgentConfig {
     pub remove_pods_on_exit: bool,
     /// The cluster's join token, for the first registration (or after losing the credential).
     pub join_token: Option<String>,
-    /// Where the node credential is kept (mode 0600) once registration returned it.
+    /// Where the node credential is kept (mode 0600) once registration returned it; the node's
+    /// certificates go next to it (`certificate::Files`).
     pub credential_file: PathBuf,
     /// The cluster CA's certificate (PEM): `https://` servers must present a certificate it
     /// signed (the kubelet's `certificate-authority`).
@@ -144,6 +146,8 @@ pub enum AgentError {
     NoCredential { file: PathBuf },
     #[error("the token in {file} is not usable: {why}")]
     BadToken { file: PathBuf, why: String },
+    #[error("the node's certificates: {0}")]
+    Certificate(String),
     #[error(transparent)]
     Cni(#[from] cni::CniError),
     #[error("the podCIDR the control plane gave: {0}")]
@@ -164,10 +168,9 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .await
         .map_err(|source| AgentError::Runtime { socket: cfg.containerd_socket.clone(), source })?;
     let runtime_version = format!("{}://{}", version.runtime_name, version.runtime_version);
-    let token = Token::load(&cfg)?;
-    let client = Servers::new(&cfg.servers, token.clone(), cfg.certificate_authority.as_deref())?;
-
-    let Some(pod_cidr) = register(&cfg, &client, &token, &runtime_version, &mut shutdown).await else {
+    let Some(Registered { pod_cidr, client, serving, certificate_authority }) =
+        register(&cfg, &runtime_version, &mut shutdown).await?
+    else {
         return Ok(());
     };
     let conflist = cni::write_conflist(&cfg.cni_conf_dir, "gitplane", &cfg.bridge, &pod_cidr, &cfg.cni_data_dir)?;
@@ -231,7 +234,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .map_err(|source| AgentError::KubeletPort { addr: kubelet_addr, source })?;
     let kubelet = KubeletServer {
         cri: cri.clone(),
-        token: token.clone(),
+        tls: server::auth::acceptor(cfg.certificate_authority.as_deref().unwrap_or(&certificate_authority), serving),
         node_name: cfg.node_name.clone(),
         stats: Arc::default(),
     };
@@ -320,32 +323,61 @@ fn kubelet_ip(cfg: &AgentConfig) -> Result<std::net::IpAddr, AgentError> {
     }
 }
 
-/// Registers until it succeeds, and keeps the node credential it returns; `None` when shut
-/// down first.
+/// What registration gave the node.
+struct Registered {
+    pod_cidr: String,
+    /// The node service's clients from now on (showing the node's new client certificate).
+    client: Servers,
+    serving: Option<KeyAndCertificate>,
+    /// The cluster CA's certificate, as the control plane sent it.
+    certificate_authority: String,
+}
+
+/// Registers until it succeeds (`None` when shut down first), with a new key's certificate
+/// signing request, and keeps what it returns: the client and serving certificates, and the
+/// node credential when there is one (registrations over cleartext). The call authenticates
+/// with the kept client certificate if every server is HTTPS, else with the kept credential,
+/// else with the join token, and falls back to the join token when refused.
 async fn register(
     cfg: &AgentConfig,
-    client: &Servers,
-    token: &Token,
     runtime_version: &str,
     shutdown: &mut watch::Receiver<bool>,
-) -> Option<String> {
+) -> Result<Option<Registered>, AgentError> {
+    let ca = cfg.certificate_authority.as_deref();
+    let files = certificate::Files::next_to(&cfg.credential_file);
+    let tls_only = cfg.servers.iter().all(|s| s.starts_with("https://"));
+    let mut identity = ca.filter(|_| tls_only).and_then(|ca| certificate::load_client(&files.client, ca));
+    let token = match identity {
+        Some(_) => Token::none(),
+        None => Token::load(cfg)?,
+    };
+    let mut client = Servers::new(&cfg.servers, token.clone(), ca, identity.as_ref())?;
+    let (key, csr) = certificate::request(&cfg.node_name).map_err(|e| AgentError::Certificate(e.to_string()))?;
     let mut node = node::describe(&cfg.node_name, cfg.node_ip.as_deref(), runtime_version, &cfg.node);
     server::advertise(&mut node, cfg.kubelet_port);
-    let request = RegisterRequest { node: serde_json::to_vec(&node).unwrap_or_default() };
+    let request = RegisterRequest { node: serde_json::to_vec(&node).unwrap_or_default(), csr };
     let mut delay = RETRY_MIN;
     loop {
         let (server, mut c) = client.get();
         match c.register(request.clone()).await {
             Ok(r) => {
                 let r = r.into_inner();
-                match token.keep(&r.credential, &cfg.credential_file) {
-                    Ok(()) => return Some(r.pod_cidr),
-                    Err(e) => tracing::error!(error = %e, "keeping the node credential failed, retrying"),
+                match keep(cfg, &files, &token, &key, &r) {
+                    Ok((client_pair, serving)) => {
+                        let client = Servers::new(&cfg.servers, token, ca, client_pair.as_ref())?;
+                        let certificate_authority = r.certificate_authority;
+                        return Ok(Some(Registered { pod_cidr: r.pod_cidr, client, serving, certificate_authority }));
+                    }
+                    Err(e) => tracing::error!(error = %e, "keeping what registration returned failed, retrying"),
                 }
             }
             Err(status) if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) => {
-                // A credential from another cluster (or a rotated key): join again, if we can.
+                // A credential or certificate from another cluster (or a rotated key): join
+                // again, if we can.
                 let fallback = token.fall_back_to_join(cfg);
+                if identity.take().is_some() {
+                    client = Servers::new(&cfg.servers, token.clone(), ca, None)?;
+                }
                 tracing::warn!(
                     server = %cfg.servers[server],
                     error = %status.message(),
@@ -359,9 +391,46 @@ async fn register(
             }
         }
         if sleep_or_shutdown(&mut delay, shutdown).await {
-            return None;
+            return Ok(None);
         }
     }
+}
+
+/// Keeps the certificates and the credential of a registration; the client and serving pairs.
+fn keep(
+    cfg: &AgentConfig,
+    files: &certificate::Files,
+    token: &Token,
+    key: &rcgen::KeyPair,
+    response: &RegisterResponse,
+) -> Result<(Option<KeyAndCertificate>, Option<KeyAndCertificate>), AgentError> {
+    let kept = |path: &std::path::Path, pem: &str| -> Result<Option<KeyAndCertificate>, AgentError> {
+        if pem.is_empty() {
+            return Ok(None);
+        }
+        let pair = certificate::with_key(pem.to_owned(), key);
+        certificate::store(path, &pair)
+            .map_err(|e| AgentError::Certificate(format!("writing {}: {e}", path.display())))?;
+        Ok(Some(pair))
+    };
+    let client = kept(&files.client, &response.client_certificate)?;
+    let serving = kept(&files.serving, &response.serving_certificate)?;
+    if !response.credential.is_empty() {
+        token.keep(&response.credential, &cfg.credential_file)?;
+    } else if client.is_some() {
+        // The certificate replaces the credential of a node that registered before.
+        token.clear();
+        match std::fs::remove_file(&cfg.credential_file) {
+            Ok(()) => {
+                tracing::info!(file = %cfg.credential_file.display(), "the client certificate replaces the node credential")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(file = %cfg.credential_file.display(), error = %e, "removing the old node credential")
+            }
+        }
+    }
+    Ok((client, serving))
 }
 
 async fn heartbeat(cfg: AgentConfig, client: Servers) {

@@ -86,7 +86,8 @@ pub struct AgentArgs {
     /// the threshold is not allocatable.
     #[arg(long, default_value = "")]
     pub eviction_hard: EvictionHard,
-    /// Where the node's credential is kept (mode 0600) once it has joined.
+    /// Where the node's credential is kept (mode 0600) once it has joined over cleartext; its
+    /// certificates and key are kept next to it (`kubelet-client.pem`, `kubelet-server.pem`).
     #[arg(long, default_value = "/var/lib/gitplane/node-credential")]
     pub credential_file: PathBuf,
     /// The port of the node's kubelet endpoint, on --node-ip (else loopback), where the

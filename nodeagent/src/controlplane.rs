@@ -1,7 +1,11 @@
 //! The agent's side of the control plane: the node service's replicas (an agent moves to the
-//! next when one fails) and the token every call presents.
+//! next when one fails), the client certificate its calls present over TLS, and the token they
+//! carry otherwise.
 
-use crate::agent::{AgentConfig, AgentError};
+use crate::{
+    agent::{AgentConfig, AgentError},
+    certificate::KeyAndCertificate,
+};
 use gitplane_proto::node::{ObjectEvent, PodEvent, node_service_client::NodeServiceClient};
 use std::{
     path::Path,
@@ -13,7 +17,7 @@ use tonic::{
     Code, Request, Status, Streaming,
     metadata::{Ascii, MetadataValue},
     service::{Interceptor, interceptor::InterceptedService},
-    transport::{Certificate, Channel, ClientTlsConfig},
+    transport::{Certificate, Channel, ClientTlsConfig, Identity},
 };
 
 /// Retry delays for calls to the control plane.
@@ -30,10 +34,10 @@ pub(crate) async fn sleep_or_shutdown(delay: &mut Duration, shutdown: &mut watch
     }
 }
 
-/// What the agent presents on every call: its node credential once it has one, before that the
-/// join token.
+/// The bearer token the agent presents on every call: its node credential once it has one,
+/// before that the join token; none when its client certificate authenticates it.
 #[derive(Clone)]
-pub(crate) struct Token(Arc<RwLock<MetadataValue<Ascii>>>);
+pub(crate) struct Token(Arc<RwLock<Option<MetadataValue<Ascii>>>>);
 
 fn bearer(token: &str, file: &Path) -> Result<MetadataValue<Ascii>, AgentError> {
     format!("Bearer {}", token.trim())
@@ -52,7 +56,17 @@ impl Token {
         let token = kept
             .or_else(|| cfg.join_token.clone())
             .ok_or_else(|| AgentError::NoCredential { file: cfg.credential_file.clone() })?;
-        Ok(Token(Arc::new(RwLock::new(bearer(&token, &cfg.credential_file)?))))
+        Ok(Token(Arc::new(RwLock::new(Some(bearer(&token, &cfg.credential_file)?)))))
+    }
+
+    /// No bearer token: the client certificate speaks for the node.
+    pub(crate) fn none() -> Token {
+        Token(Arc::default())
+    }
+
+    /// Presents no token from now on (the node holds a client certificate).
+    pub(crate) fn clear(&self) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = None;
     }
 
     /// Uses `credential` from now on and keeps it in `file` (written aside, then renamed).
@@ -71,15 +85,8 @@ impl Token {
             std::fs::rename(&aside, file)
         };
         write().map_err(|e| AgentError::BadToken { file: file.to_owned(), why: format!("writing it: {e}") })?;
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = value;
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(value);
         Ok(())
-    }
-
-    /// The node credential, once the node holds one (never the join token).
-    pub(crate) fn credential(&self) -> Option<String> {
-        let value = self.0.read().unwrap_or_else(PoisonError::into_inner).clone();
-        let token = value.to_str().ok()?.strip_prefix("Bearer ")?;
-        token.starts_with("node:").then(|| token.to_owned())
     }
 
     /// Presents the join token again (when the control plane refused the credential); whether
@@ -88,15 +95,16 @@ impl Token {
         let Some(value) = cfg.join_token.as_deref().and_then(|t| bearer(t, &cfg.credential_file).ok()) else {
             return false;
         };
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = value;
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(value);
         true
     }
 }
 
 impl Interceptor for Token {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let value = self.0.read().unwrap_or_else(PoisonError::into_inner).clone();
-        request.metadata_mut().insert("authorization", value);
+        if let Some(value) = self.0.read().unwrap_or_else(PoisonError::into_inner).clone() {
+            request.metadata_mut().insert("authorization", value);
+        }
         Ok(request)
     }
 }
@@ -111,7 +119,14 @@ pub(crate) struct Servers {
 }
 
 impl Servers {
-    pub(crate) fn new(servers: &[String], token: Token, ca: Option<&str>) -> Result<Servers, AgentError> {
+    /// Clients of `servers`; `https://` ones trust the CA `ca` only and are shown `identity`,
+    /// the node's client certificate, if it has one.
+    pub(crate) fn new(
+        servers: &[String],
+        token: Token,
+        ca: Option<&str>,
+        identity: Option<&KeyAndCertificate>,
+    ) -> Result<Servers, AgentError> {
         if servers.is_empty() {
             return Err(AgentError::NoServers);
         }
@@ -122,7 +137,10 @@ impl Servers {
                     .map_err(|source| AgentError::Server { server: server.clone(), source })?;
                 if server.starts_with("https://") {
                     let ca = ca.ok_or_else(|| AgentError::NoCertificateAuthority { server: server.clone() })?;
-                    let tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+                    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+                    if let Some(identity) = identity {
+                        tls = tls.identity(Identity::from_pem(&identity.certificate, &identity.key));
+                    }
                     endpoint = endpoint
                         .tls_config(tls)
                         .map_err(|source| AgentError::Server { server: server.clone(), source })?;
@@ -251,11 +269,11 @@ mod tests {
         cfg.credential_file = "/nonexistent/node-credential".into();
         let token = Token::load(&cfg).unwrap();
         let https = ["https://192.0.2.1:8080".to_owned()];
-        let refused = Servers::new(&https, token.clone(), None).map(|_| ()).unwrap_err();
+        let refused = Servers::new(&https, token.clone(), None, None).map(|_| ()).unwrap_err();
         assert!(matches!(refused, AgentError::NoCertificateAuthority { .. }), "{refused}");
         assert!(refused.to_string().contains("--certificate-authority"), "{refused}");
         let ca = "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n";
-        assert!(Servers::new(&https, token.clone(), Some(ca)).is_ok());
-        assert!(Servers::new(&["http://127.0.0.1:8080".to_owned()], token, None).is_ok());
+        assert!(Servers::new(&https, token.clone(), Some(ca), None).is_ok());
+        assert!(Servers::new(&["http://127.0.0.1:8080".to_owned()], token, None, None).is_ok());
     }
 }

@@ -1,4 +1,5 @@
 pub mod agent;
+pub mod certificate;
 pub mod cidr;
 pub mod cli;
 pub mod cni;

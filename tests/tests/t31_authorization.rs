@@ -140,10 +140,14 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
     let mut raft = RaftServiceClient::new(channel.clone());
 
     // Nodes A and B join with the join token; A's credential is one of the callers.
-    let a = nodes.register(tokens.request(Who::Join, RegisterRequest { node: node_json("node-a") })).await?;
+    let a = nodes
+        .register(tokens.request(Who::Join, RegisterRequest { node: node_json("node-a"), ..Default::default() }))
+        .await?;
     let a = a.into_inner();
     tokens.node_a = a.credential.clone();
-    nodes.register(tokens.request(Who::Join, RegisterRequest { node: node_json("node-b") })).await?;
+    nodes
+        .register(tokens.request(Who::Join, RegisterRequest { node: node_json("node-b"), ..Default::default() }))
+        .await?;
     // A Pod bound to each, reading a Secret of its own, written as the control plane would
     // (through the store, as a peer).
     let mut uids = Vec::new();
@@ -218,7 +222,8 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
             Who::Join => joiner,
             _ => unauthenticated,
         };
-        let register = |name: &str| tokens.request(who, RegisterRequest { node: node_json(name) });
+        let register =
+            |name: &str| tokens.request(who, RegisterRequest { node: node_json(name), ..Default::default() });
         let expected = by_node(Expect::Grpc(Code::Ok), Expect::Grpc(Code::PermissionDenied));
         m.grpc("Node/Register(own name, alive)", who, expected, grpc_outcome(nodes.register(register("node-a")).await));
         let expected = by_node(Expect::Grpc(Code::PermissionDenied), Expect::Grpc(Code::PermissionDenied));
@@ -300,7 +305,7 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
     // A node may not give itself a label reserved for the cluster's owner.
     let mut labelled: serde_json::Value = serde_json::from_slice(&node_json("node-a"))?;
     labelled["metadata"]["labels"] = json!({"node-restriction.kubernetes.io/pci": "true"});
-    let register = RegisterRequest { node: serde_json::to_vec(&labelled)? };
+    let register = RegisterRequest { node: serde_json::to_vec(&labelled)?, ..Default::default() };
     let got = grpc_outcome(nodes.register(tokens.request(Who::NodeA, register)).await);
     m.grpc("Node/Register(own name, reserved label)", Who::NodeA, Expect::Grpc(Code::PermissionDenied), got);
 

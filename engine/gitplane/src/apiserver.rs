@@ -397,7 +397,7 @@ mod tests {
     use tower::ServiceExt;
 
     fn kubelet() -> KubeletClient {
-        KubeletClient::new(crate::nodeservice::NodeIdentity::new("join-token-0123456789", [7; 32]), None)
+        KubeletClient::for_tests()
     }
 
     async fn call(router: &Router, method: Method, uri: &str) -> (StatusCode, Value) {

@@ -5,7 +5,8 @@
 //!
 //! - `git-token`: clone, fetch and push of hosted repositories (people, CI).
 //! - `peer-token`: the replicas' shared secret for the store and Raft services.
-//! - `join-token`: what a node agent presents once to join; it then holds a node credential.
+//! - `join-token`: what a node agent presents once to join; it then holds certificates (and,
+//!   joined over cleartext loopback, a node credential).
 //!
 //! See SECURITY.md for who holds which and how to rotate each.
 

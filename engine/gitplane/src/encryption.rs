@@ -129,6 +129,10 @@ struct RotateArgs {
     /// `<data-dir>/tokens.csv`, as the replica makes it).
     #[arg(long)]
     tokens_file: Option<PathBuf>,
+    /// The cluster CA's certificate, to verify replicas not on loopback (HTTPS) against
+    /// (default: `<data-dir>/ca.crt`).
+    #[arg(long)]
+    certificate_authority: Option<PathBuf>,
     /// Follow the replicas to the key file's first key without adding a new one.
     #[arg(long)]
     no_new_key: bool,
@@ -167,11 +171,16 @@ async fn rotate(args: RotateArgs) -> anyhow::Result<()> {
         }
         name
     };
+    let ca = args.certificate_authority.clone().unwrap_or_else(|| args.keys.data_dir.join("ca.crt"));
+    let tls = match args.servers.iter().any(|s| gitplane_storage::remote::serves_tls(host_of(s))) {
+        true => Some(https_client(&ca)?),
+        false => None,
+    };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.wait_seconds);
     for server in &args.servers {
         let mut last = None;
         loop {
-            let status = replica_encryption(server, &token).await?;
+            let status = replica_encryption(server, &token, tls.as_ref()).await?;
             let done = status.write_key.as_deref() == Some(write.as_str())
                 && status.stale_objects == 0
                 && status.stale_history == 0;
@@ -209,14 +218,54 @@ struct Status {
     stale_history: i64,
 }
 
-/// `/replica` over cleartext, which a replica serves to clients on its own machine (loopback).
-async fn replica_encryption(server: &str, token: &str) -> anyhow::Result<Status> {
+/// The host of `host:port` (brackets kept off an IPv6 address).
+fn host_of(server: &str) -> &str {
+    let host = server.rsplit_once(':').map_or(server, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// A TLS client that trusts the cluster CA in `ca` only.
+fn https_client(ca: &Path) -> anyhow::Result<tokio_rustls::TlsConnector> {
+    let pem = std::fs::read_to_string(ca)
+        .with_context(|| format!("reading the cluster CA's certificate {} (--certificate-authority)", ca.display()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for der in gitplane_proto::x509::pem_blocks(&pem, "CERTIFICATE") {
+        roots.add(der.into()).with_context(|| format!("{} holds no usable certificate", ca.display()))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_rustls::TlsConnector::from(Arc::new(config)))
+}
+
+/// `/replica`: over HTTPS verified against the cluster CA, or cleartext to a replica on
+/// loopback (which never leaves this machine).
+async fn replica_encryption(
+    server: &str,
+    token: &str,
+    tls: Option<&tokio_rustls::TlsConnector>,
+) -> anyhow::Result<Status> {
     let read = async {
-        let mut conn = tokio::net::TcpStream::connect(server).await?;
+        let conn = tokio::net::TcpStream::connect(server).await?;
         let request = format!("GET /replica HTTP/1.0\r\nHost: {server}\r\nAuthorization: Bearer {token}\r\n\r\n");
-        conn.write_all(request.as_bytes()).await?;
         let mut response = Vec::new();
-        conn.take(1 << 20).read_to_end(&mut response).await?;
+        match tls.filter(|_| gitplane_storage::remote::serves_tls(host_of(server))) {
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::try_from(host_of(server).to_owned())
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+                let mut conn = tls.connect(name, conn).await?;
+                conn.write_all(request.as_bytes()).await?;
+                // A replica may close without TLS's close_notify after an HTTP/1.0 answer.
+                let _ = conn.take(1 << 20).read_to_end(&mut response).await;
+            }
+            None => {
+                let mut conn = conn;
+                conn.write_all(request.as_bytes()).await?;
+                conn.take(1 << 20).read_to_end(&mut response).await?;
+            }
+        }
         Ok::<_, std::io::Error>(response)
     };
     let response = tokio::time::timeout(Duration::from_secs(10), read)

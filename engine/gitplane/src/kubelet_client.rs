@@ -1,15 +1,16 @@
-//! How a replica calls a node's kubelet endpoint (kube-apiserver's kubelet client): HTTP/1.1
-//! to the node's InternalIP (loopback for a node registered without one: the embedded
-//! appliance's own node) on the port its Node advertises
-//! (`status.daemonEndpoints.kubeletEndpoint.Port`, 10250 when absent), with the token derived
-//! from that node's credential (`gitplane_nodeagent::server::auth`), which every replica can
-//! compute.
+//! How a replica calls a node's kubelet endpoint (kube-apiserver's kubelet client): HTTPS
+//! (HTTP/1.1) to the node's InternalIP (loopback for a node registered without one: the
+//! embedded appliance's own node) on the port its Node advertises
+//! (`status.daemonEndpoints.kubeletEndpoint.Port`, 10250 when absent). The node's serving
+//! certificate must come from the cluster CA, hold that address and name that node
+//! (`system:node:<name>`); the replica presents its own certificate, which the endpoint requires
+//! (kube-apiserver's `--kubelet-certificate-authority` and `--kubelet-client-certificate`).
 //!
 //! Under `gitplane up --nodes` the nodes live behind a bridge in a network namespace of their
 //! own; connections to them are then made from that namespace (`netns`).
 
-use crate::nodeservice::NodeIdentity;
-use gitplane_nodeagent::server::{DEFAULT_PORT, auth};
+use crate::tls::{ClusterCa, ReplicaCertificate};
+use gitplane_nodeagent::server::DEFAULT_PORT;
 use hyper::{Request, Response, body::Incoming};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
@@ -34,7 +35,7 @@ pub enum KubeletError {
 /// Calls nodes' kubelet endpoints.
 #[derive(Clone)]
 pub struct KubeletClient {
-    identity: NodeIdentity,
+    tls: tokio_rustls::TlsConnector,
     /// The network namespace to connect from (`gitplane up --nodes`); `None`: this process's.
     netns: Option<PathBuf>,
 }
@@ -57,8 +58,16 @@ pub fn kubelet_address(node: &Node) -> SocketAddr {
 }
 
 impl KubeletClient {
-    pub fn new(identity: NodeIdentity, netns: Option<PathBuf>) -> KubeletClient {
-        KubeletClient { identity, netns }
+    pub fn new(ca: &ClusterCa, certificate: &ReplicaCertificate, netns: Option<PathBuf>) -> anyhow::Result<Self> {
+        let tls = tokio_rustls::TlsConnector::from(ca.kubelet_client_config(certificate)?);
+        Ok(KubeletClient { tls, netns })
+    }
+
+    /// A client of a CA of its own, for tests of what calls it.
+    #[cfg(test)]
+    pub fn for_tests() -> KubeletClient {
+        let ca = ClusterCa::derive([7; 32]).unwrap();
+        KubeletClient::new(&ca, &ca.replica_certificate(&["localhost".into()]).unwrap(), None).unwrap()
     }
 
     async fn connect(&self, addr: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
@@ -84,6 +93,20 @@ impl KubeletClient {
         let addr = kubelet_address(node);
         let unreachable = |why: String| KubeletError::Unreachable { node: name.clone(), addr, why };
         let stream = self.connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
+        let server_name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
+        let stream = tokio::time::timeout(CONNECT_TIMEOUT, self.tls.connect(server_name, stream))
+            .await
+            .map_err(|_| unreachable("no TLS handshake within 5 s".into()))?
+            .map_err(|e| unreachable(format!("TLS: {e}")))?;
+        // The CA signs every node's serving certificate: this one must be that node's.
+        let serving = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
+        let subject = serving.and_then(|c| gitplane_proto::x509::subject(c)).unwrap_or_default();
+        if subject.node() != Some(name.as_str()) {
+            return Err(unreachable(format!(
+                "its serving certificate is not node {name}'s (CN {:?})",
+                subject.common_name.unwrap_or_default()
+            )));
+        }
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| unreachable(e.to_string()))?;
@@ -93,10 +116,8 @@ impl KubeletClient {
                 tracing::debug!(error = %e, "kubelet endpoint connection ended");
             }
         });
-        let token = auth::token(&self.identity.credential(&name));
         let request = Request::get(path_and_query)
             .header(hyper::header::HOST, addr.to_string())
-            .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .map_err(|e| unreachable(e.to_string()))?;
         tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(request))
@@ -131,7 +152,7 @@ mod tests {
             "metadata": {"name": "n1"}, "status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}
         }))
         .unwrap();
-        let client = KubeletClient::new(NodeIdentity::new("join-token-0123456789", [7; 32]), None);
+        let client = KubeletClient::for_tests();
         let error = client.get(&node, "/containerLogs/a/b/c").await.unwrap_err().to_string();
         assert!(error.starts_with(&format!("cannot reach node n1's agent at 127.0.0.1:{port}")), "{error}");
     }

@@ -14,9 +14,12 @@
 //!
 //! A listener with a TLS configuration ([`Listener::tls`]) completes the handshake within
 //! `header_read_timeout` too, and then serves what ALPN chose (`h2` or `http/1.1`) exactly as
-//! it serves cleartext.
+//! it serves cleartext. Every request carries its connection's [`Transport`]: over TLS, the
+//! subject of the client certificate (verified against the cluster CA in the handshake), which
+//! is how the node service knows a node and the store and Raft services a peer replica.
 
 use axum::{Router, body::Body, extract::Request};
+use gitplane_proto::x509::{self, Subject};
 use hyper_util::{
     rt::{TokioExecutor, TokioIo, TokioTimer},
     server::conn::auto,
@@ -76,6 +79,26 @@ impl Default for Limits {
 /// The address a request came from (a request extension set by [`serve`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ClientAddr(pub IpAddr);
+
+/// How a request's connection came (a request extension set by [`serve`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Cleartext: on a loopback listener, or from loopback to a TLS one.
+    Cleartext,
+    /// TLS, and the subject of the client's certificate if it presented one (the handshake
+    /// verified it against the cluster CA).
+    Tls(Option<Subject>),
+}
+
+impl Transport {
+    /// The verified client certificate's subject, if any.
+    pub fn client(&self) -> Option<&Subject> {
+        match self {
+            Transport::Tls(subject) => subject.as_ref(),
+            Transport::Cleartext => None,
+        }
+    }
+}
 
 /// Requests made in-process (tests) share one unspecified address.
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ClientAddr {
@@ -185,19 +208,22 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
         let accepted = Instant::now();
         tokio::spawn(async move {
             let _held = (slot, held);
-            let service = tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
-                request.extensions_mut().insert(client);
-                let request = request.map(Body::new);
-                let router = if is_grpc(&request) { grpc.clone() } else { http.clone() };
-                router.oneshot(request)
-            });
-            let service = TowerToHyperService::new(service);
+            let service = |transport: Transport| {
+                let (grpc, http) = (grpc.clone(), http.clone());
+                TowerToHyperService::new(tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(client);
+                    request.extensions_mut().insert(transport.clone());
+                    let request = request.map(Body::new);
+                    let router = if is_grpc(&request) { grpc.clone() } else { http.clone() };
+                    router.oneshot(request)
+                }))
+            };
             let result = match tls {
                 None => {
                     if !request_began(&stream, header_read_timeout).await {
                         return;
                     }
-                    builder.serve_connection(TokioIo::new(stream), service).await
+                    builder.serve_connection(TokioIo::new(stream), service(Transport::Cleartext)).await
                 }
                 // The first byte, the handshake and the request's first bytes share one allowance.
                 Some(tls) => match first_byte(&stream, accepted + header_read_timeout).await {
@@ -205,7 +231,9 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                     Some(TLS_HANDSHAKE_RECORD) => {
                         let deadline = accepted + header_read_timeout;
                         let Some(stream) = handshake(&tls, stream, deadline).await else { return };
-                        builder.serve_connection(TokioIo::new(stream), service).await
+                        let certificate = stream.inner.get_ref().1.peer_certificates().and_then(|c| c.first());
+                        let transport = Transport::Tls(certificate.and_then(|c| x509::subject(c)));
+                        builder.serve_connection(TokioIo::new(stream), service(transport)).await
                     }
                     // Cleartext from loopback never left this machine (a wildcard listener's own
                     // clients, e.g. `gitplane up --listen 0.0.0.0:8080`'s agent): served as such.
@@ -213,7 +241,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                         if !request_began(&stream, header_read_timeout).await {
                             return;
                         }
-                        builder.serve_connection(TokioIo::new(stream), service).await
+                        builder.serve_connection(TokioIo::new(stream), service(Transport::Cleartext)).await
                     }
                     Some(_) => return refuse_cleartext(stream).await,
                 },

@@ -6,10 +6,11 @@ use crate::{
     credentials::Credentials,
     githttp,
     kubelet_client::KubeletClient,
-    listener,
+    listener::{self, Transport},
     mirror::Mirrors,
     nodeservice::{NodeIdentity, NodeService},
     source::{allocate::ServiceRanges, apply::RecordKey},
+    tls::{ClusterCa, ReplicaCertificate},
     webhook,
 };
 use anyhow::Context as _;
@@ -168,6 +169,29 @@ impl GitServing {
     }
 }
 
+/// A replica's TLS: the CA (which signs the nodes' certificates) and its own certificate (which
+/// it presents to the kubelet endpoints).
+pub struct ReplicaTls {
+    pub ca: Arc<ClusterCa>,
+    pub certificate: ReplicaCertificate,
+}
+
+/// The store and Raft services over TLS admit only peers presenting a replica's certificate
+/// (mutual TLS, as etcd's peers); cleartext comes from loopback only, where the peer token
+/// (checked by the services themselves, as everywhere) is what there is.
+async fn require_replica(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let peer_service = request.uri().path().starts_with("/gitplane.store.v1.");
+    match request.extensions().get::<Transport>() {
+        Some(Transport::Tls(subject)) if peer_service && !subject.as_ref().is_some_and(|s| s.is_replica()) => {
+            tonic::Status::unauthenticated(
+                "the store and Raft services over TLS need a replica's client certificate from the cluster CA",
+            )
+            .into_http()
+        }
+        _ => next.run(request).await,
+    }
+}
+
 pub struct Replica {
     pub backend: Backend,
     tasks: Vec<JoinHandle<()>>,
@@ -184,6 +208,7 @@ impl Replica {
         listeners: Vec<listener::Listener>,
         access: authz::ApiAccess,
         credentials: &Credentials,
+        tls: ReplicaTls,
         git: GitServing,
         push_hint: String,
         service_ranges: ServiceRanges,
@@ -193,9 +218,10 @@ impl Replica {
     ) -> anyhow::Result<Replica> {
         let shared = backend.store();
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
-        let kubelet = KubeletClient::new(identity.clone(), nodes_netns);
-        let nodes = NodeService::new(shared.clone(), identity).into_server();
-        let grpc = backend.routes().add_service(nodes).into_axum_router();
+        let kubelet = KubeletClient::new(&tls.ca, &tls.certificate, nodes_netns)?;
+        let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone()).into_server();
+        let grpc =
+            backend.routes().add_service(nodes).into_axum_router().layer(axum::middleware::from_fn(require_replica));
         let info = backend.clone();
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };

@@ -8,7 +8,7 @@ use crate::{
     authz::ApiAccess,
     credentials::Credentials,
     kubeconfig, listener,
-    tls::{self, ClusterCa},
+    tls::{self, ClusterCa, ReplicaCertificate},
 };
 use anyhow::Context as _;
 use std::{
@@ -18,7 +18,7 @@ use std::{
 };
 
 pub struct Security {
-    pub ca: ClusterCa,
+    pub ca: Arc<ClusterCa>,
     pub access: ApiAccess,
     /// The first `read` token of the token file and its user, for the kubeconfig.
     reader: Option<(String, String)>,
@@ -35,7 +35,7 @@ impl Security {
         tokens_file: Option<&Path>,
         anonymous_loopback_reads: bool,
     ) -> anyhow::Result<Security> {
-        let ca = ClusterCa::derive(credentials.ca_seed())?;
+        let ca = Arc::new(ClusterCa::derive(credentials.ca_seed())?);
         ca.write_certificate(&data_dir.join("ca.crt"))?;
         let (path, create) = match tokens_file {
             Some(path) => (path.to_path_buf(), false),
@@ -50,11 +50,15 @@ impl Security {
         Ok(Security { ca, access, reader, data_dir: data_dir.to_path_buf() })
     }
 
-    /// `tcp` as a listener serving TLS for `names`; clients on loopback may also speak
+    /// `tcp` as a listener serving TLS with `certificate`; clients on loopback may also speak
     /// cleartext (the listener tells them apart by the first byte), so a replica bound to
     /// loopback serves both, and kubectl, which sends a bearer token only over TLS, can use it.
-    pub fn listener(&self, tcp: tokio::net::TcpListener, names: &[String]) -> anyhow::Result<listener::Listener> {
-        let tls = Some(tokio_rustls::TlsAcceptor::from(self.ca.server_config(names)?));
+    pub fn listener(
+        &self,
+        tcp: tokio::net::TcpListener,
+        certificate: &ReplicaCertificate,
+    ) -> anyhow::Result<listener::Listener> {
+        let tls = Some(tokio_rustls::TlsAcceptor::from(self.ca.server_config(certificate)?));
         Ok(listener::Listener { tcp, tls })
     }
 

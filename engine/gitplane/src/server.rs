@@ -3,7 +3,7 @@
 use crate::{
     credentials::{Credentials, Sources},
     encryption::load_keys,
-    replica::{Backend, GitServing, Replica},
+    replica::{Backend, GitServing, Replica, ReplicaTls},
     security::{self, Security},
     source::allocate::ServiceRanges,
     tls,
@@ -135,11 +135,16 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     })?;
     let secrets = load_keys(&args.data_dir, args.encryption_key_file.as_deref(), makes_cluster_secrets)?;
     let security = Security::load(&args.data_dir, &credentials, args.tokens_file.as_deref(), false)?;
-    let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?.with_ca(&security.ca.pem());
     let tcp = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let own_host = own.rsplit_once(':').map_or(own.as_str(), |(host, _)| host).to_owned();
     let names = tls::serving_names(listen, &[&[own_host][..], &args.tls_san].concat());
-    let listener = security.listener(tcp, &names)?;
+    let certificate = security.ca.replica_certificate(&names)?;
+    let listener = security.listener(tcp, &certificate)?;
+    let (chain, key) = certificate.pem();
+    let peer_token = PeerToken::new(&credentials.peer_token)
+        .context("the peer token")?
+        .with_ca(&security.ca.pem())
+        .with_identity(&chain, &key);
     let backend = match args.store {
         StoreKind::Sqlite => {
             let mut config = ReplicaConfig::new(args.id, peers, args.data_dir.join("store"), peer_token);
@@ -170,9 +175,21 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
     let access = security.access.clone();
     let pool = args.load_balancer_pool;
-    let replica =
-        Replica::start(backend, vec![listener], access, &credentials, git, hint, ranges, pool, args.event_ttl, None)
-            .await?;
+    let tls = ReplicaTls { ca: security.ca.clone(), certificate };
+    let replica = Replica::start(
+        backend,
+        vec![listener],
+        access,
+        &credentials,
+        tls,
+        git,
+        hint,
+        ranges,
+        pool,
+        args.event_ttl,
+        None,
+    )
+    .await?;
     let kubeconfig = kubeconfig.map(|p| p.display().to_string()).unwrap_or_default();
     tracing::info!(id = args.id, url = %security::url(listen), %kubeconfig, "replica started");
     gitplane_nodeagent::cli::stop_signal().await;

@@ -1,4 +1,5 @@
-//! TLS on the listener: the cluster CA and each replica's serving certificate.
+//! TLS on the listener and between the cluster's parts: the cluster CA, each replica's
+//! certificate, and the certificates the CA signs for nodes.
 //!
 //! The CA is **derived from the peer token** (an Ed25519 key from a labelled HMAC of it, and a
 //! certificate with fixed fields, so its bytes are the same on every replica), as the node key
@@ -7,34 +8,128 @@
 //! CA adds no new secret to guard. Rotating the peer token rotates the CA (agents and users
 //! then need the new `ca.crt`).
 //!
-//! Each replica signs a fresh serving certificate (ECDSA P-256, one year) for its addresses on
-//! every start; only the CA's certificate is written out (`<data-dir>/ca.crt`), for agents,
-//! kubeconfigs and curl. A listener on loopback serves plain HTTP (what `gitplane up` shows);
-//! every other one serves TLS 1.2/1.3 with ALPN `h2` and `http/1.1`, so gRPC and kubectl share
-//! it. A client may present a certificate; one the cluster CA did not sign fails the
-//! handshake (none is needed: requests authenticate with bearer tokens).
+//! Each replica signs a fresh certificate (ECDSA P-256, one year) for its addresses on every
+//! start, in group `gitplane:replicas`, good for serving and as a client: it serves the
+//! listener, and it is what the replica presents to its peers (Raft, forwarded writes) and to
+//! the nodes' kubelet endpoints. Only the CA's certificate is written out (`<data-dir>/ca.crt`),
+//! for agents, kubeconfigs and curl. A listener on loopback serves plain HTTP (what `gitplane
+//! up` shows); every other one serves TLS 1.2/1.3 with ALPN `h2` and `http/1.1`, so gRPC and
+//! kubectl share it. A client may present a certificate; one the cluster CA did not sign fails
+//! the handshake; one it signed says who the client is ([`gitplane_proto::x509::Subject`]).
+//!
+//! Nodes get two certificates at registration ([`ClusterCa::sign_node`]) for the key of their
+//! certificate signing request, which never leaves the node: a client certificate and the
+//! serving certificate of their kubelet endpoint (the kubelet's TLS bootstrapping, with the
+//! registration as the approval).
 
 use anyhow::Context as _;
+use gitplane_proto::x509::{self, NODE_USER_PREFIX, NODES_GROUP, REPLICAS_GROUP};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose, SerialNumber,
 };
 use rustls::{
-    RootCertStore, ServerConfig,
-    pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer},
+    ClientConfig, RootCertStore, ServerConfig,
+    pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, alg_id},
     server::WebPkiClientVerifier,
 };
-use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _, path::Path, sync::Arc, time::Duration};
+use std::{io::Write as _, net::IpAddr, os::unix::fs::OpenOptionsExt as _, path::Path, sync::Arc, time::Duration};
 
 /// PKCS#8 v1 of an Ed25519 private key, less its 32-byte seed (RFC 8410).
 const ED25519_PKCS8_PREFIX: [u8; 16] =
     [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
-/// How long a serving certificate lasts; a replica makes a new one at every start.
-const SERVING_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+/// How long a replica's or a node's certificate lasts; both get new ones at every start.
+const VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The cluster's certificate authority.
 pub struct ClusterCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A replica's certificate (the CA's after it) and key: what it serves and presents.
+pub struct ReplicaCertificate {
+    chain: Vec<CertificateDer<'static>>,
+    key: Vec<u8>,
+}
+
+impl ReplicaCertificate {
+    fn key(&self) -> PrivateKeyDer<'static> {
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key.clone()))
+    }
+
+    /// The certificate chain and the key, PEM (what tonic's client identity takes).
+    pub fn pem(&self) -> (String, String) {
+        let chain: String = self.chain.iter().map(|c| x509::pem("CERTIFICATE", c)).collect();
+        (chain, x509::pem("PRIVATE KEY", &self.key))
+    }
+}
+
+/// A node's certificates, PEM, for the key of its request.
+#[derive(Debug)]
+pub struct NodeCertificates {
+    pub client: String,
+    pub serving: String,
+}
+
+/// Why a node's certificate signing request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CsrError {
+    #[error("the certificate signing request is not DER PKCS#10")]
+    Malformed,
+    #[error(
+        "the certificate signing request's key must be ECDSA P-256, signed with SHA-256 (what gitplane agent makes)"
+    )]
+    Algorithm,
+    #[error("the certificate signing request's signature does not verify with its own key")]
+    Signature,
+    #[error("signing the node's certificate: {0}")]
+    Signing(#[from] rcgen::Error),
+}
+
+/// A public key taken from a certificate signing request.
+struct RequestedKey(Vec<u8>);
+
+impl rcgen::PublicKeyData for RequestedKey {
+    fn der_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_ECDSA_P256_SHA256
+    }
+}
+
+/// The key of `csr`, once its signature proves the requester holds it.
+fn requested_key(csr: &[u8]) -> Result<RequestedKey, CsrError> {
+    let request = x509::certification_request(csr).ok_or(CsrError::Malformed)?;
+    if request.public_key_algorithm != alg_id::ECDSA_P256.as_ref()
+        || request.signature_algorithm != alg_id::ECDSA_SHA256.as_ref()
+    {
+        return Err(CsrError::Algorithm);
+    }
+    let provider = rustls::crypto::ring::default_provider();
+    let verifier = provider
+        .signature_verification_algorithms
+        .all
+        .iter()
+        .find(|a| a.public_key_alg_id() == alg_id::ECDSA_P256 && a.signature_alg_id() == alg_id::ECDSA_SHA256)
+        .ok_or(CsrError::Algorithm)?;
+    verifier.verify_signature(request.public_key, request.info, request.signature).map_err(|_| CsrError::Signature)?;
+    Ok(RequestedKey(request.public_key.to_vec()))
+}
+
+fn subject(common_name: &str, group: &str) -> DistinguishedName {
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, common_name);
+    name.push(DnType::OrganizationName, group);
+    name
+}
+
+/// Validity from an hour ago (clocks a little behind this one) for [`VALIDITY`].
+fn valid_from_now(params: &mut CertificateParams) {
+    let now = std::time::SystemTime::now();
+    params.not_before = (now - Duration::from_secs(3600)).into();
+    params.not_after = (now + VALIDITY).into();
 }
 
 impl ClusterCa {
@@ -59,12 +154,15 @@ impl ClusterCa {
         Ok(ClusterCa { issuer })
     }
 
-    /// The CA's certificate, PEM (written here: rcgen's `pem` brings a second base64).
+    /// The CA's certificate, PEM.
     pub fn pem(&self) -> String {
-        use base64::Engine as _;
-        let text = base64::engine::general_purpose::STANDARD.encode(self.issuer.der());
-        let lines: Vec<&str> = text.as_bytes().chunks(64).map(|l| std::str::from_utf8(l).unwrap_or_default()).collect();
-        format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", lines.join("\n"))
+        x509::pem("CERTIFICATE", self.issuer.der())
+    }
+
+    fn roots(&self) -> anyhow::Result<Arc<RootCertStore>> {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.issuer.der().clone()).context("the cluster CA's certificate")?;
+        Ok(Arc::new(roots))
     }
 
     /// Writes the CA's certificate (public: mode 0644) to `path`, replacing what was there.
@@ -82,41 +180,70 @@ impl ClusterCa {
         std::fs::rename(&staging, path).with_context(|| format!("writing {}", path.display()))
     }
 
-    /// A serving certificate for `names` (addresses or DNS names) and its key.
-    fn serving(&self, names: &[String]) -> anyhow::Result<(CertificateDer<'static>, PrivateKeyDer<'static>)> {
-        let key = KeyPair::generate().context("making a serving key")?;
-        let mut params = CertificateParams::new(names.to_vec()).context("the serving certificate's names")?;
-        let mut name = DistinguishedName::new();
-        name.push(DnType::CommonName, "gitplane replica");
-        params.distinguished_name = name;
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    /// A replica's certificate for `names` (addresses or DNS names): serving, and client of
+    /// its peers and of the kubelet endpoints.
+    pub fn replica_certificate(&self, names: &[String]) -> anyhow::Result<ReplicaCertificate> {
+        let key = KeyPair::generate().context("making the replica's key")?;
+        let mut params = CertificateParams::new(names.to_vec()).context("the replica certificate's names")?;
+        params.distinguished_name = subject("gitplane replica", REPLICAS_GROUP);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        let now = std::time::SystemTime::now();
-        // An hour of slack for clocks a little behind this one.
-        params.not_before = (now - Duration::from_secs(3600)).into();
-        params.not_after = (now + SERVING_VALIDITY).into();
-        let cert = params.signed_by(&key, &self.issuer).context("signing the serving certificate")?;
-        Ok((cert.der().clone(), PrivateKeyDer::Pkcs8(key.serialize_der().into())))
+        valid_from_now(&mut params);
+        let cert = params.signed_by(&key, &self.issuer).context("signing the replica's certificate")?;
+        Ok(ReplicaCertificate { chain: vec![cert.der().clone(), self.issuer.der().clone()], key: key.serialize_der() })
     }
 
-    /// The TLS configuration of a listener serving `names`.
-    pub fn server_config(&self, names: &[String]) -> anyhow::Result<Arc<ServerConfig>> {
+    /// The TLS configuration of a listener serving `replica`'s certificate. Client
+    /// certificates are optional (kubectl and curl present none); one the CA did not sign fails
+    /// the handshake.
+    pub fn server_config(&self, replica: &ReplicaCertificate) -> anyhow::Result<Arc<ServerConfig>> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut roots = RootCertStore::empty();
-        roots.add(self.issuer.der().clone()).context("the cluster CA's certificate")?;
-        let clients = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        let clients = WebPkiClientVerifier::builder_with_provider(self.roots()?, provider.clone())
             .allow_unauthenticated()
             .build()
             .context("the client certificate verifier")?;
-        let (cert, key) = self.serving(names)?;
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .context("TLS versions")?
             .with_client_cert_verifier(clients)
-            .with_single_cert(vec![cert, self.issuer.der().clone()], key)
+            .with_single_cert(replica.chain.clone(), replica.key())
             .context("the serving certificate")?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
+    }
+
+    /// How a replica calls the kubelet endpoints: it trusts the CA only and presents its own
+    /// certificate (kube-apiserver's `--kubelet-client-certificate`).
+    pub fn kubelet_client_config(&self, replica: &ReplicaCertificate) -> anyhow::Result<Arc<ClientConfig>> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS versions")?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(replica.chain.clone(), replica.key())
+            .context("the replica's client certificate")?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// Node `node`'s client and serving certificates for the key of `csr` (DER PKCS#10), whose
+    /// signature must verify. The names are the CA's to decide, not the request's: CN
+    /// `system:node:<node>`, O `system:nodes`, and for serving the SAN `address` (where the
+    /// replicas reach its kubelet endpoint).
+    pub fn sign_node(&self, csr: &[u8], node: &str, address: IpAddr) -> Result<NodeCertificates, CsrError> {
+        let key = requested_key(csr)?;
+        let sign = |usage: ExtendedKeyUsagePurpose, names: Vec<String>| -> Result<String, CsrError> {
+            let mut params = CertificateParams::new(names)?;
+            params.distinguished_name = subject(&format!("{NODE_USER_PREFIX}{node}"), NODES_GROUP);
+            params.extended_key_usages = vec![usage];
+            params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+            valid_from_now(&mut params);
+            Ok(x509::pem("CERTIFICATE", params.signed_by(&key, &self.issuer)?.der()))
+        };
+        Ok(NodeCertificates {
+            client: sign(ExtendedKeyUsagePurpose::ClientAuth, Vec::new())?,
+            serving: sign(ExtendedKeyUsagePurpose::ServerAuth, vec![address.to_string()])?,
+        })
     }
 }
 
@@ -163,8 +290,44 @@ mod tests {
     #[test]
     fn a_serving_config_offers_h2_and_http1() {
         let ca = ClusterCa::derive([1; 32]).unwrap();
-        let config = ca.server_config(&serving_names("192.0.2.1:8443".parse().unwrap(), &["node-a".into()])).unwrap();
+        let names = serving_names("192.0.2.1:8443".parse().unwrap(), &["node-a".into()]);
+        let replica = ca.replica_certificate(&names).unwrap();
+        let config = ca.server_config(&replica).unwrap();
         assert_eq!(config.alpn_protocols, [b"h2".to_vec(), b"http/1.1".to_vec()]);
+        let subject = x509::subject(&replica.chain[0]).unwrap();
+        assert!(subject.is_replica() && subject.node().is_none(), "{subject:?}");
+        assert!(ca.kubelet_client_config(&replica).is_ok());
+    }
+
+    fn csr(key: &KeyPair) -> Vec<u8> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = subject("system:node:whatever", NODES_GROUP);
+        params.serialize_request(key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn a_node_gets_certificates_for_its_own_key_and_the_names_the_ca_decides() {
+        let ca = ClusterCa::derive([1; 32]).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let signed = ca.sign_node(&csr(&key), "n1", "192.0.2.9".parse().unwrap()).unwrap();
+        for pem in [&signed.client, &signed.serving] {
+            let der = &x509::pem_blocks(pem, "CERTIFICATE")[0];
+            let subject = x509::subject(der).unwrap();
+            assert_eq!(subject.node(), Some("n1"), "{subject:?}");
+            // The certificate holds the requester's key.
+            let raw = key.public_key_raw();
+            assert!(der.windows(raw.len()).any(|w| w == raw));
+        }
+
+        let mut tampered = csr(&key);
+        let at = tampered.len() / 2;
+        tampered[at] ^= 1;
+        let refused = ca.sign_node(&tampered, "n1", "192.0.2.9".parse().unwrap()).unwrap_err();
+        assert!(matches!(refused, CsrError::Signature | CsrError::Malformed), "{refused}");
+        let ed25519 = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let refused = ca.sign_node(&csr(&ed25519), "n1", "192.0.2.9".parse().unwrap()).unwrap_err();
+        assert!(matches!(refused, CsrError::Algorithm), "{refused}");
+        assert!(matches!(ca.sign_node(b"", "n1", "192.0.2.9".parse().unwrap()), Err(CsrError::Malformed)));
     }
 
     #[test]

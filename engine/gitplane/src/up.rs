@@ -12,7 +12,7 @@ use crate::{
     bootstrap,
     credentials::{Credentials, Sources},
     nodes,
-    replica::{Backend, GitServing, Replica},
+    replica::{Backend, GitServing, Replica, ReplicaTls},
     security::{self, Security},
     source::allocate::ServiceRanges,
     tls,
@@ -124,19 +124,24 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
     let port = listener.local_addr().context("the listener's address")?.port();
     let names = tls::serving_names(args.listen, &[nodes::GATEWAY.to_string()]);
-    let mut listeners = vec![security.listener(listener, &names)?];
+    let certificate = security.ca.replica_certificate(&names)?;
+    let mut listeners = vec![security.listener(listener, &certificate)?];
     let node_base = args.node_name.clone().unwrap_or_else(hostname);
     let node_network = match args.nodes {
         Some(_) => {
             let network = nodes::create_network(&node_base, &data_dir, &args.cgroup_parent).await?;
             let bridge = tokio::net::TcpListener::from_std(network.listen(port)?)?;
-            listeners.push(security.listener(bridge, &names)?);
+            listeners.push(security.listener(bridge, &certificate)?);
             Some(network)
         }
         None => None,
     };
     let peers = BTreeMap::from([(1, args.listen.to_string())]);
-    let peer_token = PeerToken::new(&credentials.peer_token).context("the peer token")?.with_ca(&security.ca.pem());
+    let (chain, key) = certificate.pem();
+    let peer_token = PeerToken::new(&credentials.peer_token)
+        .context("the peer token")?
+        .with_ca(&security.ca.pem())
+        .with_identity(&chain, &key);
     let mut config = ReplicaConfig::new(1, peers, data_dir.join("store"), peer_token);
     config.secrets = crate::encryption::load_keys(&data_dir, None, true)?;
     let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
@@ -156,6 +161,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         listeners,
         access,
         &credentials,
+        ReplicaTls { ca: security.ca.clone(), certificate },
         git,
         repo_url.clone(),
         ranges,

@@ -7,7 +7,8 @@
 //!
 //! With a [`PeerToken`], the store and Raft services admit only requests that carry it
 //! (`authorization: Bearer <token>`), and the clients here send it: the token is what the
-//! replicas of a cluster share, as etcd's peers share their certificates.
+//! replicas of a cluster share. Over TLS the clients also present the replica's certificate
+//! (mutual TLS, as etcd's peers do), which the replica's listener requires of these services.
 
 use futures::StreamExt;
 use gitplane_store::{
@@ -106,6 +107,8 @@ pub struct PeerToken {
     digest: [u8; 32],
     /// The cluster CA's certificate (PEM), for `https://` endpoints.
     ca: Option<Arc<str>>,
+    /// The client certificate (chain) and key (PEM) presented to `https://` endpoints.
+    identity: Option<(Arc<str>, Arc<str>)>,
 }
 
 /// Whether a replica serves `host` (an address or a name) over TLS: every address but loopback,
@@ -133,12 +136,19 @@ impl PeerToken {
         let header = format!("Bearer {token}");
         let digest = Sha256::digest(header.as_bytes()).into();
         let header = header.parse().map_err(|_| StoreError::BadRequest("the peer token is not valid ASCII".into()))?;
-        Ok(PeerToken { header, digest, ca: None })
+        Ok(PeerToken { header, digest, ca: None, identity: None })
     }
 
     /// The cluster CA (PEM) that `https://` endpoints are verified against.
     pub fn with_ca(mut self, ca_pem: &str) -> PeerToken {
         self.ca = Some(ca_pem.into());
+        self
+    }
+
+    /// The certificate (PEM chain) and key (PEM) that `https://` endpoints are shown: a
+    /// replica's own, which its peers require.
+    pub fn with_identity(mut self, chain_pem: &str, key_pem: &str) -> PeerToken {
+        self.identity = Some((chain_pem.into(), key_pem.into()));
         self
     }
 
@@ -159,7 +169,11 @@ impl PeerToken {
         let ca = self.ca.as_deref().ok_or_else(|| {
             StoreError::BadRequest(format!("store endpoint {url:?} is HTTPS but no cluster CA certificate was given"))
         })?;
-        let tls = tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        let mut tls =
+            tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        if let Some((chain, key)) = &self.identity {
+            tls = tls.identity(tonic::transport::Identity::from_pem(chain.as_bytes(), key.as_bytes()));
+        }
         endpoint.tls_config(tls).map_err(|err| StoreError::BadRequest(format!("store endpoint {url:?}: {err}")))
     }
 

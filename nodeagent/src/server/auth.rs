@@ -1,63 +1,40 @@
-//! Who may call the agent's kubelet endpoint: the control plane's replicas. They present
-//! `Authorization: Bearer <hex HMAC-SHA256(key = node credential, "gitplane kubelet api v1")>`.
-//!
-//! The node credential is a secret only its node and the replicas know (a replica derives any
-//! node's credential from the cluster's peer token and the node name), so the agent checks a
-//! caller without storing anything, and the token it accepts is good for this node only and
-//! for nothing else: it is not the credential itself, which the node service accepts.
+//! Who may call the agent's kubelet endpoint: the control plane's replicas, by their client
+//! certificates (mutual TLS). The endpoint serves the certificate the cluster CA signed for
+//! this node at registration and requires a client certificate from the same CA; of those,
+//! only a replica's (group `gitplane:replicas`) is answered, never a node's.
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use crate::certificate::{self, KeyAndCertificate};
+use gitplane_proto::x509::{self, Subject};
+use std::sync::Arc;
 
-/// What the token is a MAC of: a label of its own, so it serves no other purpose.
-const PURPOSE: &[u8] = b"gitplane kubelet api v1";
-
-fn mac(credential: &str) -> Hmac<Sha256> {
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(credential.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(PURPOSE);
-    mac
-}
-
-/// The token a replica presents to the node whose credential is `credential`.
-pub fn token(credential: &str) -> String {
-    hex::encode(mac(credential).finalize().into_bytes())
-}
-
-/// Whether `authorization` (the header's value) is `Bearer <token(credential)>`, compared in
-/// constant time.
-pub fn verify(credential: &str, authorization: Option<&[u8]>) -> bool {
-    let Some(hex_mac) = authorization.and_then(|v| v.strip_prefix(b"Bearer ")) else { return false };
-    let Ok(given) = hex::decode(hex_mac) else { return false };
-    mac(credential).verify_slice(&given).is_ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_token_of_this_nodes_credential_passes() {
-        let credential = "node:n1:00aa";
-        let good = format!("Bearer {}", token(credential));
-        assert!(verify(credential, Some(good.as_bytes())));
-        assert_eq!(token(credential).len(), 64);
-        let other_node = format!("Bearer {}", token("node:n2:00aa"));
-        let upper = good.to_uppercase().replace("BEARER", "Bearer");
-        let cut = &good[..good.len() - 2];
-        let credential_itself = format!("Bearer {credential}");
-        for bad in [
-            other_node.as_str(),
-            cut,
-            &credential_itself,
-            "Bearer ",
-            "Bearer zz",
-            "",
-            good.trim_start_matches("Bearer "),
-        ] {
-            assert!(!verify(credential, Some(bad.as_bytes())), "{bad:?}");
+/// The endpoint's TLS: `serving` (this node's serving certificate) and clients verified
+/// against the CA `ca` (PEM). `None` (and a warning) without a serving certificate: the
+/// endpoint then answers no one.
+pub fn acceptor(ca: &str, serving: Option<KeyAndCertificate>) -> Option<tokio_rustls::TlsAcceptor> {
+    let config = (|| -> Result<rustls::ServerConfig, String> {
+        let serving = serving.ok_or("the control plane issued no serving certificate (is it older than the agent?)")?;
+        let certificate = serving.certificate_der().ok_or("the serving certificate is not PEM")?;
+        let key = serving.key_der().ok_or("the serving key is not PEM")?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_client_cert_verifier(certificate::client_verifier(ca).map_err(|e| format!("the cluster CA: {e}"))?)
+            .with_single_cert(vec![certificate], key)
+            .map_err(|e| e.to_string())?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(config)
+    })();
+    match config {
+        Ok(config) => Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        Err(why) => {
+            tracing::warn!(%why, "the kubelet endpoint has no TLS: it answers no one");
+            None
         }
-        // Hex is case-insensitive: the same MAC passes.
-        assert!(verify(credential, Some(upper.as_bytes())));
-        assert!(!verify(credential, None));
     }
+}
+
+/// Whether the verified client certificate `certificate` (DER) is a replica's.
+pub fn authorized(certificate: Option<&[u8]>) -> bool {
+    certificate.and_then(x509::subject).as_ref().is_some_and(Subject::is_replica)
 }

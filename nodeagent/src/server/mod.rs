@@ -6,14 +6,14 @@
 //! `timestamps` and `limitBytes`. The answer is the log, streamed (chunked), or a plain-text
 //! error with its status code.
 //!
-//! Every request is authenticated ([`auth`]) before anything else is looked at; an agent that
-//! holds no node credential yet refuses everyone. HTTP/1.1 only, at most [`MAX_CONNECTIONS`]
-//! connections, 10 s to send a request head.
+//! HTTPS only, with the serving certificate the cluster CA signed for this node, and mutual:
+//! the handshake requires a client certificate from the cluster CA, and only a replica's is
+//! answered ([`auth`]), before anything of the request is looked at. HTTP/1.1 only, at most
+//! [`MAX_CONNECTIONS`] connections, 10 s for the handshake and 10 s to send a request head.
 
 pub mod auth;
 
 use crate::{
-    controlplane::Token,
     cri::{Cri, pb},
     logs::{cri_log::LogOptions, read::read_logs},
     runtime::spec::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE},
@@ -32,14 +32,16 @@ use tokio_stream::{StreamExt as _, wrappers::ReceiverStream};
 pub const DEFAULT_PORT: u16 = 10250;
 /// Connections served at once; more are closed at once.
 pub const MAX_CONNECTIONS: usize = 256;
+/// How long a client may take to complete the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Body = BoxBody<Bytes, Infallible>;
 
-/// What the endpoint needs: the runtime, and the node credential the callers' tokens derive from.
+/// What the endpoint needs: the runtime, and its TLS (none: it answers no one).
 #[derive(Clone)]
 pub(crate) struct KubeletServer {
     pub cri: Cri,
-    pub token: Token,
+    pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub node_name: String,
     pub stats: Arc<StatsProvider>,
 }
@@ -64,9 +66,19 @@ impl KubeletServer {
             };
             let server = server.clone();
             tokio::spawn(async move {
+                let _slot = slot;
+                let Some(tls) = server.tls.clone() else { return };
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await;
+                let stream = match handshake {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "kubelet endpoint handshake refused"),
+                    Err(_) => return tracing::debug!(%peer, "kubelet endpoint handshake timed out"),
+                };
+                let client = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
+                let authorized = auth::authorized(client.map(|c| c.as_ref()));
                 let service = hyper::service::service_fn(move |request| {
                     let server = server.clone();
-                    async move { Ok::<_, Infallible>(server.handle(request).await) }
+                    async move { Ok::<_, Infallible>(server.handle(request, authorized).await) }
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
@@ -75,18 +87,15 @@ impl KubeletServer {
                 if let Err(e) = connection.await {
                     tracing::debug!(%peer, error = %e, "kubelet endpoint connection ended");
                 }
-                drop(slot);
             });
         }
     }
 
-    async fn handle<B>(&self, request: Request<B>) -> Response<Body> {
-        let authorization = request.headers().get(hyper::header::AUTHORIZATION).map(|v| v.as_bytes());
-        let authorized = self.token.credential().is_some_and(|c| auth::verify(&c, authorization));
+    async fn handle<B>(&self, request: Request<B>, authorized: bool) -> Response<Body> {
         if !authorized {
             return text(
-                StatusCode::UNAUTHORIZED,
-                "the node's kubelet endpoint answers the control plane only (a token derived from this node's credential)",
+                StatusCode::FORBIDDEN,
+                "the node's kubelet endpoint answers the control plane's replicas only (their client certificates)",
             );
         }
         if request.method() != hyper::Method::GET {

@@ -354,10 +354,7 @@ mod tests {
         let store = std::sync::Arc::new(gitplane_storage::sqlite::SqliteStore::memory().await.unwrap());
         let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"}});
         store.txn(vec![Op::Create(pod)]).await.unwrap();
-        let kubelet = crate::kubelet_client::KubeletClient::new(
-            crate::nodeservice::NodeIdentity::new("join-token-0123456789", [7; 32]),
-            None,
-        );
+        let kubelet = crate::kubelet_client::KubeletClient::for_tests();
         let router = super::super::router(store, "repo".into(), kubelet).fallback(super::super::not_found);
         let call = |uri: &str, accept: Option<&str>| {
             let mut request = axum::http::Request::builder().uri(uri);

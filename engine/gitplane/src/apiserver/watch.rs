@@ -435,7 +435,7 @@ fn text(object: &Value, field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{kubelet_client::KubeletClient, nodeservice::NodeIdentity};
+    use crate::kubelet_client::KubeletClient;
     use axum::{Router, body::BodyDataStream};
     use gitplane_storage::sqlite::SqliteStore;
     use gitplane_store::{ObjectKey, Op};
@@ -529,7 +529,7 @@ mod tests {
 
     async fn setup() -> (Arc<SqliteStore>, Router) {
         let store = Arc::new(SqliteStore::memory().await.unwrap());
-        let kubelet = KubeletClient::new(NodeIdentity::new("join-token-0123456789", [7; 32]), None);
+        let kubelet = KubeletClient::for_tests();
         (store.clone(), super::super::router(store, "repo".into(), kubelet))
     }
 

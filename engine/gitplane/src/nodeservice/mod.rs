@@ -15,6 +15,7 @@ mod podconfig;
 pub use identity::NodeIdentity;
 use identity::{Caller, caller, node_of};
 
+use crate::{kubelet_client::kubelet_address, listener::Transport, tls::ClusterCa};
 use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
 use gitplane_proto::node::{
@@ -44,6 +45,8 @@ const MAX_MESSAGE_BYTES: usize = 1 << 20;
 pub struct NodeService {
     store: Arc<dyn Store>,
     identity: NodeIdentity,
+    /// Signs the nodes' certificates at registration.
+    ca: Arc<ClusterCa>,
     /// Registrations of new nodes through this replica take turns: they all write the one
     /// allocation record, so in parallel all but one would fail their compare-and-swap.
     /// (Replicas still race each other; the compare-and-swap decides, and the loser retries.)
@@ -53,9 +56,9 @@ pub struct NodeService {
 }
 
 impl NodeService {
-    pub fn new(store: Arc<dyn Store>, identity: NodeIdentity) -> Self {
+    pub fn new(store: Arc<dyn Store>, identity: NodeIdentity, ca: Arc<ClusterCa>) -> Self {
         let events = gitplane_store::events::Recorder::spawn(store.clone(), Default::default());
-        NodeService { store, identity, allocating: tokio::sync::Mutex::new(()), events }
+        NodeService { store, identity, ca, allocating: tokio::sync::Mutex::new(()), events }
     }
 
     /// The service behind its authentication.
@@ -320,10 +323,34 @@ impl node_service_server::NodeService for NodeService {
         if let Some(why) = node.metadata.labels.as_ref().and_then(nodestatus::forbidden_label) {
             return Err(Status::permission_denied(format!("node {name}: {why}")));
         }
+        // Signed before anything is written, so a bad request changes nothing.
+        let csr = &request.get_ref().csr;
+        let certificates = match csr.is_empty() {
+            true => None,
+            false => Some(
+                self.ca
+                    .sign_node(csr, &name, kubelet_address(&node).ip())
+                    .map_err(|e| Status::invalid_argument(format!("node {name}: {e}")))?,
+            ),
+        };
+        let over_tls = matches!(request.extensions().get::<Transport>(), Some(Transport::Tls(_)));
         let pod_cidr = self.register_node(node, &caller).await?;
         self.renew_lease(&name).await.map_err(store_status)?;
-        tracing::info!(node = %name, %pod_cidr, "node registered");
-        Ok(Response::new(RegisterResponse { pod_cidr, credential: self.identity.credential(&name) }))
+        tracing::info!(node = %name, %pod_cidr, certificates = certificates.is_some(), "node registered");
+        // Over TLS the client certificate replaces the credential; over cleartext (loopback) no
+        // certificate can be presented, so the node keeps a credential.
+        let credential = match over_tls && certificates.is_some() {
+            true => String::new(),
+            false => self.identity.credential(&name),
+        };
+        let (client_certificate, serving_certificate) = certificates.map(|c| (c.client, c.serving)).unwrap_or_default();
+        Ok(Response::new(RegisterResponse {
+            pod_cidr,
+            credential,
+            client_certificate,
+            serving_certificate,
+            certificate_authority: self.ca.pem(),
+        }))
     }
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
@@ -589,13 +616,13 @@ mod tests {
 
     async fn service() -> NodeService {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
-        NodeService::new(store, NodeIdentity::new(JOIN, [9; 32]))
+        NodeService::new(store, NodeIdentity::new(JOIN, [9; 32]), Arc::new(ClusterCa::derive([9; 32]).unwrap()))
     }
 
     /// Two replicas' node services over one store.
     async fn two_replicas() -> [Arc<NodeService>; 2] {
         let one = service().await;
-        let two = NodeService::new(one.store.clone(), one.identity.clone());
+        let two = NodeService::new(one.store.clone(), one.identity.clone(), one.ca.clone());
         [Arc::new(one), Arc::new(two)]
     }
 
@@ -614,7 +641,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        RegisterRequest { node: serde_json::to_vec(&node).unwrap() }
+        RegisterRequest { node: serde_json::to_vec(&node).unwrap(), ..Default::default() }
     }
 
     fn code<T>(result: Result<T, Status>) -> tonic::Code {

@@ -259,7 +259,11 @@ mod tests {
     #[tokio::test]
     async fn a_node_reads_only_what_its_own_pods_reference() {
         let store: Arc<dyn Store> = Arc::new(gitplane_storage::sqlite::SqliteStore::memory().await.unwrap());
-        let service = NodeService::new(store.clone(), NodeIdentity::new("join-token-for-tests-0123", [9; 32]));
+        let service = NodeService::new(
+            store.clone(),
+            NodeIdentity::new("join-token-for-tests-0123", [9; 32]),
+            Arc::new(crate::tls::ClusterCa::derive([9; 32]).unwrap()),
+        );
         let ops = [
             object("ConfigMap", "shared"),
             object("Secret", "mine"),
