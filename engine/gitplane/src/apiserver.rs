@@ -67,6 +67,12 @@ const RESOURCES: &[Resource] = &[
     Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },
 ];
 
+/// Whether the status API serves `resource` of `group` (the metrics API's included).
+pub(crate) fn serves(group: &str, resource: &str) -> bool {
+    RESOURCES.iter().any(|r| r.group == group && r.plural == resource)
+        || (group == metrics::GROUP && matches!(resource, "nodes" | "pods"))
+}
+
 impl Resource {
     fn api_version(&self) -> String {
         if self.group.is_empty() { self.version.to_owned() } else { format!("{}/{}", self.group, self.version) }
