@@ -95,11 +95,7 @@ fn verb_label(verb: &str) -> &'static str {
 /// The group and resource labels of a request: a resource the status API serves, else empty
 /// (a path that names none, or one it does not serve: outside input, kept out of labels).
 fn resource_labels(info: &RequestInfo) -> (&str, &str) {
-    if crate::apiserver::serves(&info.api_group, &info.resource) {
-        (&info.api_group, &info.resource)
-    } else {
-        ("", "")
-    }
+    if crate::apiserver::serves(&info.api_group, &info.resource) { (&info.api_group, &info.resource) } else { ("", "") }
 }
 
 /// One status API request, answered with `code` after `took`.
@@ -186,26 +182,78 @@ impl Store for MeteredStore {
 
 /// What the replica's store says of itself when scraped.
 async fn store_gauges(backend: &Backend, out: &mut String) {
-    let gauge = |out: &mut String, name: &str, help: &str, v: i64| gitplane_metrics::gauge_text(out, name, help, &[], &[(vec![], v)]);
+    let gauge = |out: &mut String, name: &str, help: &str, v: i64| {
+        gitplane_metrics::gauge_text(out, name, help, &[], &[(vec![], v)])
+    };
     match backend {
         Backend::Raft(store) => {
             let m = store.raft().metrics().borrow().clone();
             let is_leader = m.current_leader == Some(m.id);
             gauge(out, "gitplane_raft_term", "The Raft term this replica is in.", m.current_term as i64);
-            gauge(out, "gitplane_raft_has_leader", "Whether a leader exists (1) or not (0), as this replica knows.", i64::from(m.current_leader.is_some()));
-            gauge(out, "gitplane_raft_is_leader", "Whether this replica is the Raft leader (1) or not (0).", i64::from(is_leader));
-            gauge(out, "gitplane_raft_leader_id", "The id of the Raft leader this replica knows, -1 when none.", m.current_leader.map_or(-1, |l| l as i64));
-            gauge(out, "gitplane_raft_commit_index", "The highest Raft log index this replica knows committed.", store.commit_index() as i64);
-            gauge(out, "gitplane_raft_applied_index", "The highest Raft log index applied to this replica's store.", m.last_applied.map_or(0, |l| l.index as i64));
-            gauge(out, "gitplane_raft_last_log_index", "The highest index in this replica's Raft log.", m.last_log_index.map_or(0, |i| i as i64));
-            gauge(out, "gitplane_store_revision", "The store's latest revision (resourceVersion) on this replica.", store.revision().await.unwrap_or(-1));
+            gauge(
+                out,
+                "gitplane_raft_has_leader",
+                "Whether a leader exists (1) or not (0), as this replica knows.",
+                i64::from(m.current_leader.is_some()),
+            );
+            gauge(
+                out,
+                "gitplane_raft_is_leader",
+                "Whether this replica is the Raft leader (1) or not (0).",
+                i64::from(is_leader),
+            );
+            gauge(
+                out,
+                "gitplane_raft_leader_id",
+                "The id of the Raft leader this replica knows, -1 when none.",
+                m.current_leader.map_or(-1, |l| l as i64),
+            );
+            gauge(
+                out,
+                "gitplane_raft_commit_index",
+                "The highest Raft log index this replica knows committed.",
+                store.commit_index() as i64,
+            );
+            gauge(
+                out,
+                "gitplane_raft_applied_index",
+                "The highest Raft log index applied to this replica's store.",
+                m.last_applied.map_or(0, |l| l.index as i64),
+            );
+            gauge(
+                out,
+                "gitplane_raft_last_log_index",
+                "The highest index in this replica's Raft log.",
+                m.last_log_index.map_or(0, |i| i as i64),
+            );
+            gauge(
+                out,
+                "gitplane_store_revision",
+                "The store's latest revision (resourceVersion) on this replica.",
+                store.revision().await.unwrap_or(-1),
+            );
         }
         Backend::Postgres(store) => {
             // One database, no log: leadership is the lease, progress is the revision.
             let leader = store.leader().await.ok().flatten();
-            gauge(out, "gitplane_store_has_leader", "Whether a replica holds the leader lease (1) or not (0).", i64::from(leader.is_some()));
-            gauge(out, "gitplane_store_is_leader", "Whether this replica holds the leader lease and leads (1) or not (0).", i64::from(*store.leading().borrow()));
-            gauge(out, "gitplane_store_revision", "The store's latest revision (resourceVersion) on this replica.", store.revision().await.unwrap_or(-1));
+            gauge(
+                out,
+                "gitplane_store_has_leader",
+                "Whether a replica holds the leader lease (1) or not (0).",
+                i64::from(leader.is_some()),
+            );
+            gauge(
+                out,
+                "gitplane_store_is_leader",
+                "Whether this replica holds the leader lease and leads (1) or not (0).",
+                i64::from(*store.leading().borrow()),
+            );
+            gauge(
+                out,
+                "gitplane_store_revision",
+                "The store's latest revision (resourceVersion) on this replica.",
+                store.revision().await.unwrap_or(-1),
+            );
         }
     }
 }
@@ -237,7 +285,8 @@ mod tests {
         assert_eq!((verb_label(&info.verb), resource_labels(&info)), ("GET", ("apps", "deployments")));
         let info = RequestInfo::new("GET", "/api/v1/pods", Some("watch=1"));
         assert_eq!(verb_label(&info.verb), "WATCH");
-        for (method, path) in [("GET", "/api/v1/made-up-1234"), ("BREW", "/api/v1/pods"), ("GET", "/apis/evil/v1/pods")] {
+        for (method, path) in [("GET", "/api/v1/made-up-1234"), ("BREW", "/api/v1/pods"), ("GET", "/apis/evil/v1/pods")]
+        {
             let info = RequestInfo::new(method, path, None);
             assert_eq!(resource_labels(&info), ("", ""), "{method} {path}");
         }

@@ -304,7 +304,10 @@ impl SourceController {
                         let started = Instant::now();
                         let outcome = self.sync(&app, reason, &informer).await;
                         crate::metrics::sync(&key.namespace, &key.name, outcome.result, started.elapsed());
-                        if !outcome.retry && let Some(at) = moved.remove(&key) && outcome.result == "Synced" {
+                        if !outcome.retry
+                            && let Some(at) = moved.remove(&key)
+                            && outcome.result == "Synced"
+                        {
                             crate::metrics::applied(&key.namespace, &key.name, at);
                         }
                         if outcome.assess_health {
