@@ -4,7 +4,10 @@
 //! Deployment in Git); a controller whose chain reaches nothing in Git; or nothing at all (what
 //! the cluster keeps itself: Nodes, Events, Leases).
 
-use gitplane_api::object::{APPLICATION_ANNOTATION, group_kind};
+use gitplane_api::{
+    ApplicationSpec,
+    object::{APPLICATION_ANNOTATION, group_kind},
+};
 use gitplane_store::{ObjectKey, Store};
 use serde_json::Value;
 
@@ -113,10 +116,11 @@ async fn source(store: &dyn Store, application: &str) -> Source {
     let (namespace, name) = application.split_once('/').unwrap_or(("", application));
     let key = ObjectKey::new(group_kind("gitplane.io/v1", "Application"), namespace, name);
     let repo = match store.get(&key).await {
-        Ok(Some(app)) => {
-            let field = |f: &str| app["spec"][f].as_str().unwrap_or("").to_owned();
-            Some((field("repo"), field("branch"), field("path")))
-        }
+        // Typed, so that what Git left out reads as its default (`branch: main`).
+        Ok(Some(app)) => match serde_json::from_value::<ApplicationSpec>(app["spec"].clone()) {
+            Ok(spec) => Some((spec.repo, spec.branch, spec.path)),
+            Err(_) => None,
+        },
         _ => None,
     };
     Source { application: application.to_owned(), repo }
@@ -181,7 +185,7 @@ mod tests {
     async fn the_owner_is_found_up_the_controller_chain() {
         let store = SqliteStore::memory().await.unwrap();
         let app = json!({"apiVersion": "gitplane.io/v1", "kind": "Application", "metadata": {"name": "demo", "namespace": "gitplane-system"},
-                         "spec": {"repo": "demo", "branch": "main", "path": "apps/web"}});
+                         "spec": {"repo": "demo", "path": "apps/web"}});
         let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default",
                                 "annotations": {APPLICATION_ANNOTATION: "gitplane-system/demo"}}});
         let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web-7c9", "namespace": "default",
