@@ -20,6 +20,9 @@ use tonic::Status;
 /// The most Events one call may carry.
 pub(super) const MAX_EVENTS: usize = 256;
 
+/// A Pod's reference and the values of the Secrets it references.
+type BoundPod = (ObjectReference, Arc<Vec<String>>);
+
 /// The batch's records, or a refusal of the whole batch naming the first Event not allowed.
 pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<NodeEvent>) -> Result<Vec<Record>, Status> {
     if batch.len() > MAX_EVENTS {
@@ -27,8 +30,7 @@ pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<Node
     }
     let source = Source { component: "kubelet".into(), host: node.to_owned() };
     let pods = Api::<Pod>::new(store.clone());
-    // Each Pod's reference and the values of the Secrets it references.
-    let mut bound: HashMap<(String, String), (ObjectReference, Arc<Vec<String>>)> = HashMap::new();
+    let mut bound: HashMap<(String, String), BoundPod> = HashMap::new();
     let mut records = Vec::with_capacity(batch.len());
     for event in batch {
         let involved: ObjectReference = serde_json::from_slice(&event.involved_object)
