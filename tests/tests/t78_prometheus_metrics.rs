@@ -6,9 +6,15 @@
 //! server). Both are parsed as the text format, and every family the issue lists exists and
 //! has moved after a push: syncs, push-to-applied, scheduling attempts, queue adds, store
 //! writes, Raft's commit and apply index, an open watch, a Pod's start and the proxy's syncs.
+//! Then every replica of three `gitplane server`s serves its own Raft view: one term, one
+//! leader, and every replica's commit and apply index past the cluster's first writes.
 
 use anyhow::{Context, Result, bail, ensure};
-use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
+use gitplane_e2e::{
+    LocalCluster, Worktree,
+    cluster::{Cluster, READ_BEARER, loopback_get, loopback_request},
+    require_root, wait_for,
+};
 use gitplane_metrics::parse::{Scrape, parse};
 use std::{
     process::{Command, Stdio},
@@ -199,5 +205,32 @@ fn t78_prometheus_metrics_on_replicas_and_agents() -> Result<()> {
     let (code, _) = curl(None, &["--cacert", &ca, "-H", &bearer, &https(&format!("/api/v1/nodes/{node}/proxy/pods"))])?;
     ensure!(code == 403, "the node proxy serves metrics and stats/summary only: got {code}");
     cluster.stop(DEADLINE)?;
+    Ok(())
+}
+
+#[test]
+fn t78_every_replica_serves_its_raft_view() -> Result<()> {
+    let cluster = Cluster::start(3, &[])?;
+    let leader = cluster.leader(DEADLINE)?;
+    let gauge = |scrape: &Scrape, name: &str| scrape.value(name, &[]).unwrap_or(-1.0);
+    let views = wait_for(DEADLINE, || {
+        let scrapes: Vec<Scrape> =
+            (1..=3).map(|id| parse(&loopback_get(cluster.addrs[&id], "/metrics").ok()?).ok()).collect::<Option<_>>()?;
+        let settled = scrapes.iter().all(|s| {
+            gauge(s, "gitplane_raft_commit_index") > 0.0
+                && gauge(s, "gitplane_raft_applied_index") > 0.0
+                && gauge(s, "gitplane_raft_leader_id") == leader as f64
+        });
+        settled.then_some(scrapes)
+    })
+    .with_context(|| format!("three replicas agreeing on leader {leader}:\n{}", cluster.logs()))?;
+    let terms: Vec<f64> = views.iter().map(|s| gauge(s, "gitplane_raft_term")).collect();
+    ensure!(terms.iter().all(|t| *t >= 1.0 && *t == terms[0]), "one term: {terms:?}");
+    let leaders: Vec<f64> = views.iter().map(|s| gauge(s, "gitplane_raft_is_leader")).collect();
+    ensure!(leaders.iter().sum::<f64>() == 1.0 && leaders[leader as usize - 1] == 1.0, "one leader: {leaders:?}");
+    let (code, _) = loopback_request(cluster.addrs[&1], "GET", "/metrics", &[], b"")?;
+    ensure!(code == 401, "a replica of gitplane server without a token: {code}");
+    let (code, _) = loopback_request(cluster.addrs[&1], "GET", "/metrics", &[READ_BEARER], b"")?;
+    ensure!(code == 200, "with the read token: {code}");
     Ok(())
 }
