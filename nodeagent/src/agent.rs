@@ -691,6 +691,10 @@ impl PodWorker {
         let mut reported: Option<Value> = None;
         let mut budget = WriteBudget::new(Instant::now());
         let mut last: Option<Pod> = None;
+        // `kubelet_pod_start_duration_seconds`: from now to the first Running status, unless the
+        // Pod already ran when first seen (adopted by a restarted agent).
+        let seen = Instant::now();
+        let mut start_recorded = false;
         loop {
             let pod = updates.borrow_and_update().clone();
             let Some(pod) = pod else {
@@ -711,6 +715,16 @@ impl PodWorker {
             self.probes.update(&pod);
             match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {
                 Ok(status) => {
+                    if !start_recorded {
+                        let was_running =
+                            |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+                        if last.is_none() && was_running(&pod) {
+                            start_recorded = true;
+                        } else if status.phase.as_deref() == Some("Running") {
+                            crate::metrics::pod_started(seen.elapsed());
+                            start_recorded = true;
+                        }
+                    }
                     self.probes.observe(&status);
                     if steady(&status) {
                         next_sync = self.resync_steady;

@@ -11,6 +11,7 @@ pub mod events;
 pub mod host;
 pub mod images;
 pub mod logs;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod podconfig;

@@ -1,8 +1,9 @@
 //! What kubectl reads about the server, with the real `kubectl` against a real `gitplane
 //! server` on loopback that applied a pushed repository: `version`, `api-resources` (short
 //! names, verbs, categories), `get all` and short names, `explain` (OpenAPI v3), `-o wide`
-//! columns for several kinds, the health endpoints, and a Kubernetes 404 Status for any path
-//! nothing serves. Then readiness is truthful: a replica that lost its quorum answers
+//! columns for several kinds, writes refused with 405 naming the Application and repository
+//! that own the object, `/metrics`, the health endpoints, and a Kubernetes 404 Status for any
+//! path nothing serves. Then readiness is truthful: a replica that lost its quorum answers
 //! `/readyz` with 500 and names the failing check, while `/livez` stays ok.
 
 use anyhow::{Context, Result, ensure};
@@ -168,6 +169,31 @@ fn t73_kubectl_discovers_explains_and_prints_wide_tables() -> Result<()> {
     let more = kubectl.ok(&["get", "cm,ns,no,ev", "-A"])?;
     ensure!(more.contains("configmap/settings") && more.contains("namespace/default"), "cm,ns,no,ev:\n{more}");
 
+    // Every write answers 405 naming what owns the object: its Application and repository,
+    // up the controller chain for a Pod, or that nothing in Git owns it.
+    let refused = |args: &[&str], wanted: &[&str]| -> Result<()> {
+        let (ok, stdout, stderr) = kubectl.run(args)?;
+        ensure!(!ok && stderr.contains("(MethodNotAllowed)"), "kubectl {}: {stdout}{stderr}", args.join(" "));
+        for part in wanted {
+            ensure!(stderr.contains(part), "kubectl {}: no {part:?} in {stderr}", args.join(" "));
+        }
+        Ok(())
+    };
+    let owned = "applied from Git by Application gitplane-system/web (repository web, branch main)";
+    refused(&["delete", "configmap", "settings", "-n", "default"], &["ConfigMap default/settings is", owned])?;
+    refused(&["scale", "deployment", "web", "-n", "default", "--replicas=5"], &["Deployment default/web is", owned])?;
+    let pod =
+        kubectl.ok(&["get", "pods", "-n", "default", "-l", "app=web", "-o", "jsonpath={.items[0].metadata.name}"])?;
+    refused(
+        &["delete", "pod", &pod, "-n", "default"],
+        &[
+            &format!("Pod default/{pod} is made by ReplicaSet web-"),
+            ", which is made by Deployment web, which is",
+            owned,
+        ],
+    )?;
+    refused(&["label", "namespace", "default", "x=y"], &["nothing in Git owns Namespace default"])?;
+
     // explain reads the OpenAPI v3 documents.
     let replicas = kubectl.ok(&["explain", "deployment.spec.replicas"])?;
     ensure!(replicas.contains("Number of desired pods") && replicas.contains("<integer>"), "explain: {replicas}");
@@ -204,7 +230,9 @@ fn t73_kubectl_discovers_explains_and_prints_wide_tables() -> Result<()> {
     let ready = kubectl.ok(&["get", "--raw", "/readyz?verbose"])?;
     ensure!(ready.contains("[+]leader ok") && ready.ends_with("readyz check passed\n"), "readyz: {ready}");
     ensure!(kubectl.ok(&["get", "--raw", "/livez"])? == "ok", "livez");
-    for path in ["/metrics", "/openapi/v9", "/no/such/path", "/apis/widgets.example.com", "/readyz/etcd"] {
+    let metrics = kubectl.ok(&["get", "--raw", "/metrics"])?;
+    ensure!(metrics.contains("# TYPE apiserver_request_total counter"), "/metrics: {metrics}");
+    for path in ["/openapi/v9", "/no/such/path", "/apis/widgets.example.com", "/readyz/etcd"] {
         let (code, body) = loopback_request(addr, "GET", path, &[READ_BEARER], b"")?;
         ensure!(code == 404, "{path}: {code} {body}");
         if !path.starts_with("/readyz") {

@@ -4,6 +4,8 @@
 //! ScalingReplicaSet and SuccessfulCreate, the job controller's Completed, the kubelet's Pulled,
 //! Created and Started, one BackOff Event for a crash-looping container whose count grows
 //! (not one Event per back-off), the source's Synced; and Events older than `--event-ttl` go.
+//! A second test: no Event carries a Secret's value (the node service masks those of the Secrets a
+//! Pod references in the Pod's Events).
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
@@ -210,4 +212,142 @@ fn t74_events_from_every_component() -> Result<()> {
     });
     ensure!(gone.is_some(), "the Scheduled event {scheduled_name} outlived --event-ttl={TTL_SECONDS}s");
     Ok(())
+}
+
+/// A value no Event may carry: the Secret's, in clear and as stored (base64).
+const SECRET_VALUE: &str = "t74-Sup3r-s3cret-9f1c0d";
+
+const SECRET_OBJECTS: &str = r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: t74-secret
+stringData:
+  password: t74-Sup3r-s3cret-9f1c0d
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: secret-pull
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: gitplane.local/not-there:1
+      imagePullPolicy: IfNotPresent
+      env:
+        - name: PASSWORD
+          valueFrom: {secretKeyRef: {name: t74-secret, key: password}}
+      volumeMounts: [{name: s, mountPath: /etc/secret}]
+  volumes:
+    - name: s
+      secret: {secretName: t74-secret}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: secret-probe
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: gitplane.local/httpd:1
+      imagePullPolicy: IfNotPresent
+      command: [/bin/busybox, sleep, "3600"]
+      env:
+        - name: PASSWORD
+          valueFrom: {secretKeyRef: {name: t74-secret, key: password}}
+      volumeMounts: [{name: s, mountPath: /etc/secret}]
+      livenessProbe:
+        exec:
+          command: [/bin/busybox, sh, -c, 'echo "env $PASSWORD"; echo "file $(cat /etc/secret/password)"; exit 1']
+        periodSeconds: 2
+        failureThreshold: 2
+  volumes:
+    - name: s
+      secret: {secretName: t74-secret}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: secret-crash
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: gitplane.local/httpd:1
+      imagePullPolicy: IfNotPresent
+      command: [/bin/busybox, sh, -c, 'echo "$PASSWORD"; cat /etc/secret/password >&2; exit 3']
+      env:
+        - name: PASSWORD
+          valueFrom: {secretKeyRef: {name: t74-secret, key: password}}
+      volumeMounts: [{name: s, mountPath: /etc/secret}]
+  volumes:
+    - name: s
+      secret: {secretName: t74-secret}
+"#;
+
+/// The Secret masking of issue 14: Pods that read a Secret through env and a volume fail to
+/// pull, fail a liveness probe whose output prints the value, and crash after printing it; the
+/// Events they cause (read with `kubectl get events -o json` and followed with a watch) never
+/// carry the value, in clear or in base64.
+#[test]
+fn t74_no_event_carries_a_secret_value() -> Result<()> {
+    require_root()?;
+    let cluster = LocalCluster::up("gp74s", 1)?;
+    let work_dir = tempfile::tempdir()?;
+    let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
+    work.remove("web.yaml")?;
+    work.write("secret.yaml", SECRET_OBJECTS)?;
+    // Every Event as the watch delivers it, from before the push (ended below, by its PID).
+    let watched = work_dir.path().join("watch.json");
+    let mut watch = Command::new("curl")
+        .args(["-sSN", "--max-time", "600"])
+        .arg(format!("http://{}/api/v1/events?watch=1&timeoutSeconds=600", cluster.listen))
+        .stdout(std::fs::File::create(&watched)?)
+        .spawn()
+        .context("running curl")?;
+    work.commit_and_push("Pods that use a Secret and fail")?;
+
+    let result = (|| -> Result<()> {
+        // The probe's output had the value: the Event says it masked.
+        let unhealthy = wait_event(&cluster, "Pod", "secret-probe", "Unhealthy", |e| message(e).contains("<masked>"))?;
+        ensure!(message(&unhealthy).contains("env <masked>"), "{unhealthy}");
+        wait_event(&cluster, "Pod", "secret-probe", "Killing", |_| true)?;
+        wait_event(&cluster, "Pod", "secret-crash", "BackOff", |_| true)?;
+        wait_for(DEADLINE, || {
+            let events = events(&cluster).ok()?;
+            events.iter().any(|e| e["involvedObject"]["name"] == "secret-pull" && e["type"] == "Warning").then_some(())
+        })
+        .context("a Warning Event about the failed pull")?;
+        Ok(())
+    })();
+    let _ = watch.kill();
+    let _ = watch.wait();
+    result?;
+
+    let encoded = base64_of(SECRET_VALUE);
+    let listed = kubectl(&cluster, &["get", "events", "-A", "-o", "json"])?;
+    let watched = std::fs::read_to_string(&watched)?;
+    ensure!(watched.contains("secret-probe") && watched.contains("Unhealthy"), "the watch saw the Events: {watched}");
+    for (how, text) in [("kubectl get events -o json", &listed), ("the watch", &watched)] {
+        ensure!(!text.contains(SECRET_VALUE), "{how} carries the Secret's value:\n{text}");
+        ensure!(!text.contains(&encoded), "{how} carries the Secret's value in base64:\n{text}");
+    }
+    let described = kubectl(&cluster, &["describe", "pod", "secret-probe"])?;
+    ensure!(!described.contains(SECRET_VALUE), "kubectl describe carries the Secret's value:\n{described}");
+    cluster.stop(DEADLINE)?;
+    Ok(())
+}
+
+/// Standard base64, as a Secret's `data` holds the value.
+fn base64_of(text: &str) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in text.as_bytes().chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            out.push(if i <= chunk.len() { ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
+        }
+    }
+    out
 }

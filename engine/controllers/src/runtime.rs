@@ -194,7 +194,8 @@ pub struct Controller<R> {
 
 impl<R: Reconciler> Controller<R> {
     pub fn new(reconciler: R, ctx: Context) -> Self {
-        Controller { reconciler, ctx, queue: WorkQueue::new(ERROR_BACKOFF) }
+        let queue = WorkQueue::new(ERROR_BACKOFF).named(reconciler.name());
+        Controller { reconciler, ctx, queue }
     }
 
     fn resync(&mut self) {

@@ -1,7 +1,9 @@
 //! The read-only status API on Kubernetes paths (`/api`, `/apis`, discovery, list, get), served
-//! beside the node gRPC service on one listener. Every write answers 405 and says where to push.
+//! beside the node gRPC service on one listener. Every write answers 405 and names what owns the
+//! object ([`owner`]: its Application and repository, or that nothing in Git does).
 //! [`logs`] is the pod log subresource, streamed from the node that runs the Pod; [`metrics`]
-//! is the resource metrics API (`kubectl top`), asked of the nodes; [`watch`] serves
+//! is the resource metrics API (`kubectl top`), asked of the nodes; [`proxy`] is the node
+//! proxy for the nodes' `/metrics` and `/stats/summary`; [`watch`] serves
 //! `?watch=1`; [`fields`] parses and matches field selectors; [`discovery`], [`openapi`] and
 //! [`health`] are what clients read about the server itself.
 
@@ -11,6 +13,8 @@ pub mod health;
 mod logs;
 mod metrics;
 mod openapi;
+mod owner;
+mod proxy;
 mod watch;
 
 use crate::{
@@ -66,6 +70,12 @@ const RESOURCES: &[Resource] = &[
     Resource { group: "coordination.k8s.io", version: "v1", plural: "leases", kind: "Lease", namespaced: true },
     Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },
 ];
+
+/// Whether the status API serves `resource` of `group` (the metrics API's included).
+pub(crate) fn serves(group: &str, resource: &str) -> bool {
+    RESOURCES.iter().any(|r| r.group == group && r.plural == resource)
+        || (group == metrics::GROUP && matches!(resource, "nodes" | "pods"))
+}
 
 impl Resource {
     fn api_version(&self) -> String {
@@ -201,6 +211,9 @@ async fn core(
     if let Some((namespace, name)) = logs::log_path(&path) {
         return logs::serve(state.store.as_ref(), &state.kubelet, method, namespace, name, &params).await;
     }
+    if let Some((node, kubelet_path)) = proxy::proxy_path(&path) {
+        return proxy::serve(state.store.as_ref(), &state.kubelet, method, node, kubelet_path).await;
+    }
     match query(&headers, &params) {
         Ok(q) => serve(state, client, method, q, "", &path).await,
         Err(response) => *response,
@@ -259,7 +272,7 @@ async fn serve(
     path: &str,
 ) -> Response {
     if method != Method::GET {
-        return read_only(&state);
+        return refuse_write(&state, group, path).await;
     }
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     let Some((version, rest)) = segments.split_first() else {
@@ -338,6 +351,39 @@ async fn serve(
             ),
         )
     })
+}
+
+/// The 405 of a write to `{version}/[namespaces/{ns}/]{plural}[/{name}[/{subresource}]]`: it
+/// names the Application and repository that own the object, or says that nothing in Git does.
+/// A write to a collection, or to an object that does not exist, says where to push.
+async fn refuse_write(state: &ApiState, group: &str, path: &str) -> Response {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let (namespace, rest) = match segments.as_slice() {
+        [_version, "namespaces", ns, rest @ ..] if !rest.is_empty() => (*ns, rest),
+        [_version, rest @ ..] => ("", rest),
+        [] => return read_only(state),
+    };
+    let (plural, name) = match rest {
+        // Debugging is no write of desired state: its refusal stays the general one.
+        [_, _, "exec" | "attach" | "portforward", ..] => return read_only(state),
+        [plural, name] | [plural, name, _] => (*plural, *name),
+        _ => return read_only(state),
+    };
+    let Some(resource) = RESOURCES.iter().find(|r| r.group == group && r.plural == plural) else {
+        return read_only(state);
+    };
+    let namespace = if resource.namespaced { namespace } else { "" };
+    let key = ObjectKey::new(resource.group_kind(), namespace, name);
+    let Ok(Some(object)) = state.store.get(&key).await else {
+        return read_only(state);
+    };
+    let what = if namespace.is_empty() {
+        format!("{} {name}", resource.kind)
+    } else {
+        format!("{} {namespace}/{name}", resource.kind)
+    };
+    let owner = owner::resolve(state.store.as_ref(), &object).await;
+    status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", owner::message(&what, &owner))
 }
 
 async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &str, as_table: bool) -> Response {
@@ -427,6 +473,12 @@ mod tests {
         let (code, missing) = call(&router, Method::GET, "/api/v1/namespaces/a/pods/q").await;
         assert_eq!((code, missing["reason"].as_str()), (StatusCode::NOT_FOUND, Some("NotFound")));
         let (code, refused) = call(&router, Method::DELETE, "/api/v1/namespaces/a/pods/p").await;
+        assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+        assert!(refused["message"].as_str().unwrap().starts_with("nothing in Git owns Pod a/p"), "{refused}");
+        let (code, refused) = call(&router, Method::PATCH, "/api/v1/namespaces/a/pods/p/status").await;
+        assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
+        assert!(refused["message"].as_str().unwrap().starts_with("nothing in Git owns Pod a/p"), "{refused}");
+        let (code, refused) = call(&router, Method::POST, "/api/v1/namespaces/a/pods").await;
         assert_eq!(code, StatusCode::METHOD_NOT_ALLOWED);
         assert!(refused["message"].as_str().unwrap().contains("/srv/repos/demo.git"));
         let (code, _) = call(&router, Method::GET, "/apis/apps/v1/namespaces/a/deployments").await;

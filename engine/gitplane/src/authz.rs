@@ -55,6 +55,7 @@ pub async fn admit(State(access): State<ApiAccess>, request: Request, next: Next
     if is_health(&path) {
         return next.run(request).await;
     }
+    let started = std::time::Instant::now();
     let client = request.extensions().get::<ClientAddr>().copied().unwrap_or(ClientAddr([0, 0, 0, 0].into()));
     let info = RequestInfo::new(request.method().as_str(), &path, request.uri().query());
     let user = match bearer(&request) {
@@ -67,6 +68,7 @@ pub async fn admit(State(access): State<ApiAccess>, request: Request, next: Next
     let Some(user) = user else {
         let response = apiserver::status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
         access.audit.record(ANONYMOUS, client.0, &info, response.status().as_u16());
+        crate::metrics::request(&info, response.status().as_u16(), started.elapsed());
         return response;
     };
     let role = required_role(&info);
@@ -76,6 +78,7 @@ pub async fn admit(State(access): State<ApiAccess>, request: Request, next: Next
         apiserver::status(StatusCode::FORBIDDEN, "Forbidden", forbidden_message(&user, &info, role))
     };
     access.audit.record(&user.name, client.0, &info, response.status().as_u16());
+    crate::metrics::request(&info, response.status().as_u16(), started.elapsed());
     response
 }
 

@@ -14,6 +14,7 @@ mod githttp;
 mod kubeconfig;
 mod kubelet_client;
 mod listener;
+mod metrics;
 mod mirror;
 mod nodes;
 mod nodeservice;

@@ -308,6 +308,7 @@ async fn run(mirror: Arc<Mirror>, poll: Duration, slots: Arc<Semaphore>, changes
         status.last_fetch = Some(now);
         match result {
             Ok(changed) => {
+                crate::metrics::fetched(if changed { "changed" } else { "unchanged" }, started.elapsed());
                 status.last_success = Some(now);
                 status.last_error = None;
                 drop(status);
@@ -319,6 +320,7 @@ async fn run(mirror: Arc<Mirror>, poll: Duration, slots: Arc<Semaphore>, changes
             }
             Err(MirrorError::Cancelled { .. }) => return,
             Err(e) => {
+                crate::metrics::fetched("failed", started.elapsed());
                 status.last_error = Some(e.to_string());
                 drop(status);
                 tracing::warn!(url = %mirror.shown, error = %e, "fetch failed");

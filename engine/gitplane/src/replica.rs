@@ -216,7 +216,8 @@ impl Replica {
         event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
     ) -> anyhow::Result<Replica> {
-        let shared = backend.store();
+        crate::metrics::register();
+        let shared: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore(backend.store()));
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
         let kubelet = KubeletClient::new(&tls.ca, &tls.certificate, nodes_netns)?;
         let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone()).into_server();
@@ -227,6 +228,7 @@ impl Replica {
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let http = apiserver::router(shared.clone(), push_hint, kubelet)
             .merge(apiserver::health::router(backend.clone()))
+            .merge(crate::metrics::router(backend.clone()))
             .route(
                 "/replica",
                 get(move || {

@@ -3,9 +3,11 @@
 //! As in Kubernetes' scheduling framework, a pure core ([`framework`]) runs named Filter and
 //! Score plugins ([`plugins`]) over a snapshot of the nodes; the thin loop in [`scheduler`]
 //! builds snapshots from the informer cache and writes bindings. The scheduler writes nothing
-//! but a Pod's `spec.nodeName` and its `PodScheduled` condition.
+//! but a Pod's `spec.nodeName` and its `PodScheduled` condition; [`metrics`] are kube-scheduler's
+//! attempt counts and latencies.
 
 pub mod framework;
+pub mod metrics;
 pub mod plugins;
 pub mod resources;
 pub mod scheduler;

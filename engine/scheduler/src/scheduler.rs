@@ -93,7 +93,7 @@ impl Scheduler {
         Scheduler {
             informer,
             profile,
-            queue: WorkQueue::new(BACKOFF),
+            queue: WorkQueue::new(BACKOFF).named("scheduler"),
             unschedulable: HashSet::new(),
             assumed: HashMap::new(),
             events: Recorder::spawn(store.clone(), Source::component("default-scheduler")),
@@ -234,6 +234,7 @@ impl Scheduler {
             match self.profile.schedule(&pod, snapshot) {
                 Ok(node) => match self.bind(&pod, &node).await {
                     Ok(()) => {
+                        crate::metrics::attempt("scheduled", started.elapsed());
                         tracing::info!(pod = %name, %node, ?reason, elapsed = ?started.elapsed(), "bound");
                         let message = format!("Successfully assigned {name} to {node}");
                         self.events.event(reference(&pod), NORMAL, "Scheduled", &message);
@@ -244,6 +245,7 @@ impl Scheduler {
                         self.assumed.insert(pod_id, (node, pod));
                     }
                     Err(e) => {
+                        crate::metrics::attempt("error", started.elapsed());
                         let backoff = self.queue.add_with_backoff(pod_id, Reason::BindFailed);
                         if e.is_conflict() {
                             // Our cache was behind a concurrent writer.
@@ -254,6 +256,7 @@ impl Scheduler {
                     }
                 },
                 Err(unschedulable) => {
+                    crate::metrics::attempt("unschedulable", started.elapsed());
                     tracing::info!(pod = %name, reason = %unschedulable, "unschedulable");
                     self.events.event(reference(&pod), WARNING, "FailedScheduling", &unschedulable.to_string());
                     if let Err(e) = self.mark_unschedulable(&pod, &unschedulable.to_string()).await {

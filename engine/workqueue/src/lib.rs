@@ -12,12 +12,15 @@
 //!
 //! One consumer pops a key, processes it and pops the next, so the queue keeps no in-flight
 //! state: a key queued while it is processed simply runs again. Time is tokio's, so tests drive
-//! the queue with a paused clock instead of sleeping.
+//! the queue with a paused clock instead of sleeping. A queue given a name
+//! ([`WorkQueue::named`]) exports client-go's `workqueue_depth` and `workqueue_adds_total`.
 
+use gitplane_metrics::{Counter, Family, Gauge};
 use std::{
     collections::{BTreeMap, HashMap},
     future::Future,
     hash::Hash,
+    sync::{Arc, LazyLock},
     time::Duration,
 };
 use tokio::time::Instant;
@@ -80,11 +83,55 @@ pub struct WorkQueue<K, R> {
     seq: u64,
     backoff: Backoff,
     failures: HashMap<K, Failures>,
+    /// `workqueue_depth` and `workqueue_adds_total` of this queue's name, once named.
+    metrics: Option<QueueMetrics>,
+}
+
+struct QueueMetrics {
+    depth: Arc<Gauge>,
+    adds: Arc<Counter>,
+}
+
+/// client-go's workqueue metrics, one series per queue name (a fixed set: the components).
+struct Families {
+    depth: Arc<Family<Gauge>>,
+    adds: Arc<Family<Counter>>,
+}
+
+static METRICS: LazyLock<Families> = LazyLock::new(|| Families {
+    depth: gitplane_metrics::gauge("workqueue_depth", "Current depth of workqueue", &["name"]),
+    adds: gitplane_metrics::counter("workqueue_adds_total", "Total number of adds handled by workqueue", &["name"]),
+});
+
+/// Registers the queues' metric families (they show before any queue is named).
+pub fn register_metrics() {
+    LazyLock::force(&METRICS);
 }
 
 impl<K: Clone + Eq + Hash, R: Reason> WorkQueue<K, R> {
     pub fn new(backoff: Backoff) -> Self {
-        WorkQueue { entries: HashMap::new(), order: BTreeMap::new(), seq: 0, backoff, failures: HashMap::new() }
+        WorkQueue {
+            entries: HashMap::new(),
+            order: BTreeMap::new(),
+            seq: 0,
+            backoff,
+            failures: HashMap::new(),
+            metrics: None,
+        }
+    }
+
+    /// Exports this queue's depth and adds under `name` (a component's name, not a key's).
+    pub fn named(mut self, name: &str) -> Self {
+        let metrics = QueueMetrics { depth: METRICS.depth.with(&[name]), adds: METRICS.adds.with(&[name]) };
+        metrics.depth.set(self.len() as i64);
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn depth_changed(&self) {
+        if let Some(m) = &self.metrics {
+            m.depth.set(self.entries.len() as i64);
+        }
     }
 
     /// Queues `key` to run now.
@@ -101,6 +148,9 @@ impl<K: Clone + Eq + Hash, R: Reason> WorkQueue<K, R> {
     /// earliest time asked for.
     pub fn add_at(&mut self, key: K, reason: R, at: Instant) {
         self.seq += 1;
+        if let Some(m) = &self.metrics {
+            m.adds.inc();
+        }
         let entry = match self.entries.remove(&key) {
             Some(old) if at < old.due => {
                 self.order.remove(&(old.due, old.seq));
@@ -114,6 +164,7 @@ impl<K: Clone + Eq + Hash, R: Reason> WorkQueue<K, R> {
             }
         };
         self.entries.insert(key, entry);
+        self.depth_changed();
     }
 
     /// Records a failure of `key` and queues it for when its backoff ends; returns the backoff.
@@ -150,6 +201,7 @@ impl<K: Clone + Eq + Hash, R: Reason> WorkQueue<K, R> {
             self.order.remove(&(old.due, old.seq));
         }
         self.failures.remove(key);
+        self.depth_changed();
     }
 
     /// Whether `key` is queued, due or not.
@@ -174,6 +226,7 @@ impl<K: Clone + Eq + Hash, R: Reason> WorkQueue<K, R> {
         }
         let key = first.remove();
         let entry = self.entries.remove(&key)?;
+        self.depth_changed();
         Some((key, entry.reason))
     }
 

@@ -33,6 +33,7 @@ pub async fn run(mut proxier: Proxier, network: &Network, mut shutdown: watch::R
         let next_retry = match result {
             Ok(report) => {
                 retry = RETRY_MIN;
+                crate::metrics::proxy_synced(report.duration);
                 if report.full {
                     tracing::info!(services = report.services, took = ?report.duration, "service rules programmed");
                 } else if report.services > 0 {

@@ -1,5 +1,6 @@
 //! The agent's kubelet endpoint (the kubelet's server on port 10250), which the control plane's
-//! replicas call for `kubectl top` (`GET /stats/summary`, see [`crate::stats`]) and for
+//! replicas call for `kubectl top` (`GET /stats/summary`, see [`crate::stats`]), for the
+//! agent's Prometheus metrics (`GET /metrics`, see [`crate::metrics`]) and for
 //! `kubectl logs`: `GET /containerLogs/{namespace}/{pod}/{container}` with
 //! `containerID` (which run: the replica chose it from the Pod's status, as the kubelet's
 //! `validateContainerLogStatus`), `follow`, `tailLines`, `sinceSeconds`, `sinceTime`,
@@ -49,6 +50,7 @@ pub(crate) struct KubeletServer {
 impl KubeletServer {
     /// Serves `listener` until dropped.
     pub async fn serve(self, listener: tokio::net::TcpListener) {
+        crate::metrics::register();
         let server = Arc::new(self);
         let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         loop {
@@ -105,10 +107,16 @@ impl KubeletServer {
         if segments == ["stats", "summary"] {
             return self.summary().await;
         }
+        if segments == ["metrics"] {
+            return Response::builder()
+                .header(hyper::header::CONTENT_TYPE, gitplane_metrics::CONTENT_TYPE)
+                .body(Full::new(Bytes::from(gitplane_metrics::registry().encode())).boxed())
+                .unwrap_or_else(|_| text(StatusCode::INTERNAL_SERVER_ERROR, "building the answer"));
+        }
         let ["containerLogs", namespace, pod, container] = segments.as_slice() else {
             return text(
                 StatusCode::NOT_FOUND,
-                "not found: the node serves /containerLogs/{namespace}/{pod}/{container} and /stats/summary",
+                "not found: the node serves /containerLogs/{namespace}/{pod}/{container}, /stats/summary and /metrics",
             );
         };
         let query = query_pairs(request.uri().query().unwrap_or(""));

@@ -168,6 +168,7 @@ pub async fn serve(store: Arc<dyn Store>, held: Held, target: Target, params: Pa
         filter,
         render,
         _held: held,
+        _open: crate::metrics::WatchOpen::new(target.resource.group, target.resource.plural),
     };
     match watcher.start(store.as_ref(), &target, params.start).await {
         Ok(()) => {}
@@ -274,6 +275,8 @@ struct Watcher {
     filter: Filter,
     render: Render,
     _held: Held,
+    /// `apiserver_longrunning_requests`, while the watch is open.
+    _open: crate::metrics::WatchOpen,
 }
 
 enum Step {

@@ -1,18 +1,27 @@
 //! `CreateEvents`: the kubelet's Events, admitted as Kubernetes' NodeRestriction admits them. A
 //! node records Events only about the Pods bound to it and about its own Node; the reference is
 //! rebuilt from the stored object (the node's copy is not trusted), the source is `kubelet` on the
-//! node's own name, and the time is the replica's.
+//! node's own name, and the time is the replica's. A Pod's Event never carries a value of the
+//! Secrets the Pod references (a probe's output or a container's message may quote one): each
+//! is replaced by `<masked>` before the Event is stored.
 
 use super::store_status;
-use gitplane_api::events::{NORMAL, Record, Source, WARNING, reference};
+use base64::Engine as _;
+use gitplane_api::{
+    events::{NORMAL, Record, Source, WARNING, reference},
+    podrefs::{ConfigKind, config_refs},
+};
 use gitplane_proto::node::NodeEvent;
-use gitplane_store::{Api, Store};
+use gitplane_store::{Api, ObjectKey, Store};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
-use std::{collections::HashMap, sync::Arc};
+use std::{cmp::Reverse, collections::HashMap, sync::Arc};
 use tonic::Status;
 
 /// The most Events one call may carry.
 pub(super) const MAX_EVENTS: usize = 256;
+
+/// A Pod's reference and the values of the Secrets it references.
+type BoundPod = (ObjectReference, Arc<Vec<String>>);
 
 /// The batch's records, or a refusal of the whole batch naming the first Event not allowed.
 pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<NodeEvent>) -> Result<Vec<Record>, Status> {
@@ -21,7 +30,7 @@ pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<Node
     }
     let source = Source { component: "kubelet".into(), host: node.to_owned() };
     let pods = Api::<Pod>::new(store.clone());
-    let mut bound: HashMap<(String, String), ObjectReference> = HashMap::new();
+    let mut bound: HashMap<(String, String), BoundPod> = HashMap::new();
     let mut records = Vec::with_capacity(batch.len());
     for event in batch {
         let involved: ObjectReference = serde_json::from_slice(&event.involved_object)
@@ -37,14 +46,17 @@ pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<Node
         }
         let namespace = involved.namespace.clone().unwrap_or_default();
         let name = involved.name.clone().unwrap_or_default();
-        let reference = match involved.kind.as_deref() {
-            Some("Node") if name == node => ObjectReference {
-                kind: Some("Node".into()),
-                api_version: Some("v1".into()),
-                name: Some(name),
-                uid: node_uid(store.clone(), node).await?,
-                ..Default::default()
-            },
+        let (reference, secrets) = match involved.kind.as_deref() {
+            Some("Node") if name == node => {
+                let reference = ObjectReference {
+                    kind: Some("Node".into()),
+                    api_version: Some("v1".into()),
+                    name: Some(name),
+                    uid: node_uid(store.clone(), node).await?,
+                    ..Default::default()
+                };
+                (reference, Arc::default())
+            }
             Some("Pod") => match bound.get(&(namespace.clone(), name.clone())) {
                 Some(r) => r.clone(),
                 None => {
@@ -58,9 +70,9 @@ pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<Node
                             "node {node} may not record events about pod {namespace}/{name}: it is not bound to it"
                         )));
                     };
-                    let r = reference(&pod);
-                    bound.insert((namespace, name), r.clone());
-                    r
+                    let bound_pod = (reference(&pod), Arc::new(secret_values(store.as_ref(), &pod).await?));
+                    bound.insert((namespace, name), bound_pod.clone());
+                    bound_pod
                 }
             },
             kind => {
@@ -70,12 +82,85 @@ pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<Node
                 )));
             }
         };
-        records.push(Record::new(source.clone(), reference, &event.r#type, &event.reason, &event.message));
+        let message = mask(&event.message, &secrets);
+        records.push(Record::new(source.clone(), reference, &event.r#type, &event.reason, &message));
     }
     Ok(records)
+}
+
+/// What stands for a Secret's value in an Event, as in every output of gitplane.
+const MASK: &str = "<masked>";
+/// Shorter values are not masked: they would mask ordinary words of every message.
+const MIN_MASKED: usize = 4;
+/// The shortest prefix of a value masked where it ends a message.
+const MIN_MASKED_PREFIX: usize = 8;
+
+/// The values of the Secrets `pod` references, decoded and as stored (base64).
+async fn secret_values(store: &dyn Store, pod: &Pod) -> Result<Vec<String>, Status> {
+    let mut values = Vec::new();
+    for r in config_refs(pod).into_iter().filter(|r| r.kind == ConfigKind::Secret) {
+        let key = ObjectKey::new(ConfigKind::Secret.as_str(), &r.namespace, &r.name);
+        let Some(secret) = store.get(&key).await.map_err(store_status)? else { continue };
+        for (field, encoded) in [("data", true), ("stringData", false)] {
+            for value in secret[field].as_object().into_iter().flat_map(|m| m.values()).filter_map(|v| v.as_str()) {
+                values.push(value.to_owned());
+                if encoded && let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(value) {
+                    values.push(String::from_utf8_lossy(&bytes).into_owned());
+                }
+            }
+        }
+    }
+    Ok(values)
+}
+
+/// `message` with every one of `values` replaced by [`MASK`]: whole, each of its lines, and a
+/// prefix of one that ends the message (the sender may have cut the message there).
+fn mask(message: &str, values: &[String]) -> String {
+    let mut needles: Vec<&str> = values
+        .iter()
+        .flat_map(|v| std::iter::once(v.as_str()).chain(v.lines().map(str::trim)))
+        .filter(|n| n.len() >= MIN_MASKED)
+        .collect();
+    needles.sort_by_key(|n| (Reverse(n.len()), *n));
+    needles.dedup();
+    let mut out = message.to_owned();
+    for needle in &needles {
+        if out.contains(needle) {
+            out = out.replace(needle, MASK);
+        }
+    }
+    // A longer prefix than a whole value's minimum: a short one would be any word.
+    let cut = needles.iter().find_map(|needle| {
+        (MIN_MASKED_PREFIX..needle.len()).rev().find(|k| needle.is_char_boundary(*k) && out.ends_with(&needle[..*k]))
+    });
+    if let Some(k) = cut {
+        out.truncate(out.len() - k);
+        out.push_str(MASK);
+    }
+    out
 }
 
 async fn node_uid(store: Arc<dyn Store>, node: &str) -> Result<Option<String>, Status> {
     let node = Api::<Node>::new(store).get("", node).await.map_err(store_status)?;
     Ok(node.and_then(|n| n.metadata.uid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_values_are_masked_whole_by_line_and_cut() {
+        let values = vec!["hunter2-secret".to_owned(), "line one\nsecond-line".to_owned(), "abc".to_owned()];
+        assert_eq!(
+            mask("Liveness probe failed: pw=hunter2-secret, hunter2-secret", &values),
+            "Liveness probe failed: pw=<masked>, <masked>"
+        );
+        assert_eq!(mask("out: second-line", &values), "out: <masked>");
+        assert_eq!(mask("cut at the end: hunter2-se", &values), "cut at the end: <masked>");
+        // Too short to mask without masking ordinary words.
+        assert_eq!(mask("abc is fine", &values), "abc is fine");
+        assert_eq!(mask("a word at the end: line", &values), "a word at the end: line");
+        assert_eq!(mask("nothing here", &values), "nothing here");
+    }
 }

@@ -129,6 +129,8 @@ struct SyncOutcome {
     assess_health: bool,
     /// It failed for a reason that may heal by itself: retry with back-off.
     retry: bool,
+    /// `Synced` (a commit applied), `Unchanged`, `Waiting` (for dependencies) or `Failed`.
+    result: &'static str,
 }
 
 /// `namespace/name` of an Application: the value of the inventory annotation.
@@ -278,9 +280,11 @@ impl SourceController {
         let cache = informer.cache().clone();
         let (pushed_tx, mut pushed) = mpsc::unbounded_channel::<PathBuf>();
         let mut watchers: HashMap<PathBuf, notify::RecommendedWatcher> = HashMap::new();
-        let mut queue = Queue::new(Backoff { initial: RETRY_MIN, max: RETRY_MAX });
+        let mut queue = Queue::new(Backoff { initial: RETRY_MIN, max: RETRY_MAX }).named("source");
         let mut unhealthy: BTreeSet<ObjectKey> = BTreeSet::new();
         let mut generations: HashMap<ObjectKey, Option<i64>> = HashMap::new();
+        // When each Application's branch moved and its commit is not applied yet.
+        let mut moved: HashMap<ObjectKey, Instant> = HashMap::new();
         let mut resync = tokio::time::interval(self.resync);
         let mut health_tick = tokio::time::interval(HEALTH_DEBOUNCE);
         let mut fetched = self.repos.mirrors.changes();
@@ -297,7 +301,15 @@ impl SourceController {
                 // yet, and the status says which commit was already handled.
                 match Api::<Application>::new(self.store.clone()).get(&key.namespace, &key.name).await {
                     Ok(Some(app)) => {
+                        let started = Instant::now();
                         let outcome = self.sync(&app, reason, &informer).await;
+                        crate::metrics::sync(&key.namespace, &key.name, outcome.result, started.elapsed());
+                        if !outcome.retry
+                            && let Some(at) = moved.remove(&key)
+                            && outcome.result == "Synced"
+                        {
+                            crate::metrics::applied(&key.namespace, &key.name, at);
+                        }
                         if outcome.assess_health {
                             unhealthy.insert(key.clone());
                         }
@@ -308,7 +320,10 @@ impl SourceController {
                             queue.forget(&key);
                         }
                     }
-                    Ok(None) => queue.remove(&key),
+                    Ok(None) => {
+                        moved.remove(&key);
+                        queue.remove(&key);
+                    }
                     Err(e) => {
                         tracing::warn!(application = %key, error = %e, "reading the Application failed");
                         queue.add_with_backoff(key, reason);
@@ -336,11 +351,13 @@ impl SourceController {
                         paths.insert(p);
                     }
                     for key in paths.iter().flat_map(|p| registry.by_path(p)) {
+                        moved.entry(key.clone()).or_insert_with(Instant::now);
                         queue.add(key.clone(), Reason::Commit);
                     }
                 }
                 Ok(url) = fetched.recv() => {
                     for key in registry.by_repo.get(&url).into_iter().flatten() {
+                        moved.entry(key.clone()).or_insert_with(Instant::now);
                         queue.add(key.clone(), Reason::Commit);
                     }
                 }
@@ -461,7 +478,7 @@ impl SourceController {
                 })
                 .await;
             }
-            return SyncOutcome { assess_health: true, retry: false };
+            return SyncOutcome { assess_health: true, retry: false, result: "Waiting" };
         }
         let started = Instant::now();
         let started_at = rfc3339();
@@ -469,7 +486,7 @@ impl SourceController {
         let elapsed = started.elapsed();
         let duration_ms = Some(elapsed.as_millis() as u64);
         match outcome {
-            Ok(None) => SyncOutcome { assess_health: false, retry: false },
+            Ok(None) => SyncOutcome { assess_health: false, retry: false, result: "Unchanged" },
             Ok(Some(applied)) => {
                 tracing::info!(application = %id, commit = %applied.commit, created = applied.plan.created,
                     updated = applied.plan.updated, pruned = applied.plan.pruned,
@@ -540,7 +557,7 @@ impl SourceController {
                     });
                 })
                 .await;
-                SyncOutcome { assess_health: health_may_change, retry: false }
+                SyncOutcome { assess_health: health_may_change, retry: false, result: "Synced" }
             }
             Err((commit, e)) => {
                 let errors: Vec<String> = match &e {
@@ -571,7 +588,7 @@ impl SourceController {
                     sync.duration_ms = duration_ms;
                 })
                 .await;
-                SyncOutcome { assess_health: true, retry: !verdict }
+                SyncOutcome { assess_health: true, retry: !verdict, result: "Failed" }
             }
         }
     }

@@ -33,7 +33,10 @@ use std::{
     fmt::Debug,
     ops::RangeBounds,
     path::Path,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -46,6 +49,9 @@ pub struct LogStore {
     recent: Arc<Mutex<Recent>>,
     writer: mpsc::UnboundedSender<Write>,
     secrets: Keyring,
+    /// The highest index known committed (openraft's `save_committed`), for `/metrics`; in
+    /// memory only: openraft re-derives it after a restart.
+    committed: Arc<AtomicU64>,
 }
 
 /// An entry as the log table holds it when its payload is sealed (`sealed` first: the text
@@ -250,7 +256,12 @@ impl LogStore {
         let (writer, queue) = mpsc::unbounded_channel();
         tokio::spawn(write_loop(pool.clone(), secrets.clone(), queue));
         tokio::spawn(reseal(pool.clone(), secrets.clone()));
-        Ok(LogStore { pool, recent: Arc::default(), writer, secrets })
+        Ok(LogStore { pool, recent: Arc::default(), writer, secrets, committed: Arc::default() })
+    }
+
+    /// The highest index known committed, as it moves.
+    pub fn commit_index(&self) -> Arc<AtomicU64> {
+        self.committed.clone()
     }
 
     /// Queues `write` and waits for it to be done.
@@ -421,6 +432,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         self.recent().append(entries.clone());
         self.writer.send(Write::Append(entries, callback)).map_err(|_| writer_stopped())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StoreResult<()> {
+        self.committed.store(committed.map_or(0, |c| c.index), Ordering::Relaxed);
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {

@@ -35,7 +35,15 @@ use gitplane_store::{
 use openraft::{BasicNode, Config, Raft, ServerState, SnapshotPolicy, error::ClientWriteError, error::RaftError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 pub type NodeId = u64;
@@ -119,6 +127,7 @@ struct Inner {
     leading: watch::Receiver<bool>,
     faults: Faults,
     token: PeerToken,
+    committed: Arc<AtomicU64>,
 }
 
 fn fatal(e: impl std::fmt::Display) -> StoreError {
@@ -133,6 +142,7 @@ impl RaftStore {
             SqliteStore::open_encrypted(&config.dir.join("store.db"), Durability::Replicated, config.secrets.clone())
                 .await?;
         let log = log_store::LogStore::open(&config.dir.join("raft.db"), config.secrets.clone()).await.map_err(db)?;
+        let committed = log.commit_index();
         let state_machine =
             state_machine::StateMachine::open(local.clone(), &config.dir.join("snapshots")).await.map_err(db)?;
         let raft_config = Config {
@@ -168,7 +178,7 @@ impl RaftStore {
         let (leading_tx, leading) = watch::channel(false);
         tokio::spawn(track_leadership(raft.clone(), config.clone(), leading_tx));
         let token = config.peer_token.clone();
-        let inner = Inner { id: config.id, raft, local, peers, proposals, leading, faults, token };
+        let inner = Inner { id: config.id, raft, local, peers, proposals, leading, faults, token, committed };
         Ok(RaftStore { inner: Arc::new(inner) })
     }
 
@@ -178,6 +188,11 @@ impl RaftStore {
 
     pub fn raft(&self) -> &Raft<TypeConfig> {
         &self.inner.raft
+    }
+
+    /// The highest Raft log index this replica knows committed (0 before the first).
+    pub fn commit_index(&self) -> u64 {
+        self.inner.committed.load(Ordering::Relaxed)
     }
 
     /// The gRPC services this replica serves, behind its peer token: the store (clients,
