@@ -9,7 +9,7 @@
 //! own; connections to them are then made from that namespace (`netns`).
 
 use crate::nodeservice::NodeIdentity;
-use gitplane_nodeagent::server::{DEFAULT_PORT, auth};
+use gitplane_nodeagent::server::{DEFAULT_PORT, auth, streaming};
 use hyper::{Request, Response, body::Incoming};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
@@ -76,6 +76,28 @@ impl KubeletClient {
         tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(addr))
             .await
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s"))?
+    }
+
+    /// The upgrade request `method` `path_and_query` (with the upgrade headers of `headers`) on
+    /// node `node`'s endpoint, for the client whose connection upgrades by `client`; on 101 the
+    /// two are spliced, holding `hold` ([`streaming::proxy`]). The answer, whatever its status.
+    pub async fn upgrade<H: Send + 'static>(
+        &self,
+        node: &Node,
+        method: &hyper::Method,
+        path_and_query: &str,
+        headers: &hyper::HeaderMap,
+        client: hyper::upgrade::OnUpgrade,
+        hold: H,
+    ) -> Result<Response<bytes::Bytes>, KubeletError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let addr = kubelet_address(node);
+        let unreachable = |why: String| KubeletError::Unreachable { node: name.clone(), addr, why };
+        let stream = self.connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
+        let authorization = format!("Bearer {}", auth::token(&self.identity.credential(&name)));
+        streaming::proxy(stream, client, method, headers, path_and_query, &addr.to_string(), Some(&authorization), hold)
+            .await
+            .map_err(unreachable)
     }
 
     /// `GET path_and_query` on node `name`'s endpoint; the answer, whatever its status.

@@ -197,7 +197,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                     if !request_began(&stream, header_read_timeout).await {
                         return;
                     }
-                    builder.serve_connection(TokioIo::new(stream), service).await
+                    builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await
                 }
                 // The first byte, the handshake and the request's first bytes share one allowance.
                 Some(tls) => match first_byte(&stream, accepted + header_read_timeout).await {
@@ -205,7 +205,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                     Some(TLS_HANDSHAKE_RECORD) => {
                         let deadline = accepted + header_read_timeout;
                         let Some(stream) = handshake(&tls, stream, deadline).await else { return };
-                        builder.serve_connection(TokioIo::new(stream), service).await
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await
                     }
                     // Cleartext from loopback never left this machine (a wildcard listener's own
                     // clients, e.g. `gitplane up --listen 0.0.0.0:8080`'s agent): served as such.
@@ -213,7 +213,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                         if !request_began(&stream, header_read_timeout).await {
                             return;
                         }
-                        builder.serve_connection(TokioIo::new(stream), service).await
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await
                     }
                     Some(_) => return refuse_cleartext(stream).await,
                 },

@@ -1,0 +1,237 @@
+//! `kubectl exec`, `attach` and `port-forward` on `gitplane up --nodes 1`, with the real kubectl
+//! over HTTPS: through the status API, the node's kubelet endpoint and containerd's streaming
+//! server. A token with the `debug` role gets them: the remote command's output, stdin piped
+//! through and closed, its exit code, a port forwarded to the Pod's httpd, a container's output
+//! attached to; a read-only token and anonymous loopback callers get 403; each stream is an
+//! Event on the Pod naming the user, never the data sent.
+
+use anyhow::{Context, Result, bail, ensure};
+use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+const DEADLINE: Duration = Duration::from_secs(120);
+const READ: &str = "t79-read-token-0123456789abcdef";
+const DEBUG: &str = "t79-debug-token-0123456789abcdef";
+const STDIN: &str = "t79 stdin data that no Event may show";
+
+const PODS: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  labels: {app: t79}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: web
+      image: gitplane.local/httpd:1
+      command: [/bin/busybox, sh, -c, "echo t79-index > /www/t79.html; exec /bin/busybox httpd -f -p 80 -h /www"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: talker
+  labels: {app: t79}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: gitplane.local/httpd:1
+      command: [/bin/busybox, sh, -c, "i=0; while true; do i=$((i+1)); echo tick $i; /bin/busybox sleep 1; done"]
+"#;
+
+/// kubectl with one user's kubeconfig.
+struct Kubectl {
+    kubeconfig: PathBuf,
+    cache: PathBuf,
+}
+
+impl Kubectl {
+    fn new(dir: &Path, cluster: &LocalCluster, user: &str, token: &str) -> Result<Kubectl> {
+        let kubeconfig = dir.join(format!("{user}.kubeconfig"));
+        let ca = cluster.data_dir.join("ca.crt");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: t79\n  cluster:\n    server: https://{}\n    certificate-authority: {}\n\
+                 users:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: t79\n  context:\n    cluster: t79\n    user: {user}\n\
+                 current-context: t79\n",
+                cluster.listen,
+                ca.display()
+            ),
+        )?;
+        Ok(Kubectl { kubeconfig, cache: dir.join(format!("{user}.cache")) })
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("kubectl");
+        command.arg("--kubeconfig").arg(&self.kubeconfig).arg("--cache-dir").arg(&self.cache).args(args);
+        command
+    }
+
+    /// Runs to the end (bounded), with `stdin` piped in and then closed.
+    fn run(&self, args: &[&str], stdin: &[u8]) -> Result<Output> {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running kubectl (apt-get install kubectl)")?;
+        let mut input = child.stdin.take().context("kubectl's stdin")?;
+        input.write_all(stdin)?;
+        drop(input);
+        let waiting = std::thread::spawn(move || child.wait_with_output());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !waiting.is_finished() {
+            if Instant::now() > deadline {
+                bail!("kubectl {args:?} did not end within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(waiting.join().map_err(|_| anyhow::anyhow!("the waiting thread panicked"))??)
+    }
+}
+
+/// Kills a background kubectl (our own child) when dropped.
+struct Background(Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `curl` of a loopback URL: the status code and the body.
+fn curl(url: &str, headers: &[&str], method: &str) -> Result<(u16, String)> {
+    let mut command = Command::new("curl");
+    command.args(["-s", "--max-time", "10", "-X", method, "-w", "\n%{http_code}"]);
+    for header in headers {
+        command.args(["-H", header]);
+    }
+    let out = command.arg(url).output().context("running curl")?;
+    let out = text(&out.stdout);
+    let (body, code) = out.rsplit_once('\n').context("curl's status code")?;
+    Ok((code.trim().parse().unwrap_or(0), body.to_owned()))
+}
+
+#[test]
+fn t79_exec_attach_and_port_forward_for_debug_tokens() -> Result<()> {
+    require_root()?;
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens.csv");
+    std::fs::write(&tokens, format!("{READ},reader,1001,\"read\"\n{DEBUG},alice,1002,\"read,debug\"\n"))?;
+    let cluster = LocalCluster::up_with("gp79", 1, &[&format!("--tokens-file={}", tokens.display())])?;
+    let work = Worktree::clone(cluster.demo_repo(), dir.path().join("demo"))?;
+    work.remove("web.yaml")?;
+    work.write("pods.yaml", PODS)?;
+    work.commit_and_push("pods to debug")?;
+    wait_for(DEADLINE, || cluster.running_pods("app=t79").ok().filter(|p| p.len() == 2))
+        .with_context(|| format!("the pods did not run:\n{}", cluster.log_text()))?;
+
+    let alice = Kubectl::new(dir.path(), &cluster, "alice", DEBUG)?;
+    let reader = Kubectl::new(dir.path(), &cluster, "reader", READ)?;
+
+    // Exec: the output, stdin piped through (and its end passed on), the exit code.
+    let hostname = alice.run(&["exec", "web", "--", "/bin/busybox", "cat", "/etc/hostname"], b"")?;
+    ensure!(hostname.status.success(), "kubectl exec cat /etc/hostname: {}", text(&hostname.stderr));
+    ensure!(text(&hostname.stdout).trim() == "web", "the pod's hostname: {:?}", text(&hostname.stdout));
+    let echoed = alice.run(&["exec", "-i", "web", "--", "/bin/busybox", "cat"], STDIN.as_bytes())?;
+    ensure!(echoed.status.success(), "kubectl exec -i cat: {}", text(&echoed.stderr));
+    ensure!(text(&echoed.stdout) == STDIN, "stdin echoed: {:?}", text(&echoed.stdout));
+    let exit = alice.run(&["exec", "web", "--", "sh", "-c", "echo to-stderr >&2; exit 3"], b"")?;
+    ensure!(exit.status.code() == Some(3), "the remote exit code: {:?} {}", exit.status, text(&exit.stderr));
+    ensure!(text(&exit.stderr).contains("to-stderr"), "stderr: {}", text(&exit.stderr));
+
+    // Port-forward to the Pod's httpd.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let forward = Background(
+        alice
+            .command(&["port-forward", "pod/web", &format!("{port}:80")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let page = wait_for(Duration::from_secs(60), || {
+        curl(&format!("http://127.0.0.1:{port}/t79.html"), &[], "GET").ok().filter(|(code, _)| *code == 200)
+    })
+    .context("curl through kubectl port-forward never reached the pod's httpd")?;
+    ensure!(page.1.trim() == "t79-index", "the page through port-forward: {:?}", page.1);
+    // A second connection through the same forward.
+    let again = curl(&format!("http://127.0.0.1:{port}/t79.html"), &[], "GET")?;
+    ensure!(again == (200, "t79-index\n".to_owned()), "a second request: {again:?}");
+    drop(forward);
+
+    // Attach: the running container's output.
+    let mut attached = Background(
+        alice.command(&["attach", "talker", "-c", "main"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?,
+    );
+    let stdout = attached.0.stdout.take().context("attach's stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let tick = rx.recv_timeout(Duration::from_secs(60)).context("kubectl attach printed nothing")?;
+    ensure!(tick.starts_with("tick "), "attached output: {tick:?}");
+    drop(attached);
+
+    // A read-only token is refused all three, and so is anonymous loopback.
+    for args in [
+        &["exec", "web", "--", "/bin/busybox", "true"][..],
+        &["attach", "talker", "-c", "main"],
+        &["port-forward", "pod/web", "0:80", "--pod-running-timeout=5s"],
+    ] {
+        let refused = reader.run(args, b"")?;
+        let stderr = text(&refused.stderr);
+        ensure!(!refused.status.success(), "a read token ran {args:?}");
+        ensure!(stderr.contains("User \"reader\" cannot") && stderr.contains("debug"), "{args:?}: {stderr}");
+    }
+    let api = format!("https://{}", cluster.listen);
+    let ca = cluster.data_dir.join("ca.crt");
+    for sub in ["exec?command=true&stdout=true", "attach?stdout=true", "portforward"] {
+        let path = format!("/api/v1/namespaces/default/pods/web/{sub}");
+        let read = format!("Authorization: Bearer {READ}");
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "10", "-X", "POST", "-w", "\n%{http_code}", "--cacert"])
+            .arg(&ca)
+            .args(["-H", &read, "-H", "Connection: Upgrade", "-H", "Upgrade: SPDY/3.1"])
+            .arg(format!("{api}{path}"))
+            .output()?;
+        let out = text(&out.stdout);
+        ensure!(out.ends_with("\n403") && out.contains("\"Forbidden\""), "read token on {sub}: {out}");
+        let (code, body) =
+            curl(&format!("http://{}{path}", cluster.listen), &["Connection: Upgrade", "Upgrade: SPDY/3.1"], "POST")?;
+        ensure!(code == 403 && body.contains("system:anonymous"), "anonymous on {sub}: {code} {body}");
+    }
+
+    // Events name the user and the command, never the data.
+    let events = wait_for(Duration::from_secs(30), || {
+        let list = cluster.get("/api/v1/namespaces/default/events").ok()?;
+        let items = list["items"].as_array()?.clone();
+        let has = |reason: &str, message: &str| {
+            items.iter().any(|e| e["reason"] == reason && e["type"] == "Normal" && e["message"] == message)
+        };
+        (has("Exec", "user alice started exec of [/bin/busybox cat /etc/hostname] in container web")
+            && has("Exec", "user alice started exec of [/bin/busybox cat] in container web")
+            && has("PortForward", "user alice started port-forward to pod web")
+            && has("Attach", "user alice attached to container main"))
+        .then_some(list)
+    })
+    .with_context(|| format!("the Events: {:?}", cluster.get("/api/v1/namespaces/default/events")))?;
+    ensure!(!events.to_string().contains(STDIN), "an Event shows stdin data");
+    ensure!(!events.to_string().contains("reader"), "a refused stream made an Event: {events}");
+    Ok(())
+}
