@@ -8,7 +8,8 @@
 use anyhow::{Context, Result, bail, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{BufRead, BufReader, Read, Write},
+    net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
@@ -124,6 +125,56 @@ fn curl(url: &str, headers: &[&str], method: &str) -> Result<(u16, String)> {
     Ok((code.trim().parse().unwrap_or(0), body.to_owned()))
 }
 
+/// `exec` over WebSocket `v4.channel.k8s.io`, as the Python client speaks it (each message's
+/// first byte names its channel: 1 stdout, 2 stderr, 3 the final Status): stdout and the
+/// Status.
+fn websocket_exec(addr: SocketAddr, path: &str) -> Result<(String, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {DEBUG}\r\nConnection: Upgrade\r\n\
+         Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Protocol: v4.channel.k8s.io\r\n\r\n"
+    )?;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8];
+        stream.read_exact(&mut byte).context("the upgrade answer")?;
+        head.push(byte[0]);
+    }
+    let head = text(&head).to_ascii_lowercase();
+    ensure!(head.starts_with("http/1.1 101"), "no WebSocket upgrade: {head}");
+    ensure!(head.contains("sec-websocket-protocol: v4.channel.k8s.io"), "the protocol chosen: {head}");
+    let (mut stdout, mut status) = (String::new(), String::new());
+    loop {
+        let mut frame = [0u8; 2];
+        if stream.read_exact(&mut frame).is_err() {
+            break;
+        }
+        let mut len = u64::from(frame[1] & 0x7f);
+        if len == 126 {
+            let mut ext = [0u8; 2];
+            stream.read_exact(&mut ext)?;
+            len = u64::from(u16::from_be_bytes(ext));
+        } else if len == 127 {
+            let mut ext = [0u8; 8];
+            stream.read_exact(&mut ext)?;
+            len = u64::from_be_bytes(ext);
+        }
+        ensure!(len < 1 << 20 && frame[1] & 0x80 == 0, "a frame of {len} bytes, masked {}", frame[1] >> 7);
+        let mut payload = vec![0u8; usize::try_from(len)?];
+        stream.read_exact(&mut payload)?;
+        match (frame[0] & 0x0f, payload.split_first()) {
+            (8, _) => break,
+            (1 | 2, Some((1, data))) => stdout.push_str(&text(data)),
+            (1 | 2, Some((3, data))) => status.push_str(&text(data)),
+            _ => {}
+        }
+    }
+    Ok((stdout, status))
+}
+
 #[test]
 fn t79_exec_attach_and_port_forward_for_debug_tokens() -> Result<()> {
     require_root()?;
@@ -151,6 +202,15 @@ fn t79_exec_attach_and_port_forward_for_debug_tokens() -> Result<()> {
     let exit = alice.run(&["exec", "web", "--", "sh", "-c", "echo to-stderr >&2; exit 3"], b"")?;
     ensure!(exit.status.code() == Some(3), "the remote exit code: {:?} {}", exit.status, text(&exit.stderr));
     ensure!(text(&exit.stderr).contains("to-stderr"), "stderr: {}", text(&exit.stderr));
+
+    // WebSocket v4 (the Python client's) passes through to containerd, the exit code in the
+    // Status on channel 3.
+    let (stdout, status) = websocket_exec(
+        cluster.listen,
+        "/api/v1/namespaces/default/pods/web/exec?command=sh&command=-c&command=echo%20ws-hello%3B%20exit%203&stdout=true&stderr=true",
+    )?;
+    ensure!(stdout == "ws-hello\n", "stdout over WebSocket: {stdout:?}");
+    ensure!(status.contains("NonZeroExitCode") && status.contains("\"3\""), "the Status over WebSocket: {status}");
 
     // Port-forward to the Pod's httpd.
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
@@ -226,6 +286,7 @@ fn t79_exec_attach_and_port_forward_for_debug_tokens() -> Result<()> {
         };
         (has("Exec", "user alice started exec of [/bin/busybox cat /etc/hostname] in container web")
             && has("Exec", "user alice started exec of [/bin/busybox cat] in container web")
+            && has("Exec", "user alice started exec of [sh -c echo ws-hello; exit 3] in container web")
             && has("PortForward", "user alice started port-forward to pod web")
             && has("Attach", "user alice attached to container main"))
         .then_some(list)
