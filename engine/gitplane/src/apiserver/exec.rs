@@ -381,6 +381,72 @@ mod tests {
         }
     }
 
+    /// Query strings and upgrade headers from outside: always a Kubernetes answer, never a panic
+    /// or an internal error (a valid request ends at the unregistered node: 503).
+    #[test]
+    fn t30_fuzz_stream_options() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let router = runtime.block_on(async {
+            let store: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
+            let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"},
+                             "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
+                             "status": {"phase": "Running", "containerStatuses": [{"name": "c", "state": {"running": {}}}]}});
+            store.txn(vec![Op::Create(pod)]).await.unwrap();
+            let kubelet = crate::kubelet_client::KubeletClient::new(
+                crate::nodeservice::NodeIdentity::new("join-token-0123456789", [7; 32]),
+                None,
+            );
+            super::super::router(store, "repo".into(), kubelet)
+        });
+        let seeds: [&[u8]; 3] = [
+            b"exec?command=sh&command=-c&command=ls%20-l&stdin=true&stdout=1&tty=false&container=c",
+            b"attach?stdout=true&stderr=T&container=c",
+            b"portforward?ports=80,8080&ports=1",
+        ];
+        let dictionary: &[&[u8]] = &[
+            b"&",
+            b"=",
+            b"%",
+            b"%00",
+            b"%ff",
+            b"+",
+            b",",
+            b"command=",
+            b"container=",
+            b"stdin=",
+            b"stdout=",
+            b"stderr=",
+            b"tty=",
+            b"ports=",
+            b"true",
+            b"false",
+            b"0",
+            b"65536",
+            b"-1",
+            b"exec?",
+            b"attach?",
+            b"portforward?",
+        ];
+        let target = gitplane_fuzz::Target { name: "stream-options", seeds: &seeds, dictionary, max_len: 1 << 10 };
+        gitplane_fuzz::fuzz(target, |input| {
+            let Ok(rest) = std::str::from_utf8(input) else { return };
+            let Ok(uri) = format!("/api/v1/namespaces/a/pods/p/{rest}").parse::<axum::http::Uri>() else { return };
+            let upgrade = if input.first().is_some_and(|b| b % 2 == 0) { "SPDY/3.1" } else { "websocket" };
+            let mut request = axum::http::Request::builder()
+                .method(Method::POST)
+                .uri(uri)
+                .header("connection", "Upgrade")
+                .header("upgrade", upgrade)
+                .header("sec-websocket-protocol", "v4.channel.k8s.io")
+                .body(Body::empty())
+                .unwrap();
+            request.extensions_mut().insert(user());
+            let response = runtime.block_on(router.clone().oneshot(request)).unwrap();
+            let code = response.status();
+            assert!(!code.is_server_error() || code == StatusCode::SERVICE_UNAVAILABLE, "{rest}: {code}");
+        });
+    }
+
     #[test]
     fn events_name_the_user_and_command_only() {
         let options = StreamOptions {
