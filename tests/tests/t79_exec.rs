@@ -1,9 +1,10 @@
 //! `kubectl exec`, `attach` and `port-forward` on `gitplane up --nodes 1`, with the real kubectl
 //! over HTTPS: through the status API, the node's kubelet endpoint and containerd's streaming
 //! server. A token with the `debug` role gets them: the remote command's output, stdin piped
-//! through and closed, its exit code, a port forwarded to the Pod's httpd, a container's output
-//! attached to; a read-only token and anonymous loopback callers get 403; each stream is an
-//! Event on the Pod naming the user, never the data sent.
+//! through and closed, its exit code (over SPDY, kubectl's fallback, and over WebSocket
+//! `v4.channel.k8s.io`), a port forwarded to the Pod's httpd, a container's output attached to
+//! and its stdin written; a read-only token and anonymous loopback callers get 403; each stream
+//! is an Event on the Pod naming the user, never the data sent.
 
 use anyhow::{Context, Result, bail, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
@@ -43,6 +44,19 @@ spec:
     - name: main
       image: gitplane.local/httpd:1
       command: [/bin/busybox, sh, -c, "i=0; while true; do i=$((i+1)); echo tick $i; /bin/busybox sleep 1; done"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: echoer
+  labels: {app: t79}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: main
+      image: gitplane.local/httpd:1
+      stdin: true
+      command: [/bin/busybox, sh, -c, "while read line; do echo got $line; done"]
 "#;
 
 /// kubectl with one user's kubeconfig.
@@ -106,6 +120,19 @@ impl Drop for Background {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// The lines a child prints, as they come.
+fn lines(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -186,7 +213,7 @@ fn t79_exec_attach_and_port_forward_for_debug_tokens() -> Result<()> {
     work.remove("web.yaml")?;
     work.write("pods.yaml", PODS)?;
     work.commit_and_push("pods to debug")?;
-    wait_for(DEADLINE, || cluster.running_pods("app=t79").ok().filter(|p| p.len() == 2))
+    wait_for(DEADLINE, || cluster.running_pods("app=t79").ok().filter(|p| p.len() == 3))
         .with_context(|| format!("the pods did not run:\n{}", cluster.log_text()))?;
 
     let alice = Kubectl::new(dir.path(), &cluster, "alice", DEBUG)?;
@@ -235,18 +262,27 @@ fn t79_exec_attach_and_port_forward_for_debug_tokens() -> Result<()> {
     let mut attached = Background(
         alice.command(&["attach", "talker", "-c", "main"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?,
     );
-    let stdout = attached.0.stdout.take().context("attach's stdout")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let rx = lines(attached.0.stdout.take().context("attach's stdout")?);
     let tick = rx.recv_timeout(Duration::from_secs(60)).context("kubectl attach printed nothing")?;
     ensure!(tick.starts_with("tick "), "attached output: {tick:?}");
     drop(attached);
+    // Attach with stdin, to a container that reads it.
+    let mut attached = Background(
+        alice
+            .command(&["attach", "-i", "echoer", "-c", "main"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let mut input = attached.0.stdin.take().context("attach's stdin")?;
+    let rx = lines(attached.0.stdout.take().context("attach's stdout")?);
+    // Lines written before the stream is up are kept in kubectl's pipe until it is.
+    input.write_all(b"hello\n")?;
+    input.flush()?;
+    let got = rx.recv_timeout(Duration::from_secs(60)).context("kubectl attach -i printed nothing")?;
+    ensure!(got == "got hello", "attached with stdin: {got:?}");
+    drop((input, attached));
 
     // A read-only token is refused all three, and so is anonymous loopback.
     for args in [
