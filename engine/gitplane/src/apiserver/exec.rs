@@ -102,7 +102,8 @@ async fn serve(
 /// comment); a refusal says what to use instead.
 fn check_protocol(kind: Kind, request: &Request) -> Result<(), Refusal> {
     let bad = |message: String| (StatusCode::BAD_REQUEST, "BadRequest", message);
-    if !streaming::is_upgrade(request.headers()) {
+    // HTTP/2 has no Upgrade (kubectl opens streams over HTTP/1.1 always).
+    if !streaming::is_upgrade(request.headers()) || request.version() != axum::http::Version::HTTP_11 {
         return Err(bad("Upgrade request required".into()));
     }
     let Some(offered) = streaming::websocket_protocols(request.headers()) else { return Ok(()) };
@@ -248,7 +249,7 @@ mod tests {
     }
 
     async fn call(router: &axum::Router, method: Method, uri: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {
-        let mut request = axum::http::Request::builder().method(method).uri(uri);
+        let mut request = axum::http::Request::builder().method(method).uri(uri).version(axum::http::Version::HTTP_11);
         for (k, v) in headers {
             request = request.header(*k, *v);
         }
@@ -379,6 +380,17 @@ mod tests {
             assert_eq!(body["kind"], "Status", "{body}");
             assert!(body["message"].as_str().unwrap().contains(says), "{uri}: {body}");
         }
+        // HTTP/2 cannot upgrade.
+        let mut h2 = axum::http::Request::builder()
+            .method(Method::POST)
+            .uri(format!("{exec}?command=ls&stdout=1&container=c"))
+            .version(axum::http::Version::HTTP_2);
+        for (k, v) in spdy {
+            h2 = h2.header(k, v);
+        }
+        let mut h2 = h2.body(Body::empty()).unwrap();
+        h2.extensions_mut().insert(user());
+        assert_eq!(router.clone().oneshot(h2).await.unwrap().status(), StatusCode::BAD_REQUEST);
     }
 
     /// Query strings and upgrade headers from outside: always a Kubernetes answer, never a panic
@@ -433,6 +445,7 @@ mod tests {
             let Ok(uri) = format!("/api/v1/namespaces/a/pods/p/{rest}").parse::<axum::http::Uri>() else { return };
             let upgrade = if input.first().is_some_and(|b| b % 2 == 0) { "SPDY/3.1" } else { "websocket" };
             let mut request = axum::http::Request::builder()
+                .version(axum::http::Version::HTTP_11)
                 .method(Method::POST)
                 .uri(uri)
                 .header("connection", "Upgrade")
