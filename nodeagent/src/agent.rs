@@ -237,6 +237,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         tls: server::auth::acceptor(cfg.certificate_authority.as_deref().unwrap_or(&certificate_authority), serving),
         node_name: cfg.node_name.clone(),
         stats: Arc::default(),
+        streams: Arc::new(tokio::sync::Semaphore::new(crate::server::streaming::MAX_STREAMS)),
     };
     let kubelet = tokio::spawn(kubelet.serve(kubelet_listener));
     let rotating = tokio::spawn(rotate::run(cri, cfg.runtime.pod_log_dir.clone(), cfg.log_rotation));

@@ -5,9 +5,11 @@
 //! is the resource metrics API (`kubectl top`), asked of the nodes; [`proxy`] is the node
 //! proxy for the nodes' `/metrics` and `/stats/summary`; [`watch`] serves
 //! `?watch=1`; [`fields`] parses and matches field selectors; [`discovery`], [`openapi`] and
-//! [`health`] are what clients read about the server itself.
+//! [`health`] are what clients read about the server itself; [`exec`] serves `exec`, `attach`
+//! and `portforward` to debug tokens.
 
 mod discovery;
+mod exec;
 mod fields;
 pub mod health;
 mod logs;
@@ -96,14 +98,26 @@ struct ApiState {
     kubelet: KubeletClient,
     /// Open watches per client address.
     watches: PerClient,
+    /// Exec, attach and port-forward streams per user.
+    sessions: exec::Sessions,
+    /// Records who opened which stream.
+    events: gitplane_store::events::Recorder,
 }
 
 /// The status API router.
 pub fn router(store: Arc<dyn Store>, push_hint: String, kubelet: KubeletClient) -> Router {
     let watches = PerClient::new(watch::MAX_WATCHES_PER_CLIENT);
-    let state = ApiState { store, push_hint: push_hint.into(), kubelet, watches };
+    let events = gitplane_store::events::Recorder::spawn(
+        store.clone(),
+        gitplane_api::events::Source::component("gitplane-apiserver"),
+    );
+    let state = ApiState { store, push_hint: push_hint.into(), kubelet, watches, sessions: Default::default(), events };
+    let pod = "/api/v1/namespaces/{namespace}/pods/{name}";
     Router::new()
         .route("/version", get(|| async { Json(discovery::version()) }))
+        .route(&format!("{pod}/exec"), any(exec::exec))
+        .route(&format!("{pod}/attach"), any(exec::attach))
+        .route(&format!("{pod}/portforward"), any(exec::port_forward))
         .route("/api", any(core_versions))
         .route("/apis", any(group_list))
         .merge(openapi::router())

@@ -50,7 +50,7 @@ fn required_role(info: &RequestInfo) -> Role {
 }
 
 /// The middleware (`axum::middleware::from_fn_with_state`).
-pub async fn admit(State(access): State<ApiAccess>, request: Request, next: Next) -> Response {
+pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path().to_owned();
     if is_health(&path) {
         return next.run(request).await;
@@ -73,6 +73,8 @@ pub async fn admit(State(access): State<ApiAccess>, request: Request, next: Next
     };
     let role = required_role(&info);
     let response = if user.has(role) {
+        // Handlers that act for a person (exec) name them.
+        request.extensions_mut().insert(user.clone());
         next.run(request).await
     } else {
         apiserver::status(StatusCode::FORBIDDEN, "Forbidden", forbidden_message(&user, &info, role))

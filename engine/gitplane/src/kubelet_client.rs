@@ -10,7 +10,7 @@
 //! own; connections to them are then made from that namespace (`netns`).
 
 use crate::tls::{ClusterCa, ReplicaCertificate};
-use gitplane_nodeagent::server::DEFAULT_PORT;
+use gitplane_nodeagent::server::{DEFAULT_PORT, streaming};
 use hyper::{Request, Response, body::Incoming};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
@@ -87,18 +87,45 @@ impl KubeletClient {
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer within 5 s"))?
     }
 
-    /// `GET path_and_query` on node `name`'s endpoint; the answer, whatever its status.
-    pub async fn get(&self, node: &Node, path_and_query: &str) -> Result<Response<Incoming>, KubeletError> {
+    /// The upgrade request `method` `path_and_query` (with the upgrade headers of `headers`) on
+    /// node `node`'s endpoint, for the client whose connection upgrades by `client`; on 101 the
+    /// two are spliced, holding `hold` ([`streaming::proxy`]). The answer, whatever its status.
+    pub async fn upgrade<H: Send + 'static>(
+        &self,
+        node: &Node,
+        method: &hyper::Method,
+        path_and_query: &str,
+        headers: &hyper::HeaderMap,
+        client: hyper::upgrade::OnUpgrade,
+        hold: H,
+    ) -> Result<Response<bytes::Bytes>, KubeletError> {
+        let (stream, addr, unreachable) = self.connect_tls(node).await?;
+        streaming::proxy(stream, client, method, headers, path_and_query, &addr.to_string(), None, hold)
+            .await
+            .map_err(unreachable)
+    }
+
+    /// A mutual-TLS connection to the node's kubelet endpoint whose serving certificate names
+    /// that node, and the error maker for later failures on it.
+    async fn connect_tls(
+        &self,
+        node: &Node,
+    ) -> Result<
+        (tokio_rustls::client::TlsStream<tokio::net::TcpStream>, SocketAddr, impl Fn(String) -> KubeletError + use<>),
+        KubeletError,
+    > {
         let name = node.metadata.name.clone().unwrap_or_default();
         let addr = kubelet_address(node);
-        let unreachable = |why: String| KubeletError::Unreachable { node: name.clone(), addr, why };
+        let unreachable = {
+            let name = name.clone();
+            move |why: String| KubeletError::Unreachable { node: name.clone(), addr, why }
+        };
         let stream = self.connect(addr).await.map_err(|e| unreachable(e.to_string()))?;
         let server_name = rustls::pki_types::ServerName::IpAddress(addr.ip().into());
         let stream = tokio::time::timeout(CONNECT_TIMEOUT, self.tls.connect(server_name, stream))
             .await
             .map_err(|_| unreachable("no TLS handshake within 5 s".into()))?
             .map_err(|e| unreachable(format!("TLS: {e}")))?;
-        // The CA signs every node's serving certificate: this one must be that node's.
         let serving = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
         let subject = serving.and_then(|c| gitplane_proto::x509::subject(c)).unwrap_or_default();
         if subject.node() != Some(name.as_str()) {
@@ -107,6 +134,11 @@ impl KubeletClient {
                 subject.common_name.unwrap_or_default()
             )));
         }
+        Ok((stream, addr, unreachable))
+    }
+
+    pub async fn get(&self, node: &Node, path_and_query: &str) -> Result<Response<Incoming>, KubeletError> {
+        let (stream, addr, unreachable) = self.connect_tls(node).await?;
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| unreachable(e.to_string()))?;

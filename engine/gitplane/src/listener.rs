@@ -223,7 +223,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                     if !request_began(&stream, header_read_timeout).await {
                         return;
                     }
-                    builder.serve_connection(TokioIo::new(stream), service(Transport::Cleartext)).await
+                    builder.serve_connection_with_upgrades(TokioIo::new(stream), service(Transport::Cleartext)).await
                 }
                 // The first byte, the handshake and the request's first bytes share one allowance.
                 Some(tls) => match first_byte(&stream, accepted + header_read_timeout).await {
@@ -233,7 +233,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                         let Some(stream) = handshake(&tls, stream, deadline).await else { return };
                         let certificate = stream.inner.get_ref().1.peer_certificates().and_then(|c| c.first());
                         let transport = Transport::Tls(certificate.and_then(|c| x509::subject(c)));
-                        builder.serve_connection(TokioIo::new(stream), service(transport)).await
+                        builder.serve_connection_with_upgrades(TokioIo::new(stream), service(transport)).await
                     }
                     // Cleartext from loopback never left this machine (a wildcard listener's own
                     // clients, e.g. `gitplane up --listen 0.0.0.0:8080`'s agent): served as such.
@@ -241,7 +241,9 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                         if !request_began(&stream, header_read_timeout).await {
                             return;
                         }
-                        builder.serve_connection(TokioIo::new(stream), service(Transport::Cleartext)).await
+                        builder
+                            .serve_connection_with_upgrades(TokioIo::new(stream), service(Transport::Cleartext))
+                            .await
                     }
                     Some(_) => return refuse_cleartext(stream).await,
                 },

@@ -5,7 +5,9 @@
 //! `containerID` (which run: the replica chose it from the Pod's status, as the kubelet's
 //! `validateContainerLogStatus`), `follow`, `tailLines`, `sinceSeconds`, `sinceTime`,
 //! `timestamps` and `limitBytes`. The answer is the log, streamed (chunked), or a plain-text
-//! error with its status code.
+//! error with its status code. `/exec/{namespace}/{pod}/{uid}/{container}`,
+//! `/attach/…` and `/portForward/{namespace}/{pod}/{uid}` (GET or POST, an upgrade request)
+//! are proxied to the runtime's streaming server ([`streaming`]).
 //!
 //! HTTPS only, with the serving certificate the cluster CA signed for this node, and mutual:
 //! the handshake requires a client certificate from the cluster CA, and only a replica's is
@@ -13,6 +15,7 @@
 //! [`MAX_CONNECTIONS`] connections, 10 s for the handshake and 10 s to send a request head.
 
 pub mod auth;
+pub mod streaming;
 
 use crate::{
     cri::{Cri, pb},
@@ -45,6 +48,8 @@ pub(crate) struct KubeletServer {
     pub tls: Option<tokio_rustls::TlsAcceptor>,
     pub node_name: String,
     pub stats: Arc<StatsProvider>,
+    /// Exec, attach and port-forward streams open ([`streaming::MAX_STREAMS`]).
+    pub streams: Arc<Semaphore>,
 }
 
 impl KubeletServer {
@@ -85,7 +90,8 @@ impl KubeletServer {
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(Duration::from_secs(10))
-                    .serve_connection(TokioIo::new(stream), service);
+                    .serve_connection(TokioIo::new(stream), service)
+                    .with_upgrades();
                 if let Err(e) = connection.await {
                     tracing::debug!(%peer, error = %e, "kubelet endpoint connection ended");
                 }
@@ -100,12 +106,27 @@ impl KubeletServer {
                 "the node's kubelet endpoint answers the control plane's replicas only (their client certificates)",
             );
         }
-        if request.method() != hyper::Method::GET {
-            return text(StatusCode::METHOD_NOT_ALLOWED, "only GET");
-        }
-        let segments: Vec<&str> = request.uri().path().split('/').skip(1).collect();
-        if segments == ["stats", "summary"] {
-            return self.summary().await;
+        let path = request.uri().path().to_owned();
+        let segments: Vec<&str> = path.split('/').skip(1).collect();
+        let streams = matches!(request.method(), &hyper::Method::GET | &hyper::Method::POST);
+        match segments.as_slice() {
+            ["exec", namespace, pod, uid, container] if streams => {
+                let target = streaming::Target { namespace, pod, uid, container: Some(container) };
+                return self.stream(request, streaming::Kind::Exec, target).await;
+            }
+            ["attach", namespace, pod, uid, container] if streams => {
+                let target = streaming::Target { namespace, pod, uid, container: Some(container) };
+                return self.stream(request, streaming::Kind::Attach, target).await;
+            }
+            ["portForward", namespace, pod, uid] if streams => {
+                let target = streaming::Target { namespace, pod, uid, container: None };
+                return self.stream(request, streaming::Kind::PortForward, target).await;
+            }
+            _ if request.method() != hyper::Method::GET => {
+                return text(StatusCode::METHOD_NOT_ALLOWED, "only GET, and POST for streams");
+            }
+            ["stats", "summary"] => return self.summary().await,
+            _ => {}
         }
         if segments == ["metrics"] {
             return Response::builder()
@@ -116,7 +137,7 @@ impl KubeletServer {
         let ["containerLogs", namespace, pod, container] = segments.as_slice() else {
             return text(
                 StatusCode::NOT_FOUND,
-                "not found: the node serves /containerLogs/{namespace}/{pod}/{container}, /stats/summary and /metrics",
+                "not found: the node serves /containerLogs/{namespace}/{pod}/{container}, /stats/summary, /metrics, /exec, /attach and /portForward",
             );
         };
         let query = query_pairs(request.uri().query().unwrap_or(""));

@@ -71,12 +71,24 @@ fn categories(r: &Resource) -> &'static [&'static str] {
     }
 }
 
-/// The subresources served: every object's `status` (the object itself, read-only) and Pods' `log`.
+/// The subresources served: every object's `status` (the object itself, read-only), Pods' `log`,
+/// and Pods' `exec`, `attach`, `portforward` (for debug tokens).
 fn subresources(r: &Resource) -> &'static [&'static str] {
     match r.plural {
-        "pods" => &["log", "status"],
+        "pods" => &["attach", "exec", "log", "portforward", "status"],
         "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" => &[],
         _ => &["status"],
+    }
+}
+
+/// A subresource's kind and verbs, as the API server lists them (the streams take options
+/// kinds and are opened with `create`, or `get` over WebSocket).
+fn subresource_kind(r: &Resource, sub: &str) -> (&'static str, &'static [&'static str]) {
+    match sub {
+        "exec" => ("PodExecOptions", &["create", "get"]),
+        "attach" => ("PodAttachOptions", &["create", "get"]),
+        "portforward" => ("PodPortForwardOptions", &["create", "get"]),
+        _ => (r.kind, &["get"]),
     }
 }
 
@@ -109,9 +121,10 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
             "verbs": VERBS, "shortNames": short_names(r), "categories": categories(r),
         }));
         for sub in subresources(r) {
+            let (kind, verbs) = subresource_kind(r, sub);
             resources.push(json!({
                 "name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced,
-                "kind": r.kind, "verbs": ["get"],
+                "kind": kind, "verbs": verbs,
             }));
         }
     }
@@ -201,7 +214,12 @@ fn aggregated(core: bool, version: &str) -> Value {
                             let kind = json!({"group": r.group, "version": r.version, "kind": r.kind});
                             let subresources: Vec<Value> = subresources(r)
                                 .iter()
-                                .map(|s| json!({"subresource": s, "responseKind": kind, "verbs": ["get"]}))
+                                .map(|s| {
+                                    let (sub_kind, verbs) = subresource_kind(r, s);
+                                    let response_kind =
+                                        json!({"group": r.group, "version": r.version, "kind": sub_kind});
+                                    json!({"subresource": s, "responseKind": response_kind, "verbs": verbs})
+                                })
                                 .collect();
                             json!({
                                 "resource": r.plural, "responseKind": kind, "singularResource": singular(r),
@@ -292,7 +310,12 @@ mod tests {
         assert_eq!((pods["scope"].as_str(), pods["singularResource"].as_str()), (Some("Namespaced"), Some("pod")));
         let subs: Vec<&str> =
             pods["subresources"].as_array().unwrap().iter().map(|s| s["subresource"].as_str().unwrap()).collect();
-        assert_eq!(subs, ["log", "status"]);
+        assert_eq!(subs, ["attach", "exec", "log", "portforward", "status"]);
+        let exec = &pods["subresources"][1];
+        assert_eq!(
+            (&exec["responseKind"]["kind"], &exec["verbs"]),
+            (&json!("PodExecOptions"), &json!(["create", "get"]))
+        );
         assert_eq!(resource(&core, "nodes")["scope"], "Cluster");
         for (plural, short) in [
             ("services", "svc"),
