@@ -8,16 +8,25 @@
 //!   `Status` bodies, naming the user, never the token).
 //! - `gitplane up` only: a request without a token from a loopback address reads as
 //!   `system:anonymous` (what this machine's own users did before tokens existed).
+//! - The status page (`/` and `/ui/…`, its data endpoints `/ui/api/…` included) also takes the
+//!   token from the `gitplane-token` cookie its login form sets, since a browser cannot send a
+//!   bearer header when it navigates; the cookie counts nowhere else. The form (`/ui/login`,
+//!   `/ui/logout`) and the page's static assets answer everyone. A page request without
+//!   credentials gets the form (401) instead of a JSON `Status`.
 
 use crate::{
     apiserver,
     audit::{AuditLog, RequestInfo},
     authn::{Role, Tokens, User},
     listener::ClientAddr,
+    page,
 };
 use axum::{
     extract::{Request, State},
-    http::{StatusCode, header::AUTHORIZATION},
+    http::{
+        StatusCode,
+        header::{AUTHORIZATION, COOKIE},
+    },
     middleware::Next,
     response::Response,
 };
@@ -41,6 +50,17 @@ fn is_health(path: &str) -> bool {
         .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
 }
 
+/// The status page and its data endpoints: where the page's cookie counts.
+fn is_page(path: &str) -> bool {
+    path == "/" || path.starts_with("/ui/")
+}
+
+/// The page's login form and static assets, which answer everyone (they show nothing of the
+/// cluster).
+fn is_page_public(path: &str) -> bool {
+    matches!(path, "/ui/login" | "/ui/logout") || path.starts_with("/ui/assets/")
+}
+
 /// The role a request needs.
 fn required_role(info: &RequestInfo) -> Role {
     match info.subresource.as_str() {
@@ -52,12 +72,16 @@ fn required_role(info: &RequestInfo) -> Role {
 /// The middleware (`axum::middleware::from_fn_with_state`).
 pub async fn admit(State(access): State<ApiAccess>, request: Request, next: Next) -> Response {
     let path = request.uri().path().to_owned();
-    if is_health(&path) {
+    if is_health(&path) || is_page_public(&path) {
         return next.run(request).await;
     }
     let client = request.extensions().get::<ClientAddr>().copied().unwrap_or(ClientAddr([0, 0, 0, 0].into()));
-    let info = RequestInfo::new(request.method().as_str(), &path, request.uri().query());
-    let user = match bearer(&request) {
+    let page = is_page(&path);
+    // The page's data endpoints are the API under `/ui`: audited and authorized as the API.
+    let api_path = if page { path.strip_prefix("/ui").filter(|p| p.starts_with("/api")) } else { None };
+    let info = RequestInfo::new(request.method().as_str(), api_path.unwrap_or(&path), request.uri().query());
+    let token = bearer(&request).or_else(|| page.then(|| page_cookie(&request)).flatten());
+    let user = match token {
         Some(token) => access.tokens.authenticate(token),
         None if access.anonymous_loopback_reads && client.0.is_loopback() => {
             Some(Arc::new(User { name: ANONYMOUS.into(), uid: String::new(), roles: vec![Role::Read] }))
@@ -65,7 +89,11 @@ pub async fn admit(State(access): State<ApiAccess>, request: Request, next: Next
         None => None,
     };
     let Some(user) = user else {
-        let response = apiserver::status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        let response = if page && api_path.is_none() {
+            page::login_form(StatusCode::UNAUTHORIZED, "This page needs a token with the read role.")
+        } else {
+            apiserver::status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+        };
         access.audit.record(ANONYMOUS, client.0, &info, response.status().as_u16());
         return response;
     };
@@ -84,6 +112,18 @@ fn bearer(request: &Request) -> Option<&str> {
     let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The token in the status page's cookie.
+fn page_cookie(request: &Request) -> Option<&str> {
+    request
+        .headers()
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| pair.trim().strip_prefix(page::COOKIE)?.strip_prefix('='))
+        .filter(|t| !t.is_empty())
 }
 
 /// Kube-apiserver's wording, with the role that is missing.

@@ -77,6 +77,11 @@ impl Default for Limits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ClientAddr(pub IpAddr);
 
+/// Whether the request came over TLS (a request extension set by [`serve`]): the status page's
+/// cookie is `Secure` then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverTls(pub bool);
+
 /// Requests made in-process (tests) share one unspecified address.
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ClientAddr {
     type Rejection = std::convert::Infallible;
@@ -181,12 +186,14 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
         // Without TCP_NODELAY every small answer waits for the peer's delayed ACK (~40 ms).
         let _ = stream.set_nodelay(true);
         let (grpc, http, builder, tls) = (grpc.clone(), http.clone(), builder.clone(), tls.clone());
+        let over_tls = OverTls(tls.is_some());
         let header_read_timeout = limits.header_read_timeout;
         let accepted = Instant::now();
         tokio::spawn(async move {
             let _held = (slot, held);
             let service = tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
                 request.extensions_mut().insert(client);
+                request.extensions_mut().insert(over_tls);
                 let request = request.map(Body::new);
                 let router = if is_grpc(&request) { grpc.clone() } else { http.clone() };
                 router.oneshot(request)
