@@ -73,7 +73,8 @@ impl Browser {
         unsafe {
             command.pre_exec(move || {
                 // Copies above 4 first, so neither end is overwritten by the other's dup2.
-                let (high_read, high_write) = (libc::fcntl(read_fd, libc::F_DUPFD, 10), libc::fcntl(write_fd, libc::F_DUPFD, 10));
+                let (high_read, high_write) =
+                    (libc::fcntl(read_fd, libc::F_DUPFD, 10), libc::fcntl(write_fd, libc::F_DUPFD, 10));
                 if high_read < 0 || high_write < 0 || libc::dup2(high_read, 3) < 0 || libc::dup2(high_write, 4) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -99,11 +100,11 @@ impl Browser {
                 }
             }
         });
-        let mut browser =
-            Browser { child, commands, replies, next_id: 0, session: String::new(), _profile: profile };
+        let mut browser = Browser { child, commands, replies, next_id: 0, session: String::new(), _profile: profile };
         let target = browser.browser_call("Target.createTarget", json!({"url": "about:blank"}))?;
         let target_id = target["targetId"].as_str().context("createTarget answers a targetId")?.to_owned();
-        let attached = browser.browser_call("Target.attachToTarget", json!({"targetId": target_id, "flatten": true}))?;
+        let attached =
+            browser.browser_call("Target.attachToTarget", json!({"targetId": target_id, "flatten": true}))?;
         browser.session = attached["sessionId"].as_str().context("attachToTarget answers a sessionId")?.to_owned();
         browser.call("Page.enable", json!({}))?;
         browser.call("Runtime.enable", json!({}))?;
@@ -158,10 +159,8 @@ impl Browser {
 
     /// The value of a JavaScript expression (promises awaited).
     pub fn eval(&mut self, expression: &str) -> Result<Value> {
-        let answer = self.call(
-            "Runtime.evaluate",
-            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
-        )?;
+        let answer = self
+            .call("Runtime.evaluate", json!({"expression": expression, "returnByValue": true, "awaitPromise": true}))?;
         if let Some(exception) = answer.get("exceptionDetails") {
             bail!("{expression}: {exception}");
         }

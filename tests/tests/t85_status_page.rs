@@ -33,9 +33,11 @@ spec:
 "#;
 
 /// A ConfigMap whose data value is not a string: rejected, with the file and line.
-const BROKEN: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: broken\ndata:\n  fine: \"yes\"\n  key: [1, 2]\n";
+const BROKEN: &str =
+    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: broken\ndata:\n  fine: \"yes\"\n  key: [1, 2]\n";
 
-const DEMO_ROW: &str = "document.querySelector('a[href=\"/ui/applications/gitplane-system/demo\"]').closest('tr').innerText";
+const DEMO_ROW: &str =
+    "document.querySelector('a[href=\"/ui/applications/gitplane-system/demo\"]').closest('tr').innerText";
 
 const XSS: &str = "<img src=x onerror=\"window.pwned=1\"><script>window.pwned=2</script> & more";
 
@@ -130,15 +132,23 @@ fn run(cluster: &LocalCluster) -> Result<()> {
     let mut browser = Browser::start(1280, 900)?;
     // The Application list.
     browser.navigate(&format!("{base}/"))?;
-    browser.wait_until(DEADLINE, "document.querySelector('table.apps a[href=\"/ui/applications/gitplane-system/demo\"]') !== null")?;
+    browser.wait_until(
+        DEADLINE,
+        "document.querySelector('table.apps a[href=\"/ui/applications/gitplane-system/demo\"]') !== null",
+    )?;
     let row = browser.eval(DEMO_ROW)?;
     let row = row.as_str().unwrap_or("");
-    ensure!(row.contains("Synced") && row.contains("Healthy") && row.contains("a pod that talks") && row.contains("by e2e"), "{row:?}");
+    ensure!(
+        row.contains("Synced") && row.contains("Healthy") && row.contains("a pod that talks") && row.contains("by e2e"),
+        "{row:?}"
+    );
     browser.screenshot(&shots.join("applications.png"))?;
 
     // The landmarks and names of the list, and Tab reaching the main links in order.
     let tree = browser.accessibility()?;
-    for (role, name) in [("banner", ""), ("navigation", "Main"), ("main", ""), ("contentinfo", ""), ("link", "demo"), ("link", "Nodes")] {
+    for (role, name) in
+        [("banner", ""), ("navigation", "Main"), ("main", ""), ("contentinfo", ""), ("link", "demo"), ("link", "Nodes")]
+    {
         ensure!(
             tree.iter().any(|(r, n)| r == role && (name.is_empty() || n == name)),
             "no {role} {name:?} in the accessibility tree: {tree:?}"
@@ -200,7 +210,10 @@ fn run(cluster: &LocalCluster) -> Result<()> {
     work.write("web.yaml", &std::fs::read_to_string(work.dir.join("web.yaml"))?.replace("replicas: 2", "replicas: 1"))?;
     work.commit_and_push(XSS)?;
     let second = head(cluster)?;
-    browser.wait_until(DEADLINE, &format!("document.querySelector('table.apps').innerText.includes('{}')", &second[..8]))?;
+    browser.wait_until(
+        DEADLINE,
+        &format!("document.querySelector('table.apps').innerText.includes('{}')", &second[..8]),
+    )?;
     ensure!(browser.eval("window.samePage")? == json!("yes"), "the page was reloaded");
     let updates = browser.eval("Number(document.body.dataset.updates || 0)")?;
     ensure!(updates.as_u64().unwrap_or(0) >= 1, "no live update recorded");
@@ -216,10 +229,14 @@ fn run(cluster: &LocalCluster) -> Result<()> {
     work.write("broken.yaml", BROKEN)?;
     work.commit_and_push("a broken config map")?;
     let third = head(cluster)?;
-    let href = browser.wait_until(DEADLINE, "(() => { const a = document.querySelector('ul.errors a'); return a ? a.getAttribute('href') : null; })()")?;
+    let href = browser.wait_until(
+        DEADLINE,
+        "(() => { const a = document.querySelector('ul.errors a'); return a ? a.getAttribute('href') : null; })()",
+    )?;
     let href = href.as_str().unwrap_or("").to_owned();
     let prefix = format!("/git/demo.git/blob/{third}/broken.yaml#L");
-    let line: usize = href.strip_prefix(&prefix).and_then(|l| l.parse().ok()).with_context(|| format!("error link {href:?}"))?;
+    let line: usize =
+        href.strip_prefix(&prefix).and_then(|l| l.parse().ok()).with_context(|| format!("error link {href:?}"))?;
     ensure!(line > 1 && line <= BROKEN.lines().count(), "line {line} of broken.yaml");
     browser.screenshot(&shots.join("error.png"))?;
     let (code, out) = status(cluster, &["--wait", "--timeout=30s"])?;
@@ -263,7 +280,10 @@ fn run(cluster: &LocalCluster) -> Result<()> {
     let (code, head, _) = post_login(cluster, &read_token)?;
     let cookie = head.lines().find(|l| l.to_ascii_lowercase().starts_with("set-cookie:")).unwrap_or("");
     ensure!(
-        code == 303 && cookie.contains("gitplane-token=") && cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        code == 303
+            && cookie.contains("gitplane-token=")
+            && cookie.contains("HttpOnly")
+            && cookie.contains("SameSite=Strict"),
         "{code} {head}"
     );
     ensure!(!cookie.contains("Secure"), "a cookie over plain HTTP cannot be Secure: {cookie}");

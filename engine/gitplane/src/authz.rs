@@ -163,13 +163,19 @@ mod tests {
         Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/api/{*path}", get(|| async { "objects" }))
+            .route("/", get(|| async { "page" }))
+            .route("/ui/api/{*path}", get(|| async { "page data" }))
+            .route("/ui/login", get(|| async { "form" }))
             .layer(axum::middleware::from_fn_with_state(access, admit))
     }
 
     async fn code(router: &Router, path: &str, token: Option<&str>, from: [u8; 4]) -> (u16, String) {
         let mut request = Request::builder().uri(path);
         if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
+            request = match token.strip_prefix("cookie:") {
+                Some(cookie) => request.header("cookie", format!("theme=dark; {}={cookie}", page::COOKIE)),
+                None => request.header("authorization", format!("Bearer {token}")),
+            };
         }
         let mut request = request.body(Body::empty()).unwrap();
         request.extensions_mut().insert(ClientAddr(from.into()));
@@ -201,6 +207,23 @@ mod tests {
             assert_eq!(got, expected, "{path} with {token:?}: {body}");
             assert!(!body.contains(READ) && !body.contains(DEBUG), "{body}");
         }
+        // The page's cookie counts for the page and its data endpoints, nowhere else.
+        let read_cookie = format!("cookie:{READ}");
+        let page_cells = [
+            ("/", None, 401),
+            ("/", Some(read_cookie.as_str()), 200),
+            ("/ui/api/v1/namespaces/default/pods", Some(read_cookie.as_str()), 200),
+            ("/ui/api/v1/namespaces/default/pods", Some("cookie:wrong-token-wrong-token"), 401),
+            ("/ui/api/v1/namespaces/default/pods/p/exec", Some(read_cookie.as_str()), 403),
+            (pods, Some(read_cookie.as_str()), 401),
+            ("/ui/login", None, 200),
+        ];
+        for (path, token, expected) in page_cells {
+            let (got, body) = code(&server, path, token, remote).await;
+            assert_eq!(got, expected, "{path} with {token:?}: {body}");
+        }
+        let (_, form) = code(&server, "/", None, remote).await;
+        assert!(form.contains("<form method=\"post\" action=\"/ui/login\">"), "{form}");
         let (_, body) = code(&server, pods, Some(DEBUG), remote).await;
         assert!(body.contains("\"Forbidden\"") && body.contains("User \\\"bob\\\" cannot list resource"), "{body}");
         // Anonymous loopback reads are `gitplane up`'s alone.

@@ -186,25 +186,25 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
         // Without TCP_NODELAY every small answer waits for the peer's delayed ACK (~40 ms).
         let _ = stream.set_nodelay(true);
         let (grpc, http, builder, tls) = (grpc.clone(), http.clone(), builder.clone(), tls.clone());
-        let over_tls = OverTls(tls.is_some());
         let header_read_timeout = limits.header_read_timeout;
         let accepted = Instant::now();
         tokio::spawn(async move {
             let _held = (slot, held);
-            let service = tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
-                request.extensions_mut().insert(client);
-                request.extensions_mut().insert(over_tls);
-                let request = request.map(Body::new);
-                let router = if is_grpc(&request) { grpc.clone() } else { http.clone() };
-                router.oneshot(request)
-            });
-            let service = TowerToHyperService::new(service);
+            let service = move |over_tls: OverTls| {
+                TowerToHyperService::new(tower::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+                    request.extensions_mut().insert(client);
+                    request.extensions_mut().insert(over_tls);
+                    let request = request.map(Body::new);
+                    let router = if is_grpc(&request) { grpc.clone() } else { http.clone() };
+                    router.oneshot(request)
+                }))
+            };
             let result = match tls {
                 None => {
                     if !request_began(&stream, header_read_timeout).await {
                         return;
                     }
-                    builder.serve_connection(TokioIo::new(stream), service).await
+                    builder.serve_connection(TokioIo::new(stream), service(OverTls(false))).await
                 }
                 // The first byte, the handshake and the request's first bytes share one allowance.
                 Some(tls) => match first_byte(&stream, accepted + header_read_timeout).await {
@@ -212,7 +212,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                     Some(TLS_HANDSHAKE_RECORD) => {
                         let deadline = accepted + header_read_timeout;
                         let Some(stream) = handshake(&tls, stream, deadline).await else { return };
-                        builder.serve_connection(TokioIo::new(stream), service).await
+                        builder.serve_connection(TokioIo::new(stream), service(OverTls(true))).await
                     }
                     // Cleartext from loopback never left this machine (a wildcard listener's own
                     // clients, e.g. `gitplane up --listen 0.0.0.0:8080`'s agent): served as such.
@@ -220,7 +220,7 @@ pub async fn serve(listener: Listener, grpc: Router, http: Router, limits: Limit
                         if !request_began(&stream, header_read_timeout).await {
                             return;
                         }
-                        builder.serve_connection(TokioIo::new(stream), service).await
+                        builder.serve_connection(TokioIo::new(stream), service(OverTls(false))).await
                     }
                     Some(_) => return refuse_cleartext(stream).await,
                 },

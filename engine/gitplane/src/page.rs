@@ -183,7 +183,11 @@ fn document(title: &str, main: &str) -> String {
 
 /// The login form: a token with the read role, kept in an HttpOnly cookie.
 pub fn login_form(code: StatusCode, message: &str) -> Response {
-    let note = if message.is_empty() { String::new() } else { format!("<p class=\"error\" role=\"alert\">{}</p>", esc(message)) };
+    let note = if message.is_empty() {
+        String::new()
+    } else {
+        format!("<p class=\"error\" role=\"alert\">{}</p>", esc(message))
+    };
     let body = format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>Sign in · gitplane</title>\
@@ -233,7 +237,8 @@ async fn login(State(state): State<PageState>, request: axum::extract::Request) 
     match user {
         Some(user) if user.has(Role::Read) => {
             let secure = if over_tls { "; Secure" } else { "" };
-            let cookie = format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={COOKIE_MAX_AGE_S}{secure}");
+            let cookie =
+                format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={COOKIE_MAX_AGE_S}{secure}");
             let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
             if let Ok(value) = HeaderValue::from_str(&cookie) {
                 response.headers_mut().insert(header::SET_COOKIE, value);
@@ -257,7 +262,10 @@ async fn logout(over_tls: Option<axum::Extension<OverTls>>) -> Response {
 }
 
 fn failure(e: impl std::fmt::Display) -> Response {
-    html(StatusCode::SERVICE_UNAVAILABLE, document("Unavailable", &format!("<p class=\"error\">{}</p>", esc(&e.to_string()))))
+    html(
+        StatusCode::SERVICE_UNAVAILABLE,
+        document("Unavailable", &format!("<p class=\"error\">{}</p>", esc(&e.to_string()))),
+    )
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
@@ -267,7 +275,7 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 /// A coloured badge that says its state in words too.
 fn badge(state: &str) -> String {
     let class = match state {
-        "Healthy" | "Synced" | "Running" | "Succeeded" | "Ready" | "True" => "ok",
+        "Healthy" | "Synced" | "Running" | "Succeeded" | "Ready" | "True" | "Normal" => "ok",
         "Progressing" | "OutOfSync" | "Pending" | "Unknown" => "busy",
         "" => "none",
         _ => "bad",
@@ -325,7 +333,10 @@ struct Commit {
 }
 
 /// The commits asked for, read in one pass per repository (off the async threads).
-async fn commits(repos_dir: Arc<std::path::Path>, wanted: BTreeSet<(String, String)>) -> HashMap<(String, String), Commit> {
+async fn commits(
+    repos_dir: Arc<std::path::Path>,
+    wanted: BTreeSet<(String, String)>,
+) -> HashMap<(String, String), Commit> {
     tokio::task::spawn_blocking(move || {
         let mut found = HashMap::new();
         let mut by_repo: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -362,7 +373,8 @@ fn commit_cell(app: &Value, commits: &HashMap<(String, String), Commit>) -> Stri
     if revision.is_empty() {
         return "<span class=\"muted\">none applied</span>".to_owned();
     }
-    let by = if author.is_empty() { String::new() } else { format!(" <span class=\"muted\">by {}</span>", esc(author)) };
+    let by =
+        if author.is_empty() { String::new() } else { format!(" <span class=\"muted\">by {}</span>", esc(author)) };
     format!("<code>{}</code> {}{by}", esc(short(revision)), esc(subject))
 }
 
@@ -386,7 +398,9 @@ async fn applications(State(state): State<PageState>, Query(q): Query<PageQuery>
     let commits = commits(state.repos_dir.clone(), wanted_commits(&list.items)).await;
     let mut body = String::new();
     if list.items.is_empty() {
-        body.push_str("<p>No Applications yet: commit one under <code>applications/</code> of the root repository and push.</p>");
+        body.push_str(
+            "<p>No Applications yet: commit one under <code>applications/</code> of the root repository and push.</p>",
+        );
     } else {
         body.push_str(
             "<table class=\"apps\"><caption>Applications</caption><thead><tr><th scope=\"col\">Application</th>\
@@ -428,7 +442,11 @@ async fn applications(State(state): State<PageState>, Query(q): Query<PageQuery>
         body.push_str("</tbody></table>");
     }
     if let Some(token) = &list.continue_token {
-        let _ = write!(body, "<nav aria-label=\"Pages\"><a rel=\"next\" href=\"/?continue={}\">Next page</a></nav>", esc(&enc(token)));
+        let _ = write!(
+            body,
+            "<nav aria-label=\"Pages\"><a rel=\"next\" href=\"/?continue={}\">Next page</a></nav>",
+            esc(&enc(token))
+        );
     }
     let watches = vec!["/ui/apis/gitplane.io/v1/applications?watch=1".to_owned()];
     let view = View { title: "Applications".into(), body, revision: list.revision, watches, after: String::new() };
@@ -451,8 +469,11 @@ fn tree_html(nodes: &[tree::Node], out: &mut String) {
         } else {
             esc(&node.name)
         };
-        let message =
-            if node.message.is_empty() { String::new() } else { format!(" <span class=\"muted\">{}</span>", esc(&node.message)) };
+        let message = if node.message.is_empty() {
+            String::new()
+        } else {
+            format!(" <span class=\"muted\">{}</span>", esc(&node.message))
+        };
         let _ = write!(
             out,
             "<li><span class=\"kind\">{}</span> {name} {}{message}",
@@ -541,7 +562,10 @@ async fn application(
         }
     }
     let events = store
-        .list("Event", &ListOptions { namespace: Some(namespace.clone()), limit: Some(EVENTS_READ), ..Default::default() })
+        .list(
+            "Event",
+            &ListOptions { namespace: Some(namespace.clone()), limit: Some(EVENTS_READ), ..Default::default() },
+        )
         .await
         .map(|l| l.items)
         .unwrap_or_default();
@@ -576,7 +600,10 @@ async fn application(
         hmsg = esc(str_at(&app, "/status/health/message")),
         repo = esc(&repo),
         branch = esc(str_at(&app, "/spec/branch")),
-        path = esc(str_at(&app, "/spec/path")),
+        path = esc(match str_at(&app, "/spec/path") {
+            "" => "/",
+            p => p,
+        }),
         commit = commit_cell(&app, &commits),
     );
     if let Some(message) = app.pointer("/status/sync/message").and_then(Value::as_str) {
@@ -871,7 +898,10 @@ mod tests {
             blob_link("demo", rev, "apps/web", "d.yaml", 7).as_deref(),
             Some("/git/demo.git/blob/0123456789abcdef0123456789abcdef01234567/apps/web/d.yaml#L7")
         );
-        assert_eq!(blob_link("demo", rev, "", "a b.yaml", 1).unwrap(), format!("/git/demo.git/blob/{rev}/a%20b.yaml#L1"));
+        assert_eq!(
+            blob_link("demo", rev, "", "a b.yaml", 1).unwrap(),
+            format!("/git/demo.git/blob/{rev}/a%20b.yaml#L1")
+        );
         assert_eq!(blob_link("https://example.com/x.git", rev, "", "d.yaml", 1), None);
         assert_eq!(blob_link("demo", "main\"><x", "", "d.yaml", 1), None);
     }

@@ -2,13 +2,14 @@
 //! node service, store service, Raft), the leader-only control plane, and compaction.
 
 use crate::{
-    apiserver, authz, controlplane, page,
+    apiserver, authz, controlplane,
     credentials::Credentials,
     githttp,
     kubelet_client::KubeletClient,
     listener,
     mirror::Mirrors,
     nodeservice::{NodeIdentity, NodeService},
+    page,
     source::{allocate::ServiceRanges, apply::RecordKey},
     webhook,
 };

@@ -88,10 +88,10 @@ fn tls_connector(ca_pem: &str) -> anyhow::Result<tokio_rustls::TlsConnector> {
 
 /// A kubeconfig's current context: (server, CA PEM, token).
 fn read_kubeconfig(path: &std::path::Path) -> anyhow::Result<(String, Option<String>, Option<String>)> {
-    let text = std::fs::read_to_string(path).with_context(|| {
-        format!("reading {} (pass --kubeconfig, --data-dir or --server)", path.display())
-    })?;
-    let config: Value = serde_yaml::from_str(&text).with_context(|| format!("{} is not a kubeconfig", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading {} (pass --kubeconfig, --data-dir or --server)", path.display()))?;
+    let config: Value =
+        serde_yaml::from_str(&text).with_context(|| format!("{} is not a kubeconfig", path.display()))?;
     let named = |list: &str, name: &str| {
         config[list].as_array().and_then(|l| l.iter().find(|e| e["name"] == name)).cloned().unwrap_or(Value::Null)
     };
@@ -114,7 +114,9 @@ impl Api {
         let (server, ca, token) = match &args.server {
             Some(server) => {
                 let ca = match &args.certificate_authority {
-                    Some(path) => Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?),
+                    Some(path) => {
+                        Some(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?)
+                    }
                     None => None,
                 };
                 (server.clone(), ca, args.token.clone())
@@ -135,7 +137,9 @@ impl Api {
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
         let tls = match (https, ca) {
             (true, Some(ca)) => Some(tls_connector(&ca)?),
-            (true, None) => bail!("{server} is HTTPS: give the cluster CA (--certificate-authority, or a kubeconfig with it)"),
+            (true, None) => {
+                bail!("{server} is HTTPS: give the cluster CA (--certificate-authority, or a kubeconfig with it)")
+            }
             (false, _) => None,
         };
         Ok(Api { scheme_https: https, host, port, token, tls })
@@ -143,14 +147,17 @@ impl Api {
 
     /// `GET path`, as JSON; a Kubernetes `Status` answer becomes its message.
     async fn get(&self, path: &str) -> anyhow::Result<Value> {
-        let address = format!("{}:{}", if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() }, self.port);
+        let address = format!(
+            "{}:{}",
+            if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() },
+            self.port
+        );
         let stream = tokio::time::timeout(Duration::from_secs(10), tokio::net::TcpStream::connect(&address))
             .await
             .with_context(|| format!("{address} did not answer within 10 s"))?
             .with_context(|| format!("connecting to {address}"))?;
-        let mut request = Request::get(path)
-            .header(hyper::header::HOST, &address)
-            .header(hyper::header::ACCEPT, "application/json");
+        let mut request =
+            Request::get(path).header(hyper::header::HOST, &address).header(hyper::header::ACCEPT, "application/json");
         if let Some(token) = &self.token {
             request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
         }
@@ -179,7 +186,9 @@ impl Api {
             let page = self.get(&format!("{path}?limit=500&continue={token}")).await?;
             items.extend(page["items"].as_array().cloned().unwrap_or_default());
             match page["metadata"]["continue"].as_str().filter(|t| !t.is_empty()) {
-                Some(next) => token = next.replace('%', "%25").replace('+', "%2B").replace('=', "%3D").replace('/', "%2F"),
+                Some(next) => {
+                    token = next.replace('%', "%25").replace('+', "%2B").replace('=', "%3D").replace('/', "%2F")
+                }
                 None => return Ok(items),
             }
         }
@@ -454,17 +463,21 @@ mod tests {
 
     #[test]
     fn waits_until_synced_and_healthy_and_fails_on_a_rejected_commit() {
-        let ready = json!({"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        let ready =
+            json!({"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         assert_eq!(verdict(&[app("Synced", "Healthy", &[])], std::slice::from_ref(&ready)), Verdict::Done);
         assert!(matches!(verdict(&[app("Synced", "Progressing", &[])], &[ready.clone()]), Verdict::Waiting(_)));
-        assert!(matches!(verdict(&[app("Synced", "Healthy", &[])], &[json!({"metadata": {"name": "n1"}})]), Verdict::Waiting(w) if w.contains("n1")));
+        assert!(
+            matches!(verdict(&[app("Synced", "Healthy", &[])], &[json!({"metadata": {"name": "n1"}})]), Verdict::Waiting(w) if w.contains("n1"))
+        );
         let Verdict::Failed(why) = verdict(&[app("Failed", "Healthy", &["a.yaml:3: bad"])], &[ready]) else { panic!() };
         assert!(why.contains("01234567") && why.contains("a.yaml:3: bad"), "{why}");
     }
 
     #[test]
     fn tables_align_and_colour_only_when_asked() {
-        let rows = vec![vec!["demo".to_owned(), Paint(true).state("Synced")], vec!["a-longer-name".to_owned(), "x".into()]];
+        let rows =
+            vec![vec!["demo".to_owned(), Paint(true).state("Synced")], vec!["a-longer-name".to_owned(), "x".into()]];
         let text = table(Paint(false), &["NAME", "SYNC"], &rows);
         assert!(text.starts_with("NAME           SYNC\ndemo           \x1b[32mSynced\x1b[0m\n"), "{text:?}");
         assert_eq!(Paint(false).state("Failed"), "Failed");

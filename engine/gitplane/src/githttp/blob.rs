@@ -107,13 +107,15 @@ pub(super) async fn serve(
             body.push_str("</tbody></table>");
             (StatusCode::OK, body)
         }
-        Blob::TooLarge(size) => {
-            (StatusCode::OK, format!("{heading}<p>The file is {size} bytes: larger than the {MAX_BLOB} bytes shown here.</p>"))
-        }
+        Blob::TooLarge(size) => (
+            StatusCode::OK,
+            format!("{heading}<p>The file is {size} bytes: larger than the {MAX_BLOB} bytes shown here.</p>"),
+        ),
         Blob::Binary => (StatusCode::OK, format!("{heading}<p>A binary file.</p>")),
         Blob::Missing(why) => (StatusCode::NOT_FOUND, format!("{heading}<p>{}</p>", esc(why))),
     };
-    let mut response = (code, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], page(&title, &body)).into_response();
+    let mut response =
+        (code, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], page(&title, &body)).into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_SECURITY_POLICY,

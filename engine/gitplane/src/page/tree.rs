@@ -104,7 +104,8 @@ pub fn build(objects: &Objects) -> Vec<Node> {
                                     pods_by_name.get(&(namespace, name)).map(|p| pod_node(p))
                                 })
                                 .collect();
-                            let health = if ready > 0 || endpoints.is_empty() { Health::Healthy } else { Health::Progressing };
+                            let health =
+                                if ready > 0 || endpoints.is_empty() { Health::Healthy } else { Health::Progressing };
                             node(slice, "EndpointSlice", health, format!("{ready} of {} ready", endpoints.len()), pods)
                         })
                         .collect();
@@ -167,15 +168,22 @@ mod tests {
         let objects = Objects {
             applied: vec![config, service, job, deployment],
             replica_sets: vec![owned("ReplicaSet", "web-a", "r1", "d1"), owned("ReplicaSet", "other", "r2", "x")],
-            pods: vec![ready_pod("web-a-1", "p1", "r1"), ready_pod("once-1", "p2", "j1"), ready_pod("stray", "p3", "z")],
+            pods: vec![
+                ready_pod("web-a-1", "p1", "r1"),
+                ready_pod("once-1", "p2", "j1"),
+                ready_pod("stray", "p3", "z"),
+            ],
             endpoint_slices: vec![slice],
         };
         let tree = build(&objects);
         let shape: Vec<(&str, &str, Vec<(&str, Vec<&str>)>)> = tree
             .iter()
             .map(|n| {
-                let children =
-                    n.children.iter().map(|c| (c.name.as_str(), c.children.iter().map(|g| g.name.as_str()).collect())).collect();
+                let children = n
+                    .children
+                    .iter()
+                    .map(|c| (c.name.as_str(), c.children.iter().map(|g| g.name.as_str()).collect()))
+                    .collect();
                 (n.kind.as_str(), n.name.as_str(), children)
             })
             .collect();
