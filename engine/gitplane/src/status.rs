@@ -466,7 +466,10 @@ mod tests {
         let ready =
             json!({"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
         assert_eq!(verdict(&[app("Synced", "Healthy", &[])], std::slice::from_ref(&ready)), Verdict::Done);
-        assert!(matches!(verdict(&[app("Synced", "Progressing", &[])], &[ready.clone()]), Verdict::Waiting(_)));
+        assert!(matches!(
+            verdict(&[app("Synced", "Progressing", &[])], std::slice::from_ref(&ready)),
+            Verdict::Waiting(_)
+        ));
         assert!(
             matches!(verdict(&[app("Synced", "Healthy", &[])], &[json!({"metadata": {"name": "n1"}})]), Verdict::Waiting(w) if w.contains("n1"))
         );

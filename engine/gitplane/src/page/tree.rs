@@ -176,7 +176,8 @@ mod tests {
             endpoint_slices: vec![slice],
         };
         let tree = build(&objects);
-        let shape: Vec<(&str, &str, Vec<(&str, Vec<&str>)>)> = tree
+        type Shape<'a> = (&'a str, &'a str, Vec<(&'a str, Vec<&'a str>)>);
+        let shape: Vec<Shape> = tree
             .iter()
             .map(|n| {
                 let children = n
