@@ -80,8 +80,9 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-fn config_map(round: usize) -> String {
-    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  round: \"{round}\"\n")
+/// Application `i`'s one object (ten Applications share each namespace).
+fn config_map(i: usize, round: usize) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings-{i}\ndata:\n  round: \"{round}\"\n")
 }
 
 async fn get(addr: SocketAddr, path: &str) -> Result<String> {
@@ -119,7 +120,7 @@ async fn run(args: PageArgs, gitplane: PathBuf) -> Result<()> {
     for i in 0..args.applications {
         let path = work.join(format!("apps/app-{i:04}"));
         std::fs::create_dir_all(&path)?;
-        std::fs::write(path.join("settings.yaml"), config_map(0))?;
+        std::fs::write(path.join("settings.yaml"), config_map(i, 0))?;
     }
     git(&work, &["add", "--all"])?;
     git(&work, &["commit", "--quiet", "-m", "1,000 applications"])?;
@@ -233,7 +234,7 @@ async fn run(args: PageArgs, gitplane: PathBuf) -> Result<()> {
             }
             anyhow::Ok(())
         });
-        std::fs::write(work.join("apps/app-0000/settings.yaml"), config_map(round))?;
+        std::fs::write(work.join("apps/app-0000/settings.yaml"), config_map(0, round))?;
         git(&work, &["commit", "--quiet", "-am", &format!("round {round}")])?;
         git(&work, &["push", "--quiet", bare.to_str().context("path")?, "HEAD:main"])?;
         let pushed = Instant::now();
