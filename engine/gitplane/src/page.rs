@@ -6,17 +6,16 @@
 //! small script ([`ASSETS`], embedded in the binary). The script keeps the page live without
 //! a reload: it follows the API's watch for what the view shows (under `/ui/api…`, where the
 //! page's cookie counts, see `authz`) and, on any event, fetches the view again as an HTML
-//! fragment (`?fragment=1`) and swaps it in. Lists are paged on the server ([`PAGE`] items,
+//! fragment (`?fragment=1`) and swaps it in. [`login`] is the sign-in form and its cookie;
+//! [`tree`] builds an Application's resource tree. Lists are paged on the server ([`PAGE`] items,
 //! continue tokens), so a page stays small with thousands of Applications and Pods.
 
+mod login;
 mod tree;
 
-use crate::{
-    authn::{Role, Tokens},
-    listener::OverTls,
-    source::health::Health,
-    table,
-};
+pub use login::{COOKIE, login_form};
+
+use crate::{authn::Tokens, source::health::Health, table};
 use axum::{
     Router,
     extract::{Path, Query, State},
@@ -35,12 +34,8 @@ use std::{
     sync::Arc,
 };
 
-/// The cookie the login form sets, holding an API token.
-pub const COOKIE: &str = "gitplane-token";
 /// Items per page of a list view.
 pub const PAGE: usize = 50;
-/// How long the cookie lasts.
-const COOKIE_MAX_AGE_S: u32 = 12 * 3600;
 /// Pods listed per node on the nodes view; the rest are counted.
 const PODS_PER_NODE: usize = 30;
 /// Events read for an Application's timeline.
@@ -50,11 +45,11 @@ const CSS: &str = include_str!("page/page.css");
 const JS: &str = include_str!("page/page.js");
 
 #[derive(Clone)]
-struct PageState {
+pub(crate) struct PageState {
     store: Arc<dyn Store>,
     /// The hosted repositories, for commit authors.
     repos_dir: Arc<std::path::Path>,
-    tokens: Arc<Tokens>,
+    pub(crate) tokens: Arc<Tokens>,
 }
 
 /// The page's routes; `authz::admit` guards them (but the login form and the assets).
@@ -65,8 +60,8 @@ pub fn router(store: Arc<dyn Store>, repos_dir: PathBuf, tokens: Arc<Tokens>) ->
         .route("/ui/applications/{namespace}/{name}", get(application))
         .route("/ui/nodes", get(nodes))
         .route("/ui/pods/{namespace}/{name}", get(pod))
-        .route("/ui/login", get(|| async { login_form(StatusCode::OK, "") }).post(login))
-        .route("/ui/logout", axum::routing::post(logout))
+        .route("/ui/login", get(|| async { login_form(StatusCode::OK, "") }).post(login::login))
+        .route("/ui/logout", axum::routing::post(login::logout))
         .route("/ui/assets/page.css", get(|| async { asset("text/css; charset=utf-8", CSS) }))
         .route("/ui/assets/page.js", get(|| async { asset("text/javascript; charset=utf-8", JS) }))
         .with_state(state)
@@ -102,7 +97,7 @@ fn enc(text: &str) -> String {
 }
 
 /// Headers every page answer carries: no caching, no framing, scripts only from here.
-fn secure_headers(response: &mut Response) {
+pub(crate) fn secure_headers(response: &mut Response) {
     let headers = response.headers_mut();
     let set = [
         (
@@ -126,7 +121,7 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     response
 }
 
-fn html(code: StatusCode, body: String) -> Response {
+pub(crate) fn html(code: StatusCode, body: String) -> Response {
     let mut response = (code, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response();
     secure_headers(&mut response);
     response
@@ -179,86 +174,6 @@ fn document(title: &str, main: &str) -> String {
          <footer><p id=\"live\" role=\"status\">Live: updates as the cluster changes.</p></footer></body></html>\n",
         title = esc(title)
     )
-}
-
-/// The login form: a token with the read role, kept in an HttpOnly cookie.
-pub fn login_form(code: StatusCode, message: &str) -> Response {
-    let note = if message.is_empty() {
-        String::new()
-    } else {
-        format!("<p class=\"error\" role=\"alert\">{}</p>", esc(message))
-    };
-    let body = format!(
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>Sign in · gitplane</title>\
-         <link rel=\"stylesheet\" href=\"/ui/assets/page.css\"></head><body>\
-         <main id=\"main\" class=\"login\"><h1>gitplane</h1>{note}\
-         <form method=\"post\" action=\"/ui/login\"><label for=\"token\">API token (read role)</label>\
-         <input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"off\" required>\
-         <button type=\"submit\">Sign in</button></form>\
-         <p class=\"hint\">The token is in the kubeconfig <code>gitplane up</code> or <code>gitplane server</code> \
-         wrote (<code>&lt;data-dir&gt;/kubeconfig</code>). It is kept in an HttpOnly cookie for this site only.</p>\
-         </main></body></html>\n"
-    );
-    html(code, body)
-}
-
-/// `application/x-www-form-urlencoded` value decoding.
-fn form_value(body: &[u8], field: &str) -> Option<String> {
-    let text = std::str::from_utf8(body).ok()?;
-    let raw = text.split('&').find_map(|pair| pair.strip_prefix(field)?.strip_prefix('='))?;
-    let mut bytes = Vec::with_capacity(raw.len());
-    let mut input = raw.bytes();
-    while let Some(b) = input.next() {
-        match b {
-            b'+' => bytes.push(b' '),
-            b'%' => {
-                let hex = [input.next()?, input.next()?];
-                bytes.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
-            }
-            b => bytes.push(b),
-        }
-    }
-    String::from_utf8(bytes).ok()
-}
-
-/// Characters a token may have to travel in a cookie unquoted.
-fn cookie_safe(token: &str) -> bool {
-    !token.is_empty() && token.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~+/=".contains(&b))
-}
-
-async fn login(State(state): State<PageState>, request: axum::extract::Request) -> Response {
-    let over_tls = request.extensions().get::<OverTls>().is_some_and(|t| t.0);
-    let Ok(body) = axum::body::to_bytes(request.into_body(), 8 << 10).await else {
-        return login_form(StatusCode::PAYLOAD_TOO_LARGE, "The form was too large.");
-    };
-    let token = form_value(&body, "token").map(|t| t.trim().to_owned()).unwrap_or_default();
-    let user = cookie_safe(&token).then(|| state.tokens.authenticate(&token)).flatten();
-    match user {
-        Some(user) if user.has(Role::Read) => {
-            let secure = if over_tls { "; Secure" } else { "" };
-            let cookie =
-                format!("{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={COOKIE_MAX_AGE_S}{secure}");
-            let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/")]).into_response();
-            if let Ok(value) = HeaderValue::from_str(&cookie) {
-                response.headers_mut().insert(header::SET_COOKIE, value);
-            }
-            secure_headers(&mut response);
-            response
-        }
-        Some(_) => login_form(StatusCode::FORBIDDEN, "That token lacks the read role."),
-        None => login_form(StatusCode::UNAUTHORIZED, "That token is not valid here."),
-    }
-}
-
-async fn logout(over_tls: Option<axum::Extension<OverTls>>) -> Response {
-    let secure = if over_tls.is_some_and(|t| t.0.0) { "; Secure" } else { "" };
-    let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}");
-    let mut response = (StatusCode::SEE_OTHER, [(header::LOCATION, "/ui/login")]).into_response();
-    if let Ok(value) = HeaderValue::from_str(&cookie) {
-        response.headers_mut().insert(header::SET_COOKIE, value);
-    }
-    response
 }
 
 fn failure(e: impl std::fmt::Display) -> Response {
@@ -904,13 +819,5 @@ mod tests {
         );
         assert_eq!(blob_link("https://example.com/x.git", rev, "", "d.yaml", 1), None);
         assert_eq!(blob_link("demo", "main\"><x", "", "d.yaml", 1), None);
-    }
-
-    #[test]
-    fn login_form_values_decode() {
-        assert_eq!(form_value(b"a=1&token=ab%2Bc+d", "token").as_deref(), Some("ab+c d"));
-        assert_eq!(form_value(b"token=%zz", "token"), None);
-        assert!(cookie_safe("e2e-read-token-0123456789abcdef"));
-        assert!(!cookie_safe("a;b") && !cookie_safe(""));
     }
 }
