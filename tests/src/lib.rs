@@ -11,6 +11,7 @@
 //! `gitplane up --nodes N` (which makes its hosts with the same code), and [`Worktree`] drives a
 //! Git working copy with the real `git` command, as a user pushes.
 
+pub mod browser;
 pub mod cluster;
 pub mod failover;
 mod gitplane;

@@ -16,6 +16,7 @@ mod etcd;
 mod failover;
 mod idle;
 mod load;
+mod page;
 mod podstart;
 mod procs;
 mod services;
@@ -63,6 +64,9 @@ enum Command {
     /// What encrypting Secrets at rest costs a write: Secret write p50 / p99 on the same SQLite
     /// store with and without keys, and one seal and open alone. Prints one Markdown table.
     Encryption(encryption::EncryptionArgs),
+    /// The status page with 1,000 Applications and 10,000 Pods: time to render each view, and
+    /// the update latency after a `git push`. Prints one Markdown table.
+    Page(page::PageArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -168,6 +172,7 @@ fn main() -> Result<()> {
         Command::Idle(args) => idle::main(args),
         Command::Podstart(args) => podstart::main(args),
         Command::Api(args) => api::main(args),
+        Command::Page(args) => page::main(args),
         Command::ApiWatch(args) => apiwatch::main(args),
         Command::Encryption(args) => encryption::main(args),
     }

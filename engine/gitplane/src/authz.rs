@@ -8,16 +8,25 @@
 //!   `Status` bodies, naming the user, never the token).
 //! - `gitplane up` only: a request without a token from a loopback address reads as
 //!   `system:anonymous` (what this machine's own users did before tokens existed).
+//! - The status page (`/` and `/ui/…`, its data endpoints `/ui/api/…` included) also takes the
+//!   token from the `gitplane-token` cookie its login form sets, since a browser cannot send a
+//!   bearer header when it navigates; the cookie counts nowhere else. The form (`/ui/login`,
+//!   `/ui/logout`) and the page's static assets answer everyone. A page request without
+//!   credentials gets the form (401) instead of a JSON `Status`.
 
 use crate::{
     apiserver,
     audit::{AuditLog, RequestInfo},
     authn::{Role, Tokens, User},
     listener::ClientAddr,
+    page,
 };
 use axum::{
     extract::{Request, State},
-    http::{StatusCode, header::AUTHORIZATION},
+    http::{
+        StatusCode,
+        header::{AUTHORIZATION, COOKIE},
+    },
     middleware::Next,
     response::Response,
 };
@@ -41,6 +50,17 @@ fn is_health(path: &str) -> bool {
         .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
 }
 
+/// The status page and its data endpoints: where the page's cookie counts.
+fn is_page(path: &str) -> bool {
+    path == "/" || path.starts_with("/ui/")
+}
+
+/// The page's login form and static assets, which answer everyone (they show nothing of the
+/// cluster).
+fn is_page_public(path: &str) -> bool {
+    matches!(path, "/ui/login" | "/ui/logout") || path.starts_with("/ui/assets/")
+}
+
 /// The role a request needs.
 fn required_role(info: &RequestInfo) -> Role {
     match info.subresource.as_str() {
@@ -52,13 +72,17 @@ fn required_role(info: &RequestInfo) -> Role {
 /// The middleware (`axum::middleware::from_fn_with_state`).
 pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path().to_owned();
-    if is_health(&path) {
+    if is_health(&path) || is_page_public(&path) {
         return next.run(request).await;
     }
     let started = std::time::Instant::now();
     let client = request.extensions().get::<ClientAddr>().copied().unwrap_or(ClientAddr([0, 0, 0, 0].into()));
-    let info = RequestInfo::new(request.method().as_str(), &path, request.uri().query());
-    let user = match bearer(&request) {
+    let page = is_page(&path);
+    // The page's data endpoints are the API under `/ui`: audited and authorized as the API.
+    let api_path = if page { path.strip_prefix("/ui").filter(|p| p.starts_with("/api")) } else { None };
+    let info = RequestInfo::new(request.method().as_str(), api_path.unwrap_or(&path), request.uri().query());
+    let token = bearer(&request).or_else(|| page.then(|| page_cookie(&request)).flatten());
+    let user = match token {
         Some(token) => access.tokens.authenticate(token),
         None if access.anonymous_loopback_reads && client.0.is_loopback() => {
             Some(Arc::new(User { name: ANONYMOUS.into(), uid: String::new(), roles: vec![Role::Read] }))
@@ -66,7 +90,11 @@ pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: 
         None => None,
     };
     let Some(user) = user else {
-        let response = apiserver::status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        let response = if page && api_path.is_none() {
+            page::login_form(StatusCode::UNAUTHORIZED, "This page needs a token with the read role.")
+        } else {
+            apiserver::status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized")
+        };
         access.audit.record(ANONYMOUS, client.0, &info, response.status().as_u16());
         crate::metrics::request(&info, response.status().as_u16(), started.elapsed());
         return response;
@@ -89,6 +117,18 @@ fn bearer(request: &Request) -> Option<&str> {
     let value = request.headers().get(AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// The token in the status page's cookie.
+fn page_cookie(request: &Request) -> Option<&str> {
+    request
+        .headers()
+        .get_all(COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| pair.trim().strip_prefix(page::COOKIE)?.strip_prefix('='))
+        .filter(|t| !t.is_empty())
 }
 
 /// Kube-apiserver's wording, with the role that is missing.
@@ -128,13 +168,19 @@ mod tests {
         Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/api/{*path}", get(|| async { "objects" }))
+            .route("/", get(|| async { "page" }))
+            .route("/ui/api/{*path}", get(|| async { "page data" }))
+            .route("/ui/login", get(|| async { "form" }))
             .layer(axum::middleware::from_fn_with_state(access, admit))
     }
 
     async fn code(router: &Router, path: &str, token: Option<&str>, from: [u8; 4]) -> (u16, String) {
         let mut request = Request::builder().uri(path);
         if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
+            request = match token.strip_prefix("cookie:") {
+                Some(cookie) => request.header("cookie", format!("theme=dark; {}={cookie}", page::COOKIE)),
+                None => request.header("authorization", format!("Bearer {token}")),
+            };
         }
         let mut request = request.body(Body::empty()).unwrap();
         request.extensions_mut().insert(ClientAddr(from.into()));
@@ -166,6 +212,23 @@ mod tests {
             assert_eq!(got, expected, "{path} with {token:?}: {body}");
             assert!(!body.contains(READ) && !body.contains(DEBUG), "{body}");
         }
+        // The page's cookie counts for the page and its data endpoints, nowhere else.
+        let read_cookie = format!("cookie:{READ}");
+        let page_cells = [
+            ("/", None, 401),
+            ("/", Some(read_cookie.as_str()), 200),
+            ("/ui/api/v1/namespaces/default/pods", Some(read_cookie.as_str()), 200),
+            ("/ui/api/v1/namespaces/default/pods", Some("cookie:wrong-token-wrong-token"), 401),
+            ("/ui/api/v1/namespaces/default/pods/p/exec", Some(read_cookie.as_str()), 403),
+            (pods, Some(read_cookie.as_str()), 401),
+            ("/ui/login", None, 200),
+        ];
+        for (path, token, expected) in page_cells {
+            let (got, body) = code(&server, path, token, remote).await;
+            assert_eq!(got, expected, "{path} with {token:?}: {body}");
+        }
+        let (_, form) = code(&server, "/", None, remote).await;
+        assert!(form.contains("<form method=\"post\" action=\"/ui/login\">"), "{form}");
         let (_, body) = code(&server, pods, Some(DEBUG), remote).await;
         assert!(body.contains("\"Forbidden\"") && body.contains("User \\\"bob\\\" cannot list resource"), "{body}");
         // Anonymous loopback reads are `gitplane up`'s alone.

@@ -7,7 +7,8 @@
 //! response's and its stdout streams back as the body. Nothing is buffered whole, so pushes of any
 //! size up to [`MAX_PUSH_BYTES`] pass; gzip'd request bodies (git sends them) are inflated by
 //! http-backend itself. A push is synchronous: when `git push` returns, the branch has moved, and
-//! the source controller sees it through inotify on `refs/heads`.
+//! the source controller sees it through inotify on `refs/heads`. [`blob`] is a read-only file
+//! view for browsers (`GET /git/<name>.git/blob/<commit>/<path>#L<line>`), under the same rules.
 //!
 //! Rules this module keeps:
 //! - **Names, not paths.** `<name>` is `[A-Za-z0-9._-]+`, not starting with `.`; anything else,
@@ -36,6 +37,8 @@
 //!   Slots are taken only after authentication, and anonymous reads (of opted-in repositories)
 //!   have slots of their own ([`MAX_ANONYMOUS`], [`MAX_ANONYMOUS_PER_CLIENT`] per client address,
 //!   503 at once when full), so no number of anonymous clients can make a push wait.
+
+mod blob;
 
 use crate::listener::{ClientAddr, Held, PerClient};
 use axum::{
@@ -159,6 +162,7 @@ pub fn router(repos_dir: PathBuf, auth: GitAuth) -> Router {
     };
     Router::new()
         .route("/git/{repo}/info/refs", get(info_refs))
+        .route("/git/{repo}/blob/{*rest}", get(blob::serve))
         .route(
             "/git/{repo}/git-upload-pack",
             post(|s: State<GitState>, c: ClientAddr, r: Path<String>, h: HeaderMap, b: Body| {

@@ -1,6 +1,6 @@
 //! `gitplane`: the control plane and its command line.
 
-use gitplane::{encryption, offline, server, up};
+use gitplane::{encryption, offline, server, status, up};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -38,6 +38,10 @@ enum Command {
     /// Print an Application's objects as the server would apply them (rendered, validated,
     /// namespaces defaulted), as YAML documents; Secrets' values masked.
     Render(offline::RenderArgs),
+    /// The Applications (sync, health, commit, errors) and nodes in coloured tables, read over
+    /// the status API. `--wait` exits 0 once everything is synced and healthy, 1 with the reason
+    /// on a rejected commit or at `--timeout` (for scripts).
+    Status(status::StatusArgs),
     /// Encryption of Secrets at rest: rotate the key (`gitplane secrets rotate`).
     Secrets(encryption::SecretsArgs),
     /// The JSON Schemas of the accepted kinds.
@@ -75,6 +79,9 @@ fn main() -> anyhow::Result<()> {
         Command::Server(args) => run(server::server(args)),
         Command::Agent(args) => run(async { Ok(gitplane_nodeagent::cli::run(args).await?) }),
         Command::Secrets(args) => run(encryption::secrets(args)),
+        Command::Status(args) => {
+            tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(status::status(args))
+        }
         Command::Validate(args) => offline::validate(args),
         Command::Render(args) => offline::render(args),
         Command::Schemas { command: SchemasCommand::Write { dir } } => {

@@ -9,6 +9,7 @@ use crate::{
     listener::{self, Transport},
     mirror::Mirrors,
     nodeservice::{NodeIdentity, NodeService},
+    page,
     source::{allocate::ServiceRanges, apply::RecordKey},
     tls::{ClusterCa, ReplicaCertificate},
     webhook,
@@ -226,7 +227,14 @@ impl Replica {
         let info = backend.clone();
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
-        let http = apiserver::router(shared.clone(), push_hint, kubelet)
+        let api = apiserver::router(shared.clone(), push_hint, kubelet);
+        let page = page::router(shared.clone(), git.repos_dir.clone(), access.tokens.clone());
+        let http = api
+            .clone()
+            // The status page, and the API again under `/ui` as its data endpoints, where the
+            // page's cookie counts (`authz`).
+            .merge(page)
+            .nest("/ui", api)
             .merge(apiserver::health::router(backend.clone()))
             .merge(crate::metrics::router(backend.clone()))
             .route(

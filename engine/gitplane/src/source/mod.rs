@@ -12,7 +12,7 @@
 
 pub mod allocate;
 pub mod apply;
-mod health;
+pub(crate) mod health;
 
 use crate::{
     mirror::{self, MirrorStatus, Mirrors, is_url},
