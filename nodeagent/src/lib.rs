@@ -9,6 +9,7 @@ pub mod dns;
 pub mod events;
 pub mod host;
 pub mod images;
+pub mod ingress;
 pub mod logs;
 pub mod network;
 pub mod node;

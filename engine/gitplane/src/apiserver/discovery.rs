@@ -57,6 +57,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "ingresses" => &["ing"],
         // As Argo CD names its Applications.
         "applications" => &["app"],
         _ => &[],
@@ -75,7 +76,7 @@ fn categories(r: &Resource) -> &'static [&'static str] {
 fn subresources(r: &Resource) -> &'static [&'static str] {
     match r.plural {
         "pods" => &["log", "status"],
-        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" => &[],
+        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses" => &[],
         _ => &["status"],
     }
 }
@@ -311,7 +312,15 @@ mod tests {
             groups["items"].as_array().unwrap().iter().map(|g| g["metadata"]["name"].as_str().unwrap()).collect();
         assert_eq!(
             names,
-            ["apps", "batch", "discovery.k8s.io", "coordination.k8s.io", "gitplane.io", "metrics.k8s.io"]
+            [
+                "apps",
+                "batch",
+                "discovery.k8s.io",
+                "coordination.k8s.io",
+                "networking.k8s.io",
+                "gitplane.io",
+                "metrics.k8s.io"
+            ]
         );
         let deployments = resource(&groups, "deployments");
         assert_eq!((&deployments["shortNames"], &deployments["categories"]), (&json!(["deploy"]), &json!(["all"])));
