@@ -10,6 +10,7 @@ pub mod proxy;
 pub mod tls;
 
 use crate::network::{Change, Network, View, next_changes};
+pub use gitplane_api::ingress::PathMatch;
 use gitplane_api::ingress::{Inputs, Problem, RouteTable};
 use std::{
     collections::BTreeSet,
