@@ -185,6 +185,18 @@ fn until_answers(what: &str, wanted: &str, probe: impl Fn() -> Result<String>) -
         .with_context(|| format!("{what} never answered {wanted:?}; last: {:?}", probe()))
 }
 
+/// What the log says of Ingresses, for a failure's message.
+fn ingress_log(cluster: &LocalCluster) -> String {
+    let mut log = cluster.log_text();
+    for node in &cluster.nodes {
+        let agent = cluster.data_dir.join("nodes").join(node).join("agent.log");
+        log.push_str(&std::fs::read_to_string(agent).unwrap_or_default());
+    }
+    let lines: Vec<&str> =
+        log.lines().filter(|l| l.to_lowercase().contains("ingress") || l.contains("panicked")).collect();
+    lines.join("\n")
+}
+
 /// Warning Events on Ingress `name`: (reason, message).
 fn warnings(cluster: &LocalCluster, name: &str) -> Result<Vec<(String, String)>> {
     let events = cluster.get("/api/v1/namespaces/default/events")?;
@@ -211,7 +223,7 @@ struct Load {
 
 impl Load {
     fn start(netns: PathBuf, addr: SocketAddr, threads: usize) -> Load {
-        let load = Load {
+        let mut load = Load {
             stop: Arc::default(),
             ok: Arc::default(),
             failed: Arc::default(),
@@ -219,7 +231,7 @@ impl Load {
             bodies: Arc::default(),
             threads: Vec::new(),
         };
-        let threads = (0..threads)
+        load.threads = (0..threads)
             .map(|_| {
                 let (stop, ok, failed) = (load.stop.clone(), load.ok.clone(), load.failed.clone());
                 let (last_failure, bodies, netns) = (load.last_failure.clone(), load.bodies.clone(), netns.clone());
@@ -250,7 +262,7 @@ impl Load {
                 })
             })
             .collect();
-        Load { threads, ..load }
+        load
     }
 
     fn finish(mut self) -> (u64, u64, String) {
@@ -290,26 +302,30 @@ async fn t81_ingress_walkthrough() -> Result<()> {
     let work_dir = tempfile::tempdir()?;
     let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
     work.remove("web.yaml")?;
-    work.write("shop.yaml", &format!("{}---\n{}---\n{}", app("web"), app("api"), shop_ingress("web", false)))?;
-    work.commit_and_push("shop: web and api behind an Ingress")?;
+    work.write("shop.yaml", &format!("{}---\n{}---\n{}", app("front"), app("api"), shop_ingress("front", false)))?;
+    work.commit_and_push("shop: front and api behind an Ingress")?;
 
-    let web = tokio::task::block_in_place(|| wait_for(DEADLINE, || cluster.running_pods("app=web").ok()?.pop()))
-        .with_context(|| format!("a Running web Pod\n{}", cluster.log_text()))?;
+    let front = tokio::task::block_in_place(|| wait_for(DEADLINE, || cluster.running_pods("app=front").ok()?.pop()))
+        .with_context(|| format!("a Running front Pod\n{}", cluster.log_text()))?;
     // The node the Pod does not run on: its Ingress controller sends the request across.
-    let other = cluster.nodes.iter().find(|n| **n != web.node).context("a second node")?.clone();
+    let other = cluster.nodes.iter().find(|n| **n != front.node).context("a second node")?.clone();
     let ip = node_ip(&cluster, &other)?;
     let resolve = format!("shop.example:80:{ip}");
-    let body = until_answers("http://shop.example/cgi-bin/host", &web.name, || {
+    let body = until_answers("http://shop.example/cgi-bin/host", &front.name, || {
         curl(&client, &["--resolve", &resolve, "http://shop.example/cgi-bin/host"])
-    })?;
-    println!("http://shop.example/cgi-bin/host through {other} ({ip}) reached {} on {}: {body}", web.name, web.node);
+    })
+    .with_context(|| ingress_log(&cluster))?;
+    println!(
+        "http://shop.example/cgi-bin/host through {other} ({ip}) reached {} on {}: {body}",
+        front.name, front.node
+    );
 
     // Path routing: /api to the api Service, by its port's name.
     let api = until_answers("http://shop.example/api/", "api ", || {
         curl(&client, &["--resolve", &resolve, "http://shop.example/api/"])
     })?;
     println!("/api/ answered {api:?}");
-    ensure!(curl(&client, &["--resolve", &resolve, "http://shop.example/"])?.starts_with("web "), "/ is web's");
+    ensure!(curl(&client, &["--resolve", &resolve, "http://shop.example/"])?.starts_with("front "), "/ is front's");
     // No rule for another host: 404.
     let other_host = curl(&client, &["--resolve", &format!("other.example:80:{ip}"), "http://other.example/"]);
     ensure!(other_host.as_ref().is_err_and(|e| e.to_string().contains("404")), "other.example: {other_host:?}");
@@ -348,13 +364,13 @@ async fn t81_ingress_walkthrough() -> Result<()> {
     ensure!(made.status.success(), "openssl: {}", String::from_utf8_lossy(&made.stderr));
     let secret = tls_secret(&std::fs::read_to_string(&crt)?, &std::fs::read_to_string(&key)?);
     work.write("shop-tls.yaml", &secret)?;
-    work.write("shop.yaml", &format!("{}---\n{}---\n{}", app("web"), app("api"), shop_ingress("web", true)))?;
+    work.write("shop.yaml", &format!("{}---\n{}---\n{}", app("front"), app("api"), shop_ingress("front", true)))?;
     work.commit_and_push("shop: HTTPS")?;
     let resolve_tls = format!("shop.example:443:{ip}");
     let cacert = crt.to_str().context("path")?.to_owned();
     let https =
         || curl(&client, &["--cacert", &cacert, "--resolve", &resolve_tls, "https://shop.example/cgi-bin/host"]);
-    until_answers("https://shop.example/cgi-bin/host", &web.name, https)?;
+    until_answers("https://shop.example/cgi-bin/host", &front.name, https)?;
     println!("https://shop.example answered with the test's certificate");
 
     // Bad input: a missing Service and a broken certificate, each a Warning Event on the Ingress.
@@ -371,20 +387,20 @@ async fn t81_ingress_walkthrough() -> Result<()> {
     println!("Events on Ingress broken: {found:?}");
     let broken = curl(&client, &["--resolve", &format!("broken.example:80:{ip}"), "http://broken.example/"]);
     ensure!(broken.as_ref().is_err_and(|e| e.to_string().contains("503")), "broken.example: {broken:?}");
-    ensure!(https()?.contains(&web.name), "HTTPS for shop.example must keep working");
+    ensure!(https()?.contains(&front.name), "HTTPS for shop.example must keep working");
     ensure!(
-        curl(&client, &["--resolve", &resolve, "http://shop.example/cgi-bin/host"])?.contains(&web.name),
+        curl(&client, &["--resolve", &resolve, "http://shop.example/cgi-bin/host"])?.contains(&front.name),
         "HTTP for shop.example must keep working"
     );
 
-    // A route change under load: / moves from web to api; no request may fail meanwhile.
+    // A route change under load: / moves from front to api; no request may fail meanwhile.
     let load = Load::start(client.clone(), SocketAddr::from((ip, 80)), 4);
     // Answers before the change too, so the load spans it.
     tokio::task::block_in_place(|| wait_for(DEADLINE, || (load.ok.load(Ordering::Relaxed) >= 20).then_some(())))
         .with_context(|| {
             format!("the load got no answers: {}", load.last_failure.lock().map(|l| l.clone()).unwrap_or_default())
         })?;
-    work.write("shop.yaml", &format!("{}---\n{}---\n{}", app("web"), app("api"), shop_ingress("api", true)))?;
+    work.write("shop.yaml", &format!("{}---\n{}---\n{}", app("front"), app("api"), shop_ingress("api", true)))?;
     work.commit_and_push("shop: / to api")?;
     let moved = tokio::task::block_in_place(|| {
         wait_for(DEADLINE, || load.bodies.lock().ok().filter(|b| b.contains("api")).map(|b| b.clone()))
@@ -393,7 +409,7 @@ async fn t81_ingress_walkthrough() -> Result<()> {
     let (ok, failed, last) = load.finish();
     println!("under load: {ok} answers 2xx, {failed} not; bodies {seen:?}");
     ensure!(moved.is_some(), "the route change never took effect: {seen:?}");
-    ensure!(seen.contains("web"), "the load did not run before the change: {seen:?}");
+    ensure!(seen.contains("front"), "the load did not run before the change: {seen:?}");
     ensure!(failed == 0, "{failed} of {} requests failed during the route change; last: {last}", ok + failed);
 
     let status = tokio::task::block_in_place(|| cluster.stop(DEADLINE))?;

@@ -68,7 +68,8 @@ async fn upstream() -> Result<SocketAddr> {
                 let service = service_fn(|_: Request<Incoming>| async {
                     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"shop\n"))))
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
             });
         }
     });
@@ -79,10 +80,8 @@ async fn upstream() -> Result<SocketAddr> {
 /// ready endpoints) and an Ingress with `/` and `routes` more paths for shop.example.
 fn view(upstreams: &[SocketAddr], routes: usize) -> Result<View> {
     let mut view = View::default();
-    let endpoints: Vec<_> = upstreams
-        .iter()
-        .map(|a| json!({"addresses": [a.ip().to_string()], "conditions": {"ready": true}}))
-        .collect();
+    let endpoints: Vec<_> =
+        upstreams.iter().map(|a| json!({"addresses": [a.ip().to_string()], "conditions": {"ready": true}})).collect();
     // One Service per upstream port: the upstreams share an address and differ by port.
     for (i, upstream) in upstreams.iter().enumerate() {
         let name = format!("shop-{i}");

@@ -186,9 +186,11 @@ impl Proxy {
             let proxy = self.clone();
             async move { Ok::<_, std::convert::Infallible>(proxy.handle(request, peer, scheme).await) }
         });
+        // A client has 30 s to send a request's head (Slowloris); hyper needs a timer for that.
         let served = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
             .keep_alive(true)
-            .header_read_timeout(Duration::from_secs(60))
+            .header_read_timeout(Duration::from_secs(30))
             .serve_connection(TokioIo::new(stream), service)
             .await;
         if let Err(error) = served {
