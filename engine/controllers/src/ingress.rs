@@ -106,7 +106,7 @@ impl Reconciler for IngressController {
         {
             let secret_key = ObjectKey::of::<Secret>(&key.namespace, secret_name);
             let found = ctx.store.get(&secret_key).await?;
-            let (reason, why) = match found.map(|v| from_value::<Secret>(v)) {
+            let (reason, why) = match found.map(from_value::<Secret>) {
                 None => ("TLSSecretNotFound", "not found".to_owned()),
                 Some(Err(e)) => ("InvalidTLSSecret", format!("does not decode: {e}")),
                 Some(Ok(secret)) => match ingress::certified_key(&secret) {

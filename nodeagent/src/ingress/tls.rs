@@ -21,10 +21,13 @@ use std::{
 /// Host (exact, or `*.suffix`) -> certificate.
 pub type Certificates = HashMap<String, Arc<CertifiedKey>>;
 
+/// A Secret's certificate, or why it has none.
+type Parsed = Result<Arc<CertifiedKey>, String>;
+
 /// Parsed certificates by Secret, kept while the Secret's resourceVersion stays.
 #[derive(Default)]
 pub struct CertificateCache {
-    parsed: HashMap<(String, String), (Option<String>, Result<Arc<CertifiedKey>, String>)>,
+    parsed: HashMap<(String, String), (Option<String>, Parsed)>,
 }
 
 impl CertificateCache {
