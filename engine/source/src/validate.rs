@@ -731,7 +731,8 @@ spec:
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
                    Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
-                   Job (batch/v1), Application (gitplane.io/v1)"],
+                   Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
+                   Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
@@ -1154,7 +1155,7 @@ spec: {}
         let at = "i.yaml:{}: Ingress shop: /spec/rules/";
         let mut expected: Vec<String> = [
             (6, "0/host: \"shop.*.example\": a wildcard is allowed only as the whole first label, as in *.example.com"),
-            (9, "0/http/paths/0/pathType: pathType is required: set it to Prefix, Exact or ImplementationSpecific"),
+            (9, "0/http/paths/0: \"pathType\" is a required property"),
             (10, "0/http/paths/1/path: \"api\" must be an absolute path (begin with /) for pathType Prefix"),
             (10, "0/http/paths/1/backend/service/port: a Service port is a number or a name, not both: remove one"),
             (11, "0/http/paths/2/path: \"/a//b\" must not contain \"//\" for pathType Exact"),

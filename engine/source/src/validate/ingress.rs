@@ -92,10 +92,8 @@ const INVALID_SUFFIXES: [&str; 2] = ["/..", "/."];
 fn path(p: &Value, at: &str, problems: &mut Vec<Problem>) {
     let text = p["path"].as_str().unwrap_or("");
     match p["pathType"].as_str() {
-        None => problems.push(Problem::at(
-            format!("{at}/pathType"),
-            "pathType is required: set it to Prefix, Exact or ImplementationSpecific",
-        )),
+        // The schema requires it (and says so).
+        None => {}
         Some(kind @ ("Exact" | "Prefix")) => {
             if !text.starts_with('/') {
                 problems.push(Problem::at(
