@@ -112,14 +112,9 @@ fn path(p: &Value, at: &str, problems: &mut Vec<Problem>) {
                 ));
             }
         }
-        Some("ImplementationSpecific") => {
-            if !text.is_empty() && !text.starts_with('/') {
-                problems.push(Problem::at(
-                    format!("{at}/path"),
-                    format!("{text:?} must be an absolute path (begin with /)"),
-                ));
-            }
-        }
+        Some("ImplementationSpecific") if !text.is_empty() && !text.starts_with('/') => problems
+            .push(Problem::at(format!("{at}/path"), format!("{text:?} must be an absolute path (begin with /)"))),
+        Some("ImplementationSpecific") => {}
         Some(other) => problems.push(Problem::at(
             format!("{at}/pathType"),
             format!("{other:?} is not a pathType: use Prefix, Exact or ImplementationSpecific"),
