@@ -9,6 +9,7 @@ use crate::{
     controlplane::{Client, Follower, RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
     cri::Cri,
     dns::{self, Dns, ResolvConf, ServerConfig, ZoneConfig, node_local},
+    ingress,
     logs::rotate::{self, LogRotation},
     network::Network,
     node,
@@ -90,6 +91,9 @@ pub struct AgentConfig {
     /// The port of the node's kubelet endpoint (container logs for the control plane), on the
     /// node's address, else on loopback (`server`).
     pub kubelet_port: u16,
+    /// The Ingress controller's ports on the node's address, else on loopback (0: off).
+    pub ingress_http_port: u16,
+    pub ingress_https_port: u16,
     /// When container logs are rotated, and how many files are kept.
     pub log_rotation: LogRotation,
 }
@@ -119,6 +123,8 @@ impl AgentConfig {
             credential_file: PathBuf::from("/var/lib/gitplane/node-credential"),
             certificate_authority: None,
             kubelet_port: server::DEFAULT_PORT,
+            ingress_http_port: 80,
+            ingress_https_port: 443,
             log_rotation: LogRotation::default(),
         }
     }
@@ -267,6 +273,13 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         let (network, shutdown) = (network.clone(), shutdown.clone());
         async move { proxy::follow::run(proxier, &network, shutdown).await }
     });
+    // The Ingress controller: its routes from that view, served on the node's address.
+    let routes = Arc::new(ingress::Routes::default());
+    let ingress_routes = tokio::spawn({
+        let (routes, network, shutdown) = (routes.clone(), network.clone(), shutdown.clone());
+        async move { ingress::follow(&routes, &network, shutdown).await }
+    });
+    let ingress_listeners = serve_ingress(&cfg, routes, &shutdown).await?;
     let naming = tokio::spawn({
         let (dns, network, shutdown) = (dns.clone(), network.clone(), shutdown.clone());
         async move { dns::follow::run(&dns, &host_dns, &network, shutdown).await }
@@ -293,6 +306,8 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     following.abort();
     routing.abort();
     naming.abort();
+    ingress_routes.abort();
+    ingress_listeners.iter().for_each(tokio::task::JoinHandle::abort);
     let proxier = proxying.await;
     pods.stop(cfg.remove_pods_on_exit).await;
     drop(dns_server);
@@ -308,6 +323,37 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         }
     }
     Ok(())
+}
+
+/// Starts the Ingress controller's listeners on the node's address (loopback without one). A
+/// port already taken leaves that listener off, with a warning: the node's other work goes on.
+async fn serve_ingress(
+    cfg: &AgentConfig,
+    routes: Arc<ingress::Routes>,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, AgentError> {
+    let ip = kubelet_ip(cfg)?;
+    let proxy = ingress::proxy::Proxy::new(routes);
+    let mut tasks = Vec::new();
+    for (port, https) in [(cfg.ingress_http_port, false), (cfg.ingress_https_port, true)] {
+        if port == 0 {
+            continue;
+        }
+        let addr = std::net::SocketAddr::new(ip, port);
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                tracing::warn!(%addr, %error, "the Ingress controller cannot listen here; Ingresses are not served on it");
+                continue;
+            }
+        };
+        tracing::info!(%addr, https, "Ingress controller listening");
+        let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(async move {
+            if https { proxy.serve_https(listener, shutdown).await } else { proxy.serve_http(listener, shutdown).await }
+        }));
+    }
+    Ok(tasks)
 }
 
 /// The addresses NodePorts answer on: the node's InternalIP.

@@ -94,6 +94,12 @@ pub struct AgentArgs {
     /// control plane reads container logs (the kubelet's --port).
     #[arg(long, default_value_t = crate::server::DEFAULT_PORT)]
     pub kubelet_port: u16,
+    /// The Ingress controller's HTTP port on the node's address (0: off).
+    #[arg(long, default_value_t = 80)]
+    pub ingress_http_port: u16,
+    /// The Ingress controller's HTTPS port on the node's address (0: off).
+    #[arg(long, default_value_t = 443)]
+    pub ingress_https_port: u16,
     /// A running container's log file is rotated once it reaches this size (the kubelet's
     /// containerLogMaxSize).
     #[arg(long, default_value = "10Mi", value_parser = parse_size)]
@@ -138,6 +144,8 @@ impl AgentArgs {
         cfg.remove_pods_on_exit = self.remove_pods_on_exit;
         cfg.credential_file = self.credential_file;
         cfg.kubelet_port = self.kubelet_port;
+        cfg.ingress_http_port = self.ingress_http_port;
+        cfg.ingress_https_port = self.ingress_https_port;
         cfg.log_rotation =
             LogRotation { max_size: self.container_log_max_size, max_files: usize::from(self.container_log_max_files) };
         if let Some(file) = self.certificate_authority {

@@ -10,6 +10,7 @@ pub mod dns;
 pub mod events;
 pub mod host;
 pub mod images;
+pub mod ingress;
 pub mod logs;
 pub mod metrics;
 pub mod network;

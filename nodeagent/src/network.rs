@@ -1,6 +1,7 @@
 //! What the agent knows of the cluster's networking, followed from the control plane's
-//! `WatchNetwork`: Services, EndpointSlices, Nodes and cluster DNS's settings. The proxy, cluster
-//! DNS and the routes to other nodes read it ([`Network::view`]) and are told what changed
+//! `WatchNetwork`: Services, EndpointSlices, Nodes, cluster DNS's settings, and Ingresses with
+//! their classes and TLS Secrets. The proxy, cluster DNS, the routes to other nodes and the
+//! Ingress controller read it ([`Network::view`]) and are told what changed
 //! ([`Network::subscribe`]), in batches: one per event, or one `Relisted` when the view was
 //! listed anew (at start, after a compaction), after which a reader syncs from scratch.
 
@@ -8,8 +9,9 @@ use crate::controlplane::{Client, Follower, Servers, follow};
 use gitplane_api::ObjectKey;
 use gitplane_proto::node::{EventType, ObjectEvent, WatchNetworkRequest};
 use k8s_openapi::api::{
-    core::v1::{ConfigMap, Node, Service},
+    core::v1::{ConfigMap, Node, Secret, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::{Ingress, IngressClass},
 };
 use std::{
     collections::BTreeMap,
@@ -22,6 +24,10 @@ const SERVICE: &str = "Service";
 const ENDPOINT_SLICE: &str = "EndpointSlice.discovery.k8s.io";
 const NODE: &str = "Node";
 const CONFIG_MAP: &str = "ConfigMap";
+const INGRESS: &str = "Ingress.networking.k8s.io";
+const INGRESS_CLASS: &str = "IngressClass.networking.k8s.io";
+/// Only the TLS Secrets Ingresses name come in this watch.
+const SECRET: &str = "Secret";
 
 /// The cluster's networking objects as of one revision.
 #[derive(Clone, Debug, Default)]
@@ -31,6 +37,9 @@ pub struct View {
     pub nodes: BTreeMap<String, Arc<Node>>,
     /// `kube-system/kube-dns`: stub domains and upstream servers.
     pub dns_config: Option<Arc<ConfigMap>>,
+    pub ingresses: BTreeMap<ObjectKey, Arc<Ingress>>,
+    pub ingress_classes: BTreeMap<String, Arc<IngressClass>>,
+    pub tls_secrets: BTreeMap<ObjectKey, Arc<Secret>>,
     pub revision: i64,
 }
 
@@ -41,6 +50,8 @@ pub enum Change {
     EndpointSlice(ObjectKey),
     Node(String),
     DnsConfig,
+    /// An Ingress, an IngressClass or a TLS Secret: the Ingress routes are rebuilt.
+    Ingress,
     /// Listed anew: read everything.
     Relisted,
 }
@@ -82,6 +93,21 @@ impl View {
             CONFIG_MAP => {
                 self.dns_config = (!deleted).then(|| serde_json::from_value(value)).transpose()?.map(Arc::new);
                 Change::DnsConfig
+            }
+            INGRESS => {
+                let ingress = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.ingresses, key, ingress);
+                Change::Ingress
+            }
+            INGRESS_CLASS => {
+                let class = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.ingress_classes, key.name, class);
+                Change::Ingress
+            }
+            SECRET => {
+                let secret = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.tls_secrets, key, secret);
+                Change::Ingress
             }
             _ => return Ok(None),
         };

@@ -6,6 +6,7 @@
 
 pub mod application;
 pub mod events;
+pub mod ingress;
 pub mod kinds;
 pub mod object;
 pub mod openapi;

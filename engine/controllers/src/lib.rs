@@ -11,6 +11,7 @@
 pub mod deployment;
 pub mod endpoints;
 pub mod garbage_collector;
+pub mod ingress;
 pub mod job;
 pub mod loadbalancer;
 pub mod names;
@@ -34,6 +35,7 @@ pub fn watched_kinds() -> Vec<String> {
         coordination::v1::Lease,
         core::v1::{Endpoints, Node, Pod, Service},
         discovery::v1::EndpointSlice,
+        networking::v1::{Ingress, IngressClass},
     };
     vec![
         kind_of::<Deployment>(),
@@ -45,6 +47,8 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<Service>(),
         kind_of::<EndpointSlice>(),
         kind_of::<Endpoints>(),
+        kind_of::<Ingress>(),
+        kind_of::<IngressClass>(),
     ]
 }
 
@@ -65,6 +69,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),
         tokio::spawn(Controller::new(node_lifecycle::NodeLifecycleController::default(), ctx.clone()).run()),
+        tokio::spawn(Controller::new(ingress::IngressController::default(), ctx.clone()).run()),
     ];
     if let Some(pool) = settings.load_balancer_pool {
         tasks.push(tokio::spawn(Controller::new(loadbalancer::LoadBalancerController::new(pool), ctx).run()));

@@ -70,6 +70,14 @@ const RESOURCES: &[Resource] = &[
         namespaced: true,
     },
     Resource { group: "coordination.k8s.io", version: "v1", plural: "leases", kind: "Lease", namespaced: true },
+    Resource { group: "networking.k8s.io", version: "v1", plural: "ingresses", kind: "Ingress", namespaced: true },
+    Resource {
+        group: "networking.k8s.io",
+        version: "v1",
+        plural: "ingressclasses",
+        kind: "IngressClass",
+        namespaced: false,
+    },
     Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },
 ];
 

@@ -110,6 +110,10 @@ fn columns(kind: &str) -> Vec<Value> {
         "ConfigMap" => vec![("Name", S, 0), ("Data", I, 0), ("Age", S, 0)],
         "Secret" => vec![("Name", S, 0), ("Type", S, 0), ("Data", I, 0), ("Age", S, 0)],
         "Lease" => vec![("Name", S, 0), ("Holder", S, 0), ("Age", S, 0)],
+        "Ingress" => {
+            vec![("Name", S, 0), ("Class", S, 0), ("Hosts", S, 0), ("Address", S, 0), ("Ports", S, 0), ("Age", S, 0)]
+        }
+        "IngressClass" => vec![("Name", S, 0), ("Controller", S, 0), ("Parameters", S, 0), ("Age", S, 0)],
         "Event" => vec![
             ("Last Seen", S, 0),
             ("Type", S, 0),
@@ -394,6 +398,36 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             ]
         }
         "Endpoints" => vec![name, json!(endpoints(o)), json!(age)],
+        "Ingress" => {
+            // As kubectl prints them: `*` for a rule without a host, the first four hosts, and
+            // 443 beside 80 when the Ingress terminates TLS.
+            let hosts: Vec<&str> = array(&spec["rules"]).map(|r| r["host"].as_str().unwrap_or("*")).collect();
+            let shown = match hosts.len() {
+                0 => "*".to_owned(),
+                n if n > 4 => format!("{} + {} more...", hosts[..4].join(","), n - 4),
+                _ => hosts.join(","),
+            };
+            let address: Vec<&str> = array(&status["loadBalancer"]["ingress"])
+                .filter_map(|i| i["ip"].as_str().or(i["hostname"].as_str()))
+                .collect();
+            let ports = if array(&spec["tls"]).next().is_some() { "80, 443" } else { "80" };
+            vec![
+                name,
+                json!(or_none(&spec["ingressClassName"])),
+                json!(shown),
+                json!(address.join(",")),
+                json!(ports),
+                json!(age),
+            ]
+        }
+        "IngressClass" => {
+            let p = &spec["parameters"];
+            let parameters = match p["name"].as_str() {
+                Some(n) => format!("{}/{}", p["kind"].as_str().unwrap_or(""), n),
+                None => "<none>".to_owned(),
+            };
+            vec![name, json!(or_none(&spec["controller"])), json!(parameters), json!(age)]
+        }
         "EndpointSlice" => {
             let ports = array(&o["ports"]).map(|p| match (p["port"].as_i64(), p["name"].as_str()) {
                 (Some(port), _) => port.to_string(),
@@ -674,6 +708,23 @@ mod tests {
             table("Application", &[app], "1", now())["rows"][0]["cells"],
             json!(["demo", "Synced", "Healthy", "0123456789ab", "<unknown>", "", "main", "<none>"])
         );
+    }
+
+    #[test]
+    fn ingress_rows_show_class_hosts_address_and_ports_as_kubectl() {
+        let row = |spec: Value, status: Value| {
+            let ingress = json!({"metadata": {"name": "shop"}, "spec": spec, "status": status});
+            table("Ingress", &[ingress], "1", now())["rows"][0]["cells"].clone()
+        };
+        let tls = json!({"ingressClassName": "gitplane", "rules": [{"host": "shop.example"}, {}],
+                         "tls": [{"hosts": ["shop.example"], "secretName": "shop-tls"}]});
+        let address = json!({"loadBalancer": {"ingress": [{"ip": "172.29.0.2"}, {"ip": "172.29.0.3"}]}});
+        assert_eq!(
+            row(tls, address),
+            json!(["shop", "gitplane", "shop.example,*", "172.29.0.2,172.29.0.3", "80, 443", "<unknown>"])
+        );
+        let many = json!({"rules": (0..6).map(|i| json!({"host": format!("h{i}")})).collect::<Vec<_>>()});
+        assert_eq!(row(many, json!({})), json!(["shop", "<none>", "h0,h1,h2,h3 + 2 more...", "", "80", "<unknown>"]));
     }
 
     #[test]

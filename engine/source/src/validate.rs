@@ -2,6 +2,7 @@
 //! scope, no server-managed fields, no duplicates, the namespace defaulted.
 
 mod config_refs;
+mod ingress;
 mod pod;
 mod service;
 
@@ -492,6 +493,8 @@ fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
             )],
         },
         "Secret" => secret_problems(value),
+        "Ingress" => ingress::problems(value),
+        "IngressClass" => ingress::class_problems(value),
         _ => Vec::new(),
     };
     if let Some(at) = pod::pod_spec_pointer(&info.kind)
@@ -728,7 +731,8 @@ spec:
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
                    Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
-                   Job (batch/v1), Application (gitplane.io/v1)"],
+                   Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
+                   Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
@@ -1103,6 +1107,70 @@ spec:
             .collect();
         let mut got = errors(&[("pod.yaml", pod)]);
         got.sort();
+        expected.sort();
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn t10_ingresses_are_validated_as_kube_apiserver_does() {
+        let good = "\
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: shop}
+spec:
+  tls: [{hosts: [shop.example, '*.shop.example'], secretName: shop-tls}]
+  rules:
+    - host: '*.shop.example'
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+          - {path: /api, pathType: Exact, backend: {service: {name: api, port: {name: http}}}}
+          - {pathType: ImplementationSpecific, backend: {resource: {kind: Bucket, name: b}}}
+";
+        assert!(check(&[("i.yaml", good)]).is_ok(), "{:?}", check(&[("i.yaml", good)]));
+        let bad = "\
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: shop}
+spec:
+  rules:
+    - host: 'shop.*.example'
+      http:
+        paths:
+          - {path: /, backend: {service: {name: web, port: {number: 80}}}}
+          - {path: api, pathType: Prefix, backend: {service: {name: web, port: {number: 80, name: http}}}}
+          - {path: /a//b, pathType: Exact, backend: {service: {name: web, port: {}}, resource: {kind: K, name: n}}}
+    - host: 10.0.0.1
+      http:
+        paths:
+          - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 0}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: empty}
+spec: {}
+";
+        let mut got = errors(&[("i.yaml", bad)]);
+        got.sort();
+        let at = "i.yaml:{}: Ingress shop: /spec/rules/";
+        let mut expected: Vec<String> = [
+            (6, "0/host: \"shop.*.example\": a wildcard is allowed only as the whole first label, as in *.example.com"),
+            (9, "0/http/paths/0: \"pathType\" is a required property"),
+            (10, "0/http/paths/1/path: \"api\" must be an absolute path (begin with /) for pathType Prefix"),
+            (10, "0/http/paths/1/backend/service/port: a Service port is a number or a name, not both: remove one"),
+            (11, "0/http/paths/2/path: \"/a//b\" must not contain \"//\" for pathType Exact"),
+            (11, "0/http/paths/2/backend: a backend is either a service or a resource, not both: remove one"),
+            (12, "1/host: \"10.0.0.1\" is an IP address: a host must be a DNS name (leave it out to match every host)"),
+            (15, "1/http/paths/0/backend/service/port/number: 0 is not a port number: use 1 to 65535"),
+        ]
+        .into_iter()
+        .map(|(line, rest)| format!("{}{rest}", at.replace("{}", &line.to_string())))
+        .collect();
+        expected.push(
+            "i.yaml:20 (document 2): Ingress empty: /spec: either defaultBackend or rules must be specified: add a \
+             rule with a host and paths, or a defaultBackend"
+                .into(),
+        );
         expected.sort();
         assert_eq!(got, expected);
     }

@@ -57,6 +57,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "ingresses" => &["ing"],
         // As Argo CD names its Applications.
         "applications" => &["app"],
         _ => &[],
@@ -76,7 +77,7 @@ fn categories(r: &Resource) -> &'static [&'static str] {
 fn subresources(r: &Resource) -> &'static [&'static str] {
     match r.plural {
         "pods" => &["attach", "exec", "log", "portforward", "status"],
-        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" => &[],
+        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses" => &[],
         _ => &["status"],
     }
 }
@@ -334,7 +335,15 @@ mod tests {
             groups["items"].as_array().unwrap().iter().map(|g| g["metadata"]["name"].as_str().unwrap()).collect();
         assert_eq!(
             names,
-            ["apps", "batch", "discovery.k8s.io", "coordination.k8s.io", "gitplane.io", "metrics.k8s.io"]
+            [
+                "apps",
+                "batch",
+                "discovery.k8s.io",
+                "coordination.k8s.io",
+                "networking.k8s.io",
+                "gitplane.io",
+                "metrics.k8s.io"
+            ]
         );
         let deployments = resource(&groups, "deployments");
         assert_eq!((&deployments["shortNames"], &deployments["categories"]), (&json!(["deploy"]), &json!(["all"])));
@@ -348,8 +357,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 6);
-        assert_eq!(list["groups"][5]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 7);
+        assert_eq!(list["groups"][6]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();

@@ -164,6 +164,7 @@ mod tests {
                 "apis/batch/v1",
                 "apis/discovery.k8s.io/v1",
                 "apis/coordination.k8s.io/v1",
+                "apis/networking.k8s.io/v1",
                 "apis/gitplane.io/v1"
             ]
         );

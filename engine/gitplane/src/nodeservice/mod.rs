@@ -8,12 +8,14 @@
 
 mod events;
 mod identity;
+mod ingress_secrets;
 mod nodestatus;
 mod podcidr;
 mod podconfig;
 
 pub use identity::NodeIdentity;
 use identity::{Caller, caller, node_of};
+use ingress_secrets::TlsReferences;
 
 use crate::{kubelet_client::kubelet_address, listener::Transport, tls::ClusterCa};
 use futures::{Stream, StreamExt};
@@ -285,8 +287,77 @@ fn bound_to(pod: &serde_json::Value, node: &str) -> bool {
 type PodEventStream = Pin<Box<dyn Stream<Item = Result<PodEvent, Status>> + Send>>;
 type ObjectEventStream = Pin<Box<dyn Stream<Item = Result<ObjectEvent, Status>> + Send>>;
 
-/// What every node reads to program its networking (a kubelet and kube-proxy read as much).
-const NETWORK_KINDS: [&str; 4] = ["Service", "EndpointSlice.discovery.k8s.io", "Node", "ConfigMap"];
+/// What every node reads to program its networking (a kubelet and kube-proxy read as much) and
+/// to serve Ingresses (an ingress controller reads as much, and the TLS Secrets Ingresses name:
+/// see [`ingress_secrets`]).
+const NETWORK_KINDS: [&str; 6] = [
+    "Service",
+    "EndpointSlice.discovery.k8s.io",
+    "Node",
+    "ConfigMap",
+    ingress_secrets::INGRESS,
+    "IngressClass.networking.k8s.io",
+];
+
+/// The events of the network watch one store event makes: the object if the node may see it,
+/// and for an Ingress the TLS Secrets it starts naming (read now) or stops naming (deleted).
+async fn network_events(
+    store: &dyn Store,
+    tls: &std::sync::Mutex<TlsReferences>,
+    event: Result<gitplane_store::Event, StoreError>,
+) -> Vec<Result<ObjectEvent, Status>> {
+    let e = match event {
+        Err(e) => return vec![Err(store_status(e))],
+        Ok(e) => e,
+    };
+    let wire = match e.event_type {
+        EventType::Bookmark => {
+            return vec![Ok(ObjectEvent {
+                r#type: WireEventType::Bookmark as i32,
+                resource_version: e.revision,
+                ..Default::default()
+            })];
+        }
+        EventType::Added => WireEventType::Added,
+        EventType::Modified => WireEventType::Modified,
+        _ => WireEventType::Deleted,
+    };
+    let present = (e.event_type != EventType::Deleted).then_some(&*e.object);
+    let lock = || tls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if e.key.kind == ingress_secrets::SECRET {
+        return match lock().secret_changed(&e.key, present) {
+            Some(true) => vec![Ok(object_event(wire, e.revision, &e.key.kind, &e.object))],
+            Some(false) => vec![Ok(object_event(WireEventType::Deleted, e.revision, &e.key.kind, &e.object))],
+            None => Vec::new(),
+        };
+    }
+    if !network_object(&e.key) {
+        return Vec::new();
+    }
+    let mut out = vec![Ok(object_event(wire, e.revision, &e.key.kind, &e.object))];
+    if e.key.kind == ingress_secrets::INGRESS {
+        let (added, removed) = lock().set_ingress(&e.key, present);
+        for (namespace, name) in added {
+            let key = ObjectKey::new(ingress_secrets::SECRET, namespace, name);
+            match store.get(&key).await {
+                Err(error) => return vec![Err(store_status(error))],
+                Ok(secret) => {
+                    if let Some(secret) = secret
+                        && lock().secret_changed(&key, Some(&secret)) == Some(true)
+                    {
+                        out.push(Ok(object_event(WireEventType::Added, e.revision, &key.kind, &secret)));
+                    }
+                }
+            }
+        }
+        for (namespace, name) in removed {
+            let gone = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+                                          "metadata": {"name": name, "namespace": namespace}});
+            out.push(Ok(object_event(WireEventType::Deleted, e.revision, ingress_secrets::SECRET, &gone)));
+        }
+    }
+    out
+}
 
 /// Of the ConfigMaps, only cluster DNS's settings: the others may hold anything.
 fn network_object(key: &ObjectKey) -> bool {
@@ -443,6 +514,7 @@ impl node_service_server::NodeService for NodeService {
         let own = node_of(&request)?;
         let resource_version = request.into_inner().resource_version;
         let mut initial = Vec::new();
+        let mut tls = TlsReferences::default();
         let from = if resource_version == 0 {
             // Every kind as of one revision: the first list's.
             let mut revision = None;
@@ -450,14 +522,26 @@ impl node_service_server::NodeService for NodeService {
                 let options = ListOptions { at_revision: revision, ..ListOptions::default() };
                 let list = self.store.list(kind, &options).await.map_err(store_status)?;
                 revision = Some(list.revision);
-                initial.extend(
-                    list.items
-                        .iter()
-                        .filter(|o| ObjectKey::from_value(o).is_ok_and(|k| network_object(&k)))
-                        .map(|o| Ok(object_event(WireEventType::Added, list.revision, kind, o))),
-                );
+                for o in &list.items {
+                    let Ok(key) = ObjectKey::from_value(o) else { continue };
+                    if kind == ingress_secrets::INGRESS {
+                        tls.set_ingress(&key, Some(o));
+                    }
+                    if network_object(&key) {
+                        initial.push(Ok(object_event(WireEventType::Added, list.revision, kind, o)));
+                    }
+                }
             }
             let revision = revision.unwrap_or_default();
+            // The TLS Secrets the Ingresses name, as of the same revision.
+            let options = ListOptions { at_revision: Some(revision), ..ListOptions::default() };
+            let secrets = self.store.list(ingress_secrets::SECRET, &options).await.map_err(store_status)?;
+            for secret in &secrets.items {
+                let Ok(key) = ObjectKey::from_value(secret) else { continue };
+                if tls.secret_changed(&key, Some(secret)) == Some(true) {
+                    initial.push(Ok(object_event(WireEventType::Added, revision, ingress_secrets::SECRET, secret)));
+                }
+            }
             initial.push(Ok(ObjectEvent {
                 r#type: WireEventType::Bookmark as i32,
                 resource_version: revision,
@@ -465,30 +549,29 @@ impl node_service_server::NodeService for NodeService {
             }));
             revision
         } else {
+            // Resumed: the agent holds what was sent; learn the references without sending them.
+            let ingresses =
+                self.store.list(ingress_secrets::INGRESS, &ListOptions::default()).await.map_err(store_status)?;
+            for o in &ingresses.items {
+                let Ok(key) = ObjectKey::from_value(o) else { continue };
+                for (namespace, name) in tls.set_ingress(&key, Some(o)).0 {
+                    let key = ObjectKey::new(ingress_secrets::SECRET, namespace, name);
+                    let secret = self.store.get(&key).await.map_err(store_status)?;
+                    tls.secret_changed(&key, secret.as_ref());
+                }
+            }
             resource_version
         };
-        let kinds = NETWORK_KINDS.iter().map(|k| k.to_string()).collect();
+        let kinds = NETWORK_KINDS.iter().chain([&ingress_secrets::SECRET]).map(|k| k.to_string()).collect();
         let events =
             self.store.watch(from, WatchOptions { kinds: Some(kinds), bookmarks: true }).await.map_err(store_status)?;
-        let changes = events.filter_map(|event| {
-            std::future::ready(match event {
-                Err(e) => Some(Err(store_status(e))),
-                Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(ObjectEvent {
-                    r#type: WireEventType::Bookmark as i32,
-                    resource_version: e.revision,
-                    ..Default::default()
-                })),
-                Ok(e) if network_object(&e.key) => {
-                    let kind = match e.event_type {
-                        EventType::Added => WireEventType::Added,
-                        EventType::Modified => WireEventType::Modified,
-                        _ => WireEventType::Deleted,
-                    };
-                    Some(Ok(object_event(kind, e.revision, &e.key.kind, &e.object)))
-                }
-                Ok(_) => None,
+        let (store, tls) = (self.store.clone(), Arc::new(std::sync::Mutex::new(tls)));
+        let changes = events
+            .then(move |event| {
+                let (store, tls) = (store.clone(), tls.clone());
+                async move { network_events(&*store, &tls, event).await }
             })
-        });
+            .flat_map(futures::stream::iter);
         tracing::info!(node = %own, from, "network watch started");
         Ok(Response::new(Box::pin(futures::stream::iter(initial).chain(changes))))
     }

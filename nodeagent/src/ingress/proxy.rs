@@ -1,0 +1,406 @@
+//! The Ingress data plane: an HTTP/1.1 reverse proxy (hyper) in front of the Services' Pods.
+//! Each request is routed by the snapshot current when it arrives, sent straight to one of the
+//! Service's ready endpoints (round robin, as ingress-nginx balances), and tried on the next
+//! endpoint when a connection cannot be made (ingress-nginx's `proxy_next_upstream error`).
+//! Clients and upstreams keep their connections alive; idle upstream connections wait in a small
+//! pool per endpoint. Request bodies are read whole first (at most [`MAX_BODY`], ingress-nginx's
+//! default `client_max_body_size`), so a retry can send them again.
+
+use super::{Routes, tls};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::{
+    Request, Response, StatusCode,
+    body::{Body, Frame, Incoming},
+    client::conn::http1::SendRequest,
+    header::{self, HeaderMap, HeaderName, HeaderValue},
+    service::service_fn,
+};
+use hyper_util::rt::TokioIo;
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    pin::Pin,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, TcpStream},
+    sync::watch,
+};
+
+/// The largest request body proxied (ingress-nginx's default `client_max_body_size`, 1m).
+pub const MAX_BODY: usize = 1 << 20;
+/// How long connecting to an endpoint may take (ingress-nginx's `proxy-connect-timeout`).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many endpoints a request is tried on (ingress-nginx's `proxy-next-upstream-tries`: 3).
+const TRIES: usize = 3;
+/// Idle connections kept per endpoint.
+const IDLE_PER_ENDPOINT: usize = 32;
+
+type Sender = SendRequest<Full<Bytes>>;
+pub type ProxyBody = Either<PooledBody, Full<Bytes>>;
+
+/// Idle keep-alive connections to endpoints.
+#[derive(Default)]
+pub struct Pool {
+    idle: Mutex<HashMap<SocketAddr, Vec<Sender>>>,
+}
+
+impl Pool {
+    fn take(&self, endpoint: SocketAddr) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let senders = idle.get_mut(&endpoint)?;
+        while let Some(sender) = senders.pop() {
+            if !sender.is_closed() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    fn put(&self, endpoint: SocketAddr, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let senders = idle.entry(endpoint).or_default();
+        if senders.len() < IDLE_PER_ENDPOINT {
+            senders.push(sender);
+        }
+    }
+}
+
+/// A response body that gives its connection back to the pool once it has been read.
+pub struct PooledBody {
+    inner: Incoming,
+    giving_back: Option<(Arc<Pool>, SocketAddr, Sender)>,
+}
+
+impl PooledBody {
+    fn give_back(&mut self) {
+        if let Some((pool, endpoint, sender)) = self.giving_back.take() {
+            pool.put(endpoint, sender);
+        }
+    }
+}
+
+impl Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.give_back(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.give_back(),
+            Poll::Ready(Some(Err(_))) => self.giving_back = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// What the proxy shares between connections.
+pub struct Proxy {
+    pub routes: Arc<Routes>,
+    pool: Arc<Pool>,
+    next: AtomicUsize,
+}
+
+impl Proxy {
+    pub fn new(routes: Arc<Routes>) -> Arc<Proxy> {
+        Arc::new(Proxy { routes, pool: Arc::default(), next: AtomicUsize::new(0) })
+    }
+
+    /// Serves plain HTTP on `listener` until `shutdown`.
+    pub async fn serve_http(self: Arc<Self>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+        self.accept(listener, None, shutdown).await
+    }
+
+    /// Serves HTTPS on `listener` until `shutdown`.
+    pub async fn serve_https(self: Arc<Self>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
+        let config = match tls::server_config(self.routes.clone()) {
+            Ok(config) => config,
+            Err(error) => return tracing::error!(%error, "the Ingress HTTPS listener cannot start"),
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        self.accept(listener, Some(acceptor), shutdown).await
+    }
+
+    async fn accept(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => break,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, most likely: give connections time to close.
+                    tracing::warn!(%error, "accepting an Ingress connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let (proxy, tls) = (self.clone(), tls.clone());
+            tokio::spawn(async move {
+                match tls {
+                    None => proxy.serve_connection(stream, peer, "http").await,
+                    Some(acceptor) => {
+                        match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await {
+                            Ok(Ok(stream)) => proxy.serve_connection(stream, peer, "https").await,
+                            Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    async fn serve_connection<S>(self: Arc<Self>, stream: S, peer: SocketAddr, scheme: &'static str)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = service_fn(move |request| {
+            let proxy = self.clone();
+            async move { Ok::<_, std::convert::Infallible>(proxy.handle(request, peer, scheme).await) }
+        });
+        // A client has 30 s to send a request's head (Slowloris); hyper needs a timer for that.
+        let served = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive(true)
+            .header_read_timeout(Duration::from_secs(30))
+            .serve_connection(TokioIo::new(stream), service)
+            .await;
+        if let Err(error) = served {
+            tracing::debug!(%peer, %error, "Ingress connection ended with an error");
+        }
+    }
+
+    /// Routes and proxies one request.
+    pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr, scheme: &str) -> Response<ProxyBody> {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| request.uri().host())
+            .unwrap_or("")
+            .to_owned();
+        let bare_host = strip_port(&host).to_ascii_lowercase();
+        let backend = {
+            let snapshot = self.routes.load();
+            match snapshot.table.route(&bare_host, request.uri().path()) {
+                Some(route) => route.backend.clone(),
+                None => return error(StatusCode::NOT_FOUND, "no Ingress rule matches this host and path"),
+            }
+        };
+        if backend.endpoints.is_empty() {
+            return error(StatusCode::SERVICE_UNAVAILABLE, &format!("{} has no ready endpoints", backend.name));
+        }
+        let (parts, body) = request.into_parts();
+        let body = match Limited::new(body, MAX_BODY).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+                return error(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than 1 MiB");
+            }
+            Err(_) => return error(StatusCode::BAD_REQUEST, "the request body could not be read"),
+        };
+        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
+        let headers = upstream_headers(&parts.headers, peer, scheme, &host);
+        let build = || {
+            let mut upstream = Request::builder().method(parts.method.clone()).uri(path.as_str());
+            if let Some(h) = upstream.headers_mut() {
+                h.clone_from(&headers);
+            }
+            upstream.body(Full::new(body.clone()))
+        };
+        let endpoints = &backend.endpoints;
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let idempotent = parts.method.is_idempotent();
+        let mut last_error = String::new();
+        for attempt in 0..endpoints.len().min(TRIES) {
+            let endpoint = endpoints[(start + attempt) % endpoints.len()];
+            let Ok(upstream) = build() else {
+                return error(StatusCode::BAD_REQUEST, "the request cannot be forwarded");
+            };
+            match self.send(endpoint, upstream, idempotent).await {
+                Ok(response) => return response,
+                Err(why) => {
+                    tracing::debug!(%endpoint, backend = %backend.name, %why, "endpoint failed; trying the next");
+                    last_error = why;
+                }
+            }
+        }
+        tracing::warn!(backend = %backend.name, error = %last_error, "no endpoint answered");
+        error(StatusCode::BAD_GATEWAY, &format!("no endpoint of {} answered", backend.name))
+    }
+
+    /// Sends a request to one endpoint: on an idle pooled connection, else a new one. `Err`: the
+    /// request was not answered and may be sent elsewhere.
+    async fn send(
+        &self,
+        endpoint: SocketAddr,
+        request: Request<Full<Bytes>>,
+        idempotent: bool,
+    ) -> Result<Response<ProxyBody>, String> {
+        let mut request = request;
+        // A pooled connection the endpoint closed meanwhile fails before the request leaves; it
+        // is sent again on a new connection. One that fails after may have been acted on: only
+        // idempotent requests are sent again (as nginx does).
+        while let Some(mut sender) = self.pool.take(endpoint) {
+            if sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok(self.pooled(endpoint, sender, response)),
+                Err(mut failed) => match failed.take_message() {
+                    Some(unsent) => request = unsent,
+                    None if idempotent => return Err(format!("{}", failed.error())),
+                    None => return Err(format!("{} (not retried: the method is not idempotent)", failed.error())),
+                },
+            }
+        }
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(endpoint)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(e)) => return Err(format!("connecting: {e}")),
+            Err(_) => return Err("connecting timed out".into()),
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%endpoint, %error, "upstream connection ended with an error");
+            }
+        });
+        match sender.try_send_request(request).await {
+            Ok(response) => Ok(self.pooled(endpoint, sender, response)),
+            Err(failed) => Err(failed.error().to_string()),
+        }
+    }
+
+    fn pooled(&self, endpoint: SocketAddr, sender: Sender, response: Response<Incoming>) -> Response<ProxyBody> {
+        let (mut parts, inner) = response.into_parts();
+        remove_hop_by_hop(&mut parts.headers);
+        let mut body = PooledBody { inner, giving_back: Some((self.pool.clone(), endpoint, sender)) };
+        if body.is_end_stream() {
+            body.give_back();
+        }
+        Response::from_parts(parts, Either::Left(body))
+    }
+}
+
+fn strip_port(host: &str) -> &str {
+    match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(']') && port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+/// Headers that belong to one connection, not to the request (RFC 9110 section 7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+/// The request's headers as the upstream gets them: hop-by-hop ones removed, and the client's
+/// address, scheme and host in X-Forwarded-For (appended), X-Forwarded-Proto, X-Forwarded-Host
+/// and X-Real-IP, as ingress-nginx sets them.
+fn upstream_headers(headers: &HeaderMap, peer: SocketAddr, scheme: &str, host: &str) -> HeaderMap {
+    let mut out = headers.clone();
+    remove_hop_by_hop(&mut out);
+    let client = peer.ip().to_string();
+    let forwarded_for = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(earlier) if !earlier.is_empty() => format!("{earlier}, {client}"),
+        _ => client.clone(),
+    };
+    let set = |out: &mut HeaderMap, name: &'static str, value: &str| {
+        if let Ok(value) = HeaderValue::from_str(value) {
+            out.insert(name, value);
+        }
+    };
+    set(&mut out, "x-forwarded-for", &forwarded_for);
+    set(&mut out, "x-forwarded-proto", scheme);
+    set(&mut out, "x-forwarded-host", host);
+    set(&mut out, "x-real-ip", &client);
+    out
+}
+
+fn error(status: StatusCode, message: &str) -> Response<ProxyBody> {
+    let mut response = Response::new(Either::Right(Full::new(Bytes::from(format!("{message}\n")))));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_headers_are_set_and_hop_by_hop_ones_dropped() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.1"));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        headers.insert("x-secret", HeaderValue::from_static("s"));
+        headers.insert("accept", HeaderValue::from_static("*/*"));
+        let out = upstream_headers(&headers, "172.29.0.9:50000".parse().unwrap(), "https", "shop.example");
+        assert_eq!(out["x-forwarded-for"], "192.0.2.1, 172.29.0.9");
+        assert_eq!(out["x-forwarded-proto"], "https");
+        assert_eq!(out["x-forwarded-host"], "shop.example");
+        assert_eq!(out["x-real-ip"], "172.29.0.9");
+        assert_eq!(out["accept"], "*/*");
+        assert!(out.get("x-secret").is_none() && out.get(header::CONNECTION).is_none());
+    }
+
+    #[test]
+    fn ports_are_stripped_from_hosts() {
+        assert_eq!(strip_port("shop.example:8080"), "shop.example");
+        assert_eq!(strip_port("shop.example"), "shop.example");
+        assert_eq!(strip_port("[::1]"), "[::1]");
+    }
+}
