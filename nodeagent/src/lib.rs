@@ -13,6 +13,7 @@ pub mod logs;
 pub mod network;
 pub mod node;
 pub mod podconfig;
+pub mod policy;
 pub mod prober;
 pub mod proxy;
 pub mod routes;

@@ -1,6 +1,7 @@
 //! What the agent knows of the cluster's networking, followed from the control plane's
-//! `WatchNetwork`: Services, EndpointSlices, Nodes and cluster DNS's settings. The proxy, cluster
-//! DNS and the routes to other nodes read it ([`Network::view`]) and are told what changed
+//! `WatchNetwork`: Services, EndpointSlices, Nodes, cluster DNS's settings, and for
+//! NetworkPolicy the policies, Namespaces and every Pod (slimmed by the control plane). The
+//! proxy, cluster DNS, the routes to other nodes and policy read it ([`Network::view`]) and are told what changed
 //! ([`Network::subscribe`]), in batches: one per event, or one `Relisted` when the view was
 //! listed anew (at start, after a compaction), after which a reader syncs from scratch.
 
@@ -8,8 +9,9 @@ use crate::controlplane::{Client, Follower, Servers, follow};
 use gitplane_api::ObjectKey;
 use gitplane_proto::node::{EventType, ObjectEvent, WatchNetworkRequest};
 use k8s_openapi::api::{
-    core::v1::{ConfigMap, Node, Service},
+    core::v1::{ConfigMap, Namespace, Node, Pod, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::NetworkPolicy,
 };
 use std::{
     collections::BTreeMap,
@@ -22,6 +24,9 @@ const SERVICE: &str = "Service";
 const ENDPOINT_SLICE: &str = "EndpointSlice.discovery.k8s.io";
 const NODE: &str = "Node";
 const CONFIG_MAP: &str = "ConfigMap";
+const NETWORK_POLICY: &str = "NetworkPolicy.networking.k8s.io";
+const NAMESPACE: &str = "Namespace";
+const POD: &str = "Pod";
 
 /// The cluster's networking objects as of one revision.
 #[derive(Clone, Debug, Default)]
@@ -31,6 +36,10 @@ pub struct View {
     pub nodes: BTreeMap<String, Arc<Node>>,
     /// `kube-system/kube-dns`: stub domains and upstream servers.
     pub dns_config: Option<Arc<ConfigMap>>,
+    pub policies: BTreeMap<ObjectKey, Arc<NetworkPolicy>>,
+    pub namespaces: BTreeMap<String, Arc<Namespace>>,
+    /// Every Pod of the cluster, as policy needs it (labels, node, address, named ports).
+    pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
     pub revision: i64,
 }
 
@@ -41,6 +50,9 @@ pub enum Change {
     EndpointSlice(ObjectKey),
     Node(String),
     DnsConfig,
+    NetworkPolicy(ObjectKey),
+    Namespace(String),
+    Pod(ObjectKey),
     /// Listed anew: read everything.
     Relisted,
 }
@@ -82,6 +94,21 @@ impl View {
             CONFIG_MAP => {
                 self.dns_config = (!deleted).then(|| serde_json::from_value(value)).transpose()?.map(Arc::new);
                 Change::DnsConfig
+            }
+            NETWORK_POLICY => {
+                let policy = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.policies, key.clone(), policy);
+                Change::NetworkPolicy(key)
+            }
+            NAMESPACE => {
+                let namespace = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.namespaces, key.name.clone(), namespace);
+                Change::Namespace(key.name)
+            }
+            POD => {
+                let pod = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.pods, key.clone(), pod);
+                Change::Pod(key)
             }
             _ => return Ok(None),
         };

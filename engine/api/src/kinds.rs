@@ -5,6 +5,7 @@ use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
     batch::v1::Job,
     core::v1::{ConfigMap, Namespace, Pod, Secret, Service},
+    networking::v1::NetworkPolicy,
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -58,6 +59,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
         KindInfo::of::<Job>(true),
+        KindInfo::of::<NetworkPolicy>(true),
         KindInfo::of::<crate::Application>(true),
     ]
 });

@@ -9,6 +9,7 @@ use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::NetworkPolicy,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_core::Resource;
@@ -130,6 +131,7 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Job>();
     b.add::<EndpointSlice>();
     b.add::<Lease>();
+    b.add::<NetworkPolicy>();
     b.add::<crate::Application>();
     let metadata = b.generator.subschema_for::<ObjectMeta>().to_value();
     let mut schemas = b.generator.take_definitions(true);

@@ -2,6 +2,7 @@
 //! scope, no server-managed fields, no duplicates, the namespace defaulted.
 
 mod config_refs;
+mod network_policy;
 mod pod;
 mod service;
 
@@ -492,6 +493,7 @@ fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
             )],
         },
         "Secret" => secret_problems(value),
+        "NetworkPolicy" => network_policy::problems(value),
         _ => Vec::new(),
     };
     if let Some(at) = pod::pod_spec_pointer(&info.kind)

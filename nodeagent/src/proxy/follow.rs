@@ -78,7 +78,12 @@ fn apply(proxier: &mut Proxier, view: &View, batch: &[Change]) {
                 Some(slice) => proxier.update_endpoint_slice((**slice).clone()),
                 None => proxier.delete_endpoint_slice(&key.namespace, &key.name),
             },
-            Change::Node(_) | Change::DnsConfig | Change::Relisted => {}
+            Change::Node(_)
+            | Change::DnsConfig
+            | Change::NetworkPolicy(_)
+            | Change::Namespace(_)
+            | Change::Pod(_)
+            | Change::Relisted => {}
         }
     }
 }

@@ -57,6 +57,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "networkpolicies" => &["netpol"],
         // As Argo CD names its Applications.
         "applications" => &["app"],
         _ => &[],
@@ -311,8 +312,17 @@ mod tests {
             groups["items"].as_array().unwrap().iter().map(|g| g["metadata"]["name"].as_str().unwrap()).collect();
         assert_eq!(
             names,
-            ["apps", "batch", "discovery.k8s.io", "coordination.k8s.io", "gitplane.io", "metrics.k8s.io"]
+            [
+                "apps",
+                "batch",
+                "discovery.k8s.io",
+                "networking.k8s.io",
+                "coordination.k8s.io",
+                "gitplane.io",
+                "metrics.k8s.io"
+            ]
         );
+        assert_eq!(resource(&groups, "networkpolicies")["shortNames"], json!(["netpol"]));
         let deployments = resource(&groups, "deployments");
         assert_eq!((&deployments["shortNames"], &deployments["categories"]), (&json!(["deploy"]), &json!(["all"])));
         assert_eq!(deployments["responseKind"], json!({"group": "apps", "version": "v1", "kind": "Deployment"}));
@@ -325,8 +335,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 6);
-        assert_eq!(list["groups"][5]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 7);
+        assert_eq!(list["groups"][6]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();

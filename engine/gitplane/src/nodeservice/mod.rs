@@ -282,8 +282,41 @@ fn bound_to(pod: &serde_json::Value, node: &str) -> bool {
 type PodEventStream = Pin<Box<dyn Stream<Item = Result<PodEvent, Status>> + Send>>;
 type ObjectEventStream = Pin<Box<dyn Stream<Item = Result<ObjectEvent, Status>> + Send>>;
 
-/// What every node reads to program its networking (a kubelet and kube-proxy read as much).
-const NETWORK_KINDS: [&str; 4] = ["Service", "EndpointSlice.discovery.k8s.io", "Node", "ConfigMap"];
+/// What every node reads to program its networking (a kubelet and kube-proxy read as much,
+/// and a CNI plugin's policy agent the NetworkPolicies, Namespaces and every Pod).
+const NETWORK_KINDS: [&str; 7] = [
+    "Service",
+    "EndpointSlice.discovery.k8s.io",
+    "Node",
+    "ConfigMap",
+    "NetworkPolicy.networking.k8s.io",
+    "Namespace",
+    "Pod",
+];
+
+/// A Pod as NetworkPolicy needs it, and no more: its labels, node, address, phase and container
+/// ports (named ports). Every node sees every Pod, so nothing else of it (env, volumes) leaves.
+fn policy_pod(pod: &serde_json::Value) -> serde_json::Value {
+    let (meta, spec, status) = (&pod["metadata"], &pod["spec"], &pod["status"]);
+    let containers: Vec<serde_json::Value> = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| serde_json::json!({"name": c["name"], "ports": c["ports"]}))
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": meta["labels"]},
+        "spec": {"nodeName": spec["nodeName"], "hostNetwork": spec["hostNetwork"], "containers": containers},
+        "status": {"phase": status["phase"], "podIP": status["podIP"]},
+    })
+}
+
+/// What the network watch sends of an object: a Pod slimmed ([`policy_pod`]), others whole.
+fn network_value(kind: &str, object: &serde_json::Value) -> serde_json::Value {
+    if kind == "Pod" { policy_pod(object) } else { object.clone() }
+}
 
 /// Of the ConfigMaps, only cluster DNS's settings: the others may hold anything.
 fn network_object(key: &ObjectKey) -> bool {
@@ -416,6 +449,9 @@ impl node_service_server::NodeService for NodeService {
         let own = node_of(&request)?;
         let resource_version = request.into_inner().resource_version;
         let mut initial = Vec::new();
+        // What this stream last sent of each object: a Pod's status changes that leave its
+        // slimmed form alone (conditions, container states) are not sent again.
+        let mut sent = std::collections::HashMap::new();
         let from = if resource_version == 0 {
             // Every kind as of one revision: the first list's.
             let mut revision = None;
@@ -423,12 +459,14 @@ impl node_service_server::NodeService for NodeService {
                 let options = ListOptions { at_revision: revision, ..ListOptions::default() };
                 let list = self.store.list(kind, &options).await.map_err(store_status)?;
                 revision = Some(list.revision);
-                initial.extend(
-                    list.items
-                        .iter()
-                        .filter(|o| ObjectKey::from_value(o).is_ok_and(|k| network_object(&k)))
-                        .map(|o| Ok(object_event(WireEventType::Added, list.revision, kind, o))),
-                );
+                for o in &list.items {
+                    let Ok(key) = ObjectKey::from_value(o) else { continue };
+                    if network_object(&key) {
+                        let o = network_value(kind, o);
+                        initial.push(Ok(object_event(WireEventType::Added, list.revision, kind, &o)));
+                        sent.insert(key, o);
+                    }
+                }
             }
             let revision = revision.unwrap_or_default();
             initial.push(Ok(ObjectEvent {
@@ -443,7 +481,7 @@ impl node_service_server::NodeService for NodeService {
         let kinds = NETWORK_KINDS.iter().map(|k| k.to_string()).collect();
         let events =
             self.store.watch(from, WatchOptions { kinds: Some(kinds), bookmarks: true }).await.map_err(store_status)?;
-        let changes = events.filter_map(|event| {
+        let changes = events.filter_map(move |event| {
             std::future::ready(match event {
                 Err(e) => Some(Err(store_status(e))),
                 Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(ObjectEvent {
@@ -457,7 +495,15 @@ impl node_service_server::NodeService for NodeService {
                         EventType::Modified => WireEventType::Modified,
                         _ => WireEventType::Deleted,
                     };
-                    Some(Ok(object_event(kind, e.revision, &e.key.kind, &e.object)))
+                    let object = network_value(&e.key.kind, &e.object);
+                    if kind == WireEventType::Deleted {
+                        sent.remove(&e.key);
+                    } else if sent.get(&e.key) == Some(&object) {
+                        return std::future::ready(None);
+                    } else {
+                        sent.insert(e.key.clone(), object.clone());
+                    }
+                    Some(Ok(object_event(kind, e.revision, &e.key.kind, &object)))
                 }
                 Ok(_) => None,
             })
@@ -732,6 +778,12 @@ mod tests {
             serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-dns", "namespace": "kube-system"}}),
             serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app-config", "namespace": "default"}}),
             serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "default"}}),
+            serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                               "metadata": {"name": "deny", "namespace": "default"}, "spec": {"podSelector": {}}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default", "labels": {"app": "web"}},
+                               "spec": {"nodeName": "b", "containers": [{"name": "c", "image": "i", "env": [{"name": "PASSWORD", "value": "x"}],
+                                        "ports": [{"name": "http", "containerPort": 80}]}]},
+                               "status": {"phase": "Running", "podIP": "10.244.2.5", "conditions": [{"type": "Ready", "status": "True"}]}}),
         ];
         service.store.txn(objects.into_iter().map(Op::Create).collect()).await.unwrap();
         let watch = |caller| as_caller(WatchNetworkRequest { resource_version: 0 }, caller);
@@ -743,12 +795,31 @@ mod tests {
                 break;
             }
             let object: serde_json::Value = serde_json::from_slice(&event.object).unwrap();
+            if event.kind == "Pod" {
+                // Slimmed to what NetworkPolicy reads: no environment, no conditions.
+                assert_eq!(
+                    object,
+                    serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "p", "namespace": "default", "labels": {"app": "web"}},
+                        "spec": {"nodeName": "b", "hostNetwork": null, "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 80}]}]},
+                        "status": {"phase": "Running", "podIP": "10.244.2.5"}})
+                );
+            }
             listed.push(format!("{} {}", event.kind, object["metadata"]["name"].as_str().unwrap()));
         }
         listed.sort();
-        assert_eq!(listed, ["ConfigMap kube-dns", "Node a", "Service web"], "no other ConfigMap, no Secret");
+        listed.retain(|l| !l.starts_with("Namespace "));
+        assert_eq!(
+            listed,
+            ["ConfigMap kube-dns", "NetworkPolicy.networking.k8s.io deny", "Node a", "Pod p", "Service web"],
+            "no other ConfigMap, no Secret"
+        );
         let svc = serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "default"}});
         let other = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default"}});
+        // A Pod status change that leaves its slimmed form alone is not sent.
+        let mut pod = service.store.get(&ObjectKey::new("Pod", "default", "p")).await.unwrap().unwrap();
+        pod["status"]["conditions"][0]["status"] = "False".into();
+        service.store.txn(vec![Op::UpdateStatus(pod)]).await.unwrap();
         service.store.txn(vec![Op::Create(other), Op::Create(svc)]).await.unwrap();
         let next = loop {
             let event = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap().unwrap();
