@@ -119,12 +119,21 @@ fn main() {
     let mut core = world(&o);
     let keys: Vec<_> = core.policies.local_pods().map(|p| p.key()).collect();
     let isolated = keys.iter().filter(|k| core.policies.pod_rules(k).ingress.is_some()).count();
-    rows.push((format!("pure core: {} Pods, {} policies fed in, {} local Pods' rules", o.pods, o.policies, keys.len()), ms(start.elapsed())));
+    rows.push((
+        format!("pure core: {} Pods, {} policies fed in, {} local Pods' rules", o.pods, o.policies, keys.len()),
+        ms(start.elapsed()),
+    ));
     let start = Instant::now();
     let (_, text, _) = core.plan();
     let plan = start.elapsed();
     let elements = text.matches(" . ").count() / 3;
-    rows.push((format!("full plan (elements + text): {isolated} isolated Pods, {elements} elements, {} KiB", text.len() / 1024), ms(plan)));
+    rows.push((
+        format!(
+            "full plan (elements + text): {isolated} isolated Pods, {elements} elements, {} KiB",
+            text.len() / 1024
+        ),
+        ms(plan),
+    ));
 
     let topo = Topology::new(0);
     let mut policier = world(&o);
@@ -132,7 +141,9 @@ fn main() {
     let report = in_netns(&topo.node, || policier.sync()).expect("full sync");
     rows.push((format!("full sync: plan + nft -f ({} Pods programmed)", report.pods), ms(start.elapsed())));
 
-    for (what, local) in [("a Pod of this node, selected by policies, starts", true), ("a peer Pod on another node starts", false)] {
+    for (what, local) in
+        [("a Pod of this node, selected by policies, starts", true), ("a peer Pod on another node starts", false)]
+    {
         let mut times = Vec::new();
         for c in 0..o.changes {
             // Pod numbers past the world's, labelled like its Pods of the same number modulo.

@@ -406,14 +406,16 @@ fn bad_cidr(cluster: &LocalCluster, work: &Worktree, good: &str, targets: &[Targ
         "bad-cidr",
         "  podSelector: {}\n  ingress:\n    - from:\n        - ipBlock:\n            cidr: 10.244.0.0/33\n",
     );
-    push(work, &format!("{good}{bad}"), "a policy with an invalid CIDR")?;
+    let content = format!("{good}{bad}");
+    let line = 1 + content.lines().position(|l| l.contains("10.244.0.0/33")).context("the bad line")?;
+    push(work, &content, "a policy with an invalid CIDR")?;
     let failed = wait_for(DEADLINE, || {
         let sync = app().ok()?["status"]["sync"].clone();
         (sync["status"] == "Failed").then_some(sync)
     })
     .with_context(|| format!("the invalid CIDR was not rejected: {:?}", app().map(|a| a["status"].clone())))?;
     let errors = failed["errors"].to_string();
-    for part in ["policies.yaml", "/spec/ingress/0/from/0/ipBlock/cidr", "10.244.0.0/33", "line"] {
+    for part in [&format!("policies.yaml:{line} "), "/spec/ingress/0/from/0/ipBlock/cidr", "10.244.0.0/33"] {
         ensure!(errors.contains(part), "the rejection does not name {part}: {errors}");
     }
     ensure!(failed["revision"] == good_revision, "the last good revision must stay: {failed}");
