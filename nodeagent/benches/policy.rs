@@ -73,7 +73,7 @@ fn policy(j: usize) -> CompiledPolicy {
             "ports": [{"port": 80}, {"port": 8000, "endPort": 8100}, {"port": "http"}]
         }]
     });
-    if j % 10 == 0 {
+    if j.is_multiple_of(10) {
         spec["egress"] = json!([
             {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
             {"to": [{"podSelector": {}}]}

@@ -15,11 +15,14 @@ pub struct Element {
     pub port: (u16, u16),
 }
 
+/// Address ranges (bounds inclusive).
+type Ranges = Vec<(u32, u32)>;
+
 /// The protocols other than TCP, UDP and SCTP, as ranges.
 const OTHER_PROTOCOLS: [(u8, u8); 4] = [(0, TCP - 1), (TCP + 1, UDP - 1), (UDP + 1, SCTP - 1), (SCTP + 1, u8::MAX)];
 
 /// Sorted, overlapping or adjacent ranges joined.
-fn merge(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
+fn merge(mut ranges: Ranges) -> Ranges {
     ranges.sort_unstable();
     let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
     for (a, b) in ranges {
@@ -33,7 +36,7 @@ fn merge(mut ranges: Vec<(u32, u32)>) -> Vec<(u32, u32)> {
 
 /// The disjoint elements covering exactly what `allows` allow.
 pub fn elements(allows: &BTreeSet<Allow>) -> Vec<Element> {
-    let everything: Vec<(u32, u32)> =
+    let everything: Ranges =
         merge(allows.iter().filter(|a| a.ports == Ports::All).map(|a| (a.first, a.last)).collect());
     let mut out = Vec::new();
     for protocol in [TCP, UDP, SCTP] {
@@ -54,7 +57,7 @@ pub fn elements(allows: &BTreeSet<Allow>) -> Vec<Element> {
         cuts.sort_unstable();
         cuts.dedup();
         // (first port, last port, peers) pieces, neighbours with equal peers joined.
-        let mut pieces: Vec<(u16, u16, Vec<(u32, u32)>)> = Vec::new();
+        let mut pieces: Vec<(u16, u16, Ranges)> = Vec::new();
         for w in cuts.windows(2) {
             let (first, last) = (w[0] as u16, (w[1] - 1) as u16);
             let peers = merge(boxes.iter().filter(|(_, f, l)| *f <= first && last <= *l).map(|(r, _, _)| *r).collect());
