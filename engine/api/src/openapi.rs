@@ -210,7 +210,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 14);
+            assert_eq!(d.roots.len(), 15);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some("v1")));
