@@ -730,7 +730,7 @@ spec:
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
                    Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
-                   Job (batch/v1), Application (gitplane.io/v1)"],
+                   Job (batch/v1), NetworkPolicy (networking.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
