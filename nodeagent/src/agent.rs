@@ -14,6 +14,7 @@ use crate::{
     network::Network,
     node,
     podconfig::PodConfig,
+    policy::{self, Policier},
     prober::{PodProber, Prober},
     proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
@@ -280,6 +281,10 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         async move { ingress::follow(&routes, &network, shutdown).await }
     });
     let ingress_listeners = serve_ingress(&cfg, routes, &shutdown).await?;
+    let policing = tokio::spawn({
+        let (policier, network, shutdown) = (Policier::new(&cfg.node_name), network.clone(), shutdown.clone());
+        async move { policy::follow::run(policier, &network, shutdown).await }
+    });
     let naming = tokio::spawn({
         let (dns, network, shutdown) = (dns.clone(), network.clone(), shutdown.clone());
         async move { dns::follow::run(&dns, &host_dns, &network, shutdown).await }
@@ -309,6 +314,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     ingress_routes.abort();
     ingress_listeners.iter().for_each(tokio::task::JoinHandle::abort);
     let proxier = proxying.await;
+    let policier = policing.await;
     pods.stop(cfg.remove_pods_on_exit).await;
     drop(dns_server);
     if cfg.remove_pods_on_exit {
@@ -317,6 +323,11 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
             && let Err(error) = tokio::task::spawn_blocking(move || proxier.remove_rules()).await.unwrap_or(Ok(()))
         {
             tracing::warn!(%error, "removing the Service rules failed");
+        }
+        if let Ok(mut policier) = policier
+            && let Err(error) = tokio::task::spawn_blocking(move || policier.remove_rules()).await.unwrap_or(Ok(()))
+        {
+            tracing::warn!(%error, "removing the NetworkPolicy table failed");
         }
         if let Err(error) = node_local::remove(cluster_dns).await {
             tracing::warn!(%error, "removing cluster DNS's address failed");

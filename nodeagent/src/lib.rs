@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod podconfig;
+pub mod policy;
 pub mod prober;
 pub mod proxy;
 pub mod routes;

@@ -1,7 +1,8 @@
 //! What the agent knows of the cluster's networking, followed from the control plane's
-//! `WatchNetwork`: Services, EndpointSlices, Nodes, cluster DNS's settings, and Ingresses with
-//! their classes and TLS Secrets. The proxy, cluster DNS, the routes to other nodes and the
-//! Ingress controller read it ([`Network::view`]) and are told what changed
+//! `WatchNetwork`: Services, EndpointSlices, Nodes, cluster DNS's settings, Ingresses with their
+//! classes and TLS Secrets, and for NetworkPolicy the policies, Namespaces and every Pod (slimmed
+//! by the control plane). The proxy, cluster DNS, the routes to other nodes, the Ingress
+//! controller and policy read it ([`Network::view`]) and are told what changed
 //! ([`Network::subscribe`]), in batches: one per event, or one `Relisted` when the view was
 //! listed anew (at start, after a compaction), after which a reader syncs from scratch.
 
@@ -9,9 +10,9 @@ use crate::controlplane::{Client, Follower, Servers, follow};
 use gitplane_api::ObjectKey;
 use gitplane_proto::node::{EventType, ObjectEvent, WatchNetworkRequest};
 use k8s_openapi::api::{
-    core::v1::{ConfigMap, Node, Secret, Service},
+    core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service},
     discovery::v1::EndpointSlice,
-    networking::v1::{Ingress, IngressClass},
+    networking::v1::{Ingress, IngressClass, NetworkPolicy},
 };
 use std::{
     collections::BTreeMap,
@@ -28,6 +29,9 @@ const INGRESS: &str = "Ingress.networking.k8s.io";
 const INGRESS_CLASS: &str = "IngressClass.networking.k8s.io";
 /// Only the TLS Secrets Ingresses name come in this watch.
 const SECRET: &str = "Secret";
+const NETWORK_POLICY: &str = "NetworkPolicy.networking.k8s.io";
+const NAMESPACE: &str = "Namespace";
+const POD: &str = "Pod";
 
 /// The cluster's networking objects as of one revision.
 #[derive(Clone, Debug, Default)]
@@ -40,6 +44,10 @@ pub struct View {
     pub ingresses: BTreeMap<ObjectKey, Arc<Ingress>>,
     pub ingress_classes: BTreeMap<String, Arc<IngressClass>>,
     pub tls_secrets: BTreeMap<ObjectKey, Arc<Secret>>,
+    pub policies: BTreeMap<ObjectKey, Arc<NetworkPolicy>>,
+    pub namespaces: BTreeMap<String, Arc<Namespace>>,
+    /// Every Pod of the cluster, as policy needs it (labels, node, address, named ports).
+    pub pods: BTreeMap<ObjectKey, Arc<Pod>>,
     pub revision: i64,
 }
 
@@ -52,6 +60,9 @@ pub enum Change {
     DnsConfig,
     /// An Ingress, an IngressClass or a TLS Secret: the Ingress routes are rebuilt.
     Ingress,
+    NetworkPolicy(ObjectKey),
+    Namespace(String),
+    Pod(ObjectKey),
     /// Listed anew: read everything.
     Relisted,
 }
@@ -108,6 +119,21 @@ impl View {
                 let secret = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
                 put(&mut self.tls_secrets, key, secret);
                 Change::Ingress
+            }
+            NETWORK_POLICY => {
+                let policy = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.policies, key.clone(), policy);
+                Change::NetworkPolicy(key)
+            }
+            NAMESPACE => {
+                let namespace = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.namespaces, key.name.clone(), namespace);
+                Change::Namespace(key.name)
+            }
+            POD => {
+                let pod = (!deleted).then(|| serde_json::from_value(value)).transpose()?;
+                put(&mut self.pods, key.clone(), pod);
+                Change::Pod(key)
             }
             _ => return Ok(None),
         };

@@ -5,7 +5,7 @@ use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
     batch::v1::Job,
     core::v1::{ConfigMap, Namespace, Pod, Secret, Service},
-    networking::v1::{Ingress, IngressClass},
+    networking::v1::{Ingress, IngressClass, NetworkPolicy},
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -61,6 +61,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Job>(true),
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
+        KindInfo::of::<NetworkPolicy>(true),
         KindInfo::of::<crate::Application>(true),
     ]
 });

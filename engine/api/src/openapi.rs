@@ -9,7 +9,7 @@ use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service},
     discovery::v1::EndpointSlice,
-    networking::v1::{Ingress, IngressClass},
+    networking::v1::{Ingress, IngressClass, NetworkPolicy},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_core::Resource;
@@ -133,6 +133,7 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Lease>();
     b.add::<Ingress>();
     b.add::<IngressClass>();
+    b.add::<NetworkPolicy>();
     b.add::<crate::Application>();
     let metadata = b.generator.subschema_for::<ObjectMeta>().to_value();
     let mut schemas = b.generator.take_definitions(true);
@@ -211,7 +212,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 16);
+            assert_eq!(d.roots.len(), 17);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some("v1")));

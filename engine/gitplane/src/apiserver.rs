@@ -69,6 +69,13 @@ const RESOURCES: &[Resource] = &[
         kind: "EndpointSlice",
         namespaced: true,
     },
+    Resource {
+        group: "networking.k8s.io",
+        version: "v1",
+        plural: "networkpolicies",
+        kind: "NetworkPolicy",
+        namespaced: true,
+    },
     Resource { group: "coordination.k8s.io", version: "v1", plural: "leases", kind: "Lease", namespaced: true },
     Resource { group: "networking.k8s.io", version: "v1", plural: "ingresses", kind: "Ingress", namespaced: true },
     Resource {

@@ -114,6 +114,7 @@ fn columns(kind: &str) -> Vec<Value> {
             vec![("Name", S, 0), ("Class", S, 0), ("Hosts", S, 0), ("Address", S, 0), ("Ports", S, 0), ("Age", S, 0)]
         }
         "IngressClass" => vec![("Name", S, 0), ("Controller", S, 0), ("Parameters", S, 0), ("Age", S, 0)],
+        "NetworkPolicy" => vec![("Name", S, 0), ("Pod-Selector", S, 0), ("Age", S, 0)],
         "Event" => vec![
             ("Last Seen", S, 0),
             ("Type", S, 0),
@@ -498,6 +499,7 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             vec![name, json!(o["type"].as_str().unwrap_or("Opaque")), json!(data), json!(age)]
         }
         "Lease" => vec![name, json!(spec["holderIdentity"].as_str().unwrap_or("<unknown>")), json!(age)],
+        "NetworkPolicy" => vec![name, json!(selector(&spec["podSelector"])), json!(age)],
         "Application" => {
             let revision = status["sync"]["revision"].as_str().map(|r| r.get(..12).unwrap_or(r)).unwrap_or("<none>");
             vec![
@@ -912,6 +914,19 @@ mod tests {
     }
 
     #[test]
+    fn network_policies_print_their_pod_selector() {
+        let t =
+            table("NetworkPolicy", &[json!({"metadata": {"name": "deny"}, "spec": {"podSelector": {}}})], "1", now());
+        assert_eq!(
+            (names(&t), &t["rows"][0]["cells"]),
+            (vec!["Name", "Pod-Selector", "Age"], &json!(["deny", "<none>", "<unknown>"]))
+        );
+        let web = json!({"metadata": {"name": "web"}, "spec": {"podSelector": {"matchLabels": {"app": "web"},
+                        "matchExpressions": [{"key": "tier", "operator": "In", "values": ["b", "a"]}]}}});
+        assert_eq!(row("NetworkPolicy", web)[1], json!("app=web,tier in (a,b)"));
+    }
+
+    #[test]
     fn events_show_last_seen_object_and_wide_source_and_count() {
         let event = json!({"metadata": {"name": "web-1.17f0"}, "type": "Normal", "reason": "Scheduled",
                            "involvedObject": {"kind": "Pod", "name": "web-1", "fieldPath": "spec.containers{web}"},
@@ -964,6 +979,7 @@ mod tests {
             "Job",
             "EndpointSlice",
             "Lease",
+            "NetworkPolicy",
             "Application",
         ] {
             let t = table(kind, &[json!({"metadata": {"name": "x"}})], "1", now());

@@ -3,6 +3,7 @@
 
 mod config_refs;
 mod ingress;
+mod network_policy;
 mod pod;
 mod service;
 
@@ -495,6 +496,7 @@ fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
         "Secret" => secret_problems(value),
         "Ingress" => ingress::problems(value),
         "IngressClass" => ingress::class_problems(value),
+        "NetworkPolicy" => network_policy::problems(value),
         _ => Vec::new(),
     };
     if let Some(at) = pod::pod_spec_pointer(&info.kind)
@@ -732,7 +734,7 @@ spec:
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
                    Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
                    Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
-                   Application (gitplane.io/v1)"],
+                   NetworkPolicy (networking.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),

@@ -67,7 +67,12 @@ fn apply(dns: &Dns, host: &ResolvConf, view: &View, batch: &[Change]) {
                 config(dns, host, view);
                 Ok(())
             }
-            Change::Node(_) | Change::Ingress | Change::Relisted => Ok(()),
+            Change::Node(_)
+            | Change::Ingress
+            | Change::NetworkPolicy(_)
+            | Change::Namespace(_)
+            | Change::Pod(_)
+            | Change::Relisted => Ok(()),
         };
         if let Err(error) = added {
             tracing::warn!(%error, "not in cluster DNS");

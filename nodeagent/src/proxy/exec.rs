@@ -17,11 +17,20 @@ pub(super) fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<S
         .stderr(Stdio::piped())
         .spawn()
         .map_err(spawn_err)?;
-    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        // A child that fails early closes its stdin: its status and stderr say why, not EPIPE.
-        let _ = pipe.write_all(text.as_bytes());
-    }
-    let out = child.wait_with_output().map_err(spawn_err)?;
+    // Written from another thread while the output is read: a child that reports errors as it
+    // reads (nft echoes each failing line) would otherwise fill its stderr pipe and wait on us
+    // while we wait on its stdin. A child that fails early closes its stdin: its status and
+    // stderr say why, not EPIPE.
+    let pipe = child.stdin.take();
+    let out = std::thread::scope(|scope| {
+        if let (Some(text), Some(mut pipe)) = (stdin, pipe) {
+            scope.spawn(move || {
+                let _ = pipe.write_all(text.as_bytes());
+            });
+        }
+        child.wait_with_output()
+    })
+    .map_err(spawn_err)?;
     if out.status.success() {
         return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }

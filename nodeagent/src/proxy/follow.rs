@@ -79,7 +79,13 @@ fn apply(proxier: &mut Proxier, view: &View, batch: &[Change]) {
                 Some(slice) => proxier.update_endpoint_slice((**slice).clone()),
                 None => proxier.delete_endpoint_slice(&key.namespace, &key.name),
             },
-            Change::Node(_) | Change::DnsConfig | Change::Ingress | Change::Relisted => {}
+            Change::Node(_)
+            | Change::DnsConfig
+            | Change::Ingress
+            | Change::NetworkPolicy(_)
+            | Change::Namespace(_)
+            | Change::Pod(_)
+            | Change::Relisted => {}
         }
     }
 }

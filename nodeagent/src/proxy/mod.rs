@@ -57,6 +57,11 @@ pub enum ProxyError {
     Netlink(#[from] NetlinkError),
 }
 
+/// Runs `nft -f -` with `text` (NetworkPolicy's applier shares the proxy's runner).
+pub(crate) fn run_nft(text: &str) -> Result<(), ProxyError> {
+    exec::run("nft", &["-f", "-"], Some(text)).map(drop)
+}
+
 /// What one [`Proxier::sync`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncReport {

@@ -58,6 +58,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
         "ingresses" => &["ing"],
+        "networkpolicies" => &["netpol"],
         // As Argo CD names its Applications.
         "applications" => &["app"],
         _ => &[],
@@ -345,6 +346,7 @@ mod tests {
                 "metrics.k8s.io"
             ]
         );
+        assert_eq!(resource(&groups, "networkpolicies")["shortNames"], json!(["netpol"]));
         let deployments = resource(&groups, "deployments");
         assert_eq!((&deployments["shortNames"], &deployments["categories"]), (&json!(["deploy"]), &json!(["all"])));
         assert_eq!(deployments["responseKind"], json!({"group": "apps", "version": "v1", "kind": "Deployment"}));

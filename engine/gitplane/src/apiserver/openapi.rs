@@ -163,6 +163,7 @@ mod tests {
                 "apis/apps/v1",
                 "apis/batch/v1",
                 "apis/discovery.k8s.io/v1",
+                "apis/networking.k8s.io/v1",
                 "apis/coordination.k8s.io/v1",
                 "apis/networking.k8s.io/v1",
                 "apis/gitplane.io/v1"

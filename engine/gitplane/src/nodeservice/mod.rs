@@ -287,23 +287,57 @@ fn bound_to(pod: &serde_json::Value, node: &str) -> bool {
 type PodEventStream = Pin<Box<dyn Stream<Item = Result<PodEvent, Status>> + Send>>;
 type ObjectEventStream = Pin<Box<dyn Stream<Item = Result<ObjectEvent, Status>> + Send>>;
 
-/// What every node reads to program its networking (a kubelet and kube-proxy read as much) and
-/// to serve Ingresses (an ingress controller reads as much, and the TLS Secrets Ingresses name:
-/// see [`ingress_secrets`]).
-const NETWORK_KINDS: [&str; 6] = [
+/// What every node reads to program its networking (a kubelet and kube-proxy read as much, and a
+/// CNI plugin's policy agent the NetworkPolicies, Namespaces and every Pod) and to serve Ingresses
+/// (an ingress controller reads as much, and the TLS Secrets Ingresses name: see
+/// [`ingress_secrets`]).
+const NETWORK_KINDS: [&str; 9] = [
     "Service",
     "EndpointSlice.discovery.k8s.io",
     "Node",
     "ConfigMap",
     ingress_secrets::INGRESS,
     "IngressClass.networking.k8s.io",
+    "NetworkPolicy.networking.k8s.io",
+    "Namespace",
+    "Pod",
 ];
 
-/// The events of the network watch one store event makes: the object if the node may see it,
-/// and for an Ingress the TLS Secrets it starts naming (read now) or stops naming (deleted).
+/// A Pod as NetworkPolicy needs it, and no more: its labels, node, address, phase and container
+/// ports (named ports). Every node sees every Pod, so nothing else of it (env, volumes) leaves.
+fn policy_pod(pod: &serde_json::Value) -> serde_json::Value {
+    let (meta, spec, status) = (&pod["metadata"], &pod["spec"], &pod["status"]);
+    let containers: Vec<serde_json::Value> = spec["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| serde_json::json!({"name": c["name"], "ports": c["ports"]}))
+        .collect();
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": meta["labels"]},
+        "spec": {"nodeName": spec["nodeName"], "hostNetwork": spec["hostNetwork"], "containers": containers},
+        "status": {"phase": status["phase"], "podIP": status["podIP"]},
+    })
+}
+
+/// What the network watch sends of an object: a Pod slimmed ([`policy_pod`]), others whole.
+fn network_value(kind: &str, object: &serde_json::Value) -> serde_json::Value {
+    if kind == "Pod" { policy_pod(object) } else { object.clone() }
+}
+
+/// What one network stream last sent of each object: a Pod's status changes that leave its
+/// slimmed form alone (conditions, container states) are not sent again.
+type Sent = std::collections::HashMap<ObjectKey, serde_json::Value>;
+
+/// The events of the network watch one store event makes: the object if the node may see it
+/// (unless it is what was last sent of it), and for an Ingress the TLS Secrets it starts naming
+/// (read now) or stops naming (deleted).
 async fn network_events(
     store: &dyn Store,
     tls: &std::sync::Mutex<TlsReferences>,
+    sent: &std::sync::Mutex<Sent>,
     event: Result<gitplane_store::Event, StoreError>,
 ) -> Vec<Result<ObjectEvent, Status>> {
     let e = match event {
@@ -334,7 +368,18 @@ async fn network_events(
     if !network_object(&e.key) {
         return Vec::new();
     }
-    let mut out = vec![Ok(object_event(wire, e.revision, &e.key.kind, &e.object))];
+    let object = network_value(&e.key.kind, &e.object);
+    {
+        let mut sent = sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if wire == WireEventType::Deleted {
+            sent.remove(&e.key);
+        } else if sent.get(&e.key) == Some(&object) {
+            return Vec::new();
+        } else {
+            sent.insert(e.key.clone(), object.clone());
+        }
+    }
+    let mut out = vec![Ok(object_event(wire, e.revision, &e.key.kind, &object))];
     if e.key.kind == ingress_secrets::INGRESS {
         let (added, removed) = lock().set_ingress(&e.key, present);
         for (namespace, name) in added {
@@ -515,6 +560,7 @@ impl node_service_server::NodeService for NodeService {
         let resource_version = request.into_inner().resource_version;
         let mut initial = Vec::new();
         let mut tls = TlsReferences::default();
+        let mut sent = Sent::new();
         let from = if resource_version == 0 {
             // Every kind as of one revision: the first list's.
             let mut revision = None;
@@ -528,7 +574,9 @@ impl node_service_server::NodeService for NodeService {
                         tls.set_ingress(&key, Some(o));
                     }
                     if network_object(&key) {
-                        initial.push(Ok(object_event(WireEventType::Added, list.revision, kind, o)));
+                        let o = network_value(kind, o);
+                        initial.push(Ok(object_event(WireEventType::Added, list.revision, kind, &o)));
+                        sent.insert(key, o);
                     }
                 }
             }
@@ -566,10 +614,11 @@ impl node_service_server::NodeService for NodeService {
         let events =
             self.store.watch(from, WatchOptions { kinds: Some(kinds), bookmarks: true }).await.map_err(store_status)?;
         let (store, tls) = (self.store.clone(), Arc::new(std::sync::Mutex::new(tls)));
+        let sent = Arc::new(std::sync::Mutex::new(sent));
         let changes = events
             .then(move |event| {
-                let (store, tls) = (store.clone(), tls.clone());
-                async move { network_events(&*store, &tls, event).await }
+                let (store, tls, sent) = (store.clone(), tls.clone(), sent.clone());
+                async move { network_events(&*store, &tls, &sent, event).await }
             })
             .flat_map(futures::stream::iter);
         tracing::info!(node = %own, from, "network watch started");
@@ -842,6 +891,12 @@ mod tests {
             serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kube-dns", "namespace": "kube-system"}}),
             serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app-config", "namespace": "default"}}),
             serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "default"}}),
+            serde_json::json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                               "metadata": {"name": "deny", "namespace": "default"}, "spec": {"podSelector": {}}}),
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default", "labels": {"app": "web"}},
+                               "spec": {"nodeName": "b", "containers": [{"name": "c", "image": "i", "env": [{"name": "PASSWORD", "value": "x"}],
+                                        "ports": [{"name": "http", "containerPort": 80}]}]},
+                               "status": {"phase": "Running", "podIP": "10.244.2.5", "conditions": [{"type": "Ready", "status": "True"}]}}),
         ];
         service.store.txn(objects.into_iter().map(Op::Create).collect()).await.unwrap();
         let watch = |caller| as_caller(WatchNetworkRequest { resource_version: 0 }, caller);
@@ -853,12 +908,31 @@ mod tests {
                 break;
             }
             let object: serde_json::Value = serde_json::from_slice(&event.object).unwrap();
+            if event.kind == "Pod" {
+                // Slimmed to what NetworkPolicy reads: no environment, no conditions.
+                assert_eq!(
+                    object,
+                    serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "p", "namespace": "default", "labels": {"app": "web"}},
+                        "spec": {"nodeName": "b", "hostNetwork": null, "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 80}]}]},
+                        "status": {"phase": "Running", "podIP": "10.244.2.5"}})
+                );
+            }
             listed.push(format!("{} {}", event.kind, object["metadata"]["name"].as_str().unwrap()));
         }
         listed.sort();
-        assert_eq!(listed, ["ConfigMap kube-dns", "Node a", "Service web"], "no other ConfigMap, no Secret");
+        listed.retain(|l| !l.starts_with("Namespace "));
+        assert_eq!(
+            listed,
+            ["ConfigMap kube-dns", "NetworkPolicy.networking.k8s.io deny", "Node a", "Pod p", "Service web"],
+            "no other ConfigMap, no Secret"
+        );
         let svc = serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "default"}});
         let other = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "namespace": "default"}});
+        // A Pod status change that leaves its slimmed form alone is not sent.
+        let mut pod = service.store.get(&ObjectKey::new("Pod", "default", "p")).await.unwrap().unwrap();
+        pod["status"]["conditions"][0]["status"] = "False".into();
+        service.store.txn(vec![Op::UpdateStatus(pod)]).await.unwrap();
         service.store.txn(vec![Op::Create(other), Op::Create(svc)]).await.unwrap();
         let next = loop {
             let event = tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap().unwrap().unwrap();

@@ -1,0 +1,169 @@
+//! NetworkPolicy benchmark (issue 15, "Measured"): prints one Markdown table.
+//!
+//! `cargo bench -p gitplane-nodeagent --bench policy` (root; well under a minute). Every nft
+//! measurement runs in a fresh network namespace this process makes and removes. Options:
+//! `--pods N` (1000, over 3 nodes, this node holding a third), `--policies M` (1000),
+//! `--changes K` (100 Pod starts, p50 / p99).
+//!
+//! The world: 10 namespaces, Pods labelled `app` (100 values) and `tier` (5), each policy
+//! selecting one `app` in its namespace and allowing from a `tier` of its namespace, from one
+//! `tier` in namespaces of one team (both selectors), and on port 80, 8000-8100 and the named
+//! port `http`; every tenth one also limits egress to DNS and its namespace.
+//!
+//! Rows: the pure core (everything fed in, every local Pod's rules computed), the full sync
+//! (core, elements and text, then `nft -f` in the kernel), and a Pod start: one Pod fed into
+//! the Policier and its elements programmed (`Policier::sync`, an element update), for a Pod
+//! of this node that policies select and for a Pod of another node that is their peer.
+
+#[path = "../tests/proxy/netns.rs"]
+mod netns;
+
+use gitplane_nodeagent::policy::{CompiledPolicy, Policier, PolicyPod, desired::TCP};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use netns::{Topology, in_netns};
+use serde_json::json;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+const NODE: &str = "node-a";
+
+struct Options {
+    pods: usize,
+    policies: usize,
+    changes: usize,
+}
+
+fn options() -> Options {
+    let mut o = Options { pods: 1000, policies: 1000, changes: 100 };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut num = |name: &str| -> usize {
+            args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} takes a number"))
+        };
+        match a.as_str() {
+            "--pods" => o.pods = num("--pods"),
+            "--policies" => o.policies = num("--policies"),
+            "--changes" => o.changes = num("--changes"),
+            _ => {}
+        }
+    }
+    o
+}
+
+fn pod(i: usize) -> PolicyPod {
+    PolicyPod {
+        namespace: format!("ns-{}", i % 10),
+        name: format!("pod-{i}"),
+        labels: [("app".to_string(), format!("app-{}", i % 100)), ("tier".to_string(), format!("t{}", i % 5))].into(),
+        node: ["node-a", "node-b", "node-c"][i % 3].into(),
+        ip: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 244, 0, 10)) + i as u32),
+        ports: vec![("http".into(), TCP, 8080)],
+    }
+}
+
+fn policy(j: usize) -> CompiledPolicy {
+    let mut spec = json!({
+        "podSelector": {"matchLabels": {"app": format!("app-{}", j % 100)}},
+        "ingress": [{
+            "from": [
+                {"podSelector": {"matchLabels": {"tier": format!("t{}", j % 5)}}},
+                {"namespaceSelector": {"matchLabels": {"team": format!("team-{}", j % 3)}},
+                 "podSelector": {"matchLabels": {"tier": format!("t{}", (j + 1) % 5)}}}
+            ],
+            "ports": [{"port": 80}, {"port": 8000, "endPort": 8100}, {"port": "http"}]
+        }]
+    });
+    if j.is_multiple_of(10) {
+        spec["egress"] = json!([
+            {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+            {"to": [{"podSelector": {}}]}
+        ]);
+    }
+    let policy: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": format!("policy-{j}"), "namespace": format!("ns-{}", j % 10)},
+        "spec": spec
+    }))
+    .expect("a NetworkPolicy");
+    CompiledPolicy::new(&policy)
+}
+
+fn world(o: &Options) -> Policier {
+    let mut p = Policier::new(NODE);
+    for n in 0..10 {
+        let labels = [("team".to_string(), format!("team-{}", n % 3))].into();
+        p.policies.set_namespace(&format!("ns-{n}"), Some(labels));
+    }
+    for i in 0..o.pods {
+        let pod = pod(i);
+        p.policies.set_pod(pod.key(), Some(pod));
+    }
+    for j in 0..o.policies {
+        p.policies.set_policy((format!("ns-{}", j % 10), format!("policy-{j}")), Some(policy(j)));
+    }
+    p
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    let o = options();
+    let mut rows: Vec<(String, String)> = Vec::new();
+
+    let start = Instant::now();
+    let mut core = world(&o);
+    let keys: Vec<_> = core.policies.local_pods().map(|p| p.key()).collect();
+    let isolated = keys.iter().filter(|k| core.policies.pod_rules(k).ingress.is_some()).count();
+    rows.push((
+        format!("pure core: {} Pods, {} policies fed in, {} local Pods' rules", o.pods, o.policies, keys.len()),
+        ms(start.elapsed()),
+    ));
+    let start = Instant::now();
+    let (_, text, _) = core.plan();
+    let plan = start.elapsed();
+    let elements = text.matches(" . ").count() / 3;
+    rows.push((
+        format!(
+            "full plan (elements + text): {isolated} isolated Pods, {elements} elements, {} KiB",
+            text.len() / 1024
+        ),
+        ms(plan),
+    ));
+
+    let topo = Topology::new(0);
+    let mut policier = world(&o);
+    let start = Instant::now();
+    let report = in_netns(&topo.node, || policier.sync()).expect("full sync");
+    rows.push((format!("full sync: plan + nft -f ({} Pods programmed)", report.pods), ms(start.elapsed())));
+
+    for (what, local) in
+        [("a Pod of this node, selected by policies, starts", true), ("a peer Pod on another node starts", false)]
+    {
+        let mut times = Vec::new();
+        for c in 0..o.changes {
+            // Pod numbers past the world's, labelled like its Pods of the same number modulo.
+            let mut pod = pod(o.pods + c * 3 + if local { 0 } else { 1 });
+            pod.name = format!("new-{}-{c}", if local { "local" } else { "remote" });
+            let start = Instant::now();
+            policier.policies.set_pod(pod.key(), Some(pod));
+            in_netns(&topo.node, || policier.sync()).expect("element update");
+            times.push(start.elapsed());
+        }
+        times.sort();
+        rows.push((
+            format!("{what}: fed in and programmed, p50 / p99 of {}", o.changes),
+            format!("{} / {}", ms(percentile(&times, 0.5)), ms(percentile(&times, 0.99))),
+        ));
+    }
+    drop(topo);
+
+    println!("| NetworkPolicy, {} Pods x {} policies | time |\n|---|---|", o.pods, o.policies);
+    for (what, time) in rows {
+        println!("| {what} | {time} |");
+    }
+}
