@@ -18,6 +18,7 @@ mod mirror;
 mod nodes;
 mod nodeservice;
 pub mod offline;
+pub mod prereceive;
 mod replica;
 mod security;
 pub mod server;

@@ -1,6 +1,6 @@
 //! `gitplane`: the control plane and its command line.
 
-use gitplane::{encryption, offline, server, up};
+use gitplane::{encryption, offline, prereceive, server, up};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -40,11 +40,23 @@ enum Command {
     Render(offline::RenderArgs),
     /// Encryption of Secrets at rest: rotate the key (`gitplane secrets rotate`).
     Secrets(encryption::SecretsArgs),
+    /// Git hooks of hosted repositories, run by git under `gitplane server` (not by hand).
+    #[command(hide = true)]
+    Hook {
+        #[command(subcommand)]
+        command: HookCommand,
+    },
     /// The JSON Schemas of the accepted kinds.
     Schemas {
         #[command(subcommand)]
         command: SchemasCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum HookCommand {
+    /// Asks the replica serving the push for its verdict on the pushed commits.
+    PreReceive,
 }
 
 #[derive(Subcommand)]
@@ -77,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         Command::Secrets(args) => run(encryption::secrets(args)),
         Command::Validate(args) => offline::validate(args),
         Command::Render(args) => offline::render(args),
+        Command::Hook { command: HookCommand::PreReceive } => prereceive::run_pre_receive(),
         Command::Schemas { command: SchemasCommand::Write { dir } } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for (name, text) in gitplane_api::kinds::schema_files() {

@@ -9,7 +9,8 @@ use crate::{
     listener,
     mirror::Mirrors,
     nodeservice::{NodeIdentity, NodeService},
-    source::{allocate::ServiceRanges, apply::RecordKey},
+    prereceive,
+    source::{allocate::ServiceRanges, apply::RecordKey, verdict::Verdicts},
     webhook,
 };
 use anyhow::Context as _;
@@ -198,6 +199,15 @@ impl Replica {
         let grpc = backend.routes().add_service(nodes).into_axum_router();
         let info = backend.clone();
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
+        let record_key = RecordKey::new(credentials.record_key());
+        let verdicts = Arc::new(Verdicts::new(shared.clone(), record_key.clone(), service_ranges.clone()));
+        let hook = match prereceive::Hook::start(&git.repos_dir, verdicts) {
+            Ok(hook) => Some(Arc::new(hook)),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "pushes will not be judged before they land");
+                None
+            }
+        };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let http = apiserver::router(shared.clone(), push_hint, kubelet)
             .merge(apiserver::health::router(backend.clone()))
@@ -210,7 +220,7 @@ impl Replica {
             )
             // Git and webhooks, merged below, authenticate on their own.
             .layer(axum::middleware::from_fn_with_state(access, authz::admit))
-            .merge(githttp::router(git.repos_dir.clone(), auth))
+            .merge(githttp::router(git.repos_dir.clone(), auth, hook))
             .merge(webhook::router(git.mirrors.clone(), secrets))
             .fallback(apiserver::not_found);
         let mut tasks: Vec<JoinHandle<()>> = listeners
@@ -221,7 +231,7 @@ impl Replica {
             repos_dir: git.repos_dir,
             mirrors: git.mirrors,
             root: git.root,
-            record_key: RecordKey::new(credentials.record_key()),
+            record_key,
             service_ranges,
             controllers: gitplane_controllers::Settings { load_balancer_pool },
             event_ttl,
