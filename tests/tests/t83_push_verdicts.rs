@@ -232,5 +232,96 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     let winner = if ok_c { head(&c)? } else { head(&d)? };
     ensure!(remote_main(&url)? == winner, "the winner's commit is the branch");
     println!("race: c {ok_c}, d {ok_d}\nc:\n{out_c}\nd:\n{out_d}");
+    wait_synced(&cluster, &winner)?;
+
+    // `gitplane diff` of a work tree against the live cluster: create, update, prune and a
+    // Secret change (its values masked).
+    let work = clone("diff")?;
+    work.write("settings.yaml", &cm("settings", "5"))?;
+    work.write("created.yaml", &cm("created", "1"))?;
+    work.remove("new.yaml")?;
+    work.write("secret.yaml", &format!("{}  user: YWRtaW4=\n", secret("c2VjcmV0LXRocmVl")))?;
+    let kubeconfig = cluster.dir.path().join("replica-1/kubeconfig");
+    let gitplane = gitplane_e2e::binary("gitplane")?;
+    let diff = |extra: &[&str]| -> Result<(Option<i32>, String, String)> {
+        let out = Command::new(&gitplane)
+            .arg("diff")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(extra)
+            .current_dir(&work.dir)
+            .output()?;
+        Ok((out.status.code(), String::from_utf8(out.stdout)?, String::from_utf8_lossy(&out.stderr).into_owned()))
+    };
+    let (code, out, err) = diff(&["--app", "web"])?;
+    ensure!(code == Some(1), "differences exit 1, not {code:?}: {err}\n{out}");
+    ensure!(out == DIFF, "gitplane diff printed:\n{out}\nexpected:\n{DIFF}");
+    for secret in ["c2VjcmV0LXRocmVl", "YWRtaW4=", "c2VjcmV0LXR3bw=="] {
+        ensure!(!out.contains(secret), "a Secret value was printed:\n{out}");
+    }
+    let (code, json, err) = diff(&["--app", "web", "--output", "json"])?;
+    ensure!(code == Some(1), "{err}");
+    let report: Value = serde_json::from_str(&json)?;
+    ensure!(report["create"] == 1 && report["update"] == 2 && report["prune"] == 1, "{report}");
+    ensure!(report["application"] == "gitplane-system/web", "{report}");
+
+    // The committed branch, and no differences once it is synced.
+    work.commit("diffed")?;
+    let (code, out, err) = diff(&["--app", "web", "--rev", "HEAD"])?;
+    ensure!(code == Some(1) && out == DIFF, "--rev HEAD: {code:?} {err}\n{out}");
+    let (ok, pushed) = push(&work, &url)?;
+    ensure!(ok, "{pushed}");
+    wait_synced(&cluster, &head(&work)?)?;
+    let (code, out, err) = diff(&["--app", "web"])?;
+    ensure!(code == Some(0) && out.is_empty(), "no differences after the sync: {code:?} {err}\n{out}");
+    let (code, _, err) = diff(&["--app", "gitplane-system/nope"])?;
+    ensure!(code == Some(2) && err.contains("not found"), "an error exits 2: {code:?} {err}");
     Ok(())
 }
+
+/// What `gitplane diff` prints for the change above (nothing in it varies between runs).
+const DIFF: &str = "\
+diff -u -N /tmp/LIVE/v1.ConfigMap.default.created /tmp/MERGED/v1.ConfigMap.default.created
+--- /tmp/LIVE/v1.ConfigMap.default.created
++++ /tmp/MERGED/v1.ConfigMap.default.created
+@@ -0,0 +1,9 @@
++apiVersion: v1
++kind: ConfigMap
++metadata:
++  annotations:
++    gitplane.io/application: gitplane-system/web
++  name: created
++  namespace: default
++data:
++  a: '1'
+diff -u -N /tmp/LIVE/v1.Secret.default.db /tmp/MERGED/v1.Secret.default.db
+--- /tmp/LIVE/v1.Secret.default.db
++++ /tmp/MERGED/v1.Secret.default.db
+@@ -7,3 +7,4 @@
+   namespace: default
+ data:
+   password: <masked>
++  user: <masked>
+diff -u -N /tmp/LIVE/v1.ConfigMap.default.settings /tmp/MERGED/v1.ConfigMap.default.settings
+--- /tmp/LIVE/v1.ConfigMap.default.settings
++++ /tmp/MERGED/v1.ConfigMap.default.settings
+@@ -6,4 +6,4 @@
+   name: settings
+   namespace: default
+ data:
+-  a: '2'
++  a: '5'
+diff -u -N /tmp/LIVE/v1.ConfigMap.default.new /tmp/MERGED/v1.ConfigMap.default.new
+--- /tmp/LIVE/v1.ConfigMap.default.new
++++ /tmp/MERGED/v1.ConfigMap.default.new
+@@ -1,9 +0,0 @@
+-apiVersion: v1
+-kind: ConfigMap
+-metadata:
+-  annotations:
+-    gitplane.io/application: gitplane-system/web
+-  name: new
+-  namespace: default
+-data:
+-  a: '1'
+";

@@ -8,6 +8,7 @@ mod authz;
 mod bootstrap;
 mod controlplane;
 mod credentials;
+pub mod diff;
 pub mod encryption;
 mod events;
 mod githttp;

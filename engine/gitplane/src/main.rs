@@ -1,6 +1,6 @@
 //! `gitplane`: the control plane and its command line.
 
-use gitplane::{encryption, offline, prereceive, server, up};
+use gitplane::{diff, encryption, offline, prereceive, server, up};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -38,6 +38,10 @@ enum Command {
     /// Print an Application's objects as the server would apply them (rendered, validated,
     /// namespaces defaulted), as YAML documents; Secrets' values masked.
     Render(offline::RenderArgs),
+    /// What a sync of a directory, a branch or a commit range would change in the live cluster,
+    /// as `kubectl diff` prints it (or `--output json`); Secret values masked. Exits 0 without
+    /// differences, 1 with, 2 on an error.
+    Diff(diff::DiffArgs),
     /// Encryption of Secrets at rest: rotate the key (`gitplane secrets rotate`).
     Secrets(encryption::SecretsArgs),
     /// Git hooks of hosted repositories, run by git under `gitplane server` (not by hand).
@@ -89,6 +93,13 @@ fn main() -> anyhow::Result<()> {
         Command::Secrets(args) => run(encryption::secrets(args)),
         Command::Validate(args) => offline::validate(args),
         Command::Render(args) => offline::render(args),
+        Command::Diff(args) => match diff::diff(args) {
+            Ok(differs) => std::process::exit(i32::from(differs)),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::exit(2);
+            }
+        },
         Command::Hook { command: HookCommand::PreReceive } => prereceive::run_pre_receive(),
         Command::Schemas { command: SchemasCommand::Write { dir } } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
