@@ -281,6 +281,12 @@ fn anonymous_read(dir: &std::path::Path) -> bool {
     git2::Config::open(&dir.join("config")).and_then(|c| c.get_bool("gitplane.anonymousread")).unwrap_or(false)
 }
 
+/// Whether pushes to the repository are judged before they land (`gitplane.pushVerdicts`,
+/// default yes).
+fn push_verdicts(dir: &std::path::Path) -> bool {
+    git2::Config::open(&dir.join("config")).and_then(|c| c.get_bool("gitplane.pushverdicts")).unwrap_or(true)
+}
+
 fn busy(retry_after: &'static str) -> Response {
     let mut response = text(StatusCode::SERVICE_UNAVAILABLE, "too many Git requests at once; retry later");
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(retry_after));
@@ -373,8 +379,11 @@ async fn serve(
         ("receive.fsckObjects", "true".into()),
         ("receive.maxInputSize", MAX_PUSH_BYTES.to_string()),
     ];
-    // The push verdict: git's pre-receive hook, which asks this replica.
-    if let (true, Some(hook)) = (push && user.is_some(), &state.hook) {
+    // The push verdict: git's pre-receive hook, which asks this replica (unless the repository
+    // turned it off).
+    if let (true, Some(hook)) = (push && user.is_some(), &state.hook)
+        && push_verdicts(&state.repos_dir.join(&dir_name))
+    {
         config.push(hook.git_config());
         command.envs(hook.env());
     }
