@@ -440,7 +440,7 @@ mod tests {
         let desired =
             json!({"kind": "Secret", "metadata": {"name": "s"}, "data": {"password": "c2VjcmV0", "new": "eQ=="}});
         let changes = field_changes(&current, &desired).join("\n");
-        assert_eq!(changes, "/data/password: (secret value changed)\n- /data/old\n+ /data/new: (secret value)");
+        assert_eq!(changes, "- /data/old\n/data/password: (secret value changed)\n+ /data/new: (secret value)");
     }
 
     #[test]
