@@ -647,7 +647,6 @@ async fn serve(gitplane: &Path, repo: &Path) -> Result<Served> {
     let settled = started.elapsed() - first_sync;
     eprintln!("settled {settled:?} after the first sync, at revision {last}");
     Ok(Served { cluster, addr, token, first_sync, settled })
-
 }
 
 /// One `gitplane server` with a bootstrap repository naming one Application for the generated
@@ -761,7 +760,9 @@ pub fn push_verdict(args: PushVerdictArgs) -> Result<()> {
     println!("{} manifests, one per file; one-file commits pushed over HTTP 0.5 s apart.\n", args.manifests);
     println!("| `git push` of a one-file commit | Pushes | p50 | p99 | max |");
     println!("|---|--:|--:|--:|--:|");
-    for (name, l) in [("verdict off (no hook)", &without), ("with the verdict", &with), ("the verdict inside the server", &server)] {
+    for (name, l) in
+        [("verdict off (no hook)", &without), ("with the verdict", &with), ("the verdict inside the server", &server)]
+    {
         println!(
             "| {name} | {} | {} ms | {} ms | {} ms |",
             l.len(),
