@@ -72,6 +72,10 @@ enum Command {
     /// The status page with 1,000 Applications and 10,000 Pods: time to render each view, and
     /// the update latency after a `git push`. Prints one Markdown table.
     Page(page::PageArgs),
+    /// The time the push verdict adds to `git push` of a one-file commit in a repository of
+    /// 10,000 manifests, against the same pushes without it, in one run. Prints one Markdown
+    /// table.
+    PushVerdict(source::PushVerdictArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -173,6 +177,7 @@ fn main() -> Result<()> {
         Command::Store(args) => store_main(args),
         Command::Source(args) => source::main(args),
         Command::SourceStep(args) => source::step(args),
+        Command::PushVerdict(args) => source::push_verdict(args),
         Command::Services(args) => services::main(args),
         Command::Idle(args) => idle::main(args),
         Command::Podstart(args) => podstart::main(args),

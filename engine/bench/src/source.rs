@@ -580,9 +580,18 @@ struct Pushed {
     settled: Duration,
 }
 
-/// One `gitplane server` with a bootstrap repository naming one Application for the generated
-/// repository, which is pushed whole, then changed one file per commit.
-async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize) -> Result<Pushed> {
+/// A `gitplane server` whose bootstrap repository names one Application (`bench`) for the
+/// generated repository, pushed whole, synced, and at rest.
+struct Served {
+    cluster: Gitplane,
+    addr: std::net::SocketAddr,
+    token: String,
+    first_sync: Duration,
+    settled: Duration,
+}
+
+/// Starts the server and brings the generated repository to it.
+async fn serve(gitplane: &Path, repo: &Path) -> Result<Served> {
     let cluster = Gitplane::start(gitplane, 1, &["--bootstrap".into(), "bootstrap".into()]).await?;
     let addr = cluster.addrs[&1];
     let token = std::fs::read_to_string(cluster.dir().join("replica-1/git-token"))?.trim().to_owned();
@@ -637,7 +646,14 @@ async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize) -> Result<
     }
     let settled = started.elapsed() - first_sync;
     eprintln!("settled {settled:?} after the first sync, at revision {last}");
+    Ok(Served { cluster, addr, token, first_sync, settled })
+}
 
+/// One `gitplane server` with a bootstrap repository naming one Application for the generated
+/// repository, which is pushed whole, then changed one file per commit.
+async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize) -> Result<Pushed> {
+    let Served { cluster, addr, token, first_sync, settled } = serve(gitplane, repo).await?;
+    let remote = |name: &str| format!("http://git:{token}@{addr}/git/{name}.git");
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
     let mut client = crate::procs::store_client(channel);
     let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
@@ -679,4 +695,100 @@ async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize) -> Result<
         first_sync,
         settled,
     })
+}
+
+#[derive(clap::Args)]
+pub struct PushVerdictArgs {
+    /// Manifests in the generated repository (as `source`).
+    #[arg(long, default_value_t = 10_000)]
+    manifests: usize,
+    /// Timed pushes of each kind, with and without the verdict, alternating.
+    #[arg(long, default_value_t = 50)]
+    rounds: usize,
+    /// The `gitplane` binary (default: next to this one).
+    #[arg(long)]
+    gitplane: Option<PathBuf>,
+    /// Keep the server's log in this directory.
+    #[arg(long)]
+    logs: Option<PathBuf>,
+}
+
+/// `gitplane-bench push-verdict`: the time the push verdict adds to `git push` of a one-file
+/// commit to a repository of many manifests, against the same pushes with the repository's
+/// verdict turned off (`gitplane.pushVerdicts false`: no hook at all), alternating in one run.
+pub fn push_verdict(args: PushVerdictArgs) -> Result<()> {
+    let gitplane = procs::prepare(args.gitplane.as_deref(), args.logs.as_deref())?;
+    let dir = tempfile::Builder::new().prefix("gitplane-bench-verdict-").tempdir()?;
+    let repo = dir.path().join("repo");
+    eprintln!("generating {} manifests in {}", args.manifests, repo.display());
+    generate(&repo, args.manifests)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (with, without, server) = runtime.block_on(async {
+        let Served { cluster, addr, token, .. } = serve(&gitplane, &repo).await?;
+        let remote = format!("http://git:{token}@{addr}/git/bench.git");
+        let config = cluster.dir().join("repos/bench.git/config");
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        // Round 0 warms the verdict's cache (its first load of the repository) and is not timed.
+        for round in 0..=2 * args.rounds {
+            let judged = round % 2 == 0;
+            let status = Command::new("git")
+                .args(["config", "-f"])
+                .arg(&config)
+                .args(["gitplane.pushVerdicts", if judged { "true" } else { "false" }])
+                .status()?;
+            ensure!(status.success(), "git config");
+            tokio::time::sleep(PUSH_INTERVAL).await;
+            change_one_file(&repo, &format!("verdict-{round}"))?;
+            git(&repo, &["commit", "-q", "-am", &format!("one-file change {round}")])?;
+            let started = Instant::now();
+            git(&repo, &["push", "-q", &remote, "main"])?;
+            let took = started.elapsed();
+            if round > 0 {
+                if judged { with.push(took) } else { without.push(took) }
+            }
+        }
+        let server: Vec<Duration> = cluster
+            .logs()
+            .lines()
+            .filter(|l| l.contains("push verdict") && l.contains("bench.git"))
+            .filter_map(|l| parse_duration(l.split("elapsed=").nth(1)?.split_whitespace().next()?))
+            .skip(2) // the bootstrap push's and the warm-up's
+            .collect();
+        Ok::<_, anyhow::Error>((Latencies::new(with), Latencies::new(without), Latencies::new(server)))
+    })?;
+    let p50 = |l: &Latencies| l.quantile(0.5).unwrap_or_default();
+    println!("{} manifests, one per file; one-file commits pushed over HTTP 0.5 s apart.\n", args.manifests);
+    println!("| `git push` of a one-file commit | Pushes | p50 | p99 | max |");
+    println!("|---|--:|--:|--:|--:|");
+    for (name, l) in
+        [("verdict off (no hook)", &without), ("with the verdict", &with), ("the verdict inside the server", &server)]
+    {
+        println!(
+            "| {name} | {} | {} ms | {} ms | {} ms |",
+            l.len(),
+            crate::ms(l.quantile(0.5)),
+            crate::ms(l.quantile(0.99)),
+            crate::ms(l.max())
+        );
+    }
+    println!(
+        "\nAdded by the verdict: p50 {:.1} ms (goal under 100 ms).",
+        (p50(&with).as_secs_f64() - p50(&without).as_secs_f64()) * 1e3
+    );
+    Ok(())
+}
+
+/// A `Debug` duration as tracing prints it: `12.3ms`, `950µs`, `1.2s`.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "s" => number,
+        "ms" => number / 1e3,
+        "µs" | "us" => number / 1e6,
+        "ns" => number / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(seconds))
 }

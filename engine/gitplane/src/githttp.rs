@@ -138,6 +138,8 @@ struct GitState {
     processes: Arc<Semaphore>,
     anonymous: Arc<Semaphore>,
     anonymous_per_client: PerClient,
+    /// The pre-receive hook that asks for push verdicts; `None`: pushes are not judged.
+    hook: Option<Arc<crate::prereceive::Hook>>,
 }
 
 /// The path of `program` in a directory of PATH; the bare name when none has it.
@@ -146,8 +148,8 @@ fn find_program(program: &str) -> PathBuf {
     std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| p.is_file()).unwrap_or_else(|| program.into())
 }
 
-/// The smart HTTP router for the bare repositories in `repos_dir`.
-pub fn router(repos_dir: PathBuf, auth: GitAuth) -> Router {
+/// The smart HTTP router for the bare repositories in `repos_dir`; pushes run `hook`.
+pub fn router(repos_dir: PathBuf, auth: GitAuth, hook: Option<Arc<crate::prereceive::Hook>>) -> Router {
     let repos_dir = std::path::absolute(&repos_dir).unwrap_or(repos_dir);
     if auth.push_token.is_empty() {
         tracing::warn!("no push token is configured: Git over HTTP is disabled");
@@ -159,6 +161,7 @@ pub fn router(repos_dir: PathBuf, auth: GitAuth) -> Router {
         processes: Arc::new(Semaphore::new(MAX_PROCESSES)),
         anonymous: Arc::new(Semaphore::new(MAX_ANONYMOUS)),
         anonymous_per_client: PerClient::new(MAX_ANONYMOUS_PER_CLIENT),
+        hook,
     };
     Router::new()
         .route("/git/{repo}/info/refs", get(info_refs))
@@ -282,6 +285,12 @@ fn anonymous_read(dir: &std::path::Path) -> bool {
     git2::Config::open(&dir.join("config")).and_then(|c| c.get_bool("gitplane.anonymousread")).unwrap_or(false)
 }
 
+/// Whether pushes to the repository are judged before they land (`gitplane.pushVerdicts`,
+/// default yes).
+fn push_verdicts(dir: &std::path::Path) -> bool {
+    git2::Config::open(&dir.join("config")).and_then(|c| c.get_bool("gitplane.pushverdicts")).unwrap_or(true)
+}
+
 fn busy(retry_after: &'static str) -> Response {
     let mut response = text(StatusCode::SERVICE_UNAVAILABLE, "too many Git requests at once; retry later");
     response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(retry_after));
@@ -367,13 +376,21 @@ async fn serve(
         .kill_on_drop(true)
         .process_group(0);
     let push = service == Service::ReceivePack;
-    let config: [(&str, String); 5] = [
+    let mut config: Vec<(&str, String)> = vec![
         ("http.receivepack", push.to_string()),
         ("http.uploadpack", "true".into()),
         ("http.getanyfile", "false".into()),
         ("receive.fsckObjects", "true".into()),
         ("receive.maxInputSize", MAX_PUSH_BYTES.to_string()),
     ];
+    // The push verdict: git's pre-receive hook, which asks this replica (unless the repository
+    // turned it off).
+    if let (true, Some(hook)) = (push && user.is_some(), &state.hook)
+        && push_verdicts(&state.repos_dir.join(&dir_name))
+    {
+        config.push(hook.git_config());
+        command.envs(hook.env());
+    }
     command.env("GIT_CONFIG_COUNT", config.len().to_string());
     for (i, (key, value)) in config.iter().enumerate() {
         command.env(format!("GIT_CONFIG_KEY_{i}"), key).env(format!("GIT_CONFIG_VALUE_{i}"), value);
@@ -695,7 +712,7 @@ mod tests {
             if anonymous_read {
                 repo.config().unwrap().set_bool("gitplane.anonymousRead", true).unwrap();
             }
-            let router = router(repos, GitAuth { push_token: TOKEN.into() });
+            let router = router(repos, GitAuth { push_token: TOKEN.into() }, None);
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let port = listener.local_addr().unwrap().port();
             let app = router.clone();
@@ -908,7 +925,7 @@ mod tests {
         let response = private.call(Method::GET, "/git/nope.git/info/refs?service=git-upload-pack", &[]).await;
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "and unknown names do not tell what exists");
 
-        let disabled = router(server.dir.path().join("repos"), GitAuth { push_token: String::new() });
+        let disabled = router(server.dir.path().join("repos"), GitAuth { push_token: String::new() }, None);
         let request =
             axum::http::Request::get(advertise).header("authorization", "Basic eDo=").body(Body::empty()).unwrap();
         assert_eq!(disabled.clone().oneshot(request).await.unwrap().status(), 403, "an empty token matches nothing");

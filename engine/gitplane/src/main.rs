@@ -1,6 +1,6 @@
 //! `gitplane`: the control plane and its command line.
 
-use gitplane::{encryption, offline, server, status, up};
+use gitplane::{diff, encryption, offline, prereceive, server, status, up};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -42,13 +42,29 @@ enum Command {
     /// the status API. `--wait` exits 0 once everything is synced and healthy, 1 with the reason
     /// on a rejected commit or at `--timeout` (for scripts).
     Status(status::StatusArgs),
+    /// What a sync of a directory, a branch or a commit range would change in the live cluster,
+    /// as `kubectl diff` prints it (or `--output json`); Secret values masked. Exits 0 without
+    /// differences, 1 with, 2 on an error.
+    Diff(diff::DiffArgs),
     /// Encryption of Secrets at rest: rotate the key (`gitplane secrets rotate`).
     Secrets(encryption::SecretsArgs),
+    /// Git hooks of hosted repositories, run by git under `gitplane server` (not by hand).
+    #[command(hide = true)]
+    Hook {
+        #[command(subcommand)]
+        command: HookCommand,
+    },
     /// The JSON Schemas of the accepted kinds.
     Schemas {
         #[command(subcommand)]
         command: SchemasCommand,
     },
+}
+
+#[derive(Subcommand)]
+enum HookCommand {
+    /// Asks the replica serving the push for its verdict on the pushed commits.
+    PreReceive,
 }
 
 #[derive(Subcommand)]
@@ -84,6 +100,14 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Validate(args) => offline::validate(args),
         Command::Render(args) => offline::render(args),
+        Command::Diff(args) => match diff::diff(args) {
+            Ok(differs) => std::process::exit(i32::from(differs)),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::exit(2);
+            }
+        },
+        Command::Hook { command: HookCommand::PreReceive } => prereceive::run_pre_receive(),
         Command::Schemas { command: SchemasCommand::Write { dir } } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for (name, text) in gitplane_api::kinds::schema_files() {

@@ -9,8 +9,8 @@ use crate::{
     listener::{self, Transport},
     mirror::Mirrors,
     nodeservice::{NodeIdentity, NodeService},
-    page,
-    source::{allocate::ServiceRanges, apply::RecordKey},
+    page, prereceive,
+    source::{allocate::ServiceRanges, apply::RecordKey, verdict::Verdicts},
     tls::{ClusterCa, ReplicaCertificate},
     webhook,
 };
@@ -226,6 +226,15 @@ impl Replica {
             backend.routes().add_service(nodes).into_axum_router().layer(axum::middleware::from_fn(require_replica));
         let info = backend.clone();
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
+        let record_key = RecordKey::new(credentials.record_key());
+        let verdicts = Arc::new(Verdicts::new(shared.clone(), record_key.clone(), service_ranges.clone()));
+        let hook = match prereceive::Hook::start(&git.repos_dir, verdicts) {
+            Ok(hook) => Some(Arc::new(hook)),
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "pushes will not be judged before they land");
+                None
+            }
+        };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let api = apiserver::router(shared.clone(), push_hint, kubelet);
         let page = page::router(shared.clone(), git.repos_dir.clone(), access.tokens.clone());
@@ -246,7 +255,7 @@ impl Replica {
             )
             // Git and webhooks, merged below, authenticate on their own.
             .layer(axum::middleware::from_fn_with_state(access, authz::admit))
-            .merge(githttp::router(git.repos_dir.clone(), auth))
+            .merge(githttp::router(git.repos_dir.clone(), auth, hook))
             .merge(webhook::router(git.mirrors.clone(), secrets))
             .fallback(apiserver::not_found);
         let mut tasks: Vec<JoinHandle<()>> = listeners
@@ -257,7 +266,7 @@ impl Replica {
             repos_dir: git.repos_dir,
             mirrors: git.mirrors,
             root: git.root,
-            record_key: RecordKey::new(credentials.record_key()),
+            record_key,
             service_ranges,
             controllers: gitplane_controllers::Settings { load_balancer_pool },
             event_ttl,

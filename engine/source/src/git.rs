@@ -81,6 +81,16 @@ pub fn read_head(repo: &Path, branch: &str) -> Result<Head, SourceError> {
     head_of(&open(repo)?, repo, branch)
 }
 
+/// A commit by id in an open repository, as if it were a branch head: what a push brings before
+/// its ref moves (the pre-receive verdict reads the pushed commit, never the branch).
+pub fn head_at(repository: &Repository, repo: &Path, commit: Oid) -> Result<Head, SourceError> {
+    let git = |source| SourceError::Git { repo: repo_name(repo), what: commit.to_string(), source };
+    let found = repository.find_commit(commit).map_err(git)?;
+    let message = String::from_utf8_lossy(found.message_bytes());
+    let subject = message.lines().next().unwrap_or("").trim().to_owned();
+    Ok(Head { id: commit.to_string(), subject, repo: repo.to_owned(), commit })
+}
+
 /// Resolves the head of `branch` in an open repository (refs are read anew on every call).
 pub(crate) fn head_of(repository: &Repository, repo: &Path, branch: &str) -> Result<Head, SourceError> {
     let name = repo_name(repo);

@@ -37,7 +37,7 @@ pub mod validate;
 
 pub use cache::{CacheStats, SourceCache};
 pub use error::{ManifestError, SourceError, redacted};
-pub use git::{Commit, Head, read_commit, read_dir, read_head};
+pub use git::{Commit, Head, head_at, read_commit, read_dir, read_head};
 pub use manifest::{Document, parse};
 pub use template::{is_template, merge_values, set_value};
 pub use validate::{Manifest, Validator};
@@ -163,11 +163,26 @@ pub fn load_commit(
     limits: &Limits,
     cache: &mut SourceCache,
 ) -> Result<Vec<Arc<Manifest>>, LoadError> {
-    let dir = git::normalize_dir(&app.path)?;
     // Out of the cache while it is read (the load needs the cache too), then back in it.
     let repository = cache.take_repository(head.repo())?;
-    let loaded = (|| {
-        let opened = git::Opened::new(&repository, head);
+    let loaded = load_commit_in(&repository, head, app, validator, limits, cache);
+    cache.keep_repository(head.repo(), repository);
+    loaded
+}
+
+/// [`load_commit`] through a repository the caller opened: one whose object database holds
+/// more than the repository's own (a push's quarantined objects, added as an alternate).
+pub fn load_commit_in(
+    repository: &git2::Repository,
+    head: &Head,
+    app: &AppSource,
+    validator: &Validator,
+    limits: &Limits,
+    cache: &mut SourceCache,
+) -> Result<Vec<Arc<Manifest>>, LoadError> {
+    let dir = git::normalize_dir(&app.path)?;
+    (|| {
+        let opened = git::Opened::new(repository, head);
         let mut candidates = opened.walk(&dir, limits)?;
         // Values files the walk did not list (beside the directory, or not named *.yaml).
         for path in app.values_files.iter().filter_map(|file| cache::values_path(&dir, file)) {
@@ -181,9 +196,7 @@ pub fn load_commit(
         let known = cache.known_sizes(&candidates);
         opened.sizes(&mut candidates, &known, limits)?;
         cache::load(&candidates, &dir, app, validator, limits, cache, |_, c| opened.read(c).map(Cow::Owned))
-    })();
-    cache.keep_repository(head.repo(), repository);
-    loaded
+    })()
 }
 
 /// Loads the Application's objects from a directory that stands for the repository root, by the

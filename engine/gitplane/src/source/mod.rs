@@ -13,6 +13,7 @@
 pub mod allocate;
 pub mod apply;
 pub(crate) mod health;
+pub mod verdict;
 
 use crate::{
     mirror::{self, MirrorStatus, Mirrors, is_url},

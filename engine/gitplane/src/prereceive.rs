@@ -1,0 +1,190 @@
+//! The pre-receive hook of hosted repositories: git's own hook, calling back into the replica
+//! that serves the push for its verdict ([`crate::source::verdict`]).
+//!
+//! Each replica writes a private directory (mode 0700, removed when it stops) holding a
+//! `pre-receive` script that runs this very binary (`gitplane hook pre-receive`) and a unix
+//! socket the replica listens on. `git http-backend` gets `core.hooksPath` pointing there (as
+//! configuration in its environment, only for pushes), so the bare repositories themselves
+//! are not touched, and the socket's path and a per-process secret in its environment, which
+//! receive-pack passes to the hook. The hook reads the ref updates (`<old> <new> <ref>` lines)
+//! and `GIT_QUARANTINE_PATH` (the push's objects, not yet in the repository), sends them with
+//! the repository's path, prints the answer on stderr (git relays it as `remote:` lines) and
+//! exits non-zero to refuse: git then leaves every ref as it was and drops the quarantine.
+//!
+//! The replica trusts the request only after the secret matched, and only for a bare
+//! repository directly in its repositories directory, with a quarantine inside that
+//! repository's `objects`. A hook that cannot reach the replica accepts the push with a warning:
+//! the sync judges every commit again.
+
+use crate::source::verdict::{RefUpdate, Verdicts};
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+use std::{
+    io::{BufRead as _, Read as _, Write as _},
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+use subtle::ConstantTimeEq as _;
+use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+
+const SOCKET_ENV: &str = "GITPLANE_VERDICT_SOCKET";
+const SECRET_ENV: &str = "GITPLANE_VERDICT_SECRET";
+/// The largest request a hook may send (ref updates of one push).
+const MAX_REQUEST: u64 = 4 << 20;
+/// The longest a verdict may take before the hook gives up and accepts with a warning.
+const VERDICT_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Serialize, Deserialize)]
+struct Request {
+    secret: String,
+    git_dir: PathBuf,
+    quarantine: Option<PathBuf>,
+    /// `<old> <new> <ref>` lines as git gave them.
+    refs: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Response {
+    accept: bool,
+    output: String,
+}
+
+/// The hook directory and the socket of one replica.
+pub struct Hook {
+    dir: tempfile::TempDir,
+    secret: String,
+}
+
+impl Hook {
+    /// Writes the hook, listens on its socket and judges pushes to repositories in `repos_dir`.
+    pub fn start(repos_dir: &Path, verdicts: Arc<Verdicts>) -> anyhow::Result<Hook> {
+        let dir = tempfile::Builder::new().prefix("gitplane-hooks-").tempdir().context("making the hook directory")?;
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
+        let exe = std::env::current_exe().context("finding the gitplane binary for the pre-receive hook")?;
+        let quoted = exe.to_string_lossy().replace('\'', r"'\''");
+        let script = dir.path().join("pre-receive");
+        std::fs::write(&script, format!("#!/bin/sh\nexec '{quoted}' hook pre-receive\n"))?;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700))?;
+        let listener =
+            tokio::net::UnixListener::bind(dir.path().join("verdict.sock")).context("binding the hook socket")?;
+        let secret = hex::encode(rand::random::<[u8; 32]>());
+        let repos_dir = std::fs::canonicalize(repos_dir).unwrap_or_else(|_| repos_dir.to_path_buf());
+        let expected = secret.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let (verdicts, repos_dir, expected) = (verdicts.clone(), repos_dir.clone(), expected.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = answer(stream, &verdicts, &repos_dir, &expected).await {
+                        tracing::warn!(error = %e, "a pre-receive hook's request failed");
+                    }
+                });
+            }
+        });
+        Ok(Hook { dir, secret })
+    }
+
+    /// Configuration for `git http-backend` of a push.
+    pub fn git_config(&self) -> (&'static str, String) {
+        ("core.hooksPath", self.dir.path().to_string_lossy().into_owned())
+    }
+
+    /// Environment for `git http-backend` of a push, which its hooks inherit.
+    pub fn env(&self) -> [(&'static str, String); 2] {
+        [
+            (SOCKET_ENV, self.dir.path().join("verdict.sock").to_string_lossy().into_owned()),
+            (SECRET_ENV, self.secret.clone()),
+        ]
+    }
+}
+
+async fn answer(
+    stream: tokio::net::UnixStream,
+    verdicts: &Verdicts,
+    repos_dir: &Path,
+    expected: &str,
+) -> anyhow::Result<()> {
+    let (read, mut write) = stream.into_split();
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::BufReader::new(read.take(MAX_REQUEST)).read_line(&mut line),
+    )
+    .await
+    .context("the hook sent nothing")??;
+    let request: Request = serde_json::from_str(&line).context("a malformed request")?;
+    anyhow::ensure!(bool::from(request.secret.as_bytes().ct_eq(expected.as_bytes())), "a wrong secret");
+    let repo = std::fs::canonicalize(&request.git_dir).context("the repository")?;
+    let hosted = repo.parent() == Some(repos_dir)
+        && repo.extension().is_some_and(|e| e == "git")
+        && repo.join("objects").is_dir();
+    anyhow::ensure!(hosted, "{} is not a hosted repository", repo.display());
+    let quarantine = match &request.quarantine {
+        Some(q) => {
+            let q = std::fs::canonicalize(q).context("the quarantine")?;
+            anyhow::ensure!(q.starts_with(repo.join("objects")), "the quarantine is outside the repository");
+            Some(q)
+        }
+        None => None,
+    };
+    let mut refs = Vec::new();
+    for line in &request.refs {
+        let mut parts = line.split_whitespace();
+        let (Some(old), Some(new), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
+            anyhow::bail!("a malformed ref update {line:?}");
+        };
+        refs.push(RefUpdate { old: old.parse()?, new: new.parse()?, name: name.to_owned() });
+    }
+    let started = std::time::Instant::now();
+    let verdict = verdicts.judge(&repo, quarantine.as_deref(), &refs).await;
+    tracing::info!(repo = %repo.display(), accept = verdict.accept, elapsed = ?started.elapsed(), "push verdict");
+    let mut body = serde_json::to_vec(&Response { accept: verdict.accept, output: verdict.output })?;
+    body.push(b'\n');
+    write.write_all(&body).await?;
+    write.shutdown().await?;
+    Ok(())
+}
+
+/// `gitplane hook pre-receive`, run by git in the repository: asks the replica, prints its
+/// answer, exits 1 to refuse.
+pub fn run_pre_receive() -> anyhow::Result<()> {
+    let mut refs = Vec::new();
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        if !line.trim().is_empty() {
+            refs.push(line);
+        }
+    }
+    let warn = |why: String| {
+        eprintln!("gitplane: warning: the push was not judged ({why}); the sync will judge it");
+        Ok(())
+    };
+    let (Some(socket), Some(secret)) = (std::env::var_os(SOCKET_ENV), std::env::var(SECRET_ENV).ok()) else {
+        return warn("this hook runs only under gitplane's Git service".into());
+    };
+    let cwd = std::env::current_dir()?;
+    let git_dir = std::env::var_os("GIT_DIR").map_or_else(|| cwd.clone(), |d| cwd.join(d));
+    let quarantine = std::env::var_os("GIT_QUARANTINE_PATH").map(|q| cwd.join(q));
+    let request = serde_json::to_vec(&Request { secret, git_dir, quarantine, refs })?;
+    let asked = (|| -> std::io::Result<Response> {
+        let mut stream = std::os::unix::net::UnixStream::connect(&socket)?;
+        stream.set_read_timeout(Some(VERDICT_TIMEOUT))?;
+        stream.write_all(&request)?;
+        stream.write_all(b"\n")?;
+        let mut answer = Vec::new();
+        stream.take(MAX_REQUEST).read_to_end(&mut answer)?;
+        serde_json::from_slice(&answer).map_err(std::io::Error::other)
+    })();
+    match asked {
+        Ok(response) => {
+            eprint!("{}", response.output);
+            if !response.accept {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        Err(e) => warn(format!("the server did not answer: {e}")),
+    }
+}

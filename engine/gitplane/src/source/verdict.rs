@@ -1,0 +1,455 @@
+//! Push-time verdicts: the sync's load, render, validation and plan, run on a pushed commit
+//! before its ref moves (the pre-receive hook of [`crate::prereceive`] asks for them).
+//!
+//! For every Application that follows the pushed repository and branch, the pushed commit
+//! (read by id, with the push's quarantined objects as an alternate object database: never the
+//! branch, so a push racing another is judged on its own commit) goes through
+//! [`gitplane_source::load_commit_in`] and [`apply::plan`] against the stored objects, exactly
+//! as a sync would. A commit any Application would reject is refused (unless the repository
+//! turns refusal off); an accepted one prints what each Application's sync will create, update
+//! and prune, with the fields an update changes. Secret values are never printed.
+//!
+//! Invariants: it writes nothing (not the store, not the repository); a verdict that cannot be
+//! reached (the store is unavailable) accepts the push with a warning, since the sync judges
+//! again; files are rendered once per blob (a [`SourceCache`] per Application, as the sync's).
+
+use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, watched_kinds};
+use gitplane_api::{Application, object::APPLICATION_ANNOTATION};
+use gitplane_source::{AppSource, Limits, LoadError, ManifestError, SourceCache, Validator};
+use gitplane_store::{ObjectKey, Op, Store, informer::Informer};
+use serde_json::Value;
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Write as _,
+    path::Path,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+/// The repository setting that turns refusal off (`git config gitplane.refuseInvalidPushes
+/// false` in the bare repository): invalid commits are then accepted with warnings.
+pub const REFUSE_SETTING: &str = "gitplane.refuseInvalidPushes";
+/// Changed fields printed per updated object.
+const MAX_FIELDS: usize = 12;
+/// Objects printed per Application and kind of change.
+const MAX_OBJECTS: usize = 50;
+/// The longest a verdict waits for this replica's view of the store on its first use.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a verdict waits for the sync of the push's parent before planning against the
+/// cluster as it is.
+const PARENT_WAIT: Duration = Duration::from_secs(3);
+
+/// One ref a push updates, as the pre-receive hook reads it: `<old> <new> <ref>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefUpdate {
+    pub old: git2::Oid,
+    pub new: git2::Oid,
+    pub name: String,
+}
+
+/// What to tell the pusher, and whether the ref updates may go ahead.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub accept: bool,
+    /// Lines for the client (git prints them as `remote:` lines).
+    pub output: String,
+}
+
+/// Judges pushes to hosted repositories; one per replica, shared by its pushes.
+pub struct Verdicts {
+    store: Arc<dyn Store>,
+    record_key: apply::RecordKey,
+    service_ranges: ServiceRanges,
+    validator: Arc<Validator>,
+    limits: Limits,
+    /// This replica's view of the stored objects, started on the first push.
+    informer: tokio::sync::OnceCell<Informer>,
+    /// Per Application: the outcome of each file, by blob, of the last commit judged.
+    caches: Mutex<HashMap<ObjectKey, SourceCache>>,
+}
+
+/// One Application's judgement of one ref update.
+enum Judged {
+    Plan(apply::Plan),
+    Rejected(Vec<String>),
+}
+
+impl Verdicts {
+    pub fn new(store: Arc<dyn Store>, record_key: apply::RecordKey, service_ranges: ServiceRanges) -> Verdicts {
+        Verdicts {
+            store,
+            record_key,
+            service_ranges,
+            validator: Arc::new(Validator::new()),
+            limits: Limits::default(),
+            informer: tokio::sync::OnceCell::new(),
+            caches: Mutex::default(),
+        }
+    }
+
+    async fn informer(&self) -> Option<&Informer> {
+        let informer =
+            self.informer.get_or_init(|| async { Informer::spawn(self.store.clone(), watched_kinds()) }).await;
+        tokio::time::timeout(SYNC_TIMEOUT, informer.wait_synced()).await.ok().map(|()| informer)
+    }
+
+    /// The verdict on a push of `refs` to the hosted repository at `repo` (named `<name>.git`),
+    /// whose new objects wait in `quarantine` until it is accepted.
+    pub async fn judge(&self, repo: &Path, quarantine: Option<&Path>, refs: &[RefUpdate]) -> Verdict {
+        let name = repo.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".git")).unwrap_or("");
+        let refuse = refuses(repo);
+        let Some(informer) = self.informer().await else {
+            return Verdict {
+                accept: true,
+                output: "gitplane: warning: this replica's view of the cluster is not ready: the push was not \
+                         judged (the sync will judge it)\n"
+                    .into(),
+            };
+        };
+        let apps: Vec<Application> =
+            informer.cache().list_typed::<Application>(None).into_iter().filter(|a| a.spec.repo == name).collect();
+        let mut output = String::new();
+        let mut rejected = false;
+        for update in refs {
+            let Some(branch) = update.name.strip_prefix("refs/heads/") else { continue };
+            let followers: Vec<&Application> = apps.iter().filter(|a| a.spec.branch == branch).collect();
+            if followers.is_empty() {
+                continue;
+            }
+            let range = format!("{branch} {}..{}", short_oid(update.old), short_oid(update.new));
+            // Judged against the parent the push names: if another push moved the branch since,
+            // git's compare-and-swap will refuse this one, and a plan against the other's state
+            // would mislead.
+            let current = branch_head(repo, &update.name);
+            if current != update.old {
+                let _ = writeln!(
+                    output,
+                    "gitplane: {branch} moved to {} since this push read it: fetch, rebase and push again",
+                    short_oid(current)
+                );
+                return Verdict { accept: false, output };
+            }
+            if update.new.is_zero() {
+                let ids: Vec<String> = followers.iter().map(|a| app_id(a)).collect();
+                let _ = writeln!(
+                    output,
+                    "gitplane: deleting branch {branch}, which Application(s) {} follow: their syncs will fail",
+                    ids.join(", ")
+                );
+                rejected = true;
+                continue;
+            }
+            for app in followers {
+                let id = app_id(app);
+                if !update.old.is_zero() && !self.reached(app, update.old, informer).await {
+                    let _ = writeln!(
+                        output,
+                        "gitplane: note: Application {id} has not synced {} yet: its plan is against the cluster as it is",
+                        short_oid(update.old)
+                    );
+                }
+                let path = if app.spec.path.is_empty() { ".".to_owned() } else { app.spec.path.clone() };
+                match self.judge_one(app, repo, quarantine, update.new, informer).await {
+                    Judged::Rejected(errors) => {
+                        rejected = true;
+                        let verb = if refuse { "error" } else { "warning" };
+                        let _ = writeln!(
+                            output,
+                            "gitplane: {verb}: {range}: Application {id} (path {path}) would reject this commit, {}:",
+                            plural(errors.len(), "error")
+                        );
+                        for error in &errors {
+                            let _ = writeln!(output, "  {error}");
+                        }
+                    }
+                    Judged::Plan(plan) => describe(&mut output, &range, &id, &path, &plan, informer),
+                }
+            }
+        }
+        if rejected {
+            if refuse {
+                let _ = writeln!(
+                    output,
+                    "gitplane: push refused: nothing changed. Fix the errors (`gitplane validate <path>` checks \
+                     offline) and push again; to let such pushes through as warnings: \
+                     git config -f <repos>/{name}.git/config {REFUSE_SETTING} false"
+                );
+            } else {
+                let _ = writeln!(
+                    output,
+                    "gitplane: accepted with warnings ({REFUSE_SETTING} is false for this repository): the sync \
+                     will reject the commit and keep the last good one applied"
+                );
+            }
+        }
+        Verdict { accept: !(rejected && refuse), output }
+    }
+
+    /// Whether the Application's sync has handled `commit` (applied or rejected it), waiting a
+    /// little for it: a plan is meant against the state the push's parent left.
+    async fn reached(&self, app: &Application, commit: git2::Oid, informer: &Informer) -> bool {
+        let commit = commit.to_string();
+        let (ns, name) = (app.metadata.namespace.as_deref().unwrap_or(""), app.metadata.name.as_deref().unwrap_or(""));
+        let deadline = tokio::time::Instant::now() + PARENT_WAIT;
+        loop {
+            let current = informer.cache().get_typed::<Application>(ns, name);
+            let sync = current.as_ref().and_then(|a| a.status.as_ref()).and_then(|s| s.sync.as_ref());
+            if sync.is_some_and(|s| {
+                s.attempted_revision.as_deref() == Some(&commit) || s.revision.as_deref() == Some(&commit)
+            }) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn judge_one(
+        &self,
+        app: &Application,
+        repo: &Path,
+        quarantine: Option<&Path>,
+        commit: git2::Oid,
+        informer: &Informer,
+    ) -> Judged {
+        let key = app_key(app);
+        let cache = self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
+        let (source, validator, limits) =
+            (AppSource::from_spec(&app.spec), self.validator.clone(), self.limits.clone());
+        let (repo, quarantine) = (repo.to_path_buf(), quarantine.map(Path::to_path_buf));
+        let loaded = tokio::task::spawn_blocking(move || {
+            let mut cache = cache;
+            let loaded = load(&repo, quarantine.as_deref(), commit, &source, &validator, &limits, &mut cache);
+            (loaded, cache)
+        })
+        .await;
+        let manifests = match loaded {
+            Ok((loaded, cache)) => {
+                self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key, cache);
+                match loaded {
+                    Ok(manifests) => manifests,
+                    Err(LoadError::Invalid(errors)) => return Judged::Rejected(lines(&errors)),
+                    Err(LoadError::Source(e)) => return Judged::Rejected(vec![e.to_string()]),
+                }
+            }
+            Err(e) => return Judged::Rejected(vec![format!("loading the commit failed: {e}")]),
+        };
+        let id = app_id(app);
+        let policy = apply::Policy {
+            app: &id,
+            prune: app.spec.prune,
+            allow_empty: app.spec.allow_empty,
+            record_key: &self.record_key,
+        };
+        let (namespaces, nodes) = names(informer.cache());
+        let stored = Accepted(informer.cache());
+        let inventory = apply::Inventory::default();
+        let cluster = apply::Cluster {
+            stored: &stored,
+            inventory: &inventory,
+            namespaces: &namespaces,
+            nodes: &nodes,
+            service_ranges: &self.service_ranges,
+        };
+        match apply::plan(&manifests, &cluster, &policy) {
+            Ok(plan) => Judged::Plan(plan),
+            Err(errors) => Judged::Rejected(lines(&errors)),
+        }
+    }
+}
+
+/// Loads `commit` of the repository at `repo`, reading the push's new objects from `quarantine`.
+fn load(
+    repo: &Path,
+    quarantine: Option<&Path>,
+    commit: git2::Oid,
+    app: &AppSource,
+    validator: &Validator,
+    limits: &Limits,
+    cache: &mut SourceCache,
+) -> Result<Vec<Arc<gitplane_source::Manifest>>, LoadError> {
+    let git = |source| gitplane_source::SourceError::OpenRepository { repo: repo.to_path_buf(), source };
+    let repository = git2::Repository::open_bare(repo).map_err(git)?;
+    if let Some(quarantine) = quarantine.and_then(Path::to_str) {
+        repository.odb().and_then(|odb| odb.add_disk_alternate(quarantine)).map_err(git)?;
+    }
+    let head = gitplane_source::head_at(&repository, repo, commit)?;
+    gitplane_source::load_commit_in(&repository, &head, app, validator, limits, cache)
+}
+
+/// Where `refname` points now (zero: nowhere).
+fn branch_head(repo: &Path, refname: &str) -> git2::Oid {
+    git2::Repository::open_bare(repo).and_then(|r| r.refname_to_id(refname)).unwrap_or_else(|_| git2::Oid::zero())
+}
+
+/// Whether the repository refuses invalid pushes (its config, default yes).
+fn refuses(repo: &Path) -> bool {
+    git2::Config::open(&repo.join("config")).and_then(|c| c.get_bool(REFUSE_SETTING)).unwrap_or(true)
+}
+
+fn lines(errors: &[ManifestError]) -> Vec<String> {
+    errors.iter().map(ToString::to_string).collect()
+}
+
+fn short_oid(oid: git2::Oid) -> String {
+    let mut hex = oid.to_string();
+    hex.truncate(10);
+    hex
+}
+
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 { format!("1 {what}") } else { format!("{n} {what}s") }
+}
+
+/// The plan of one Application, as lines for the pusher.
+fn describe(out: &mut String, range: &str, id: &str, path: &str, plan: &apply::Plan, informer: &Informer) {
+    let _ = writeln!(
+        out,
+        "gitplane: {range}: Application {id} (path {path}): {} to create, {} to update, {} to prune",
+        plan.created, plan.updated, plan.pruned
+    );
+    let mut shown = BTreeMap::<&str, usize>::new();
+    for op in &plan.ops {
+        let (sign, key, desired) = match op {
+            Op::Create(v) => ("+", ObjectKey::from_value(v).ok(), Some(v)),
+            Op::Update(v) => ("~", ObjectKey::from_value(v).ok(), Some(v)),
+            Op::Delete { key, .. } => ("-", Some(key.clone()), None),
+            Op::UpdateStatus(_) => continue,
+        };
+        let Some(key) = key else { continue };
+        let count = shown.entry(sign).or_default();
+        *count += 1;
+        if *count > MAX_OBJECTS {
+            continue;
+        }
+        let _ = writeln!(out, "  {sign} {key}");
+        if sign == "~"
+            && let (Some(desired), Some(current)) = (desired, informer.cache().get(&key))
+        {
+            let changes = field_changes(&current, desired);
+            for change in changes.iter().take(MAX_FIELDS) {
+                let _ = writeln!(out, "      {change}");
+            }
+            if changes.len() > MAX_FIELDS {
+                let _ = writeln!(out, "      … and {} more fields", changes.len() - MAX_FIELDS);
+            }
+        }
+    }
+    for (sign, count) in shown {
+        if count > MAX_OBJECTS {
+            let _ = writeln!(out, "  {sign} … and {} more", count - MAX_OBJECTS);
+        }
+    }
+    if !plan.drifted.is_empty() {
+        let _ =
+            writeln!(out, "  ({} changed outside Git, restored by this sync)", plural(plan.drifted.len(), "object"));
+    }
+}
+
+/// The leaves of `value` by JSON pointer, without what the server manages.
+fn leaves(value: &Value) -> BTreeMap<String, &Value> {
+    fn walk<'v>(value: &'v Value, path: &mut String, out: &mut BTreeMap<String, &'v Value>) {
+        let at = path.len();
+        match value {
+            Value::Object(map) if !map.is_empty() => {
+                for (k, v) in map {
+                    path.push('/');
+                    path.push_str(&k.replace('~', "~0").replace('/', "~1"));
+                    walk(v, path, out);
+                    path.truncate(at);
+                }
+            }
+            Value::Array(items) if !items.is_empty() => {
+                for (i, v) in items.iter().enumerate() {
+                    let _ = write!(path, "/{i}");
+                    walk(v, path, out);
+                    path.truncate(at);
+                }
+            }
+            leaf => {
+                out.insert(path.clone(), leaf);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(value, &mut String::new(), &mut out);
+    const SERVER: [&str; 7] = [
+        "/metadata/resourceVersion",
+        "/metadata/uid",
+        "/metadata/creationTimestamp",
+        "/metadata/generation",
+        "/metadata/managedFields",
+        "/status",
+        "/metadata/annotations/gitplane.io~1last-applied",
+    ];
+    out.retain(|path, _| !SERVER.iter().any(|s| path == s || path.starts_with(&format!("{s}/"))));
+    out
+}
+
+/// `/spec/replicas: 2 → 3`, `+ /data/b: "x"`, `- /data/a` for each field that differs between
+/// the stored object and what the sync will write; a Secret's values are never shown.
+pub fn field_changes(current: &Value, desired: &Value) -> Vec<String> {
+    let secret = desired["kind"] == "Secret";
+    let masked = |path: &str| secret && (path.starts_with("/data/") || path.starts_with("/stringData/"));
+    let show = |path: &str, v: &Value| {
+        if masked(path) {
+            return "(secret value)".to_owned();
+        }
+        let text = v.to_string();
+        match text.char_indices().nth(60) {
+            Some((at, _)) => format!("{}…", &text[..at]),
+            None => text,
+        }
+    };
+    let (before, after) = (leaves(current), leaves(desired));
+    let mut changes = Vec::new();
+    for (path, old) in &before {
+        match after.get(path) {
+            Some(new) if new == old => {}
+            Some(_) if masked(path) => changes.push(format!("{path}: (secret value changed)")),
+            Some(new) => changes.push(format!("{path}: {} → {}", show(path, old), show(path, new))),
+            None => changes.push(format!("- {path}")),
+        }
+    }
+    for (path, new) in &after {
+        if !before.contains_key(path)
+            && path != &format!("/metadata/annotations/{}", APPLICATION_ANNOTATION.replace('/', "~1"))
+        {
+            changes.push(format!("+ {path}: {}", show(path, new)));
+        }
+    }
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn field_changes_name_each_field_and_never_a_secret_value() {
+        let current = json!({"kind": "ConfigMap", "metadata": {"name": "c", "resourceVersion": "7", "uid": "u"},
+            "data": {"a": "1", "gone": "x"}});
+        let desired = json!({"kind": "ConfigMap", "metadata": {"name": "c", "resourceVersion": "7"},
+            "data": {"a": "2", "new": "y"}});
+        assert_eq!(field_changes(&current, &desired), ["/data/a: \"1\" → \"2\"", "- /data/gone", "+ /data/new: \"y\""]);
+        let current =
+            json!({"kind": "Secret", "metadata": {"name": "s"}, "data": {"password": "aHVudGVyMg==", "old": "eA=="}});
+        let desired =
+            json!({"kind": "Secret", "metadata": {"name": "s"}, "data": {"password": "c2VjcmV0", "new": "eQ=="}});
+        let changes = field_changes(&current, &desired).join("\n");
+        assert_eq!(changes, "- /data/old\n/data/password: (secret value changed)\n+ /data/new: (secret value)");
+    }
+
+    #[test]
+    fn a_long_value_is_cut() {
+        let long = "x".repeat(100);
+        let changes = field_changes(
+            &json!({"kind": "ConfigMap", "data": {"a": "1"}}),
+            &json!({"kind": "ConfigMap", "data": {"a": long}}),
+        );
+        assert!(changes[0].ends_with('…') && changes[0].len() < 90, "{changes:?}");
+    }
+}
