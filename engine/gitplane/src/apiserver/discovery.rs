@@ -340,8 +340,8 @@ mod tests {
                 "apps",
                 "batch",
                 "discovery.k8s.io",
-                "coordination.k8s.io",
                 "networking.k8s.io",
+                "coordination.k8s.io",
                 "gitplane.io",
                 "metrics.k8s.io"
             ]
