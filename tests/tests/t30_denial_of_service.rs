@@ -216,10 +216,13 @@ async fn t30_trickled_unsigned_webhooks_do_not_block_a_signed_one() -> Result<()
 async fn t30_unrouted_paths_answer_a_kubernetes_404() -> Result<()> {
     let cluster = tokio::task::block_in_place(start)?;
     let addr = cluster.addrs[&1];
-    for path in ["/", "/nope", "/gitplane.store.v1.StoreService/Txn", "/gitplane.node.v1.NodeService/Register"] {
+    for path in ["/nope", "/gitplane.store.v1.StoreService/Txn", "/gitplane.node.v1.NodeService/Register"] {
         let (code, body) = loopback_request(addr, "GET", path, &[], b"")?;
         let status: serde_json::Value = serde_json::from_str(&body).with_context(|| format!("{path}: {body}"))?;
         ensure!(code == 404 && status["kind"] == "Status" && status["code"] == 404, "{path}: {code} {body}");
     }
+    // `/` is the status page: without a token, its sign-in form (t85 drives the page itself).
+    let (code, body) = loopback_request(addr, "GET", "/", &[], b"")?;
+    ensure!(code == 401 && body.contains("/ui/login"), "/: {code} {body}");
     Ok(())
 }
