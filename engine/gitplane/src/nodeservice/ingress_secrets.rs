@@ -3,10 +3,11 @@
 //! Secret never leaves the control plane through this stream. [`TlsReferences`] is the pure
 //! bookkeeping, per stream: which Secrets the Ingresses reference, and which were sent.
 
+use super::references::ReferenceCounts;
 use gitplane_api::ingress::TLS_SECRET_TYPE;
 use gitplane_store::ObjectKey;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 pub(super) const SECRET: &str = "Secret";
 pub(super) const INGRESS: &str = "Ingress.networking.k8s.io";
@@ -16,8 +17,7 @@ type Name = (String, String);
 /// What one stream's Ingresses reference.
 #[derive(Debug, Default)]
 pub(super) struct TlsReferences {
-    by_ingress: HashMap<Name, BTreeSet<Name>>,
-    counts: BTreeMap<Name, usize>,
+    by_ingress: ReferenceCounts<Name, Name>,
     /// Referenced Secrets that were sent (they exist and are TLS Secrets).
     sent: BTreeSet<Name>,
 }
@@ -47,30 +47,8 @@ impl TlsReferences {
     /// referenced (to read and send) and those no longer referenced (to delete on the node).
     pub(super) fn set_ingress(&mut self, key: &ObjectKey, ingress: Option<&Value>) -> (Vec<Name>, Vec<Name>) {
         let refs = ingress.map(referenced).unwrap_or_default();
-        let name = name_of(key);
-        let old =
-            if refs.is_empty() { self.by_ingress.remove(&name) } else { self.by_ingress.insert(name, refs.clone()) };
-        let old = old.unwrap_or_default();
-        let mut added = Vec::new();
-        for r in refs.difference(&old) {
-            let count = self.counts.entry(r.clone()).or_default();
-            *count += 1;
-            if *count == 1 {
-                added.push(r.clone());
-            }
-        }
-        let mut removed = Vec::new();
-        for r in old.difference(&refs) {
-            if let Some(count) = self.counts.get_mut(r) {
-                *count -= 1;
-                if *count == 0 {
-                    self.counts.remove(r);
-                    if self.sent.remove(r) {
-                        removed.push(r.clone());
-                    }
-                }
-            }
-        }
+        let (added, unreferenced) = self.by_ingress.set(name_of(key), refs);
+        let removed = unreferenced.into_iter().filter(|r| self.sent.remove(r)).collect();
         (added, removed)
     }
 
@@ -78,7 +56,7 @@ impl TlsReferences {
     /// stops being a TLS Secret is deleted there.
     pub(super) fn secret_changed(&mut self, key: &ObjectKey, secret: Option<&Value>) -> Option<bool> {
         let name = name_of(key);
-        if !self.counts.contains_key(&name) {
+        if !self.by_ingress.is_referenced(&name) {
             return None;
         }
         match secret.filter(|s| is_tls(s)) {

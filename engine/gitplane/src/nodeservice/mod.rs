@@ -12,6 +12,7 @@ mod ingress_secrets;
 mod nodestatus;
 mod podcidr;
 mod podconfig;
+mod references;
 
 pub use identity::NodeIdentity;
 use identity::{Caller, caller, node_of};

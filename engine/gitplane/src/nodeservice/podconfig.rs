@@ -6,24 +6,22 @@
 //! [`References`] is the pure bookkeeping (which objects are referenced, and which revision of
 //! each was sent); [`watch`] is the stream over the store.
 
-use super::{ObjectEventStream, store_status};
+use super::{ObjectEventStream, references::ReferenceCounts, store_status};
 use futures::StreamExt;
 use gitplane_api::podrefs::{ConfigKind, ConfigRef, config_refs};
 use gitplane_proto::node::{EventType as WireEventType, ObjectEvent};
 use gitplane_store::{Event, EventType, ListOptions, ObjectKey, Store, WatchOptions, WatchStream};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use tonic::Status;
 
 /// Which objects one node's Pods reference, and the revision of each that the stream sent.
 #[derive(Debug, Default)]
 pub(super) struct References {
-    /// (namespace, name) of each Pod of the node -> what it references.
-    pods: HashMap<(String, String), BTreeSet<ConfigRef>>,
-    /// How many of the node's Pods reference each object.
-    counts: BTreeMap<ConfigRef, usize>,
+    /// (namespace, name) of each Pod of the node -> what it references, counted per object.
+    pods: ReferenceCounts<(String, String), ConfigRef>,
     /// The revision of each referenced object last sent (its write, or its deletion).
     sent: HashMap<ConfigRef, i64>,
 }
@@ -36,26 +34,9 @@ impl References {
         pod: (String, String),
         refs: BTreeSet<ConfigRef>,
     ) -> (Vec<ConfigRef>, Vec<ConfigRef>) {
-        let old = if refs.is_empty() { self.pods.remove(&pod) } else { self.pods.insert(pod, refs.clone()) };
-        let old = old.unwrap_or_default();
-        let mut added = Vec::new();
-        for r in refs.difference(&old) {
-            let count = self.counts.entry(r.clone()).or_default();
-            *count += 1;
-            if *count == 1 {
-                added.push(r.clone());
-            }
-        }
-        let mut removed = Vec::new();
-        for r in old.difference(&refs) {
-            if let Some(count) = self.counts.get_mut(r) {
-                *count -= 1;
-                if *count == 0 {
-                    self.counts.remove(r);
-                    self.sent.remove(r);
-                    removed.push(r.clone());
-                }
-            }
+        let (added, removed) = self.pods.set(pod, refs);
+        for r in &removed {
+            self.sent.remove(r);
         }
         (added, removed)
     }
@@ -63,7 +44,7 @@ impl References {
     /// Whether a write of `r` at `revision` goes out: it is referenced and newer than what was
     /// sent (an object read when it became referenced may be newer than the watch's events).
     pub(super) fn take(&mut self, r: &ConfigRef, revision: i64) -> bool {
-        if !self.counts.contains_key(r) || self.sent.get(r).is_some_and(|sent| *sent >= revision) {
+        if !self.pods.is_referenced(r) || self.sent.get(r).is_some_and(|sent| *sent >= revision) {
             return false;
         }
         self.sent.insert(r.clone(), revision);
@@ -152,7 +133,7 @@ impl Follow {
             return Ok(());
         }
         if event.key.kind == "Pod" {
-            let was_ours = self.refs.pods.contains_key(&pod_key(&event.object));
+            let was_ours = self.refs.pods.holds(&pod_key(&event.object));
             let refs = if event.event_type == EventType::Deleted {
                 BTreeSet::new()
             } else {
@@ -195,7 +176,7 @@ pub(super) async fn watch(store: Arc<dyn Store>, node: String) -> Result<ObjectE
     }
     follow.changed(pods.revision, added, Vec::new()).await?;
     follow.out.push_back(Ok(bookmark(pods.revision)));
-    tracing::info!(node = %follow.node, objects = follow.refs.counts.len(), "pod config watch started");
+    tracing::info!(node = %follow.node, objects = follow.refs.pods.len(), "pod config watch started");
     Ok(Box::pin(futures::stream::unfold(follow, |mut follow| async move {
         loop {
             if let Some(next) = follow.out.pop_front() {
