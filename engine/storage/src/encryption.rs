@@ -429,6 +429,47 @@ pub struct AtRest {
     pub stale_history: i64,
 }
 
+impl AtRest {
+    /// Reads where one database's sealed objects stand against `secrets`' write key. The
+    /// queries are the same text for SQLite and Postgres (both take `$n` parameters).
+    pub(crate) async fn read<DB>(secrets: &Keyring, pool: &sqlx::Pool<DB>) -> gitplane_store::Result<AtRest>
+    where
+        DB: sqlx::Database,
+        for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+        for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+        for<'c> &'c mut <DB as sqlx::Database>::Connection: sqlx::Executor<'c, Database = DB>,
+        for<'r> (String, String): sqlx::FromRow<'r, DB::Row>,
+        for<'r> (i64,): sqlx::FromRow<'r, DB::Row>,
+    {
+        let Some(write) = secrets.write_key() else { return Ok(AtRest::default()) };
+        let prefix = prefix_of(&write);
+        let mut at_rest = AtRest { write_key: Some(write), ..AtRest::default() };
+        for &kind in ENCRYPTED_KINDS {
+            let rows: Vec<(String, String)> = sqlx::query_as(
+                "SELECT namespace, name FROM objects WHERE kind = $1 AND substr(value, 1, length($2)) <> $2",
+            )
+            .bind(kind)
+            .bind(prefix.clone())
+            .fetch_all(pool)
+            .await
+            .map_err(crate::db)?;
+            at_rest.stale.extend(rows.into_iter().map(|(ns, name)| ObjectKey::new(kind, ns, name)));
+            let history: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM events WHERE kind = $1 AND substr(value, 1, length($2)) <> $2",
+            )
+            .bind(kind)
+            .bind(prefix.clone())
+            .fetch_one(pool)
+            .await
+            .map_err(crate::db)?;
+            at_rest.stale_history += history;
+        }
+        at_rest.stale_objects = at_rest.stale.len();
+        Ok(at_rest)
+    }
+}
+
 /// The stored prefix of values sealed under `key`.
 pub fn prefix_of(key: &str) -> String {
     format!("{PREFIX}{key}:")

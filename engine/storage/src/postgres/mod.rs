@@ -58,7 +58,7 @@ use crate::{
         decode,
     },
     db,
-    encryption::{self, AtRest, Keyring},
+    encryption::{AtRest, Keyring},
     migrate,
 };
 use gitplane_store::{
@@ -230,31 +230,7 @@ impl PostgresStore {
 
     /// Where the sealed objects stand against the write key.
     pub async fn at_rest(&self) -> Result<AtRest> {
-        let Some(write) = self.inner.secrets.write_key() else { return Ok(AtRest::default()) };
-        let prefix = encryption::prefix_of(&write);
-        let mut at_rest = AtRest { write_key: Some(write), ..AtRest::default() };
-        for kind in encryption::ENCRYPTED_KINDS {
-            let rows: Vec<(String, String)> = sqlx::query_as(
-                "SELECT namespace, name FROM objects WHERE kind = $1 AND substr(value, 1, length($2)) <> $2",
-            )
-            .bind(kind)
-            .bind(&prefix)
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(db)?;
-            at_rest.stale.extend(rows.into_iter().map(|(ns, name)| ObjectKey::new(*kind, ns, name)));
-            let history: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM events WHERE kind = $1 AND substr(value, 1, length($2)) <> $2",
-            )
-            .bind(kind)
-            .bind(&prefix)
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(db)?;
-            at_rest.stale_history += history;
-        }
-        at_rest.stale_objects = at_rest.stale.len();
-        Ok(at_rest)
+        AtRest::read(&self.inner.secrets, &self.inner.pool).await
     }
 
     /// The connection pool (for a [`LeaderLease`] on the same database).
