@@ -6,12 +6,11 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, controllers_of, is_controlled_by},
+    owner::{controller_ref, is_controlled_by, owner_keys_for},
     plan::Op,
     runtime::all_of,
 };
 use gitplane_api::events::NORMAL;
-use gitplane_api::object::kind_of;
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -152,13 +151,7 @@ impl Reconciler for DeploymentController {
     }
 
     fn keys_for(&self, event: &Event, _: &Cache) -> Vec<ObjectKey> {
-        if event.key.kind == kind_of::<Deployment>() {
-            return vec![event.key.clone()];
-        }
-        if event.key.kind == kind_of::<ReplicaSet>() {
-            return controllers_of::<Deployment>(event);
-        }
-        Vec::new()
+        owner_keys_for::<Deployment, ReplicaSet>(event)
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {

@@ -4,13 +4,12 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, controllers_of, is_controlled_by},
+    owner::{controller_ref, is_controlled_by, owner_keys_for},
     plan::Op,
     replicaset::{is_active, phase},
     runtime::all_of,
 };
 use gitplane_api::events::{NORMAL, WARNING};
-use gitplane_api::object::kind_of;
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::{
     api::{
@@ -161,13 +160,7 @@ impl Reconciler for JobController {
     }
 
     fn keys_for(&self, event: &Event, _: &Cache) -> Vec<ObjectKey> {
-        if event.key.kind == kind_of::<Job>() {
-            return vec![event.key.clone()];
-        }
-        if event.key.kind == kind_of::<Pod>() {
-            return controllers_of::<Job>(event);
-        }
-        Vec::new()
+        owner_keys_for::<Job, Pod>(event)
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {

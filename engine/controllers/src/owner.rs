@@ -1,6 +1,6 @@
 //! Owner references: who controls whom.
 
-use gitplane_api::kube_core::Resource;
+use gitplane_api::{kube_core::Resource, object::kind_of};
 use gitplane_store::{Event, ObjectKey};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -36,4 +36,20 @@ pub fn controllers_of<K: Resource<DynamicType = ()>>(event: &Event) -> Vec<Objec
         .filter_map(|r| r["name"].as_str())
         .map(|name| ObjectKey::of::<K>(&event.key.namespace, name))
         .collect()
+}
+
+/// What an event queues for the controller of `K` over dependents of kind `D`: a changed `K`
+/// itself, or the `K`s controlling a changed `D`.
+pub fn owner_keys_for<K, D>(event: &Event) -> Vec<ObjectKey>
+where
+    K: Resource<DynamicType = ()>,
+    D: Resource<DynamicType = ()>,
+{
+    if event.key.kind == kind_of::<K>() {
+        vec![event.key.clone()]
+    } else if event.key.kind == kind_of::<D>() {
+        controllers_of::<K>(event)
+    } else {
+        Vec::new()
+    }
 }

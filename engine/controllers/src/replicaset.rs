@@ -2,12 +2,11 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, controllers_of, is_controlled_by},
+    owner::{controller_ref, is_controlled_by, owner_keys_for},
     plan::Op,
     runtime::all_of,
 };
 use gitplane_api::events::NORMAL;
-use gitplane_api::object::kind_of;
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::{
     apps::v1::{ReplicaSet, ReplicaSetStatus},
@@ -108,13 +107,7 @@ impl Reconciler for ReplicaSetController {
     }
 
     fn keys_for(&self, event: &Event, _: &Cache) -> Vec<ObjectKey> {
-        if event.key.kind == kind_of::<ReplicaSet>() {
-            return vec![event.key.clone()];
-        }
-        if event.key.kind == kind_of::<Pod>() {
-            return controllers_of::<ReplicaSet>(event);
-        }
-        Vec::new()
+        owner_keys_for::<ReplicaSet, Pod>(event)
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {
