@@ -128,6 +128,23 @@ impl Connection {
     }
 }
 
+/// What a client reads of a list page: every item is checked to be JSON and counted, not kept
+/// (client-go decodes into typed structs, not a tree of maps; the server's time is measured).
+#[derive(serde::Deserialize)]
+struct Page {
+    #[serde(default)]
+    items: Vec<serde::de::IgnoredAny>,
+    #[serde(default)]
+    rows: Vec<serde::de::IgnoredAny>,
+    metadata: PageMetadata,
+}
+
+#[derive(serde::Deserialize)]
+struct PageMetadata {
+    #[serde(rename = "continue")]
+    continue_: Option<String>,
+}
+
 /// A whole cluster-wide LIST, following continue tokens when `limit` is set: (items, bytes).
 async fn list_all(c: &mut Connection, limit: Option<usize>, accept: &str) -> Result<(usize, usize)> {
     let (mut items, mut bytes, mut token) = (0, 0, None::<String>);
@@ -141,9 +158,9 @@ async fn list_all(c: &mut Connection, limit: Option<usize>, accept: &str) -> Res
         }
         let body = c.get(&path, accept).await?;
         bytes += body.len();
-        let page: Value = serde_json::from_slice(&body)?;
-        items += page["items"].as_array().or(page["rows"].as_array()).map_or(0, Vec::len);
-        token = page["metadata"]["continue"].as_str().filter(|t| !t.is_empty()).map(str::to_owned);
+        let page: Page = serde_json::from_slice(&body).with_context(|| format!("GET {path}: not a list"))?;
+        items += page.items.len() + page.rows.len();
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() || limit.is_none() {
             return Ok((items, bytes));
         }

@@ -4,7 +4,7 @@
 //! [`logs`] is the pod log subresource, streamed from the node that runs the Pod; [`metrics`]
 //! is the resource metrics API (`kubectl top`), asked of the nodes; [`proxy`] is the node
 //! proxy for the nodes' `/metrics` and `/stats/summary`; [`watch`] serves
-//! `?watch=1`; [`fields`] parses and matches field selectors; [`discovery`], [`openapi`] and
+//! `?watch=1`; [`list`] serves lists; [`fields`] parses and matches field selectors; [`discovery`], [`openapi`] and
 //! [`health`] are what clients read about the server itself; [`exec`] serves `exec`, `attach`
 //! and `portforward` to debug tokens.
 
@@ -12,6 +12,7 @@ mod discovery;
 mod exec;
 mod fields;
 pub mod health;
+mod list;
 mod logs;
 mod metrics;
 mod openapi;
@@ -31,7 +32,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::{any, get},
 };
-use gitplane_store::{ListOptions, ObjectKey, Store, StoreError};
+use gitplane_store::{ListOptions, ObjectKey, Store};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use std::{collections::HashMap, sync::Arc, time::Duration};
@@ -430,37 +431,7 @@ async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &
 
 async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>, q: Query) -> Response {
     let options = ListOptions { namespace: namespace.map(str::to_owned), ..q.list };
-    match state.store.list(&resource.group_kind(), &options).await {
-        Ok(list) => {
-            // Field selectors filter each page; a page may come out short, its continue token
-            // still right (Kubernetes allows short pages).
-            let items: Vec<Value> = list.items.into_iter().filter(|o| q.fields.matches(o)).map(masked).collect();
-            let revision = list.revision.to_string();
-            if q.table {
-                let mut t = table::table(resource.kind, &items, &revision, Timestamp::now());
-                if let Some(token) = list.continue_token {
-                    t["metadata"]["continue"] = Value::String(token);
-                }
-                return Json(t).into_response();
-            }
-            let mut metadata = json!({"resourceVersion": revision});
-            if let Some(token) = list.continue_token {
-                metadata["continue"] = Value::String(token);
-            }
-            Json(json!({
-                "apiVersion": resource.api_version(),
-                "kind": format!("{}List", resource.kind),
-                "metadata": metadata,
-                "items": items,
-            }))
-            .into_response()
-        }
-        Err(e @ (StoreError::BadRequest(_) | StoreError::Rejected(_))) => {
-            status(StatusCode::BAD_REQUEST, "BadRequest", e.to_string())
-        }
-        Err(e @ StoreError::Expired { .. }) => status(StatusCode::GONE, "Expired", e.to_string()),
-        Err(e) => status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()),
-    }
+    list::serve(state.store.as_ref(), resource, &options, &q.fields, q.table).await
 }
 
 #[cfg(test)]

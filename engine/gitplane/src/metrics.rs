@@ -151,6 +151,10 @@ impl Store for MeteredStore {
         self.0.list(kind, options).await
     }
 
+    async fn list_json(&self, kind: &str, options: &ListOptions) -> gitplane_store::Result<List<String>> {
+        self.0.list_json(kind, options).await
+    }
+
     async fn txn(&self, ops: Vec<Op>) -> gitplane_store::Result<Committed> {
         let started = Instant::now();
         let result = self.0.txn(ops).await;

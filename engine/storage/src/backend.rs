@@ -363,6 +363,25 @@ pub(crate) trait ListSource: Send {
     ) -> impl Future<Output = Result<Vec<(String, String, String)>>> + Send;
 }
 
+/// What a list's rows become: objects, or their stored JSON text (which `stage` wrote as
+/// `Value::to_string`, so it is already the text [`gitplane_store::Store::list_json`] promises).
+pub(crate) trait ListItem: Sized + Send {
+    /// `text` is the opened stored JSON; `parsed`, the object when a selector parsed it already.
+    fn from_stored(key: &ObjectKey, text: String, parsed: Option<Value>) -> Result<Self>;
+}
+
+impl ListItem for Value {
+    fn from_stored(key: &ObjectKey, text: String, parsed: Option<Value>) -> Result<Self> {
+        parsed.map_or_else(|| parse(key, &text), Ok)
+    }
+}
+
+impl ListItem for String {
+    fn from_stored(_: &ObjectKey, text: String, _: Option<Value>) -> Result<Self> {
+        Ok(text)
+    }
+}
+
 /// A list request, checked before any database work.
 pub(crate) struct ListRequest<'a> {
     options: &'a ListOptions,
@@ -385,7 +404,12 @@ impl<'a> ListRequest<'a> {
 
     /// Reads one page from `source`, all at one revision: the continue token's, `at_revision`,
     /// or the latest.
-    pub(crate) async fn read<S: ListSource>(&self, source: &mut S, secrets: &Keyring, kind: &str) -> Result<List> {
+    pub(crate) async fn read<S: ListSource, T: ListItem>(
+        &self,
+        source: &mut S,
+        secrets: &Keyring,
+        kind: &str,
+    ) -> Result<List<T>> {
         let (latest, compacted) = source.bounds().await?;
         let (revision, mut after) = match (&self.token, self.options.at_revision) {
             (Some(t), _) => (t.revision, (t.namespace.clone(), t.name.clone())),
@@ -414,8 +438,17 @@ impl<'a> ListRequest<'a> {
             let exhausted = batch < 0 || (rows.len() as i64) < batch;
             for (namespace, name, text) in rows {
                 let key = ObjectKey::new(kind, namespace, name);
-                let value = decode(secrets, &key, &text)?;
-                if !self.selector.matches(&value) {
+                let opened = match secrets.open(&key, &text).map_err(StoreError::backend)? {
+                    Cow::Owned(opened) => Some(opened),
+                    Cow::Borrowed(_) => None,
+                };
+                let text = opened.unwrap_or(text);
+                // Only a selector needs the object itself; without one, text items stay unparsed.
+                let parsed = match self.selector.is_empty() {
+                    true => None,
+                    false => Some(parse(&key, &text)?),
+                };
+                if parsed.as_ref().is_some_and(|value| !self.selector.matches(value)) {
                     after = (key.namespace, key.name);
                     continue;
                 }
@@ -423,8 +456,8 @@ impl<'a> ListRequest<'a> {
                     more = true;
                     break;
                 }
+                items.push(T::from_stored(&key, text, parsed)?);
                 after = (key.namespace, key.name);
-                items.push(value);
             }
             if more || exhausted {
                 break;

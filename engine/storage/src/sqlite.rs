@@ -15,8 +15,8 @@
 use crate::{
     Txn,
     backend::{
-        self, EventLog, EventRead, EventRow, EventWrite, ListRequest, ListSource, MAX_BATCH, ObjectWrite, TxnWriter,
-        decode, migrator as embedded,
+        self, EventLog, EventRead, EventRow, EventWrite, ListItem, ListRequest, ListSource, MAX_BATCH, ObjectWrite,
+        TxnWriter, decode, migrator as embedded,
     },
     db,
     encryption::{AtRest, Keyring},
@@ -492,6 +492,16 @@ impl ListSource for SqliteConnection {
     }
 }
 
+impl SqliteStore {
+    async fn read_list<T: ListItem>(&self, kind: &str, options: &ListOptions) -> Result<List<T>> {
+        let request = ListRequest::parse(options)?;
+        let mut tx = self.inner.pool.begin().await.map_err(db)?;
+        let list = request.read(&mut *tx, &self.inner.secrets, kind).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(list)
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn get(&self, key: &ObjectKey) -> Result<Option<Value>> {
@@ -500,11 +510,11 @@ impl Store for SqliteStore {
     }
 
     async fn list(&self, kind: &str, options: &ListOptions) -> Result<List> {
-        let request = ListRequest::parse(options)?;
-        let mut tx = self.inner.pool.begin().await.map_err(db)?;
-        let list = request.read(&mut *tx, &self.inner.secrets, kind).await?;
-        tx.commit().await.map_err(db)?;
-        Ok(list)
+        self.read_list(kind, options).await
+    }
+
+    async fn list_json(&self, kind: &str, options: &ListOptions) -> Result<List<String>> {
+        self.read_list(kind, options).await
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {

@@ -83,11 +83,12 @@ pub struct ListOptions {
     pub at_revision: Option<Revision>,
 }
 
-/// A consistent list: every item as of `revision`.
+/// A consistent list: every item as of `revision`. Items are objects, or (from
+/// [`Store::list_json`]) each object's JSON text.
 #[derive(Clone, Debug)]
-pub struct List {
+pub struct List<T = Value> {
     pub revision: Revision,
-    pub items: Vec<Value>,
+    pub items: Vec<T>,
     /// Set when `limit` cut the list: pass it back for the next page.
     pub continue_token: Option<String>,
 }
@@ -149,6 +150,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// The objects of a group kind that match `options`, as of one revision, a page at a time.
     async fn list(&self, kind: &str, options: &ListOptions) -> Result<List>;
+
+    /// As [`Store::list`], each item as its JSON text: exactly the bytes `Value::to_string` gives
+    /// for the item `list` returns (compact, keys sorted). Backends that store that text hand it
+    /// out unparsed, so an API server can splice it into its answer (no parse, no serialize).
+    async fn list_json(&self, kind: &str, options: &ListOptions) -> Result<List<String>> {
+        let List { revision, items, continue_token } = self.list(kind, options).await?;
+        Ok(List { revision, items: items.iter().map(Value::to_string).collect(), continue_token })
+    }
 
     /// Applies the ops atomically under one new revision: all or nothing.
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed>;

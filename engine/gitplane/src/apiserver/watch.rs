@@ -227,12 +227,59 @@ fn line(event_type: &str, object: &Value) -> Bytes {
     out.into()
 }
 
+/// Lines of store events kept for other watchers of the same event.
+const SHARED_LINES: usize = 4096;
+
+/// Each store event's JSON line, rendered once and shared by every watcher that sends it: with
+/// a thousand watches of a kind, an event costs one serialization, not a thousand. Keyed by the
+/// address of the event's object, which the store shares among its watchers; an entry holds
+/// the object, so the address cannot be reused while it is a key. The oldest entries go first;
+/// a watcher far behind renders its own line again.
+#[derive(Default)]
+struct SharedLines {
+    lines: HashMap<(usize, &'static str), (Arc<Value>, Bytes)>,
+    order: VecDeque<(usize, &'static str)>,
+}
+
+static SHARED: std::sync::LazyLock<std::sync::Mutex<SharedLines>> = std::sync::LazyLock::new(Default::default);
+
+fn shared_line(event_type: &'static str, object: &Arc<Value>) -> Bytes {
+    // Nothing is left half-done under the lock: a panic elsewhere does not spoil it.
+    let shared = || SHARED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let key = (Arc::as_ptr(object) as usize, event_type);
+    if let Some((_, line)) = shared().lines.get(&key) {
+        return line.clone();
+    }
+    // Rendered outside the lock: watchers of other events are not held up by this one.
+    let rendered = line(event_type, object);
+    let mut s = shared();
+    if s.lines.insert(key, (object.clone(), rendered.clone())).is_none() {
+        s.order.push_back(key);
+    }
+    while s.order.len() > SHARED_LINES {
+        if let Some(oldest) = s.order.pop_front() {
+            s.lines.remove(&oldest);
+        }
+    }
+    rendered
+}
+
 impl Render {
-    fn event(&self, event_type: &str, object: &Value) -> Bytes {
+    /// `shared`: the object is a store event's, which other watchers send too.
+    fn event(&self, event_type: &'static str, object: &Arc<Value>, shared: bool) -> Bytes {
         // Secrets are masked exactly as list and get mask them; other kinds go out as stored.
-        let masked_secret = (object["kind"] == "Secret").then(|| masked(object.clone()));
-        let object = masked_secret.as_ref().unwrap_or(object);
+        if object["kind"] == "Secret" {
+            return self.render(event_type, &masked((**object).clone()));
+        }
+        if shared && !self.table {
+            return shared_line(event_type, object);
+        }
+        self.render(event_type, object)
+    }
+
+    fn render(&self, event_type: &str, object: &Value) -> Bytes {
         if self.table {
+            // A Table's Age column is as of now: every watcher renders its own.
             let revision = object["metadata"]["resourceVersion"].as_str().unwrap_or("");
             let row = table::table(self.resource.kind, std::slice::from_ref(object), revision, Timestamp::now());
             return line(event_type, &row);
@@ -345,7 +392,7 @@ impl Watcher {
                     self.initial_end = false;
                     self.pending.push_back(self.render.bookmark(self.revision, true));
                 }
-                return Some(self.render.event("ADDED", &object));
+                return Some(self.render.event("ADDED", &object, false));
             }
             if std::mem::take(&mut self.initial_end) {
                 return Some(self.render.bookmark(self.revision, true));
@@ -387,7 +434,8 @@ impl Watcher {
                 Step::Event(Some(Ok(event))) => {
                     self.revision = self.revision.max(event.revision);
                     if let Some((event_type, object)) = self.transition(&event) {
-                        return Some(self.render.event(event_type, &object));
+                        let shared = Arc::ptr_eq(&object, &event.object);
+                        return Some(self.render.event(event_type, &object, shared));
                     }
                 }
             }
@@ -446,6 +494,23 @@ mod tests {
 
     fn query(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_store_events_line_is_rendered_once_for_all_watchers() {
+        let object = Arc::new(json!({"kind": "Pod", "metadata": {"name": "p", "resourceVersion": "3"}}));
+        let first = shared_line("ADDED", &object);
+        let again = shared_line("ADDED", &object.clone());
+        assert_eq!(first, line("ADDED", &object));
+        assert_eq!(first.as_ptr(), again.as_ptr(), "the second watcher reuses the first one's bytes");
+        // Another type of the same object, and an equal object elsewhere, are other lines.
+        assert_eq!(shared_line("DELETED", &object), line("DELETED", &object));
+        let twin = Arc::new((*object).clone());
+        assert_ne!(shared_line("ADDED", &twin).as_ptr(), first.as_ptr());
+        // A Secret is masked, never shared as stored.
+        let render = Render { resource: &super::super::RESOURCES[4], table: false };
+        let secret = Arc::new(json!({"kind": "Secret", "data": {"k": "c2VjcmV0"}}));
+        assert!(!String::from_utf8_lossy(&render.event("ADDED", &secret, true)).contains("c2VjcmV0"));
     }
 
     #[test]

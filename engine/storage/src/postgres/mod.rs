@@ -54,8 +54,8 @@ pub use replica::PostgresReplica;
 use crate::{
     Txn,
     backend::{
-        self, EventLog, EventRead, EventRow, EventWrite, ListRequest, ListSource, MAX_BATCH, ObjectWrite, TxnWriter,
-        decode,
+        self, EventLog, EventRead, EventRow, EventWrite, ListItem, ListRequest, ListSource, MAX_BATCH, ObjectWrite,
+        TxnWriter, decode,
     },
     db,
     encryption::{AtRest, Keyring},
@@ -558,6 +558,21 @@ impl EventLog for Inner {
     }
 }
 
+impl PostgresStore {
+    async fn read_list<T: ListItem>(&self, kind: &str, options: &ListOptions) -> Result<List<T>> {
+        let request = ListRequest::parse(options)?;
+        refuse_nul("kind", kind)?;
+        refuse_nul("namespace", options.namespace.as_deref().unwrap_or(""))?;
+        if let Some((namespace, name)) = request.after() {
+            refuse_nul("continue token", &format!("{namespace}/{name}"))?;
+        }
+        let mut tx = self.inner.pool.begin_with(SNAPSHOT).await.map_err(db)?;
+        let list = request.read(&mut *tx, &self.inner.secrets, kind).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(list)
+    }
+}
+
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn get(&self, key: &ObjectKey) -> Result<Option<Value>> {
@@ -569,16 +584,11 @@ impl Store for PostgresStore {
     }
 
     async fn list(&self, kind: &str, options: &ListOptions) -> Result<List> {
-        let request = ListRequest::parse(options)?;
-        refuse_nul("kind", kind)?;
-        refuse_nul("namespace", options.namespace.as_deref().unwrap_or(""))?;
-        if let Some((namespace, name)) = request.after() {
-            refuse_nul("continue token", &format!("{namespace}/{name}"))?;
-        }
-        let mut tx = self.inner.pool.begin_with(SNAPSHOT).await.map_err(db)?;
-        let list = request.read(&mut *tx, &self.inner.secrets, kind).await?;
-        tx.commit().await.map_err(db)?;
-        Ok(list)
+        self.read_list(kind, options).await
+    }
+
+    async fn list_json(&self, kind: &str, options: &ListOptions) -> Result<List<String>> {
+        self.read_list(kind, options).await
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {

@@ -108,6 +108,10 @@ impl Store for PostgresReplica {
         self.inner.store.list(kind, options).await
     }
 
+    async fn list_json(&self, kind: &str, options: &ListOptions) -> Result<List<String>> {
+        self.inner.store.list_json(kind, options).await
+    }
+
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
         let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
         loop {

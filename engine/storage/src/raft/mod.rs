@@ -331,6 +331,10 @@ impl Store for RaftStore {
         self.inner.local.list(kind, options).await
     }
 
+    async fn list_json(&self, kind: &str, options: &ListOptions) -> Result<List<String>> {
+        self.inner.local.list_json(kind, options).await
+    }
+
     /// On the leader, proposes; elsewhere forwards to the leader, following leader changes
     /// while nothing was applied.
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
