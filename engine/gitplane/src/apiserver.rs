@@ -17,6 +17,7 @@ mod metrics;
 mod openapi;
 mod owner;
 mod proxy;
+mod resource_version;
 mod watch;
 
 use crate::{
@@ -198,6 +199,8 @@ struct Query {
     fields: fields::FieldSelector,
     /// `?watch=1`.
     watch: Option<watch::Params>,
+    /// `?resourceVersion=` and `?resourceVersionMatch=` of a list.
+    revision: resource_version::ListRevision,
 }
 
 fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query, Box<Response>> {
@@ -226,7 +229,8 @@ fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query,
         ..Default::default()
     };
     let linearizable = params.get("consistency").is_some_and(|c| c == "linearizable");
-    Ok(Query { list, table, linearizable, fields, watch })
+    let revision = resource_version::list_revision(params, watch.is_some()).map_err(|r| Box::new(r.response()))?;
+    Ok(Query { list, table, linearizable, fields, watch, revision })
 }
 
 async fn core(
@@ -429,7 +433,15 @@ async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &
 }
 
 async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>, q: Query) -> Response {
-    let options = ListOptions { namespace: namespace.map(str::to_owned), ..q.list };
+    let mut options = ListOptions { namespace: namespace.map(str::to_owned), ..q.list };
+    if let resource_version::ListRevision::Exact(at) | resource_version::ListRevision::NotOlderThan(at) = q.revision {
+        if let Err(unservable) = resource_version::reach(state.store.as_ref(), at).await {
+            return unservable.response();
+        }
+        if q.revision == resource_version::ListRevision::Exact(at) {
+            options.at_revision = Some(at);
+        }
+    }
     match state.store.list(&resource.group_kind(), &options).await {
         Ok(list) => {
             // Field selectors filter each page; a page may come out short, its continue token
