@@ -257,6 +257,9 @@ mod tests {
             object("Secret", "unused"),
             bound_pod("a1", "a", "mine"),
             bound_pod("b1", "b", "theirs"),
+            // Registered nodes: a node's calls are admitted only while its Node exists.
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "b"}}),
         ];
         store.txn(ops.into_iter().map(Op::Create).collect()).await.unwrap();
         let request = |node: &str, caller: &str| {
