@@ -175,7 +175,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .await
         .map_err(|source| AgentError::Runtime { socket: cfg.containerd_socket.clone(), source })?;
     let runtime_version = format!("{}://{}", version.runtime_name, version.runtime_version);
-    let Some(Registered { pod_cidr, client, serving, certificate_authority }) =
+    let Some(Registered { pod_cidr, client, client_pair, serving, certificate_authority }) =
         register(&cfg, &runtime_version, &mut shutdown).await?
     else {
         return Ok(());
@@ -239,9 +239,23 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let kubelet_listener = tokio::net::TcpListener::bind(kubelet_addr)
         .await
         .map_err(|source| AgentError::KubeletPort { addr: kubelet_addr, source })?;
+    let certificate_authority = cfg.certificate_authority.clone().unwrap_or(certificate_authority);
+    let serving_tls = Arc::new(std::sync::RwLock::new(server::auth::acceptor(&certificate_authority, serving.clone())));
+    let renewing = tokio::spawn(
+        crate::certificate_manager::Manager {
+            node_name: cfg.node_name.clone(),
+            files: certificate::Files::next_to(&cfg.credential_file),
+            certificate_authority,
+            servers: client.clone(),
+            serving_tls: serving_tls.clone(),
+            client: client_pair,
+            serving,
+        }
+        .run(shutdown.clone()),
+    );
     let kubelet = KubeletServer {
         cri: cri.clone(),
-        tls: server::auth::acceptor(cfg.certificate_authority.as_deref().unwrap_or(&certificate_authority), serving),
+        tls: serving_tls,
         node_name: cfg.node_name.clone(),
         stats: Arc::default(),
         streams: Arc::new(tokio::sync::Semaphore::new(crate::server::streaming::MAX_STREAMS)),
@@ -303,6 +317,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     };
     follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
+    renewing.abort();
     node_status.abort();
     relisting.abort();
     kubelet.abort();
@@ -386,6 +401,7 @@ struct Registered {
     pod_cidr: String,
     /// The node service's clients from now on (showing the node's new client certificate).
     client: Servers,
+    client_pair: Option<KeyAndCertificate>,
     serving: Option<KeyAndCertificate>,
     /// The cluster CA's certificate, as the control plane sent it.
     certificate_authority: String,
@@ -424,7 +440,8 @@ async fn register(
                     Ok((client_pair, serving)) => {
                         let client = Servers::new(&cfg.servers, token, ca, client_pair.as_ref())?;
                         let certificate_authority = r.certificate_authority;
-                        return Ok(Some(Registered { pod_cidr: r.pod_cidr, client, serving, certificate_authority }));
+                        let pod_cidr = r.pod_cidr;
+                        return Ok(Some(Registered { pod_cidr, client, client_pair, serving, certificate_authority }));
                     }
                     Err(e) => tracing::error!(error = %e, "keeping what registration returned failed, retrying"),
                 }

@@ -6,7 +6,8 @@
 //! certificate, which are kept next to the credential file as the kubelet keeps
 //! `kubelet-client-current.pem` and `kubelet-server-current.pem`: `kubelet-client.pem` and
 //! `kubelet-server.pem`, each the certificate then the key, mode 0600. The client certificate
-//! authenticates the node's calls over TLS, the next registration's included.
+//! authenticates the node's calls over TLS, the next registration's included. While the agent
+//! runs, `certificate_manager` renews both before they expire.
 
 use gitplane_proto::x509::{self, NODE_USER_PREFIX, NODES_GROUP};
 use rustls::{

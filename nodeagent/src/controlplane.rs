@@ -111,11 +111,47 @@ impl Interceptor for Token {
 
 pub(crate) type Client = NodeServiceClient<InterceptedService<Channel, Token>>;
 
-/// The control plane's replicas; calls go to one until it fails, then to the next.
+/// The control plane's replicas; calls go to one until it fails, then to the next. Clones
+/// share the clients, so a renewed client certificate ([`Servers::present`]) reaches every
+/// caller at once.
 #[derive(Clone)]
 pub(crate) struct Servers {
-    clients: Arc<Vec<Client>>,
+    addresses: Arc<Vec<String>>,
+    token: Token,
+    ca: Option<Arc<str>>,
+    clients: Arc<RwLock<Arc<Vec<Client>>>>,
     current: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Clients of `servers`; `https://` ones trust the CA `ca` only and are shown `identity`.
+fn clients(
+    servers: &[String],
+    token: &Token,
+    ca: Option<&str>,
+    identity: Option<&KeyAndCertificate>,
+) -> Result<Vec<Client>, AgentError> {
+    servers
+        .iter()
+        .map(|server| {
+            let mut endpoint = tonic::transport::Endpoint::from_shared(server.clone())
+                .map_err(|source| AgentError::Server { server: server.clone(), source })?;
+            if server.starts_with("https://") {
+                let ca = ca.ok_or_else(|| AgentError::NoCertificateAuthority { server: server.clone() })?;
+                let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+                if let Some(identity) = identity {
+                    tls = tls.identity(Identity::from_pem(&identity.certificate, &identity.key));
+                }
+                endpoint =
+                    endpoint.tls_config(tls).map_err(|source| AgentError::Server { server: server.clone(), source })?;
+            }
+            let channel = endpoint
+                .connect_timeout(Duration::from_secs(5))
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_while_idle(true)
+                .connect_lazy();
+            Ok(NodeServiceClient::with_interceptor(channel, token.clone()))
+        })
+        .collect()
 }
 
 impl Servers {
@@ -130,40 +166,34 @@ impl Servers {
         if servers.is_empty() {
             return Err(AgentError::NoServers);
         }
-        let clients = servers
-            .iter()
-            .map(|server| {
-                let mut endpoint = tonic::transport::Endpoint::from_shared(server.clone())
-                    .map_err(|source| AgentError::Server { server: server.clone(), source })?;
-                if server.starts_with("https://") {
-                    let ca = ca.ok_or_else(|| AgentError::NoCertificateAuthority { server: server.clone() })?;
-                    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
-                    if let Some(identity) = identity {
-                        tls = tls.identity(Identity::from_pem(&identity.certificate, &identity.key));
-                    }
-                    endpoint = endpoint
-                        .tls_config(tls)
-                        .map_err(|source| AgentError::Server { server: server.clone(), source })?;
-                }
-                let channel = endpoint
-                    .connect_timeout(Duration::from_secs(5))
-                    .http2_keep_alive_interval(Duration::from_secs(10))
-                    .keep_alive_while_idle(true)
-                    .connect_lazy();
-                Ok(NodeServiceClient::with_interceptor(channel, token.clone()))
-            })
-            .collect::<Result<Vec<_>, AgentError>>()?;
-        Ok(Servers { clients: Arc::new(clients), current: Default::default() })
+        let clients = clients(servers, &token, ca, identity)?;
+        Ok(Servers {
+            addresses: Arc::new(servers.to_vec()),
+            token,
+            ca: ca.map(Arc::from),
+            clients: Arc::new(RwLock::new(Arc::new(clients))),
+            current: Default::default(),
+        })
+    }
+
+    /// Shows `identity` on every call from now on. Calls and streams under way keep their
+    /// connections (a TLS session is authenticated once, at its handshake); later calls open
+    /// new ones, and a stream opens its next one when it reconnects.
+    pub(crate) fn present(&self, identity: &KeyAndCertificate) -> Result<(), AgentError> {
+        let clients = clients(&self.addresses, &self.token, self.ca.as_deref(), Some(identity))?;
+        *self.clients.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(clients);
+        Ok(())
     }
 
     pub(crate) fn get(&self) -> (usize, Client) {
-        let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.clients.len();
-        (i, self.clients[i].clone())
+        let clients = self.clients.read().unwrap_or_else(PoisonError::into_inner).clone();
+        let i = self.current.load(std::sync::atomic::Ordering::Relaxed) % clients.len();
+        (i, clients[i].clone())
     }
 
     /// Moves on from `server` unless another call already did.
     pub(crate) fn failed(&self, server: usize) {
-        let next = (server + 1) % self.clients.len();
+        let next = (server + 1) % self.addresses.len();
         let _ = self.current.compare_exchange(
             server,
             next,

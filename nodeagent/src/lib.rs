@@ -1,5 +1,6 @@
 pub mod agent;
 pub mod certificate;
+mod certificate_manager;
 pub mod cidr;
 pub mod cli;
 pub mod cni;

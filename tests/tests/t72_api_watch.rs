@@ -162,6 +162,33 @@ fn t72_watch_and_field_selectors_through_kubectl_and_the_python_client() -> Resu
         "the refusal names the field: {refused}"
     );
 
+    // resourceVersionMatch on a list (`kubectl get --raw`): Exact is served at that revision,
+    // NotOlderThan at one at least as new, and a match without a resourceVersion is invalid.
+    let raw = |path: &str| -> Result<(bool, String, String)> {
+        let out = run(kubectl(&server).args(["get", "--raw", path]))?;
+        Ok((out.status.success(), text(&out.stdout), text(&out.stderr)))
+    };
+    let (_, listed, _) = raw("/apis/apps/v1/namespaces/default/deployments")?;
+    let listed: serde_json::Value = serde_json::from_str(&listed)?;
+    let at: i64 = listed["metadata"]["resourceVersion"].as_str().context("a resourceVersion")?.parse()?;
+    let path = |rv: i64, matching: &str| {
+        format!("/apis/apps/v1/namespaces/default/deployments?resourceVersion={rv}&resourceVersionMatch={matching}")
+    };
+    let (ok, exact, error) = raw(&path(at, "Exact"))?;
+    let exact: serde_json::Value = serde_json::from_str(&exact).with_context(|| format!("Exact: {error}"))?;
+    let served_at = exact["metadata"]["resourceVersion"].as_str().and_then(|v| v.parse::<i64>().ok());
+    ensure!(ok && served_at == Some(at), "Exact at {at}: {exact}");
+    ensure!(exact["items"] == listed["items"], "Exact at {at} lists what the list at {at} did: {exact}");
+    let (ok, newer, error) = raw(&path(at, "NotOlderThan"))?;
+    let newer: serde_json::Value = serde_json::from_str(&newer).with_context(|| format!("NotOlderThan: {error}"))?;
+    let served: i64 = newer["metadata"]["resourceVersion"].as_str().unwrap_or_default().parse()?;
+    ensure!(ok && served >= at, "NotOlderThan {at} was served at {served}");
+    let (ok, _, refused) = raw("/apis/apps/v1/namespaces/default/deployments?resourceVersionMatch=Exact")?;
+    ensure!(
+        !ok && refused.contains("resourceVersionMatch is forbidden unless resourceVersion is provided"),
+        "a match without a resourceVersion: {refused}"
+    );
+
     // `rollout status` follows the Deployment with a watch to the end, without a watch error.
     let rollout = run(kubectl(&server).args(["rollout", "status", "deployment/idle", "--timeout=90s"]))?;
     ensure!(

@@ -2,10 +2,12 @@
 //! `kubectl get events -o json` and `kubectl describe`: the scheduler's Scheduled and
 //! FailedScheduling (with the per-plugin reasons), the deployment and ReplicaSet controllers'
 //! ScalingReplicaSet and SuccessfulCreate, the job controller's Completed, the kubelet's Pulled,
-//! Created and Started, one BackOff Event for a crash-looping container whose count grows
-//! (not one Event per back-off), the source's Synced; and Events older than `--event-ttl` go.
-//! A second test: no Event carries a Secret's value (the node service masks those of the Secrets a
-//! Pod references in the Pod's Events).
+//! Created and Started, FailedMount for a Secret volume whose Secret is missing, Killing for the
+//! container of a Pod the ReplicaSet deleted when the Deployment scaled down, one BackOff Event
+//! for a crash-looping container whose count grows (not one Event per back-off), the source's
+//! Synced; and Events older than `--event-ttl` go. A second test: no Event carries a Secret's
+//! value (the node service masks those of the Secrets a Pod references in the Pod's Events);
+//! there the kubelet's Pulling, Unhealthy, Killing (a failed liveness probe) and BackOff appear.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
@@ -46,6 +48,21 @@ spec:
     - name: crasher
       image: gitplane.local/httpd:1
       command: [/bin/busybox, sh, -c, "exit 1"]
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: mountless
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: gitplane.local/httpd:1
+      command: [/bin/busybox, sleep, "3600"]
+      volumeMounts: [{name: s, mountPath: /etc/missing}]
+  volumes:
+    - name: s
+      secret: {secretName: not-there}
 ---
 apiVersion: v1
 kind: Pod
@@ -179,6 +196,18 @@ fn t74_events_from_every_component() -> Result<()> {
     }
     let described = kubectl(&cluster, &["describe", "deployment", "events-web"])?;
     ensure!(described.contains("ScalingReplicaSet"), "kubectl describe deployment:\n{described}");
+
+    // A Secret volume whose Secret is missing: FailedMount.
+    let mount = wait_event(&cluster, "Pod", "mountless", "FailedMount", |_| true)?;
+    ensure!(mount["type"] == "Warning" && message(&mount).contains("not-there"), "{mount}");
+
+    // Scaled down: the ReplicaSet deletes a Pod, and the kubelet says it stops its container,
+    // although the Pod is gone by the time the Event arrives.
+    work.write("objects.yaml", &OBJECTS.replacen("replicas: 2", "replicas: 1", 1))?;
+    work.commit_and_push("one replica")?;
+    let killing = wait_event(&cluster, "Pod", "events-web-", "Killing", |_| true)?;
+    ensure!(message(&killing) == "Stopping container web", "{killing}");
+    ensure!(killing["source"]["component"] == "kubelet", "{killing}");
 
     // An unschedulable Pod: FailedScheduling with the reason per plugin.
     let failed = wait_event(&cluster, "Pod", "nowhere", "FailedScheduling", |_| true)?;
@@ -314,6 +343,8 @@ fn t74_no_event_carries_a_secret_value() -> Result<()> {
         ensure!(message(&unhealthy).contains("env <masked>"), "{unhealthy}");
         wait_event(&cluster, "Pod", "secret-probe", "Killing", |_| true)?;
         wait_event(&cluster, "Pod", "secret-crash", "BackOff", |_| true)?;
+        let pulling = wait_event(&cluster, "Pod", "secret-pull", "Pulling", |_| true)?;
+        ensure!(message(&pulling).contains("gitplane.local/not-there:1"), "{pulling}");
         wait_for(DEADLINE, || {
             let events = events(&cluster).ok()?;
             events.iter().any(|e| e["involvedObject"]["name"] == "secret-pull" && e["type"] == "Warning").then_some(())

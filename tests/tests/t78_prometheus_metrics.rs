@@ -7,7 +7,9 @@
 //! has moved after a push: syncs, push-to-applied, scheduling attempts, queue adds, store
 //! writes, Raft's commit and apply index, an open watch, a Pod's start and the proxy's syncs.
 //! Then every replica of three `gitplane server`s serves its own Raft view: one term, one
-//! leader, and every replica's commit and apply index past the cluster's first writes.
+//! leader, and every replica's commit and apply index past the cluster's first writes. And on
+//! the Postgres backend (two `gitplane server --store postgres` on one private PostgreSQL), each
+//! replica serves the store's metrics: its writes' latency, the lease's leader, the revision.
 
 use anyhow::{Context, Result, bail, ensure};
 use gitplane_e2e::{
@@ -16,6 +18,7 @@ use gitplane_e2e::{
     require_root, wait_for,
 };
 use gitplane_metrics::parse::{Scrape, parse};
+use gitplane_storage::postgres::testing::PgCluster;
 use std::{
     process::{Command, Stdio},
     time::Duration,
@@ -234,5 +237,46 @@ fn t78_every_replica_serves_its_raft_view() -> Result<()> {
     ensure!(code == 401, "a replica of gitplane server without a token: {code}");
     let (code, _) = loopback_request(cluster.addrs[&1], "GET", "/metrics", &[READ_BEARER], b"")?;
     ensure!(code == 200, "with the read token: {code}");
+    Ok(())
+}
+
+#[test]
+fn t78_postgres_replicas_serve_the_store_metrics() -> Result<()> {
+    let postgres = PgCluster::start();
+    let url = postgres.url("postgres");
+    let cluster = Cluster::start(2, &["--store", "postgres", "--postgres-url", &url])?;
+    let leader = cluster.leader(DEADLINE)?;
+    // Writes through the leader's store, timed as every write is: a node registers (its Node,
+    // its podCIDR record and its Lease).
+    let join = std::fs::read_to_string(cluster.dir.path().join("join-token"))?;
+    let register = async {
+        use gitplane_proto::node::{RegisterRequest, node_service_client::NodeServiceClient};
+        let mut client = NodeServiceClient::connect(format!("http://{}", cluster.addrs[&leader])).await?;
+        let node = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "t78-node"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.0.2.78"}]}});
+        let mut request = tonic::Request::new(RegisterRequest { node: serde_json::to_vec(&node)?, csr: Vec::new() });
+        request.metadata_mut().insert("authorization", format!("Bearer {}", join.trim()).parse()?);
+        client.register(request).await?;
+        anyhow::Ok(())
+    };
+    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(register)?;
+    let gauge = |scrape: &Scrape, name: &str| scrape.value(name, &[]).unwrap_or(-1.0);
+    let views = wait_for(DEADLINE, || {
+        let scrapes: Vec<Scrape> =
+            (1..=2).map(|id| parse(&loopback_get(cluster.addrs[&id], "/metrics").ok()?).ok()).collect::<Option<_>>()?;
+        let settled = scrapes.iter().all(|s| gauge(s, "gitplane_store_has_leader") == 1.0)
+            && scrapes[leader as usize - 1].sum("gitplane_store_txn_duration_seconds_count", &[("result", "ok")])
+                >= 1.0;
+        settled.then_some(scrapes)
+    })
+    .with_context(|| format!("the store metrics of two Postgres replicas:\n{}", cluster.logs()))?;
+    let leaders: Vec<f64> = views.iter().map(|s| gauge(s, "gitplane_store_is_leader")).collect();
+    ensure!(leaders.iter().sum::<f64>() == 1.0 && leaders[leader as usize - 1] == 1.0, "one leader: {leaders:?}");
+    for (i, scrape) in views.iter().enumerate() {
+        ensure!(gauge(scrape, "gitplane_store_revision") > 0.0, "replica {}: no revision", i + 1);
+        ensure!(scrape.value("gitplane_raft_term", &[]).is_none(), "replica {}: Raft metrics without Raft", i + 1);
+        let kind = scrape.kind("gitplane_store_txn_duration_seconds");
+        ensure!(kind == Some("histogram"), "replica {}: the write latency is a {kind:?}", i + 1);
+    }
     Ok(())
 }

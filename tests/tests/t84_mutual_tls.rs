@@ -123,7 +123,9 @@ fn t84_nodes_and_replicas_authenticate_with_certificates() -> Result<()> {
         ensure!(mode & 0o077 == 0, "{} holds a key: mode {mode:o}", file.display());
         ensure!(x509(file, "-issuer")? == "issuer=CN = gitplane cluster CA", "{}", x509(file, "-issuer")?);
         let subject = x509(file, "-subject")?;
-        ensure!(subject == format!("subject=CN = system:node:{node}, O = system:nodes"), "{subject}");
+        let uid =
+            cluster.get(&format!("/api/v1/nodes/{node}"))?["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+        ensure!(subject == format!("subject=CN = system:node:{node}, O = system:nodes, UID = {uid}"), "{subject}");
         let verified = run(Command::new("openssl").args(["verify", "-CAfile", &ca_arg]).arg(file))?;
         ensure!(verified.trim().ends_with(": OK"), "{verified}");
     }
@@ -148,7 +150,7 @@ fn t84_nodes_and_replicas_authenticate_with_certificates() -> Result<()> {
         .output()?;
     let shown = String::from_utf8_lossy(&s_client.stdout);
     ensure!(shown.contains("issuer=CN = gitplane cluster CA"), "openssl s_client: {shown}");
-    ensure!(shown.contains(&format!("subject=CN = system:node:{node}, O = system:nodes")), "{shown}");
+    ensure!(shown.contains(&format!("subject=CN = system:node:{node}, O = system:nodes, UID = ")), "{shown}");
     ensure!(shown.contains("Verify return code: 0 (ok)"), "openssl s_client: {shown}");
 
     // Who is refused where.
@@ -205,9 +207,32 @@ Raft service, the node's own         {needs_replica}
     ensure!(summary.is_ok(), "metrics through the kubelet endpoint: {summary:?}");
 
     // Migration: an agent that registered before certificates holds a node credential and no
-    // certificate. Started again, it registers with the credential and gets certificates, which
-    // replace the credential.
+    // certificate, and its Node no mark of certificates issued over TLS (which this one has,
+    // so it is taken off here). Started again, it registers with the credential and gets
+    // certificates, which replace the credential, and its Node is marked again.
     let peer_token = std::fs::read_to_string(cluster.data_dir.join("peer-token"))?;
+    ensure!(
+        node_object["metadata"]["annotations"]["gitplane.io/client-certificates"] == "true",
+        "a Node whose certificates were issued over TLS is marked: {node_object}"
+    );
+    let unmark = async {
+        use gitplane_store::Store as _;
+        let token = gitplane_storage::remote::PeerToken::new(peer_token.trim())?;
+        let store = gitplane_storage::remote::RemoteStore::with_token(&[format!("http://{}", cluster.listen)], token)?;
+        let key = gitplane_api::ObjectKey::new("Node", "", &node);
+        // Compare-and-swap: the node writes its status meanwhile.
+        for _ in 0..10 {
+            let mut stored = store.get(&key).await?.context("the Node")?;
+            let annotations = stored["metadata"]["annotations"].as_object_mut().context("annotations")?;
+            annotations.remove("gitplane.io/client-certificates");
+            match store.txn(vec![gitplane_store::Op::Update(stored)]).await {
+                Err(e) if e.is_conflict() => continue,
+                other => return other.map(drop).map_err(anyhow::Error::from),
+            }
+        }
+        anyhow::bail!("the Node kept changing")
+    };
+    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(unmark)?;
     let node_key = hmac(peer_token.trim().as_bytes(), b"gitplane node credential v1");
     let credential = format!("node:{node}:{}", hex::encode(hmac(&node_key, node.as_bytes())));
     let credential_file = node_dir.join("node-credential");

@@ -18,6 +18,7 @@ mod metrics;
 mod openapi;
 mod owner;
 mod proxy;
+mod resource_version;
 mod watch;
 
 use crate::{
@@ -199,6 +200,8 @@ struct Query {
     fields: fields::FieldSelector,
     /// `?watch=1`.
     watch: Option<watch::Params>,
+    /// `?resourceVersion=` and `?resourceVersionMatch=` of a list.
+    revision: resource_version::ListRevision,
 }
 
 fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query, Box<Response>> {
@@ -227,7 +230,8 @@ fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query,
         ..Default::default()
     };
     let linearizable = params.get("consistency").is_some_and(|c| c == "linearizable");
-    Ok(Query { list, table, linearizable, fields, watch })
+    let revision = resource_version::list_revision(params, watch.is_some()).map_err(|r| Box::new(r.response()))?;
+    Ok(Query { list, table, linearizable, fields, watch, revision })
 }
 
 async fn core(
@@ -430,7 +434,15 @@ async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &
 }
 
 async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>, q: Query) -> Response {
-    let options = ListOptions { namespace: namespace.map(str::to_owned), ..q.list };
+    let mut options = ListOptions { namespace: namespace.map(str::to_owned), ..q.list };
+    if let resource_version::ListRevision::Exact(at) | resource_version::ListRevision::NotOlderThan(at) = q.revision {
+        if let Err(unservable) = resource_version::reach(state.store.as_ref(), at).await {
+            return unservable.response();
+        }
+        if q.revision == resource_version::ListRevision::Exact(at) {
+            options.at_revision = Some(at);
+        }
+    }
     list::serve(state.store.as_ref(), resource, &options, &q.fields, q.table).await
 }
 

@@ -20,7 +20,8 @@
 //! Nodes get two certificates at registration ([`ClusterCa::sign_node`]) for the key of their
 //! certificate signing request, which never leaves the node: a client certificate and the
 //! serving certificate of their kubelet endpoint (the kubelet's TLS bootstrapping, with the
-//! registration as the approval).
+//! registration as the approval). Both carry the uid of the Node they were issued for, and the
+//! agent renews them before they expire (the kubelet's certificate rotation).
 
 use anyhow::Context as _;
 use gitplane_proto::x509::{self, NODE_USER_PREFIX, NODES_GROUP, REPLICAS_GROUP};
@@ -38,8 +39,24 @@ use std::{io::Write as _, net::IpAddr, os::unix::fs::OpenOptionsExt as _, path::
 /// PKCS#8 v1 of an Ed25519 private key, less its 32-byte seed (RFC 8410).
 const ED25519_PKCS8_PREFIX: [u8; 16] =
     [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
-/// How long a replica's or a node's certificate lasts; both get new ones at every start.
+/// How long a replica's or a node's certificate lasts; both get new ones at every start, and
+/// agents renew theirs while they run.
 const VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Overrides how long nodes' certificates last, in seconds (at least 60): for tests of their
+/// rotation only.
+pub const NODE_CERTIFICATE_SECONDS_ENV: &str = "GITPLANE_NODE_CERTIFICATE_SECONDS";
+
+/// How long the node certificates signed now last: [`VALIDITY`] unless a test overrides it.
+fn node_validity() -> Duration {
+    let Ok(text) = std::env::var(NODE_CERTIFICATE_SECONDS_ENV) else { return VALIDITY };
+    match text.parse::<u64>() {
+        Ok(seconds) if (60..=VALIDITY.as_secs()).contains(&seconds) => Duration::from_secs(seconds),
+        _ => {
+            tracing::warn!(value = %text, "{NODE_CERTIFICATE_SECONDS_ENV} is not 60..31536000 seconds: ignored");
+            VALIDITY
+        }
+    }
+}
 
 /// The cluster's certificate authority.
 pub struct ClusterCa {
@@ -125,11 +142,12 @@ fn subject(common_name: &str, group: &str) -> DistinguishedName {
     name
 }
 
-/// Validity from an hour ago (clocks a little behind this one) for [`VALIDITY`].
-fn valid_from_now(params: &mut CertificateParams) {
+/// Validity from a little ago (clocks a little behind this one: an hour, or a tenth of a short
+/// lifetime) for `validity`.
+fn valid_from_now(params: &mut CertificateParams, validity: Duration) {
     let now = std::time::SystemTime::now();
-    params.not_before = (now - Duration::from_secs(3600)).into();
-    params.not_after = (now + VALIDITY).into();
+    params.not_before = (now - (validity / 10).min(Duration::from_secs(3600))).into();
+    params.not_after = (now + validity).into();
 }
 
 impl ClusterCa {
@@ -188,7 +206,7 @@ impl ClusterCa {
         params.distinguished_name = subject("gitplane replica", REPLICAS_GROUP);
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        valid_from_now(&mut params);
+        valid_from_now(&mut params, VALIDITY);
         let cert = params.signed_by(&key, &self.issuer).context("signing the replica's certificate")?;
         Ok(ReplicaCertificate { chain: vec![cert.der().clone(), self.issuer.der().clone()], key: key.serialize_der() })
     }
@@ -226,18 +244,26 @@ impl ClusterCa {
         Ok(Arc::new(config))
     }
 
+    /// Checks a certificate signing request as [`ClusterCa::sign_node`] will, before anything
+    /// is written for it.
+    pub fn check_request(csr: &[u8]) -> Result<(), CsrError> {
+        requested_key(csr).map(drop)
+    }
+
     /// Node `node`'s client and serving certificates for the key of `csr` (DER PKCS#10), whose
     /// signature must verify. The names are the CA's to decide, not the request's: CN
-    /// `system:node:<node>`, O `system:nodes`, and for serving the SAN `address` (where the
-    /// replicas reach its kubelet endpoint).
-    pub fn sign_node(&self, csr: &[u8], node: &str, address: IpAddr) -> Result<NodeCertificates, CsrError> {
+    /// `system:node:<node>`, O `system:nodes`, UID the Node object's `uid`, and for serving the
+    /// SAN `address` (where the replicas reach its kubelet endpoint).
+    pub fn sign_node(&self, csr: &[u8], node: &str, uid: &str, address: IpAddr) -> Result<NodeCertificates, CsrError> {
         let key = requested_key(csr)?;
+        let validity = node_validity();
         let sign = |usage: ExtendedKeyUsagePurpose, names: Vec<String>| -> Result<String, CsrError> {
             let mut params = CertificateParams::new(names)?;
             params.distinguished_name = subject(&format!("{NODE_USER_PREFIX}{node}"), NODES_GROUP);
+            params.distinguished_name.push(DnType::CustomDnType(x509::OID_UID.to_vec()), uid);
             params.extended_key_usages = vec![usage];
             params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-            valid_from_now(&mut params);
+            valid_from_now(&mut params, validity);
             Ok(x509::pem("CERTIFICATE", params.signed_by(&key, &self.issuer)?.der()))
         };
         Ok(NodeCertificates {
@@ -309,11 +335,15 @@ mod tests {
     fn a_node_gets_certificates_for_its_own_key_and_the_names_the_ca_decides() {
         let ca = ClusterCa::derive([1; 32]).unwrap();
         let key = KeyPair::generate().unwrap();
-        let signed = ca.sign_node(&csr(&key), "n1", "192.0.2.9".parse().unwrap()).unwrap();
+        let signed = ca.sign_node(&csr(&key), "n1", "uid-1", "192.0.2.9".parse().unwrap()).unwrap();
         for pem in [&signed.client, &signed.serving] {
             let der = &x509::pem_blocks(pem, "CERTIFICATE")[0];
             let subject = x509::subject(der).unwrap();
             assert_eq!(subject.node(), Some("n1"), "{subject:?}");
+            assert_eq!(subject.uid.as_deref(), Some("uid-1"), "{subject:?}");
+            let (not_before, not_after) = x509::validity(der).unwrap();
+            let lifetime = not_after.duration_since(not_before).unwrap();
+            assert_eq!(lifetime, VALIDITY + Duration::from_secs(3600), "an hour's allowance for clocks behind");
             // The certificate holds the requester's key.
             let raw = key.public_key_raw();
             assert!(der.windows(raw.len()).any(|w| w == raw));
@@ -322,12 +352,12 @@ mod tests {
         let mut tampered = csr(&key);
         let at = tampered.len() / 2;
         tampered[at] ^= 1;
-        let refused = ca.sign_node(&tampered, "n1", "192.0.2.9".parse().unwrap()).unwrap_err();
+        let refused = ca.sign_node(&tampered, "n1", "u", "192.0.2.9".parse().unwrap()).unwrap_err();
         assert!(matches!(refused, CsrError::Signature | CsrError::Malformed), "{refused}");
         let ed25519 = KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
-        let refused = ca.sign_node(&csr(&ed25519), "n1", "192.0.2.9".parse().unwrap()).unwrap_err();
+        let refused = ca.sign_node(&csr(&ed25519), "n1", "u", "192.0.2.9".parse().unwrap()).unwrap_err();
         assert!(matches!(refused, CsrError::Algorithm), "{refused}");
-        assert!(matches!(ca.sign_node(b"", "n1", "192.0.2.9".parse().unwrap()), Err(CsrError::Malformed)));
+        assert!(matches!(ca.sign_node(b"", "n1", "u", "192.0.2.9".parse().unwrap()), Err(CsrError::Malformed)));
     }
 
     #[test]

@@ -16,11 +16,15 @@ pub const NODES_GROUP: &str = "system:nodes";
 /// The group (O) of the replicas' certificates.
 pub const REPLICAS_GROUP: &str = "gitplane:replicas";
 
-/// The subject of a certificate: its common name and organizations.
+/// The subject of a certificate: its common name and organizations, and the UID attribute
+/// (LDAP `uid`, 0.9.2342.19200300.100.1.1) in which a node's certificates carry the uid of the
+/// Node object they were issued for: a Node removed and registered again is another Node, and
+/// the certificates of the first no longer name it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Subject {
     pub common_name: Option<String>,
     pub organizations: Vec<String>,
+    pub uid: Option<String>,
 }
 
 impl Subject {
@@ -67,6 +71,11 @@ const BIT_STRING: u8 = 0x03;
 const INTEGER: u8 = 0x02;
 const OID_COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
 const OID_ORGANIZATION: &[u8] = &[0x55, 0x04, 0x0a];
+/// 0.9.2342.19200300.100.1.1, the `uid` attribute (RFC 4519).
+pub const OID_UID: &[u64] = &[0, 9, 2342, 19_200_300, 100, 1, 1];
+const OID_UID_DER: &[u8] = &[0x09, 0x92, 0x26, 0x89, 0x93, 0xf2, 0x2c, 0x64, 0x01, 0x01];
+const UTC_TIME: u8 = 0x17;
+const GENERALIZED_TIME: u8 = 0x18;
 
 /// A Name's content (RDNSequence): its CN and Os.
 fn name(mut rdns: &[u8]) -> Option<Subject> {
@@ -83,6 +92,7 @@ fn name(mut rdns: &[u8]) -> Option<Subject> {
             match oid {
                 OID_COMMON_NAME => subject.common_name = Some(value),
                 OID_ORGANIZATION => subject.organizations.push(value),
+                OID_UID_DER => subject.uid = Some(value),
                 _ => {}
             }
         }
@@ -102,6 +112,58 @@ pub fn subject(certificate: &[u8]) -> Option<Subject> {
     let (_validity, rest) = expect(SEQUENCE, rest)?;
     let (subject, _) = expect(SEQUENCE, rest)?;
     name(subject)
+}
+
+/// When a DER certificate becomes valid and when it expires (its notBefore and notAfter);
+/// `None` if it is not a certificate.
+pub fn validity(certificate: &[u8]) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
+    let (certificate, _) = expect(SEQUENCE, certificate)?;
+    let (tbs, _) = expect(SEQUENCE, certificate)?;
+    let (tag, _, rest) = element(tbs)?;
+    let rest = if tag == 0xa0 { expect(INTEGER, rest)?.1 } else { rest };
+    let (_signature, rest) = expect(SEQUENCE, rest)?;
+    let (_issuer, rest) = expect(SEQUENCE, rest)?;
+    let (validity, _) = expect(SEQUENCE, rest)?;
+    let (not_before, rest) = time(validity)?;
+    let (not_after, _) = time(rest)?;
+    Some((not_before, not_after))
+}
+
+/// A UTCTime (`YYMMDDHHMMSSZ`, years 1950-2049) or GeneralizedTime (`YYYYMMDDHHMMSSZ`), as
+/// RFC 5280 has certificates write them, and what follows it.
+fn time(input: &[u8]) -> Option<(std::time::SystemTime, &[u8])> {
+    let (tag, content, rest) = element(input)?;
+    let digits = content.strip_suffix(b"Z")?;
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let number = |d: &[u8]| d.iter().fold(0i64, |n, b| n * 10 + i64::from(b - b'0'));
+    let (year, rest_digits) = match (tag, digits.len()) {
+        (UTC_TIME, 12) => {
+            let yy = number(&digits[..2]);
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &digits[2..])
+        }
+        (GENERALIZED_TIME, 14) => (number(&digits[..4]), &digits[4..]),
+        _ => return None,
+    };
+    let [month, day, hour, minute, second] = [0, 2, 4, 6, 8].map(|i| number(&rest_digits[i..i + 2]));
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second;
+    let since_epoch = std::time::Duration::from_secs(u64::try_from(seconds).ok()?);
+    Some((std::time::UNIX_EPOCH + since_epoch, rest))
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (H. Hinnant's algorithm).
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// The parts of a PKCS#10 certification request that signing one needs.
@@ -190,16 +252,35 @@ mod tests {
 
     #[test]
     fn node_and_replica_subjects() {
-        let node = Subject { common_name: Some("system:node:n1".into()), organizations: vec![NODES_GROUP.into()] };
+        let node =
+            Subject { common_name: Some("system:node:n1".into()), organizations: vec![NODES_GROUP.into()], uid: None };
         assert_eq!(node.node(), Some("n1"));
         assert!(!node.is_replica());
         let no_group = Subject { organizations: vec![], ..node.clone() };
         assert_eq!(no_group.node(), None);
         let empty = Subject { common_name: Some("system:node:".into()), ..node };
         assert_eq!(empty.node(), None);
-        let replica =
-            Subject { common_name: Some("gitplane replica".into()), organizations: vec![REPLICAS_GROUP.into()] };
+        let replica = Subject {
+            common_name: Some("gitplane replica".into()),
+            organizations: vec![REPLICAS_GROUP.into()],
+            uid: None,
+        };
         assert!(replica.is_replica() && replica.node().is_none());
+    }
+
+    #[test]
+    fn reads_both_time_forms() {
+        let at = |tag: u8, text: &str| {
+            let der = [&[tag, text.len() as u8][..], text.as_bytes()].concat();
+            time(&der).map(|(t, _)| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs())
+        };
+        assert_eq!(at(UTC_TIME, "700101000000Z"), Some(0));
+        assert_eq!(at(UTC_TIME, "261204182900Z"), Some(1_796_408_940));
+        assert_eq!(at(GENERALIZED_TIME, "20261204182900Z"), Some(1_796_408_940));
+        assert_eq!(at(GENERALIZED_TIME, "20000229235960Z"), Some(951_868_800));
+        for bad in ["2612041829Z", "261304182900Z", "26120418290aZ", "261204182900"] {
+            assert_eq!(at(UTC_TIME, bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -7,6 +7,10 @@ use crate::certificate::{self, KeyAndCertificate};
 use gitplane_proto::x509::{self, Subject};
 use std::sync::Arc;
 
+/// The endpoint's TLS, replaced when the node's serving certificate is renewed (connections
+/// open keep theirs).
+pub type ServingTls = Arc<std::sync::RwLock<Option<tokio_rustls::TlsAcceptor>>>;
+
 /// The endpoint's TLS: `serving` (this node's serving certificate) and clients verified
 /// against the CA `ca` (PEM). `None` (and a warning) without a serving certificate: the
 /// endpoint then answers no one.

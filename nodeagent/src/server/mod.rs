@@ -45,7 +45,7 @@ type Body = BoxBody<Bytes, Infallible>;
 #[derive(Clone)]
 pub(crate) struct KubeletServer {
     pub cri: Cri,
-    pub tls: Option<tokio_rustls::TlsAcceptor>,
+    pub tls: auth::ServingTls,
     pub node_name: String,
     pub stats: Arc<StatsProvider>,
     /// Exec, attach and port-forward streams open ([`streaming::MAX_STREAMS`]).
@@ -74,7 +74,8 @@ impl KubeletServer {
             let server = server.clone();
             tokio::spawn(async move {
                 let _slot = slot;
-                let Some(tls) = server.tls.clone() else { return };
+                let tls = server.tls.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+                let Some(tls) = tls else { return };
                 let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await;
                 let stream = match handshake {
                     Ok(Ok(stream)) => stream,

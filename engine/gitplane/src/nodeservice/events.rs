@@ -1,18 +1,21 @@
 //! `CreateEvents`: the kubelet's Events, admitted as Kubernetes' NodeRestriction admits them. A
 //! node records Events only about the Pods bound to it and about its own Node; the reference is
 //! rebuilt from the stored object (the node's copy is not trusted), the source is `kubelet` on the
-//! node's own name, and the time is the replica's. A Pod's Event never carries a value of the
+//! node's own name, and the time is the replica's. A Pod deleted since the node saw it still
+//! counts as bound (its Killing Events come after it is gone) when the store's history shows
+//! its deletion from this node. A Pod's Event never carries a value of the
 //! Secrets the Pod references (a probe's output or a container's message may quote one): each
 //! is replaced by `<masked>` before the Event is stored.
 
 use super::store_status;
 use base64::Engine as _;
+use futures::StreamExt as _;
 use gitplane_api::{
     events::{NORMAL, Record, Source, WARNING, reference},
     podrefs::{ConfigKind, config_refs},
 };
 use gitplane_proto::node::NodeEvent;
-use gitplane_store::{Api, ObjectKey, Store};
+use gitplane_store::{Api, EventType, ObjectKey, Store, WatchOptions};
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use std::{cmp::Reverse, collections::HashMap, sync::Arc};
 use tonic::Status;
@@ -60,12 +63,16 @@ pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<Node
             Some("Pod") => match bound.get(&(namespace.clone(), name.clone())) {
                 Some(r) => r.clone(),
                 None => {
-                    let pod = pods.get(&namespace, &name).await.map_err(store_status)?;
-                    // Said the same way whether the Pod is elsewhere or nowhere: no probing.
-                    let Some(pod) = pod.filter(|p| {
+                    let bound_here = |p: &Pod| {
                         p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
                             && (involved.uid.is_none() || p.metadata.uid == involved.uid)
-                    }) else {
+                    };
+                    let pod = match pods.get(&namespace, &name).await.map_err(store_status)? {
+                        Some(pod) => Some(pod).filter(bound_here),
+                        None => deleted_pod(store.as_ref(), &involved).await.filter(bound_here),
+                    };
+                    // Said the same way whether the Pod is elsewhere or nowhere: no probing.
+                    let Some(pod) = pod else {
                         return Err(Status::permission_denied(format!(
                             "node {node} may not record events about pod {namespace}/{name}: it is not bound to it"
                         )));
@@ -139,6 +146,35 @@ fn mask(message: &str, values: &[String]) -> String {
     }
     out
 }
+
+/// The last state of a Pod deleted since the node saw it (`involved`'s resourceVersion and uid),
+/// from the store's history: the node's Events about stopping it (Killing) come after the Pod
+/// is gone, as gitplane deletes Pods at once (no graceful deletion). `None` when the history no
+/// longer reaches that far, or holds no such deletion (looked for at most [`HISTORY_SCAN`]).
+async fn deleted_pod(store: &dyn Store, involved: &ObjectReference) -> Option<Pod> {
+    let seen: i64 = involved.resource_version.as_deref()?.parse().ok()?;
+    let uid = involved.uid.as_deref()?;
+    let (namespace, name) = (involved.namespace.as_deref().unwrap_or_default(), involved.name.as_deref()?);
+    let now = store.revision().await.ok()?;
+    let options = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: false };
+    let mut history = store.watch(seen, options).await.ok()?;
+    let scan = async {
+        while let Some(Ok(event)) = history.next().await {
+            if event.revision > now {
+                break;
+            }
+            if event.event_type == EventType::Deleted && event.key.namespace == namespace && event.key.name == name {
+                let pod: Pod = serde_json::from_value(event.object.as_ref().clone()).ok()?;
+                return (pod.metadata.uid.as_deref() == Some(uid)).then_some(pod);
+            }
+        }
+        None
+    };
+    tokio::time::timeout(HISTORY_SCAN, scan).await.ok().flatten()
+}
+
+/// How long the history is searched for a deleted Pod.
+const HISTORY_SCAN: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn node_uid(store: Arc<dyn Store>, node: &str) -> Result<Option<String>, Status> {
     let node = Api::<Node>::new(store).get("", node).await.map_err(store_status)?;

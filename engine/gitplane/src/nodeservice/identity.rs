@@ -9,22 +9,51 @@
 //! registered before certificates (their next registration gets them one) and for agents on
 //! cleartext loopback, where no certificate can be presented. Everything is checked by an
 //! interceptor, before the request body is read.
+//!
+//! Then every call of a node is admitted against the stored Node ([`admit`]), as Kubernetes'
+//! node authorizer consults its graph: the Node must still exist (a node removed from the
+//! cluster is refused whatever it holds, and its streams end), a certificate must carry that
+//! Node's uid (one issued to an earlier Node of the same name counts for nothing), and over TLS
+//! a credential counts only until the node has been issued certificates over TLS
+//! ([`CERTIFICATES_ANNOTATION`]): a stolen credential cannot outlive the migration.
 
 use crate::listener::Transport;
 use hmac::{Hmac, Mac};
+use k8s_openapi::api::core::v1::Node;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Status, service::Interceptor};
 
 const NODE_PREFIX: &str = "node:";
 
+/// Set on a Node once a registration over TLS issued it certificates: from then on its
+/// credential is refused over TLS.
+pub const CERTIFICATES_ANNOTATION: &str = "gitplane.io/client-certificates";
+
 /// The authenticated caller of a node service request (a request extension).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
     /// Holds the join token: may register a new node (or one whose agent is gone).
     Joiner,
-    /// Holds the credential of this node.
-    Node(String),
+    /// Proves to be this node.
+    Node { name: String, proof: Proof },
+}
+
+/// How a node proved its name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Proof {
+    /// A client certificate of the cluster CA, with the uid of the Node it was issued for (none
+    /// in certificates issued before they carried it).
+    Certificate { uid: Option<String> },
+    /// The node credential, and whether it came over TLS.
+    Credential { over_tls: bool },
+}
+
+impl Caller {
+    #[cfg(test)]
+    pub fn node(name: &str) -> Caller {
+        Caller::Node { name: name.into(), proof: Proof::Credential { over_tls: false } }
+    }
 }
 
 /// Verifies the tokens of node service calls.
@@ -54,9 +83,12 @@ impl NodeIdentity {
     /// Who the client certificate the connection verified (`transport`), else `authorization`
     /// (`Bearer <token>`), proves the caller is.
     pub fn authenticate(&self, transport: Option<&Transport>, authorization: Option<&[u8]>) -> Result<Caller, Status> {
-        if let Some(node) = transport.and_then(Transport::client).and_then(|s| s.node()) {
-            return Ok(Caller::Node(node.to_owned()));
+        if let Some(subject) = transport.and_then(Transport::client)
+            && let Some(node) = subject.node()
+        {
+            return Ok(Caller::Node { name: node.to_owned(), proof: Proof::Certificate { uid: subject.uid.clone() } });
         }
+        let over_tls = matches!(transport, Some(Transport::Tls(_)));
         let token =
             authorization.and_then(|v| v.strip_prefix(b"Bearer ")).ok_or_else(|| Status::unauthenticated(NO_TOKEN))?;
         if let Some(rest) = token.strip_prefix(NODE_PREFIX.as_bytes())
@@ -66,7 +98,7 @@ impl NodeIdentity {
             let name = std::str::from_utf8(name).map_err(|_| Status::unauthenticated(BAD_CREDENTIAL))?;
             let mac = hex::decode(mac).map_err(|_| Status::unauthenticated(BAD_CREDENTIAL))?;
             return match self.mac(name).verify_slice(&mac) {
-                Ok(()) => Ok(Caller::Node(name.to_owned())),
+                Ok(()) => Ok(Caller::Node { name: name.to_owned(), proof: Proof::Credential { over_tls } }),
                 Err(_) => Err(Status::unauthenticated(BAD_CREDENTIAL)),
             };
         }
@@ -97,14 +129,55 @@ pub fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
     request.extensions().get::<Caller>().cloned().ok_or_else(|| Status::unauthenticated(NO_TOKEN))
 }
 
-/// The node name a request may act for: the credential's, never the joiner's.
-pub fn node_of<T>(request: &Request<T>) -> Result<String, Status> {
+/// The node name a request may act for, and its proof: never the joiner's.
+pub fn node_of<T>(request: &Request<T>) -> Result<(String, Proof), Status> {
     match caller(request)? {
-        Caller::Node(name) => Ok(name),
+        Caller::Node { name, proof } => Ok((name, proof)),
         Caller::Joiner => {
             Err(Status::permission_denied("the join token only registers nodes: use the node credential it returned"))
         }
     }
+}
+
+/// Whether a node that proved its name with `proof` may act as `node` (the stored Node of that
+/// name, if any). `registering`: a certificate from before certificates carried a uid may still
+/// register (and so trade itself for one that does), and nothing else.
+pub fn admit(name: &str, proof: &Proof, node: Option<&Node>, registering: bool) -> Result<(), Status> {
+    let Some(node) = node else {
+        return Err(Status::unauthenticated(format!(
+            "node {name} is not part of the cluster (removed?): its certificates and credential are no longer \
+             accepted; join again with the join token"
+        )));
+    };
+    let uid = node.metadata.uid.as_deref();
+    match proof {
+        Proof::Certificate { uid: Some(issued) } if Some(issued.as_str()) != uid => {
+            Err(Status::unauthenticated(format!(
+                "this certificate was issued to an earlier node {name} (removed since): join again with the join token"
+            )))
+        }
+        Proof::Certificate { uid: None } if !registering => Err(Status::unauthenticated(format!(
+            "this certificate of node {name} names no Node uid (issued before they did): register again to renew it"
+        ))),
+        Proof::Credential { over_tls: true }
+            if node.metadata.annotations.as_ref().is_some_and(|a| a.contains_key(CERTIFICATES_ANNOTATION)) =>
+        {
+            Err(Status::unauthenticated(format!(
+                "node {name} holds client certificates: its credential is no longer accepted over TLS"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether store event `event` removes node `name` (its Node deleted): its streams then end.
+pub fn removes(event: &gitplane_store::Event, name: &str) -> bool {
+    event.event_type == gitplane_store::EventType::Deleted && event.key.kind == "Node" && event.key.name == name
+}
+
+/// The error that ends the stream of a node whose Node was deleted.
+pub fn removed(name: &str) -> Status {
+    Status::unauthenticated(format!("node {name} was removed from the cluster"))
 }
 
 #[cfg(test)]
@@ -119,7 +192,7 @@ mod tests {
     fn credentials_bind_a_name_and_the_join_token_only_joins() {
         let identity = NodeIdentity::new("join-token-0123456789", [7; 32]);
         let a = identity.credential("node-a");
-        assert_eq!(identity.authenticate(None, Some(&bearer(&a))).unwrap(), Caller::Node("node-a".into()));
+        assert_eq!(identity.authenticate(None, Some(&bearer(&a))).unwrap(), Caller::node("node-a"));
         assert_eq!(identity.authenticate(None, Some(&bearer("join-token-0123456789"))).unwrap(), Caller::Joiner);
 
         let forged = a.replace("node-a", "node-b");
@@ -137,15 +210,60 @@ mod tests {
         use gitplane_proto::x509::{NODES_GROUP, REPLICAS_GROUP, Subject};
         let identity = NodeIdentity::new("join-token-0123456789", [7; 32]);
         let tls = |cn: &str, o: &str| {
-            Transport::Tls(Some(Subject { common_name: Some(cn.into()), organizations: vec![o.into()] }))
+            let uid = Some("u1".into());
+            Transport::Tls(Some(Subject { common_name: Some(cn.into()), organizations: vec![o.into()], uid }))
         };
         let node = tls("system:node:n1", NODES_GROUP);
-        assert_eq!(identity.authenticate(Some(&node), None).unwrap(), Caller::Node("n1".into()));
+        let n1 = Caller::Node { name: "n1".into(), proof: Proof::Certificate { uid: Some("u1".into()) } };
+        assert_eq!(identity.authenticate(Some(&node), None).unwrap(), n1);
         // The certificate wins over a token for another name.
         let b = bearer(&identity.credential("n2"));
-        assert_eq!(identity.authenticate(Some(&node), Some(&b)).unwrap(), Caller::Node("n1".into()));
+        assert_eq!(identity.authenticate(Some(&node), Some(&b)).unwrap(), n1);
+        // A credential says whether it came over TLS.
+        let b = bearer(&identity.credential("n2"));
+        let over_tls = Caller::Node { name: "n2".into(), proof: Proof::Credential { over_tls: true } };
+        assert_eq!(identity.authenticate(Some(&Transport::Tls(None)), Some(&b)).unwrap(), over_tls);
         for other in [tls("gitplane replica", REPLICAS_GROUP), tls("system:node:n1", "x"), Transport::Tls(None)] {
             assert_eq!(identity.authenticate(Some(&other), None).unwrap_err().code(), tonic::Code::Unauthenticated);
+        }
+    }
+
+    #[test]
+    fn only_a_current_node_is_admitted() {
+        let stored = |annotated: bool| {
+            let mut node = Node::default();
+            node.metadata.uid = Some("u1".into());
+            if annotated {
+                node.metadata.annotations = Some([(CERTIFICATES_ANNOTATION.to_owned(), "true".to_owned())].into());
+            }
+            node
+        };
+        let certificate = |uid: Option<&str>| Proof::Certificate { uid: uid.map(Into::into) };
+        let credential = |over_tls| Proof::Credential { over_tls };
+        let (plain, annotated) = (stored(false), stored(true));
+        let cases = [
+            (certificate(Some("u1")), Some(&annotated), false, true),
+            (certificate(Some("u0")), Some(&annotated), false, false),
+            (certificate(Some("u1")), None, false, false),
+            (certificate(None), Some(&annotated), false, false),
+            (certificate(None), Some(&annotated), true, true),
+            (certificate(None), None, true, false),
+            (credential(true), Some(&plain), false, true),
+            (credential(true), Some(&annotated), true, false),
+            (credential(false), Some(&annotated), false, true),
+            (credential(false), None, true, false),
+        ];
+        for (proof, node, registering, admitted) in cases {
+            let result = admit("n1", &proof, node, registering);
+            assert_eq!(
+                result.is_ok(),
+                admitted,
+                "{proof:?} {:?} registering {registering}: {result:?}",
+                node.map(|n| &n.metadata)
+            );
+            if let Err(status) = result {
+                assert_eq!(status.code(), tonic::Code::Unauthenticated);
+            }
         }
     }
 }

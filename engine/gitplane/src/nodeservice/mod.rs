@@ -15,7 +15,7 @@ mod podconfig;
 mod references;
 
 pub use identity::NodeIdentity;
-use identity::{Caller, caller, node_of};
+use identity::{CERTIFICATES_ANNOTATION, Caller, caller, node_of};
 use ingress_secrets::TlsReferences;
 
 use crate::{kubelet_client::kubelet_address, listener::Transport, tls::ClusterCa};
@@ -23,9 +23,9 @@ use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
 use gitplane_proto::node::{
     CreateEventsRequest, CreateEventsResponse, EventType as WireEventType, HeartbeatRequest, HeartbeatResponse,
-    ObjectEvent, PodEvent, RegisterRequest, RegisterResponse, UpdateNodeStatusRequest, UpdateNodeStatusResponse,
-    UpdatePodStatusRequest, UpdatePodStatusResponse, WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest,
-    node_service_server,
+    ObjectEvent, PodEvent, RegisterRequest, RegisterResponse, RenewCertificatesRequest, RenewCertificatesResponse,
+    UpdateNodeStatusRequest, UpdateNodeStatusResponse, UpdatePodStatusRequest, UpdatePodStatusResponse,
+    WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest, node_service_server,
 };
 use gitplane_store::{Api, EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
@@ -62,6 +62,15 @@ impl NodeService {
     pub fn new(store: Arc<dyn Store>, identity: NodeIdentity, ca: Arc<ClusterCa>) -> Self {
         let events = gitplane_store::events::Recorder::spawn(store.clone(), Default::default());
         NodeService { store, identity, ca, allocating: tokio::sync::Mutex::new(()), events }
+    }
+
+    /// The node a request of a node comes from, if that node may act still ([`identity::admit`]),
+    /// with its stored Node.
+    async fn admitted<T>(&self, request: &Request<T>) -> Result<(String, Node), Status> {
+        let (name, proof) = node_of(request)?;
+        let node = Api::<Node>::new(self.store.clone()).get("", &name).await.map_err(store_status)?;
+        identity::admit(&name, &proof, node.as_ref(), false)?;
+        Ok((name, node.unwrap_or_default()))
     }
 
     /// The service behind its authentication.
@@ -145,7 +154,14 @@ fn valid_node_name(name: &str) -> bool {
 }
 
 impl NodeService {
-    async fn register_node(&self, reported: Node, caller: &Caller) -> Result<String, RegisterError> {
+    /// Writes the Node (creating it and allocating its podCIDR if new), marked as holding
+    /// certificates if `certificates_over_tls`; its podCIDR and uid.
+    async fn register_node(
+        &self,
+        reported: Node,
+        caller: &Caller,
+        certificates_over_tls: bool,
+    ) -> Result<(String, String), RegisterError> {
         let nodes = Api::<Node>::new(self.store.clone());
         let configmaps = Api::<ConfigMap>::new(self.store.clone());
         let name = reported.metadata.name.clone().unwrap_or_default();
@@ -180,6 +196,14 @@ impl NodeService {
             };
             let create = ops.len() == 1;
             node.metadata.labels = reported.metadata.labels.clone();
+            // The mark is the control plane's to set, never the agent's to report.
+            if create && let Some(annotations) = node.metadata.annotations.as_mut() {
+                annotations.remove(CERTIFICATES_ANNOTATION);
+            }
+            if certificates_over_tls {
+                let annotations = node.metadata.annotations.get_or_insert_with(Default::default);
+                annotations.insert(CERTIFICATES_ANNOTATION.into(), "true".into());
+            }
             let cidr = pod_cidr(&node).unwrap_or_default();
             let mut with_status = node.clone();
             with_status.metadata.resource_version = None; // ordered after the write above
@@ -191,7 +215,20 @@ impl NodeService {
                     drop(turn);
                     tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 20)).await;
                 }
-                other => return other.map(|_| cidr).map_err(RegisterError::from),
+                Err(e) => return Err(e.into()),
+                Ok(committed) => {
+                    let uid = match node.metadata.uid {
+                        Some(uid) => uid,
+                        None => committed
+                            .objects
+                            .iter()
+                            .filter(|o| o["kind"] == "Node")
+                            .find_map(|o| o["metadata"]["uid"].as_str())
+                            .unwrap_or_default()
+                            .to_owned(),
+                    };
+                    return Ok((cidr, uid));
+                }
             }
         }
         Err(StoreError::Unavailable(format!("node {name} is being registered concurrently; retry")).into())
@@ -334,15 +371,17 @@ type Sent = std::collections::HashMap<ObjectKey, serde_json::Value>;
 
 /// The events of the network watch one store event makes: the object if the node may see it
 /// (unless it is what was last sent of it), and for an Ingress the TLS Secrets it starts naming
-/// (read now) or stops naming (deleted).
+/// (read now) or stops naming (deleted). The stream ends when `node` is removed.
 async fn network_events(
     store: &dyn Store,
+    node: &str,
     tls: &std::sync::Mutex<TlsReferences>,
     sent: &std::sync::Mutex<Sent>,
     event: Result<gitplane_store::Event, StoreError>,
 ) -> Vec<Result<ObjectEvent, Status>> {
     let e = match event {
         Err(e) => return vec![Err(store_status(e))],
+        Ok(e) if identity::removes(&e, node) => return vec![Err(identity::removed(node))],
         Ok(e) => e,
     };
     let wire = match e.event_type {
@@ -430,28 +469,35 @@ impl node_service_server::NodeService for NodeService {
                 "node name {name:?} is not a DNS subdomain (lowercase letters, digits, '-' and '.', at most 253)"
             )));
         }
-        if let Caller::Node(own) = &caller
-            && *own != name
-        {
-            return Err(Status::permission_denied(format!(
-                "this is node {own}'s credential: it cannot register {name}"
-            )));
+        if let Caller::Node { name: own, proof } = &caller {
+            if *own != name {
+                return Err(Status::permission_denied(format!(
+                    "this is node {own}'s credential: it cannot register {name}"
+                )));
+            }
+            let stored = Api::<Node>::new(self.store.clone()).get("", own).await.map_err(store_status)?;
+            identity::admit(own, proof, stored.as_ref(), true)?;
         }
         if let Some(why) = node.metadata.labels.as_ref().and_then(nodestatus::forbidden_label) {
             return Err(Status::permission_denied(format!("node {name}: {why}")));
         }
-        // Signed before anything is written, so a bad request changes nothing.
+        // Checked before anything is written, so a bad request changes nothing; signed after,
+        // for the uid of the Node written.
         let csr = &request.get_ref().csr;
+        if !csr.is_empty() {
+            ClusterCa::check_request(csr).map_err(|e| Status::invalid_argument(format!("node {name}: {e}")))?;
+        }
+        let over_tls = matches!(request.extensions().get::<Transport>(), Some(Transport::Tls(_)));
+        let address = kubelet_address(&node).ip();
+        let (pod_cidr, uid) = self.register_node(node, &caller, over_tls && !csr.is_empty()).await?;
         let certificates = match csr.is_empty() {
             true => None,
             false => Some(
                 self.ca
-                    .sign_node(csr, &name, kubelet_address(&node).ip())
+                    .sign_node(csr, &name, &uid, address)
                     .map_err(|e| Status::invalid_argument(format!("node {name}: {e}")))?,
             ),
         };
-        let over_tls = matches!(request.extensions().get::<Transport>(), Some(Transport::Tls(_)));
-        let pod_cidr = self.register_node(node, &caller).await?;
         self.renew_lease(&name).await.map_err(store_status)?;
         tracing::info!(node = %name, %pod_cidr, certificates = certificates.is_some(), "node registered");
         // Over TLS the client certificate replaces the credential; over cleartext (loopback) no
@@ -470,14 +516,28 @@ impl node_service_server::NodeService for NodeService {
         }))
     }
 
+    async fn renew_certificates(
+        &self,
+        request: Request<RenewCertificatesRequest>,
+    ) -> Result<Response<RenewCertificatesResponse>, Status> {
+        let (name, node) = self.admitted(&request).await?;
+        let uid = node.metadata.uid.clone().unwrap_or_default();
+        let signed = self
+            .ca
+            .sign_node(&request.get_ref().csr, &name, &uid, kubelet_address(&node).ip())
+            .map_err(|e| Status::invalid_argument(format!("node {name}: {e}")))?;
+        tracing::info!(node = %name, "node certificates renewed");
+        Ok(Response::new(RenewCertificatesResponse {
+            client_certificate: signed.client,
+            serving_certificate: signed.serving,
+        }))
+    }
+
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
-        let own = node_of(&request)?;
+        let (own, _) = self.admitted(&request).await?;
         let name = &request.get_ref().node_name;
         if *name != own {
             return Err(Status::permission_denied(format!("node {own} cannot renew the lease of {name}")));
-        }
-        if Api::<Node>::new(self.store.clone()).get("", name).await.map_err(store_status)?.is_none() {
-            return Err(Status::not_found(format!("node {name} is not registered: register it first")));
         }
         self.renew_lease(name).await.map_err(store_status)?;
         Ok(Response::new(HeartbeatResponse {}))
@@ -487,7 +547,7 @@ impl node_service_server::NodeService for NodeService {
         &self,
         request: Request<UpdateNodeStatusRequest>,
     ) -> Result<Response<UpdateNodeStatusResponse>, Status> {
-        let own = node_of(&request)?;
+        let (own, _) = self.admitted(&request).await?;
         let UpdateNodeStatusRequest { node_name, status } = request.into_inner();
         if node_name != own {
             return Err(Status::permission_denied(format!("node {own} cannot update the status of {node_name}")));
@@ -500,7 +560,7 @@ impl node_service_server::NodeService for NodeService {
     type WatchPodsStream = PodEventStream;
 
     async fn watch_pods(&self, request: Request<WatchPodsRequest>) -> Result<Response<PodEventStream>, Status> {
-        let own = node_of(&request)?;
+        let (own, _) = self.admitted(&request).await?;
         let WatchPodsRequest { node_name, resource_version } = request.into_inner();
         if node_name != own {
             return Err(Status::permission_denied(format!("node {own} cannot watch the Pods of {node_name}")));
@@ -523,12 +583,14 @@ impl node_service_server::NodeService for NodeService {
         } else {
             resource_version
         };
-        let options = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: true };
+        // Its own Node too: the stream ends when the node is removed.
+        let options = WatchOptions { kinds: Some(vec!["Pod".into(), "Node".into()]), bookmarks: true };
         let events = self.store.watch(from, options).await.map_err(store_status)?;
         let node = node_name.clone();
         let changes = events.filter_map(move |event| {
             let result = match event {
                 Err(e) => Some(Err(store_status(e))),
+                Ok(e) if e.key.kind == "Node" => identity::removes(&e, &node).then(|| Err(identity::removed(&node))),
                 // Bookmarks let an agent resume from a recent revision after a reconnect.
                 Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(PodEvent {
                     r#type: WireEventType::Bookmark as i32,
@@ -557,7 +619,7 @@ impl node_service_server::NodeService for NodeService {
         &self,
         request: Request<WatchNetworkRequest>,
     ) -> Result<Response<ObjectEventStream>, Status> {
-        let own = node_of(&request)?;
+        let (own, _) = self.admitted(&request).await?;
         let resource_version = request.into_inner().resource_version;
         let mut initial = Vec::new();
         let mut tls = TlsReferences::default();
@@ -616,10 +678,11 @@ impl node_service_server::NodeService for NodeService {
             self.store.watch(from, WatchOptions { kinds: Some(kinds), bookmarks: true }).await.map_err(store_status)?;
         let (store, tls) = (self.store.clone(), Arc::new(std::sync::Mutex::new(tls)));
         let sent = Arc::new(std::sync::Mutex::new(sent));
+        let node = Arc::new(own.clone());
         let changes = events
             .then(move |event| {
-                let (store, tls, sent) = (store.clone(), tls.clone(), sent.clone());
-                async move { network_events(&*store, &tls, &sent, event).await }
+                let (store, tls, sent, node) = (store.clone(), tls.clone(), sent.clone(), node.clone());
+                async move { network_events(&*store, &node, &tls, &sent, event).await }
             })
             .flat_map(futures::stream::iter);
         tracing::info!(node = %own, from, "network watch started");
@@ -632,7 +695,7 @@ impl node_service_server::NodeService for NodeService {
         &self,
         request: Request<WatchPodConfigRequest>,
     ) -> Result<Response<ObjectEventStream>, Status> {
-        let own = node_of(&request)?;
+        let (own, _) = self.admitted(&request).await?;
         let node_name = request.into_inner().node_name;
         if node_name != own {
             return Err(Status::permission_denied(format!(
@@ -646,7 +709,7 @@ impl node_service_server::NodeService for NodeService {
         &self,
         request: Request<CreateEventsRequest>,
     ) -> Result<Response<CreateEventsResponse>, Status> {
-        let own = node_of(&request)?;
+        let (own, _) = self.admitted(&request).await?;
         let req = request.into_inner();
         if req.node_name != own {
             return Err(Status::permission_denied(format!("node {own} cannot record events as {}", req.node_name)));
@@ -661,12 +724,10 @@ impl node_service_server::NodeService for NodeService {
         &self,
         request: Request<UpdatePodStatusRequest>,
     ) -> Result<Response<UpdatePodStatusResponse>, Status> {
-        let own = node_of(&request)?;
+        let (own, node) = self.admitted(&request).await?;
         let req = request.into_inner();
         let status: PodStatus = decode("pod status", &req.status)?;
         let pods = Api::<Pod>::new(self.store.clone());
-        let node = Api::<Node>::new(self.store.clone()).get("", &own).await.map_err(store_status)?;
-        let node = node.ok_or_else(|| Status::failed_precondition(format!("node {own} is not registered")))?;
         for _ in 0..CAS_ATTEMPTS {
             let Some(mut pod) = pods.get(&req.namespace, &req.name).await.map_err(store_status)? else {
                 return Err(Status::not_found(format!("pod {}/{} no longer exists", req.namespace, req.name)));
@@ -741,8 +802,9 @@ fn merge_status(current: Option<PodStatus>, mut reported: PodStatus) -> PodStatu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gitplane_proto::node::node_service_server::NodeService as _;
+    use gitplane_proto::{node::node_service_server::NodeService as _, x509};
     use gitplane_storage::sqlite::SqliteStore;
+    use identity::Proof;
     use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus, PodSpec};
 
     const JOIN: &str = "join-token-for-tests-0123";
@@ -805,7 +867,7 @@ mod tests {
         let a = service.register(as_caller(node("a"), Caller::Joiner)).await.unwrap().into_inner();
         assert_eq!(a.credential, service.identity.credential("a"));
         service.register(as_caller(node("b"), Caller::Joiner)).await.unwrap();
-        let (as_a, as_b) = (Caller::Node("a".into()), Caller::Node("b".into()));
+        let (as_a, as_b) = (Caller::node("a"), Caller::node("b"));
 
         // Names: the joiner cannot take a live node's name; a node re-registers only itself.
         assert_eq!(code(service.register(as_caller(node("a"), Caller::Joiner)).await), tonic::Code::PermissionDenied);
@@ -883,6 +945,150 @@ mod tests {
         }
     }
 
+    fn csr() -> Vec<u8> {
+        let key = rcgen::KeyPair::generate().unwrap();
+        rcgen::CertificateParams::default().serialize_request(&key).unwrap().der().to_vec()
+    }
+
+    #[tokio::test]
+    async fn t10_a_removed_node_is_refused_and_its_streams_end() {
+        let service = service().await;
+        let mut request = node("a");
+        request.csr = csr();
+        let registered = service.register(as_caller(request, Caller::Joiner)).await.unwrap().into_inner();
+        let nodes = Api::<Node>::new(service.store.clone());
+        let uid = nodes.get("", "a").await.unwrap().unwrap().metadata.uid.unwrap();
+        let uid_of = |pem: &str| x509::subject(&x509::pem_blocks(pem, "CERTIFICATE")[0]).unwrap().uid;
+        assert_eq!(uid_of(&registered.client_certificate), Some(uid.clone()));
+        let by_certificate =
+            |uid: &str| Caller::Node { name: "a".into(), proof: Proof::Certificate { uid: Some(uid.into()) } };
+
+        // Renewal: new certificates for the same Node.
+        let renew = |caller: Caller| as_caller(RenewCertificatesRequest { csr: csr() }, caller);
+        let renewed = service.renew_certificates(renew(by_certificate(&uid))).await.unwrap().into_inner();
+        assert_eq!(uid_of(&renewed.client_certificate), Some(uid.clone()));
+        assert_eq!(uid_of(&renewed.serving_certificate), Some(uid.clone()));
+        let bad = as_caller(RenewCertificatesRequest { csr: b"not a request".to_vec() }, by_certificate(&uid));
+        assert_eq!(code(service.renew_certificates(bad).await), tonic::Code::InvalidArgument);
+
+        let watch = |caller: Caller| as_caller(WatchPodsRequest { node_name: "a".into(), resource_version: 0 }, caller);
+        let mut pods = service.watch_pods(watch(by_certificate(&uid))).await.unwrap().into_inner();
+        let config = as_caller(WatchPodConfigRequest { node_name: "a".into() }, by_certificate(&uid));
+        let mut config = service.watch_pod_config(config).await.unwrap().into_inner();
+        let network = as_caller(WatchNetworkRequest { resource_version: 0 }, by_certificate(&uid));
+        let mut network = service.watch_network(network).await.unwrap().into_inner();
+
+        // Removed: every call is refused and every stream ends.
+        service.store.txn(vec![Op::Delete { key: ObjectKey::new("Node", "", "a"), revision: None }]).await.unwrap();
+        async fn ended<T: std::fmt::Debug>(
+            stream: &mut Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>,
+        ) -> Status {
+            loop {
+                match tokio::time::timeout(Duration::from_secs(10), stream.next()).await.unwrap() {
+                    Some(Ok(_)) => continue,
+                    Some(Err(status)) => return status,
+                    None => panic!("the stream ended without a status"),
+                }
+            }
+        }
+        for status in [ended(&mut pods).await, ended(&mut config).await, ended(&mut network).await] {
+            assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+        }
+        let beat = |caller: Caller| as_caller(HeartbeatRequest { node_name: "a".into() }, caller);
+        for caller in [by_certificate(&uid), Caller::node("a")] {
+            assert_eq!(code(service.heartbeat(beat(caller.clone())).await), tonic::Code::Unauthenticated);
+            assert_eq!(code(service.renew_certificates(renew(caller.clone())).await), tonic::Code::Unauthenticated);
+            assert_eq!(code(service.register(as_caller(node("a"), caller)).await), tonic::Code::Unauthenticated);
+        }
+        assert!(nodes.get("", "a").await.unwrap().is_none(), "no call of the removed node brought it back");
+
+        // Joined again with the join token, it is another Node: the old certificate stays refused.
+        service.register(as_caller(node("a"), Caller::Joiner)).await.unwrap();
+        let again = nodes.get("", "a").await.unwrap().unwrap().metadata.uid.unwrap();
+        assert_ne!(again, uid);
+        assert_eq!(code(service.heartbeat(beat(by_certificate(&uid))).await), tonic::Code::Unauthenticated);
+        assert_eq!(code(service.heartbeat(beat(by_certificate(&again))).await), tonic::Code::Ok);
+    }
+
+    #[tokio::test]
+    async fn t10_a_node_records_killing_about_a_pod_deleted_since_it_saw_it() {
+        let service = service().await;
+        for name in ["a", "b"] {
+            service.register(as_caller(node(name), Caller::Joiner)).await.unwrap();
+        }
+        let pods = Api::<Pod>::new(service.store.clone());
+        let mut seen = Vec::new();
+        for (name, node) in [("p", "a"), ("q", "b")] {
+            let pod = Pod {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    namespace: Some("default".into()),
+                    ..Default::default()
+                },
+                spec: Some(PodSpec { node_name: Some(node.into()), ..Default::default() }),
+                ..Default::default()
+            };
+            seen.push(pods.create(&pod).await.unwrap());
+            let key = ObjectKey::new("Pod", "default", name);
+            service.store.txn(vec![Op::Delete { key, revision: None }]).await.unwrap();
+        }
+        let killing = |pod: &Pod, uid: Option<&str>| {
+            let mut involved = gitplane_api::events::reference(pod);
+            involved.uid = uid.map(Into::into).or(involved.uid);
+            let event = gitplane_proto::node::NodeEvent {
+                involved_object: serde_json::to_vec(&involved).unwrap(),
+                r#type: "Normal".into(),
+                reason: "Killing".into(),
+                message: "Stopping container c".into(),
+                time_unix_millis: 0,
+            };
+            as_caller(CreateEventsRequest { node_name: "a".into(), events: vec![event] }, Caller::node("a"))
+        };
+        assert_eq!(code(service.create_events(killing(&seen[0], None)).await), tonic::Code::Ok);
+        for (pod, uid, why) in
+            [(&seen[0], Some("another-uid"), "another Pod of that name"), (&seen[1], None, "a Pod of another node")]
+        {
+            assert_eq!(code(service.create_events(killing(pod, uid)).await), tonic::Code::PermissionDenied, "{why}");
+        }
+        let recorded = async {
+            loop {
+                let events = service.store.list("Event", &ListOptions::default()).await.unwrap();
+                if let Some(event) = events.items.into_iter().find(|e| e["reason"] == "Killing") {
+                    return event;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let event = tokio::time::timeout(Duration::from_secs(10), recorded).await.unwrap();
+        assert_eq!(event["involvedObject"]["name"], "p");
+        assert_eq!(event["involvedObject"]["uid"].as_str(), seen[0].metadata.uid.as_deref());
+    }
+
+    #[tokio::test]
+    async fn t10_a_credential_over_tls_ends_with_certificates_over_tls() {
+        let service = service().await;
+        service.register(as_caller(node("a"), Caller::Joiner)).await.unwrap();
+        let credential_over_tls = Caller::Node { name: "a".into(), proof: Proof::Credential { over_tls: true } };
+        let beat = |caller: Caller| as_caller(HeartbeatRequest { node_name: "a".into() }, caller);
+        // Before certificates: the credential still works over TLS, and trades itself for them.
+        assert_eq!(code(service.heartbeat(beat(credential_over_tls.clone())).await), tonic::Code::Ok);
+        let mut request = node("a");
+        request.csr = csr();
+        let mut migrating = as_caller(request, credential_over_tls.clone());
+        migrating.extensions_mut().insert(Transport::Tls(None));
+        let migrated = service.register(migrating).await.unwrap().into_inner();
+        assert!(migrated.credential.is_empty() && !migrated.client_certificate.is_empty());
+        let stored = Api::<Node>::new(service.store.clone()).get("", "a").await.unwrap().unwrap();
+        assert!(stored.metadata.annotations.unwrap().contains_key(CERTIFICATES_ANNOTATION));
+        // After: refused over TLS, still taken over cleartext (loopback).
+        assert_eq!(code(service.heartbeat(beat(credential_over_tls.clone())).await), tonic::Code::Unauthenticated);
+        assert_eq!(
+            code(service.register(as_caller(node("a"), credential_over_tls)).await),
+            tonic::Code::Unauthenticated
+        );
+        assert_eq!(code(service.heartbeat(beat(Caller::node("a"))).await), tonic::Code::Ok);
+    }
+
     #[tokio::test]
     async fn t10_nodes_watch_what_networking_needs_and_nothing_else() {
         let service = service().await;
@@ -902,7 +1108,7 @@ mod tests {
         service.store.txn(objects.into_iter().map(Op::Create).collect()).await.unwrap();
         let watch = |caller| as_caller(WatchNetworkRequest { resource_version: 0 }, caller);
         assert_eq!(code(service.watch_network(watch(Caller::Joiner)).await), tonic::Code::PermissionDenied);
-        let mut stream = service.watch_network(watch(Caller::Node("a".into()))).await.unwrap().into_inner();
+        let mut stream = service.watch_network(watch(Caller::node("a"))).await.unwrap().into_inner();
         let mut listed = Vec::new();
         while let Some(Ok(event)) = stream.next().await {
             if event.r#type == WireEventType::Bookmark as i32 {

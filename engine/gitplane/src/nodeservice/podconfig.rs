@@ -163,8 +163,9 @@ impl Follow {
 /// The stream of what `node`'s Pods reference (see `WatchPodConfig` in `node.proto`).
 pub(super) async fn watch(store: Arc<dyn Store>, node: String) -> Result<ObjectEventStream, Status> {
     let pods = store.list("Pod", &ListOptions::default()).await.map_err(store_status)?;
-    let options =
-        WatchOptions { kinds: Some(vec!["Pod".into(), "ConfigMap".into(), "Secret".into()]), bookmarks: true };
+    // Its own Node too: the stream ends when the node is removed.
+    let kinds = ["Pod", "ConfigMap", "Secret", "Node"].map(String::from).to_vec();
+    let options = WatchOptions { kinds: Some(kinds), bookmarks: true };
     let events = store.watch(pods.revision, options).await.map_err(store_status)?;
     let mut follow = Follow { store, node, refs: References::default(), events, out: VecDeque::new(), done: false };
     let mut added = Vec::new();
@@ -190,6 +191,10 @@ pub(super) async fn watch(store: Arc<dyn Store>, node: String) -> Result<ObjectE
                 Some(Err(e)) => {
                     follow.done = true;
                     follow.out.push_back(Err(store_status(e)));
+                }
+                Some(Ok(event)) if super::identity::removes(&event, &follow.node) => {
+                    follow.done = true;
+                    follow.out.push_back(Err(super::identity::removed(&follow.node)));
                 }
                 Some(Ok(event)) => {
                     if let Err(status) = follow.handle(event).await {
@@ -252,11 +257,14 @@ mod tests {
             object("Secret", "unused"),
             bound_pod("a1", "a", "mine"),
             bound_pod("b1", "b", "theirs"),
+            // Registered nodes: a node's calls are admitted only while its Node exists.
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "a"}}),
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "b"}}),
         ];
         store.txn(ops.into_iter().map(Op::Create).collect()).await.unwrap();
         let request = |node: &str, caller: &str| {
             let mut request = Request::new(WatchPodConfigRequest { node_name: node.into() });
-            request.extensions_mut().insert(Caller::Node(caller.into()));
+            request.extensions_mut().insert(Caller::node(caller));
             request
         };
         let denied = service.watch_pod_config(request("b", "a")).await.err().unwrap();
