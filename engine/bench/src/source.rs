@@ -726,6 +726,8 @@ pub fn push_verdict(args: PushVerdictArgs) -> Result<()> {
     let (with, without, server) = runtime.block_on(async {
         let Served { cluster, addr, token, .. } = serve(&gitplane, &repo).await?;
         let remote = format!("http://git:{token}@{addr}/git/bench.git");
+        let log = cluster.log_path(1);
+        let judged_before = server_verdicts(&log).len();
         let config = cluster.dir().join("repos/bench.git/config");
         let (mut with, mut without) = (Vec::new(), Vec::new());
         // Round 0 warms the verdict's cache (its first load of the repository) and is not timed.
@@ -747,22 +749,22 @@ pub fn push_verdict(args: PushVerdictArgs) -> Result<()> {
                 if judged { with.push(took) } else { without.push(took) }
             }
         }
-        let server: Vec<Duration> = cluster
-            .logs()
-            .lines()
-            .filter(|l| l.contains("push verdict") && l.contains("bench.git"))
-            .filter_map(|l| parse_duration(l.split("elapsed=").nth(1)?.split_whitespace().next()?))
-            .skip(2) // the bootstrap push's and the warm-up's
-            .collect();
+        // Skipping the verdicts before the rounds and the warm-up's.
+        let server: Vec<Duration> = server_verdicts(&log).into_iter().skip(judged_before + 1).collect();
+        ensure!(server.len() == with.len(), "{} verdicts in the server's log for {} pushes", server.len(), with.len());
         Ok::<_, anyhow::Error>((Latencies::new(with), Latencies::new(without), Latencies::new(server)))
     })?;
+    let hook = hook_process(&gitplane, 2 * args.rounds)?;
     let p50 = |l: &Latencies| l.quantile(0.5).unwrap_or_default();
     println!("{} manifests, one per file; one-file commits pushed over HTTP 0.5 s apart.\n", args.manifests);
     println!("| `git push` of a one-file commit | Pushes | p50 | p99 | max |");
     println!("|---|--:|--:|--:|--:|");
-    for (name, l) in
-        [("verdict off (no hook)", &without), ("with the verdict", &with), ("the verdict inside the server", &server)]
-    {
+    for (name, l) in [
+        ("verdict off (no hook)", &without),
+        ("with the verdict", &with),
+        ("the verdict inside the server", &server),
+        ("the hook's process alone (`gitplane hook pre-receive`, no server)", &hook),
+    ] {
         println!(
             "| {name} | {} | {} ms | {} ms | {} ms |",
             l.len(),
@@ -771,11 +773,64 @@ pub fn push_verdict(args: PushVerdictArgs) -> Result<()> {
             crate::ms(l.max())
         );
     }
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let added = ms(p50(&with)) - ms(p50(&without));
+    println!("\nAdded by the verdict: p50 {added:.1} ms (goal under 100 ms).");
     println!(
-        "\nAdded by the verdict: p50 {:.1} ms (goal under 100 ms).",
-        (p50(&with).as_secs_f64() - p50(&without).as_secs_f64()) * 1e3
+        "Of which the verdict inside the server {:.1} ms, the rest (git running the hook, its process, the \
+         socket, the quarantine) {:.1} ms; the hook's process alone {:.1} ms.",
+        ms(p50(&server)),
+        added - ms(p50(&server)),
+        ms(p50(&hook))
     );
     Ok(())
+}
+
+/// The `elapsed` of each `push verdict` line of bench.git in the server's log, in order.
+fn server_verdicts(log: &Path) -> Vec<Duration> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .map(without_ansi)
+        .filter(|l| l.contains("push verdict") && l.contains("bench.git"))
+        .filter_map(|l| parse_duration(l.split("elapsed=").nth(1)?.split_whitespace().next()?))
+        .collect()
+}
+
+/// The line without terminal colours (the server's log has them: tracing colours by default).
+fn without_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // CSI: ESC [ parameters, ended by a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The hook's own process as git starts it (`sh` running the script, which execs `gitplane
+/// hook pre-receive`), without a server to ask: it warns and accepts.
+fn hook_process(gitplane: &Path, rounds: usize) -> Result<Latencies> {
+    let dir = tempfile::tempdir()?;
+    let script = dir.path().join("pre-receive");
+    let quoted = gitplane.to_string_lossy().replace('\'', r"'\''");
+    std::fs::write(&script, format!("#!/bin/sh\nexec '{quoted}' hook pre-receive\n"))?;
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    let mut took = Vec::new();
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let status = Command::new(&script).stdin(Stdio::null()).stderr(Stdio::null()).status()?;
+        took.push(started.elapsed());
+        ensure!(status.success(), "the hook failed");
+    }
+    Ok(Latencies::new(took))
 }
 
 /// A `Debug` duration as tracing prints it: `12.3ms`, `950µs`, `1.2s`.

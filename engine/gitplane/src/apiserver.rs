@@ -4,13 +4,16 @@
 //! [`logs`] is the pod log subresource, streamed from the node that runs the Pod; [`metrics`]
 //! is the resource metrics API (`kubectl top`), asked of the nodes; [`proxy`] is the node
 //! proxy for the nodes' `/metrics` and `/stats/summary`; [`watch`] serves
-//! `?watch=1`; [`list`] serves lists; [`fields`] parses and matches field selectors; [`discovery`], [`openapi`] and
+//! `?watch=1`; [`list`] serves lists; [`head`] is where an Application's branch points now (the
+//! one read of a hosted repository here); [`fields`] parses and matches field selectors;
+//! [`discovery`], [`openapi`] and
 //! [`health`] are what clients read about the server itself; [`exec`] serves `exec`, `attach`
 //! and `portforward` to debug tokens.
 
 mod discovery;
 mod exec;
 mod fields;
+pub mod head;
 pub mod health;
 mod list;
 mod logs;

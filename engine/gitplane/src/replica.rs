@@ -240,6 +240,7 @@ impl Replica {
         let page = page::router(shared.clone(), git.repos_dir.clone(), access.tokens.clone());
         let http = api
             .clone()
+            .merge(apiserver::head::router(shared.clone(), git.repos_dir.clone()))
             // The status page, and the API again under `/ui` as its data endpoints, where the
             // page's cookie counts (`authz`).
             .merge(page)

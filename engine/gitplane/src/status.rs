@@ -1,9 +1,12 @@
 //! `gitplane status`: the status page's summary in the terminal, read over the status API —
 //! the Applications with sync, health and applied commit (and every error of a rejected
 //! commit), then the nodes with what their Pods request. `--wait` polls until every
-//! Application is Synced and Healthy and every node Ready (exit 0), showing progress while a
-//! sync or rollout runs; a rejected commit, or `--timeout` passing, exits 1 with the reason.
-//! Colour only on a terminal, and never with `NO_COLOR` set.
+//! Application has synced the commit its branch points at now and is Healthy, and every node
+//! is Ready (exit 0), showing progress while a sync or rollout runs; the rejection of that
+//! commit, or `--timeout` passing, exits 1 with the reason. The branch's head comes from the
+//! server ([`crate::apiserver::head`]), as Flux's `reconcile --with-source` compares the
+//! applied revision with the source's: the status alone still shows the previous commit
+//! Synced for a moment after a push. Colour only on a terminal, and never with `NO_COLOR` set.
 
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
@@ -40,8 +43,9 @@ pub struct StatusArgs {
     /// The cluster CA certificate (PEM), for an `https://` `--server`.
     #[arg(long)]
     certificate_authority: Option<PathBuf>,
-    /// Wait until everything is synced and healthy (exit 0); exit 1 with the reason on a
-    /// rejected commit or when `--timeout` passes.
+    /// Wait until every Application has synced the current head of its branch and everything
+    /// is healthy (exit 0); exit 1 with the reason when that commit is rejected or when
+    /// `--timeout` passes.
     #[arg(long)]
     wait: bool,
     /// How long `--wait` waits (`90s`, `5m`, `1h`).
@@ -178,6 +182,18 @@ impl Api {
         Ok(value)
     }
 
+    /// The commit the Application's branch points at now, as the server reads it; `None` when
+    /// it does not know one (a remote repository, no commit yet, an older server).
+    async fn head(&self, app: &Value) -> Option<String> {
+        let path = format!(
+            "/apis/gitplane.io/v1/namespaces/{}/applications/{}/head",
+            s(app, "/metadata/namespace"),
+            s(app, "/metadata/name")
+        );
+        let head = self.get(&path).await.ok()?;
+        (head["kind"] == crate::apiserver::head::KIND).then(|| head["revision"].as_str().map(str::to_owned)).flatten()
+    }
+
     /// Every item of a list, page by page.
     async fn list(&self, path: &str) -> anyhow::Result<Vec<Value>> {
         let mut items = Vec::new();
@@ -284,14 +300,29 @@ enum Verdict {
     Failed(String),
 }
 
-fn verdict(apps: &[Value], nodes: &[Value]) -> Verdict {
+/// `heads[i]`: the commit `apps[i]`'s branch points at now, if the server knows it (a hosted
+/// repository's branch with a commit).
+fn verdict(apps: &[Value], heads: &[Option<String>], nodes: &[Value]) -> Verdict {
     let mut failed = Vec::new();
     let mut waiting = Vec::new();
-    for app in apps {
+    for (i, app) in apps.iter().enumerate() {
         let name = format!("{}/{}", s(app, "/metadata/namespace"), s(app, "/metadata/name"));
         let sync = s(app, "/status/sync/status");
         let health = s(app, "/status/health/status");
-        if sync == "Failed" {
+        let handled = match (sync, heads.get(i).and_then(Option::as_deref)) {
+            (_, None) => true,
+            ("Failed", Some(head)) => s(app, "/status/sync/attemptedRevision") == head,
+            (_, Some(head)) => s(app, "/status/sync/revision") == head,
+        };
+        if !handled {
+            let head = heads[i].as_deref().unwrap_or("");
+            let synced = s(app, "/status/sync/revision");
+            let synced = if synced.is_empty() { "nothing" } else { synced.get(..8).unwrap_or(synced) };
+            waiting.push(format!(
+                "{name}: its branch is at {}, the source has synced {synced}",
+                head.get(..8).unwrap_or(head)
+            ));
+        } else if sync == "Failed" {
             let errors: Vec<&str> = app
                 .pointer("/status/sync/errors")
                 .and_then(Value::as_array)
@@ -413,7 +444,11 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         if !args.wait {
             break (apps, nodes, Verdict::Done);
         }
-        match verdict(&apps, &nodes) {
+        let mut heads = Vec::with_capacity(apps.len());
+        for app in &apps {
+            heads.push(api.head(app).await);
+        }
+        match verdict(&apps, &heads, &nodes) {
             Verdict::Waiting(what) if started.elapsed() < args.timeout => {
                 let line = format!("waiting ({} s): {what}", started.elapsed().as_secs());
                 if tty {
@@ -465,16 +500,33 @@ mod tests {
     fn waits_until_synced_and_healthy_and_fails_on_a_rejected_commit() {
         let ready =
             json!({"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
-        assert_eq!(verdict(&[app("Synced", "Healthy", &[])], std::slice::from_ref(&ready)), Verdict::Done);
-        assert!(matches!(
-            verdict(&[app("Synced", "Progressing", &[])], std::slice::from_ref(&ready)),
-            Verdict::Waiting(_)
-        ));
+        let nodes = std::slice::from_ref(&ready);
+        assert_eq!(verdict(&[app("Synced", "Healthy", &[])], &[None], nodes), Verdict::Done);
+        assert!(matches!(verdict(&[app("Synced", "Progressing", &[])], &[None], nodes), Verdict::Waiting(_)));
         assert!(
-            matches!(verdict(&[app("Synced", "Healthy", &[])], &[json!({"metadata": {"name": "n1"}})]), Verdict::Waiting(w) if w.contains("n1"))
+            matches!(verdict(&[app("Synced", "Healthy", &[])], &[None], &[json!({"metadata": {"name": "n1"}})]), Verdict::Waiting(w) if w.contains("n1"))
         );
-        let Verdict::Failed(why) = verdict(&[app("Failed", "Healthy", &["a.yaml:3: bad"])], &[ready]) else { panic!() };
+        let Verdict::Failed(why) = verdict(&[app("Failed", "Healthy", &["a.yaml:3: bad"])], &[None], nodes) else {
+            panic!()
+        };
         assert!(why.contains("01234567") && why.contains("a.yaml:3: bad"), "{why}");
+    }
+
+    #[test]
+    fn only_the_branch_head_counts() {
+        let head = |h: &str| vec![Some(h.to_owned())];
+        let mut synced = app("Synced", "Healthy", &[]);
+        synced["status"]["sync"]["revision"] = json!("0123456789abcdef");
+        assert_eq!(verdict(std::slice::from_ref(&synced), &head("0123456789abcdef"), &[]), Verdict::Done);
+        // Pushed since: the source has not synced it yet, whatever the status says.
+        let Verdict::Waiting(why) = verdict(std::slice::from_ref(&synced), &head("fedcba9876543210"), &[]) else {
+            panic!()
+        };
+        assert!(why.contains("at fedcba98") && why.contains("synced 01234567"), "{why}");
+        // A rejection counts only for the commit the branch is at.
+        let rejected = app("Failed", "Healthy", &["a.yaml:3: bad"]);
+        assert!(matches!(verdict(std::slice::from_ref(&rejected), &head("0123456789abcdef"), &[]), Verdict::Failed(_)));
+        assert!(matches!(verdict(&[rejected], &head("fedcba9876543210"), &[]), Verdict::Waiting(_)));
     }
 
     #[test]

@@ -89,6 +89,24 @@ impl Inventory {
         }
     }
 
+    /// A store event as a verdict's inventory follows it ([`super::verdict`]), which no sync of
+    /// its own keeps complete: as [`Inventory::touched`]; besides, an object of the
+    /// Application's that its plans never saw (written by the sync of a commit it did not judge)
+    /// becomes a candidate to prune until a manifest names it, and a deleted one that no
+    /// manifest names is forgotten.
+    pub fn observed(&mut self, key: &ObjectKey, revision: Option<i64>, owned: bool) {
+        self.touched(key, revision);
+        match (self.objects.get(key), revision) {
+            (Some(Entry { manifest: None, .. }), None) => {
+                self.objects.remove(key);
+            }
+            (None, Some(_)) if owned => {
+                self.objects.insert(key.clone(), Entry { manifest: None, revision: None });
+            }
+            _ => {}
+        }
+    }
+
     /// The next plan compares every object with the store.
     pub fn distrust(&mut self) {
         self.complete = false;
@@ -753,5 +771,51 @@ mod tests {
         let pruned = sync(std::slice::from_ref(&two), &mut stored, &mut inventory);
         assert!(!pruned.full && pruned.pruned == 1 && !stored.contains_key(&key), "{pruned:?}");
         assert!(!inventory.objects.contains_key(&key));
+    }
+
+    #[test]
+    fn a_verdicts_inventory_follows_objects_its_plans_never_saw() {
+        let namespaces = HashSet::from(["default".to_owned()]);
+        let nodes = HashSet::new();
+        let policy =
+            Policy { app: "gitplane-system/a", prune: true, allow_empty: false, record_key: &RecordKey::new([1; 32]) };
+        let one = manifest(cm(json!({"k": "v"})));
+        let (mut stored, mut inventory, mut revision) = (BTreeMap::new(), Inventory::default(), 0);
+        let plan_of = |manifests: &[Arc<Manifest>], stored: &BTreeMap<_, _>, inventory: &Inventory| {
+            let cluster = Cluster {
+                stored,
+                inventory,
+                namespaces: &namespaces,
+                nodes: &nodes,
+                service_ranges: &ServiceRanges::default(),
+            };
+            plan(manifests, &cluster, &policy).unwrap()
+        };
+        // The sync applied `one`; a verdict plans the same commit in full and trusts it after.
+        let applied = plan_of(std::slice::from_ref(&one), &stored, &Inventory::default());
+        commit(&mut stored, &applied, &mut revision);
+        let first = plan_of(std::slice::from_ref(&one), &stored, &inventory);
+        assert!(first.full && first.ops.is_empty());
+        inventory.record(&first, [], false);
+        assert_eq!(plan_of(std::slice::from_ref(&one), &stored, &inventory).unchanged(), 0);
+
+        // The sync of a commit no verdict judged made `d`; the next commit drops it: pruned.
+        let mut d = cm(json!({}));
+        d["metadata"]["name"] = json!("d");
+        let d = manifest(d);
+        let made = plan_of(&[one.clone(), d.clone()], &stored, &Inventory::default());
+        let written = commit(&mut stored, &made, &mut revision);
+        for object in &written {
+            inventory.observed(&ObjectKey::from_value(object).unwrap(), resource_version(object), true);
+        }
+        let next = plan_of(std::slice::from_ref(&one), &stored, &inventory);
+        assert!(!next.full && next.pruned == 1, "{next:?}");
+        // Recorded as not written: still a candidate until it is gone, then forgotten.
+        inventory.record(&next, [], false);
+        assert_eq!(plan_of(std::slice::from_ref(&one), &stored, &inventory).pruned, 1);
+        stored.remove(&d.key);
+        inventory.observed(&d.key, None, true);
+        assert!(!inventory.objects.contains_key(&d.key));
+        assert_eq!(plan_of(std::slice::from_ref(&one), &stored, &inventory).pruned, 0);
     }
 }

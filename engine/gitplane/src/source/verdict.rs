@@ -12,11 +12,24 @@
 //! Invariants: it writes nothing (not the store, not the repository); a verdict that cannot be
 //! reached (the store is unavailable) accepts the push with a warning, since the sync judges
 //! again; files are rendered once per blob (a [`SourceCache`] per Application, as the sync's).
+//!
+//! A one-file push to a large repository costs O(changed), as its sync does: each Application
+//! keeps an [`apply::Inventory`] of what the verdicts' plans found stored as Git wants it, and
+//! only what the inventory cannot vouch for is compared. Verdicts run on every replica and the
+//! sync only on the leader, so the inventory is the verdicts' own, not the sync's: the replica's
+//! informer events keep it current ([`apply::Inventory::observed`]: other writers' changes,
+//! objects the sync made from commits no verdict saw), and a verdict first waits until those
+//! events have been applied up to the Application's own last write (the parent's sync), so it
+//! is planned against the state the push's parent left.
 
-use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, watched_kinds};
+use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, owner_key, watched_kinds};
+use gitplane_api::object::resource_version;
 use gitplane_api::{Application, object::APPLICATION_ANNOTATION};
 use gitplane_source::{AppSource, Limits, LoadError, ManifestError, SourceCache, Validator};
-use gitplane_store::{ObjectKey, Op, Store, informer::Informer};
+use gitplane_store::{
+    EventType, ObjectKey, Op, Store,
+    informer::{Informer, Notification},
+};
 use serde_json::Value;
 use std::{
     collections::{BTreeMap, HashMap},
@@ -25,6 +38,7 @@ use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
+use tokio::sync::{broadcast::error::RecvError, watch};
 
 /// The repository setting that turns refusal off (`git config gitplane.refuseInvalidPushes
 /// false` in the bare repository): invalid commits are then accepted with warnings.
@@ -38,6 +52,9 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a verdict waits for the sync of the push's parent before planning against the
 /// cluster as it is.
 const PARENT_WAIT: Duration = Duration::from_secs(3);
+/// How long a verdict waits for the inventories to catch up with the informer's events before
+/// it plans in full instead.
+const EVENTS_WAIT: Duration = Duration::from_secs(2);
 
 /// One ref a push updates, as the pre-receive hook reads it: `<old> <new> <ref>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,10 +79,13 @@ pub struct Verdicts {
     service_ranges: ServiceRanges,
     validator: Arc<Validator>,
     limits: Limits,
-    /// This replica's view of the stored objects, started on the first push.
-    informer: tokio::sync::OnceCell<Informer>,
+    /// This replica's view of the stored objects, started on the first push, and the revision
+    /// of the last of its events applied to `inventories`.
+    informer: tokio::sync::OnceCell<(Informer, watch::Receiver<i64>)>,
     /// Per Application: the outcome of each file, by blob, of the last commit judged.
     caches: Mutex<HashMap<ObjectKey, SourceCache>>,
+    /// Per Application: what the verdicts' plans found stored as Git wants it.
+    inventories: Arc<Mutex<HashMap<ObjectKey, apply::Inventory>>>,
 }
 
 /// One Application's judgement of one ref update.
@@ -84,13 +104,28 @@ impl Verdicts {
             limits: Limits::default(),
             informer: tokio::sync::OnceCell::new(),
             caches: Mutex::default(),
+            inventories: Arc::default(),
         }
     }
 
     async fn informer(&self) -> Option<&Informer> {
-        let informer =
-            self.informer.get_or_init(|| async { Informer::spawn(self.store.clone(), watched_kinds()) }).await;
+        let (informer, _) = self
+            .informer
+            .get_or_init(|| async {
+                let informer = Informer::spawn(self.store.clone(), watched_kinds());
+                let observed = follow(&informer, self.inventories.clone());
+                (informer, observed)
+            })
+            .await;
         tokio::time::timeout(SYNC_TIMEOUT, informer.wait_synced()).await.ok().map(|()| informer)
+    }
+
+    /// Waits until the inventories have seen every event up to `revision`; `false` if they
+    /// did not within [`EVENTS_WAIT`].
+    async fn observed(&self, revision: i64) -> bool {
+        let Some((_, observed)) = self.informer.get() else { return false };
+        let mut observed = observed.clone();
+        matches!(tokio::time::timeout(EVENTS_WAIT, observed.wait_for(|r| *r >= revision)).await, Ok(Ok(_)))
     }
 
     /// The verdict on a push of `refs` to the hosted repository at `repo` (named `<name>.git`),
@@ -227,7 +262,7 @@ impl Verdicts {
         .await;
         let manifests = match loaded {
             Ok((loaded, cache)) => {
-                self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key, cache);
+                self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), cache);
                 match loaded {
                     Ok(manifests) => manifests,
                     Err(LoadError::Invalid(errors)) => return Judged::Rejected(lines(&errors)),
@@ -236,6 +271,10 @@ impl Verdicts {
             }
             Err(e) => return Judged::Rejected(vec![format!("loading the commit failed: {e}")]),
         };
+        // The Application's last write is its sync's status, after that sync's objects: once
+        // the inventory has seen it, it has seen everything the sync of the parent wrote.
+        let last_write = informer.cache().get(&key).and_then(|a| resource_version(&a)).unwrap_or(0);
+        let caught_up = self.observed(last_write).await;
         let id = app_id(app);
         let policy = apply::Policy {
             app: &id,
@@ -245,19 +284,66 @@ impl Verdicts {
         };
         let (namespaces, nodes) = names(informer.cache());
         let stored = Accepted(informer.cache());
-        let inventory = apply::Inventory::default();
+        let mut inventories = self.inventories.lock().unwrap_or_else(|e| e.into_inner());
+        let inventory = inventories.entry(key).or_default();
+        if !caught_up {
+            inventory.distrust();
+        }
         let cluster = apply::Cluster {
             stored: &stored,
-            inventory: &inventory,
+            inventory,
             namespaces: &namespaces,
             nodes: &nodes,
             service_ranges: &self.service_ranges,
         };
         match apply::plan(&manifests, &cluster, &policy) {
-            Ok(plan) => Judged::Plan(plan),
+            Ok(plan) => {
+                // Nothing is written: what the plan would write or prune stays to be compared
+                // (as if the Application did not prune), what it found as Git wants it is
+                // trusted while nothing else writes it.
+                inventory.record(&plan, [], false);
+                Judged::Plan(plan)
+            }
             Err(errors) => Judged::Rejected(lines(&errors)),
         }
     }
+}
+
+/// Applies the informer's events to the inventories (see [`apply::Inventory::observed`]);
+/// the receiver says up to which revision.
+fn follow(informer: &Informer, inventories: Arc<Mutex<HashMap<ObjectKey, apply::Inventory>>>) -> watch::Receiver<i64> {
+    let mut notifications = informer.subscribe();
+    let (observed, receiver) = watch::channel(0);
+    tokio::spawn(async move {
+        loop {
+            match notifications.recv().await {
+                Ok(Notification::Changed(event)) => {
+                    let revision =
+                        (event.event_type != EventType::Deleted).then(|| resource_version(&event.object)).flatten();
+                    let owner =
+                        event.object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str().and_then(owner_key);
+                    for (app, inventory) in inventories.lock().unwrap_or_else(|e| e.into_inner()).iter_mut() {
+                        inventory.observed(&event.key, revision, owner.as_ref() == Some(app));
+                    }
+                    observed.send_if_modified(|r| {
+                        let advanced = event.revision > *r;
+                        *r = (*r).max(event.revision);
+                        advanced
+                    });
+                }
+                // Events were missed: no inventory can vouch for the store any more.
+                Ok(Notification::Resync) | Err(RecvError::Lagged(_)) => {
+                    inventories
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .values_mut()
+                        .for_each(apply::Inventory::distrust);
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
+    receiver
 }
 
 /// Loads `commit` of the repository at `repo`, reading the push's new objects from `quarantine`.
