@@ -269,6 +269,7 @@ async fn run(args: PageArgs, gitplane: PathBuf) -> Result<()> {
         };
         let took = tokio::time::timeout(Duration::from_secs(120), shown).await.context("no update within 120 s")??;
         watch.abort();
+        eprintln!("push {round} ({}): shown after {}", &sha[..8], ms(took));
         latencies.push(took);
     }
     latencies.sort();

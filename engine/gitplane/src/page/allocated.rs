@@ -131,12 +131,42 @@ impl Allocated {
         Allocated { index, revision, _task: Arc::new(AbortOnDrop(task.abort_handle())) }
     }
 
-    /// Waits (at most `within`) until the index has seen every commit up to `revision`; returns
-    /// the revision it has reached, which a view renders as its own.
-    pub async fn caught_up(&self, revision: Revision, within: Duration) -> Revision {
+    /// Waits (at most `within`) until the index holds every Pod change committed before the
+    /// call; returns the revision the view is rendered at (its watch resumes from there). The
+    /// index's own revision moves on commits of other kinds only with the watch's bookmarks,
+    /// which are throttled, so when it lags a fresh watch from it tells at once whether a Pod
+    /// changed since (its first event) or nothing did (a bookmark at the latest revision).
+    pub async fn caught_up(&self, store: &dyn Store, within: Duration) -> Result<Revision, StoreError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let latest = store.revision().await?;
         let mut seen = self.revision.clone();
-        let _ = tokio::time::timeout(within, seen.wait_for(|r| *r >= revision)).await;
-        *self.revision.borrow()
+        loop {
+            let at = *seen.borrow_and_update();
+            if at >= latest {
+                return Ok(at);
+            }
+            let options = WatchOptions { kinds: Some(vec!["Pod".to_owned()]), bookmarks: true };
+            let first = tokio::time::timeout_at(deadline, async {
+                if at == 0 {
+                    return Ok(None); // the first list is not in yet
+                }
+                store.watch(at, options).await?.next().await.transpose()
+            })
+            .await;
+            let pending = match first {
+                Ok(Ok(Some(event))) if event.event_type == EventType::Bookmark => {
+                    return Ok(event.revision.min(latest));
+                }
+                Ok(Ok(Some(event))) => event.revision,
+                Ok(Ok(None)) => at + 1,
+                // The index lists again (expired), or time is up: render what it has.
+                Ok(Err(StoreError::Expired { .. })) | Err(_) => return Ok(at),
+                Ok(Err(e)) => return Err(e),
+            };
+            if tokio::time::timeout_at(deadline, seen.wait_for(|r| *r >= pending)).await.is_err() {
+                return Ok(*self.revision.borrow());
+            }
+        }
     }
 
     /// Reads a node's Pods (`""`: those not scheduled yet).
@@ -227,5 +257,27 @@ mod tests {
         index.apply(&event(EventType::Deleted, pod("a", "n1", "Running", "100m")));
         index.apply(&event(EventType::Deleted, pod("b", "n1", "Succeeded", "250m")));
         assert!(index.nodes.is_empty() && index.node_of.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_view_waits_for_pod_changes_and_not_for_other_kinds() {
+        let store: Arc<dyn Store> = Arc::new(gitplane_storage::sqlite::SqliteStore::memory().await.unwrap());
+        store.txn(vec![gitplane_store::Op::Create(pod("a", "n1", "Running", "100m"))]).await.unwrap();
+        let allocated = Allocated::spawn(store.clone());
+        let within = Duration::from_secs(30);
+        let at = allocated.caught_up(&*store, within).await.unwrap();
+        assert_eq!(allocated.read("n1", |on| on.map(|on| on.pods.len())), Some(1));
+        // Commits of another kind: no Pod changed, so no wait for a bookmark.
+        for i in 0..3 {
+            let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("c{i}"), "namespace": "default"}});
+            store.txn(vec![gitplane_store::Op::Create(cm)]).await.unwrap();
+        }
+        let latest = store.revision().await.unwrap();
+        assert_eq!(allocated.caught_up(&*store, within).await.unwrap(), latest);
+        assert!(latest > at);
+        // A Pod change is in the index once caught_up returns.
+        store.txn(vec![gitplane_store::Op::Create(pod("b", "n1", "Running", "100m"))]).await.unwrap();
+        allocated.caught_up(&*store, within).await.unwrap();
+        assert_eq!(allocated.read("n1", |on| on.map(|on| on.pods.len())), Some(2));
     }
 }

@@ -17,8 +17,9 @@ use gitplane_store::{ListOptions, ObjectKey};
 use serde_json::Value;
 use std::{fmt::Write as _, ops::Bound, time::Duration};
 
-/// How long a view waits for the Pod index to reach the store's revision; past that it renders
-/// what the index has, at the index's revision, and the page's watch brings the rest.
+/// How long a view waits for the Pod index to hold every Pod change committed before the
+/// request; past that it renders what the index has, at the index's revision, and the page's
+/// watch brings the rest.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
 fn percent(used: i128, of: i128) -> String {
@@ -61,8 +62,7 @@ fn memory_cell(allocated: &Resources, node: &Value) -> String {
 
 /// Waits for the index to see the store's latest commit; the revision the view is rendered at.
 async fn catch_up(state: &PageState) -> Result<i64, gitplane_store::StoreError> {
-    let latest = state.store.revision().await?;
-    Ok(state.allocated().caught_up(latest, CATCH_UP).await)
+    state.allocated().caught_up(state.store.as_ref(), CATCH_UP).await
 }
 
 /// `/ui/nodes`: a page of nodes with their allocation.
