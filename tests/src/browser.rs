@@ -209,6 +209,38 @@ impl Browser {
         Ok(())
     }
 
+    /// Enter on the focused element, as a keyboard user follows a link (the key event carries
+    /// its text, as a real key press does, so the element is activated).
+    pub fn enter(&mut self) -> Result<()> {
+        for (kind, text) in [("keyDown", "\r"), ("keyUp", "")] {
+            self.call(
+                "Input.dispatchKeyEvent",
+                json!({"type": kind, "key": "Enter", "code": "Enter", "text": text,
+                       "windowsVirtualKeyCode": 13, "nativeVirtualKeyCode": 13}),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Presses Tab (at most `presses` times) until the focused element's text or accessible
+    /// label is `name`: the element is reachable from the keyboard, in document order.
+    pub fn tab_to(&mut self, name: &str, presses: usize) -> Result<()> {
+        let mut reached = Vec::new();
+        for _ in 0..presses {
+            self.press("Tab", 9)?;
+            let focused = self.eval(
+                "(() => { const e = document.activeElement; \
+                 return e ? (e.getAttribute('aria-label') || e.textContent.trim()) : ''; })()",
+            )?;
+            let focused = focused.as_str().unwrap_or("").to_owned();
+            if focused == name {
+                return Ok(());
+            }
+            reached.push(focused);
+        }
+        bail!("Tab never reached {name:?}; it reached {reached:?}")
+    }
+
     /// The accessibility tree's nodes as (role, name), ignored nodes left out.
     pub fn accessibility(&mut self) -> Result<Vec<(String, String)>> {
         let tree = self.call("Accessibility.getFullAXTree", json!({}))?;

@@ -2,8 +2,10 @@
 //! protocol) against `gitplane up --nodes 1`: the Application list, a resource tree, a Pod's
 //! logs followed live, a live update after a `git push` without reloading (with an XSS payload
 //! in the commit subject shown as text), an error linked to its line in the file view, the
-//! nodes view, keyboard navigation and the accessibility tree; screenshots are saved under
-//! `target/t85-screenshots/` (the path is printed). Then `gitplane status --wait`: exit 0 on the
+//! nodes view and one node's Pods, keyboard navigation (Tab order; Enter follows a link from
+//! the resource tree to a Pod and from the nodes list to a node) and the accessibility tree of
+//! each of those views; screenshots are saved under `target/t85-screenshots/` (the path is
+//! printed). Then `gitplane status --wait`: exit 0 on the
 //! healthy cluster, non-zero with the reason on a broken commit; and the page's login form.
 
 use anyhow::{Context, Result, bail, ensure};
@@ -185,24 +187,59 @@ fn run(cluster: &LocalCluster) -> Result<()> {
     let tree = browser.accessibility()?;
     ensure!(tree.iter().any(|(r, n)| r == "region" && n == "Resource tree"), "{tree:?}");
     ensure!(tree.iter().any(|(r, n)| r == "heading" && n == "Sync timeline"), "{tree:?}");
+    ensure!(tree.iter().any(|(r, n)| r == "link" && n == "talker"), "no link to the Pod in the tree: {tree:?}");
     browser.screenshot(&shots.join("application.png"))?;
 
-    // A Pod's logs, followed live.
-    browser.navigate(&format!("{base}/ui/pods/default/talker"))?;
+    // A Pod's logs, followed live; reached from the tree with the keyboard.
+    browser.tab_to("talker", 40)?;
+    browser.enter()?;
+    browser.wait_until(
+        DEADLINE,
+        "location.pathname === '/ui/pods/default/talker' && document.readyState === 'complete' && \
+         document.getElementById('log') !== null",
+    )?;
+    let tree = browser.accessibility()?;
+    ensure!(tree.iter().any(|(r, n)| r == "heading" && n == "Pod talker"), "{tree:?}");
+    ensure!(tree.iter().any(|(_, n)| n == "Log output"), "the log is not named: {tree:?}");
+    browser.tab_to("Log output", 40)?;
     let ticks = "(() => { const m = [...document.getElementById('log').textContent.matchAll(/tick (\\d+)/g)]; \
                  return m.length ? Number(m[m.length - 1][1]) : 0; })()";
     let seen = browser.wait_until(DEADLINE, ticks)?.as_u64().unwrap_or(0);
     browser.wait_until(DEADLINE, &format!("{ticks} >= {}", seen + 2))?;
     browser.screenshot(&shots.join("pod-logs.png"))?;
 
-    // The nodes view.
+    // The nodes view: each node's allocation, then (with the keyboard) one node and its Pods.
+    let node = cluster.nodes[0].clone();
     browser.navigate(&format!("{base}/ui/nodes"))?;
-    let nodes_text = browser.eval("document.querySelector('main').innerText")?;
-    let nodes_text = nodes_text.as_str().unwrap_or("");
-    ensure!(
-        nodes_text.contains(&cluster.nodes[0]) && nodes_text.contains("Pods on") && nodes_text.contains("talker"),
-        "{nodes_text}"
-    );
+    let row = browser.wait_until(
+        DEADLINE,
+        &format!(
+            "(() => {{ const a = document.querySelector('a[href=\"/ui/nodes/{node}\"]'); \
+             return a ? a.closest('tr').innerText : null; }})()"
+        ),
+    )?;
+    let row = row.as_str().unwrap_or("");
+    ensure!(row.contains("Ready") && row.contains("m of ") && row.contains("MiB of "), "node row: {row:?}");
+    let tree = browser.accessibility()?;
+    ensure!(tree.iter().any(|(r, n)| r == "table" && n == "Nodes"), "the nodes table is not named: {tree:?}");
+    ensure!(tree.iter().any(|(r, n)| r == "link" && *n == node), "no link to {node}: {tree:?}");
+    browser.screenshot(&shots.join("nodes.png"))?;
+    browser.tab_to(&node, 40)?;
+    browser.enter()?;
+    let shown = browser.wait_until(
+        DEADLINE,
+        &format!(
+            "location.pathname === '/ui/nodes/{node}' && document.readyState === 'complete' && \
+             document.querySelector('main').innerText"
+        ),
+    )?;
+    let shown = shown.as_str().unwrap_or("");
+    ensure!(shown.contains(&format!("Pods on {node}")) && shown.contains("talker"), "{shown}");
+    let tree = browser.accessibility()?;
+    ensure!(tree.iter().any(|(r, n)| r == "table" && n == "Pods"), "the Pods table is not named: {tree:?}");
+    ensure!(tree.iter().any(|(r, n)| r == "link" && n == "talker"), "{tree:?}");
+    browser.tab_to("talker", 40)?;
+    browser.screenshot(&shots.join("node.png"))?;
 
     // A push shows up without a reload; the subject's markup stays text.
     browser.navigate(&format!("{base}/"))?;

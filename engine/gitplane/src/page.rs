@@ -10,7 +10,9 @@
 //! [`tree`] builds an Application's resource tree. Lists are paged on the server ([`PAGE`] items,
 //! continue tokens), so a page stays small with thousands of Applications and Pods.
 
+mod allocated;
 mod login;
+mod nodes;
 mod tree;
 
 pub use login::{COOKIE, login_form};
@@ -23,7 +25,7 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use gitplane_api::{object::APPLICATION_ANNOTATION, quantity};
+use gitplane_api::object::APPLICATION_ANNOTATION;
 use gitplane_store::{ListOptions, ObjectKey, Store};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
@@ -36,8 +38,6 @@ use std::{
 
 /// Items per page of a list view.
 pub const PAGE: usize = 50;
-/// Pods listed per node on the nodes view; the rest are counted.
-const PODS_PER_NODE: usize = 30;
 /// Events read for an Application's timeline.
 const EVENTS_READ: usize = 500;
 
@@ -50,15 +50,25 @@ pub(crate) struct PageState {
     /// The hosted repositories, for commit authors.
     repos_dir: Arc<std::path::Path>,
     pub(crate) tokens: Arc<Tokens>,
+    /// The nodes view's Pod index, started by the page's first visitor (a replica nobody looks
+    /// at follows no Pods for it).
+    allocated: Arc<std::sync::OnceLock<allocated::Allocated>>,
+}
+
+impl PageState {
+    fn allocated(&self) -> &allocated::Allocated {
+        self.allocated.get_or_init(|| allocated::Allocated::spawn(self.store.clone()))
+    }
 }
 
 /// The page's routes; `authz::admit` guards them (but the login form and the assets).
 pub fn router(store: Arc<dyn Store>, repos_dir: PathBuf, tokens: Arc<Tokens>) -> Router {
-    let state = PageState { store, repos_dir: repos_dir.into(), tokens };
+    let state = PageState { store, repos_dir: repos_dir.into(), tokens, allocated: Default::default() };
     Router::new()
         .route("/", get(applications))
         .route("/ui/applications/{namespace}/{name}", get(application))
-        .route("/ui/nodes", get(nodes))
+        .route("/ui/nodes", get(nodes::nodes))
+        .route("/ui/nodes/{name}", get(nodes::node))
         .route("/ui/pods/{namespace}/{name}", get(pod))
         .route("/ui/login", get(|| async { login_form(StatusCode::OK, "") }).post(login::login))
         .route("/ui/logout", axum::routing::post(login::logout))
@@ -305,6 +315,7 @@ const APPLICATIONS: &str = "Application.gitplane.io";
 
 /// `/`: a page of Applications.
 async fn applications(State(state): State<PageState>, Query(q): Query<PageQuery>) -> Response {
+    state.allocated();
     let options = ListOptions { limit: Some(PAGE), continue_token: q.continue_token.clone(), ..Default::default() };
     let list = match state.store.list(APPLICATIONS, &options).await {
         Ok(list) => list,
@@ -623,96 +634,6 @@ fn timeline(app: &Value, events: &[Value], name: &str, author_of: &dyn Fn(&str) 
         );
     }
     body.push_str("</ol></section>");
-}
-
-/// Requests of a Pod's containers: (milli-CPU, bytes).
-fn requests(pod: &Value) -> (i128, i128) {
-    let mut sum = (0, 0);
-    for c in pod.pointer("/spec/containers").and_then(Value::as_array).into_iter().flatten() {
-        let r = &c["resources"]["requests"];
-        sum.0 += r["cpu"].as_str().and_then(quantity::parse_milli).unwrap_or(0);
-        sum.1 += r["memory"].as_str().and_then(quantity::parse_units).unwrap_or(0);
-    }
-    sum
-}
-
-fn percent(used: i128, of: i128) -> String {
-    if of <= 0 { "—".to_owned() } else { format!("{}%", used * 100 / of) }
-}
-
-/// `/ui/nodes`: each node's capacity, what its Pods request of it, and its Pods.
-async fn nodes(State(state): State<PageState>, Query(q): Query<PageQuery>) -> Response {
-    let store = state.store.as_ref();
-    let (nodes, revision) = match list_all(store, "Node", None).await {
-        Ok(found) => found,
-        Err(e) => return failure(e),
-    };
-    let pods = match store.list("Pod", &ListOptions { limit: None, ..Default::default() }).await {
-        Ok(list) => list.items,
-        Err(e) => return failure(e),
-    };
-    let mut by_node: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
-    for pod in &pods {
-        by_node.entry(str_at(pod, "/spec/nodeName")).or_default().push(pod);
-    }
-    let mut body = String::new();
-    body.push_str(
-        "<table><caption>Nodes</caption><thead><tr><th scope=\"col\">Node</th><th scope=\"col\">Ready</th>\
-         <th scope=\"col\">CPU requested</th><th scope=\"col\">Memory requested</th><th scope=\"col\">Pods</th></tr></thead><tbody>",
-    );
-    for node in &nodes {
-        let name = str_at(node, "/metadata/name");
-        let ready = node
-            .pointer("/status/conditions")
-            .and_then(Value::as_array)
-            .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-            .and_then(|c| c["status"].as_str())
-            .unwrap_or("Unknown");
-        let mine = by_node.get(name).map_or(&[][..], Vec::as_slice);
-        let (cpu, memory) = mine.iter().map(|p| requests(p)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-        let cpu_of = quantity::parse_milli(str_at(node, "/status/allocatable/cpu")).unwrap_or(0);
-        let memory_of = quantity::parse_units(str_at(node, "/status/allocatable/memory")).unwrap_or(0);
-        let _ = write!(
-            body,
-            "<tr><th scope=\"row\">{}</th><td data-label=\"Ready\">{}</td>\
-             <td data-label=\"CPU\">{}m of {}m ({})</td><td data-label=\"Memory\">{} MiB of {} MiB ({})</td>\
-             <td data-label=\"Pods\">{} of {}</td></tr>",
-            esc(name),
-            badge(if ready == "True" { "Ready" } else { "NotReady" }),
-            cpu,
-            cpu_of,
-            percent(cpu, cpu_of),
-            memory >> 20,
-            memory_of >> 20,
-            percent(memory, memory_of),
-            mine.len(),
-            esc(str_at(node, "/status/capacity/pods")),
-        );
-    }
-    body.push_str("</tbody></table>");
-    for (node, pods) in &by_node {
-        let title = if node.is_empty() { "Not scheduled" } else { node };
-        let _ = write!(body, "<section><h2>Pods on {}</h2><ul class=\"pods\">", esc(title));
-        for pod in pods.iter().take(PODS_PER_NODE) {
-            let phase = str_at(pod, "/status/phase");
-            let (ns, name) = (str_at(pod, "/metadata/namespace"), str_at(pod, "/metadata/name"));
-            let _ = write!(
-                body,
-                "<li><a href=\"{}\">{}/{}</a> {}</li>",
-                esc(&pod_href(ns, name)),
-                esc(ns),
-                esc(name),
-                badge(if phase.is_empty() { "Pending" } else { phase })
-            );
-        }
-        body.push_str("</ul>");
-        if pods.len() > PODS_PER_NODE {
-            let _ = write!(body, "<p class=\"muted\">and {} more</p>", pods.len() - PODS_PER_NODE);
-        }
-        body.push_str("</section>");
-    }
-    let watches = vec!["/ui/api/v1/nodes?watch=1".to_owned(), "/ui/api/v1/pods?watch=1".to_owned()];
-    render(View { title: "Nodes".into(), body, revision, watches, after: String::new() }, q.fragment.is_some())
 }
 
 /// `/ui/pods/{namespace}/{name}`: a Pod's state and its logs, followed live.

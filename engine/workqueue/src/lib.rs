@@ -81,6 +81,11 @@ pub struct WorkQueue<K, R> {
     /// The same entries by (due time, arrival).
     order: BTreeMap<(Instant, u64), K>,
     seq: u64,
+    /// When the queue was made: no entry is due earlier, so [`WorkQueue::add_first`] queues
+    /// there, numbered by `first_seq`, which stays below every `seq` (entries due at `origin` too
+    /// still come after).
+    origin: Instant,
+    first_seq: u64,
     backoff: Backoff,
     failures: HashMap<K, Failures>,
     /// `workqueue_depth` and `workqueue_adds_total` of this queue's name, once named.
@@ -113,7 +118,9 @@ impl<K: Clone + Eq + Hash, R: Reason> WorkQueue<K, R> {
         WorkQueue {
             entries: HashMap::new(),
             order: BTreeMap::new(),
-            seq: 0,
+            seq: 1 << 63,
+            origin: Instant::now(),
+            first_seq: 0,
             backoff,
             failures: HashMap::new(),
             metrics: None,
@@ -164,6 +171,26 @@ impl<K: Clone + Eq + Hash, R: Reason> WorkQueue<K, R> {
             }
         };
         self.entries.insert(key, entry);
+        self.depth_changed();
+    }
+
+    /// Queues `key` ahead of every entry that is not queued first too (those keep their arrival
+    /// order): for work someone waits for, such as the Application a push changed, when a
+    /// burst of routine work is queued.
+    pub fn add_first(&mut self, key: K, reason: R) {
+        self.first_seq += 1;
+        if let Some(m) = &self.metrics {
+            m.adds.inc();
+        }
+        let reason = match self.entries.remove(&key) {
+            Some(old) => {
+                self.order.remove(&(old.due, old.seq));
+                R::merge(reason, old.reason)
+            }
+            None => reason,
+        };
+        self.order.insert((self.origin, self.first_seq), key.clone());
+        self.entries.insert(key, Entry { due: self.origin, seq: self.first_seq, reason });
         self.depth_changed();
     }
 
@@ -353,6 +380,22 @@ mod tests {
         q.add("b", Strength::Weak);
         q.add("b", Strength::Strong);
         assert_eq!(drain(&mut q), [("a", Strength::Strong), ("b", Strength::Strong)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn add_first_jumps_the_queue_in_arrival_order() {
+        let mut q = queue::<Why>();
+        q.add("a", Why::Change);
+        q.add("b", Why::Change);
+        q.add_after("later", Why::Change, Duration::from_secs(60));
+        q.add_first("b", Why::Resync);
+        q.add_first("c", Why::Change);
+        q.add_first("later", Why::Change);
+        assert_eq!(q.len(), 4);
+        assert_eq!(
+            drain(&mut q),
+            vec![("b", Why::Resync), ("c", Why::Change), ("later", Why::Change), ("a", Why::Change)]
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -13,6 +13,7 @@
 pub mod allocate;
 pub mod apply;
 pub(crate) mod health;
+mod push;
 pub mod verdict;
 
 use crate::{
@@ -132,6 +133,15 @@ struct SyncOutcome {
     retry: bool,
     /// `Synced` (a commit applied), `Unchanged`, `Waiting` (for dependencies) or `Failed`.
     result: &'static str,
+}
+
+/// `first` and every path already waiting in the channel.
+fn drain(pushed: &mut mpsc::UnboundedReceiver<PathBuf>, first: Option<PathBuf>) -> HashSet<PathBuf> {
+    let mut paths: HashSet<PathBuf> = first.into_iter().collect();
+    while let Ok(p) = pushed.try_recv() {
+        paths.insert(p);
+    }
+    paths
 }
 
 /// `namespace/name` of an Application: the value of the inventory annotation.
@@ -330,6 +340,12 @@ impl SourceController {
                         queue.add_with_backoff(key, reason);
                     }
                 }
+                // A push during a burst of syncs (a resync, another push) is queued now, so
+                // what it changed goes next rather than after the burst.
+                let paths = drain(&mut pushed, None);
+                if !paths.is_empty() {
+                    self.queue_pushed(paths, &registry, &cache, &mut queue, &mut moved).await;
+                }
             }
             tokio::select! {
                 n = notifications.recv() => match n {
@@ -347,14 +363,8 @@ impl SourceController {
                     Err(RecvError::Closed) => return,
                 },
                 Some(path) = pushed.recv() => {
-                    let mut paths = HashSet::from([path]);
-                    while let Ok(p) = pushed.try_recv() {
-                        paths.insert(p);
-                    }
-                    for key in paths.iter().flat_map(|p| registry.by_path(p)) {
-                        moved.entry(key.clone()).or_insert_with(Instant::now);
-                        queue.add(key.clone(), Reason::Commit);
-                    }
+                    let paths = drain(&mut pushed, Some(path));
+                    self.queue_pushed(paths, &registry, &cache, &mut queue, &mut moved).await;
                 }
                 Ok(url) = fetched.recv() => {
                     for key in registry.by_repo.get(&url).into_iter().flatten() {
@@ -375,6 +385,36 @@ impl SourceController {
                     }
                 }
                 () = queue.due() => {}
+            }
+        }
+    }
+
+    /// Queues every Application of the pushed repositories: first those whose directory the
+    /// push changed ([`push::changed`]), then the rest, which only record the new revision.
+    async fn queue_pushed(
+        &self,
+        paths: HashSet<PathBuf>,
+        registry: &Registry,
+        cache: &Cache,
+        queue: &mut Queue,
+        moved: &mut HashMap<ObjectKey, Instant>,
+    ) {
+        for path in paths {
+            let keys: Vec<ObjectKey> = registry.by_path(&path).cloned().collect();
+            let apps: Vec<push::Following> = keys
+                .iter()
+                .filter_map(|k| {
+                    Some(push::Following::of(k.clone(), &cache.get_typed::<Application>(&k.namespace, &k.name)?))
+                })
+                .collect();
+            let changed = tokio::task::spawn_blocking(move || push::changed(&path, &apps)).await.unwrap_or_default();
+            for key in keys {
+                moved.entry(key.clone()).or_insert_with(Instant::now);
+                if changed.contains(&key) {
+                    queue.add_first(key, Reason::Commit);
+                } else {
+                    queue.add(key, Reason::Commit);
+                }
             }
         }
     }

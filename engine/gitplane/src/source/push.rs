@@ -1,0 +1,164 @@
+//! Which Applications a push changed: those whose directory (or a values file outside it)
+//! holds a different tree at the branch head than at the commit they last synced, or that
+//! follow the branch from a commit this repository does not have. A push queues every
+//! Application of the repository; these go first (Argo CD's manifest-generate-paths idea used
+//! for order only), so the one Application a person just changed does not wait behind a
+//! thousand no-change syncs of the same repository. The others still sync: a no-change sync
+//! records the new revision, its history and Event, so nothing is skipped, only ordered.
+
+use gitplane_api::Application;
+use gitplane_store::ObjectKey;
+use std::{
+    collections::{HashMap, HashSet},
+    path::{Component, Path, PathBuf},
+};
+
+/// What of an Application says whether a push changed it.
+pub(super) struct Following {
+    pub key: ObjectKey,
+    branch: String,
+    /// The directories and files its load reads, relative to the repository's root; `None`
+    /// for one that may lie outside the repository (it counts as changed).
+    inputs: Vec<Option<PathBuf>>,
+    /// The commit its last sync judged (applied or rejected); `None` before any.
+    judged: Option<String>,
+}
+
+/// `base/relative`, normalised; `None` when it climbs above the root.
+fn join(base: &Path, relative: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for part in base.join(relative).components() {
+        match part {
+            Component::Normal(p) => out.push(p),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+impl Following {
+    pub fn of(key: ObjectKey, app: &Application) -> Following {
+        let dir = join(Path::new(""), &app.spec.path);
+        let mut inputs = vec![dir.clone()];
+        if let Some(dir) = &dir {
+            inputs.extend(app.spec.values_files.iter().map(|f| join(dir, f)));
+        }
+        let sync = app.status.as_ref().and_then(|s| s.sync.as_ref());
+        let judged = sync.and_then(|s| s.attempted_revision.clone().or_else(|| s.revision.clone()));
+        Following { key, branch: app.spec.branch.clone(), inputs, judged }
+    }
+}
+
+/// The Applications of the repository at `repo` whose inputs differ between the commit they
+/// last judged and their branch head. Anything unreadable counts as changed.
+pub(super) fn changed(repo: &Path, apps: &[Following]) -> HashSet<ObjectKey> {
+    let Ok(git) = git2::Repository::open_bare(repo) else {
+        return apps.iter().map(|a| a.key.clone()).collect();
+    };
+    let mut heads: HashMap<&str, Option<git2::Tree<'_>>> = HashMap::new();
+    let mut changed = HashSet::new();
+    for app in apps {
+        let head = heads.entry(&app.branch).or_insert_with(|| {
+            git.find_reference(&format!("refs/heads/{}", app.branch)).and_then(|r| r.peel_to_tree()).ok()
+        });
+        let before = app
+            .judged
+            .as_deref()
+            .and_then(|id| git2::Oid::from_str(id).ok())
+            .and_then(|oid| git.find_commit(oid).ok())
+            .and_then(|c| c.tree().ok());
+        let same = match (head.as_ref(), before.as_ref()) {
+            (Some(head), Some(before)) => app.inputs.iter().all(|input| match input {
+                Some(path) => entry(head, path) == entry(before, path),
+                None => false,
+            }),
+            _ => false,
+        };
+        if !same {
+            changed.insert(app.key.clone());
+        }
+    }
+    changed
+}
+
+/// The object at `path` in `tree` (the tree itself for the root).
+fn entry(tree: &git2::Tree<'_>, path: &Path) -> Option<git2::Oid> {
+    if path.as_os_str().is_empty() {
+        return Some(tree.id());
+    }
+    tree.get_path(path).ok().map(|e| e.id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn commit(git: &git2::Repository, files: &[(&str, &str)], parent: Option<git2::Oid>) -> git2::Oid {
+        let mut index = git2::Index::new().unwrap();
+        for (path, text) in files {
+            let blob = git.blob(text.as_bytes()).unwrap();
+            let entry = git2::IndexEntry {
+                ctime: git2::IndexTime::new(0, 0),
+                mtime: git2::IndexTime::new(0, 0),
+                dev: 0,
+                ino: 0,
+                mode: 0o100644,
+                uid: 0,
+                gid: 0,
+                file_size: text.len() as u32,
+                id: blob,
+                flags: path.len() as u16,
+                flags_extended: 0,
+                path: path.as_bytes().to_vec(),
+            };
+            index.add(&entry).unwrap();
+        }
+        let tree = git.find_tree(index.write_tree_to(git).unwrap()).unwrap();
+        let sig = git2::Signature::now("t", "t@localhost").unwrap();
+        let parents: Vec<git2::Commit<'_>> = parent.map(|p| git.find_commit(p).unwrap()).into_iter().collect();
+        let parents: Vec<&git2::Commit<'_>> = parents.iter().collect();
+        git.commit(Some("refs/heads/main"), &sig, &sig, "c", &tree, &parents).unwrap()
+    }
+
+    fn app(name: &str, path: &str, values: &[&str], judged: Option<git2::Oid>) -> Following {
+        let app: Application = serde_json::from_value(json!({
+            "apiVersion": "gitplane.io/v1", "kind": "Application",
+            "metadata": {"name": name, "namespace": "gitplane-system"},
+            "spec": {"repo": "r", "branch": "main", "path": path, "valuesFiles": values},
+            "status": {"sync": {"status": "Synced", "revision": judged.map(|j| j.to_string())}},
+        }))
+        .unwrap();
+        Following::of(ObjectKey::of::<Application>("gitplane-system", name), &app)
+    }
+
+    #[test]
+    fn only_applications_whose_inputs_moved_are_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = git2::Repository::init_bare(dir.path()).unwrap();
+        let files = [("a/x.yaml", "1"), ("b/x.yaml", "1"), ("shared/values.yaml", "v1")];
+        let first = commit(&git, &files, None);
+        let second = commit(&git, &[("a/x.yaml", "2"), ("b/x.yaml", "1"), ("shared/values.yaml", "v1")], Some(first));
+        let apps = [
+            app("a", "a", &[], Some(first)),
+            app("b", "./b/", &[], Some(first)),
+            app("b-values", "b", &["../shared/values.yaml"], Some(first)),
+            app("new", "b", &[], None),
+            app("escapes", "b", &["../../v.yaml"], Some(first)),
+            app("root", "", &[], Some(first)),
+            app("a-current", "a", &[], Some(second)),
+        ];
+        let mut found: Vec<String> = changed(dir.path(), &apps).into_iter().map(|k| k.name).collect();
+        found.sort();
+        assert_eq!(found, ["a", "escapes", "new", "root"]);
+        commit(&git, &[("a/x.yaml", "2"), ("b/x.yaml", "1"), ("shared/values.yaml", "v2")], Some(second));
+        let found: Vec<String> = changed(dir.path(), &apps[2..3]).into_iter().map(|k| k.name).collect();
+        assert_eq!(found, ["b-values"]);
+    }
+}
