@@ -330,6 +330,21 @@ async fn run(args: IngressArgs, agent: tokio::runtime::Handle) -> Result<()> {
     // Propagation with `routes` paths loaded and the load running on `/`.
     set_ingress(&mut view, args.routes, upstreams.len())?;
     swap(&routes, &view);
+    // The table build alone, with no load running: what a change costs the agent's CPU.
+    let mut builds: Vec<Duration> = (0..20)
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(gitplane_nodeagent::ingress::table(&view));
+            start.elapsed()
+        })
+        .collect();
+    builds.sort();
+    eprintln!(
+        "building the table of {} paths alone: p50 {} ms, max {} ms",
+        args.routes + 1,
+        ms(percentile(&builds, 0.5)),
+        ms(*builds.last().unwrap_or(&Duration::ZERO))
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let running = tokio::spawn(load(ingress_addr, "/", args.connections / 4 + 1, stop.clone()));
     let (mut times, mut rebuilds) = (Vec::with_capacity(args.changes), Vec::with_capacity(args.changes));

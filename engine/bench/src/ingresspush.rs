@@ -235,7 +235,7 @@ impl Prober {
                 let result = loop {
                     match get(addr, &host, &path) {
                         Ok(200..=299) => break Ok(Instant::now()),
-                        Ok(_) | Err(_) if Instant::now() >= deadline => {
+                        _ if Instant::now() >= deadline => {
                             break Err(anyhow::anyhow!("{host}{path}: no 2xx within {timeout:?}"));
                         }
                         _ => std::thread::sleep(PROBE_INTERVAL),
@@ -251,7 +251,8 @@ impl Prober {
     /// When `GET path` for `host` first answered 2xx.
     async fn wait(&self, host: &str, path: &str, timeout: Duration) -> Result<Instant> {
         let (answer, answered) = tokio::sync::oneshot::channel();
-        self.asks.as_ref().context("the prober stopped")?.send((host.into(), path.into(), timeout, answer))?;
+        let asks = self.asks.as_ref().context("the prober stopped")?;
+        asks.send((host.into(), path.into(), timeout, answer)).map_err(|_| anyhow::anyhow!("the prober stopped"))?;
         answered.await?
     }
 }
