@@ -102,6 +102,10 @@ async fn run(args: &IngressPushArgs, gitplane: &Path) -> Result<()> {
     git(tokio::process::Command::new("git").arg("clone").arg("--quiet").arg(up.repos_dir.join("demo.git")).arg(&work))
         .await?;
     std::fs::write(work.join("bench-root.yaml"), ingress("bench-root", &shop_rule(&path("/"))))?;
+    // The demo's httpd answers 404 for the paths: the host `loaded.shop.example`, in the same
+    // commit, answering says the commit's routes are in.
+    let loaded = format!("    - host: loaded.shop.example\n      http:\n        paths:\n{}", path("/"));
+    std::fs::write(work.join("bench-loaded.yaml"), ingress("bench-loaded", &loaded))?;
     for (file, first) in (0..args.routes).step_by(PATHS_PER_INGRESS).enumerate() {
         let paths: String =
             (first..(first + PATHS_PER_INGRESS).min(args.routes)).map(|n| path(&format!("/route-{n}"))).collect();
@@ -120,8 +124,7 @@ async fn run(args: &IngressPushArgs, gitplane: &Path) -> Result<()> {
     let addr = SocketAddr::from((ip, 80));
     let netns = Path::new("/run/netns").join(format!("{}-net", up.base));
     let prober = Prober::start(netns.clone(), addr)?;
-    let last_route = format!("/route-{}", args.routes.saturating_sub(1));
-    for (host, path) in [("shop.example", "/"), ("shop.example", last_route.as_str())] {
+    for (host, path) in [("shop.example", "/"), ("loaded.shop.example", "/")] {
         prober
             .wait(host, path, DEADLINE)
             .await
