@@ -219,17 +219,19 @@ fn enter(netns: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Host, path, timeout, and where to say when it answered.
+type Ask = (String, String, Duration, tokio::sync::oneshot::Sender<Result<Instant>>);
+
 /// A thread in the bridge's namespace that, asked for a host and path, sends `GET` until one
 /// answers 2xx and says when.
 struct Prober {
-    asks: Option<mpsc::Sender<(String, String, Duration, tokio::sync::oneshot::Sender<Result<Instant>>)>>,
+    asks: Option<mpsc::Sender<Ask>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Prober {
     fn start(netns: PathBuf, addr: SocketAddr) -> Result<Prober> {
-        let (asks, asked) =
-            mpsc::channel::<(String, String, Duration, tokio::sync::oneshot::Sender<Result<Instant>>)>();
+        let (asks, asked) = mpsc::channel::<Ask>();
         let (entered, entering) = mpsc::channel();
         let thread = std::thread::spawn(move || {
             let _ = entered.send(enter(&netns));
