@@ -54,7 +54,12 @@ pub struct IngressArgs {
 }
 
 pub fn main(args: IngressArgs) -> Result<()> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(args))
+    // The proxy runs on a runtime of its own, as in the agent's process (`#[tokio::main]`: a
+    // worker per core), not on the load generator's and the upstreams' threads; nginx likewise
+    // runs its own worker processes.
+    let agent = tokio::runtime::Builder::new_multi_thread().thread_name("agent").enable_all().build()?;
+    let bench = tokio::runtime::Builder::new_multi_thread().thread_name("bench").enable_all().build()?;
+    bench.block_on(run(args, agent.handle().clone()))
 }
 
 /// A keep-alive HTTP server answering every request with a short body, as a Pod would.
@@ -121,13 +126,13 @@ fn swap(routes: &Routes, view: &View) {
 
 /// What one load generator run saw.
 #[derive(Default)]
-struct Counts {
-    latencies: Vec<Duration>,
-    errors: u64,
+pub(crate) struct Counts {
+    pub(crate) latencies: Vec<Duration>,
+    pub(crate) errors: u64,
 }
 
 /// `connections` keep-alive connections sending `GET path` to `addr` until `stop`.
-async fn load(addr: SocketAddr, path: &'static str, connections: usize, stop: Arc<AtomicBool>) -> Counts {
+pub(crate) async fn load(addr: SocketAddr, path: &'static str, connections: usize, stop: Arc<AtomicBool>) -> Counts {
     let tasks: Vec<_> = (0..connections)
         .map(|_| {
             let stop = stop.clone();
@@ -189,7 +194,7 @@ async fn connect(addr: SocketAddr) -> Result<hyper::client::conn::http1::SendReq
     Ok(sender)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -276,19 +281,26 @@ fn free_port() -> Result<SocketAddr> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
 
-async fn run(args: IngressArgs) -> Result<()> {
+async fn run(args: IngressArgs, agent: tokio::runtime::Handle) -> Result<()> {
     let upstreams = vec![upstream().await?, upstream().await?];
     let mut view = view(&upstreams, 0)?;
     let routes = Arc::new(Routes::default());
     swap(&routes, &view);
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
     let ingress_addr = listener.local_addr()?;
     let (_stop_proxy, stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(Proxy::new(routes.clone()).serve_http(listener, stopped));
+    let proxy = Proxy::new(routes.clone());
+    agent.spawn(async move {
+        match TcpListener::from_std(listener) {
+            Ok(listener) => proxy.serve_http(listener, stopped).await,
+            Err(error) => eprintln!("the proxy cannot listen: {error}"),
+        }
+    });
 
     eprintln!("throughput through the agent's proxy ({} connections, {} s)...", args.connections, args.seconds);
     let ours = throughput(ingress_addr, &args).await;
@@ -318,9 +330,24 @@ async fn run(args: IngressArgs) -> Result<()> {
     // Propagation with `routes` paths loaded and the load running on `/`.
     set_ingress(&mut view, args.routes, upstreams.len())?;
     swap(&routes, &view);
+    // The table build alone, with no load running: what a change costs the agent's CPU.
+    let mut builds: Vec<Duration> = (0..20)
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(gitplane_nodeagent::ingress::table(&view));
+            start.elapsed()
+        })
+        .collect();
+    builds.sort();
+    eprintln!(
+        "building the table of {} paths alone: p50 {} ms, max {} ms",
+        args.routes + 1,
+        ms(percentile(&builds, 0.5)),
+        ms(*builds.last().unwrap_or(&Duration::ZERO))
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let running = tokio::spawn(load(ingress_addr, "/", args.connections / 4 + 1, stop.clone()));
-    let mut times = Vec::with_capacity(args.changes);
+    let (mut times, mut rebuilds) = (Vec::with_capacity(args.changes), Vec::with_capacity(args.changes));
     let mut probe = connect(ingress_addr).await?;
     for change in 0..args.changes {
         let path = format!("/new-{change}");
@@ -337,6 +364,7 @@ async fn run(args: IngressArgs) -> Result<()> {
         let start = Instant::now();
         view.ingresses.insert(key, Arc::new(ingress));
         swap(&routes, &view);
+        rebuilds.push(start.elapsed());
         // The first request after the swap must take the new route (`/` would answer it too,
         // so the table is asked which route it took).
         loop {
@@ -360,16 +388,21 @@ async fn run(args: IngressArgs) -> Result<()> {
     stop.store(true, Ordering::Relaxed);
     let counts = running.await.unwrap_or_default();
     times.sort();
+    rebuilds.sort();
     println!();
-    println!("| Routes loaded | Changes | Propagation p50 ms | p99 ms | max ms | Requests during | Errors during |");
-    println!("|---|---|---|---|---|---|---|");
     println!(
-        "| {} | {} | {} | {} | {} | {} | {} |",
+        "| Routes loaded | Changes | Propagation p50 ms | p99 ms | max ms | of which table rebuild p50 ms | p99 ms | Requests during | Errors during |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    println!(
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
         args.routes + 1,
         args.changes,
         ms(percentile(&times, 0.5)),
         ms(percentile(&times, 0.99)),
         ms(*times.last().unwrap_or(&Duration::ZERO)),
+        ms(percentile(&rebuilds, 0.5)),
+        ms(percentile(&rebuilds, 0.99)),
         counts.latencies.len(),
         counts.errors
     );

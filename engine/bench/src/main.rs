@@ -16,6 +16,7 @@ mod etcd;
 mod failover;
 mod idle;
 mod ingress;
+mod ingresspush;
 mod load;
 mod page;
 mod podstart;
@@ -66,6 +67,10 @@ enum Command {
     /// (requests/s, p50, p99 at 64 connections), and route propagation with 5,000 paths loaded
     /// while a load generator counts errors. Prints Markdown tables.
     Ingress(ingress::IngressArgs),
+    /// Ingress route propagation on `gitplane up --nodes N`: from `git push` of an Ingress
+    /// change to the new route answering, p50 / p99, with 5,000 paths loaded and a load
+    /// generator counting errors throughout. Prints one Markdown table.
+    IngressPush(ingresspush::IngressPushArgs),
     /// What encrypting Secrets at rest costs a write: Secret write p50 / p99 on the same SQLite
     /// store with and without keys, and one seal and open alone. Prints one Markdown table.
     Encryption(encryption::EncryptionArgs),
@@ -186,6 +191,7 @@ fn main() -> Result<()> {
         Command::ApiWatch(args) => apiwatch::main(args),
         Command::Encryption(args) => encryption::main(args),
         Command::Ingress(args) => ingress::main(args),
+        Command::IngressPush(args) => ingresspush::main(args),
     }
 }
 

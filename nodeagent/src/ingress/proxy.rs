@@ -15,6 +15,7 @@ use hyper::{
     client::conn::http1::SendRequest,
     header::{self, HeaderMap, HeaderName, HeaderValue},
     service::service_fn,
+    upgrade::OnUpgrade,
 };
 use hyper_util::rt::TokioIo;
 use std::{
@@ -40,8 +41,10 @@ pub const MAX_BODY: usize = 1 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many endpoints a request is tried on (ingress-nginx's `proxy-next-upstream-tries`: 3).
 const TRIES: usize = 3;
-/// Idle connections kept per endpoint.
-const IDLE_PER_ENDPOINT: usize = 32;
+/// Idle connections kept per endpoint: enough for every request in flight to give its
+/// connection back (a smaller pool closes and reopens connections under load; ingress-nginx
+/// keeps 320 per worker).
+const IDLE_PER_ENDPOINT: usize = 320;
 
 type Sender = SendRequest<Full<Bytes>>;
 pub type ProxyBody = Either<PooledBody, Full<Bytes>>;
@@ -192,6 +195,7 @@ impl Proxy {
             .keep_alive(true)
             .header_read_timeout(Duration::from_secs(30))
             .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades()
             .await;
         if let Err(error) = served {
             tracing::debug!(%peer, %error, "Ingress connection ended with an error");
@@ -199,18 +203,33 @@ impl Proxy {
     }
 
     /// Routes and proxies one request.
-    pub async fn handle(&self, request: Request<Incoming>, peer: SocketAddr, scheme: &str) -> Response<ProxyBody> {
-        let host = request
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| request.uri().host())
-            .unwrap_or("")
-            .to_owned();
-        let bare_host = strip_port(&host).to_ascii_lowercase();
+    pub async fn handle(
+        &self,
+        mut request: Request<Incoming>,
+        peer: SocketAddr,
+        scheme: &'static str,
+    ) -> Response<ProxyBody> {
+        // An HTTP/1.1 Upgrade (WebSocket): the handshake goes to an endpoint on a connection of
+        // its own and, once the endpoint switched protocols, the two connections are joined.
+        let mut upgrade = upgrade_protocol(request.headers()).map(|p| (p, hyper::upgrade::on(&mut request)));
+        let (mut parts, body) = request.into_parts();
+        // The Host header, else the authority of an absolute-form target (RFC 9112 section 3.2.2).
+        let host = match parts.headers.get(header::HOST) {
+            Some(value) => value.clone(),
+            None => match parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
+                Some(value) => value,
+                None => HeaderValue::from_static(""),
+            },
+        };
         let backend = {
+            let name = strip_port(host.to_str().unwrap_or(""));
             let snapshot = self.routes.load();
-            match snapshot.table.route(&bare_host, request.uri().path()) {
+            let route = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                snapshot.table.route(&name.to_ascii_lowercase(), parts.uri.path())
+            } else {
+                snapshot.table.route(name, parts.uri.path())
+            };
+            match route {
                 Some(route) => route.backend.clone(),
                 None => return error(StatusCode::NOT_FOUND, "no Ingress rule matches this host and path"),
             }
@@ -218,34 +237,51 @@ impl Proxy {
         if backend.endpoints.is_empty() {
             return error(StatusCode::SERVICE_UNAVAILABLE, &format!("{} has no ready endpoints", backend.name));
         }
-        let (parts, body) = request.into_parts();
-        let body = match Limited::new(body, MAX_BODY).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-                return error(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than 1 MiB");
+        // Most requests have no body: nothing to read or to keep for a retry.
+        let body = if body.is_end_stream() {
+            Bytes::new()
+        } else {
+            match Limited::new(body, MAX_BODY).collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+                    return error(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than 1 MiB");
+                }
+                Err(_) => return error(StatusCode::BAD_REQUEST, "the request body could not be read"),
             }
-            Err(_) => return error(StatusCode::BAD_REQUEST, "the request body could not be read"),
         };
-        let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_owned();
-        let headers = upstream_headers(&parts.headers, peer, scheme, &host);
-        let build = || {
-            let mut upstream = Request::builder().method(parts.method.clone()).uri(path.as_str());
-            if let Some(h) = upstream.headers_mut() {
-                h.clone_from(&headers);
+        // Upstreams get the origin form (`/path?query`), whatever form the client sent.
+        if parts.uri.authority().is_some() {
+            let origin = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+            match origin.parse() {
+                Ok(uri) => parts.uri = uri,
+                Err(_) => return error(StatusCode::BAD_REQUEST, "the request target cannot be forwarded"),
             }
-            upstream.body(Full::new(body.clone()))
-        };
+        }
+        forward_headers(&mut parts.headers, peer, scheme, host);
+        if let Some((protocol, _)) = &upgrade {
+            parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, protocol.clone());
+        }
         let endpoints = &backend.endpoints;
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let idempotent = parts.method.is_idempotent();
+        let tries = endpoints.len().min(TRIES);
         let mut last_error = String::new();
-        for attempt in 0..endpoints.len().min(TRIES) {
+        for attempt in 0..tries {
             let endpoint = endpoints[(start + attempt) % endpoints.len()];
-            let Ok(upstream) = build() else {
-                return error(StatusCode::BAD_REQUEST, "the request cannot be forwarded");
-            };
-            match self.send(endpoint, upstream, idempotent).await {
-                Ok(response) => return response,
+            // The last try takes the request; earlier ones send a copy, kept for the next.
+            let mut upstream = Request::new(Full::new(body.clone()));
+            *upstream.method_mut() = parts.method.clone();
+            *upstream.uri_mut() = parts.uri.clone();
+            *upstream.headers_mut() =
+                if attempt + 1 == tries { std::mem::take(&mut parts.headers) } else { parts.headers.clone() };
+            match self.send(endpoint, upstream, idempotent, upgrade.is_some()).await {
+                Ok((response, sender)) => {
+                    return match upgrade.take() {
+                        Some((_, client)) => switch(endpoint, response, client),
+                        None => self.pooled(endpoint, sender, response),
+                    };
+                }
                 Err(why) => {
                     tracing::debug!(%endpoint, backend = %backend.name, %why, "endpoint failed; trying the next");
                     last_error = why;
@@ -256,24 +292,25 @@ impl Proxy {
         error(StatusCode::BAD_GATEWAY, &format!("no endpoint of {} answered", backend.name))
     }
 
-    /// Sends a request to one endpoint: on an idle pooled connection, else a new one. `Err`: the
-    /// request was not answered and may be sent elsewhere.
+    /// Sends a request to one endpoint: on an idle pooled connection, else (and always for an
+    /// upgrade) a new one. `Err`: the request was not answered and may be sent elsewhere.
     async fn send(
         &self,
         endpoint: SocketAddr,
         request: Request<Full<Bytes>>,
         idempotent: bool,
-    ) -> Result<Response<ProxyBody>, String> {
+        upgrade: bool,
+    ) -> Result<(Response<Incoming>, Sender), String> {
         let mut request = request;
         // A pooled connection the endpoint closed meanwhile fails before the request leaves; it
         // is sent again on a new connection. One that fails after may have been acted on: only
         // idempotent requests are sent again (as nginx does).
-        while let Some(mut sender) = self.pool.take(endpoint) {
+        while let Some(mut sender) = if upgrade { None } else { self.pool.take(endpoint) } {
             if sender.ready().await.is_err() {
                 continue;
             }
             match sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.pooled(endpoint, sender, response)),
+                Ok(response) => return Ok((response, sender)),
                 Err(mut failed) => match failed.take_message() {
                     Some(unsent) => request = unsent,
                     None if idempotent => return Err(format!("{}", failed.error())),
@@ -290,12 +327,12 @@ impl Proxy {
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(|e| e.to_string())?;
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            if let Err(error) = connection.with_upgrades().await {
                 tracing::debug!(%endpoint, %error, "upstream connection ended with an error");
             }
         });
         match sender.try_send_request(request).await {
-            Ok(response) => Ok(self.pooled(endpoint, sender, response)),
+            Ok(response) => Ok((response, sender)),
             Err(failed) => Err(failed.error().to_string()),
         }
     }
@@ -309,6 +346,47 @@ impl Proxy {
         }
         Response::from_parts(parts, Either::Left(body))
     }
+}
+
+/// The protocol a request asks to switch to (`Connection: upgrade` and `Upgrade: <protocol>`).
+fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
+    let asks = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| headers.get(header::UPGRADE).cloned()).flatten()
+}
+
+/// The endpoint's answer to an upgrade: when it switched protocols (101), the client gets the
+/// 101 and, once both connections are handed over, bytes are copied both ways until either side
+/// closes; any other answer is passed on as usual (its connection is not pooled).
+fn switch(endpoint: SocketAddr, mut response: Response<Incoming>, client: OnUpgrade) -> Response<ProxyBody> {
+    let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    let protocol = response.headers().get(header::UPGRADE).cloned();
+    if switched {
+        let upstream = hyper::upgrade::on(&mut response);
+        tokio::spawn(async move {
+            match tokio::try_join!(client, upstream) {
+                Ok((client, upstream)) => {
+                    let copied =
+                        tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream)).await;
+                    if let Err(error) = copied {
+                        tracing::debug!(%endpoint, %error, "upgraded connection ended with an error");
+                    }
+                }
+                Err(error) => tracing::debug!(%endpoint, %error, "an upgrade was not completed"),
+            }
+        });
+    }
+    let (mut parts, inner) = response.into_parts();
+    remove_hop_by_hop(&mut parts.headers);
+    if let (true, Some(protocol)) = (switched, protocol) {
+        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts.headers.insert(header::UPGRADE, protocol);
+    }
+    Response::from_parts(parts, Either::Left(PooledBody { inner, giving_back: None }))
 }
 
 fn strip_port(host: &str) -> &str {
@@ -350,24 +428,18 @@ fn remove_hop_by_hop(headers: &mut HeaderMap) {
 /// The request's headers as the upstream gets them: hop-by-hop ones removed, and the client's
 /// address, scheme and host in X-Forwarded-For (appended), X-Forwarded-Proto, X-Forwarded-Host
 /// and X-Real-IP, as ingress-nginx sets them.
-fn upstream_headers(headers: &HeaderMap, peer: SocketAddr, scheme: &str, host: &str) -> HeaderMap {
-    let mut out = headers.clone();
-    remove_hop_by_hop(&mut out);
+fn forward_headers(headers: &mut HeaderMap, peer: SocketAddr, scheme: &'static str, host: HeaderValue) {
+    remove_hop_by_hop(headers);
     let client = peer.ip().to_string();
     let forwarded_for = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(earlier) if !earlier.is_empty() => format!("{earlier}, {client}"),
-        _ => client.clone(),
+        Some(earlier) if !earlier.is_empty() => HeaderValue::from_str(&format!("{earlier}, {client}")).ok(),
+        _ => None,
     };
-    let set = |out: &mut HeaderMap, name: &'static str, value: &str| {
-        if let Ok(value) = HeaderValue::from_str(value) {
-            out.insert(name, value);
-        }
-    };
-    set(&mut out, "x-forwarded-for", &forwarded_for);
-    set(&mut out, "x-forwarded-proto", scheme);
-    set(&mut out, "x-forwarded-host", host);
-    set(&mut out, "x-real-ip", &client);
-    out
+    let client = HeaderValue::from_str(&client).unwrap_or(HeaderValue::from_static(""));
+    headers.insert("x-forwarded-for", forwarded_for.unwrap_or_else(|| client.clone()));
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
+    headers.insert("x-forwarded-host", host);
+    headers.insert("x-real-ip", client);
 }
 
 fn error(status: StatusCode, message: &str) -> Response<ProxyBody> {
@@ -383,12 +455,13 @@ mod tests {
 
     #[test]
     fn forwarded_headers_are_set_and_hop_by_hop_ones_dropped() {
-        let mut headers = HeaderMap::new();
-        headers.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.1"));
-        headers.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
-        headers.insert("x-secret", HeaderValue::from_static("s"));
-        headers.insert("accept", HeaderValue::from_static("*/*"));
-        let out = upstream_headers(&headers, "172.29.0.9:50000".parse().unwrap(), "https", "shop.example");
+        let mut out = HeaderMap::new();
+        out.insert("x-forwarded-for", HeaderValue::from_static("192.0.2.1"));
+        out.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        out.insert("x-secret", HeaderValue::from_static("s"));
+        out.insert("accept", HeaderValue::from_static("*/*"));
+        let host = HeaderValue::from_static("shop.example");
+        forward_headers(&mut out, "172.29.0.9:50000".parse().unwrap(), "https", host);
         assert_eq!(out["x-forwarded-for"], "192.0.2.1, 172.29.0.9");
         assert_eq!(out["x-forwarded-proto"], "https");
         assert_eq!(out["x-forwarded-host"], "shop.example");
