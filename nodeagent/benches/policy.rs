@@ -12,7 +12,7 @@
 //!
 //! Rows: the pure core (everything fed in, every local Pod's rules computed), the full sync
 //! (core, elements and text, then `nft -f` in the kernel), and a Pod start: one Pod fed into
-//! the Policier and its elements programmed (`Policier::sync`, an element update), for a Pod
+//! the Policier and its elements programmed (`Policier::sync`, a netlink element update), for a Pod
 //! of this node that policies select and for a Pod of another node that is their peer.
 
 #[path = "../tests/proxy/netns.rs"]
@@ -151,8 +151,9 @@ fn main() {
             pod.name = format!("new-{}-{c}", if local { "local" } else { "remote" });
             let start = Instant::now();
             policier.policies.set_pod(pod.key(), Some(pod));
-            in_netns(&topo.node, || policier.sync()).expect("element update");
+            let report = in_netns(&topo.node, || policier.sync()).expect("element update");
             times.push(start.elapsed());
+            assert!(!report.full, "the netlink element update failed and fell back to a full sync");
         }
         times.sort();
         rows.push((

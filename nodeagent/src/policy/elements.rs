@@ -1,11 +1,15 @@
 //! A Pod's allows as elements of an nftables interval set keyed `peer . protocol . port`. The
 //! kernel refuses overlapping elements in such a set, so the union of the allows is cut into
-//! disjoint boxes: per protocol with ports (TCP, UDP, SCTP), the port axis is split where any
-//! allow begins or ends and each piece gets the merged peer ranges covering it (neighbouring
-//! pieces with the same ranges joined again); `Ports::All` adds every other protocol whole.
+//! disjoint boxes along the address axis: it is split where any allow begins or ends, each
+//! piece gets the merged port ranges of the allows covering it (per protocol; `Ports::All`: every
+//! protocol and port), and neighbouring pieces that allow the same are joined again.
+//!
+//! Cut this way, an allow that comes or goes changes only the pieces around its addresses:
+//! [`update`] recomputes those alone, which is how a peer Pod's start reaches the kernel as a few
+//! element changes whatever the number of allows.
 
 use super::desired::{Allow, Ports, SCTP, TCP, UDP};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// One set element (bounds inclusive).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -15,73 +19,120 @@ pub struct Element {
     pub port: (u16, u16),
 }
 
-/// Address ranges (bounds inclusive).
-type Ranges = Vec<(u32, u32)>;
+/// What a piece of the address axis may reach: (protocols, ports) boxes, sorted.
+type Reach = Vec<((u8, u8), (u16, u16))>;
 
-/// The protocols other than TCP, UDP and SCTP, as ranges.
-const OTHER_PROTOCOLS: [(u8, u8); 4] = [(0, TCP - 1), (TCP + 1, UDP - 1), (UDP + 1, SCTP - 1), (SCTP + 1, u8::MAX)];
-
-/// Sorted, overlapping or adjacent ranges joined.
-fn merge(mut ranges: Ranges) -> Ranges {
-    ranges.sort_unstable();
-    let mut out: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
-    for (a, b) in ranges {
-        match out.last_mut() {
-            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
-            _ => out.push((a, b)),
+/// The reach of the allows counted in `active`.
+fn reach(active: &BTreeMap<Ports, u32>) -> Reach {
+    if active.contains_key(&Ports::All) {
+        return vec![((0, u8::MAX), (0, u16::MAX))];
+    }
+    let mut out: Reach = Vec::new();
+    for protocol in [TCP, UDP, SCTP] {
+        // `Ports` sort by protocol, then first port: the ranges of one protocol come in order.
+        let mut merged: Vec<(u16, u16)> = Vec::new();
+        for ports in active.keys() {
+            let Ports::Range { protocol: p, first, last } = *ports else { continue };
+            if p != protocol {
+                continue;
+            }
+            match merged.last_mut() {
+                Some(prev) if u32::from(first) <= u32::from(prev.1) + 1 => prev.1 = prev.1.max(last),
+                _ => merged.push((first, last)),
+            }
         }
+        out.extend(merged.into_iter().map(|r| ((protocol, protocol), r)));
     }
     out
 }
 
-/// The disjoint elements covering exactly what `allows` allow.
-pub fn elements(allows: &BTreeSet<Allow>) -> Vec<Element> {
-    let everything: Ranges =
-        merge(allows.iter().filter(|a| a.ports == Ports::All).map(|a| (a.first, a.last)).collect());
-    let mut out = Vec::new();
-    for protocol in [TCP, UDP, SCTP] {
-        // (peer range, first port, last port) boxes of this protocol.
-        let boxes: Vec<((u32, u32), u16, u16)> = allows
-            .iter()
-            .filter_map(|a| match a.ports {
-                Ports::Range { protocol: p, first, last } if p == protocol => Some(((a.first, a.last), first, last)),
-                _ => None,
-            })
-            .chain(everything.iter().map(|r| (*r, 0, u16::MAX)))
-            .collect();
-        if boxes.is_empty() {
+/// The disjoint elements covering exactly what `allows` allow between addresses `lo..=hi`.
+fn within(allows: &BTreeSet<Allow>, (lo, hi): (u32, u32)) -> Vec<Element> {
+    // (address, +1 begins / -1 ends, ports); an end is at the address after the last.
+    let mut events: Vec<(u64, i32, Ports)> = Vec::new();
+    for a in allows.iter().filter(|a| a.first <= hi && a.last >= lo) {
+        events.push((u64::from(a.first.max(lo)), 1, a.ports));
+        events.push((u64::from(a.last.min(hi)) + 1, -1, a.ports));
+    }
+    events.sort_unstable_by_key(|e| e.0);
+    let mut active: BTreeMap<Ports, u32> = BTreeMap::new();
+    let mut pieces: Vec<((u32, u32), Reach)> = Vec::new();
+    let mut i = 0;
+    while i < events.len() {
+        let at = events[i].0;
+        while i < events.len() && events[i].0 == at {
+            let (_, delta, ports) = events[i];
+            let count = active.entry(ports).or_default();
+            if delta > 0 {
+                *count += 1;
+            } else {
+                *count -= 1;
+                if *count == 0 {
+                    active.remove(&ports);
+                }
+            }
+            i += 1;
+        }
+        if active.is_empty() || i == events.len() {
             continue;
         }
-        let mut cuts: Vec<u32> =
-            boxes.iter().flat_map(|(_, first, last)| [u32::from(*first), u32::from(*last) + 1]).collect();
-        cuts.sort_unstable();
-        cuts.dedup();
-        // (first port, last port, peers) pieces, neighbours with equal peers joined.
-        let mut pieces: Vec<(u16, u16, Ranges)> = Vec::new();
-        for w in cuts.windows(2) {
-            let (first, last) = (w[0] as u16, (w[1] - 1) as u16);
-            let peers = merge(boxes.iter().filter(|(_, f, l)| *f <= first && last <= *l).map(|(r, _, _)| *r).collect());
-            if peers.is_empty() {
-                continue;
-            }
-            match pieces.last_mut() {
-                Some(prev) if prev.2 == peers && u32::from(prev.1) + 1 == u32::from(first) => prev.1 = last,
-                _ => pieces.push((first, last, peers)),
-            }
-        }
-        for (first, last, peers) in pieces {
-            out.extend(peers.into_iter().map(|peer| Element {
-                peer,
-                protocol: (protocol, protocol),
-                port: (first, last),
-            }));
+        let (first, last) = (at as u32, (events[i].0 - 1) as u32);
+        let r = reach(&active);
+        match pieces.last_mut() {
+            Some(prev) if prev.1 == r && u64::from(prev.0.1) + 1 == u64::from(first) => prev.0.1 = last,
+            _ => pieces.push(((first, last), r)),
         }
     }
-    for protocol in OTHER_PROTOCOLS {
-        out.extend(everything.iter().map(|&peer| Element { peer, protocol, port: (0, u16::MAX) }));
+    pieces
+        .into_iter()
+        .flat_map(|(peer, r)| r.into_iter().map(move |(protocol, port)| Element { peer, protocol, port }))
+        .collect()
+}
+
+/// The disjoint elements covering exactly what `allows` allow, sorted.
+pub fn elements(allows: &BTreeSet<Allow>) -> Vec<Element> {
+    within(allows, (0, u32::MAX))
+}
+
+/// The element changes (gone, came) that take `old`, the [`elements`] of some allows, to the
+/// elements of `allows`, when the allows changed only at the addresses of `changed`.
+pub fn update(old: &[Element], allows: &BTreeSet<Allow>, changed: &[(u32, u32)]) -> (Vec<Element>, Vec<Element>) {
+    // Each change's addresses and one more on each side (a piece there may now join it),
+    // widened to the old pieces they touch, so that no old element straddles a window's edge.
+    let mut windows: Vec<(u32, u32)> = changed
+        .iter()
+        .map(|&(first, last)| {
+            let (mut lo, mut hi) = (first.saturating_sub(1), last.saturating_add(1));
+            let i = old.partition_point(|e| e.peer.1 < lo);
+            if let Some(e) = old.get(i).filter(|e| e.peer.0 <= lo) {
+                lo = e.peer.0;
+            }
+            let j = old.partition_point(|e| e.peer.0 <= hi);
+            if let Some(e) = j.checked_sub(1).map(|j| &old[j]).filter(|e| e.peer.1 >= hi) {
+                hi = e.peer.1;
+            }
+            (lo, hi)
+        })
+        .collect();
+    windows.sort_unstable();
+    let mut merged: Vec<(u32, u32)> = Vec::with_capacity(windows.len());
+    for (lo, hi) in windows {
+        match merged.last_mut() {
+            // Overlapping or adjacent: pieces on both sides may join.
+            Some(prev) if u64::from(lo) <= u64::from(prev.1) + 1 => prev.1 = prev.1.max(hi),
+            _ => merged.push((lo, hi)),
+        }
     }
-    out.sort_unstable();
-    out
+    let mut gone = Vec::new();
+    let mut came = Vec::new();
+    for (lo, hi) in merged {
+        let before = &old[old.partition_point(|e| e.peer.1 < lo)..old.partition_point(|e| e.peer.0 <= hi)];
+        let after = within(allows, (lo, hi));
+        // Both sorted: keep what stays.
+        gone.extend(before.iter().filter(|e| after.binary_search(e).is_err()));
+        came.extend(after.iter().filter(|e| before.binary_search(e).is_err()));
+    }
+    (gone, came)
 }
 
 #[cfg(test)]
@@ -148,14 +199,75 @@ mod tests {
                 assert_eq!(allowed(&elements, peer, protocol, port), expected, "peer {peer} {protocol}/{port}");
             }
         }
-        // 10-30 on 80 joins into one range; 15-30 on 70-79 and 81-90.
-        assert!(elements.contains(&Element { peer: (10, 30), protocol: (TCP, TCP), port: (80, 80) }));
+        // 15-30 reaches 70-90 throughout (80 of 15-25 inside it): one element.
+        assert!(elements.contains(&Element { peer: (10, 14), protocol: (TCP, TCP), port: (80, 80) }));
+        assert!(elements.contains(&Element { peer: (15, 30), protocol: (TCP, TCP), port: (70, 90) }));
     }
 
     #[test]
-    fn allow_all_is_one_element_per_protocol_range() {
-        let elements = elements(&[allow(0, u32::MAX, Ports::All)].into());
-        assert_eq!(elements.len(), 7);
-        assert!(elements.iter().all(|e| e.peer == (0, u32::MAX) && e.port == (0, u16::MAX)));
+    fn allow_all_is_one_element() {
+        let elements = elements(&[allow(0, u32::MAX, Ports::All), allow(5, 9, tcp(80, 80))].into());
+        assert_eq!(elements, [Element { peer: (0, u32::MAX), protocol: (0, u8::MAX), port: (0, u16::MAX) }]);
+    }
+
+    /// A small xorshift: the randomized tests must be repeatable.
+    struct Random(u64);
+
+    impl Random {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % n
+        }
+
+        fn allow(&mut self) -> Allow {
+            let first = 100 + self.below(40) as u32;
+            // Mostly single addresses (peer Pods), some blocks.
+            let last = if self.below(4) == 0 { first + self.below(20) as u32 } else { first };
+            let ports = match self.below(8) {
+                0 => Ports::All,
+                1 => Ports::Range { protocol: UDP, first: 53, last: 53 },
+                n => {
+                    let first = [80, 81, 8000, 8080, 79, 8100][n as usize - 2];
+                    tcp(first, first + [0, 0, 100, 0, 1, 5][n as usize - 2])
+                }
+            };
+            Allow { first, last, ports }
+        }
+    }
+
+    /// Allows coming and going one by one and in groups: the changes from `update` applied to
+    /// the old elements give exactly the elements of the new allows.
+    #[test]
+    fn update_agrees_with_a_full_recomputation() {
+        let mut random = Random(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..300 {
+            let mut allows: BTreeSet<Allow> = (0..random.below(30)).map(|_| random.allow()).collect();
+            let mut old = elements(&allows);
+            for _ in 0..10 {
+                let mut changed = Vec::new();
+                for _ in 0..1 + random.below(3) {
+                    let a = if !allows.is_empty() && random.below(2) == 0 {
+                        let i = random.below(allows.len() as u64) as usize;
+                        let a = *allows.iter().nth(i).unwrap();
+                        allows.remove(&a);
+                        a
+                    } else {
+                        let a = random.allow();
+                        allows.insert(a);
+                        a
+                    };
+                    changed.push((a.first, a.last));
+                }
+                let (gone, came) = update(&old, &allows, &changed);
+                let mut next: Vec<Element> = old.iter().filter(|e| !gone.contains(e)).copied().collect();
+                assert_eq!(next.len() + gone.len(), old.len(), "only elements it had go");
+                next.extend(&came);
+                next.sort_unstable();
+                assert_eq!(next, elements(&allows), "changed {changed:?}");
+                old = next;
+            }
+        }
     }
 }

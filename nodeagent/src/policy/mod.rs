@@ -138,12 +138,22 @@ impl Policier {
                 "{BRIDGE_NF} is not 1: traffic between Pods of this node bypasses NetworkPolicy; set it to 1"
             );
         }
-        if !text.is_empty()
-            && let Err(e) = crate::proxy::run_nft(&text)
-        {
-            // The kernel kept its old state; ours ran ahead: repair with a full sync.
-            self.full_pending = true;
-            return Err(e);
+        if full {
+            if let Err(e) = crate::proxy::run_nft(&text) {
+                // The kernel kept its old state; ours ran ahead: repair with a full sync.
+                self.full_pending = true;
+                return Err(e);
+            }
+        } else {
+            // Element changes go over netlink: `nft -f` reads a large interval set back for its
+            // checks (0.2-0.45 s per change at 15,000 elements), the kernel does not.
+            let changes = nft::transaction(state.iter().map(|(ip, new)| (*ip, self.applied.get(ip), new.as_ref())));
+            if let Err(e) = changes.commit() {
+                // The transaction was all or nothing; rewrite the whole table with `nft -f`.
+                tracing::warn!("network policy element update failed ({e}); rewriting the whole table");
+                self.full_pending = true;
+                return self.sync();
+            }
         }
         let pods = if full { state.values().filter(|s| s.is_some()).count() } else { state.len() };
         self.commit(full, state);

@@ -17,6 +17,7 @@
 //! nothing on this node cost it nothing.
 
 use super::elements::Element;
+use crate::proxy::netlink::{Change, Transaction};
 use std::fmt::Write;
 use std::net::Ipv4Addr;
 
@@ -140,6 +141,54 @@ pub fn update<'a>(changes: impl Iterator<Item = (Ipv4Addr, Option<&'a PodSets>, 
         }
     }
     deletes + &adds
+}
+
+/// An element's key and key end as the kernel stores `pod . peer . protocol . port` (every
+/// field padded to 4 bytes, addresses and ports in network order).
+fn key(pod: Ipv4Addr, e: &Element) -> ([u8; 16], [u8; 16]) {
+    let field = |peer: u32, protocol: u8, port: u16| {
+        let mut k = [0u8; 16];
+        k[0..4].copy_from_slice(&pod.octets());
+        k[4..8].copy_from_slice(&peer.to_be_bytes());
+        k[8] = protocol;
+        k[12..14].copy_from_slice(&port.to_be_bytes());
+        k
+    };
+    (field(e.peer.0, e.protocol.0, e.port.0), field(e.peer.1, e.protocol.1, e.port.1))
+}
+
+/// The same changes as [`update`], as one netlink transaction (deletes first).
+pub(crate) fn transaction<'a>(
+    changes: impl Iterator<Item = (Ipv4Addr, Option<&'a PodSets>, Option<&'a PodSets>)>,
+) -> Transaction {
+    type Keys<K> = [(Vec<K>, Vec<K>); 2];
+    // Per direction: isolated (gone, came), allowed (gone, came).
+    let mut isolated: Keys<[u8; 4]> = Default::default();
+    let mut allowed: Keys<([u8; 16], [u8; 16])> = Default::default();
+    for (ip, old, new) in changes {
+        for i in 0..2 {
+            let before = old.and_then(|s| direction(s, i));
+            let after = new.and_then(|s| direction(s, i));
+            match (before.is_some(), after.is_some()) {
+                (true, false) => isolated[i].0.push(ip.octets()),
+                (false, true) => isolated[i].1.push(ip.octets()),
+                _ => {}
+            }
+            let (before, after) = (before.map_or(&[][..], Vec::as_slice), after.map_or(&[][..], Vec::as_slice));
+            allowed[i].0.extend(before.iter().filter(|e| after.binary_search(e).is_err()).map(|e| key(ip, e)));
+            allowed[i].1.extend(after.iter().filter(|e| before.binary_search(e).is_err()).map(|e| key(ip, e)));
+        }
+    }
+    let mut t = Transaction::new(TABLE);
+    for (change, came) in [(Change::Delete, false), (Change::Add, true)] {
+        for (i, (isolated_set, allowed_set)) in DIRECTIONS.iter().enumerate() {
+            let pods = if came { &isolated[i].1 } else { &isolated[i].0 };
+            t.elements(change, isolated_set, pods.iter().map(|k| (&k[..], None)));
+            let elements = if came { &allowed[i].1 } else { &allowed[i].0 };
+            t.elements(change, allowed_set, elements.iter().map(|(k, end)| (&k[..], Some(&end[..]))));
+        }
+    }
+    t
 }
 
 /// Removes the table.

@@ -15,7 +15,7 @@ pub mod desired;
 mod exec;
 pub mod follow;
 pub mod iptables;
-mod netlink;
+pub(crate) mod netlink;
 pub mod nft;
 
 pub use desired::{Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
