@@ -645,7 +645,10 @@ mod tests {
                 request = request.header("accept", "application/json;as=Table;v=v1;g=meta.k8s.io");
             }
             let response = runtime.block_on(router.clone().oneshot(request.body(Body::empty()).unwrap())).unwrap();
-            assert!(!response.status().is_server_error(), "{query}: {}", response.status());
+            // 504 is Kubernetes' own answer to a resourceVersion the store has not reached
+            // ("Too large resource version"), after its 3 s wait.
+            let code = response.status();
+            assert!(!code.is_server_error() || code == StatusCode::GATEWAY_TIMEOUT, "{query}: {code}");
         });
     }
 }

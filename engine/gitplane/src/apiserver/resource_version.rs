@@ -59,7 +59,19 @@ pub fn list_revision(params: &HashMap<String, String>, watch: bool) -> Result<Li
             return Err(invalid(&format!("Unsupported value: \"{m}\": supported values: \"Exact\", \"NotOlderThan\"")));
         }
         if watch {
-            return Err(invalid("Forbidden: resourceVersionMatch is forbidden for watch"));
+            // A watch takes a match only with sendInitialEvents (streaming lists), and then
+            // only NotOlderThan, with or without a resourceVersion.
+            if !has("sendInitialEvents") {
+                return Err(invalid(
+                    "Forbidden: resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+                ));
+            }
+            if m != "NotOlderThan" {
+                return Err(invalid(
+                    "Forbidden: sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
+                ));
+            }
+            return Ok(ListRevision::MostRecent); // the watch reads resourceVersion itself
         }
         if version.is_none() {
             return Err(invalid("Forbidden: resourceVersionMatch is forbidden unless resourceVersion is provided"));
@@ -197,6 +209,9 @@ mod tests {
         }
         assert!(matches!(parse("resourceVersion=7&resourceVersionMatch=Exact", true), Err(Refusal::Invalid(_))));
         assert_eq!(parse("resourceVersion=7", true), Ok(MostRecent));
+        let streaming = "sendInitialEvents=true&resourceVersionMatch=NotOlderThan";
+        assert_eq!(parse(streaming, true), Ok(MostRecent));
+        assert!(matches!(parse("sendInitialEvents=true&resourceVersionMatch=Exact", true), Err(Refusal::Invalid(_))));
         let Err(Refusal::Invalid(message)) = parse("resourceVersionMatch=Exact", false) else { unreachable!() };
         assert_eq!(
             message,

@@ -31,7 +31,7 @@ fn cm(name: &str, value: &str) -> String {
 }
 
 #[test]
-fn t86_status_wait_waits_for_the_pushed_commit() -> Result<()> {
+fn t87_status_wait_waits_for_the_pushed_commit() -> Result<()> {
     let cluster = Cluster::start(1, &["--bootstrap", "bootstrap"])?;
     cluster.leader(DEADLINE)?;
     let addr = cluster.addrs[&1];
