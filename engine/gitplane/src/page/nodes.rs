@@ -121,11 +121,11 @@ pub(super) async fn nodes(State(state): State<PageState>, Query(q): Query<PageQu
     render(View { title: "Nodes".into(), body, revision, watches, after: String::new() }, q.fragment.is_some())
 }
 
+/// One Pod of a node's page: its (namespace, name) and summary.
+type PodEntry<'a> = (&'a (String, String), &'a super::allocated::PodSummary);
+
 /// The page of `pods` after the continue token (`namespace/name` of the last one shown).
-fn pods_page<'a>(
-    on: &'a NodePods,
-    after: Option<&str>,
-) -> (Vec<(&'a (String, String), &'a super::allocated::PodSummary)>, bool) {
+fn pods_page<'a>(on: &'a NodePods, after: Option<&str>) -> (Vec<PodEntry<'a>>, bool) {
     let start = match after.and_then(|a| a.split_once('/')) {
         Some((ns, name)) => Bound::Excluded((ns.to_owned(), name.to_owned())),
         None => Bound::Unbounded,
