@@ -8,7 +8,7 @@
 //! writes, Raft's commit and apply index, an open watch, a Pod's start and the proxy's syncs.
 //! Then every replica of three `gitplane server`s serves its own Raft view: one term, one
 //! leader, and every replica's commit and apply index past the cluster's first writes. And on
-//! the Postgres backend (two `gitplane server --store postgres` on one private PostgreSQL), each
+//! the Postgres backend (three `gitplane server --store postgres` on one private PostgreSQL), each
 //! replica serves the store's metrics: its writes' latency, the lease's leader, the revision.
 
 use anyhow::{Context, Result, bail, ensure};
@@ -244,7 +244,7 @@ fn t78_every_replica_serves_its_raft_view() -> Result<()> {
 fn t78_postgres_replicas_serve_the_store_metrics() -> Result<()> {
     let postgres = PgCluster::start();
     let url = postgres.url("postgres");
-    let cluster = Cluster::start(2, &["--store", "postgres", "--postgres-url", &url])?;
+    let cluster = Cluster::start(3, &["--store", "postgres", "--postgres-url", &url])?;
     let leader = cluster.leader(DEADLINE)?;
     // Writes through the leader's store, timed as every write is: a node registers (its Node,
     // its podCIDR record and its Lease).
@@ -263,13 +263,13 @@ fn t78_postgres_replicas_serve_the_store_metrics() -> Result<()> {
     let gauge = |scrape: &Scrape, name: &str| scrape.value(name, &[]).unwrap_or(-1.0);
     let views = wait_for(DEADLINE, || {
         let scrapes: Vec<Scrape> =
-            (1..=2).map(|id| parse(&loopback_get(cluster.addrs[&id], "/metrics").ok()?).ok()).collect::<Option<_>>()?;
+            (1..=3).map(|id| parse(&loopback_get(cluster.addrs[&id], "/metrics").ok()?).ok()).collect::<Option<_>>()?;
         let settled = scrapes.iter().all(|s| gauge(s, "gitplane_store_has_leader") == 1.0)
             && scrapes[leader as usize - 1].sum("gitplane_store_txn_duration_seconds_count", &[("result", "ok")])
                 >= 1.0;
         settled.then_some(scrapes)
     })
-    .with_context(|| format!("the store metrics of two Postgres replicas:\n{}", cluster.logs()))?;
+    .with_context(|| format!("the store metrics of three Postgres replicas:\n{}", cluster.logs()))?;
     let leaders: Vec<f64> = views.iter().map(|s| gauge(s, "gitplane_store_is_leader")).collect();
     ensure!(leaders.iter().sum::<f64>() == 1.0 && leaders[leader as usize - 1] == 1.0, "one leader: {leaders:?}");
     for (i, scrape) in views.iter().enumerate() {
