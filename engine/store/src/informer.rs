@@ -126,7 +126,8 @@ pub struct Informer {
     _task: Arc<AbortOnDrop>,
 }
 
-struct AbortOnDrop(tokio::task::AbortHandle);
+/// Aborts a task when dropped: what ties a list + watch task to the last clone of its handle.
+pub struct AbortOnDrop(pub tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -8,7 +8,7 @@
 
 use futures::{FutureExt as _, StreamExt as _};
 use gitplane_scheduler::resources::{Resources, pod_requests};
-use gitplane_store::{Event, EventType, ListOptions, Revision, Store, StoreError, WatchOptions};
+use gitplane_store::{Event, EventType, ListOptions, Revision, Store, StoreError, WatchOptions, informer::AbortOnDrop};
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize as _;
 use serde_json::Value;
@@ -100,14 +100,6 @@ pub struct Allocated {
     /// The revision the index has reached (0 until the first list is in).
     revision: watch::Receiver<Revision>,
     _task: Arc<AbortOnDrop>,
-}
-
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 impl Allocated {

@@ -979,6 +979,35 @@ fn app_health(app: &Application, applied: bool, cache: &Cache) -> HealthStatus {
     HealthStatus { status: worst.as_str().to_owned(), message, resources }
 }
 
+/// Commits `files` on `refs/heads/main` after `parent`, through an in-memory index (which
+/// builds the nested trees of paths like `first/deploy.yaml`): the source's tests' repositories.
+#[cfg(test)]
+pub(crate) fn test_commit(git: &git2::Repository, files: &[(&str, &str)], parent: Option<git2::Oid>) -> git2::Oid {
+    let mut index = git2::Index::new().unwrap();
+    for (path, text) in files {
+        let entry = git2::IndexEntry {
+            ctime: git2::IndexTime::new(0, 0),
+            mtime: git2::IndexTime::new(0, 0),
+            dev: 0,
+            ino: 0,
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            file_size: text.len() as u32,
+            id: git.blob(text.as_bytes()).unwrap(),
+            flags: 0,
+            flags_extended: 0,
+            path: path.as_bytes().to_vec(),
+        };
+        index.add(&entry).unwrap();
+    }
+    let tree = git.find_tree(index.write_tree_to(git).unwrap()).unwrap();
+    let sig = git2::Signature::now("t", "t@localhost").unwrap();
+    let parents: Vec<git2::Commit<'_>> = parent.map(|p| git.find_commit(p).unwrap()).into_iter().collect();
+    let parents: Vec<&git2::Commit<'_>> = parents.iter().collect();
+    git.commit(Some("refs/heads/main"), &sig, &sig, "change", &tree, &parents).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1030,30 +1059,8 @@ mod tests {
 
         fn commit(&self, files: &[(&str, &str)]) -> String {
             let repo = git2::Repository::open_bare(self.dir.path().join("app.git")).unwrap();
-            // An in-memory index builds the nested trees of paths like `first/deploy.yaml`.
-            let mut index = git2::Index::new().unwrap();
-            for (name, content) in files {
-                let entry = git2::IndexEntry {
-                    ctime: git2::IndexTime::new(0, 0),
-                    mtime: git2::IndexTime::new(0, 0),
-                    dev: 0,
-                    ino: 0,
-                    mode: 0o100644,
-                    uid: 0,
-                    gid: 0,
-                    file_size: content.len() as u32,
-                    id: repo.blob(content.as_bytes()).unwrap(),
-                    flags: 0,
-                    flags_extended: 0,
-                    path: name.as_bytes().to_vec(),
-                };
-                index.add(&entry).unwrap();
-            }
-            let tree = repo.find_tree(index.write_tree_to(&repo).unwrap()).unwrap();
-            let sig = git2::Signature::now("t", "t@localhost").unwrap();
-            let parent = repo.find_reference("refs/heads/main").ok().and_then(|r| r.peel_to_commit().ok());
-            let parents: Vec<&git2::Commit> = parent.iter().collect();
-            repo.commit(Some("refs/heads/main"), &sig, &sig, "change", &tree, &parents).unwrap().to_string()
+            let parent = repo.find_reference("refs/heads/main").ok().and_then(|r| r.target());
+            super::test_commit(&repo, files, parent).to_string()
         }
     }
 

@@ -98,34 +98,8 @@ fn entry(tree: &git2::Tree<'_>, path: &Path) -> Option<git2::Oid> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::test_commit as commit;
     use serde_json::json;
-
-    fn commit(git: &git2::Repository, files: &[(&str, &str)], parent: Option<git2::Oid>) -> git2::Oid {
-        let mut index = git2::Index::new().unwrap();
-        for (path, text) in files {
-            let blob = git.blob(text.as_bytes()).unwrap();
-            let entry = git2::IndexEntry {
-                ctime: git2::IndexTime::new(0, 0),
-                mtime: git2::IndexTime::new(0, 0),
-                dev: 0,
-                ino: 0,
-                mode: 0o100644,
-                uid: 0,
-                gid: 0,
-                file_size: text.len() as u32,
-                id: blob,
-                flags: path.len() as u16,
-                flags_extended: 0,
-                path: path.as_bytes().to_vec(),
-            };
-            index.add(&entry).unwrap();
-        }
-        let tree = git.find_tree(index.write_tree_to(git).unwrap()).unwrap();
-        let sig = git2::Signature::now("t", "t@localhost").unwrap();
-        let parents: Vec<git2::Commit<'_>> = parent.map(|p| git.find_commit(p).unwrap()).into_iter().collect();
-        let parents: Vec<&git2::Commit<'_>> = parents.iter().collect();
-        git.commit(Some("refs/heads/main"), &sig, &sig, "c", &tree, &parents).unwrap()
-    }
 
     fn app(name: &str, path: &str, values: &[&str], judged: Option<git2::Oid>) -> Following {
         let app: Application = serde_json::from_value(json!({
