@@ -530,8 +530,12 @@ impl RuntimeManager {
                 return Ok(());
             }
         };
+        let waited_for = self.lock_failures().reason(uid, &container.name);
         if let Err(waiting) = self.ensure_image(pod, key, uid, container, sandbox_config).await? {
-            tracing::info!(pod = %key, container = %container.name, reason = %waiting.reason, message = %waiting.message, "image not available");
+            // Logged when the reason changes: a back-off seen again at every resync is not news.
+            if waited_for.as_deref() != Some(waiting.reason.as_str()) {
+                tracing::info!(pod = %key, container = %container.name, reason = %waiting.reason, message = %waiting.message, "image not available");
+            }
             return Ok(());
         }
         for dir in &plan.host_dirs {

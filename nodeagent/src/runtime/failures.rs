@@ -102,6 +102,11 @@ impl Failures {
             .unwrap_or_default()
     }
 
+    /// Why container `name` of pod `uid` waits now, if it does.
+    pub fn reason(&self, uid: &str, name: &str) -> Option<String> {
+        Some(self.pods.get(uid)?.get(name)?.waiting.reason.clone())
+    }
+
     fn pulls(&self, uid: &str, name: &str, image: &str) -> Option<&FailedPulls> {
         self.pods.get(uid)?.get(name).filter(|f| f.image == image)?.pulls.as_ref()
     }
@@ -132,8 +137,10 @@ mod tests {
         let mut now = t0;
         let mut pulls = Vec::new();
         let mut messages = std::collections::BTreeSet::new();
+        let mut changes = 0;
         // Ten minutes of syncs every 2 s, as the pod worker's resync.
         while now < t0 + Duration::from_secs(600) {
+            let before = failures.reason("u", "web");
             let waiting = match failures.backing_off("u", "web", IMAGE, now) {
                 Some(waiting) => waiting,
                 None => {
@@ -142,10 +149,13 @@ mod tests {
                 }
             };
             assert_eq!(failures.waiting("u").get("web"), Some(&waiting));
+            changes += usize::from(before.as_deref() != Some(waiting.reason.as_str()));
             messages.insert((waiting.reason, waiting.message));
             now += Duration::from_secs(2);
         }
         assert_eq!(pulls, [0, 10, 30, 70, 150, 310]);
+        // What the agent logs: each change of reason (a pull, then its back-off), not each sync.
+        assert_eq!(changes, 2 * pulls.len());
         let expected = [
             ("ErrImagePull".to_owned(), ERROR.to_owned()),
             ("ImagePullBackOff".to_owned(), format!("Back-off pulling image \"nginx:1.27\": ErrImagePull: {ERROR}")),
