@@ -219,6 +219,9 @@ fn t73_kubectl_discovers_explains_and_prints_wide_tables() -> Result<()> {
     let services = kubectl.ok(&["get", "svc", "web", "-n", "default", "-o", "wide"])?;
     header_has(&services, &["TYPE", "CLUSTER-IP", "EXTERNAL-IP", "PORT(S)", "SELECTOR"])?;
     ensure!(services.contains("80/TCP") && services.contains("app=web"), "{services}");
+    // --sort-by sorts on each row's whole object (includeObject=Object), not its metadata.
+    let sorted = kubectl.ok(&["get", "deploy", "-n", "default", "--sort-by=.spec.replicas"])?;
+    ensure!(rows(&sorted).iter().any(|r| r.first() == Some(&"web")), "get --sort-by:\n{sorted}");
     let jobs = kubectl.ok(&["get", "jobs", "-n", "default", "-o", "wide"])?;
     header_has(&jobs, &["STATUS", "COMPLETIONS", "DURATION", "CONTAINERS", "IMAGES", "SELECTOR"])?;
     let cms = kubectl.ok(&["get", "cm", "settings", "-n", "default"])?;

@@ -195,8 +195,9 @@ async fn group_list(State(state): State<ApiState>, method: Method, headers: Head
 #[derive(Default)]
 struct Query {
     list: ListOptions,
-    /// `Accept: application/json;as=Table;...`, as kubectl sends for `get`.
-    table: bool,
+    /// `Accept: application/json;as=Table;...`, as kubectl sends for `get`, with what each row
+    /// carries (`?includeObject=`).
+    table: Option<table::IncludeObject>,
     /// `?consistency=linearizable`: read after a quorum-confirmed read point.
     linearizable: bool,
     /// `?fieldSelector=`, checked against the kind once the path names it.
@@ -214,6 +215,8 @@ fn query(headers: &HeaderMap, params: &HashMap<String, String>) -> Result<Query,
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.split(',').next().is_some_and(|first| first.contains("as=Table")));
     let bad = |message: String| Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", message));
+    let include = table::IncludeObject::parse(params.get("includeObject").map_or("", String::as_str)).map_err(bad)?;
+    let table = table.then_some(include);
     // A page larger than MAX_PAGE is cut there with a continue token, as a smaller limit would
     // be: the answer stays correct and one request stays bounded.
     let limit = match params.get("limit").filter(|l| !l.is_empty()) {
@@ -423,12 +426,18 @@ async fn refuse_write(state: &ApiState, group: &str, path: &str) -> Response {
     status(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", owner::message(&what, &owner))
 }
 
-async fn get_one(state: &ApiState, resource: &Resource, namespace: &str, name: &str, as_table: bool) -> Response {
+async fn get_one(
+    state: &ApiState,
+    resource: &Resource,
+    namespace: &str,
+    name: &str,
+    as_table: Option<table::IncludeObject>,
+) -> Response {
     let key = ObjectKey::new(resource.group_kind(), namespace, name);
     match state.store.get(&key).await {
-        Ok(Some(object)) if as_table => {
+        Ok(Some(object)) if let Some(include) = as_table => {
             let revision = object["metadata"]["resourceVersion"].as_str().unwrap_or("").to_owned();
-            Json(table::table(resource.kind, &[masked(object)], &revision, Timestamp::now())).into_response()
+            Json(table::table(resource.kind, &[masked(object)], &revision, Timestamp::now(), include)).into_response()
         }
         Ok(Some(object)) => Json(masked(object)).into_response(),
         Ok(None) => status(StatusCode::NOT_FOUND, "NotFound", format!("{} \"{name}\" not found", resource.plural)),

@@ -660,7 +660,7 @@ async fn pod(
         .unwrap_or_default();
     let container = q.container.clone().filter(|c| containers.contains(&c.as_str()));
     let container = container.as_deref().or(containers.first().copied()).unwrap_or("");
-    let row = table::table("Pod", std::slice::from_ref(&pod), "", Timestamp::now());
+    let row = table::table("Pod", std::slice::from_ref(&pod), "", Timestamp::now(), table::IncludeObject::Metadata);
     let cells = row.pointer("/rows/0/cells").and_then(Value::as_array).cloned().unwrap_or_default();
     let cell = |i: usize| cells.get(i).map(|c| c.to_string().trim_matches('"').to_owned()).unwrap_or_default();
     let (health, message) = crate::source::health::pod(&pod);

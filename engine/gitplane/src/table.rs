@@ -589,16 +589,43 @@ fn endpoints(o: &Value) -> String {
     at_most_three(items, "")
 }
 
-/// The Table for `items` of `kind`, each row carrying its object's metadata (what
-/// `kubectl get -A` reads the namespace from).
-pub fn table(kind: &str, items: &[Value], resource_version: &str, now: Timestamp) -> Value {
+/// What each row of a Table carries besides its cells: `?includeObject=` of a Table request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IncludeObject {
+    None,
+    /// The default: the metadata `kubectl get -A` reads the namespace from.
+    #[default]
+    Metadata,
+    /// The whole object, which `kubectl get --sort-by` and `-o custom-columns` read.
+    Object,
+}
+
+impl IncludeObject {
+    /// Kubernetes' three values; anything else is the caller's error.
+    pub fn parse(value: &str) -> Result<Self, String> {
+        match value {
+            "None" => Ok(Self::None),
+            "" | "Metadata" => Ok(Self::Metadata),
+            "Object" => Ok(Self::Object),
+            other => Err(format!("includeObject {other:?} is not one of None, Metadata, Object")),
+        }
+    }
+}
+
+/// The Table for `items` of `kind`, each row carrying what `include` asks for.
+pub fn table(kind: &str, items: &[Value], resource_version: &str, now: Timestamp, include: IncludeObject) -> Value {
     let rows: Vec<Value> = items
         .iter()
         .map(|o| {
-            json!({
-                "cells": cells(kind, o, now),
-                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"].clone()},
-            })
+            let mut row = json!({"cells": cells(kind, o, now)});
+            match include {
+                IncludeObject::None => {}
+                IncludeObject::Metadata => {
+                    row["object"] = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"].clone()});
+                }
+                IncludeObject::Object => row["object"] = o.clone(),
+            }
+            row
         })
         .collect();
     json!({
@@ -616,6 +643,24 @@ mod tests {
 
     fn now() -> Timestamp {
         "2026-01-01T01:00:00Z".parse().unwrap()
+    }
+
+    #[test]
+    fn rows_carry_what_include_object_asks_for() {
+        let pod = json!({"kind": "Pod", "metadata": {"name": "a", "namespace": "n"}, "spec": {"nodeName": "n1"}});
+        let row = |include| super::table("Pod", std::slice::from_ref(&pod), "1", now(), include)["rows"][0].clone();
+        assert_eq!(row(IncludeObject::Object)["object"], pod);
+        assert_eq!(row(IncludeObject::Metadata)["object"]["kind"], "PartialObjectMetadata");
+        assert_eq!(row(IncludeObject::Metadata)["object"]["metadata"], pod["metadata"]);
+        assert!(row(IncludeObject::None).get("object").is_none());
+        assert_eq!(IncludeObject::parse(""), Ok(IncludeObject::Metadata));
+        assert_eq!(IncludeObject::parse("Object"), Ok(IncludeObject::Object));
+        assert!(IncludeObject::parse("object").is_err(), "the values are case-sensitive, as Kubernetes'");
+    }
+
+    /// A Table as kubectl's default `get` asks for it.
+    fn table(kind: &str, items: &[Value], resource_version: &str, now: Timestamp) -> Value {
+        super::table(kind, items, resource_version, now, IncludeObject::Metadata)
     }
 
     /// The columns `kubectl get -o wide` adds.

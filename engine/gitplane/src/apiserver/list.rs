@@ -32,20 +32,20 @@ pub(super) async fn serve(
     resource: &Resource,
     options: &ListOptions,
     fields: &FieldSelector,
-    as_table: bool,
+    as_table: Option<table::IncludeObject>,
 ) -> Response {
     let kind = resource.group_kind();
     // Field selectors filter each page; a page may come out short, its continue token still
     // right (Kubernetes allows short pages).
-    if as_table || resource.kind == "Secret" {
+    if as_table.is_some() || resource.kind == "Secret" {
         let list = match store.list(&kind, options).await {
             Ok(list) => list,
             Err(e) => return error(e),
         };
         let items = list.items.into_iter().filter(|o| fields.matches(o)).map(masked);
-        if as_table {
+        if let Some(include) = as_table {
             let items: Vec<Value> = items.collect();
-            let mut t = table::table(resource.kind, &items, &list.revision.to_string(), Timestamp::now());
+            let mut t = table::table(resource.kind, &items, &list.revision.to_string(), Timestamp::now(), include);
             if let Some(token) = list.continue_token {
                 t["metadata"]["continue"] = Value::String(token);
             }

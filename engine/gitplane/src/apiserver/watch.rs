@@ -139,8 +139,8 @@ pub struct Target {
     pub namespace: Option<String>,
     pub labels: Option<String>,
     pub fields: FieldSelector,
-    /// `Accept: ...;as=Table`: every event's object a one-row Table.
-    pub table: bool,
+    /// `Accept: ...;as=Table`: every event's object a one-row Table, its row carrying this.
+    pub table: Option<table::IncludeObject>,
 }
 
 /// Serves one watch; `held` is the client's slot, released when the stream ends or is dropped.
@@ -211,7 +211,7 @@ impl Filter {
 
 struct Render {
     resource: &'static Resource,
-    table: bool,
+    table: Option<table::IncludeObject>,
 }
 
 /// `{"type":"...","object":...}` and a newline, the object serialized in place (not copied into
@@ -271,17 +271,18 @@ impl Render {
         if object["kind"] == "Secret" {
             return self.render(event_type, &masked((**object).clone()));
         }
-        if shared && !self.table {
+        if shared && self.table.is_none() {
             return shared_line(event_type, object);
         }
         self.render(event_type, object)
     }
 
     fn render(&self, event_type: &str, object: &Value) -> Bytes {
-        if self.table {
+        if let Some(include) = self.table {
             // A Table's Age column is as of now: every watcher renders its own.
             let revision = object["metadata"]["resourceVersion"].as_str().unwrap_or("");
-            let row = table::table(self.resource.kind, std::slice::from_ref(object), revision, Timestamp::now());
+            let row =
+                table::table(self.resource.kind, std::slice::from_ref(object), revision, Timestamp::now(), include);
             return line(event_type, &row);
         }
         line(event_type, object)
@@ -292,7 +293,7 @@ impl Render {
         if initial_events_end {
             metadata["annotations"] = json!({"k8s.io/initial-events-end": "true"});
         }
-        let object = if self.table {
+        let object = if self.table.is_some() {
             json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata, "columnDefinitions": [], "rows": []})
         } else {
             json!({"kind": self.resource.kind, "apiVersion": self.resource.api_version(), "metadata": metadata})
@@ -508,7 +509,7 @@ mod tests {
         let twin = Arc::new((*object).clone());
         assert_ne!(shared_line("ADDED", &twin).as_ptr(), first.as_ptr());
         // A Secret is masked, never shared as stored.
-        let render = Render { resource: &super::super::RESOURCES[4], table: false };
+        let render = Render { resource: &super::super::RESOURCES[4], table: None };
         let secret = Arc::new(json!({"kind": "Secret", "data": {"k": "c2VjcmV0"}}));
         assert!(!String::from_utf8_lossy(&render.event("ADDED", &secret, true)).contains("c2VjcmV0"));
     }
