@@ -1,8 +1,9 @@
 //! Deployment controller: one ReplicaSet per pod template, scaled to the Deployment's replicas.
 //!
-//! RollingUpdate is simplified to full surge: the new ReplicaSet is scaled up at once and the
-//! old ones are scaled to zero when the new one is fully available. Recreate scales the old
-//! ones to zero first and brings up the new one when their Pods are gone.
+//! RollingUpdate steps as Kubernetes' (`rolling.go`): the new ReplicaSet grows while all Pods
+//! stay within `replicas + maxSurge`, and the old ones shrink while `replicas - maxUnavailable`
+//! stay available, their unavailable Pods first. Recreate scales the old ones to zero first and
+//! brings up the new one when their Pods are gone.
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
@@ -14,6 +15,7 @@ use gitplane_api::events::NORMAL;
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 pub struct DeploymentController;
 
@@ -52,38 +54,128 @@ fn is_current(rs: &ReplicaSet, hash: &str) -> bool {
 }
 
 /// The writes that move a Deployment's ReplicaSets (`owned`: the ones it controls) toward its
-/// spec: the ReplicaSet of the current template at `replicas`, the old ones at zero once it is
-/// available (full surge) or first (Recreate), and `revisionHistoryLimit` old ones kept.
+/// spec: the ReplicaSet of the current template toward `replicas` and the old ones toward zero,
+/// a step at a time (RollingUpdate) or old ones first (Recreate), and `revisionHistoryLimit`
+/// old ones kept.
 pub fn plan(d: &Deployment, owned: &[ReplicaSet]) -> Result<Vec<Op<ReplicaSet>>, ReconcileError> {
     let spec = d.spec.as_ref().ok_or_else(|| ReconcileError::Invalid("Deployment has no spec".into()))?;
     let desired = desired(d);
     let recreate = spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate");
     let hash = template_hash(d);
-    let (new, old): (Vec<&ReplicaSet>, Vec<&ReplicaSet>) = owned.iter().partition(|rs| is_current(rs, &hash));
+    let (new, mut old): (Vec<&ReplicaSet>, Vec<&ReplicaSet>) = owned.iter().partition(|rs| is_current(rs, &hash));
     let new = new.first().copied();
-    let old_pods: i32 = old.iter().map(|rs| status_of(rs).0).sum();
-    let new_available = new.map_or(0, |rs| status_of(rs).2);
+    old.sort_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0));
     let mut ops = Vec::new();
-    // The new ReplicaSet: with Recreate only once the old Pods are gone.
-    let may_scale_new = !recreate || old_pods == 0;
-    match new {
-        None if may_scale_new => ops.push(Op::Create(new_replica_set(d, &hash, desired)?)),
-        Some(rs) if may_scale_new && replicas(rs) != desired => ops.push(scaled(rs, desired)),
-        _ => {}
-    }
-    // Old ReplicaSets: down once the new one is fully available (or at once with Recreate).
-    let retire_old = recreate || (new.is_some() && new_available >= desired);
-    for rs in old.iter().filter(|rs| retire_old && replicas(rs) > 0) {
-        ops.push(scaled(rs, 0));
+    if recreate {
+        recreate_steps(d, &hash, desired, new, &old, &mut ops)?;
+    } else {
+        rolling_steps(d, &hash, desired, new, &old, &mut ops)?;
     }
     // Keep revisionHistoryLimit scaled-down ReplicaSets, oldest deleted first.
     let limit = spec.revision_history_limit.unwrap_or(DEFAULT_HISTORY_LIMIT).max(0) as usize;
-    let mut history: Vec<&ReplicaSet> =
-        old.into_iter().filter(|rs| replicas(rs) == 0 && status_of(rs).0 == 0).collect();
-    history.sort_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let history: Vec<&ReplicaSet> = old.into_iter().filter(|rs| replicas(rs) == 0 && status_of(rs).0 == 0).collect();
     let surplus = history.len().saturating_sub(limit);
     ops.extend(history.into_iter().take(surplus).map(|rs| Op::Delete(rs.clone())));
     Ok(ops)
+}
+
+/// Recreate: every old ReplicaSet to zero, then the new one up once their Pods are gone.
+fn recreate_steps(
+    d: &Deployment,
+    hash: &str,
+    desired: i32,
+    new: Option<&ReplicaSet>,
+    old: &[&ReplicaSet],
+    ops: &mut Vec<Op<ReplicaSet>>,
+) -> Result<(), ReconcileError> {
+    ops.extend(old.iter().filter(|rs| replicas(rs) > 0).map(|rs| scaled(rs, 0)));
+    if old.iter().any(|rs| status_of(rs).0 > 0) {
+        return Ok(());
+    }
+    match new {
+        None => ops.push(Op::Create(new_replica_set(d, hash, desired)?)),
+        Some(rs) if replicas(rs) != desired => ops.push(scaled(rs, desired)),
+        Some(_) => {}
+    }
+    Ok(())
+}
+
+/// One RollingUpdate step (Kubernetes' `rolloutRolling`): the new ReplicaSet up within
+/// maxSurge (a changed scale ends the step, as there), else old ones down within
+/// maxUnavailable, their unavailable Pods first, oldest ReplicaSet first (`old` is sorted so).
+fn rolling_steps(
+    d: &Deployment,
+    hash: &str,
+    desired: i32,
+    new: Option<&ReplicaSet>,
+    old: &[&ReplicaSet],
+    ops: &mut Vec<Op<ReplicaSet>>,
+) -> Result<(), ReconcileError> {
+    let (max_surge, max_unavailable) = fenceposts(d, desired)?;
+    let old_replicas: i32 = old.iter().map(|rs| replicas(rs)).sum();
+    let new_replicas = new.map_or(0, replicas);
+    let target = if new_replicas >= desired {
+        desired
+    } else {
+        let room = (desired + max_surge - old_replicas - new_replicas).max(0);
+        new_replicas + room.min(desired - new_replicas)
+    };
+    match new {
+        None => ops.push(Op::Create(new_replica_set(d, hash, target)?)),
+        Some(rs) if target != new_replicas => {
+            ops.push(scaled(rs, target));
+            return Ok(());
+        }
+        Some(_) => {}
+    }
+    if old_replicas == 0 {
+        return Ok(());
+    }
+    let min_available = desired - max_unavailable;
+    let new_unavailable = target - new.map_or(0, |rs| status_of(rs).2);
+    let mut scaled_down: Vec<i32> = old.iter().map(|rs| replicas(rs)).collect();
+    // Unavailable old Pods go first: removing them costs no availability.
+    let mut cleanup = old_replicas + target - min_available - new_unavailable;
+    for (rs, to) in old.iter().zip(scaled_down.iter_mut()) {
+        let unavailable = (*to - status_of(rs).2).max(0).min(cleanup.max(0));
+        *to -= unavailable;
+        cleanup -= unavailable;
+    }
+    // Then available ones, as far as availability stays at min_available.
+    let available: i32 = old.iter().chain(new.iter()).map(|rs| status_of(rs).2).sum();
+    let mut budget = available - min_available;
+    for to in scaled_down.iter_mut() {
+        let down = (*to).min(budget.max(0));
+        *to -= down;
+        budget -= down;
+    }
+    ops.extend(old.iter().zip(scaled_down).filter(|(rs, to)| replicas(rs) != *to).map(|(rs, to)| scaled(rs, to)));
+    Ok(())
+}
+
+/// maxSurge and maxUnavailable as Pod counts for `desired` replicas (`ResolveFenceposts`): a
+/// percentage rounds surge up and unavailability down, both 25% when unset, and when both come
+/// to zero one Pod may be unavailable, so a rollout can always progress.
+fn fenceposts(d: &Deployment, desired: i32) -> Result<(i32, i32), ReconcileError> {
+    let rolling = d.spec.as_ref().and_then(|s| s.strategy.as_ref()).and_then(|s| s.rolling_update.as_ref());
+    let surge = pod_count(rolling.and_then(|r| r.max_surge.as_ref()), "maxSurge", desired, true)?;
+    let unavailable = pod_count(rolling.and_then(|r| r.max_unavailable.as_ref()), "maxUnavailable", desired, false)?;
+    Ok(if surge == 0 && unavailable == 0 { (0, 1) } else { (surge, unavailable) })
+}
+
+fn pod_count(value: Option<&IntOrString>, field: &str, desired: i32, round_up: bool) -> Result<i32, ReconcileError> {
+    let percent = match value {
+        None => 25,
+        Some(IntOrString::Int(n)) => return Ok((*n).max(0)),
+        Some(IntOrString::String(s)) => s.strip_suffix('%').and_then(|p| p.parse::<i32>().ok()).ok_or_else(|| {
+            ReconcileError::Invalid(format!(
+                "spec.strategy.rollingUpdate.{field} {s:?} is neither a number nor a percentage such as \"25%\""
+            ))
+        })?,
+    };
+    let scaled = i64::from(percent.max(0)) * i64::from(desired);
+    let count = if round_up { (scaled + 99) / 100 } else { scaled / 100 };
+    Ok(i32::try_from(count).unwrap_or(i32::MAX))
 }
 
 /// The Deployment's status from the ReplicaSets it controls.
@@ -264,6 +356,24 @@ mod tests {
         d
     }
 
+    /// A RollingUpdate Deployment of `replicas` with the given maxSurge and maxUnavailable.
+    fn rolling(replicas: i32, surge: IntOrString, unavailable: IntOrString) -> Deployment {
+        let mut d = spec(Some(replicas), Some("RollingUpdate"), None);
+        d.spec.as_mut().unwrap().strategy.as_mut().unwrap().rolling_update =
+            Some(k8s_openapi::api::apps::v1::RollingUpdateDeployment {
+                max_surge: Some(surge),
+                max_unavailable: Some(unavailable),
+            });
+        d
+    }
+
+    #[test]
+    fn a_malformed_percentage_is_the_deployments_error() {
+        let d = rolling(3, IntOrString::String("a lot".into()), IntOrString::Int(0));
+        let err = plan(&d, &[]).unwrap_err().to_string();
+        assert!(err.contains("maxSurge \"a lot\" is neither a number nor a percentage"), "{err}");
+    }
+
     /// A ReplicaSet of the current template (`new`) or an old one (any other name) that wants
     /// `replicas`, has `pods` of which `available` are available, created at second `created`.
     fn rs(d: &Deployment, name: &str, replicas: i32, pods: i32, available: i32, created: i64) -> ReplicaSet {
@@ -304,12 +414,34 @@ mod tests {
             ("scale up", spec(Some(3), None, None), |d| vec![rs(d, "new", 2, 2, 2, 1)], &["scale new 3"]),
             ("scale down", spec(Some(3), None, None), |d| vec![rs(d, "new", 5, 5, 5, 1)], &["scale new 3"]),
             ("steady", spec(Some(3), None, None), |d| vec![rs(d, "new", 3, 3, 3, 1)], &[]),
-            ("full surge: the new one comes up beside the old",
-             spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1)], &["create 3"]),
-            ("full surge: the old one stays while the new one is not available",
-             spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1), rs(d, "new", 3, 3, 2, 2)], &[]),
-            ("full surge: the old one goes once the new one is available",
+            ("rolling: the new one comes up within maxSurge (25% of 3, rounded up)",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1)], &["create 1"]),
+            ("rolling: nothing goes while the surge Pod is not available (maxUnavailable 0)",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1), rs(d, "new", 1, 1, 0, 2)], &[]),
+            ("rolling: an old Pod goes once the new one is available",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1), rs(d, "new", 1, 1, 1, 2)], &["scale old 2"]),
+            ("rolling: then the new one grows again",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 2, 2, 2, 1), rs(d, "new", 1, 1, 1, 2)], &["scale new 2"]),
+            ("rolling: the last old ones go once the new one is available",
              spec(Some(3), None, None), |d| vec![rs(d, "old", 3, 3, 3, 1), rs(d, "new", 3, 3, 3, 2)], &["scale old 0"]),
+            ("rolling: a scale-up with a new template stays within replicas + maxSurge",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 2, 2, 2, 1)], &["create 2"]),
+            ("rolling: a new image that never becomes available leaves the old Pods running",
+             spec(Some(3), None, None), |d| vec![rs(d, "old", 2, 2, 2, 1), rs(d, "new", 2, 2, 0, 2)], &[]),
+            ("rolling: unavailable old Pods go first (25% of 4: one may be unavailable)",
+             spec(Some(4), None, None),
+             |d| vec![rs(d, "old2", 2, 2, 2, 2), rs(d, "old1", 2, 2, 0, 1), rs(d, "new", 1, 1, 1, 3)],
+             &["scale old1 0"]),
+            ("rolling: then available ones, the oldest ReplicaSet first",
+             spec(Some(4), None, None),
+             |d| vec![rs(d, "old2", 2, 2, 2, 2), rs(d, "old1", 2, 2, 2, 1), rs(d, "new", 1, 1, 1, 3)],
+             &["scale old1 0"]),
+            ("rolling: maxSurge 0 and maxUnavailable 1 scale the old one down first",
+             rolling(4, IntOrString::Int(0), IntOrString::Int(1)), |d| vec![rs(d, "old", 4, 4, 4, 1)], &["create 0", "scale old 3"]),
+            ("rolling: 100% maxSurge brings the whole new ReplicaSet up at once",
+             rolling(3, IntOrString::String("100%".into()), IntOrString::Int(0)), |d| vec![rs(d, "old", 3, 3, 3, 1)], &["create 3"]),
+            ("rolling: both zero leave one Pod unavailable, so the rollout progresses",
+             rolling(2, IntOrString::Int(0), IntOrString::String("0%".into())), |d| vec![rs(d, "old", 2, 2, 2, 1)], &["create 0", "scale old 1"]),
             ("Recreate: the old ones go first",
              spec(Some(3), Some("Recreate"), None), |d| vec![rs(d, "old", 3, 3, 3, 1)], &["scale old 0"]),
             ("Recreate: the new one waits for the old Pods to be gone",
