@@ -114,7 +114,8 @@ async fn open(source: IpAddr, server: SocketAddr, from: i64) -> Result<BufReader
     socket.bind(SocketAddr::new(source, 0))?;
     let mut stream = socket.connect(server).await?;
     let request = format!(
-        "GET /api/v1/namespaces/default/pods?watch=1&resourceVersion={from}&timeoutSeconds=3600 HTTP/1.1\r\nHost: {server}\r\n\r\n"
+        "GET /api/v1/namespaces/default/pods?watch=1&resourceVersion={from}&timeoutSeconds=3600 HTTP/1.1\r\nHost: {server}\r\nAuthorization: Bearer {}\r\n\r\n",
+        crate::procs::READ_TOKEN
     );
     stream.write_all(request.as_bytes()).await?;
     let mut reader = BufReader::new(stream);
