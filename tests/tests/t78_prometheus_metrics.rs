@@ -113,6 +113,9 @@ const REPLICA_CHECKS: &[Check] = &[
     }),
     ("Raft commit index", |s| s.value("gitplane_raft_commit_index", &[]).unwrap_or(0.0) > 0.0),
     ("Raft apply index", |s| s.value("gitplane_raft_applied_index", &[]).unwrap_or(0.0) > 0.0),
+    ("Raft commit index never behind the apply index", |s| {
+        s.value("gitplane_raft_commit_index", &[]) >= s.value("gitplane_raft_applied_index", &[])
+    }),
 ];
 
 const AGENT_CHECKS: &[Check] = &[

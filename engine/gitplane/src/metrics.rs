@@ -216,7 +216,9 @@ async fn store_gauges(backend: &Backend, out: &mut String) {
                 out,
                 "gitplane_raft_commit_index",
                 "The highest Raft log index this replica knows committed.",
-                store.commit_index() as i64,
+                // What was applied was committed: after a restart the applied index is known at
+                // once, the commit index only from the next commit.
+                (store.commit_index() as i64).max(m.last_applied.map_or(0, |l| l.index as i64)),
             );
             gauge(
                 out,
