@@ -11,6 +11,7 @@
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
 use bytes::Bytes;
+use futures::StreamExt as _;
 use gitplane_api::quantity;
 use http_body_util::{BodyExt as _, Empty};
 use hyper::{Request, StatusCode};
@@ -431,6 +432,9 @@ fn summary(paint: Paint, apps: &[Value], nodes: &[Value], pods: &[Value]) -> Str
     out
 }
 
+/// Branch heads fetched concurrently by `--wait`.
+const HEADS_AT_ONCE: usize = 16;
+
 /// `gitplane status`.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
     let api = Api::new(&args)?;
@@ -444,10 +448,10 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
         if !args.wait {
             break (apps, nodes, Verdict::Done);
         }
-        let mut heads = Vec::with_capacity(apps.len());
-        for app in &apps {
-            heads.push(api.head(app).await);
-        }
+        // A few at a time: one connection each, and a thousand Applications should not wait
+        // for a thousand round trips in a row.
+        let heads: Vec<Option<String>> =
+            futures::stream::iter(&apps).map(|app| api.head(app)).buffered(HEADS_AT_ONCE).collect().await;
         match verdict(&apps, &heads, &nodes) {
             Verdict::Waiting(what) if started.elapsed() < args.timeout => {
                 let line = format!("waiting ({} s): {what}", started.elapsed().as_secs());
