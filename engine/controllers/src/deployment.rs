@@ -65,12 +65,8 @@ pub fn plan(d: &Deployment, owned: &[ReplicaSet]) -> Result<Vec<Op<ReplicaSet>>,
     let (new, mut old): (Vec<&ReplicaSet>, Vec<&ReplicaSet>) = owned.iter().partition(|rs| is_current(rs, &hash));
     let new = new.first().copied();
     old.sort_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0));
-    let mut ops = Vec::new();
-    if recreate {
-        recreate_steps(d, &hash, desired, new, &old, &mut ops)?;
-    } else {
-        rolling_steps(d, &hash, desired, new, &old, &mut ops)?;
-    }
+    let rollout = Rollout { d, hash: &hash, desired, new, old: &old };
+    let mut ops = if recreate { rollout.recreate()? } else { rollout.rolling()? };
     // Keep revisionHistoryLimit scaled-down ReplicaSets, oldest deleted first.
     let limit = spec.revision_history_limit.unwrap_or(DEFAULT_HISTORY_LIMIT).max(0) as usize;
     let history: Vec<&ReplicaSet> = old.into_iter().filter(|rs| replicas(rs) == 0 && status_of(rs).0 == 0).collect();
@@ -79,78 +75,75 @@ pub fn plan(d: &Deployment, owned: &[ReplicaSet]) -> Result<Vec<Op<ReplicaSet>>,
     Ok(ops)
 }
 
-/// Recreate: every old ReplicaSet to zero, then the new one up once their Pods are gone.
-fn recreate_steps(
-    d: &Deployment,
-    hash: &str,
+/// A Deployment's ReplicaSets, split into the one of its current template and the old ones
+/// (sorted oldest first).
+struct Rollout<'a> {
+    d: &'a Deployment,
+    hash: &'a str,
     desired: i32,
-    new: Option<&ReplicaSet>,
-    old: &[&ReplicaSet],
-    ops: &mut Vec<Op<ReplicaSet>>,
-) -> Result<(), ReconcileError> {
-    ops.extend(old.iter().filter(|rs| replicas(rs) > 0).map(|rs| scaled(rs, 0)));
-    if old.iter().any(|rs| status_of(rs).0 > 0) {
-        return Ok(());
-    }
-    match new {
-        None => ops.push(Op::Create(new_replica_set(d, hash, desired)?)),
-        Some(rs) if replicas(rs) != desired => ops.push(scaled(rs, desired)),
-        Some(_) => {}
-    }
-    Ok(())
+    new: Option<&'a ReplicaSet>,
+    old: &'a [&'a ReplicaSet],
 }
 
-/// One RollingUpdate step (Kubernetes' `rolloutRolling`): the new ReplicaSet up within
-/// maxSurge (a changed scale ends the step, as there), else old ones down within
-/// maxUnavailable, their unavailable Pods first, oldest ReplicaSet first (`old` is sorted so).
-fn rolling_steps(
-    d: &Deployment,
-    hash: &str,
-    desired: i32,
-    new: Option<&ReplicaSet>,
-    old: &[&ReplicaSet],
-    ops: &mut Vec<Op<ReplicaSet>>,
-) -> Result<(), ReconcileError> {
-    let (max_surge, max_unavailable) = fenceposts(d, desired)?;
-    let old_replicas: i32 = old.iter().map(|rs| replicas(rs)).sum();
-    let new_replicas = new.map_or(0, replicas);
-    let target = if new_replicas >= desired {
-        desired
-    } else {
-        let room = (desired + max_surge - old_replicas - new_replicas).max(0);
-        new_replicas + room.min(desired - new_replicas)
-    };
-    match new {
-        None => ops.push(Op::Create(new_replica_set(d, hash, target)?)),
-        Some(rs) if target != new_replicas => {
-            ops.push(scaled(rs, target));
-            return Ok(());
+impl Rollout<'_> {
+    /// Recreate: every old ReplicaSet to zero, then the new one up once their Pods are gone.
+    fn recreate(&self) -> Result<Vec<Op<ReplicaSet>>, ReconcileError> {
+        let mut ops: Vec<_> = self.old.iter().filter(|rs| replicas(rs) > 0).map(|rs| scaled(rs, 0)).collect();
+        if self.old.iter().any(|rs| status_of(rs).0 > 0) {
+            return Ok(ops);
         }
-        Some(_) => {}
+        match self.new {
+            None => ops.push(Op::Create(new_replica_set(self.d, self.hash, self.desired)?)),
+            Some(rs) if replicas(rs) != self.desired => ops.push(scaled(rs, self.desired)),
+            Some(_) => {}
+        }
+        Ok(ops)
     }
-    if old_replicas == 0 {
-        return Ok(());
+
+    /// One RollingUpdate step (Kubernetes' `rolloutRolling`): the new ReplicaSet up within
+    /// maxSurge (a changed scale ends the step, as there), else old ones down within
+    /// maxUnavailable, their unavailable Pods first, the oldest ReplicaSet first.
+    fn rolling(&self) -> Result<Vec<Op<ReplicaSet>>, ReconcileError> {
+        let (desired, new, old) = (self.desired, self.new, self.old);
+        let (max_surge, max_unavailable) = fenceposts(self.d, desired)?;
+        let old_replicas: i32 = old.iter().map(|rs| replicas(rs)).sum();
+        let new_replicas = new.map_or(0, replicas);
+        let target = if new_replicas >= desired {
+            desired
+        } else {
+            let room = (desired + max_surge - old_replicas - new_replicas).max(0);
+            new_replicas + room.min(desired - new_replicas)
+        };
+        let mut ops = Vec::new();
+        match new {
+            None => ops.push(Op::Create(new_replica_set(self.d, self.hash, target)?)),
+            Some(rs) if target != new_replicas => return Ok(vec![scaled(rs, target)]),
+            Some(_) => {}
+        }
+        if old_replicas == 0 {
+            return Ok(ops);
+        }
+        let min_available = desired - max_unavailable;
+        let new_unavailable = target - new.map_or(0, |rs| status_of(rs).2);
+        let mut scaled_down: Vec<i32> = old.iter().map(|rs| replicas(rs)).collect();
+        // Unavailable old Pods go first: removing them costs no availability.
+        let mut cleanup = old_replicas + target - min_available - new_unavailable;
+        for (rs, to) in old.iter().zip(scaled_down.iter_mut()) {
+            let unavailable = (*to - status_of(rs).2).max(0).min(cleanup.max(0));
+            *to -= unavailable;
+            cleanup -= unavailable;
+        }
+        // Then available ones, as far as availability stays at min_available.
+        let available: i32 = old.iter().chain(new.iter()).map(|rs| status_of(rs).2).sum();
+        let mut budget = available - min_available;
+        for to in scaled_down.iter_mut() {
+            let down = (*to).min(budget.max(0));
+            *to -= down;
+            budget -= down;
+        }
+        ops.extend(old.iter().zip(scaled_down).filter(|(rs, to)| replicas(rs) != *to).map(|(rs, to)| scaled(rs, to)));
+        Ok(ops)
     }
-    let min_available = desired - max_unavailable;
-    let new_unavailable = target - new.map_or(0, |rs| status_of(rs).2);
-    let mut scaled_down: Vec<i32> = old.iter().map(|rs| replicas(rs)).collect();
-    // Unavailable old Pods go first: removing them costs no availability.
-    let mut cleanup = old_replicas + target - min_available - new_unavailable;
-    for (rs, to) in old.iter().zip(scaled_down.iter_mut()) {
-        let unavailable = (*to - status_of(rs).2).max(0).min(cleanup.max(0));
-        *to -= unavailable;
-        cleanup -= unavailable;
-    }
-    // Then available ones, as far as availability stays at min_available.
-    let available: i32 = old.iter().chain(new.iter()).map(|rs| status_of(rs).2).sum();
-    let mut budget = available - min_available;
-    for to in scaled_down.iter_mut() {
-        let down = (*to).min(budget.max(0));
-        *to -= down;
-        budget -= down;
-    }
-    ops.extend(old.iter().zip(scaled_down).filter(|(rs, to)| replicas(rs) != *to).map(|(rs, to)| scaled(rs, to)));
-    Ok(())
 }
 
 /// maxSurge and maxUnavailable as Pod counts for `desired` replicas (`ResolveFenceposts`): a
