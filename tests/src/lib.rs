@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod failover;
 mod gitplane;
 pub mod linearizability;
+pub mod manifests;
 mod nodes;
 pub use gitplane::{Gitplane, Worktree, binary};
 pub use gitplane_nodeagent::host::NetnsHost;

@@ -3,42 +3,12 @@
 //! On the real `gitplane up --nodes 1`, which starts a failed agent again.
 
 use anyhow::{Context, Result, ensure};
-use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
+use gitplane_e2e::{LocalCluster, Worktree, manifests, require_root, wait_for};
 use gitplane_nodeagent::cri::{Cri, pb};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(120);
-
-const WORKLOAD: &str = "apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: steady
-spec:
-  replicas: 2
-  selector:
-    matchLabels: {app: steady}
-  template:
-    metadata:
-      labels: {app: steady}
-    spec:
-      containers:
-      - name: web
-        image: gitplane.local/httpd:1
-        imagePullPolicy: IfNotPresent
-";
-
-const LATER: &str = "apiVersion: v1
-kind: Pod
-metadata:
-  name: later
-  labels: {app: later}
-spec:
-  containers:
-  - name: web
-    image: gitplane.local/httpd:1
-    imagePullPolicy: IfNotPresent
-";
 
 /// Every sandbox and container id in the node's containerd, with its state.
 async fn runtime_objects(cri: &Cri) -> Result<BTreeSet<(String, i32)>> {
@@ -60,7 +30,7 @@ async fn t69_a_restarted_agent_adopts_its_pods() -> Result<()> {
     let work_dir = tempfile::tempdir()?;
     let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
     work.remove("web.yaml")?;
-    work.write("steady.yaml", WORKLOAD)?;
+    work.write("steady.yaml", &manifests::deployment("steady", 2))?;
     work.commit_and_push("two steady Pods")?;
     let before = tokio::task::block_in_place(|| {
         wait_for(DEADLINE, || cluster.running_pods("app=steady").ok().filter(|p| p.len() == 2))
@@ -85,7 +55,7 @@ async fn t69_a_restarted_agent_adopts_its_pods() -> Result<()> {
         .context("the agent was not started again")?;
 
     // The new agent runs a new Pod: it has listed its Pods and synced them by then.
-    work.write("later.yaml", LATER)?;
+    work.write("later.yaml", &manifests::pod("later"))?;
     work.commit_and_push("one more Pod")?;
     tokio::task::block_in_place(|| {
         wait_for(DEADLINE, || cluster.running_pods("app=later").ok().filter(|p| p.len() == 1))

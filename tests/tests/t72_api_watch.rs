@@ -8,7 +8,7 @@ use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{
     Worktree,
     cluster::{Cluster, READ_TOKEN},
-    wait_for,
+    manifests, wait_for,
 };
 use std::{
     path::{Path, PathBuf},
@@ -75,14 +75,6 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn deployment(name: &str, replicas: u32) -> String {
-    format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\n  labels:\n    app: {name}\nspec:\n  replicas: {replicas}\n  \
-         selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    \
-         spec:\n      containers:\n        - name: c\n          image: gitplane.local/httpd:1\n"
-    )
-}
-
 const PYTHON_WATCH: &str = r#"
 import sys
 from kubernetes import client, watch
@@ -115,11 +107,7 @@ fn t72_watch_and_field_selectors_through_kubectl_and_the_python_client() -> Resu
     wait_for(DEADLINE, || dir.join("repos/bootstrap.git/HEAD").exists().then_some(()))
         .context("the bootstrap repository")?;
     let apps = Worktree::clone(git("bootstrap"), dir.join("apps"))?;
-    apps.write(
-        "watched.yaml",
-        "apiVersion: gitplane.io/v1\nkind: Application\nmetadata:\n  name: watched\n  namespace: gitplane-system\n\
-         spec:\n  repo: watched\n  namespace: default\n",
-    )?;
+    apps.write("watched.yaml", &manifests::application("watched", "watched"))?;
     apps.commit("the watched Application")?;
     apps.push(&git("bootstrap"))?;
     wait_for(DEADLINE, || dir.join("repos/watched.git/HEAD").exists().then_some(()))
@@ -130,8 +118,8 @@ fn t72_watch_and_field_selectors_through_kubectl_and_the_python_client() -> Resu
     // `kubectl get pods -w` (Table rows in watch events) sees the objects of a later push.
     // (Listed or watched, the first push's Pods show; the second push's can only come by watch.)
     let pods = Running::start(kubectl(&server).args(["get", "pods", "-w"]), dir, "pods-w")?;
-    work.write("web.yaml", &deployment("web", 2))?;
-    work.write("idle.yaml", &deployment("idle", 0))?;
+    work.write("web.yaml", &manifests::deployment("web", 2))?;
+    work.write("idle.yaml", &manifests::deployment("idle", 0))?;
     work.commit("web and idle")?;
     work.push(&git("watched"))?;
     wait_for(DEADLINE, || pods.out().lines().filter(|l| l.starts_with("web-")).nth(1).map(|_| ()))
@@ -223,8 +211,8 @@ fn t72_watch_and_field_selectors_through_kubectl_and_the_python_client() -> Resu
         .with_context(|| format!("the Python client lists Pods: {}{}", python.out(), python.err()))?;
     ensure!(listed.matches(" web-").count() == 2, "the Python list: {listed}");
 
-    work.write("web.yaml", &deployment("web", 3))?;
-    work.write("late.yaml", &deployment("late", 1))?;
+    work.write("web.yaml", &manifests::deployment("web", 3))?;
+    work.write("late.yaml", &manifests::deployment("late", 1))?;
     work.commit("web scaled, late added")?;
     work.push(&git("watched"))?;
 

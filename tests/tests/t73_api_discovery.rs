@@ -10,14 +10,12 @@ use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{
     Worktree,
     cluster::{Cluster, READ_BEARER, loopback_get, loopback_request},
-    wait_for,
+    manifests, wait_for,
 };
 use serde_json::Value;
 use std::{process::Command, time::Duration};
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-const APPLICATION: &str = "apiVersion: gitplane.io/v1\nkind: Application\nmetadata:\n  name: web\n  namespace: gitplane-system\nspec:\n  repo: web\n  namespace: default\n";
 
 const WORKLOADS: &str = r#"apiVersion: apps/v1
 kind: Deployment
@@ -116,7 +114,7 @@ fn t73_kubectl_discovers_explains_and_prints_wide_tables() -> Result<()> {
     let remote = |repo: &str| format!("http://git:{token}@{addr}/git/{repo}.git");
     let apps = wait_for(DEADLINE, || Worktree::clone(remote("bootstrap"), cluster.dir.path().join("apps")).ok())
         .context("cloning the bootstrap repository")?;
-    apps.write("web.yaml", APPLICATION)?;
+    apps.write("web.yaml", &manifests::application("web", "web"))?;
     apps.commit("the web Application")?;
     apps.push(&remote("bootstrap"))?;
     let web = wait_for(DEADLINE, || Worktree::clone(remote("web"), cluster.dir.path().join("web")).ok())

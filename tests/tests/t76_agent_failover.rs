@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail, ensure};
 use gitplane_e2e::{
     NetnsHost, Worktree, binary,
     cluster::{READ_TOKEN, loopback_get, write_encryption_keys},
-    netns_host, require_root, wait_for,
+    manifests, netns_host, require_root, wait_for,
 };
 use gitplane_nodeagent::{
     containerd::{Containerd, ContainerdConfig},
@@ -27,46 +27,6 @@ use std::{
 
 const DEADLINE: Duration = Duration::from_secs(180);
 const REPLICAS: u16 = 3;
-
-const APPLICATION: &str = "apiVersion: gitplane.io/v1
-kind: Application
-metadata:
-  name: web
-  namespace: gitplane-system
-spec:
-  repo: web
-  namespace: default
-";
-
-const STEADY: &str = "apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: steady
-spec:
-  replicas: 2
-  selector:
-    matchLabels: {app: steady}
-  template:
-    metadata:
-      labels: {app: steady}
-    spec:
-      containers:
-      - name: web
-        image: gitplane.local/httpd:1
-        imagePullPolicy: IfNotPresent
-";
-
-const LATER: &str = "apiVersion: v1
-kind: Pod
-metadata:
-  name: later
-  labels: {app: later}
-spec:
-  containers:
-  - name: web
-    image: gitplane.local/httpd:1
-    imagePullPolicy: IfNotPresent
-";
 
 /// Processes this test started in the host, ended by PID when dropped (also on failure).
 struct Processes {
@@ -268,11 +228,11 @@ async fn t76_the_agent_survives_a_control_plane_failover() -> Result<()> {
     blocking(|| wait_for(DEADLINE, || repos.join("bootstrap.git/HEAD").exists().then_some(())))
         .context("the leader makes the bootstrap repository")?;
     let apps = Worktree::clone(repos.join("bootstrap.git"), dir.join("work/apps"))?;
-    apps.write("web.yaml", APPLICATION)?;
+    apps.write("web.yaml", &manifests::application("web", "web"))?;
     apps.commit_and_push("the web Application")?;
     let web = blocking(|| wait_for(DEADLINE, || Worktree::clone(repos.join("web.git"), dir.join("work/web")).ok()))
         .with_context(|| format!("the web repository was not made:\n{}", processes.logs()))?;
-    web.write("steady.yaml", STEADY)?;
+    web.write("steady.yaml", &manifests::deployment("steady", 2))?;
     web.commit_and_push("two steady Pods")?;
     let before = blocking(|| wait_for(DEADLINE, || running(&processes, "app%3Dsteady").filter(|p| p.len() == 2)))
         .with_context(|| format!("2 Running Pods:\n{}", processes.logs()))?;
@@ -285,7 +245,7 @@ async fn t76_the_agent_survives_a_control_plane_failover() -> Result<()> {
 
     // A Pod pushed after the failover runs: the agent's Pod watch resumed on another replica,
     // and its status reports reach the store through it.
-    web.write("later.yaml", LATER)?;
+    web.write("later.yaml", &manifests::pod("later"))?;
     web.commit_and_push("one more Pod")?;
     blocking(|| wait_for(DEADLINE, || running(&processes, "app%3Dlater").filter(|p| p.len() == 1)))
         .with_context(|| format!("the Pod pushed after the failover never ran:\n{}", processes.logs()))?;

@@ -1,0 +1,60 @@
+//! Manifests the tests push, as a user writes them: Deployments and Pods of the demo image, and
+//! Applications of hosted repositories.
+
+/// A Deployment `name` of `replicas` Pods of the demo image (container `web`), its Pods labelled
+/// and selected by `app: <name>`.
+pub fn deployment(name: &str, replicas: u32) -> String {
+    format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {name}
+  labels: {{app: {name}}}
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels: {{app: {name}}}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+    spec:
+      containers:
+      - name: web
+        image: gitplane.local/httpd:1
+        imagePullPolicy: IfNotPresent
+"
+    )
+}
+
+/// A bare Pod `name` of the demo image (container `web`), labelled `app: <name>`.
+pub fn pod(name: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  labels: {{app: {name}}}
+spec:
+  containers:
+  - name: web
+    image: gitplane.local/httpd:1
+    imagePullPolicy: IfNotPresent
+"
+    )
+}
+
+/// An Application `name` in `gitplane-system` that applies hosted repository `repo` into the
+/// namespace `default`.
+pub fn application(name: &str, repo: &str) -> String {
+    format!(
+        "apiVersion: gitplane.io/v1
+kind: Application
+metadata:
+  name: {name}
+  namespace: gitplane-system
+spec:
+  repo: {repo}
+  namespace: default
+"
+    )
+}
