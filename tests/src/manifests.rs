@@ -1,6 +1,9 @@
 //! Manifests the tests push, as a user writes them: Deployments and Pods of the demo image, and
 //! Applications of hosted repositories.
 
+/// One container `web` of the demo image, in YAML's flow style.
+const CONTAINERS: &str = "[{name: web, image: gitplane.local/httpd:1, imagePullPolicy: IfNotPresent}]";
+
 /// A Deployment `name` of `replicas` Pods of the demo image (container `web`), its Pods labelled
 /// and selected by `app: <name>`.
 pub fn deployment(name: &str, replicas: u32) -> String {
@@ -18,10 +21,7 @@ spec:
     metadata:
       labels: {{app: {name}}}
     spec:
-      containers:
-      - name: web
-        image: gitplane.local/httpd:1
-        imagePullPolicy: IfNotPresent
+      containers: {CONTAINERS}
 "
     )
 }
@@ -35,10 +35,7 @@ metadata:
   name: {name}
   labels: {{app: {name}}}
 spec:
-  containers:
-  - name: web
-    image: gitplane.local/httpd:1
-    imagePullPolicy: IfNotPresent
+  containers: {CONTAINERS}
 "
     )
 }
