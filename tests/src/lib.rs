@@ -14,10 +14,12 @@
 pub mod browser;
 pub mod cluster;
 pub mod failover;
+mod foreign_ca;
 mod gitplane;
 pub mod linearizability;
 pub mod manifests;
 mod nodes;
+pub use foreign_ca::{ForeignCa, foreign_ca};
 pub use gitplane::{Gitplane, Worktree, binary};
 pub use gitplane_nodeagent::host::NetnsHost;
 pub use nodes::{LocalCluster, RunningPod};
@@ -29,6 +31,15 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+
+/// What `command` printed, or its stderr as the error when it failed.
+pub fn stdout_of(command: &mut std::process::Command) -> Result<String> {
+    let out = command.output().with_context(|| format!("{command:?}"))?;
+    if !out.status.success() {
+        bail!("{command:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
 
 /// Fails unless this process can make namespaces: an end-to-end test never passes by skipping.
 pub fn require_root() -> Result<()> {

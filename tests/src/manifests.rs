@@ -40,6 +40,24 @@ spec:
     )
 }
 
+/// A bare Pod `name` whose container `main` (the demo image) runs `script` with busybox's
+/// `sh -c`, and is killed a second after it is asked to stop.
+pub fn shell_pod(name: &str, script: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: gitplane.local/httpd:1
+    command: [/bin/busybox, sh, -c, {script:?}]
+"
+    )
+}
+
 /// An Application `name` in `gitplane-system` that applies hosted repository `repo` into the
 /// namespace `default`.
 pub fn application(name: &str, repo: &str) -> String {

@@ -10,9 +10,9 @@
 //! read what; no token appears in any log.
 
 use anyhow::{Context, Result, ensure};
-use gitplane_e2e::{binary, wait_for};
+use gitplane_e2e::{ForeignCa, binary, foreign_ca, wait_for};
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Output},
     time::Duration,
 };
@@ -152,46 +152,6 @@ fn run(command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// A CA of someone else's and a client certificate it signed, made with the real `openssl`.
-fn other_ca(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
-    let p = |name: &str| dir.join(name).to_string_lossy().into_owned();
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
-    run(Command::new("openssl").args(["req", "-x509"]).args(ec).args([
-        "-keyout",
-        &p("other-ca.key"),
-        "-out",
-        &p("other-ca.crt"),
-        "-subj",
-        "/CN=another CA",
-        "-days",
-        "2",
-    ]))?;
-    run(Command::new("openssl").args(["req"]).args(ec).args([
-        "-keyout",
-        &p("client.key"),
-        "-out",
-        &p("client.csr"),
-        "-subj",
-        "/CN=intruder",
-    ]))?;
-    run(Command::new("openssl").args([
-        "x509",
-        "-req",
-        "-in",
-        &p("client.csr"),
-        "-CA",
-        &p("other-ca.crt"),
-        "-CAkey",
-        &p("other-ca.key"),
-        "-CAcreateserial",
-        "-out",
-        &p("client.crt"),
-        "-days",
-        "2",
-    ]))?;
-    Ok((dir.join("other-ca.crt"), dir.join("client.crt"), dir.join("client.key")))
-}
-
 #[test]
 fn t75_the_status_api_over_https_with_tokens_and_roles() -> Result<()> {
     gitplane_e2e::require_root()?;
@@ -219,7 +179,8 @@ fn t75_the_status_api_over_https_with_tokens_and_roles() -> Result<()> {
     ensure!(leader.is_some(), "no leader over TLS within {DEADLINE:?}\n{}", replicas.logs());
 
     // The matrix: every caller on every path, over HTTPS.
-    let (other_ca, client_crt, client_key) = other_ca(replicas.dir.path())?;
+    let ForeignCa { ca: other_ca, certificate: client_crt, key: client_key } =
+        foreign_ca(replicas.dir.path(), "/CN=intruder")?;
     let (other_ca, client_crt, client_key) =
         (other_ca.to_string_lossy(), client_crt.to_string_lossy(), client_key.to_string_lossy());
     let header = |token: &str| format!("Authorization: Bearer {token}");

@@ -12,7 +12,7 @@
 //! exec`).
 
 use anyhow::{Context, Result, ensure};
-use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
+use gitplane_e2e::{LocalCluster, Worktree, foreign_ca, manifests, require_root, stdout_of, wait_for};
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -20,52 +20,6 @@ use std::{
 };
 
 const DEADLINE: Duration = Duration::from_secs(120);
-
-const POD: &str = r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: talker
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: main
-      image: gitplane.local/httpd:1
-      command: [/bin/busybox, sh, -c, "echo hello over mutual TLS; exec /bin/busybox sleep 3600"]
-"#;
-
-fn run(command: &mut Command) -> Result<String> {
-    let out = command.output().with_context(|| format!("{command:?}"))?;
-    ensure!(out.status.success(), "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// A CA of someone else's and a client certificate it signed, made with the real `openssl`.
-fn other_ca(dir: &Path) -> Result<(String, String)> {
-    let p = |name: &str| dir.join(name).to_string_lossy().into_owned();
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
-    let ca = ["-keyout", &p("other-ca.key"), "-out", &p("other-ca.crt"), "-subj", "/CN=another CA", "-days", "2"];
-    run(Command::new("openssl").args(["req", "-x509"]).args(ec).args(ca))?;
-    // Named as a replica would be, to show that names from another CA count for nothing.
-    let subject = "/O=gitplane:replicas/CN=gitplane replica";
-    run(Command::new("openssl").args(["req"]).args(ec).args([
-        "-keyout",
-        &p("client.key"),
-        "-out",
-        &p("client.csr"),
-        "-subj",
-        subject,
-    ]))?;
-    run(Command::new("openssl").args(["x509", "-req", "-in", &p("client.csr"), "-CA", &p("other-ca.crt")]).args([
-        "-CAkey",
-        &p("other-ca.key"),
-        "-CAcreateserial",
-        "-out",
-        &p("client.crt"),
-        "-days",
-        "2",
-    ]))?;
-    Ok((p("client.crt"), p("client.key")))
-}
 
 /// `curl` from the node's namespace: the gRPC status of a gRPC call (`grpc-<code>`), else the
 /// HTTP code, or `handshake-refused` when the TLS handshake failed.
@@ -96,7 +50,7 @@ fn curl(node: &str, url: &str, grpc: bool, extra: &[&str]) -> Result<String> {
 /// `openssl x509` fields of the certificate in `file`.
 fn x509(file: &Path, field: &str) -> Result<String> {
     let file = file.to_string_lossy();
-    Ok(run(Command::new("openssl").args(["x509", "-noout", field, "-in", &file]))?.trim().to_owned())
+    Ok(stdout_of(Command::new("openssl").args(["x509", "-noout", field, "-in", &file]))?.trim().to_owned())
 }
 
 #[test]
@@ -126,7 +80,7 @@ fn t84_nodes_and_replicas_authenticate_with_certificates() -> Result<()> {
         let uid =
             cluster.get(&format!("/api/v1/nodes/{node}"))?["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
         ensure!(subject == format!("subject=CN = system:node:{node}, O = system:nodes, UID = {uid}"), "{subject}");
-        let verified = run(Command::new("openssl").args(["verify", "-CAfile", &ca_arg]).arg(file))?;
+        let verified = stdout_of(Command::new("openssl").args(["verify", "-CAfile", &ca_arg]).arg(file))?;
         ensure!(verified.trim().ends_with(": OK"), "{verified}");
     }
     ensure!(
@@ -156,7 +110,9 @@ fn t84_nodes_and_replicas_authenticate_with_certificates() -> Result<()> {
     // Who is refused where.
     let port = cluster.listen.port();
     let replica = |path: &str| format!("https://172.29.0.1:{port}{path}");
-    let (other_crt, other_key) = other_ca(node_dir.parent().context("nodes dir")?)?;
+    // Named as a replica would be, to show that names from another CA count for nothing.
+    let foreign = foreign_ca(node_dir.parent().context("nodes dir")?, "/O=gitplane:replicas/CN=gitplane replica")?;
+    let (other_crt, other_key) = (foreign.certificate.to_string_lossy(), foreign.key.to_string_lossy());
     let client_arg = client.to_string_lossy().into_owned();
     let other = ["--cacert", &ca_arg, "--cert", &other_crt, "--key", &other_key];
     let own = ["--cacert", &ca_arg, "--cert", &client_arg];
@@ -192,7 +148,10 @@ Raft service, the node's own         {needs_replica}
     let work_dir = tempfile::tempdir()?;
     let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
     work.remove("web.yaml")?;
-    work.write("talker.yaml", POD)?;
+    work.write(
+        "talker.yaml",
+        &manifests::shell_pod("talker", "echo hello over mutual TLS; exec /bin/busybox sleep 3600"),
+    )?;
     work.commit_and_push("a Pod that prints")?;
     let logs = || {
         let out = Command::new("kubectl")

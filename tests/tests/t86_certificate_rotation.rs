@@ -9,7 +9,7 @@
 
 use anyhow::{Context, Result, ensure};
 use gitplane_api::ObjectKey;
-use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
+use gitplane_e2e::{LocalCluster, Worktree, manifests, require_root, stdout_of, wait_for};
 use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{Op, Store};
 use std::{
@@ -20,28 +20,10 @@ use std::{
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
-const POD: &str = r#"apiVersion: v1
-kind: Pod
-metadata:
-  name: renewed
-spec:
-  terminationGracePeriodSeconds: 1
-  containers:
-    - name: main
-      image: gitplane.local/httpd:1
-      command: [/bin/busybox, sh, -c, "echo hello after renewal; exec /bin/busybox sleep 3600"]
-"#;
-
-fn run(command: &mut Command) -> Result<String> {
-    let out = command.output().with_context(|| format!("{command:?}"))?;
-    ensure!(out.status.success(), "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// `openssl x509` field of the (first) certificate in `file`.
 fn x509(file: &Path, field: &str) -> Result<String> {
     let file = file.to_string_lossy();
-    Ok(run(Command::new("openssl").args(["x509", "-noout", field, "-in", &file]))?.trim().to_owned())
+    Ok(stdout_of(Command::new("openssl").args(["x509", "-noout", field, "-in", &file]))?.trim().to_owned())
 }
 
 /// The gRPC status (`grpc-<code> <message>`) of a `Heartbeat` for `node`, sent with `curl` from
@@ -122,7 +104,7 @@ fn t86_agents_renew_their_certificates_and_removed_nodes_are_refused() -> Result
     for file in [&client, &serving] {
         let subject = x509(file, "-subject")?;
         ensure!(subject == format!("subject=CN = system:node:{node}, O = system:nodes, UID = {uid}"), "{subject}");
-        let verified = run(Command::new("openssl").args(["verify", "-CAfile", &ca]).arg(file))?;
+        let verified = stdout_of(Command::new("openssl").args(["verify", "-CAfile", &ca]).arg(file))?;
         ensure!(verified.trim().ends_with(": OK"), "{verified}");
     }
     ensure!(agent_log().contains("node certificates renewed"), "{}", agent_log());
@@ -144,7 +126,10 @@ fn t86_agents_renew_their_certificates_and_removed_nodes_are_refused() -> Result
     // endpoint, and the Pod watch never reconnected.
     let work = Worktree::clone(cluster.demo_repo(), tmp.path().join("demo"))?;
     work.remove("web.yaml")?;
-    work.write("renewed.yaml", POD)?;
+    work.write(
+        "renewed.yaml",
+        &manifests::shell_pod("renewed", "echo hello after renewal; exec /bin/busybox sleep 3600"),
+    )?;
     work.commit_and_push("a Pod after the renewal")?;
     let logs = || {
         let out = Command::new("kubectl")
