@@ -207,6 +207,30 @@ impl LocalCluster {
         self.repos_dir.join("demo.git")
     }
 
+    /// Replaces the demo repository's workload with one Pod `name` that prints `line` and
+    /// sleeps, pushes it (a working copy under `work_dir`), and waits until `kubectl logs` reads
+    /// the line through the replica, which reaches the node's kubelet endpoint.
+    pub fn run_printing_pod(&self, work_dir: &Path, name: &str, line: &str) -> Result<()> {
+        let work = crate::Worktree::clone(self.demo_repo(), work_dir.join("demo"))?;
+        work.remove("web.yaml")?;
+        let script = format!("echo {line}; exec /bin/busybox sleep 3600");
+        work.write(&format!("{name}.yaml"), &crate::manifests::shell_pod(name, &script))?;
+        work.commit_and_push(&format!("a Pod that prints {line:?}"))?;
+        let printed = || self.kubectl_logs(name).filter(|out| out.contains(line));
+        wait_for(Duration::from_secs(120), printed)
+            .map(drop)
+            .with_context(|| format!("kubectl logs {name} never printed {line:?}:\n{}", self.log_text()))
+    }
+
+    /// What `kubectl logs <pod>` prints, when it succeeds.
+    pub fn kubectl_logs(&self, pod: &str) -> Option<String> {
+        let out = Command::new("kubectl")
+            .args(["--server", &format!("http://{}", self.listen), "logs", pod])
+            .output()
+            .ok()?;
+        out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }

@@ -12,7 +12,7 @@
 //! exec`).
 
 use anyhow::{Context, Result, ensure};
-use gitplane_e2e::{LocalCluster, Worktree, foreign_ca, manifests, require_root, stdout_of, wait_for};
+use gitplane_e2e::{LocalCluster, foreign_ca, require_root, stdout_of, wait_for};
 use std::{
     path::{Path, PathBuf},
     process::Command,
@@ -146,22 +146,7 @@ Raft service, the node's own         {needs_replica}
     // End to end: a Pod runs and its log is read through the replica, which calls the node's
     // kubelet endpoint over mutual TLS.
     let work_dir = tempfile::tempdir()?;
-    let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
-    work.remove("web.yaml")?;
-    work.write(
-        "talker.yaml",
-        &manifests::shell_pod("talker", "echo hello over mutual TLS; exec /bin/busybox sleep 3600"),
-    )?;
-    work.commit_and_push("a Pod that prints")?;
-    let logs = || {
-        let out = Command::new("kubectl")
-            .args(["--server", &format!("http://{}", cluster.listen), "logs", "talker"])
-            .output()
-            .ok()?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        stdout.contains("hello over mutual TLS").then_some(stdout)
-    };
-    wait_for(DEADLINE, logs).with_context(|| format!("kubectl logs talker never worked:\n{}", cluster.log_text()))?;
+    cluster.run_printing_pod(work_dir.path(), "talker", "hello over mutual TLS")?;
     let summary = cluster.get("/apis/metrics.k8s.io/v1beta1/nodes");
     ensure!(summary.is_ok(), "metrics through the kubelet endpoint: {summary:?}");
 
@@ -206,7 +191,8 @@ Raft service, the node's own         {needs_replica}
     wait_for(DEADLINE, || (client.exists() && serving.exists() && !credential_file.exists()).then_some(()))
         .with_context(|| format!("the restarted agent did not trade its credential:\n{}", cluster.log_text()))?;
     ensure!(cluster.agent_pid(&node).is_some_and(|pid| pid != killed));
-    wait_for(DEADLINE, logs).context("kubectl logs talker after the agent's migration")?;
+    wait_for(DEADLINE, || cluster.kubectl_logs("talker").filter(|out| out.contains("hello over mutual TLS")))
+        .context("kubectl logs talker after the agent's migration")?;
 
     // `gitplane secrets rotate` asks the replica over HTTPS, verified with the cluster CA.
     let data = cluster.data_dir.to_string_lossy().into_owned();

@@ -9,7 +9,7 @@
 
 use anyhow::{Context, Result, ensure};
 use gitplane_api::ObjectKey;
-use gitplane_e2e::{LocalCluster, Worktree, manifests, require_root, stdout_of, wait_for};
+use gitplane_e2e::{LocalCluster, require_root, stdout_of, wait_for};
 use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{Op, Store};
 use std::{
@@ -124,21 +124,7 @@ fn t86_agents_renew_their_certificates_and_removed_nodes_are_refused() -> Result
 
     // The node keeps working: a Pod pushed now runs, its log is read through the kubelet
     // endpoint, and the Pod watch never reconnected.
-    let work = Worktree::clone(cluster.demo_repo(), tmp.path().join("demo"))?;
-    work.remove("web.yaml")?;
-    work.write(
-        "renewed.yaml",
-        &manifests::shell_pod("renewed", "echo hello after renewal; exec /bin/busybox sleep 3600"),
-    )?;
-    work.commit_and_push("a Pod after the renewal")?;
-    let logs = || {
-        let out = Command::new("kubectl")
-            .args(["--server", &format!("http://{}", cluster.listen), "logs", "renewed"])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&out.stdout).contains("hello after renewal").then_some(())
-    };
-    wait_for(DEADLINE, logs).with_context(|| format!("kubectl logs renewed never worked:\n{}", cluster.log_text()))?;
+    cluster.run_printing_pod(tmp.path(), "renewed", "hello after renewal")?;
     ensure!(watches_started() == watches, "the Pod watch reconnected:\n{}", cluster.log_text());
 
     // The node credential no longer counts over TLS: the node holds certificates.
