@@ -1,6 +1,7 @@
 //! The node's Ingress controller: the routing table of `gitplane_api::ingress` (the pure core)
 //! built from the agent's view of the network, and an HTTP / HTTPS reverse proxy that serves it
-//! on the node's address ([`proxy`]), with certificates picked by SNI ([`tls`]).
+//! on the node's address ([`proxy`]), with certificates picked by SNI ([`tls`]) and upgraded
+//! connections passed through until closed or idle ([`tunnel`]).
 //!
 //! A change of an Ingress, Service, EndpointSlice, IngressClass or TLS Secret rebuilds the table
 //! and swaps it in whole ([`Routes::store`]): a request routes by the table it started with, so a
@@ -8,6 +9,7 @@
 
 pub mod proxy;
 pub mod tls;
+mod tunnel;
 
 use crate::network::{Change, Network, View, next_changes};
 pub use gitplane_api::ingress::PathMatch;

@@ -6,7 +6,10 @@
 //! pool per endpoint. Request bodies are read whole first (at most [`MAX_BODY`], ingress-nginx's
 //! default `client_max_body_size`), so a retry can send them again.
 
-use super::{Routes, tls};
+use super::{
+    Routes, tls,
+    tunnel::{self, Ended, tunnel},
+};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::{
@@ -360,8 +363,8 @@ fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 /// The endpoint's answer to an upgrade: when it switched protocols (101), the client gets the
-/// 101 and, once both connections are handed over, bytes are copied both ways until either side
-/// closes; any other answer is passed on as usual (its connection is not pooled).
+/// 101 and, once both connections are handed over, they are joined by a [`tunnel`]; any other
+/// answer is passed on as usual (its connection is not pooled).
 fn switch(endpoint: SocketAddr, mut response: Response<Incoming>, client: OnUpgrade) -> Response<ProxyBody> {
     let switched = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     let protocol = response.headers().get(header::UPGRADE).cloned();
@@ -370,10 +373,12 @@ fn switch(endpoint: SocketAddr, mut response: Response<Incoming>, client: OnUpgr
         tokio::spawn(async move {
             match tokio::try_join!(client, upstream) {
                 Ok((client, upstream)) => {
-                    let copied =
-                        tokio::io::copy_bidirectional(&mut TokioIo::new(client), &mut TokioIo::new(upstream)).await;
-                    if let Err(error) = copied {
-                        tracing::debug!(%endpoint, %error, "upgraded connection ended with an error");
+                    match tunnel(TokioIo::new(client), TokioIo::new(upstream), tunnel::IDLE_TIMEOUT).await {
+                        Ok(Ended::Closed) => {}
+                        Ok(Ended::Idle) => {
+                            tracing::debug!(%endpoint, "upgraded connection closed after its idle timeout")
+                        }
+                        Err(error) => tracing::debug!(%endpoint, %error, "upgraded connection ended with an error"),
                     }
                 }
                 Err(error) => tracing::debug!(%endpoint, %error, "an upgrade was not completed"),
