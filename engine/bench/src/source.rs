@@ -676,7 +676,10 @@ async fn settle(cluster: &Gitplane) -> Duration {
             break;
         }
         if rate.is_some_and(|r| r < 1.0) {
-            eprintln!("settled after {:.0?}: {shown} writes/s over the last 10 s, at revision {last}", started.elapsed());
+            eprintln!(
+                "settled after {:.0?}: {shown} writes/s over the last 10 s, at revision {last}",
+                started.elapsed()
+            );
             break;
         }
         if started.elapsed() >= SETTLE_LIMIT {

@@ -137,7 +137,10 @@ pub struct Verdicts {
 /// One Application's judgement of one ref update.
 enum Judged {
     /// The plan, and its lines for the pusher after its summary.
-    Plan { plan: apply::Plan, described: String },
+    Plan {
+        plan: apply::Plan,
+        described: String,
+    },
     Rejected(Vec<String>),
 }
 
@@ -436,9 +439,7 @@ impl<'a> AfterParent<'a> {
     ) -> Vec<(ObjectKey, Arc<Value>)> {
         let mut out: Vec<_> = objects.into_iter().filter(|(k, _)| !self.written.contains_key(k)).collect();
         out.extend(
-            self.written
-                .iter()
-                .filter_map(|(k, v)| v.as_ref().filter(|v| want(k, v)).map(|v| (k.clone(), v.clone()))),
+            self.written.iter().filter_map(|(k, v)| v.as_ref().filter(|v| want(k, v)).map(|v| (k.clone(), v.clone()))),
         );
         out
     }
@@ -697,8 +698,10 @@ mod tests {
     use std::collections::HashSet;
 
     fn manifests(files: &[(&str, String)]) -> Vec<Arc<Manifest>> {
-        let files: Vec<_> =
-            files.iter().map(|(path, text)| gitplane_source::ManifestFile::new(*path, text.as_bytes().to_vec())).collect();
+        let files: Vec<_> = files
+            .iter()
+            .map(|(path, text)| gitplane_source::ManifestFile::new(*path, text.as_bytes().to_vec()))
+            .collect();
         let loaded = gitplane_source::load(&files, &Validator::new(), "default", &Limits::default());
         loaded.unwrap().into_iter().map(Arc::new).collect()
     }
@@ -724,7 +727,8 @@ mod tests {
         let other = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "other", "namespace": "default", "resourceVersion": "3"}});
         let stored = BTreeMap::from([(ObjectKey::from_value(&other).unwrap(), Arc::new(other))]);
-        let (inventory, ranges, key) = (apply::Inventory::default(), ServiceRanges::default(), apply::RecordKey::new([1; 32]));
+        let (inventory, ranges, key) =
+            (apply::Inventory::default(), ServiceRanges::default(), apply::RecordKey::new([1; 32]));
         let names = (HashSet::from(["default".to_owned()]), HashSet::new());
         let policy = apply::Policy { app: "gitplane-system/web", prune: true, allow_empty: false, record_key: &key };
         let parent = manifests(&[("a.yaml", cm("a", "1")), ("b.yaml", cm("b", "1"))]);
