@@ -2,7 +2,8 @@
 //! HTTP: an invalid commit is refused with every error (file, line, object, path) as `remote:`
 //! lines and the branch stays where it was; a valid one prints the plan (create, update with its
 //! fields, prune; Secret values never shown); a repository that turns refusal off takes the
-//! commit with warnings; pushes racing to one branch are each judged on their own commit.
+//! commit with warnings; pushes racing to one branch are each judged on their own commit; a
+//! push whose parent's sync is pending is planned against that parent.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{Worktree, cluster::Cluster, cluster::loopback_get, wait_for};
@@ -276,6 +277,66 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     ensure!(code == Some(0) && out.is_empty(), "no differences after the sync: {code:?} {err}\n{out}");
     let (code, _, err) = diff(&["--app", "gitplane-system/nope"])?;
     ensure!(code == Some(2) && err.contains("not found"), "an error exits 2: {code:?} {err}");
+
+    // A parent whose sync is pending (this Application waits for a dependency that does not
+    // exist, so it never syncs): the push is planned against the cluster as the parent's sync
+    // will leave it, without waiting for that sync; a parent its sync will reject leaves the
+    // cluster as it is, and the plan says so.
+    apps.write(
+        "held.yaml",
+        "apiVersion: gitplane.io/v1\nkind: Application\nmetadata:\n  name: held\n  namespace: gitplane-system\n\
+         spec:\n  repo: held\n  namespace: default\n  prune: true\n  dependsOn: [gate]\n",
+    )?;
+    apps.commit("the held Application")?;
+    let (ok, out) = push(&apps, &format!("{base}/bootstrap.git"))?;
+    ensure!(ok, "bootstrap push: {out}");
+    let held_url = format!("{base}/held.git");
+    let held = wait_for(DEADLINE, || Worktree::clone(&held_url, cluster.dir.path().join("held")).ok())
+        .context("cloning the held repository")?;
+    held.write("a.yaml", &cm("held-a", "1"))?;
+    held.write("b.yaml", &cm("held-b", "1"))?;
+    held.commit("held: first")?;
+    let (ok, out) = push(&held, &held_url)?;
+    ensure!(ok && out.contains("2 to create, 0 to update, 0 to prune"), "held's first push:\n{out}");
+    held.write("a.yaml", &cm("held-a", "2"))?;
+    held.remove("b.yaml")?;
+    held.write("c.yaml", &cm("held-c", "1"))?;
+    held.commit("held: second")?;
+    let (ok, out) = push(&held, &held_url)?;
+    ensure!(ok, "held's second push:\n{out}");
+    for line in [
+        "1 to create, 1 to update, 1 to prune",
+        "remote:   ~ ConfigMap default/held-a",
+        "remote:       /data/a: \"1\" → \"2\"",
+        "remote:   - ConfigMap default/held-b",
+        "remote:   + ConfigMap default/held-c",
+    ] {
+        ensure!(out.contains(line), "planned against its parent, the plan should say {line:?}:\n{out}");
+    }
+    let held_config = cluster.dir.path().join("repos/held.git/config");
+    let refuse = |value: &str| -> Result<()> {
+        let status = Command::new("git")
+            .args(["config", "-f"])
+            .arg(&held_config)
+            .args(["gitplane.refuseInvalidPushes", value])
+            .status()?;
+        ensure!(status.success(), "git config");
+        Ok(())
+    };
+    refuse("false")?;
+    held.write("a.yaml", &cm("held-a", "3").replace("\ndata:", "\ndta:"))?;
+    held.commit("held: invalid, let through")?;
+    let (ok, out) = push(&held, &held_url)?;
+    ensure!(ok && out.contains("a.yaml:5"), "with refusal off the push is accepted:\n{out}");
+    let invalid = head(&held)?;
+    refuse("true")?;
+    held.write("a.yaml", &cm("held-a", "3"))?;
+    held.commit("held: valid again")?;
+    let (ok, out) = push(&held, &held_url)?;
+    ensure!(ok, "held's valid push:\n{out}");
+    let note = format!("(the sync of {} is pending and will reject it", &invalid[..10]);
+    ensure!(out.contains(&note) && out.contains("2 to create, 0 to update, 0 to prune"), "{note}:\n{out}");
+    ensure!(config_map(&cluster, "held-a").is_none(), "held never synced, yet held-a exists");
     Ok(())
 }
 

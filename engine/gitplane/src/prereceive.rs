@@ -139,7 +139,25 @@ async fn answer(
     }
     let started = std::time::Instant::now();
     let verdict = verdicts.judge(&repo, quarantine.as_deref(), &refs).await;
-    tracing::info!(repo = %repo.display(), accept = verdict.accept, elapsed = ?started.elapsed(), "push verdict");
+    let p = &verdict.phases;
+    tracing::info!(
+        repo = %repo.display(),
+        accept = verdict.accept,
+        elapsed = ?started.elapsed(),
+        informer = ?p.informer,
+        open = ?p.open,
+        parent = ?p.parent,
+        walk = ?p.walk,
+        read = ?p.read,
+        render = ?p.render,
+        validate = ?p.validate,
+        inventory = ?p.inventory,
+        plan = ?p.plan,
+        output = ?p.output,
+        files = p.files,
+        processed = p.processed,
+        "push verdict"
+    );
     let mut body = serde_json::to_vec(&Response { accept: verdict.accept, output: verdict.output })?;
     body.push(b'\n');
     write.write_all(&body).await?;

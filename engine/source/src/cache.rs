@@ -26,6 +26,7 @@ use std::{
     hash::BuildHasher,
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, Instant},
 };
 
 /// What one load reuses from the previous ones: keep one per Application, across its commits.
@@ -46,7 +47,8 @@ pub struct SourceCache {
     repository: Option<(PathBuf, git2::Repository)>,
 }
 
-/// Counters of the work loads did and avoided, since the cache was made.
+/// Counters of the work loads did and avoided, and the time it took, since the cache was made.
+/// Times of files processed in parallel are summed over the threads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
     /// Manifest files whose outcome was reused.
@@ -59,6 +61,14 @@ pub struct CacheStats {
     pub validated: u64,
     /// Blobs (or files on disk) read, values files included.
     pub read: u64,
+    /// Walking the commit's tree and finding the sizes of its blobs (every load walks).
+    pub walking: Duration,
+    /// Reading the blobs the cache did not hold.
+    pub reading: Duration,
+    /// Rendering templates.
+    pub rendering: Duration,
+    /// Parsing and validating files, and the checks across files (every load makes those).
+    pub validating: Duration,
 }
 
 struct FileEntry {
@@ -93,6 +103,10 @@ impl CacheStats {
         self.rendered += other.rendered;
         self.validated += other.validated;
         self.read += other.read;
+        self.walking += other.walking;
+        self.reading += other.reading;
+        self.rendering += other.rendering;
+        self.validating += other.validating;
     }
 }
 
@@ -122,6 +136,10 @@ impl SourceCache {
 
     pub fn stats(&self) -> CacheStats {
         self.stats
+    }
+
+    pub(crate) fn walked(&mut self, took: Duration) {
+        self.stats.walking += took;
     }
 
     /// Manifest and values files held.
@@ -226,7 +244,9 @@ pub(crate) fn load<'c>(
                 slots.push(Slot::Hit { candidate, entry });
             }
             None => {
+                let started = Instant::now();
                 let content = read(position, candidate)?;
+                cache.stats.reading += started.elapsed();
                 cache.stats.read += 1;
                 slots.push(Slot::Miss { candidate, digest, content });
             }
@@ -303,10 +323,12 @@ pub(crate) fn load<'c>(
     for outcome in &outcomes {
         errors.extend(outcome.errors.iter().cloned());
     }
+    let started = Instant::now();
     let accepted: Vec<&Accepted> = outcomes.iter().flat_map(|o| o.manifests.iter()).collect();
     let mut across = validate::duplicates(&accepted);
     across.extend(validate::unknown_target_ports(&accepted));
     across.extend(validate::missing_keys(&accepted));
+    cache.stats.validating += started.elapsed();
     if errors.is_empty() && across.is_empty() {
         return Ok(accepted.into_iter().map(|a| Arc::clone(&a.manifest)).collect());
     }
@@ -412,7 +434,9 @@ fn values<'c>(
         let parsed = match cached {
             Some(entry) => entry.parsed.clone(),
             None => {
+                let started = Instant::now();
                 let content = read(position, candidate)?;
+                cache.stats.reading += started.elapsed();
                 cache.stats.read += 1;
                 let parsed = parse_values(&path, &content, limits);
                 let entry = ValuesEntry { blob: candidate.blob, size: candidate.size, parsed: parsed.clone() };
@@ -500,6 +524,20 @@ fn process(
     context: &Context<'_>,
     stats: &mut CacheStats,
 ) -> (Outcome, bool) {
+    let (started, rendering) = (Instant::now(), stats.rendering);
+    let processed = process_file(path, content, values, context, stats);
+    // Decoding, parsing and validating: all of it but the rendering.
+    stats.validating += started.elapsed().saturating_sub(stats.rendering.saturating_sub(rendering));
+    processed
+}
+
+fn process_file(
+    path: &str,
+    content: &[u8],
+    values: Option<&Values>,
+    context: &Context<'_>,
+    stats: &mut CacheStats,
+) -> (Outcome, bool) {
     stats.processed += 1;
     let failed = |error: ManifestError, bytes: usize| {
         let outcome =
@@ -514,7 +552,10 @@ fn process(
     let (text, map) = match values {
         Some(values) => {
             stats.rendered += 1;
-            match template::render(path, &text, values, limits) {
+            let started = Instant::now();
+            let rendered = template::render(path, &text, values, limits);
+            stats.rendering += started.elapsed();
+            match rendered {
                 Ok(rendered) => (Arc::from(rendered.text), Some(rendered.lines)),
                 Err(error) => return failed(*error, content.len()),
             }

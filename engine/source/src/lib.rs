@@ -182,6 +182,7 @@ pub fn load_commit_in(
 ) -> Result<Vec<Arc<Manifest>>, LoadError> {
     let dir = git::normalize_dir(&app.path)?;
     (|| {
+        let started = std::time::Instant::now();
         let opened = git::Opened::new(repository, head);
         let mut candidates = opened.walk(&dir, limits)?;
         // Values files the walk did not list (beside the directory, or not named *.yaml).
@@ -195,6 +196,7 @@ pub fn load_commit_in(
         }
         let known = cache.known_sizes(&candidates);
         opened.sizes(&mut candidates, &known, limits)?;
+        cache.walked(started.elapsed());
         cache::load(&candidates, &dir, app, validator, limits, cache, |_, c| opened.read(c).map(Cow::Owned))
     })()
 }

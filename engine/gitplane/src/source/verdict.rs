@@ -9,6 +9,11 @@
 //! turns refusal off); an accepted one prints what each Application's sync will create, update
 //! and prune, with the fields an update changes. Secret values are never printed.
 //!
+//! The plan is against the push's parent, never against how far the cluster's sync has got:
+//! when the Application's sync has not handled the parent yet (pushes in quick succession),
+//! the parent is loaded and planned too, and the pushed commit is planned against the stored
+//! objects as the parent's sync will leave them ([`AfterParent`]); nothing waits for a sync.
+//!
 //! Invariants: it writes nothing (not the store, not the repository); a verdict that cannot be
 //! reached (the store is unavailable) accepts the push with a warning, since the sync judges
 //! again; files are rendered once per blob (a [`SourceCache`] per Application, as the sync's).
@@ -19,13 +24,15 @@
 //! sync only on the leader, so the inventory is the verdicts' own, not the sync's: the replica's
 //! informer events keep it current ([`apply::Inventory::observed`]: other writers' changes,
 //! objects the sync made from commits no verdict saw), and a verdict first waits until those
-//! events have been applied up to the Application's own last write (the parent's sync), so it
-//! is planned against the state the push's parent left.
+//! events have been applied up to the Application's own last write (the informer's own lag,
+//! not a sync's), so the inventory agrees with the cache it plans against.
+//!
+//! Every verdict logs where its time went ([`Phases`]).
 
 use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, owner_key, watched_kinds};
 use gitplane_api::object::resource_version;
 use gitplane_api::{Application, object::APPLICATION_ANNOTATION};
-use gitplane_source::{AppSource, Limits, LoadError, ManifestError, SourceCache, Validator};
+use gitplane_source::{AppSource, CacheStats, Limits, LoadError, Manifest, ManifestError, SourceCache, Validator};
 use gitplane_store::{
     EventType, ObjectKey, Op, Store,
     informer::{Informer, Notification},
@@ -36,7 +43,7 @@ use std::{
     fmt::Write as _,
     path::Path,
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 use tokio::sync::{broadcast::error::RecvError, watch};
 
@@ -49,9 +56,6 @@ const MAX_FIELDS: usize = 12;
 const MAX_OBJECTS: usize = 50;
 /// The longest a verdict waits for this replica's view of the store on its first use.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
-/// How long a verdict waits for the sync of the push's parent before planning against the
-/// cluster as it is.
-const PARENT_WAIT: Duration = Duration::from_secs(3);
 /// How long a verdict waits for the inventories to catch up with the informer's events before
 /// it plans in full instead.
 const EVENTS_WAIT: Duration = Duration::from_secs(2);
@@ -70,6 +74,48 @@ pub struct Verdict {
     pub accept: bool,
     /// Lines for the client (git prints them as `remote:` lines).
     pub output: String,
+    /// Where the time went, for the log.
+    pub phases: Phases,
+}
+
+/// Where a verdict's time went, summed over the Applications it judged. The load's phases are
+/// the pushed commit's; loading and planning a parent whose sync is pending is `parent`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Waiting for this replica's view of the cluster (long only on its first push).
+    pub informer: Duration,
+    /// Opening the repository with the push's quarantine.
+    pub open: Duration,
+    /// Waiting for the inventories to apply the informer's events up to the Application's
+    /// last write.
+    pub inventory: Duration,
+    /// Loading and planning the parent, for an Application whose sync has not handled it.
+    pub parent: Duration,
+    /// Walking the commit's tree, finding blob sizes.
+    pub walk: Duration,
+    /// Reading the blobs the cache did not hold.
+    pub read: Duration,
+    pub render: Duration,
+    /// Parsing and validating the files, and the checks across files.
+    pub validate: Duration,
+    /// Planning against the stored objects.
+    pub plan: Duration,
+    /// Writing the plan's lines (with each update's changed fields).
+    pub output: Duration,
+    /// Files of the pushed commits loaded, and of those processed (not in the cache).
+    pub files: u64,
+    pub processed: u64,
+}
+
+impl Phases {
+    fn loaded(&mut self, before: &CacheStats, after: &CacheStats) {
+        self.walk += after.walking.saturating_sub(before.walking);
+        self.read += after.reading.saturating_sub(before.reading);
+        self.render += after.rendering.saturating_sub(before.rendering);
+        self.validate += after.validating.saturating_sub(before.validating);
+        self.files += (after.hits + after.processed).saturating_sub(before.hits + before.processed);
+        self.processed += after.processed.saturating_sub(before.processed);
+    }
 }
 
 /// Judges pushes to hosted repositories; one per replica, shared by its pushes.
@@ -90,7 +136,11 @@ pub struct Verdicts {
 
 /// One Application's judgement of one ref update.
 enum Judged {
-    Plan(apply::Plan),
+    /// The plan, and its lines for the pusher after its summary.
+    Plan {
+        plan: apply::Plan,
+        described: String,
+    },
     Rejected(Vec<String>),
 }
 
@@ -131,14 +181,19 @@ impl Verdicts {
     /// The verdict on a push of `refs` to the hosted repository at `repo` (named `<name>.git`),
     /// whose new objects wait in `quarantine` until it is accepted.
     pub async fn judge(&self, repo: &Path, quarantine: Option<&Path>, refs: &[RefUpdate]) -> Verdict {
+        let mut phases = Phases::default();
         let name = repo.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".git")).unwrap_or("");
         let refuse = refuses(repo);
-        let Some(informer) = self.informer().await else {
+        let started = Instant::now();
+        let informer = self.informer().await;
+        phases.informer = started.elapsed();
+        let Some(informer) = informer else {
             return Verdict {
                 accept: true,
                 output: "gitplane: warning: this replica's view of the cluster is not ready: the push was not \
                          judged (the sync will judge it)\n"
                     .into(),
+                phases,
             };
         };
         let apps: Vec<Application> =
@@ -162,7 +217,7 @@ impl Verdicts {
                     "gitplane: {branch} moved to {} since this push read it: fetch, rebase and push again",
                     short_oid(current)
                 );
-                return Verdict { accept: false, output };
+                return Verdict { accept: false, output, phases };
             }
             if update.new.is_zero() {
                 let ids: Vec<String> = followers.iter().map(|a| app_id(a)).collect();
@@ -176,15 +231,8 @@ impl Verdicts {
             }
             for app in followers {
                 let id = app_id(app);
-                if !update.old.is_zero() && !self.reached(app, update.old, informer).await {
-                    let _ = writeln!(
-                        output,
-                        "gitplane: note: Application {id} has not synced {} yet: its plan is against the cluster as it is",
-                        short_oid(update.old)
-                    );
-                }
                 let path = if app.spec.path.is_empty() { ".".to_owned() } else { app.spec.path.clone() };
-                match self.judge_one(app, repo, quarantine, update.new, informer).await {
+                match self.judge_one(app, repo, quarantine, update, informer, &mut phases).await {
                     Judged::Rejected(errors) => {
                         rejected = true;
                         let verb = if refuse { "error" } else { "warning" };
@@ -197,7 +245,14 @@ impl Verdicts {
                             let _ = writeln!(output, "  {error}");
                         }
                     }
-                    Judged::Plan(plan) => describe(&mut output, &range, &id, &path, &plan, informer),
+                    Judged::Plan { plan, described } => {
+                        let _ = writeln!(
+                            output,
+                            "gitplane: {range}: Application {id} (path {path}): {} to create, {} to update, {} to prune",
+                            plan.created, plan.updated, plan.pruned
+                        );
+                        output.push_str(&described);
+                    }
                 }
             }
         }
@@ -217,28 +272,7 @@ impl Verdicts {
                 );
             }
         }
-        Verdict { accept: !(rejected && refuse), output }
-    }
-
-    /// Whether the Application's sync has handled `commit` (applied or rejected it), waiting a
-    /// little for it: a plan is meant against the state the push's parent left.
-    async fn reached(&self, app: &Application, commit: git2::Oid, informer: &Informer) -> bool {
-        let commit = commit.to_string();
-        let (ns, name) = (app.metadata.namespace.as_deref().unwrap_or(""), app.metadata.name.as_deref().unwrap_or(""));
-        let deadline = tokio::time::Instant::now() + PARENT_WAIT;
-        loop {
-            let current = informer.cache().get_typed::<Application>(ns, name);
-            let sync = current.as_ref().and_then(|a| a.status.as_ref()).and_then(|s| s.sync.as_ref());
-            if sync.is_some_and(|s| {
-                s.attempted_revision.as_deref() == Some(&commit) || s.revision.as_deref() == Some(&commit)
-            }) {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        Verdict { accept: !(rejected && refuse), output, phases }
     }
 
     async fn judge_one(
@@ -246,36 +280,49 @@ impl Verdicts {
         app: &Application,
         repo: &Path,
         quarantine: Option<&Path>,
-        commit: git2::Oid,
+        update: &RefUpdate,
         informer: &Informer,
+        phases: &mut Phases,
     ) -> Judged {
         let key = app_key(app);
+        let id = app_id(app);
+        // The parent is loaded only when the sync has not handled it: once it has, the stored
+        // objects are as the parent left them.
+        let parent = (!update.old.is_zero() && !synced(app, update.old, informer)).then_some(update.old);
         let cache = self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
         let (source, validator, limits) =
             (AppSource::from_spec(&app.spec), self.validator.clone(), self.limits.clone());
-        let (repo, quarantine) = (repo.to_path_buf(), quarantine.map(Path::to_path_buf));
+        let (repo, quarantine, commit) = (repo.to_path_buf(), quarantine.map(Path::to_path_buf), update.new);
         let loaded = tokio::task::spawn_blocking(move || {
             let mut cache = cache;
-            let loaded = load(&repo, quarantine.as_deref(), commit, &source, &validator, &limits, &mut cache);
+            let loaded = load(&repo, quarantine.as_deref(), parent, commit, &source, &validator, &limits, &mut cache);
             (loaded, cache)
         })
         .await;
-        let manifests = match loaded {
+        let Loads { opened, parent, commit } = match loaded {
             Ok((loaded, cache)) => {
                 self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), cache);
                 match loaded {
-                    Ok(manifests) => manifests,
+                    Ok(loads) => loads,
                     Err(LoadError::Invalid(errors)) => return Judged::Rejected(lines(&errors)),
                     Err(LoadError::Source(e)) => return Judged::Rejected(vec![e.to_string()]),
                 }
             }
             Err(e) => return Judged::Rejected(vec![format!("loading the commit failed: {e}")]),
         };
+        phases.open += opened;
+        phases.loaded(&commit.before, &commit.after);
+        let manifests = match commit.manifests {
+            Ok(manifests) => manifests,
+            Err(LoadError::Invalid(errors)) => return Judged::Rejected(lines(&errors)),
+            Err(LoadError::Source(e)) => return Judged::Rejected(vec![e.to_string()]),
+        };
         // The Application's last write is its sync's status, after that sync's objects: once
-        // the inventory has seen it, it has seen everything the sync of the parent wrote.
+        // the inventory has seen it, it has seen everything that sync wrote.
+        let started = Instant::now();
         let last_write = informer.cache().get(&key).and_then(|a| resource_version(&a)).unwrap_or(0);
         let caught_up = self.observed(last_write).await;
-        let id = app_id(app);
+        phases.inventory += started.elapsed();
         let policy = apply::Policy {
             app: &id,
             prune: app.spec.prune,
@@ -289,23 +336,130 @@ impl Verdicts {
         if !caught_up {
             inventory.distrust();
         }
+        // The stored objects as the parent's sync will leave them. A parent its sync will
+        // reject leaves them as they are: the pushed commit is then planned against those.
+        let mut note = String::new();
+        let after_parent = parent.and_then(|(took, parent)| {
+            let started = Instant::now();
+            let cluster = apply::Cluster {
+                stored: &stored,
+                inventory,
+                namespaces: &namespaces,
+                nodes: &nodes,
+                service_ranges: &self.service_ranges,
+            };
+            let planned = parent.ok().and_then(|manifests| apply::plan(&manifests, &cluster, &policy).ok());
+            if planned.is_none() {
+                let _ = writeln!(
+                    note,
+                    "  (the sync of {} is pending and will reject it: planned against the cluster as it is)",
+                    short_oid(update.old)
+                );
+            }
+            let after = planned.map(|plan| {
+                // Against the stored objects, as any verdict's plan: what it found as Git
+                // wants it is trusted.
+                inventory.record(&plan, [], false);
+                AfterParent::new(&stored, plan.ops)
+            });
+            phases.parent += took + started.elapsed();
+            after
+        });
+        let started = Instant::now();
+        let view: &dyn apply::Stored = match &after_parent {
+            Some(after) => after,
+            None => &stored,
+        };
         let cluster = apply::Cluster {
-            stored: &stored,
+            stored: view,
             inventory,
             namespaces: &namespaces,
             nodes: &nodes,
             service_ranges: &self.service_ranges,
         };
-        match apply::plan(&manifests, &cluster, &policy) {
+        let planned = apply::plan(&manifests, &cluster, &policy);
+        if let (Ok(plan), None) = (&planned, &after_parent) {
+            // Nothing is written: what the plan would write or prune stays to be compared (as
+            // if the Application did not prune), what it found as Git wants it is trusted while
+            // nothing else writes it. A plan against the parent's pending writes is not
+            // recorded: those objects are not stored yet.
+            inventory.record(plan, [], false);
+        }
+        phases.plan += started.elapsed();
+        match planned {
             Ok(plan) => {
-                // Nothing is written: what the plan would write or prune stays to be compared
-                // (as if the Application did not prune), what it found as Git wants it is
-                // trusted while nothing else writes it.
-                inventory.record(&plan, [], false);
-                Judged::Plan(plan)
+                let started = Instant::now();
+                let mut described = note;
+                describe(&mut described, &plan, view);
+                phases.output += started.elapsed();
+                Judged::Plan { plan, described }
             }
             Err(errors) => Judged::Rejected(lines(&errors)),
         }
+    }
+}
+
+/// Whether the Application's sync has handled `commit` (applied or rejected it), as this
+/// replica's cache shows it now.
+fn synced(app: &Application, commit: git2::Oid, informer: &Informer) -> bool {
+    let commit = commit.to_string();
+    let (ns, name) = (app.metadata.namespace.as_deref().unwrap_or(""), app.metadata.name.as_deref().unwrap_or(""));
+    let current = informer.cache().get_typed::<Application>(ns, name);
+    let sync = current.as_ref().and_then(|a| a.status.as_ref()).and_then(|s| s.sync.as_ref());
+    sync.is_some_and(|s| s.attempted_revision.as_deref() == Some(&commit) || s.revision.as_deref() == Some(&commit))
+}
+
+/// The stored objects as a parent's sync will leave them: its plan's writes and prunes over
+/// what is stored now.
+struct AfterParent<'a> {
+    stored: &'a dyn apply::Stored,
+    /// `None`: pruned.
+    written: HashMap<ObjectKey, Option<Arc<Value>>>,
+}
+
+impl<'a> AfterParent<'a> {
+    fn new(stored: &'a dyn apply::Stored, ops: Vec<Op>) -> AfterParent<'a> {
+        let written = ops
+            .into_iter()
+            .filter_map(|op| match op {
+                Op::Create(v) | Op::Update(v) => Some((ObjectKey::from_value(&v).ok()?, Some(Arc::new(v)))),
+                Op::Delete { key, .. } => Some((key, None)),
+                Op::UpdateStatus(_) => None,
+            })
+            .collect();
+        AfterParent { stored, written }
+    }
+
+    /// `objects` (stored now) with the parent's writes and prunes applied; `want` picks which
+    /// of the written ones belong.
+    fn merged(
+        &self,
+        objects: Vec<(ObjectKey, Arc<Value>)>,
+        want: impl Fn(&ObjectKey, &Value) -> bool,
+    ) -> Vec<(ObjectKey, Arc<Value>)> {
+        let mut out: Vec<_> = objects.into_iter().filter(|(k, _)| !self.written.contains_key(k)).collect();
+        out.extend(
+            self.written.iter().filter_map(|(k, v)| v.as_ref().filter(|v| want(k, v)).map(|v| (k.clone(), v.clone()))),
+        );
+        out
+    }
+}
+
+impl apply::Stored for AfterParent<'_> {
+    fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
+        match self.written.get(key) {
+            Some(written) => written.clone(),
+            None => self.stored.get(key),
+        }
+    }
+
+    fn list(&self, kind: &str) -> Vec<Arc<Value>> {
+        let stored = self.stored.list(kind).into_iter().filter_map(|v| Some((ObjectKey::from_value(&v).ok()?, v)));
+        self.merged(stored.collect(), |k, _| k.kind == kind).into_iter().map(|(_, v)| v).collect()
+    }
+
+    fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)> {
+        self.merged(self.stored.owned_by(app), |_, v| apply::owned_by(v, app))
     }
 }
 
@@ -346,23 +500,54 @@ fn follow(informer: &Informer, inventories: Arc<Mutex<HashMap<ObjectKey, apply::
     receiver
 }
 
-/// Loads `commit` of the repository at `repo`, reading the push's new objects from `quarantine`.
+/// What [`load`] gave: the parent's objects with the time they took (when asked for), and the
+/// pushed commit's, with the cache's counters around its load.
+struct Loads {
+    /// Opening the repository with the push's quarantine.
+    opened: Duration,
+    parent: Option<(Duration, Result<Vec<Arc<Manifest>>, LoadError>)>,
+    commit: Loaded,
+}
+
+struct Loaded {
+    manifests: Result<Vec<Arc<Manifest>>, LoadError>,
+    before: CacheStats,
+    after: CacheStats,
+}
+
+/// Loads `commit` of the repository at `repo`, and `parent` first when given (so the cache
+/// keeps the pushed commit's files, the next push's parent), reading the push's new objects
+/// from `quarantine`.
+#[allow(clippy::too_many_arguments)]
 fn load(
     repo: &Path,
     quarantine: Option<&Path>,
+    parent: Option<git2::Oid>,
     commit: git2::Oid,
     app: &AppSource,
     validator: &Validator,
     limits: &Limits,
     cache: &mut SourceCache,
-) -> Result<Vec<Arc<gitplane_source::Manifest>>, LoadError> {
+) -> Result<Loads, LoadError> {
+    let started = Instant::now();
     let git = |source| gitplane_source::SourceError::OpenRepository { repo: repo.to_path_buf(), source };
     let repository = git2::Repository::open_bare(repo).map_err(git)?;
     if let Some(quarantine) = quarantine.and_then(Path::to_str) {
         repository.odb().and_then(|odb| odb.add_disk_alternate(quarantine)).map_err(git)?;
     }
-    let head = gitplane_source::head_at(&repository, repo, commit)?;
-    gitplane_source::load_commit_in(&repository, &head, app, validator, limits, cache)
+    let opened = started.elapsed();
+    let load = |commit: git2::Oid, cache: &mut SourceCache| -> Result<Vec<Arc<Manifest>>, LoadError> {
+        let head = gitplane_source::head_at(&repository, repo, commit)?;
+        gitplane_source::load_commit_in(&repository, &head, app, validator, limits, cache)
+    };
+    let parent = parent.map(|parent| {
+        let started = Instant::now();
+        let loaded = load(parent, cache);
+        (started.elapsed(), loaded)
+    });
+    let before = cache.stats();
+    let manifests = load(commit, cache);
+    Ok(Loads { opened, parent, commit: Loaded { manifests, before, after: cache.stats() } })
 }
 
 /// Where `refname` points now (zero: nowhere).
@@ -389,13 +574,9 @@ fn plural(n: usize, what: &str) -> String {
     if n == 1 { format!("1 {what}") } else { format!("{n} {what}s") }
 }
 
-/// The plan of one Application, as lines for the pusher.
-fn describe(out: &mut String, range: &str, id: &str, path: &str, plan: &apply::Plan, informer: &Informer) {
-    let _ = writeln!(
-        out,
-        "gitplane: {range}: Application {id} (path {path}): {} to create, {} to update, {} to prune",
-        plan.created, plan.updated, plan.pruned
-    );
+/// The objects of one Application's plan, as lines for the pusher; an update's fields against
+/// `stored`, what the plan was made against.
+fn describe(out: &mut String, plan: &apply::Plan, stored: &dyn apply::Stored) {
     let mut shown = BTreeMap::<&str, usize>::new();
     for op in &plan.ops {
         let (sign, key, desired) = match op {
@@ -412,7 +593,7 @@ fn describe(out: &mut String, range: &str, id: &str, path: &str, plan: &apply::P
         }
         let _ = writeln!(out, "  {sign} {key}");
         if sign == "~"
-            && let (Some(desired), Some(current)) = (desired, informer.cache().get(&key))
+            && let (Some(desired), Some(current)) = (desired, stored.get(&key))
         {
             let changes = field_changes(&current, desired);
             for change in changes.iter().take(MAX_FIELDS) {
@@ -512,7 +693,64 @@ pub fn field_changes(current: &Value, desired: &Value) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use apply::Stored as _;
     use serde_json::json;
+    use std::collections::HashSet;
+
+    fn manifests(files: &[(&str, String)]) -> Vec<Arc<Manifest>> {
+        let files: Vec<_> = files
+            .iter()
+            .map(|(path, text)| gitplane_source::ManifestFile::new(*path, text.as_bytes().to_vec()))
+            .collect();
+        let loaded = gitplane_source::load(&files, &Validator::new(), "default", &Limits::default());
+        loaded.unwrap().into_iter().map(Arc::new).collect()
+    }
+
+    fn cm(name: &str, value: &str) -> String {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  a: \"{value}\"\n")
+    }
+
+    /// The cluster of the namespace `default`, no nodes.
+    fn cluster<'a>(
+        stored: &'a dyn apply::Stored,
+        inventory: &'a apply::Inventory,
+        names: &'a (HashSet<String>, HashSet<String>),
+        ranges: &'a ServiceRanges,
+    ) -> apply::Cluster<'a> {
+        apply::Cluster { stored, inventory, namespaces: &names.0, nodes: &names.1, service_ranges: ranges }
+    }
+
+    #[test]
+    fn a_push_is_planned_against_what_its_pending_parent_leaves() {
+        // The parent's sync has not run: nothing of the Application is stored; another
+        // writer's ConfigMap is.
+        let other = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "other", "namespace": "default", "resourceVersion": "3"}});
+        let stored = BTreeMap::from([(ObjectKey::from_value(&other).unwrap(), Arc::new(other))]);
+        let (inventory, ranges, key) =
+            (apply::Inventory::default(), ServiceRanges::default(), apply::RecordKey::new([1; 32]));
+        let names = (HashSet::from(["default".to_owned()]), HashSet::new());
+        let policy = apply::Policy { app: "gitplane-system/web", prune: true, allow_empty: false, record_key: &key };
+        let parent = manifests(&[("a.yaml", cm("a", "1")), ("b.yaml", cm("b", "1"))]);
+        let parent_plan = apply::plan(&parent, &cluster(&stored, &inventory, &names, &ranges), &policy).unwrap();
+        assert_eq!(parent_plan.created, 2);
+        let after = AfterParent::new(&stored, parent_plan.ops);
+        assert_eq!(after.list("ConfigMap").len(), 3, "the stored one and the parent's two");
+        assert_eq!(after.owned_by("gitplane-system/web").len(), 2);
+
+        let pushed = manifests(&[("a.yaml", cm("a", "2")), ("c.yaml", cm("c", "1"))]);
+        let plan = apply::plan(&pushed, &cluster(&after, &inventory, &names, &ranges), &policy).unwrap();
+        assert_eq!((plan.created, plan.updated, plan.pruned), (1, 1, 1));
+        let mut out = String::new();
+        describe(&mut out, &plan, &after);
+        assert_eq!(
+            out,
+            "  ~ ConfigMap default/a\n      /data/a: \"1\" → \"2\"\n  + ConfigMap default/c\n  - ConfigMap default/b\n"
+        );
+        // Against the cluster as it is, the same push would create both.
+        let plan = apply::plan(&pushed, &cluster(&stored, &inventory, &names, &ranges), &policy).unwrap();
+        assert_eq!((plan.created, plan.updated, plan.pruned), (2, 0, 0));
+    }
 
     #[test]
     fn field_changes_name_each_field_and_never_a_secret_value() {
