@@ -500,17 +500,20 @@ fn follow(informer: &Informer, inventories: Arc<Mutex<HashMap<ObjectKey, apply::
     receiver
 }
 
+/// A commit's objects as the source cache loaded them.
+type Manifests = Result<Vec<Arc<Manifest>>, LoadError>;
+
 /// What [`load`] gave: the parent's objects with the time they took (when asked for), and the
 /// pushed commit's, with the cache's counters around its load.
 struct Loads {
     /// Opening the repository with the push's quarantine.
     opened: Duration,
-    parent: Option<(Duration, Result<Vec<Arc<Manifest>>, LoadError>)>,
+    parent: Option<(Duration, Manifests)>,
     commit: Loaded,
 }
 
 struct Loaded {
-    manifests: Result<Vec<Arc<Manifest>>, LoadError>,
+    manifests: Manifests,
     before: CacheStats,
     after: CacheStats,
 }
@@ -536,7 +539,7 @@ fn load(
         repository.odb().and_then(|odb| odb.add_disk_alternate(quarantine)).map_err(git)?;
     }
     let opened = started.elapsed();
-    let load = |commit: git2::Oid, cache: &mut SourceCache| -> Result<Vec<Arc<Manifest>>, LoadError> {
+    let load = |commit: git2::Oid, cache: &mut SourceCache| -> Manifests {
         let head = gitplane_source::head_at(&repository, repo, commit)?;
         gitplane_source::load_commit_in(&repository, &head, app, validator, limits, cache)
     };
