@@ -211,6 +211,11 @@ impl Containerd {
         };
         let pid = child.id();
         let stop = |source| ContainerdError::Stop { pid, source };
+        // A containerd that has exited already is stopped; signalling its reaped pid would fail.
+        if child.try_wait().map_err(stop)?.is_some() {
+            tracing::info!(pid, "containerd had exited already");
+            return Ok(());
+        }
         signal(pid, libc::SIGTERM).map_err(stop)?;
         let deadline = Instant::now() + self.cfg.stop_timeout;
         loop {
