@@ -400,6 +400,7 @@ impl SourceController {
         moved: &mut HashMap<ObjectKey, Instant>,
     ) {
         for path in paths {
+            let started = Instant::now();
             let keys: Vec<ObjectKey> = registry.by_path(&path).cloned().collect();
             let apps: Vec<push::Following> = keys
                 .iter()
@@ -407,7 +408,12 @@ impl SourceController {
                     Some(push::Following::of(k.clone(), &cache.get_typed::<Application>(&k.namespace, &k.name)?))
                 })
                 .collect();
-            let changed = tokio::task::spawn_blocking(move || push::changed(&path, &apps)).await.unwrap_or_default();
+            let changed = {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || push::changed(&path, &apps)).await.unwrap_or_default()
+            };
+            tracing::debug!(repo = %path.display(), applications = keys.len(), changed = changed.len(),
+                took = ?started.elapsed(), "a push's Applications queued");
             for key in keys {
                 moved.entry(key.clone()).or_insert_with(Instant::now);
                 if changed.contains(&key) {
@@ -509,6 +515,7 @@ impl SourceController {
     /// health rule were written.
     async fn sync(&self, app: &Application, reason: Reason, informer: &Informer) -> SyncOutcome {
         let id = app_id(app);
+        tracing::debug!(application = %id, ?reason, "sync started");
         let last = app.status.as_ref().and_then(|s| s.sync.clone()).unwrap_or_default();
         if let Some(waiting) = self.unmet_dependencies(app, informer.cache()) {
             if last.message.as_deref() != Some(waiting.as_str()) {
@@ -529,6 +536,7 @@ impl SourceController {
         match outcome {
             Ok(None) => SyncOutcome { assess_health: false, retry: false, result: "Unchanged" },
             Ok(Some(applied)) => {
+                tracing::debug!(application = %id, commit = %applied.commit, "applied");
                 tracing::info!(application = %id, commit = %applied.commit, created = applied.plan.created,
                     updated = applied.plan.updated, pruned = applied.plan.pruned,
                     drift = applied.plan.drifted.len(), ?elapsed, "synced");
@@ -598,6 +606,7 @@ impl SourceController {
                     });
                 })
                 .await;
+                tracing::debug!(application = %id, commit = %applied.commit, "status written");
                 SyncOutcome { assess_health: health_may_change, retry: false, result: "Synced" }
             }
             Err((commit, e)) => {
@@ -703,6 +712,7 @@ impl SourceController {
             LoadError::Invalid(errors) => fail(SyncError::Invalid(errors)),
             LoadError::Source(e) => fail(e.into()),
         })?;
+        tracing::debug!(application = %app_id(app), commit = %commit.id, manifests = manifests.len(), "commit loaded");
         let mut inventory = self.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
         if reason == Reason::Reconcile {
             inventory.distrust();
@@ -752,6 +762,7 @@ impl SourceController {
             }
             match self.store.txn(plan.ops.clone()).await {
                 Ok(committed) => {
+                    tracing::debug!(application = %id, revision = committed.revision, "plan committed");
                     inventory.record(&plan, &committed.objects, policy.prune);
                     informer.wait_for(committed.revision).await;
                     return Ok(plan);
@@ -915,6 +926,7 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
                 && moves_a_ref(&event.kind)
                 && event.paths.iter().any(|p| (p.starts_with(&heads) || *p == packed) && !is_lock(p))
             {
+                tracing::debug!(repo = %path.display(), "a ref moved");
                 let _ = pushed.send(path.clone());
             }
         }
