@@ -8,11 +8,11 @@
 use crate::{Event, EventType, ListOptions, ObjectKey, Revision, Store, StoreError, WatchOptions};
 use futures::{FutureExt, StreamExt};
 use gitplane_api::kube_core::Resource;
-use gitplane_api::object::{from_value, kind_of};
+use gitplane_api::object::{APPLICATION_ANNOTATION, from_value, kind_of};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, RwLock},
     time::Duration,
 };
@@ -26,24 +26,65 @@ pub enum Notification {
     Resync,
 }
 
-type Objects = HashMap<String, BTreeMap<(String, String), Arc<Value>>>;
-
-/// The cached objects of the watched kinds.
+/// The cached objects of the watched kinds, and which of them each Application owns.
 #[derive(Default)]
 pub struct Cache {
     objects: RwLock<Objects>,
 }
 
+#[derive(Default)]
+struct Objects {
+    by_kind: HashMap<String, BTreeMap<(String, String), Arc<Value>>>,
+    /// The value of the inventory annotation (an Application's `namespace/name`) -> the objects
+    /// that carry it: what an Application owns without a scan of every object.
+    owned: HashMap<String, BTreeSet<ObjectKey>>,
+}
+
+fn owner(object: &Value) -> Option<&str> {
+    object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str()
+}
+
+impl Objects {
+    fn disown(&mut self, key: &ObjectKey, object: &Value) {
+        if let Some(app) = owner(object)
+            && let Some(keys) = self.owned.get_mut(app)
+        {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.owned.remove(app);
+            }
+        }
+    }
+
+    fn own(&mut self, key: &ObjectKey, object: &Value) {
+        if let Some(app) = owner(object) {
+            self.owned.entry(app.to_owned()).or_default().insert(key.clone());
+        }
+    }
+}
+
 impl Cache {
     pub fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        objects.get(&key.kind)?.get(&(key.namespace.clone(), key.name.clone())).cloned()
+        objects.by_kind.get(&key.kind)?.get(&(key.namespace.clone(), key.name.clone())).cloned()
+    }
+
+    /// The objects whose inventory annotation names `app` (`namespace/name`), ordered by key.
+    pub fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)> {
+        let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
+        let Some(keys) = objects.owned.get(app) else { return Vec::new() };
+        keys.iter()
+            .filter_map(|key| {
+                let object = objects.by_kind.get(&key.kind)?.get(&(key.namespace.clone(), key.name.clone()))?;
+                Some((key.clone(), object.clone()))
+            })
+            .collect()
     }
 
     /// Objects of a kind, optionally in one namespace, ordered by namespace and name.
     pub fn list(&self, kind: &str, namespace: Option<&str>) -> Vec<Arc<Value>> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
-        let Some(of_kind) = objects.get(kind) else { return Vec::new() };
+        let Some(of_kind) = objects.by_kind.get(kind) else { return Vec::new() };
         match namespace {
             Some(ns) => of_kind
                 .range((ns.to_owned(), String::new())..)
@@ -78,30 +119,35 @@ impl Cache {
     }
 
     fn apply(&self, event: &Event) {
-        let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
-        let Some(of_kind) = objects.get_mut(&event.key.kind) else { return };
+        let mut guard = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        let objects = &mut *guard;
+        let Some(of_kind) = objects.by_kind.get_mut(&event.key.kind) else { return };
         let id = (event.key.namespace.clone(), event.key.name.clone());
-        match event.event_type {
-            EventType::Deleted => {
-                of_kind.remove(&id);
-            }
-            EventType::Added | EventType::Modified => {
-                of_kind.insert(id, event.object.clone());
-            }
-            EventType::Bookmark => {}
+        let old = match event.event_type {
+            EventType::Deleted => of_kind.remove(&id),
+            EventType::Added | EventType::Modified => of_kind.insert(id, event.object.clone()),
+            EventType::Bookmark => return,
+        };
+        if let Some(old) = old {
+            objects.disown(&event.key, &old);
+        }
+        if event.event_type != EventType::Deleted {
+            objects.own(&event.key, &event.object);
         }
     }
 
     fn replace(&self, kind: &str, items: Vec<Value>) {
-        let fresh = items
-            .into_iter()
-            .filter_map(|v| {
-                let key = ObjectKey::from_value(&v).ok()?;
-                Some(((key.namespace, key.name), Arc::new(v)))
-            })
-            .collect();
+        let fresh: Vec<(ObjectKey, Arc<Value>)> =
+            items.into_iter().filter_map(|v| Some((ObjectKey::from_value(&v).ok()?, Arc::new(v)))).collect();
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
-        objects.insert(kind.to_owned(), fresh);
+        for ((namespace, name), old) in objects.by_kind.remove(kind).unwrap_or_default() {
+            objects.disown(&ObjectKey::new(kind.to_owned(), namespace, name), &old);
+        }
+        for (key, object) in &fresh {
+            objects.own(key, object);
+        }
+        let by_name = fresh.into_iter().map(|(key, object)| ((key.namespace, key.name), object)).collect();
+        objects.by_kind.insert(kind.to_owned(), by_name);
     }
 }
 
@@ -237,4 +283,50 @@ fn apply(event: Event, cache: &Cache, notifications: &broadcast::Sender<Notifica
         let _ = notifications.send(Notification::Changed(Arc::new(event)));
     }
     revision
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn config_map(name: &str, owner: Option<&str>) -> Value {
+        let mut cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "n"}});
+        if let Some(owner) = owner {
+            cm["metadata"]["annotations"] = json!({APPLICATION_ANNOTATION: owner});
+        }
+        cm
+    }
+
+    fn event(event_type: EventType, object: Value) -> Event {
+        Event { revision: 2, event_type, key: ObjectKey::from_value(&object).unwrap(), object: Arc::new(object) }
+    }
+
+    fn owned(cache: &Cache, app: &str) -> Vec<String> {
+        cache.owned_by(app).into_iter().map(|(k, _)| k.name).collect()
+    }
+
+    #[test]
+    fn the_owner_index_follows_the_objects() {
+        let cache = Cache::default();
+        cache.replace(
+            "ConfigMap",
+            vec![config_map("a", Some("s/x")), config_map("b", None), config_map("c", Some("s/x"))],
+        );
+        assert_eq!(owned(&cache, "s/x"), ["a", "c"]);
+        // Another Application takes one over, one loses its annotation, one is deleted.
+        cache.apply(&event(EventType::Modified, config_map("a", Some("s/y"))));
+        cache.apply(&event(EventType::Added, config_map("b", Some("s/x"))));
+        assert_eq!(
+            (owned(&cache, "s/x"), owned(&cache, "s/y")),
+            (vec!["b".to_owned(), "c".to_owned()], vec!["a".to_owned()])
+        );
+        cache.apply(&event(EventType::Deleted, config_map("c", Some("s/x"))));
+        cache.apply(&event(EventType::Modified, config_map("b", None)));
+        assert!(owned(&cache, "s/x").is_empty());
+        // A fresh list replaces what the index knew of the kind.
+        cache.replace("ConfigMap", vec![config_map("d", Some("s/x"))]);
+        assert_eq!((owned(&cache, "s/x"), owned(&cache, "s/y")), (vec!["d".to_owned()], Vec::<String>::new()));
+        assert_eq!(cache.objects.read().unwrap().owned.len(), 1, "no empty entries are kept");
+    }
 }

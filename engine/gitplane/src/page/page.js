@@ -3,7 +3,13 @@
 // text as text, never as markup.
 'use strict';
 (() => {
-  let scheduled = null;
+  // A burst of events costs a fetch at its first event and one after its last, and at most one
+  // fetch starts every GAP ms: the first change shows at once, a thousand cost a few fetches.
+  const GAP = 50;
+  let timer = null;
+  let fetching = false;
+  let pending = false;
+  let lastStart = -Infinity;
   let updates = 0;
   // The revision of the latest rendered view: where a watch that lost its place restarts.
   let latest = '';
@@ -11,11 +17,26 @@
   const view = () => document.getElementById('view');
 
   function schedule() {
-    if (scheduled === null) scheduled = setTimeout(refresh, 100);
+    pending = true;
+    if (fetching || timer !== null) return;
+    timer = setTimeout(run, Math.max(0, lastStart + GAP - performance.now()));
+  }
+
+  async function run() {
+    timer = null;
+    if (!pending) return;
+    pending = false;
+    fetching = true;
+    lastStart = performance.now();
+    try {
+      await refresh();
+    } finally {
+      fetching = false;
+      if (pending) schedule();
+    }
   }
 
   async function refresh() {
-    scheduled = null;
     const url = new URL(location.href);
     url.searchParams.set('fragment', '1');
     let response;

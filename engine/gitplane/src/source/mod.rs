@@ -40,7 +40,7 @@ use k8s_openapi::api::{
 use notify::Watcher;
 use serde_json::Value;
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::Arc,
     time::{Duration, Instant},
@@ -231,10 +231,12 @@ impl Repos {
 }
 
 /// The Applications as the cache has them, indexed by the repository they name and by the
-/// namespace their objects go to; rebuilt only when an Application changes.
+/// namespace their objects go to. Kept from the Applications' events, each read as JSON: the
+/// status writes of a push's thousand syncs decode nothing here.
 #[derive(Default)]
 struct Registry {
-    all: BTreeSet<ObjectKey>,
+    /// Each Application's `spec.repo` and default namespace.
+    all: BTreeMap<ObjectKey, (String, String)>,
     /// `spec.repo` -> its Applications.
     by_repo: HashMap<String, BTreeSet<ObjectKey>>,
     /// Default namespace -> the Applications whose workloads go there.
@@ -244,16 +246,42 @@ struct Registry {
 }
 
 impl Registry {
-    fn of(apps: &[Application]) -> Registry {
+    fn of(apps: &[Arc<Value>]) -> Registry {
         let mut registry = Registry::default();
         for app in apps {
-            let key = app_key(app);
-            registry.all.insert(key.clone());
-            registry.by_repo.entry(app.spec.repo.clone()).or_default().insert(key.clone());
-            let namespace = app.spec.namespace.as_deref().unwrap_or(gitplane_api::object::DEFAULT_NAMESPACE);
-            registry.by_namespace.entry(namespace.to_owned()).or_default().insert(key);
+            if let Ok(key) = ObjectKey::from_value(app) {
+                registry.set(key, app);
+            }
         }
         registry
+    }
+
+    /// Records an Application; whether its repository or namespace changed (or it is new).
+    fn set(&mut self, key: ObjectKey, app: &Value) -> bool {
+        let repo = app["spec"]["repo"].as_str().unwrap_or("");
+        let namespace = app["spec"]["namespace"].as_str().unwrap_or(gitplane_api::object::DEFAULT_NAMESPACE);
+        if self.all.get(&key).is_some_and(|(r, n)| r == repo && n == namespace) {
+            return false;
+        }
+        self.remove(&key);
+        self.by_repo.entry(repo.to_owned()).or_default().insert(key.clone());
+        self.by_namespace.entry(namespace.to_owned()).or_default().insert(key.clone());
+        self.all.insert(key, (repo.to_owned(), namespace.to_owned()));
+        true
+    }
+
+    /// Forgets an Application; whether it was known.
+    fn remove(&mut self, key: &ObjectKey) -> bool {
+        let Some((repo, namespace)) = self.all.remove(key) else { return false };
+        for (index, value) in [(&mut self.by_repo, repo), (&mut self.by_namespace, namespace)] {
+            if let Some(keys) = index.get_mut(&value) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    index.remove(&value);
+                }
+            }
+        }
+        true
     }
 
     /// The Applications of the hosted repository at `path`.
@@ -300,11 +328,28 @@ impl SourceController {
         let mut health_tick = tokio::time::interval(HEALTH_DEBOUNCE);
         let mut fetched = self.repos.mirrors.changes();
         let mut registry = Registry::default();
-        let mut applications_changed = true;
+        // Read every Application again and reconcile each (at the start, after missed events,
+        // and on the periodic resync).
+        let mut rebuild = true;
+        // An Application's repository changed (or one came or went): follow the repositories.
+        let mut follow = false;
         loop {
-            // Only when an Application changed: a Pod's event or a push costs a lookup.
-            if std::mem::take(&mut applications_changed) {
-                registry = Registry::of(&cache.list_typed::<Application>(None));
+            if std::mem::take(&mut rebuild) {
+                let apps = cache.list(&kind_of::<Application>(), None);
+                registry = Registry::of(&apps);
+                // Each is reconciled now, so the generations seen are these: their next status
+                // write is no spec change. One not seen before has its health assessed.
+                for app in &apps {
+                    if let Ok(key) = ObjectKey::from_value(app) {
+                        if generations.insert(key.clone(), app["metadata"]["generation"].as_i64()).is_none() {
+                            unhealthy.insert(key.clone());
+                        }
+                        queue.add(key, Reason::Reconcile);
+                    }
+                }
+                follow = true;
+            }
+            if std::mem::take(&mut follow) {
                 self.follow_repositories(&mut registry, &mut watchers, &pushed_tx).await;
             }
             while let Some((key, reason)) = queue.pop() {
@@ -350,15 +395,12 @@ impl SourceController {
             tokio::select! {
                 n = notifications.recv() => match n {
                     Ok(Notification::Changed(e)) => {
-                        applications_changed |= self.observe(&e, &cache, &registry, &mut queue, &mut unhealthy, &mut generations);
+                        follow |= self.observe(&e, &cache, &mut registry, &mut queue, &mut unhealthy, &mut generations);
                     }
                     Ok(Notification::Resync) | Err(RecvError::Lagged(_)) => {
                         // Events were missed: no inventory can vouch for the store any more.
                         self.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut().for_each(apply::Inventory::distrust);
-                        applications_changed = true;
-                        for key in &registry.all {
-                            queue.add(key.clone(), Reason::Reconcile);
-                        }
+                        rebuild = true;
                     }
                     Err(RecvError::Closed) => return,
                 },
@@ -372,13 +414,8 @@ impl SourceController {
                         queue.add(key.clone(), Reason::Commit);
                     }
                 }
-                _ = resync.tick() => {
-                    // Hosted repositories may have been removed or made meanwhile.
-                    applications_changed = true;
-                    for key in &registry.all {
-                        queue.add(key.clone(), Reason::Reconcile);
-                    }
-                }
+                // Hosted repositories may have been removed or made meanwhile.
+                _ = resync.tick() => rebuild = true,
                 _ = health_tick.tick(), if !unhealthy.is_empty() => {
                     for key in std::mem::take(&mut unhealthy) {
                         self.assess_health(&key, &cache).await;
@@ -400,14 +437,16 @@ impl SourceController {
         moved: &mut HashMap<ObjectKey, Instant>,
     ) {
         for path in paths {
+            let started = Instant::now();
             let keys: Vec<ObjectKey> = registry.by_path(&path).cloned().collect();
-            let apps: Vec<push::Following> = keys
-                .iter()
-                .filter_map(|k| {
-                    Some(push::Following::of(k.clone(), &cache.get_typed::<Application>(&k.namespace, &k.name)?))
-                })
-                .collect();
-            let changed = tokio::task::spawn_blocking(move || push::changed(&path, &apps)).await.unwrap_or_default();
+            let apps: Vec<push::Following> =
+                keys.iter().filter_map(|k| push::Following::of(k.clone(), &*cache.get(k)?)).collect();
+            let changed = {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || push::changed(&path, &apps)).await.unwrap_or_default()
+            };
+            tracing::debug!(repo = %path.display(), applications = keys.len(), changed = changed.len(),
+                took = ?started.elapsed(), "a push's Applications queued");
             for key in keys {
                 moved.entry(key.clone()).or_insert_with(Instant::now);
                 if changed.contains(&key) {
@@ -427,6 +466,7 @@ impl SourceController {
         watchers: &mut HashMap<PathBuf, notify::RecommendedWatcher>,
         pushed: &mpsc::UnboundedSender<PathBuf>,
     ) {
+        registry.paths.retain(|_, repo| registry.by_repo.contains_key(repo));
         for repo in registry.by_repo.keys().filter(|r| !is_url(r)).cloned().collect::<Vec<_>>() {
             if let Ok(Some(path)) = self.repos.path_blocking(&repo).await {
                 if !watchers.contains_key(&path)
@@ -445,12 +485,13 @@ impl SourceController {
         }
     }
 
-    /// Maps a change to the Applications it concerns; `true` when an Application changed.
+    /// Maps a change to the Applications it concerns and keeps `registry`; `true` when an
+    /// Application's repository changed (or one came or went).
     fn observe(
         &self,
         event: &gitplane_store::Event,
         cache: &Cache,
-        registry: &Registry,
+        registry: &mut Registry,
         queue: &mut Queue,
         unhealthy: &mut BTreeSet<ObjectKey>,
         generations: &mut HashMap<ObjectKey, Option<i64>>,
@@ -470,13 +511,16 @@ impl SourceController {
                 queue.add(event.key.clone(), Reason::Reconcile);
                 unhealthy.insert(event.key.clone());
             }
-            // Applications that depend on this one may go now.
-            for app in cache.list_typed::<Application>(Some(&event.key.namespace)) {
-                if app.spec.depends_on.contains(&event.key.name) {
-                    queue.add(app_key(&app), Reason::Commit);
+            // Applications that depend on this one may go now (read as JSON: nothing decoded).
+            for app in cache.list(&event.key.kind, Some(&event.key.namespace)) {
+                let names = app["spec"]["dependsOn"].as_array();
+                if names.is_some_and(|n| n.iter().any(|n| n.as_str() == Some(event.key.name.as_str())))
+                    && let Ok(key) = ObjectKey::from_value(&app)
+                {
+                    queue.add(key, Reason::Commit);
                 }
             }
-            return true;
+            return if deleted { registry.remove(&event.key) } else { registry.set(event.key.clone(), &event.object) };
         }
         // Whoever wrote it (an inventory skips its own writes): by key, as the write may also
         // have changed the inventory annotation.
@@ -509,6 +553,7 @@ impl SourceController {
     /// health rule were written.
     async fn sync(&self, app: &Application, reason: Reason, informer: &Informer) -> SyncOutcome {
         let id = app_id(app);
+        tracing::debug!(application = %id, ?reason, "sync started");
         let last = app.status.as_ref().and_then(|s| s.sync.clone()).unwrap_or_default();
         if let Some(waiting) = self.unmet_dependencies(app, informer.cache()) {
             if last.message.as_deref() != Some(waiting.as_str()) {
@@ -523,21 +568,21 @@ impl SourceController {
         }
         let started = Instant::now();
         let started_at = rfc3339();
-        let outcome = self.sync_commit(app, &last, reason, informer).await;
+        let outcome = self.sync_commit(app, &last, reason, informer, (started, &started_at)).await;
         let elapsed = started.elapsed();
-        let duration_ms = Some(elapsed.as_millis() as u64);
         match outcome {
             Ok(None) => SyncOutcome { assess_health: false, retry: false, result: "Unchanged" },
             Ok(Some(applied)) => {
-                tracing::info!(application = %id, commit = %applied.commit, created = applied.plan.created,
+                tracing::debug!(application = %id, commit = %applied.commit.id, "applied");
+                tracing::info!(application = %id, commit = %applied.commit.id, created = applied.plan.created,
                     updated = applied.plan.updated, pruned = applied.plan.pruned,
                     drift = applied.plan.drifted.len(), ?elapsed, "synced");
-                let commit = short(&applied.commit);
+                let commit = short(&applied.commit.id);
                 for key in &applied.plan.drifted {
                     let message = format!("{key} was changed outside Git; restored to commit {commit}");
                     self.record_event(key, informer.cache(), WARNING, "DriftCorrected", &message);
                 }
-                let new_revision = last.revision.as_deref() != Some(applied.commit.as_str());
+                let new_revision = last.revision.as_deref() != Some(applied.commit.id.as_str());
                 let plan = &applied.plan;
                 if new_revision || plan.created + plan.updated + plan.pruned > 0 {
                     let message = format!(
@@ -558,47 +603,18 @@ impl SourceController {
                     let message = format!("pruned what commit {commit} no longer has: {}", pruned.join(", "));
                     self.record_event(&app_key(app), informer.cache(), NORMAL, "Pruned", &message);
                 }
-                let health_may_change = last.status != "Synced"
-                    || applied.plan.ops.iter().any(|op| op.key().is_ok_and(|k| health::assessed(&k.kind)));
-                // Written with the sync status: a Synced status beside the health of the last
-                // commit would say Healthy before anything of this one ran (and dependsOn would
-                // go). The cache holds this sync's writes already.
-                let health = health_may_change.then(|| app_health(app, true, informer.cache()));
-                self.update_status(app, |s| {
-                    if let Some(health) = &health {
-                        s.health = Some(health.clone());
-                    }
-                    if new_revision {
-                        s.history.insert(
-                            0,
-                            RevisionHistory {
-                                revision: applied.commit.clone(),
-                                commit_subject: applied.subject.clone(),
-                                applied_at: rfc3339(),
-                            },
-                        );
-                        s.history.truncate(HISTORY);
-                    }
-                    s.sync = Some(SyncStatus {
-                        status: "Synced".into(),
-                        revision: Some(applied.commit.clone()),
-                        commit_subject: Some(applied.subject.clone()),
-                        attempted_revision: Some(applied.commit.clone()),
-                        errors: Vec::new(),
-                        message: None,
-                        started_at: Some(started_at.clone()),
-                        finished_at: Some(rfc3339()),
-                        duration_ms,
-                        changes: Some(SyncChanges {
-                            created: applied.plan.created as u32,
-                            updated: applied.plan.updated as u32,
-                            pruned: applied.plan.pruned as u32,
-                            drift_corrected: applied.plan.drifted.len() as u32,
-                        }),
-                    });
-                })
-                .await;
-                SyncOutcome { assess_health: health_may_change, retry: false, result: "Synced" }
+                let assess_health = health_may_change(&last, &applied.plan);
+                if !applied.status_written {
+                    // Written with the sync status: a Synced status beside the health of the
+                    // last commit would say Healthy before anything of this one ran (and
+                    // dependsOn would go). The cache holds this sync's writes already.
+                    let health = assess_health.then(|| app_health(app, true, informer.cache()));
+                    let duration = Some(elapsed.as_millis() as u64);
+                    let (commit, plan) = (&applied.commit, &applied.plan);
+                    self.update_status(app, |s| synced(s, commit, plan, health.as_ref(), &started_at, duration)).await;
+                }
+                tracing::debug!(application = %id, commit = %applied.commit.id, "status written");
+                SyncOutcome { assess_health, retry: false, result: "Synced" }
             }
             Err((commit, e)) => {
                 let errors: Vec<String> = match &e {
@@ -626,7 +642,7 @@ impl SourceController {
                     sync.message = None;
                     sync.started_at = Some(started_at.clone());
                     sync.finished_at = Some(rfc3339());
-                    sync.duration_ms = duration_ms;
+                    sync.duration_ms = Some(elapsed.as_millis() as u64);
                 })
                 .await;
                 SyncOutcome { assess_health: true, retry: !verdict, result: "Failed" }
@@ -661,6 +677,7 @@ impl SourceController {
         last: &SyncStatus,
         reason: Reason,
         informer: &Informer,
+        (started, started_at): (Instant, &str),
     ) -> Result<Option<Applied>, (Option<String>, SyncError)> {
         let Some(repo) = self.repos.path_blocking(&app.spec.repo).await.map_err(|e| (None, e))? else {
             return Ok(None); // the mirror's first fetch is still running; its change will queue us
@@ -703,28 +720,45 @@ impl SourceController {
             LoadError::Invalid(errors) => fail(SyncError::Invalid(errors)),
             LoadError::Source(e) => fail(e.into()),
         })?;
+        tracing::debug!(application = %app_id(app), commit = %commit.id, manifests = manifests.len(), "commit loaded");
         let mut inventory = self.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
         if reason == Reason::Reconcile {
             inventory.distrust();
         }
-        let applied = self.apply(app, &manifests, &mut inventory, informer).await;
+        // The status goes into the transaction of the objects (one write per sync) unless the
+        // health of the new objects must be read back first, or the plan writes this
+        // Application itself.
+        let status = |plan: &apply::Plan, current: &Application| -> Option<Application> {
+            let writes_itself = plan.ops.iter().any(|op| op.key().is_ok_and(|k| k == key));
+            if (plan.ops.is_empty() && handled) || health_may_change(last, plan) || writes_itself {
+                return None;
+            }
+            let mut updated = current.clone();
+            let duration = Some(started.elapsed().as_millis() as u64);
+            synced(updated.status.get_or_insert_with(Default::default), &commit, plan, None, started_at, duration);
+            Some(updated)
+        };
+        let applied = self.apply(app, &manifests, &mut inventory, informer, &status).await;
         self.inventories.lock().unwrap_or_else(|e| e.into_inner()).insert(key, inventory);
         match applied {
-            Ok(plan) if plan.ops.is_empty() && handled => Ok(None),
-            Ok(plan) => Ok(Some(Applied { commit: commit.id.clone(), subject: commit.subject.clone(), plan })),
+            Ok((plan, _)) if plan.ops.is_empty() && handled => Ok(None),
+            Ok((plan, status_written)) => Ok(Some(Applied { commit, plan, status_written })),
             Err(e) => Err(fail(e)),
         }
     }
 
-    /// Plans the manifests against the store and commits the plan as one transaction, planning
-    /// again (in full) when a concurrent writer got in between; `inventory` follows.
+    /// Plans the manifests against the store and commits the plan as one transaction, with the
+    /// Application's new status when `status` gives one for the plan (written over the
+    /// Application as the store has it); plans again (in full) when a concurrent writer got in
+    /// between; `inventory` follows. Whether the status was written.
     async fn apply(
         &self,
         app: &Application,
         manifests: &[Arc<gitplane_source::Manifest>],
         inventory: &mut apply::Inventory,
         informer: &Informer,
-    ) -> Result<apply::Plan, SyncError> {
+        status: &(dyn Fn(&apply::Plan, &Application) -> Option<Application> + Sync),
+    ) -> Result<(apply::Plan, bool), SyncError> {
         let id = app_id(app);
         let policy = apply::Policy {
             app: &id,
@@ -733,6 +767,8 @@ impl SourceController {
             record_key: &self.record_key,
         };
         let mut last_conflict = None;
+        // `None` once the Application is gone: the objects are still written, as before.
+        let mut current = Some(app.clone());
         for _ in 0..CONFLICT_RETRIES {
             let plan = {
                 let (namespaces, nodes) = names(informer.cache());
@@ -746,15 +782,22 @@ impl SourceController {
                 };
                 apply::plan(manifests, &cluster, &policy).map_err(SyncError::Invalid)?
             };
-            if plan.ops.is_empty() {
+            let updated = current.as_ref().and_then(|current| status(&plan, current));
+            if plan.ops.is_empty() && updated.is_none() {
                 inventory.record(&plan, [], policy.prune);
-                return Ok(plan);
+                return Ok((plan, false));
             }
-            match self.store.txn(plan.ops.clone()).await {
+            let with_status = updated.is_some();
+            let mut ops = plan.ops.clone();
+            ops.extend(updated.map(|a| Op::UpdateStatus(gitplane_api::object::to_value(&a))));
+            match self.store.txn(ops).await {
                 Ok(committed) => {
+                    tracing::debug!(application = %id, revision = committed.revision, "plan committed");
                     inventory.record(&plan, &committed.objects, policy.prune);
-                    informer.wait_for(committed.revision).await;
-                    return Ok(plan);
+                    if !plan.ops.is_empty() {
+                        informer.wait_for(committed.revision).await;
+                    }
+                    return Ok((plan, with_status));
                 }
                 Err(e) if e.is_conflict() || e.is_already_exists() || e.is_not_found() => {
                     last_conflict = Some(e.to_string());
@@ -763,6 +806,15 @@ impl SourceController {
                     inventory.distrust();
                     if let Ok(revision) = self.store.revision().await {
                         informer.wait_for(revision).await;
+                    }
+                    // The Application itself may be what moved (its spec, another status write).
+                    if with_status {
+                        let api = Api::<Application>::new(self.store.clone());
+                        let (ns, name) = (&app.metadata.namespace, &app.metadata.name);
+                        match api.get(ns.as_deref().unwrap_or(""), name.as_deref().unwrap_or("")).await {
+                            Ok(found) => current = found,
+                            Err(e) => return Err(e.into()),
+                        }
                     }
                 }
                 Err(e) => {
@@ -844,9 +896,59 @@ struct CommitInfo {
 
 /// A sync that committed (or found nothing to change for a new commit).
 struct Applied {
-    commit: String,
-    subject: String,
+    commit: CommitInfo,
     plan: apply::Plan,
+    /// The status went into the objects' transaction.
+    status_written: bool,
+}
+
+/// Whether a sync that applied `plan` may have changed the Application's health: its sync
+/// status did, or objects with a health rule were written.
+fn health_may_change(last: &SyncStatus, plan: &apply::Plan) -> bool {
+    last.status != "Synced" || plan.ops.iter().any(|op| op.key().is_ok_and(|k| health::assessed(&k.kind)))
+}
+
+/// The status of a sync that applied a commit: Synced, with its changes and, for a new
+/// revision, a history entry; `health` when it was assessed.
+fn synced(
+    s: &mut ApplicationStatus,
+    commit: &CommitInfo,
+    plan: &apply::Plan,
+    health: Option<&HealthStatus>,
+    started_at: &str,
+    duration_ms: Option<u64>,
+) {
+    if let Some(health) = health {
+        s.health = Some(health.clone());
+    }
+    if s.sync.as_ref().and_then(|s| s.revision.as_deref()) != Some(commit.id.as_str()) {
+        s.history.insert(
+            0,
+            RevisionHistory {
+                revision: commit.id.clone(),
+                commit_subject: commit.subject.clone(),
+                applied_at: rfc3339(),
+            },
+        );
+        s.history.truncate(HISTORY);
+    }
+    s.sync = Some(SyncStatus {
+        status: "Synced".into(),
+        revision: Some(commit.id.clone()),
+        commit_subject: Some(commit.subject.clone()),
+        attempted_revision: Some(commit.id.clone()),
+        errors: Vec::new(),
+        message: None,
+        started_at: Some(started_at.to_owned()),
+        finished_at: Some(rfc3339()),
+        duration_ms,
+        changes: Some(SyncChanges {
+            created: plan.created as u32,
+            updated: plan.updated as u32,
+            pruned: plan.pruned as u32,
+            drift_corrected: plan.drifted.len() as u32,
+        }),
+    });
 }
 
 fn short(commit: &str) -> &str {
@@ -866,12 +968,8 @@ impl apply::Stored for Accepted<'_> {
     }
 
     fn owned_by(&self, app: &str) -> Vec<(ObjectKey, Arc<Value>)> {
-        accepted()
-            .iter()
-            .flat_map(|kind| self.0.list(&kind.group_kind(), None))
-            .filter(|o| apply::owned_by(o, app))
-            .filter_map(|o| Some((ObjectKey::from_value(&o).ok()?, o)))
-            .collect()
+        let kinds: HashSet<String> = accepted().iter().map(|k| k.group_kind()).collect();
+        self.0.owned_by(app).into_iter().filter(|(key, _)| kinds.contains(&key.kind)).collect()
     }
 }
 
@@ -915,6 +1013,7 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
                 && moves_a_ref(&event.kind)
                 && event.paths.iter().any(|p| (p.starts_with(&heads) || *p == packed) && !is_lock(p))
             {
+                tracing::debug!(repo = %path.display(), "a ref moved");
                 let _ = pushed.send(path.clone());
             }
         }
@@ -937,32 +1036,42 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
 }
 
 /// The health of what `app` applied, from the cache: the worst of its objects'. `applied`: a
-/// commit of it is in the store (else its objects are Missing).
+/// commit of it is in the store (else its objects are Missing). Its objects come from the
+/// cache's owner index and the Pods its Services select from their namespaces only: an
+/// assessment reads what the Application owns, not every object and every Pod.
 fn app_health(app: &Application, applied: bool, cache: &Cache) -> HealthStatus {
-    let id = app_id(app);
-    let pods = cache.list("Pod", None);
+    // Objects in the order of the accepted kinds, then by namespace and name.
+    let kinds: HashMap<String, (usize, String)> =
+        accepted().iter().enumerate().map(|(i, k)| (k.group_kind(), (i, k.kind.clone()))).collect();
+    let mut owned: Vec<(usize, &str, ObjectKey, Arc<Value>)> = cache
+        .owned_by(&app_id(app))
+        .into_iter()
+        .filter_map(|(key, object)| {
+            let (order, kind) = kinds.get(&key.kind)?;
+            Some((*order, kind.as_str(), key, object))
+        })
+        .collect();
+    owned.sort_by(|a, b| (a.0, &a.2).cmp(&(b.0, &b.2)));
+    let service_namespaces: BTreeSet<&str> =
+        owned.iter().filter(|o| o.1 == "Service").map(|o| o.2.namespace.as_str()).collect();
+    let pods: Vec<Arc<Value>> = service_namespaces.into_iter().flat_map(|ns| cache.list("Pod", Some(ns))).collect();
     let pods = health::Pods::new(&pods);
     let mut worst = if applied { Health::Healthy } else { Health::Missing };
     let mut resources = Vec::new();
     let mut unhealthy = 0;
-    for kind in accepted() {
-        for object in cache.list(&kind.group_kind(), None) {
-            if !apply::owned_by(&object, &id) {
-                continue;
-            }
-            let (health, message) = health::of(&kind.kind, &object, &pods);
-            worst = worst.max(health);
-            if health != Health::Healthy {
-                unhealthy += 1;
-                if resources.len() < MAX_LISTED_RESOURCES {
-                    resources.push(ResourceHealth {
-                        kind: kind.kind.clone(),
-                        namespace: object["metadata"]["namespace"].as_str().unwrap_or("").to_owned(),
-                        name: object["metadata"]["name"].as_str().unwrap_or("").to_owned(),
-                        status: health.as_str().to_owned(),
-                        message,
-                    });
-                }
+    for (_, kind, key, object) in &owned {
+        let (health, message) = health::of(kind, object, &pods);
+        worst = worst.max(health);
+        if health != Health::Healthy {
+            unhealthy += 1;
+            if resources.len() < MAX_LISTED_RESOURCES {
+                resources.push(ResourceHealth {
+                    kind: (*kind).to_owned(),
+                    namespace: key.namespace.clone(),
+                    name: key.name.clone(),
+                    status: health.as_str().to_owned(),
+                    message,
+                });
             }
         }
     }
@@ -1013,6 +1122,25 @@ mod tests {
     use super::*;
     use gitplane_storage::sqlite::SqliteStore;
     use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
+
+    #[test]
+    fn the_registry_changes_only_with_an_applications_repository_or_namespace() {
+        let app = |name: &str, repo: &str, status: &str| {
+            serde_json::json!({"apiVersion": "gitplane.io/v1", "kind": "Application",
+                "metadata": {"name": name, "namespace": "gitplane-system"},
+                "spec": {"repo": repo, "namespace": "web"}, "status": {"sync": {"status": status}}})
+        };
+        let mut registry = Registry::of(&[Arc::new(app("a", "r", "Synced")), Arc::new(app("b", "r", "Synced"))]);
+        let key = |name: &str| ObjectKey::of::<Application>("gitplane-system", name);
+        // A status write: nothing to follow.
+        assert!(!registry.set(key("a"), &app("a", "r", "Failed")));
+        assert!(registry.set(key("a"), &app("a", "other", "Failed")), "a new repository");
+        assert_eq!(registry.by_repo["r"], BTreeSet::from([key("b")]));
+        assert_eq!(registry.by_namespace["web"].len(), 2);
+        assert!(registry.remove(&key("b")) && !registry.remove(&key("b")));
+        assert!(!registry.by_repo.contains_key("r"), "a repository nobody names is dropped");
+        assert_eq!(registry.all.keys().collect::<Vec<_>>(), [&key("a")]);
+    }
 
     #[tokio::test]
     async fn t90_issue_11_reading_refs_is_not_a_push() {

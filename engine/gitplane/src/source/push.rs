@@ -6,8 +6,10 @@
 //! thousand no-change syncs of the same repository. The others still sync: a no-change sync
 //! records the new revision, its history and Event, so nothing is skipped, only ordered.
 
-use gitplane_api::Application;
+use gitplane_api::ApplicationSpec;
 use gitplane_store::ObjectKey;
+use serde::Deserialize as _;
+use serde_json::Value;
 use std::{
     collections::{HashMap, HashSet},
     path::{Component, Path, PathBuf},
@@ -43,15 +45,18 @@ fn join(base: &Path, relative: &str) -> Option<PathBuf> {
 }
 
 impl Following {
-    pub fn of(key: ObjectKey, app: &Application) -> Following {
-        let dir = join(Path::new(""), &app.spec.path);
+    /// From an Application as the cache holds it: only its spec is decoded (a push reads a
+    /// thousand Applications, whose statuses are the larger part).
+    pub fn of(key: ObjectKey, app: &Value) -> Option<Following> {
+        let spec = ApplicationSpec::deserialize(&app["spec"]).ok()?;
+        let dir = join(Path::new(""), &spec.path);
         let mut inputs = vec![dir.clone()];
         if let Some(dir) = &dir {
-            inputs.extend(app.spec.values_files.iter().map(|f| join(dir, f)));
+            inputs.extend(spec.values_files.iter().map(|f| join(dir, f)));
         }
-        let sync = app.status.as_ref().and_then(|s| s.sync.as_ref());
-        let judged = sync.and_then(|s| s.attempted_revision.clone().or_else(|| s.revision.clone()));
-        Following { key, branch: app.spec.branch.clone(), inputs, judged }
+        let sync = &app["status"]["sync"];
+        let judged = sync["attemptedRevision"].as_str().or(sync["revision"].as_str()).map(str::to_owned);
+        Some(Following { key, branch: spec.branch, inputs, judged })
     }
 }
 
@@ -102,14 +107,13 @@ mod tests {
     use serde_json::json;
 
     fn app(name: &str, path: &str, values: &[&str], judged: Option<git2::Oid>) -> Following {
-        let app: Application = serde_json::from_value(json!({
+        let app = json!({
             "apiVersion": "gitplane.io/v1", "kind": "Application",
             "metadata": {"name": name, "namespace": "gitplane-system"},
             "spec": {"repo": "r", "branch": "main", "path": path, "valuesFiles": values},
             "status": {"sync": {"status": "Synced", "revision": judged.map(|j| j.to_string())}},
-        }))
-        .unwrap();
-        Following::of(ObjectKey::of::<Application>("gitplane-system", name), &app)
+        });
+        Following::of(ObjectKey::of::<gitplane_api::Application>("gitplane-system", name), &app).unwrap()
     }
 
     #[test]
