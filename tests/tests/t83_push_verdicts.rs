@@ -129,6 +129,10 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     ] {
         ensure!(out.contains(part), "the refusal should say {part:?}:\n{out}");
     }
+    // The way out names the repository's own config file, ready to paste.
+    let config = cluster.dir.path().join("repos/web.git/config");
+    let hint = format!("git config -f {} gitplane.refuseInvalidPushes false", config.display());
+    ensure!(out.contains(&hint), "the refusal should say {hint:?}:\n{out}");
     ensure!(remote_main(&url)? == good, "the branch moved after a refused push");
     ensure!(config_map(&cluster, "settings").is_some_and(|c| c["data"]["a"] == "1"), "nothing is applied");
     ensure!(app_sync(&cluster)["revision"] == good.as_str(), "the sync never saw it: {}", app_sync(&cluster));
@@ -161,7 +165,6 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     println!("plan of the fixed push:\n{out}");
 
     // Refusal turned off for the repository: accepted with warnings; the sync rejects it.
-    let config = cluster.dir.path().join("repos/web.git/config");
     let set = |value: &str| -> Result<()> {
         let status = Command::new("git")
             .args(["config", "-f"])

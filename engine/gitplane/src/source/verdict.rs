@@ -262,7 +262,8 @@ impl Verdicts {
                     output,
                     "gitplane: push refused: nothing changed. Fix the errors (`gitplane validate <path>` checks \
                      offline) and push again; to let such pushes through as warnings: \
-                     git config -f <repos>/{name}.git/config {REFUSE_SETTING} false"
+                     git config -f {} {REFUSE_SETTING} false",
+                    repo.join("config").display()
                 );
             } else {
                 let _ = writeln!(
