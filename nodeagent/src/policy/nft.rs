@@ -16,6 +16,7 @@
 //! Kubernetes documents. Pods that no policy isolates have no element: policies that select
 //! nothing on this node cost it nothing.
 
+use super::desired::Direction;
 use super::elements::Element;
 use crate::proxy::netlink::{Change, Transaction};
 use std::fmt::Write;
@@ -23,23 +24,54 @@ use std::net::Ipv4Addr;
 
 pub const TABLE: &str = "gitplane-policy";
 
-/// The elements of one local Pod: `None` for a direction it is not isolated in.
+/// The elements of one local Pod, sorted: `None` for a direction it is not isolated in.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodSets {
     pub ingress: Option<Vec<Element>>,
     pub egress: Option<Vec<Element>>,
 }
 
+impl PodSets {
+    pub fn get(&self, direction: Direction) -> Option<&Vec<Element>> {
+        match direction {
+            Direction::Ingress => self.ingress.as_ref(),
+            Direction::Egress => self.egress.as_ref(),
+        }
+    }
+
+    pub fn get_mut(&mut self, direction: Direction) -> &mut Option<Vec<Element>> {
+        match direction {
+            Direction::Ingress => &mut self.ingress,
+            Direction::Egress => &mut self.egress,
+        }
+    }
+}
+
+/// The element changes of one local Pod address in one direction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetChange {
+    pub pod: Ipv4Addr,
+    pub direction: Direction,
+    /// Whether the Pod is isolated in this direction (before, after).
+    pub isolated: (bool, bool),
+    /// Elements to delete and to add, sorted.
+    pub gone: Vec<Element>,
+    pub came: Vec<Element>,
+}
+
 /// Elements per `add element` statement: nft's parser handles long lists, but one error
 /// message quoting a megabyte helps nobody.
 const CHUNK: usize = 512;
 
-const DIRECTIONS: [(&str, &str); 2] = [("ingress-isolated", "ingress-allowed"), ("egress-isolated", "egress-allowed")];
+const DIRECTIONS: [(Direction, &str, &str); 2] = [
+    (Direction::Ingress, "ingress-isolated", "ingress-allowed"),
+    (Direction::Egress, "egress-isolated", "egress-allowed"),
+];
 
 fn declaration() -> String {
     let allowed = "type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval;";
     let mut t = format!("table ip {TABLE} {{\n");
-    for (isolated, allow) in DIRECTIONS {
+    for (_, isolated, allow) in DIRECTIONS {
         let _ = writeln!(t, "\tset {isolated} {{ type ipv4_addr; }}");
         let _ = writeln!(t, "\tset {allow} {{ {allowed} }}");
     }
@@ -96,51 +128,22 @@ fn isolated(out: &mut String, verb: &str, set: &str, pods: &[Ipv4Addr]) {
     }
 }
 
-fn direction(sets: &PodSets, i: usize) -> Option<&Vec<Element>> {
-    if i == 0 { sets.ingress.as_ref() } else { sets.egress.as_ref() }
-}
-
 /// The whole table, replacing whatever of it the kernel holds, in one transaction.
 pub fn full<'a>(pods: impl Iterator<Item = (Ipv4Addr, &'a PodSets)> + Clone) -> String {
     let mut out = format!("add table ip {TABLE}\ndelete table ip {TABLE}\n");
     out.push_str(&declaration());
-    for (i, (isolated_set, allowed_set)) in DIRECTIONS.iter().enumerate() {
+    for (direction, isolated_set, allowed_set) in DIRECTIONS {
         let isolated_pods: Vec<Ipv4Addr> =
-            pods.clone().filter(|(_, s)| direction(s, i).is_some()).map(|(ip, _)| ip).collect();
+            pods.clone().filter(|(_, s)| s.get(direction).is_some()).map(|(ip, _)| ip).collect();
         isolated(&mut out, "add", isolated_set, &isolated_pods);
         statements(
             &mut out,
             "add",
             allowed_set,
-            pods.clone().flat_map(|(ip, s)| direction(s, i).into_iter().flatten().map(move |e| (ip, e))),
+            pods.clone().flat_map(|(ip, s)| s.get(direction).into_iter().flatten().map(move |e| (ip, e))),
         );
     }
     out
-}
-
-/// The element changes that take each Pod from `old` to `new` sets, in one transaction
-/// (deletions first, so an element that changed shape never overlaps its old self).
-pub fn update<'a>(changes: impl Iterator<Item = (Ipv4Addr, Option<&'a PodSets>, Option<&'a PodSets>)>) -> String {
-    let mut deletes = String::new();
-    let mut adds = String::new();
-    for (ip, old, new) in changes {
-        for (i, (isolated_set, allowed_set)) in DIRECTIONS.iter().enumerate() {
-            let before = old.and_then(|s| direction(s, i));
-            let after = new.and_then(|s| direction(s, i));
-            match (before.is_some(), after.is_some()) {
-                (true, false) => isolated(&mut deletes, "delete", isolated_set, &[ip]),
-                (false, true) => isolated(&mut adds, "add", isolated_set, &[ip]),
-                _ => {}
-            }
-            let (before, after) = (before.map_or(&[][..], Vec::as_slice), after.map_or(&[][..], Vec::as_slice));
-            // Both sorted: a merge walk finds what went and what came.
-            let gone = before.iter().filter(|e| after.binary_search(e).is_err()).map(|e| (ip, e));
-            statements(&mut deletes, "delete", allowed_set, gone);
-            let came = after.iter().filter(|e| before.binary_search(e).is_err()).map(|e| (ip, e));
-            statements(&mut adds, "add", allowed_set, came);
-        }
-    }
-    deletes + &adds
 }
 
 /// An element's key and key end as the kernel stores `pod . peer . protocol . port` (every
@@ -157,35 +160,19 @@ fn key(pod: Ipv4Addr, e: &Element) -> ([u8; 16], [u8; 16]) {
     (field(e.peer.0, e.protocol.0, e.port.0), field(e.peer.1, e.protocol.1, e.port.1))
 }
 
-/// The same changes as [`update`], as one netlink transaction (deletes first).
-pub(crate) fn transaction<'a>(
-    changes: impl Iterator<Item = (Ipv4Addr, Option<&'a PodSets>, Option<&'a PodSets>)>,
-) -> Transaction {
-    type Keys<K> = [(Vec<K>, Vec<K>); 2];
-    // Per direction: isolated (gone, came), allowed (gone, came).
-    let mut isolated: Keys<[u8; 4]> = Default::default();
-    let mut allowed: Keys<([u8; 16], [u8; 16])> = Default::default();
-    for (ip, old, new) in changes {
-        for i in 0..2 {
-            let before = old.and_then(|s| direction(s, i));
-            let after = new.and_then(|s| direction(s, i));
-            match (before.is_some(), after.is_some()) {
-                (true, false) => isolated[i].0.push(ip.octets()),
-                (false, true) => isolated[i].1.push(ip.octets()),
-                _ => {}
-            }
-            let (before, after) = (before.map_or(&[][..], Vec::as_slice), after.map_or(&[][..], Vec::as_slice));
-            allowed[i].0.extend(before.iter().filter(|e| after.binary_search(e).is_err()).map(|e| key(ip, e)));
-            allowed[i].1.extend(after.iter().filter(|e| before.binary_search(e).is_err()).map(|e| key(ip, e)));
-        }
-    }
+/// Element changes as one netlink transaction: every delete first, so an element that
+/// changed shape never overlaps its old self.
+pub(crate) fn transaction(changes: &[SetChange]) -> Transaction {
     let mut t = Transaction::new(TABLE);
     for (change, came) in [(Change::Delete, false), (Change::Add, true)] {
-        for (i, (isolated_set, allowed_set)) in DIRECTIONS.iter().enumerate() {
-            let pods = if came { &isolated[i].1 } else { &isolated[i].0 };
+        for (direction, isolated_set, allowed_set) in DIRECTIONS {
+            let ours = changes.iter().filter(|c| c.direction == direction);
+            let isolation = if came { (false, true) } else { (true, false) };
+            let pods: Vec<[u8; 4]> = ours.clone().filter(|c| c.isolated == isolation).map(|c| c.pod.octets()).collect();
             t.elements(change, isolated_set, pods.iter().map(|k| (&k[..], None)));
-            let elements = if came { &allowed[i].1 } else { &allowed[i].0 };
-            t.elements(change, allowed_set, elements.iter().map(|(k, end)| (&k[..], Some(&end[..]))));
+            let keys: Vec<([u8; 16], [u8; 16])> =
+                ours.flat_map(|c| (if came { &c.came } else { &c.gone }).iter().map(move |e| key(c.pod, e))).collect();
+            t.elements(change, allowed_set, keys.iter().map(|(k, end)| (&k[..], Some(&end[..]))));
         }
     }
     t
@@ -199,7 +186,7 @@ pub fn removal() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::desired::{TCP, UDP};
+    use crate::policy::desired::TCP;
 
     fn e(peer: (u32, u32), protocol: (u8, u8), port: (u16, u16)) -> Element {
         Element { peer, protocol, port }
@@ -225,28 +212,5 @@ mod tests {
         ));
         assert!(!text.contains("add element ip gitplane-policy egress-allowed"), "no egress element: {text}");
         assert!(text.contains("type filter hook forward priority 0; policy accept;"));
-    }
-
-    #[test]
-    fn update_deletes_first_then_adds_only_the_difference() {
-        let pod: Ipv4Addr = "10.244.1.2".parse().unwrap();
-        let keep = e((1, 1), (UDP, UDP), (53, 53));
-        let old = PodSets { ingress: Some(vec![keep, e((2, 2), (TCP, TCP), (80, 80))]), egress: None };
-        let new = PodSets { ingress: Some(vec![keep, e((2, 3), (TCP, TCP), (80, 80))]), egress: Some(vec![]) };
-        let text = update([(pod, Some(&old), Some(&new))].into_iter());
-        assert_eq!(
-            text,
-            "delete element ip gitplane-policy ingress-allowed { 10.244.1.2 . 0.0.0.2 . 6 . 80 }\n\
-             add element ip gitplane-policy ingress-allowed { 10.244.1.2 . 0.0.0.2-0.0.0.3 . 6 . 80 }\n\
-             add element ip gitplane-policy egress-isolated { 10.244.1.2 }\n"
-        );
-        let gone = update([(pod, Some(&new), None)].into_iter());
-        assert_eq!(
-            gone,
-            "delete element ip gitplane-policy ingress-isolated { 10.244.1.2 }\n\
-             delete element ip gitplane-policy ingress-allowed { 10.244.1.2 . 0.0.0.1 . 17 . 53, 10.244.1.2 . 0.0.0.2-0.0.0.3 . 6 . 80 }\n\
-             delete element ip gitplane-policy egress-isolated { 10.244.1.2 }\n"
-        );
-        assert_eq!(update([(pod, Some(&new), Some(&new))].into_iter()), "");
     }
 }
