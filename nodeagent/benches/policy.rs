@@ -110,6 +110,12 @@ fn world(o: &Options) -> Policier {
     p
 }
 
+/// Keeps a row for the table and shows it at once (a slow run still tells what it measured).
+fn push(rows: &mut Vec<(String, String)>, row: (String, String)) {
+    eprintln!("{}: {}", row.0, row.1);
+    rows.push(row);
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
@@ -139,27 +145,33 @@ fn main() {
     core.policies.take_changes();
     let keys: Vec<_> = core.policies.local_pods().map(|p| p.key()).collect();
     let isolated = keys.iter().filter(|k| core.policies.rules(k).is_some_and(|r| r.ingress.is_some())).count();
-    rows.push((
-        format!("pure core: {} Pods, {} policies fed in, {} local Pods' allows", o.pods, o.policies, keys.len()),
-        ms(start.elapsed()),
-    ));
+    push(
+        &mut rows,
+        (
+            format!("pure core: {} Pods, {} policies fed in, {} local Pods' allows", o.pods, o.policies, keys.len()),
+            ms(start.elapsed()),
+        ),
+    );
     let start = Instant::now();
     let Plan::Full { text, .. } = core.plan() else { unreachable!("a new Policier's first plan is a full one") };
     let plan = start.elapsed();
     let elements = text.matches(" . ").count() / 3;
-    rows.push((
-        format!(
-            "full plan (elements + text): {isolated} isolated Pods, {elements} elements, {} KiB",
-            text.len() / 1024
+    push(
+        &mut rows,
+        (
+            format!(
+                "full plan (elements + text): {isolated} isolated Pods, {elements} elements, {} KiB",
+                text.len() / 1024
+            ),
+            ms(plan),
         ),
-        ms(plan),
-    ));
+    );
 
     let topo = Topology::new(0);
     let mut policier = world(&o);
     let start = Instant::now();
     let report = in_netns(&topo.node, || policier.sync()).expect("full sync");
-    rows.push((format!("full sync: plan + nft -f ({} Pods programmed)", report.pods), ms(start.elapsed())));
+    push(&mut rows, (format!("full sync: plan + nft -f ({} Pods programmed)", report.pods), ms(start.elapsed())));
 
     let mut started = Vec::new();
     for (what, local) in
@@ -179,7 +191,7 @@ fn main() {
             pods.push(report.pods);
             elements.push(report.elements);
         }
-        rows.push(start_row(what, o.changes, times, planned, pods, elements));
+        push(&mut rows, start_row(what, o.changes, times, planned, pods, elements));
     }
     let (mut times, mut planned, mut pods, mut elements) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for key in started {
@@ -189,7 +201,7 @@ fn main() {
         pods.push(report.pods);
         elements.push(report.elements);
     }
-    rows.push(start_row("the same peer Pods go", o.changes, times, planned, pods, elements));
+    push(&mut rows, start_row("the same peer Pods go", o.changes, times, planned, pods, elements));
     drop(topo);
 
     println!("| NetworkPolicy, {} Pods x {} policies | time |\n|---|---|", o.pods, o.policies);

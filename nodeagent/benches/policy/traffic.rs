@@ -165,6 +165,9 @@ pub fn run(mut policier: Policier, seconds: u64) {
             std::fs::write(format!("/proc/sys/{key}"), value).unwrap_or_else(|e| panic!("{key}: {e}"));
         }
     });
+    // The client reaches Pods through the node, as another node's traffic does.
+    let route = ["-n", &topo.client, "route", "add", "10.244.0.0/16", "via", "192.168.50.2"];
+    assert!(Command::new("ip").args(route).status().is_ok_and(|s| s.success()), "ip {route:?}");
     let server = Server::start(topo.pod(1));
     let before = measure(&topo.client, seconds);
 

@@ -1,15 +1,21 @@
 //! The nftables layout of NetworkPolicy, as `nft -f` text. Pure.
 //!
 //! Table `ip gitplane-policy`, fixed rules, every Pod a matter of set elements:
-//! - `ingress-isolated` / `egress-isolated`: the local Pods some policy isolates.
-//! - `ingress-allowed` (`pod . peer . protocol . port`, intervals) and `egress-allowed` (the
-//!   same, the peer being the destination): what they may receive and send.
+//! - `ingress-pods` / `egress-pods`: verdict maps from each local Pod some policy isolates to
+//!   `jump ingress-N` / `jump egress-N`, N its shard (its address modulo [`SHARDS`]).
+//! - `ingress-allowed-N` (`pod . peer . protocol . port`, intervals) and `egress-allowed-N`
+//!   (the same, the peer being the destination): what the Pods of shard N may receive and send;
+//!   chain `ingress-N` / `egress-N` returns when its set has the packet and drops otherwise.
 //! - `forward` (filter hook, priority 0: after the proxy's DNAT at -100, so policy sees Pod
 //!   addresses, never ClusterIPs) and `input` (a Pod's traffic to its node, e.g. cluster DNS on
 //!   the node's loopback): established and related traffic first (the replies of allowed
 //!   connections), then the egress check of an isolated source, then (forward only) the
-//!   ingress check of an isolated destination; each check returns when its set allows the
-//!   packet and drops otherwise.
+//!   ingress check of an isolated destination.
+//!
+//! Why shards: the kernel keeps a concatenated interval set (pipapo) as bitmaps as wide as the
+//! set has rules; a packet's lookup scans them, an element's overlap check on insertion too,
+//! and a deletion shifts all of them. One set for the node made each of these cost what the
+//! whole node holds; a shard holds a few Pods. The number of chains stays fixed.
 //!
 //! What the node itself sends (kubelet probes, host-network Pods) leaves through output and
 //! postrouting, which this table does not hook: a Pod's own node may always reach it, as
@@ -19,6 +25,7 @@
 use super::desired::Direction;
 use super::elements::Element;
 use crate::proxy::netlink::{Change, Transaction};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::net::Ipv4Addr;
 
@@ -63,28 +70,61 @@ pub struct SetChange {
 /// message quoting a megabyte helps nobody.
 const CHUNK: usize = 512;
 
-const DIRECTIONS: [(Direction, &str, &str); 2] = [
-    (Direction::Ingress, "ingress-isolated", "ingress-allowed"),
-    (Direction::Egress, "egress-isolated", "egress-allowed"),
-];
+/// Shards per direction.
+pub const SHARDS: u32 = 64;
+
+const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+fn name(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Ingress => "ingress",
+        Direction::Egress => "egress",
+    }
+}
+
+fn shard(pod: Ipv4Addr) -> u32 {
+    u32::from(pod) % SHARDS
+}
+
+/// The verdict map of the Pods isolated in `direction`.
+fn pods_map(direction: Direction) -> String {
+    format!("{}-pods", name(direction))
+}
+
+/// The chain checking the Pods of `pod`'s shard, and its set.
+fn chain(direction: Direction, pod: Ipv4Addr) -> String {
+    format!("{}-{}", name(direction), shard(pod))
+}
+
+fn allowed_set(direction: Direction, pod: Ipv4Addr) -> String {
+    format!("{}-allowed-{}", name(direction), shard(pod))
+}
 
 fn declaration() -> String {
-    let allowed = "type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval;";
     let mut t = format!("table ip {TABLE} {{\n");
-    for (_, isolated, allow) in DIRECTIONS {
-        let _ = writeln!(t, "\tset {isolated} {{ type ipv4_addr; }}");
-        let _ = writeln!(t, "\tset {allow} {{ {allowed} }}");
+    for direction in DIRECTIONS {
+        let d = name(direction);
+        let (pod, peer) = match direction {
+            Direction::Ingress => ("daddr", "saddr"),
+            Direction::Egress => ("saddr", "daddr"),
+        };
+        let _ = writeln!(t, "\tmap {d}-pods {{ type ipv4_addr : verdict; }}");
+        for n in 0..SHARDS {
+            let _ = writeln!(
+                t,
+                "\tset {d}-allowed-{n} {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }}\n\
+                 \tchain {d}-{n} {{\n\t\tip {pod} . ip {peer} . meta l4proto . th dport @{d}-allowed-{n} return\n\t\tdrop\n\t}}"
+            );
+        }
     }
     t.push_str(
         "\tchain forward {\n\t\ttype filter hook forward priority 0; policy accept;\n\
          \t\tct state established,related accept\n\
-         \t\tip saddr @egress-isolated jump egress\n\
-         \t\tip daddr @ingress-isolated jump ingress\n\t}\n\
+         \t\tip saddr vmap @egress-pods\n\
+         \t\tip daddr vmap @ingress-pods\n\t}\n\
          \tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n\
          \t\tct state established,related accept\n\
-         \t\tip saddr @egress-isolated jump egress\n\t}\n\
-         \tchain egress {\n\t\tip saddr . ip daddr . meta l4proto . th dport @egress-allowed return\n\t\tdrop\n\t}\n\
-         \tchain ingress {\n\t\tip daddr . ip saddr . meta l4proto . th dport @ingress-allowed return\n\t\tdrop\n\t}\n}\n",
+         \t\tip saddr vmap @egress-pods\n\t}\n}\n",
     );
     t
 }
@@ -121,34 +161,35 @@ fn statements<'a>(out: &mut String, verb: &str, set: &str, items: impl Iterator<
     }
 }
 
-fn isolated(out: &mut String, verb: &str, set: &str, pods: &[Ipv4Addr]) {
-    for chunk in pods.chunks(CHUNK) {
-        let list: Vec<String> = chunk.iter().map(Ipv4Addr::to_string).collect();
-        let _ = writeln!(out, "{verb} element ip {TABLE} {set} {{ {} }}", list.join(", "));
-    }
-}
-
 /// The whole table, replacing whatever of it the kernel holds, in one transaction.
 pub fn full<'a>(pods: impl Iterator<Item = (Ipv4Addr, &'a PodSets)> + Clone) -> String {
     let mut out = format!("add table ip {TABLE}\ndelete table ip {TABLE}\n");
     out.push_str(&declaration());
-    for (direction, isolated_set, allowed_set) in DIRECTIONS {
-        let isolated_pods: Vec<Ipv4Addr> =
-            pods.clone().filter(|(_, s)| s.get(direction).is_some()).map(|(ip, _)| ip).collect();
-        isolated(&mut out, "add", isolated_set, &isolated_pods);
-        statements(
-            &mut out,
-            "add",
-            allowed_set,
-            pods.clone().flat_map(|(ip, s)| s.get(direction).into_iter().flatten().map(move |e| (ip, e))),
-        );
+    for direction in DIRECTIONS {
+        let isolated: Vec<(Ipv4Addr, &Vec<Element>)> =
+            pods.clone().filter_map(|(ip, s)| Some((ip, s.get(direction)?))).collect();
+        for chunk in isolated.chunks(CHUNK) {
+            let list: Vec<String> =
+                chunk.iter().map(|(ip, _)| format!("{ip} : jump {}", chain(direction, *ip))).collect();
+            let _ = writeln!(out, "add element ip {TABLE} {} {{ {} }}", pods_map(direction), list.join(", "));
+        }
+        let mut shards: BTreeMap<String, Vec<(Ipv4Addr, &Element)>> = BTreeMap::new();
+        for (ip, elements) in isolated {
+            shards.entry(allowed_set(direction, ip)).or_default().extend(elements.iter().map(|e| (ip, e)));
+        }
+        for (set, items) in shards {
+            statements(&mut out, "add", &set, items.into_iter());
+        }
     }
     out
 }
 
+/// An element's key and key end.
+type KeyRange = ([u8; 16], [u8; 16]);
+
 /// An element's key and key end as the kernel stores `pod . peer . protocol . port` (every
 /// field padded to 4 bytes, addresses and ports in network order).
-fn key(pod: Ipv4Addr, e: &Element) -> ([u8; 16], [u8; 16]) {
+fn key(pod: Ipv4Addr, e: &Element) -> KeyRange {
     let field = |peer: u32, protocol: u8, port: u16| {
         let mut k = [0u8; 16];
         k[0..4].copy_from_slice(&pod.octets());
@@ -165,14 +206,23 @@ fn key(pod: Ipv4Addr, e: &Element) -> ([u8; 16], [u8; 16]) {
 pub(crate) fn transaction(changes: &[SetChange]) -> Transaction {
     let mut t = Transaction::new(TABLE);
     for (change, came) in [(Change::Delete, false), (Change::Add, true)] {
-        for (direction, isolated_set, allowed_set) in DIRECTIONS {
+        for direction in DIRECTIONS {
             let ours = changes.iter().filter(|c| c.direction == direction);
             let isolation = if came { (false, true) } else { (true, false) };
-            let pods: Vec<[u8; 4]> = ours.clone().filter(|c| c.isolated == isolation).map(|c| c.pod.octets()).collect();
-            t.elements(change, isolated_set, pods.iter().map(|k| (&k[..], None)));
-            let keys: Vec<([u8; 16], [u8; 16])> =
-                ours.flat_map(|c| (if came { &c.came } else { &c.gone }).iter().map(move |e| key(c.pod, e))).collect();
-            t.elements(change, allowed_set, keys.iter().map(|(k, end)| (&k[..], Some(&end[..]))));
+            let pods: Vec<([u8; 4], String)> = ours
+                .clone()
+                .filter(|c| c.isolated == isolation)
+                .map(|c| (c.pod.octets(), chain(direction, c.pod)))
+                .collect();
+            t.jumps(change, &pods_map(direction), pods.iter().map(|(k, chain)| (&k[..], chain.as_str())));
+            let mut shards: BTreeMap<String, Vec<KeyRange>> = BTreeMap::new();
+            for c in ours {
+                let keys = (if came { &c.came } else { &c.gone }).iter().map(|e| key(c.pod, e));
+                shards.entry(allowed_set(direction, c.pod)).or_default().extend(keys);
+            }
+            for (set, keys) in shards {
+                t.elements(change, &set, keys.iter().map(|(k, end)| (&k[..], Some(&end[..]))));
+            }
         }
     }
     t
@@ -205,12 +255,16 @@ mod tests {
                 "add table ip gitplane-policy\ndelete table ip gitplane-policy\ntable ip gitplane-policy {"
             )
         );
-        assert!(text.contains("add element ip gitplane-policy ingress-isolated { 10.244.1.2 }\n"));
-        assert!(text.contains("add element ip gitplane-policy egress-isolated { 10.244.1.2 }\n"));
+        // 10.244.1.2 is 0x0af40102: shard 2.
+        assert!(text.contains("add element ip gitplane-policy ingress-pods { 10.244.1.2 : jump ingress-2 }\n"));
+        assert!(text.contains("add element ip gitplane-policy egress-pods { 10.244.1.2 : jump egress-2 }\n"));
         assert!(text.contains(
-            "add element ip gitplane-policy ingress-allowed { 10.244.1.2 . 10.244.2.0-10.244.2.255 . 6 . 80-90 }\n"
+            "add element ip gitplane-policy ingress-allowed-2 { 10.244.1.2 . 10.244.2.0-10.244.2.255 . 6 . 80-90 }\n"
         ));
         assert!(!text.contains("add element ip gitplane-policy egress-allowed"), "no egress element: {text}");
         assert!(text.contains("type filter hook forward priority 0; policy accept;"));
+        assert!(text.contains(
+            "\tchain egress-63 {\n\t\tip saddr . ip daddr . meta l4proto . th dport @egress-allowed-63 return\n\t\tdrop\n\t}"
+        ));
     }
 }
