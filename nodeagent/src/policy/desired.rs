@@ -16,12 +16,18 @@
 //! IPv6 ipBlocks are ignored: the agent's Pod network is IPv4.
 //!
 //! [`Policies`] holds the inputs and, per policy, the Pods of this node it selects and each
-//! rule's peer Pods, kept up to date as objects change; it reports which local Pods' rules a
-//! change may have touched ([`Policies::take_dirty`]), so the applier recomputes only those.
+//! rule's peer Pods, kept up to date as objects change, and each local Pod's allows with a
+//! count per allow ([`Allows`]). A peer Pod that comes, goes or changes adds or takes away its
+//! own contributions to the rules it is a peer in, at its own address, so its cost is the
+//! rules it matches, not the local Pods times their peers; a local Pod that changes, or one a
+//! changed policy selects, is computed afresh ([`Policies::pod_rules`]).
+//! [`Policies::take_changes`] says which local Pods' allows changed, and at which addresses.
 
+use super::allows::Allows;
 use super::selector::{self, Labels};
 use k8s_openapi::api::{core::v1::Pod, networking::v1::NetworkPolicy};
 use k8s_openapi::apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
@@ -113,8 +119,24 @@ pub struct Allow {
 /// What one local Pod may receive and send. `None`: not isolated for that direction.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodRules {
-    pub ingress: Option<BTreeSet<Allow>>,
-    pub egress: Option<BTreeSet<Allow>>,
+    pub ingress: Option<Allows>,
+    pub egress: Option<Allows>,
+}
+
+impl PodRules {
+    pub fn get(&self, direction: Direction) -> Option<&Allows> {
+        match direction {
+            Direction::Ingress => self.ingress.as_ref(),
+            Direction::Egress => self.egress.as_ref(),
+        }
+    }
+
+    fn get_mut(&mut self, direction: Direction) -> &mut Option<Allows> {
+        match direction {
+            Direction::Ingress => &mut self.ingress,
+            Direction::Egress => &mut self.egress,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,61 +270,63 @@ impl Rule {
         })
     }
 
-    /// What this rule allows `target` (a local Pod it applies to), given its peer Pods.
-    fn allows<'a>(
+    /// What this rule allows `target` (a local Pod it applies to) whatever its peer Pods: its
+    /// ipBlocks, or every address when it names no peer.
+    fn fixed_allows(&self, direction: Direction, target: &PolicyPod, mut out: impl FnMut(Allow)) {
+        if self.peers.is_empty() {
+            return self.port_allows(direction, target, (0, u32::MAX), &mut out);
+        }
+        for peer in &self.peers {
+            if let Peer::Block(ranges) = peer {
+                for &range in ranges {
+                    self.port_allows(direction, target, range, &mut out);
+                }
+            }
+        }
+    }
+
+    /// What one of its peer Pods ([`Rule::has_peer`]) adds: the peer's own address on the
+    /// rule's ports, and for egress the named ports the peer serves. A peer inside a block adds
+    /// what the block gives already; counted, it keeps nothing alive the block does not.
+    fn peer_allows(&self, direction: Direction, target: &PolicyPod, peer: &PolicyPod, mut out: impl FnMut(Allow)) {
+        let ip = u32::from(peer.ip);
+        if !self.peers.is_empty() {
+            self.port_allows(direction, target, (ip, ip), &mut out);
+        }
+        if direction == Direction::Egress {
+            for port in &self.ports {
+                if let PortSpec::Named { protocol, name } = port
+                    && let Some(p) = peer.named_port(name, *protocol)
+                {
+                    out(Allow { first: ip, last: ip, ports: Ports::Range { protocol: *protocol, first: p, last: p } });
+                }
+            }
+        }
+    }
+
+    /// Addresses `first..=last` on the rule's ports that need no peer Pod to resolve: numbers,
+    /// and for ingress names served by the target; every port when the rule names none.
+    fn port_allows(
         &self,
         direction: Direction,
         target: &PolicyPod,
-        peers: impl Iterator<Item = &'a PolicyPod>,
-        out: &mut BTreeSet<Allow>,
+        (first, last): (u32, u32),
+        out: &mut impl FnMut(Allow),
     ) {
-        let peer_pods: Vec<&PolicyPod> = peers.collect();
-        // Every address the rule's peers stand for (blocks and the peer Pods' addresses).
-        let mut ranges: Vec<(u32, u32)> = Vec::new();
-        if self.peers.is_empty() {
-            ranges.push((0, u32::MAX));
-        } else {
-            for peer in &self.peers {
-                if let Peer::Block(r) = peer {
-                    ranges.extend(r);
-                }
-            }
-            // A peer Pod outside every block was picked by a selector; one inside a block
-            // (named egress ports pick those too) adds nothing new.
-            ranges.extend(peer_pods.iter().map(|p| (u32::from(p.ip), u32::from(p.ip))));
-        }
-        let mut add = |first: u32, last: u32, ports: Ports| {
-            out.insert(Allow { first, last, ports });
-        };
         if self.ports.is_empty() {
-            for &(a, b) in &ranges {
-                add(a, b, Ports::All);
-            }
-            return;
+            return out(Allow { first, last, ports: Ports::All });
         }
         for port in &self.ports {
-            match (port, direction) {
-                (&PortSpec::Numbers { protocol, first, last }, _) => {
-                    for &(a, b) in &ranges {
-                        add(a, b, Ports::Range { protocol, first, last });
-                    }
-                }
+            let ports = match (port, direction) {
+                (&PortSpec::Numbers { protocol, first, last }, _) => Ports::Range { protocol, first, last },
                 (PortSpec::Named { protocol, name }, Direction::Ingress) => {
-                    if let Some(p) = target.named_port(name, *protocol) {
-                        for &(a, b) in &ranges {
-                            add(a, b, Ports::Range { protocol: *protocol, first: p, last: p });
-                        }
-                    }
+                    let Some(p) = target.named_port(name, *protocol) else { continue };
+                    Ports::Range { protocol: *protocol, first: p, last: p }
                 }
-                (PortSpec::Named { protocol, name }, Direction::Egress) => {
-                    for pod in &peer_pods {
-                        if let Some(p) = pod.named_port(name, *protocol) {
-                            let ip = u32::from(pod.ip);
-                            add(ip, ip, Ports::Range { protocol: *protocol, first: p, last: p });
-                        }
-                    }
-                }
-            }
+                // Resolved on each destination Pod: `peer_allows`.
+                (PortSpec::Named { .. }, Direction::Egress) => continue,
+            };
+            out(Allow { first, last, ports });
         }
     }
 }
@@ -340,16 +364,17 @@ fn v4_range(cidr: &str) -> Option<(u32, u32)> {
     Some((first, first | !mask))
 }
 
-/// Namespace labels, by name.
+/// Namespace labels, by name, each with the name label the API server always sets.
 #[derive(Clone, Debug, Default)]
 pub struct Namespaces(BTreeMap<String, Labels>);
 
 impl Namespaces {
-    /// A namespace's labels, with the name label the API server always sets.
-    pub fn labels(&self, namespace: &str) -> Labels {
-        let mut labels = self.0.get(namespace).cloned().unwrap_or_default();
-        labels.insert(NAMESPACE_NAME_LABEL.into(), namespace.into());
-        labels
+    /// A namespace's labels (only the name label for one not seen).
+    pub fn labels(&self, namespace: &str) -> Cow<'_, Labels> {
+        match self.0.get(namespace) {
+            Some(labels) => Cow::Borrowed(labels),
+            None => Cow::Owned([(NAMESPACE_NAME_LABEL.to_owned(), namespace.to_owned())].into()),
+        }
     }
 }
 
@@ -364,6 +389,19 @@ struct Entry {
     egress_peers: Vec<BTreeSet<Key>>,
 }
 
+impl Entry {
+    fn peers(&self, direction: Direction) -> &[BTreeSet<Key>] {
+        match direction {
+            Direction::Ingress => &self.ingress_peers,
+            Direction::Egress => &self.egress_peers,
+        }
+    }
+}
+
+/// Per local Pod: the addresses its allows changed at since [`Policies::take_changes`], or
+/// `None` when they were computed afresh.
+pub type Changes = BTreeMap<Key, Option<Vec<(u32, u32)>>>;
+
 /// The inputs and their cross-references, kept up to date as objects change.
 #[derive(Clone, Debug, Default)]
 pub struct Policies {
@@ -371,8 +409,12 @@ pub struct Policies {
     pods: BTreeMap<Key, PolicyPod>,
     namespaces: Namespaces,
     policies: BTreeMap<Key, Entry>,
-    /// Local Pods whose rules may have changed since [`Policies::take_dirty`].
-    dirty: BTreeSet<Key>,
+    /// The allows of the local Pods some policy selects, kept up to date by the changes of
+    /// their peers; those in `stale` are computed afresh by the next `take_changes`.
+    kept: BTreeMap<Key, PodRules>,
+    stale: BTreeSet<Key>,
+    /// Per local Pod in `kept`: the addresses of the peers whose contributions changed.
+    touched: BTreeMap<Key, Vec<u32>>,
 }
 
 impl Policies {
@@ -386,46 +428,80 @@ impl Policies {
 
     /// Adds, changes (`Some`) or removes (`None`) a Pod.
     pub fn set_pod(&mut self, key: Key, pod: Option<PolicyPod>) {
-        let old = self.pods.get(&key);
-        if old == pod.as_ref() {
+        let old = self.pods.get(&key).cloned();
+        if old == pod {
             return;
         }
-        if old.is_some_and(|p| self.local(p)) || pod.as_ref().is_some_and(|p| self.local(p)) {
-            self.dirty.insert(key.clone());
+        let Policies { node, pods, namespaces, policies, kept, stale, touched } = self;
+        let local = |p: &PolicyPod| p.node == *node;
+        if old.as_ref().is_some_and(local) || pod.as_ref().is_some_and(local) {
+            // Its own allows: computed afresh.
+            stale.insert(key.clone());
         }
-        let local_pod = pod.as_ref().filter(|p| p.node == self.node);
-        for entry in self.policies.values_mut() {
-            let selected = local_pod.is_some_and(|p| entry.policy.selects(p));
-            let was = if selected { !entry.targets.insert(key.clone()) } else { entry.targets.remove(&key) };
-            if selected || was {
-                self.dirty.insert(key.clone());
+        for entry in policies.values_mut() {
+            if pod.as_ref().is_some_and(|p| local(p) && entry.policy.selects(p)) {
+                entry.targets.insert(key.clone());
+            } else {
+                entry.targets.remove(&key);
             }
-            let mut peers_changed = false;
             for direction in [Direction::Ingress, Direction::Egress] {
                 let (rules, peers) = match direction {
                     Direction::Ingress => (entry.policy.ingress.as_deref(), &mut entry.ingress_peers),
                     Direction::Egress => (entry.policy.egress.as_deref(), &mut entry.egress_peers),
                 };
                 for (rule, set) in rules.unwrap_or_default().iter().zip(peers.iter_mut()) {
-                    let now = pod
-                        .as_ref()
-                        .is_some_and(|p| rule.has_peer(&entry.policy.namespace, p, &self.namespaces, direction));
-                    let was = if now { !set.insert(key.clone()) } else { set.remove(&key) };
-                    peers_changed |= now || was;
+                    let was = old.as_ref().filter(|_| set.contains(&key));
+                    let now = pod.as_ref().filter(|p| rule.has_peer(&entry.policy.namespace, p, namespaces, direction));
+                    if was.is_none() && now.is_none() {
+                        continue;
+                    }
+                    if now.is_some() {
+                        set.insert(key.clone());
+                    } else {
+                        set.remove(&key);
+                    }
+                    // Out with the peer's old contributions to each target, in with the new.
+                    for t in &entry.targets {
+                        if stale.contains(t) {
+                            continue;
+                        }
+                        let target = pods.get(t);
+                        let Some((target, allows)) =
+                            target.zip(kept.get_mut(t).and_then(|r| r.get_mut(direction).as_mut()))
+                        else {
+                            // Not kept as it should be: compute it afresh.
+                            stale.insert(t.clone());
+                            continue;
+                        };
+                        let addresses = touched.entry(t.clone()).or_default();
+                        if let Some(peer) = was {
+                            rule.peer_allows(direction, target, peer, |a| {
+                                allows.remove(a);
+                            });
+                            addresses.push(u32::from(peer.ip));
+                        }
+                        if let Some(peer) = now {
+                            rule.peer_allows(direction, target, peer, |a| {
+                                allows.add(a);
+                            });
+                            addresses.push(u32::from(peer.ip));
+                        }
+                    }
                 }
-            }
-            if peers_changed {
-                self.dirty.extend(entry.targets.iter().cloned());
             }
         }
         match pod {
-            Some(pod) => self.pods.insert(key, pod),
-            None => self.pods.remove(&key),
+            Some(pod) => pods.insert(key, pod),
+            None => pods.remove(&key),
         };
     }
 
     /// Adds or changes (`Some`) a Namespace's labels, or removes it.
     pub fn set_namespace(&mut self, name: &str, labels: Option<Labels>) {
+        let labels = labels.map(|mut l| {
+            l.insert(NAMESPACE_NAME_LABEL.into(), name.into());
+            l
+        });
         if self.namespaces.0.get(name) == labels.as_ref() {
             return;
         }
@@ -444,7 +520,7 @@ impl Policies {
     /// Adds, changes (`Some`) or removes a NetworkPolicy.
     pub fn set_policy(&mut self, key: Key, policy: Option<CompiledPolicy>) {
         if let Some(old) = self.policies.remove(&key) {
-            self.dirty.extend(old.targets);
+            self.stale.extend(old.targets);
         }
         let Some(policy) = policy else { return };
         let targets: BTreeSet<Key> =
@@ -464,13 +540,36 @@ impl Policies {
                 .collect()
         };
         let (ingress_peers, egress_peers) = (peers(Direction::Ingress), peers(Direction::Egress));
-        self.dirty.extend(targets.iter().cloned());
+        self.stale.extend(targets.iter().cloned());
         self.policies.insert(key, Entry { policy, targets, ingress_peers, egress_peers });
     }
 
-    /// The local Pods whose rules may have changed since the last call.
-    pub fn take_dirty(&mut self) -> BTreeSet<Key> {
-        std::mem::take(&mut self.dirty)
+    /// Brings every kept allow up to date and says which local Pods' allows changed since the
+    /// last call.
+    pub fn take_changes(&mut self) -> Changes {
+        let mut changes = Changes::new();
+        for key in std::mem::take(&mut self.stale) {
+            let rules = self.pod_rules(&key);
+            if rules.ingress.is_some() || rules.egress.is_some() {
+                self.kept.insert(key.clone(), rules);
+            } else {
+                self.kept.remove(&key);
+            }
+            self.touched.remove(&key);
+            changes.insert(key, None);
+        }
+        for (key, mut addresses) in std::mem::take(&mut self.touched) {
+            addresses.sort_unstable();
+            addresses.dedup();
+            changes.insert(key, Some(addresses.into_iter().map(|a| (a, a)).collect()));
+        }
+        changes
+    }
+
+    /// A local Pod's allows as kept (`None`: no policy isolates it), up to date after
+    /// [`Policies::take_changes`].
+    pub fn rules(&self, key: &Key) -> Option<&PodRules> {
+        self.kept.get(key)
     }
 
     pub fn namespace_names(&self) -> Vec<String> {
@@ -495,20 +594,23 @@ impl Policies {
         self.pods.values().filter(|p| self.local(p))
     }
 
-    /// What the policies allow one local Pod.
+    /// What the policies allow one local Pod, computed afresh from the cross-references.
     pub fn pod_rules(&self, key: &Key) -> PodRules {
         let mut rules = PodRules::default();
-        let Some(target) = self.pods.get(key) else { return rules };
+        let Some(target) = self.local_pod(key) else { return rules };
         for entry in self.policies.values().filter(|e| e.targets.contains(key)) {
             for direction in [Direction::Ingress, Direction::Egress] {
                 let Some(policy_rules) = entry.policy.rules(direction) else { continue };
-                let (slot, peers) = match direction {
-                    Direction::Ingress => (&mut rules.ingress, &entry.ingress_peers),
-                    Direction::Egress => (&mut rules.egress, &entry.egress_peers),
-                };
-                let out = slot.get_or_insert_with(BTreeSet::new);
-                for (rule, peer_keys) in policy_rules.iter().zip(peers) {
-                    rule.allows(direction, target, peer_keys.iter().filter_map(|k| self.pods.get(k)), out);
+                let out = rules.get_mut(direction).get_or_insert_with(Allows::default);
+                for (rule, peer_keys) in policy_rules.iter().zip(entry.peers(direction)) {
+                    rule.fixed_allows(direction, target, |a| {
+                        out.add(a);
+                    });
+                    for peer in peer_keys.iter().filter_map(|k| self.pods.get(k)) {
+                        rule.peer_allows(direction, target, peer, |a| {
+                            out.add(a);
+                        });
+                    }
                 }
             }
         }
@@ -519,9 +621,8 @@ impl Policies {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::random::{self, NODE, Random};
     use serde_json::{Value, json};
-
-    const NODE: &str = "n1";
 
     fn pod(ns: &str, name: &str, labels: &[(&str, &str)], node: &str, ip: &str) -> PolicyPod {
         PolicyPod {
@@ -578,8 +679,21 @@ mod tests {
         Allow { first, last, ports }
     }
 
-    fn rules_of(p: &Policies, name: &str) -> PodRules {
-        p.pod_rules(&("a".into(), name.into()))
+    /// A Pod's allows as sets: the semantics (how often each is given is bookkeeping).
+    #[derive(Debug, Default, PartialEq)]
+    struct Sets {
+        ingress: Option<BTreeSet<Allow>>,
+        egress: Option<BTreeSet<Allow>>,
+    }
+
+    /// Local Pod `a/name`'s allows, computed afresh and checked against the kept ones.
+    fn rules_of(p: &mut Policies, name: &str) -> Sets {
+        let key = ("a".to_string(), name.to_string());
+        p.take_changes();
+        let rules = p.pod_rules(&key);
+        assert_eq!(p.rules(&key).cloned().unwrap_or_default(), rules, "kept and afresh");
+        let set = |a: Option<Allows>| a.map(|a| a.iter().collect());
+        Sets { ingress: set(rules.ingress), egress: set(rules.egress) }
     }
 
     fn np(spec: Value) -> Value {
@@ -589,37 +703,37 @@ mod tests {
     #[test]
     fn semantics_table() {
         let all = |addr: &str| from(addr, Ports::All);
-        let cases: Vec<(&str, Vec<Value>, &str, PodRules)> = vec![
-            ("no policy: unrestricted", vec![], "a1", PodRules::default()),
+        let cases: Vec<(&str, Vec<Value>, &str, Sets)> = vec![
+            ("no policy: unrestricted", vec![], "a1", Sets::default()),
             (
                 "default deny ingress",
                 vec![np(json!({"podSelector": {}}))],
                 "a1",
-                PodRules { ingress: Some([].into()), egress: None },
+                Sets { ingress: Some([].into()), egress: None },
             ),
             (
                 "default deny egress only",
                 vec![np(json!({"podSelector": {}, "policyTypes": ["Egress"]}))],
                 "a1",
-                PodRules { ingress: None, egress: Some([].into()) },
+                Sets { ingress: None, egress: Some([].into()) },
             ),
             (
                 "egress rules imply the Egress type",
                 vec![np(json!({"podSelector": {}, "egress": [{}]}))],
                 "a1",
-                PodRules { ingress: Some([].into()), egress: Some([all("*")].into()) },
+                Sets { ingress: Some([].into()), egress: Some([all("*")].into()) },
             ),
             (
                 "allow all ingress",
                 vec![np(json!({"podSelector": {}, "ingress": [{}]}))],
                 "a2",
-                PodRules { ingress: Some([all("*")].into()), egress: None },
+                Sets { ingress: Some([all("*")].into()), egress: None },
             ),
             (
                 "a policy selecting other Pods leaves this one alone",
                 vec![np(json!({"podSelector": {"matchLabels": {"app": "db"}}}))],
                 "a1",
-                PodRules::default(),
+                Sets::default(),
             ),
             (
                 "podSelector picks Pods of the policy's namespace only",
@@ -627,7 +741,7 @@ mod tests {
                     json!({"podSelector": {}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "web"}}}]}]}),
                 )],
                 "a2",
-                PodRules { ingress: Some([all("10.244.1.2")].into()), egress: None },
+                Sets { ingress: Some([all("10.244.1.2")].into()), egress: None },
             ),
             (
                 "namespaceSelector picks every Pod of the namespaces",
@@ -635,7 +749,7 @@ mod tests {
                     json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "b"}}}]}]}),
                 )],
                 "a1",
-                PodRules { ingress: Some([all("10.244.2.2")].into()), egress: None },
+                Sets { ingress: Some([all("10.244.2.2")].into()), egress: None },
             ),
             (
                 "both selectors in one peer: AND",
@@ -643,7 +757,7 @@ mod tests {
                     "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]},
                     "podSelector": {"matchLabels": {"app": "web"}}}]}]}))],
                 "a1",
-                PodRules { ingress: Some([all("10.244.2.3")].into()), egress: None },
+                Sets { ingress: Some([all("10.244.2.3")].into()), egress: None },
             ),
             (
                 "two peers: OR; the name label of a namespace",
@@ -651,14 +765,14 @@ mod tests {
                     {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "c"}}},
                     {"podSelector": {"matchLabels": {"role": "client"}}}]}]}))],
                 "a1",
-                PodRules { ingress: Some([all("10.244.2.3")].into()), egress: None },
+                Sets { ingress: Some([all("10.244.2.3")].into()), egress: None },
             ),
             (
                 "ipBlock with except",
                 vec![np(json!({"podSelector": {"matchLabels": {"app": "web"}}, "ingress": [{"from": [
                     {"ipBlock": {"cidr": "10.244.0.0/16", "except": ["10.244.2.0/24"]}}]}]}))],
                 "a1",
-                PodRules {
+                Sets {
                     ingress: Some([all("10.244.0.0-10.244.1.255"), all("10.244.3.0-10.244.255.255")].into()),
                     egress: None,
                 },
@@ -669,7 +783,7 @@ mod tests {
                     {"port": 80}, {"port": 9000, "endPort": 9100, "protocol": "UDP"}, {"port": "http"}, {"port": "missing"},
                     {"protocol": "SCTP"}]}]}))],
                 "a1",
-                PodRules {
+                Sets {
                     ingress: Some(
                         [
                             from("*", range(TCP, 80, 80)),
@@ -687,7 +801,7 @@ mod tests {
                 vec![np(json!({"podSelector": {}, "policyTypes": ["Egress"], "egress": [{"ports": [
                     {"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}]}))],
                 "a1",
-                PodRules {
+                Sets {
                     ingress: None,
                     egress: Some([from("*", range(UDP, 53, 53)), from("*", range(TCP, 53, 53))].into()),
                 },
@@ -697,7 +811,7 @@ mod tests {
                 vec![np(json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"],
                     "egress": [{"to": [{"namespaceSelector": {}}], "ports": [{"port": "http"}]}]}))],
                 "a1",
-                PodRules {
+                Sets {
                     ingress: None,
                     egress: Some(
                         ["10.244.1.2", "10.244.1.3", "10.244.2.2", "10.244.2.3"]
@@ -718,7 +832,7 @@ mod tests {
                     ),
                 ],
                 "a1",
-                PodRules {
+                Sets {
                     ingress: Some([from("10.244.1.3", range(TCP, 80, 80)), all("192.168.0.0-192.168.0.255")].into()),
                     egress: None,
                 },
@@ -727,15 +841,20 @@ mod tests {
                 "a policy of another namespace selects nothing here",
                 vec![json!({"metadata": {"namespace": "b"}, "spec": {"podSelector": {}}})],
                 "a1",
-                PodRules::default(),
+                Sets::default(),
             ),
         ];
         for (what, policies, pod, expected) in cases {
-            assert_eq!(rules_of(&world(&policies), pod), expected, "{what}");
+            assert_eq!(rules_of(&mut world(&policies), pod), expected, "{what}");
         }
     }
 
-    /// Whatever the order of changes, the kept cross-references give what a fresh build gives.
+    fn key(ns: &str, name: &str) -> Key {
+        (ns.to_string(), name.to_string())
+    }
+
+    /// Whatever the order of changes, the kept cross-references and allows give what a fresh
+    /// build gives; a peer's change is reported at its address.
     #[test]
     fn incremental_changes_agree_with_a_fresh_build() {
         let policies = [
@@ -746,16 +865,19 @@ mod tests {
             ),
         ];
         let mut p = world(&policies);
-        p.take_dirty();
+        p.take_changes();
         let b2 = pod("b", "b2", &[("app", "web")], "n3", "10.244.3.2");
         p.set_pod(b2.key(), Some(b2));
-        let dirty = p.take_dirty();
-        assert_eq!(dirty, [("a".to_string(), "a1".to_string()), ("a".into(), "a2".into())].into());
+        let at_b2 = Some(vec![(ip("10.244.3.2"), ip("10.244.3.2"))]);
+        assert_eq!(p.take_changes(), [(key("a", "a1"), at_b2.clone()), (key("a", "a2"), at_b2)].into());
         let a3 = pod("a", "a3", &[("app", "web")], NODE, "10.244.1.4");
         p.set_pod(a3.key(), Some(a3));
-        assert!(p.take_dirty().contains(&("a".to_string(), "a3".to_string())));
+        let changes = p.take_changes();
+        assert_eq!(changes[&key("a", "a3")], None, "a new local Pod is computed afresh");
+        assert_eq!(changes[&key("a", "a1")], Some(vec![(ip("10.244.1.4"), ip("10.244.1.4"))]), "a3 is a1's peer");
         p.set_namespace("c", Some([("team".to_string(), "b".to_string())].into()));
         p.set_pod(("b".into(), "b1".into()), None);
+        p.take_changes();
         // The same objects fed in one go, policies last.
         let mut rebuilt = Policies::new(NODE);
         rebuilt.namespaces = p.namespaces.clone();
@@ -765,16 +887,59 @@ mod tests {
         for (k, e) in &p.policies {
             rebuilt.set_policy(k.clone(), Some(e.policy.clone()));
         }
+        rebuilt.take_changes();
         for local in ["a1", "a2", "a3"] {
-            let key = ("a".to_string(), local.to_string());
-            assert_eq!(p.pod_rules(&key), rebuilt.pod_rules(&key), "{local}");
+            let key = key("a", local);
+            assert_eq!(p.rules(&key), rebuilt.rules(&key), "{local}");
         }
-        let a1 = rules_of(&p, "a1");
+        let a1 = rules_of(&mut p, "a1");
         assert_eq!(
             a1.ingress.unwrap(),
             [from("10.244.2.3", Ports::All), from("10.244.3.2", Ports::All)].into(),
             "b2 and c1 (c now team=b), b1 gone"
         );
+    }
+
+    /// After any sequence of Pods, policies and Namespaces coming, changing and going, the
+    /// kept allows are exactly (counts too) those computed afresh, and every Pod whose allows
+    /// changed is reported, at addresses that cover the change.
+    #[test]
+    fn kept_allows_follow_random_changes() {
+        let mut random = Random(0x2545_f491_4f6c_dd1d);
+        for _ in 0..40 {
+            let mut p = Policies::new(NODE);
+            let mut before: BTreeMap<Key, PodRules> = BTreeMap::new();
+            for step in 0..150 {
+                random::change(&mut p, &mut random);
+                if random.below(3) != 0 {
+                    continue;
+                }
+                let changes = p.take_changes();
+                let local: BTreeSet<Key> = p.local_pods().map(|p| p.key()).chain(before.keys().cloned()).collect();
+                for k in local {
+                    let now = p.rules(&k).cloned().unwrap_or_default();
+                    assert_eq!(now, p.pod_rules(&k), "step {step}: {k:?} kept and afresh");
+                    let was = before.remove(&k).unwrap_or_default();
+                    if now == was {
+                        continue;
+                    }
+                    let change = changes.get(&k).unwrap_or_else(|| panic!("step {step}: {k:?} changed unreported"));
+                    let Some(addresses) = change else { continue };
+                    for direction in [Direction::Ingress, Direction::Egress] {
+                        let (was, now) = (was.get(direction), now.get(direction));
+                        assert_eq!(was.is_some(), now.is_some(), "step {step}: {k:?} isolation changed at addresses");
+                        let set = |a: Option<&Allows>| a.map(|a| a.iter().collect::<BTreeSet<_>>()).unwrap_or_default();
+                        for a in set(was).symmetric_difference(&set(now)) {
+                            assert!(
+                                addresses.iter().any(|&(x, y)| a.first <= y && a.last >= x),
+                                "step {step}: {k:?} {a:?} changed outside {addresses:?}"
+                            );
+                        }
+                    }
+                }
+                before = p.kept.clone();
+            }
+        }
     }
 
     #[test]

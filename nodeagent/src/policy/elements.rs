@@ -8,8 +8,9 @@
 //! [`update`] recomputes those alone, which is how a peer Pod's start reaches the kernel as a few
 //! element changes whatever the number of allows.
 
-use super::desired::{Allow, Ports, SCTP, TCP, UDP};
-use std::collections::{BTreeMap, BTreeSet};
+use super::allows::Allows;
+use super::desired::{Ports, SCTP, TCP, UDP};
+use std::collections::BTreeMap;
 
 /// One set element (bounds inclusive).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -47,10 +48,10 @@ fn reach(active: &BTreeMap<Ports, u32>) -> Reach {
 }
 
 /// The disjoint elements covering exactly what `allows` allow between addresses `lo..=hi`.
-fn within(allows: &BTreeSet<Allow>, (lo, hi): (u32, u32)) -> Vec<Element> {
+fn within(allows: &Allows, (lo, hi): (u32, u32)) -> Vec<Element> {
     // (address, +1 begins / -1 ends, ports); an end is at the address after the last.
     let mut events: Vec<(u64, i32, Ports)> = Vec::new();
-    for a in allows.iter().filter(|a| a.first <= hi && a.last >= lo) {
+    for a in allows.overlapping(lo, hi) {
         events.push((u64::from(a.first.max(lo)), 1, a.ports));
         events.push((u64::from(a.last.min(hi)) + 1, -1, a.ports));
     }
@@ -90,13 +91,13 @@ fn within(allows: &BTreeSet<Allow>, (lo, hi): (u32, u32)) -> Vec<Element> {
 }
 
 /// The disjoint elements covering exactly what `allows` allow, sorted.
-pub fn elements(allows: &BTreeSet<Allow>) -> Vec<Element> {
+pub fn elements(allows: &Allows) -> Vec<Element> {
     within(allows, (0, u32::MAX))
 }
 
 /// The element changes (gone, came) that take `old`, the [`elements`] of some allows, to the
 /// elements of `allows`, when the allows changed only at the addresses of `changed`.
-pub fn update(old: &[Element], allows: &BTreeSet<Allow>, changed: &[(u32, u32)]) -> (Vec<Element>, Vec<Element>) {
+pub fn update(old: &[Element], allows: &Allows, changed: &[(u32, u32)]) -> (Vec<Element>, Vec<Element>) {
     // Each change's addresses and one more on each side (a piece there may now join it),
     // widened to the old pieces they touch, so that no old element straddles a window's edge.
     let mut windows: Vec<(u32, u32)> = changed
@@ -138,6 +139,8 @@ pub fn update(old: &[Element], allows: &BTreeSet<Allow>, changed: &[(u32, u32)])
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::desired::Allow;
+    use crate::policy::random::Random;
 
     fn allow(first: u32, last: u32, ports: Ports) -> Allow {
         Allow { first, last, ports }
@@ -167,7 +170,7 @@ mod tests {
 
     #[test]
     fn disjoint_and_exactly_the_union() {
-        let allows: BTreeSet<Allow> = [
+        let allows = [
             allow(10, 20, tcp(80, 80)),
             allow(15, 30, tcp(70, 90)),
             allow(21, 25, tcp(80, 80)),
@@ -175,9 +178,8 @@ mod tests {
             allow(40, 40, tcp(0, 65535)),
             allow(40, 41, Ports::Range { protocol: UDP, first: 53, last: 53 }),
             allow(100, 100, tcp(5, 6)),
-        ]
-        .into();
-        let elements = elements(&allows);
+        ];
+        let elements = elements(&allows.iter().copied().collect());
         for (i, a) in elements.iter().enumerate() {
             for b in &elements[i + 1..] {
                 assert!(!overlap(a, b), "{a:?} overlaps {b:?}");
@@ -206,56 +208,47 @@ mod tests {
 
     #[test]
     fn allow_all_is_one_element() {
-        let elements = elements(&[allow(0, u32::MAX, Ports::All), allow(5, 9, tcp(80, 80))].into());
+        let elements = elements(&[allow(0, u32::MAX, Ports::All), allow(5, 9, tcp(80, 80))].into_iter().collect());
         assert_eq!(elements, [Element { peer: (0, u32::MAX), protocol: (0, u8::MAX), port: (0, u16::MAX) }]);
     }
 
-    /// A small xorshift: the randomized tests must be repeatable.
-    struct Random(u64);
-
-    impl Random {
-        fn below(&mut self, n: u64) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0 % n
-        }
-
-        fn allow(&mut self) -> Allow {
-            let first = 100 + self.below(40) as u32;
-            // Mostly single addresses (peer Pods), some blocks.
-            let last = if self.below(4) == 0 { first + self.below(20) as u32 } else { first };
-            let ports = match self.below(8) {
-                0 => Ports::All,
-                1 => Ports::Range { protocol: UDP, first: 53, last: 53 },
-                n => {
-                    let first = [80, 81, 8000, 8080, 79, 8100][n as usize - 2];
-                    tcp(first, first + [0, 0, 100, 0, 1, 5][n as usize - 2])
-                }
-            };
-            Allow { first, last, ports }
-        }
+    fn random_allow(random: &mut Random) -> Allow {
+        let first = 100 + random.below(40) as u32;
+        // Mostly single addresses (peer Pods), some blocks.
+        let last = if random.below(4) == 0 { first + random.below(20) as u32 } else { first };
+        let ports = match random.below(8) {
+            0 => Ports::All,
+            1 => Ports::Range { protocol: UDP, first: 53, last: 53 },
+            n => {
+                let first = [80, 81, 8000, 8080, 79, 8100][n as usize - 2];
+                tcp(first, first + [0, 0, 100, 0, 1, 5][n as usize - 2])
+            }
+        };
+        Allow { first, last, ports }
     }
 
-    /// Allows coming and going one by one and in groups: the changes from `update` applied to
-    /// the old elements give exactly the elements of the new allows.
+    /// Allows coming and going one by one and in groups (the same allow given more than once
+    /// too): the changes from `update` applied to the old elements give exactly the elements of
+    /// the new allows.
     #[test]
     fn update_agrees_with_a_full_recomputation() {
         let mut random = Random(0x9e37_79b9_7f4a_7c15);
         for _ in 0..300 {
-            let mut allows: BTreeSet<Allow> = (0..random.below(30)).map(|_| random.allow()).collect();
+            // Every allow given, as often as it is given.
+            let mut given: Vec<Allow> = (0..random.below(30)).map(|_| random_allow(&mut random)).collect();
+            let mut allows: Allows = given.iter().copied().collect();
             let mut old = elements(&allows);
             for _ in 0..10 {
                 let mut changed = Vec::new();
                 for _ in 0..1 + random.below(3) {
-                    let a = if !allows.is_empty() && random.below(2) == 0 {
-                        let i = random.below(allows.len() as u64) as usize;
-                        let a = *allows.iter().nth(i).unwrap();
-                        allows.remove(&a);
+                    let a = if !given.is_empty() && random.below(2) == 0 {
+                        let a = given.swap_remove(random.below(given.len() as u64) as usize);
+                        allows.remove(a);
                         a
                     } else {
-                        let a = random.allow();
-                        allows.insert(a);
+                        let a = random_allow(&mut random);
+                        given.push(a);
+                        allows.add(a);
                         a
                     };
                     changed.push((a.first, a.last));

@@ -1,58 +1,130 @@
 //! The nftables layout of NetworkPolicy, as `nft -f` text. Pure.
 //!
 //! Table `ip gitplane-policy`, fixed rules, every Pod a matter of set elements:
-//! - `ingress-isolated` / `egress-isolated`: the local Pods some policy isolates.
-//! - `ingress-allowed` (`pod . peer . protocol . port`, intervals) and `egress-allowed` (the
-//!   same, the peer being the destination): what they may receive and send.
+//! - `ingress-pods` / `egress-pods`: verdict maps from each local Pod some policy isolates to
+//!   `jump ingress-N` / `jump egress-N`, N its shard (its address modulo [`SHARDS`]).
+//! - `ingress-allowed-N` (`pod . peer . protocol . port`, intervals) and `egress-allowed-N`
+//!   (the same, the peer being the destination): what the Pods of shard N may receive and send;
+//!   chain `ingress-N` / `egress-N` returns when its set has the packet and drops otherwise.
 //! - `forward` (filter hook, priority 0: after the proxy's DNAT at -100, so policy sees Pod
 //!   addresses, never ClusterIPs) and `input` (a Pod's traffic to its node, e.g. cluster DNS on
 //!   the node's loopback): established and related traffic first (the replies of allowed
 //!   connections), then the egress check of an isolated source, then (forward only) the
-//!   ingress check of an isolated destination; each check returns when its set allows the
-//!   packet and drops otherwise.
+//!   ingress check of an isolated destination.
+//!
+//! Why shards: the kernel keeps a concatenated interval set (pipapo) as bitmaps as wide as the
+//! set has rules; a packet's lookup scans them, an element's overlap check on insertion too,
+//! and a deletion shifts all of them. One set for the node made each of these cost what the
+//! whole node holds; a shard holds a few Pods. The number of chains stays fixed.
 //!
 //! What the node itself sends (kubelet probes, host-network Pods) leaves through output and
 //! postrouting, which this table does not hook: a Pod's own node may always reach it, as
 //! Kubernetes documents. Pods that no policy isolates have no element: policies that select
 //! nothing on this node cost it nothing.
 
+use super::desired::Direction;
 use super::elements::Element;
 use crate::proxy::netlink::{Change, Transaction};
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::net::Ipv4Addr;
 
 pub const TABLE: &str = "gitplane-policy";
 
-/// The elements of one local Pod: `None` for a direction it is not isolated in.
+/// The elements of one local Pod, sorted: `None` for a direction it is not isolated in.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodSets {
     pub ingress: Option<Vec<Element>>,
     pub egress: Option<Vec<Element>>,
 }
 
+impl PodSets {
+    pub fn get(&self, direction: Direction) -> Option<&Vec<Element>> {
+        match direction {
+            Direction::Ingress => self.ingress.as_ref(),
+            Direction::Egress => self.egress.as_ref(),
+        }
+    }
+
+    pub fn get_mut(&mut self, direction: Direction) -> &mut Option<Vec<Element>> {
+        match direction {
+            Direction::Ingress => &mut self.ingress,
+            Direction::Egress => &mut self.egress,
+        }
+    }
+}
+
+/// The element changes of one local Pod address in one direction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SetChange {
+    pub pod: Ipv4Addr,
+    pub direction: Direction,
+    /// Whether the Pod is isolated in this direction (before, after).
+    pub isolated: (bool, bool),
+    /// Elements to delete and to add, sorted.
+    pub gone: Vec<Element>,
+    pub came: Vec<Element>,
+}
+
 /// Elements per `add element` statement: nft's parser handles long lists, but one error
 /// message quoting a megabyte helps nobody.
 const CHUNK: usize = 512;
 
-const DIRECTIONS: [(&str, &str); 2] = [("ingress-isolated", "ingress-allowed"), ("egress-isolated", "egress-allowed")];
+/// Shards per direction.
+pub const SHARDS: u32 = 64;
+
+const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+fn name(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Ingress => "ingress",
+        Direction::Egress => "egress",
+    }
+}
+
+fn shard(pod: Ipv4Addr) -> u32 {
+    u32::from(pod) % SHARDS
+}
+
+/// The verdict map of the Pods isolated in `direction`.
+fn pods_map(direction: Direction) -> String {
+    format!("{}-pods", name(direction))
+}
+
+/// The chain checking the Pods of `pod`'s shard, and its set.
+fn chain(direction: Direction, pod: Ipv4Addr) -> String {
+    format!("{}-{}", name(direction), shard(pod))
+}
+
+fn allowed_set(direction: Direction, pod: Ipv4Addr) -> String {
+    format!("{}-allowed-{}", name(direction), shard(pod))
+}
 
 fn declaration() -> String {
-    let allowed = "type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval;";
     let mut t = format!("table ip {TABLE} {{\n");
-    for (isolated, allow) in DIRECTIONS {
-        let _ = writeln!(t, "\tset {isolated} {{ type ipv4_addr; }}");
-        let _ = writeln!(t, "\tset {allow} {{ {allowed} }}");
+    for direction in DIRECTIONS {
+        let d = name(direction);
+        let (pod, peer) = match direction {
+            Direction::Ingress => ("daddr", "saddr"),
+            Direction::Egress => ("saddr", "daddr"),
+        };
+        let _ = writeln!(t, "\tmap {d}-pods {{ type ipv4_addr : verdict; }}");
+        for n in 0..SHARDS {
+            let _ = writeln!(
+                t,
+                "\tset {d}-allowed-{n} {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }}\n\
+                 \tchain {d}-{n} {{\n\t\tip {pod} . ip {peer} . meta l4proto . th dport @{d}-allowed-{n} return\n\t\tdrop\n\t}}"
+            );
+        }
     }
     t.push_str(
         "\tchain forward {\n\t\ttype filter hook forward priority 0; policy accept;\n\
          \t\tct state established,related accept\n\
-         \t\tip saddr @egress-isolated jump egress\n\
-         \t\tip daddr @ingress-isolated jump ingress\n\t}\n\
+         \t\tip saddr vmap @egress-pods\n\
+         \t\tip daddr vmap @ingress-pods\n\t}\n\
          \tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n\
          \t\tct state established,related accept\n\
-         \t\tip saddr @egress-isolated jump egress\n\t}\n\
-         \tchain egress {\n\t\tip saddr . ip daddr . meta l4proto . th dport @egress-allowed return\n\t\tdrop\n\t}\n\
-         \tchain ingress {\n\t\tip daddr . ip saddr . meta l4proto . th dport @ingress-allowed return\n\t\tdrop\n\t}\n}\n",
+         \t\tip saddr vmap @egress-pods\n\t}\n}\n",
     );
     t
 }
@@ -89,63 +161,35 @@ fn statements<'a>(out: &mut String, verb: &str, set: &str, items: impl Iterator<
     }
 }
 
-fn isolated(out: &mut String, verb: &str, set: &str, pods: &[Ipv4Addr]) {
-    for chunk in pods.chunks(CHUNK) {
-        let list: Vec<String> = chunk.iter().map(Ipv4Addr::to_string).collect();
-        let _ = writeln!(out, "{verb} element ip {TABLE} {set} {{ {} }}", list.join(", "));
-    }
-}
-
-fn direction(sets: &PodSets, i: usize) -> Option<&Vec<Element>> {
-    if i == 0 { sets.ingress.as_ref() } else { sets.egress.as_ref() }
-}
-
 /// The whole table, replacing whatever of it the kernel holds, in one transaction.
 pub fn full<'a>(pods: impl Iterator<Item = (Ipv4Addr, &'a PodSets)> + Clone) -> String {
     let mut out = format!("add table ip {TABLE}\ndelete table ip {TABLE}\n");
     out.push_str(&declaration());
-    for (i, (isolated_set, allowed_set)) in DIRECTIONS.iter().enumerate() {
-        let isolated_pods: Vec<Ipv4Addr> =
-            pods.clone().filter(|(_, s)| direction(s, i).is_some()).map(|(ip, _)| ip).collect();
-        isolated(&mut out, "add", isolated_set, &isolated_pods);
-        statements(
-            &mut out,
-            "add",
-            allowed_set,
-            pods.clone().flat_map(|(ip, s)| direction(s, i).into_iter().flatten().map(move |e| (ip, e))),
-        );
+    for direction in DIRECTIONS {
+        let isolated: Vec<(Ipv4Addr, &Vec<Element>)> =
+            pods.clone().filter_map(|(ip, s)| Some((ip, s.get(direction)?))).collect();
+        for chunk in isolated.chunks(CHUNK) {
+            let list: Vec<String> =
+                chunk.iter().map(|(ip, _)| format!("{ip} : jump {}", chain(direction, *ip))).collect();
+            let _ = writeln!(out, "add element ip {TABLE} {} {{ {} }}", pods_map(direction), list.join(", "));
+        }
+        let mut shards: BTreeMap<String, Vec<(Ipv4Addr, &Element)>> = BTreeMap::new();
+        for (ip, elements) in isolated {
+            shards.entry(allowed_set(direction, ip)).or_default().extend(elements.iter().map(|e| (ip, e)));
+        }
+        for (set, items) in shards {
+            statements(&mut out, "add", &set, items.into_iter());
+        }
     }
     out
 }
 
-/// The element changes that take each Pod from `old` to `new` sets, in one transaction
-/// (deletions first, so an element that changed shape never overlaps its old self).
-pub fn update<'a>(changes: impl Iterator<Item = (Ipv4Addr, Option<&'a PodSets>, Option<&'a PodSets>)>) -> String {
-    let mut deletes = String::new();
-    let mut adds = String::new();
-    for (ip, old, new) in changes {
-        for (i, (isolated_set, allowed_set)) in DIRECTIONS.iter().enumerate() {
-            let before = old.and_then(|s| direction(s, i));
-            let after = new.and_then(|s| direction(s, i));
-            match (before.is_some(), after.is_some()) {
-                (true, false) => isolated(&mut deletes, "delete", isolated_set, &[ip]),
-                (false, true) => isolated(&mut adds, "add", isolated_set, &[ip]),
-                _ => {}
-            }
-            let (before, after) = (before.map_or(&[][..], Vec::as_slice), after.map_or(&[][..], Vec::as_slice));
-            // Both sorted: a merge walk finds what went and what came.
-            let gone = before.iter().filter(|e| after.binary_search(e).is_err()).map(|e| (ip, e));
-            statements(&mut deletes, "delete", allowed_set, gone);
-            let came = after.iter().filter(|e| before.binary_search(e).is_err()).map(|e| (ip, e));
-            statements(&mut adds, "add", allowed_set, came);
-        }
-    }
-    deletes + &adds
-}
+/// An element's key and key end.
+type KeyRange = ([u8; 16], [u8; 16]);
 
 /// An element's key and key end as the kernel stores `pod . peer . protocol . port` (every
 /// field padded to 4 bytes, addresses and ports in network order).
-fn key(pod: Ipv4Addr, e: &Element) -> ([u8; 16], [u8; 16]) {
+fn key(pod: Ipv4Addr, e: &Element) -> KeyRange {
     let field = |peer: u32, protocol: u8, port: u16| {
         let mut k = [0u8; 16];
         k[0..4].copy_from_slice(&pod.octets());
@@ -157,35 +201,28 @@ fn key(pod: Ipv4Addr, e: &Element) -> ([u8; 16], [u8; 16]) {
     (field(e.peer.0, e.protocol.0, e.port.0), field(e.peer.1, e.protocol.1, e.port.1))
 }
 
-/// The same changes as [`update`], as one netlink transaction (deletes first).
-pub(crate) fn transaction<'a>(
-    changes: impl Iterator<Item = (Ipv4Addr, Option<&'a PodSets>, Option<&'a PodSets>)>,
-) -> Transaction {
-    type Keys<K> = [(Vec<K>, Vec<K>); 2];
-    // Per direction: isolated (gone, came), allowed (gone, came).
-    let mut isolated: Keys<[u8; 4]> = Default::default();
-    let mut allowed: Keys<([u8; 16], [u8; 16])> = Default::default();
-    for (ip, old, new) in changes {
-        for i in 0..2 {
-            let before = old.and_then(|s| direction(s, i));
-            let after = new.and_then(|s| direction(s, i));
-            match (before.is_some(), after.is_some()) {
-                (true, false) => isolated[i].0.push(ip.octets()),
-                (false, true) => isolated[i].1.push(ip.octets()),
-                _ => {}
-            }
-            let (before, after) = (before.map_or(&[][..], Vec::as_slice), after.map_or(&[][..], Vec::as_slice));
-            allowed[i].0.extend(before.iter().filter(|e| after.binary_search(e).is_err()).map(|e| key(ip, e)));
-            allowed[i].1.extend(after.iter().filter(|e| before.binary_search(e).is_err()).map(|e| key(ip, e)));
-        }
-    }
+/// Element changes as one netlink transaction: every delete first, so an element that
+/// changed shape never overlaps its old self.
+pub(crate) fn transaction(changes: &[SetChange]) -> Transaction {
     let mut t = Transaction::new(TABLE);
     for (change, came) in [(Change::Delete, false), (Change::Add, true)] {
-        for (i, (isolated_set, allowed_set)) in DIRECTIONS.iter().enumerate() {
-            let pods = if came { &isolated[i].1 } else { &isolated[i].0 };
-            t.elements(change, isolated_set, pods.iter().map(|k| (&k[..], None)));
-            let elements = if came { &allowed[i].1 } else { &allowed[i].0 };
-            t.elements(change, allowed_set, elements.iter().map(|(k, end)| (&k[..], Some(&end[..]))));
+        for direction in DIRECTIONS {
+            let ours = changes.iter().filter(|c| c.direction == direction);
+            let isolation = if came { (false, true) } else { (true, false) };
+            let pods: Vec<([u8; 4], String)> = ours
+                .clone()
+                .filter(|c| c.isolated == isolation)
+                .map(|c| (c.pod.octets(), chain(direction, c.pod)))
+                .collect();
+            t.jumps(change, &pods_map(direction), pods.iter().map(|(k, chain)| (&k[..], chain.as_str())));
+            let mut shards: BTreeMap<String, Vec<KeyRange>> = BTreeMap::new();
+            for c in ours {
+                let keys = (if came { &c.came } else { &c.gone }).iter().map(|e| key(c.pod, e));
+                shards.entry(allowed_set(direction, c.pod)).or_default().extend(keys);
+            }
+            for (set, keys) in shards {
+                t.elements(change, &set, keys.iter().map(|(k, end)| (&k[..], Some(&end[..]))));
+            }
         }
     }
     t
@@ -199,7 +236,7 @@ pub fn removal() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::desired::{TCP, UDP};
+    use crate::policy::desired::TCP;
 
     fn e(peer: (u32, u32), protocol: (u8, u8), port: (u16, u16)) -> Element {
         Element { peer, protocol, port }
@@ -218,35 +255,16 @@ mod tests {
                 "add table ip gitplane-policy\ndelete table ip gitplane-policy\ntable ip gitplane-policy {"
             )
         );
-        assert!(text.contains("add element ip gitplane-policy ingress-isolated { 10.244.1.2 }\n"));
-        assert!(text.contains("add element ip gitplane-policy egress-isolated { 10.244.1.2 }\n"));
+        // 10.244.1.2 is 0x0af40102: shard 2.
+        assert!(text.contains("add element ip gitplane-policy ingress-pods { 10.244.1.2 : jump ingress-2 }\n"));
+        assert!(text.contains("add element ip gitplane-policy egress-pods { 10.244.1.2 : jump egress-2 }\n"));
         assert!(text.contains(
-            "add element ip gitplane-policy ingress-allowed { 10.244.1.2 . 10.244.2.0-10.244.2.255 . 6 . 80-90 }\n"
+            "add element ip gitplane-policy ingress-allowed-2 { 10.244.1.2 . 10.244.2.0-10.244.2.255 . 6 . 80-90 }\n"
         ));
         assert!(!text.contains("add element ip gitplane-policy egress-allowed"), "no egress element: {text}");
         assert!(text.contains("type filter hook forward priority 0; policy accept;"));
-    }
-
-    #[test]
-    fn update_deletes_first_then_adds_only_the_difference() {
-        let pod: Ipv4Addr = "10.244.1.2".parse().unwrap();
-        let keep = e((1, 1), (UDP, UDP), (53, 53));
-        let old = PodSets { ingress: Some(vec![keep, e((2, 2), (TCP, TCP), (80, 80))]), egress: None };
-        let new = PodSets { ingress: Some(vec![keep, e((2, 3), (TCP, TCP), (80, 80))]), egress: Some(vec![]) };
-        let text = update([(pod, Some(&old), Some(&new))].into_iter());
-        assert_eq!(
-            text,
-            "delete element ip gitplane-policy ingress-allowed { 10.244.1.2 . 0.0.0.2 . 6 . 80 }\n\
-             add element ip gitplane-policy ingress-allowed { 10.244.1.2 . 0.0.0.2-0.0.0.3 . 6 . 80 }\n\
-             add element ip gitplane-policy egress-isolated { 10.244.1.2 }\n"
-        );
-        let gone = update([(pod, Some(&new), None)].into_iter());
-        assert_eq!(
-            gone,
-            "delete element ip gitplane-policy ingress-isolated { 10.244.1.2 }\n\
-             delete element ip gitplane-policy ingress-allowed { 10.244.1.2 . 0.0.0.1 . 17 . 53, 10.244.1.2 . 0.0.0.2-0.0.0.3 . 6 . 80 }\n\
-             delete element ip gitplane-policy egress-isolated { 10.244.1.2 }\n"
-        );
-        assert_eq!(update([(pod, Some(&new), Some(&new))].into_iter()), "");
+        assert!(text.contains(
+            "\tchain egress-63 {\n\t\tip saddr . ip daddr . meta l4proto . th dport @egress-allowed-63 return\n\t\tdrop\n\t}"
+        ));
     }
 }

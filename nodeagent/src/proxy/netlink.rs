@@ -31,6 +31,7 @@ const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_DATA_VERDICT: u16 = 2;
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;
+const NFT_JUMP: i32 = -3;
 const NFT_GOTO: i32 = -4;
 const AF_INET: u8 = 2;
 
@@ -280,6 +281,15 @@ pub(crate) enum Change {
     Delete,
 }
 
+/// What an element of a [`Transaction`] carries besides its key.
+#[derive(Clone, Copy)]
+enum Extra<'a> {
+    /// An interval's last key.
+    End(Option<&'a [u8]>),
+    /// A verdict map's `jump chain`.
+    Jump(&'a str),
+}
+
 /// Element changes of the sets of one table, committed by the kernel as one transaction (all
 /// or nothing, in order: deletes put first free the room their replacements take).
 pub(crate) struct Transaction {
@@ -301,6 +311,20 @@ impl Transaction {
         set: &str,
         keys: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
     ) {
+        self.push(change, set, keys.into_iter().map(|(key, end)| (key, Extra::End(end))));
+    }
+
+    /// Adds (key to `jump chain`) or deletes (by key) elements of verdict map `set`.
+    pub(crate) fn jumps<'a>(
+        &mut self,
+        change: Change,
+        set: &str,
+        items: impl IntoIterator<Item = (&'a [u8], &'a str)>,
+    ) {
+        self.push(change, set, items.into_iter().map(|(key, chain)| (key, Extra::Jump(chain))));
+    }
+
+    fn push<'a>(&mut self, change: Change, set: &str, keys: impl Iterator<Item = (&'a [u8], Extra<'a>)>) {
         let kind = match change {
             Change::Add => NFT_MSG_NEWSETELEM,
             Change::Delete => NFT_MSG_DELSETELEM,
@@ -318,16 +342,28 @@ impl Transaction {
             m.begin(NFTA_SET_ELEM_LIST_ELEMENTS);
             let start = m.buf.len();
             while m.buf.len() - start < ELEMENTS_PER_MESSAGE_BYTES
-                && let Some((key, end)) = keys.next()
+                && let Some((key, extra)) = keys.next()
             {
                 m.begin(NFTA_LIST_ELEM);
                 m.begin(NFTA_SET_ELEM_KEY);
                 m.attr(NFTA_DATA_VALUE, key);
                 m.end();
-                if let Some(end) = end {
-                    m.begin(NFTA_SET_ELEM_KEY_END);
-                    m.attr(NFTA_DATA_VALUE, end);
-                    m.end();
+                match extra {
+                    Extra::End(Some(end)) => {
+                        m.begin(NFTA_SET_ELEM_KEY_END);
+                        m.attr(NFTA_DATA_VALUE, end);
+                        m.end();
+                    }
+                    // A deletion names the key alone.
+                    Extra::Jump(chain) if change == Change::Add => {
+                        m.begin(NFTA_SET_ELEM_DATA);
+                        m.begin(NFTA_DATA_VERDICT);
+                        m.attr(NFTA_VERDICT_CODE, &NFT_JUMP.to_be_bytes());
+                        m.attr(NFTA_VERDICT_CHAIN, &cstr(chain));
+                        m.end();
+                        m.end();
+                    }
+                    Extra::End(None) | Extra::Jump(_) => {}
                 }
                 m.end();
             }
