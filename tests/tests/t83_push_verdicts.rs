@@ -26,6 +26,20 @@ fn config_map(cluster: &Cluster, name: &str) -> Option<Value> {
     get(cluster, &format!("/api/v1/namespaces/default/configmaps/{name}")).filter(|v| v["kind"] == "ConfigMap")
 }
 
+/// The Event with `reason` about Application web.
+fn event_about_web(cluster: &Cluster, reason: &str) -> Option<Value> {
+    let events = get(cluster, "/api/v1/namespaces/gitplane-system/events")?;
+    events["items"]
+        .as_array()?
+        .iter()
+        .find(|e| {
+            e["reason"] == reason
+                && e["involvedObject"]["kind"] == "Application"
+                && e["involvedObject"]["name"] == "web"
+        })
+        .cloned()
+}
+
 fn git(dir: &Path) -> Command {
     let mut command = Command::new("git");
     command
@@ -133,6 +147,12 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     let config = cluster.dir.path().join("repos/web.git/config");
     let hint = format!("git config -f {} gitplane.refuseInvalidPushes false", config.display());
     ensure!(out.contains(&hint), "the refusal should say {hint:?}:\n{out}");
+    // The refusal stays on the Application's timeline as a Warning Event.
+    let refused = wait_for(DEADLINE, || event_about_web(&cluster, "PushRefused"));
+    let refused = refused.context("no PushRefused Event on Application web")?;
+    ensure!(refused["type"] == "Warning", "{refused}");
+    let message = refused["message"].as_str().unwrap_or("");
+    ensure!(message.starts_with("push of main ") && message.contains("refused: 2 errors, the first: "), "{message}");
     ensure!(remote_main(&url)? == good, "the branch moved after a refused push");
     ensure!(config_map(&cluster, "settings").is_some_and(|c| c["data"]["a"] == "1"), "nothing is applied");
     ensure!(app_sync(&cluster)["revision"] == good.as_str(), "the sync never saw it: {}", app_sync(&cluster));
@@ -182,6 +202,11 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     ensure!(out.contains("gitplane: warning: main ") && out.contains("settings.yaml:5"), "warnings:\n{out}");
     let let_through = head(&work)?;
     ensure!(remote_main(&url)? == let_through, "the branch moved");
+    let warned = wait_for(DEADLINE, || event_about_web(&cluster, "InvalidPushAccepted"));
+    ensure!(
+        warned.is_some_and(|e| e["message"].as_str().is_some_and(|m| m.contains("accepted: 1 error"))),
+        "no InvalidPushAccepted Event on Application web"
+    );
     wait_for(DEADLINE, || {
         let sync = app_sync(&cluster);
         (sync["status"] == "Failed" && sync["attemptedRevision"] == let_through.as_str()).then_some(())

@@ -871,20 +871,24 @@ impl SourceController {
 
     /// Records an Event about `involved` (its uid from the cache, so `kubectl describe` finds it).
     fn record_event(&self, involved: &ObjectKey, cache: &Cache, event_type: &str, reason: &str, message: &str) {
-        let (kind, api_version) = match involved.kind.split_once('.') {
-            Some((kind, group)) => (kind.to_owned(), format!("{group}/v1")),
-            None => (involved.kind.clone(), "v1".to_owned()),
-        };
-        let uid = cache.get(involved).and_then(|o| o["metadata"]["uid"].as_str().map(str::to_owned));
-        let reference = ObjectReference {
-            kind: Some(kind),
-            api_version: Some(api_version),
-            namespace: (!involved.namespace.is_empty()).then(|| involved.namespace.clone()),
-            name: Some(involved.name.clone()),
-            uid,
-            ..Default::default()
-        };
-        self.events.event(reference, event_type, reason, message);
+        self.events.event(reference(involved, cache), event_type, reason, message);
+    }
+}
+
+/// An Event's reference to `involved`, with its uid from `cache`.
+fn reference(involved: &ObjectKey, cache: &Cache) -> ObjectReference {
+    let (kind, api_version) = match involved.kind.split_once('.') {
+        Some((kind, group)) => (kind.to_owned(), format!("{group}/v1")),
+        None => (involved.kind.clone(), "v1".to_owned()),
+    };
+    let uid = cache.get(involved).and_then(|o| o["metadata"]["uid"].as_str().map(str::to_owned));
+    ObjectReference {
+        kind: Some(kind),
+        api_version: Some(api_version),
+        namespace: (!involved.namespace.is_empty()).then(|| involved.namespace.clone()),
+        name: Some(involved.name.clone()),
+        uid,
+        ..Default::default()
     }
 }
 

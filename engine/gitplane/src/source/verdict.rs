@@ -14,7 +14,11 @@
 //! the parent is loaded and planned too, and the pushed commit is planned against the stored
 //! objects as the parent's sync will leave them ([`AfterParent`]); nothing waits for a sync.
 //!
-//! Invariants: it writes nothing (not the store, not the repository); a verdict that cannot be
+//! A push that any Application would reject leaves a Warning Event on each such Application
+//! (`PushRefused`, or `InvalidPushAccepted` when refusal is off), so the sync timeline shows the
+//! verdicts people met at the terminal, not only the commits that landed.
+//!
+//! Invariants: it writes nothing but those Events (not the objects, not the repository); a verdict that cannot be
 //! reached (the store is unavailable) accepts the push with a warning, since the sync judges
 //! again; files are rendered once per blob (a [`SourceCache`] per Application, as the sync's).
 //!
@@ -29,12 +33,14 @@
 //!
 //! Every verdict logs where its time went ([`Phases`]).
 
-use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, owner_key, watched_kinds};
+use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, owner_key, reference, watched_kinds};
+use gitplane_api::events::{Source, WARNING};
 use gitplane_api::object::resource_version;
 use gitplane_api::{Application, object::APPLICATION_ANNOTATION};
 use gitplane_source::{AppSource, CacheStats, Limits, LoadError, Manifest, ManifestError, SourceCache, Validator};
 use gitplane_store::{
     EventType, ObjectKey, Op, Store,
+    events::Recorder,
     informer::{Informer, Notification},
 };
 use serde_json::Value;
@@ -132,6 +138,7 @@ pub struct Verdicts {
     caches: Mutex<HashMap<ObjectKey, SourceCache>>,
     /// Per Application: what the verdicts' plans found stored as Git wants it.
     inventories: Arc<Mutex<HashMap<ObjectKey, apply::Inventory>>>,
+    events: Recorder,
 }
 
 /// One Application's judgement of one ref update.
@@ -147,6 +154,7 @@ enum Judged {
 impl Verdicts {
     pub fn new(store: Arc<dyn Store>, record_key: apply::RecordKey, service_ranges: ServiceRanges) -> Verdicts {
         Verdicts {
+            events: Recorder::spawn(store.clone(), Source::component("gitplane-verdict")),
             store,
             record_key,
             service_ranges,
@@ -200,6 +208,8 @@ impl Verdicts {
             informer.cache().list_typed::<Application>(None).into_iter().filter(|a| a.spec.repo == name).collect();
         let mut output = String::new();
         let mut rejected = false;
+        // Per rejecting Application: the ref update, its error count and first error.
+        let mut refusals = Vec::new();
         for update in refs {
             let Some(branch) = update.name.strip_prefix("refs/heads/") else { continue };
             let followers: Vec<&Application> = apps.iter().filter(|a| a.spec.branch == branch).collect();
@@ -235,6 +245,12 @@ impl Verdicts {
                 match self.judge_one(app, repo, quarantine, update, informer, &mut phases).await {
                     Judged::Rejected(errors) => {
                         rejected = true;
+                        refusals.push((
+                            app_key(app),
+                            range.clone(),
+                            errors.len(),
+                            errors.first().cloned().unwrap_or_default(),
+                        ));
                         let verb = if refuse { "error" } else { "warning" };
                         let _ = writeln!(
                             output,
@@ -255,6 +271,11 @@ impl Verdicts {
                     }
                 }
             }
+        }
+        let (reason, outcome) = if refuse { ("PushRefused", "refused") } else { ("InvalidPushAccepted", "accepted") };
+        for (key, range, count, first) in refusals {
+            let message = format!("push of {range} {outcome}: {}, the first: {first}", plural(count, "error"));
+            self.events.event(reference(&key, informer.cache()), WARNING, reason, &message);
         }
         if rejected {
             if refuse {
