@@ -99,6 +99,7 @@ const REPLICA_CHECKS: &[Check] = &[
         s.sum("gitplane_push_to_applied_seconds_count", &[("application", "demo")]) >= 1.0
     }),
     ("git fetch duration family", |s| s.kind("gitplane_git_fetch_duration_seconds") == Some("histogram")),
+    ("push verdict duration family", |s| s.kind("gitplane_push_verdict_duration_seconds") == Some("histogram")),
     ("scheduling attempts", |s| s.sum("scheduler_schedule_attempts_total", &[("result", "scheduled")]) >= 1.0),
     ("scheduling latency", |s| s.sum("scheduler_scheduling_attempt_duration_seconds_count", &[]) >= 1.0),
     ("the scheduler's queue depth", |s| s.value("workqueue_depth", &[("name", "scheduler")]).is_some()),

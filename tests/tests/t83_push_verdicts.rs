@@ -153,6 +153,13 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     ensure!(refused["type"] == "Warning", "{refused}");
     let message = refused["message"].as_str().unwrap_or("");
     ensure!(message.starts_with("push of main ") && message.contains("refused: 2 errors, the first: "), "{message}");
+    // Both kinds of verdict so far are in the replica's metrics.
+    let metrics = loopback_get(cluster.addrs[&1], "/metrics")?;
+    for result in ["accepted", "refused"] {
+        let name = format!("gitplane_push_verdict_duration_seconds_count{{result=\"{result}\"}} ");
+        let count = metrics.lines().find_map(|l| l.strip_prefix(name.as_str())?.parse::<u64>().ok());
+        ensure!(count.is_some_and(|c| c >= 1), "/metrics should count {result} verdicts: {count:?}");
+    }
     ensure!(remote_main(&url)? == good, "the branch moved after a refused push");
     ensure!(config_map(&cluster, "settings").is_some_and(|c| c["data"]["a"] == "1"), "nothing is applied");
     ensure!(app_sync(&cluster)["revision"] == good.as_str(), "the sync never saw it: {}", app_sync(&cluster));

@@ -23,6 +23,7 @@ struct Families {
     longrunning: Arc<Family<Gauge>>,
     sync_duration: Arc<Family<Histogram>>,
     push_to_applied: Arc<Family<Histogram>>,
+    verdict_duration: Arc<Family<Histogram>>,
     fetch_duration: Arc<Family<Histogram>>,
     txn_duration: Arc<Family<Histogram>>,
 }
@@ -55,6 +56,12 @@ static METRICS: LazyLock<Families> = LazyLock::new(|| Families {
         "From a branch moving (a push to a hosted repository, or a mirror fetch that brought commits) to its commit applied in the store.",
         &["namespace", "application"],
         SLOW_BUCKETS,
+    ),
+    verdict_duration: gitplane_metrics::histogram(
+        "gitplane_push_verdict_duration_seconds",
+        "Time a push to a hosted repository waited for its verdict (load, render, validate and plan of the pushed commits), by result: accepted or refused.",
+        &["result"],
+        LATENCY_BUCKETS,
     ),
     fetch_duration: gitplane_metrics::histogram(
         "gitplane_git_fetch_duration_seconds",
@@ -131,6 +138,11 @@ pub(crate) fn sync(namespace: &str, application: &str, result: &str, took: Durat
 /// A branch that moved at `moved` is applied now.
 pub(crate) fn applied(namespace: &str, application: &str, moved: Instant) {
     METRICS.push_to_applied.with(&[namespace, application]).observe_duration(moved.elapsed());
+}
+
+/// One push verdict.
+pub(crate) fn verdict(accepted: bool, took: Duration) {
+    METRICS.verdict_duration.with(&[if accepted { "accepted" } else { "refused" }]).observe_duration(took);
 }
 
 /// One fetch of a mirror.

@@ -139,6 +139,7 @@ async fn answer(
     }
     let started = std::time::Instant::now();
     let verdict = verdicts.judge(&repo, quarantine.as_deref(), &refs).await;
+    crate::metrics::verdict(verdict.accept, started.elapsed());
     let p = &verdict.phases;
     tracing::info!(
         repo = %repo.display(),
