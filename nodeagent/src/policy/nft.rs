@@ -70,8 +70,9 @@ pub struct SetChange {
 /// message quoting a megabyte helps nobody.
 const CHUNK: usize = 512;
 
-/// Shards per direction.
-pub const SHARDS: u32 = 64;
+/// Shards per direction: a node's Pod range is a /24, so each local Pod has its own set
+/// (the kernel's cost per element change grows with the set it changes).
+pub const SHARDS: u32 = 256;
 
 const DIRECTIONS: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 
