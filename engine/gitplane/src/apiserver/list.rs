@@ -69,17 +69,16 @@ pub(super) fn from_text<T: AsRef<str> + Send + Unpin + 'static>(
     fields: &FieldSelector,
     as_table: Option<table::IncludeObject>,
 ) -> Response {
-    let parse = |text: &T| {
-        serde_json::from_str::<Value>(text.as_ref())
-            // As `list` answers a stored object that is not JSON.
-            .map_err(|source| error(StoreError::Corrupt { key: format!("a {}", resource.group_kind()), source }))
-    };
+    // As `list` answers a stored object that is not JSON.
+    let corrupt =
+        |source: serde_json::Error| error(StoreError::Corrupt { key: format!("a {}", resource.group_kind()), source });
+    let parse = |text: &T| serde_json::from_str::<Value>(text.as_ref());
     if let Some(include) = as_table {
         let mut items = Vec::with_capacity(list.items.len());
         for text in &list.items {
             let object = match parse(text) {
                 Ok(object) => object,
-                Err(response) => return response,
+                Err(source) => return corrupt(source),
             };
             if fields.matches(&object) {
                 items.push(object);
@@ -97,7 +96,7 @@ pub(super) fn from_text<T: AsRef<str> + Send + Unpin + 'static>(
             match parse(&text) {
                 Ok(object) if fields.matches(&object) => kept.push(text),
                 Ok(_) => {}
-                Err(response) => return response,
+                Err(source) => return corrupt(source),
             }
         }
         list.items = kept;
