@@ -400,10 +400,12 @@ async fn fill(store: &dyn Store, kind: &str) -> Result<(Objects, Revision), Stor
         entries.sort_by(|a, b| a.key().cmp(&b.key()));
         entries.dedup_by(|a, b| a.key() == b.key());
     }
+    // What the cache holds: the texts, and per object an entry and two small key strings.
+    let text_bytes: usize = entries.iter().map(|e| e.text.len()).sum();
     let objects = Objects::from_sorted(entries);
     tracing::info!(
         %kind, objects = objects.len(), revision = list.revision, listed_ms = listed.as_millis() as u64,
-        took_ms = started.elapsed().as_millis() as u64, "list cache: filled"
+        took_ms = started.elapsed().as_millis() as u64, text_mib = text_bytes >> 20, "list cache: filled"
     );
     Ok((objects, list.revision))
 }
