@@ -30,7 +30,10 @@ use gitplane_store::{
 use serde_json::Value;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex, Weak},
+    sync::{
+        Arc, Mutex, Weak,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 use tokio::sync::watch;
@@ -211,6 +214,9 @@ pub struct Snapshot {
 /// and the task that fills and follows.
 struct KindCache {
     current: watch::Receiver<Option<Arc<Snapshot>>>,
+    /// Whether the store's watch is followed now: while it is broken, a read that needs a newer
+    /// revision goes to the store at once instead of waiting for one that cannot come.
+    following: Arc<AtomicBool>,
     paged: Mutex<HashMap<Revision, (Arc<Snapshot>, Instant)>>,
     _task: AbortOnDrop,
 }
@@ -277,8 +283,10 @@ impl Cacher {
             .entry(kind.to_owned())
             .or_insert_with(|| {
                 let (tx, current) = watch::channel(None);
-                let task = tokio::spawn(follow(self.store.clone(), kind.to_owned(), tx));
-                Arc::new(KindCache { current, paged: Mutex::default(), _task: AbortOnDrop(task.abort_handle()) })
+                let following = Arc::new(AtomicBool::new(false));
+                let task = tokio::spawn(follow(self.store.clone(), kind.to_owned(), tx, following.clone()));
+                let task = AbortOnDrop(task.abort_handle());
+                Arc::new(KindCache { current, following, paged: Mutex::default(), _task: task })
             })
             .clone()
     }
@@ -306,7 +314,10 @@ impl Cacher {
                 };
                 let mut current = cache.current.clone();
                 // Not filled yet: the store answers while the fill runs.
-                current.borrow().as_ref()?;
+                let at = current.borrow().as_ref()?.revision;
+                if at < wanted && !cache.following.load(Ordering::Relaxed) {
+                    return None;
+                }
                 let reached = current.wait_for(|s| s.as_ref().is_some_and(|s| s.revision >= wanted));
                 let snapshot = tokio::time::timeout(FRESHNESS_WAIT, reached).await.ok()?.ok()?;
                 snapshot.as_ref()?.clone()
@@ -330,7 +341,12 @@ impl Cacher {
 }
 
 /// Fills the cache of `kind` and follows the store's watch, for as long as the cache exists.
-async fn follow(store: Arc<dyn Store>, kind: String, tx: watch::Sender<Option<Arc<Snapshot>>>) {
+async fn follow(
+    store: Arc<dyn Store>,
+    kind: String,
+    tx: watch::Sender<Option<Arc<Snapshot>>>,
+    following: Arc<AtomicBool>,
+) {
     let mut backoff = MIN_BACKOFF;
     // What the cache holds and the revision it is at, once filled.
     let mut held: Option<(Objects, Revision)> = None;
@@ -351,7 +367,9 @@ async fn follow(store: Arc<dyn Store>, kind: String, tx: watch::Sender<Option<Ar
             },
         };
         let mut state = (objects, revision);
+        following.store(true, Ordering::Relaxed);
         let result = watch_into(store.as_ref(), &kind, &tx, &mut state, &mut backoff).await;
+        following.store(false, Ordering::Relaxed);
         match result {
             Err(StoreError::Expired { .. }) => {
                 tracing::info!(%kind, revision = state.1, "list cache: watch expired, filling again");
