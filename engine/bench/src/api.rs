@@ -284,7 +284,17 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
     if let Ok(text) = std::fs::read_to_string(&log)
         && let Some(line) = text.lines().find(|l| l.contains("list cache: filled"))
     {
-        eprintln!("server: {line}");
+        // Without the log's colours (ESC [ ... m).
+        let (mut plain, mut escaped) = (String::new(), false);
+        for ch in line.chars() {
+            match (escaped, ch) {
+                (false, '\u{1b}') => escaped = true,
+                (false, ch) => plain.push(ch),
+                (true, 'm') => escaped = false,
+                (true, _) => {}
+            }
+        }
+        eprintln!("server: {plain}");
     }
 
     let transport = if args.https { "loopback HTTPS/1.1" } else { "loopback HTTP/1.1" };
