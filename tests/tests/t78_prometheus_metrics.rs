@@ -85,6 +85,9 @@ const REPLICA_CHECKS: &[Check] = &[
     ("apiserver_request_total counts LISTs of pods", |s| {
         s.sum("apiserver_request_total", &[("verb", "LIST"), ("resource", "pods")]) >= 1.0
     }),
+    ("apiserver_cache_list_total counts the watch cache's answers to LISTs of pods", |s| {
+        s.sum("apiserver_cache_list_total", &[("resource", "pods")]) >= 1.0
+    }),
     ("apiserver_request_duration_seconds is a histogram", |s| {
         s.kind("apiserver_request_duration_seconds") == Some("histogram")
     }),

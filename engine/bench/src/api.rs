@@ -6,6 +6,12 @@
 //! kubectl asks for), one at a time; and GET of one Pod by 100 concurrent readers. Anchors:
 //! Kubernetes' API call latency SLOs (p99 of a read of one object under 1 s, of a cluster-wide
 //! list under 30 s) and the goal (a cluster-wide LIST under 1 s at p99).
+//!
+//! Every request carries a read token (the API refuses anonymous callers); `--https` reads over
+//! the server's TLS listener, verifying it with the cluster CA (`<data-dir>/ca.crt`). Before the
+//! rows are timed the bench waits until the API server's watch cache serves Pod lists (a `hit`
+//! in `apiserver_cache_list_total` on `/metrics`) and prints how long the fill took, and the
+//! server's RSS before the fill, after it and at the end.
 
 use crate::procs::{self, Child};
 use anyhow::{Context as _, Result, bail};
@@ -19,9 +25,21 @@ use std::{
     time::{Duration, Instant},
 };
 use tokio::{
-    io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
+    io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, BufReader},
     net::TcpStream,
 };
+use tokio_rustls::{TlsConnector, rustls::pki_types::ServerName};
+
+/// A connection's byte stream: TCP, or TLS over it.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// How the readers reach the server: its address and, with `--https`, the TLS connector.
+#[derive(Clone)]
+struct Target {
+    addr: SocketAddr,
+    tls: Option<TlsConnector>,
+}
 
 #[derive(clap::Args, Clone)]
 pub struct ApiArgs {
@@ -40,6 +58,12 @@ pub struct ApiArgs {
     /// The `gitplane` binary (default: next to this one).
     #[arg(long)]
     gitplane: Option<PathBuf>,
+    /// Read over HTTPS (the server's TLS listener, verified with its CA) instead of cleartext.
+    #[arg(long)]
+    https: bool,
+    /// Keep the server's log here (default: in the run's temporary directory, removed after).
+    #[arg(long)]
+    server_log: Option<PathBuf>,
 }
 
 const NAMESPACES: usize = 100;
@@ -86,21 +110,34 @@ fn pod(i: usize) -> Value {
 
 /// One HTTP/1.1 keep-alive connection.
 struct Connection {
-    stream: BufReader<TcpStream>,
+    stream: BufReader<Box<dyn Io>>,
     addr: SocketAddr,
 }
 
 impl Connection {
-    async fn open(addr: SocketAddr) -> Result<Connection> {
-        let stream = TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
-        stream.set_nodelay(true)?;
-        Ok(Connection { stream: BufReader::new(stream), addr })
+    async fn open(target: &Target) -> Result<Connection> {
+        let addr = target.addr;
+        let tcp = TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+        tcp.set_nodelay(true)?;
+        let stream: Box<dyn Io> = match &target.tls {
+            None => Box::new(tcp),
+            Some(tls) => {
+                let name = ServerName::from(addr.ip());
+                Box::new(tls.connect(name, tcp).await.with_context(|| format!("TLS to {addr}"))?)
+            }
+        };
+        Ok(Connection { stream: BufReader::with_capacity(64 * 1024, stream), addr })
     }
 
     /// `GET path`: the body of a 200 answer (the server sends a Content-Length).
     async fn get(&mut self, path: &str, accept: &str) -> Result<Vec<u8>> {
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: {accept}\r\n\r\n", self.addr);
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: {accept}\r\nAuthorization: Bearer {}\r\n\r\n",
+            self.addr,
+            procs::READ_TOKEN
+        );
         self.stream.get_mut().write_all(request.as_bytes()).await?;
+        self.stream.get_mut().flush().await?;
         let (mut status, mut length) = (String::new(), None);
         self.stream.read_line(&mut status).await?;
         loop {
@@ -208,6 +245,7 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
 
     let addr = procs::free_addr()?;
     std::fs::write(dir.path().join("peer-token"), procs::PEER_TOKEN)?;
+    std::fs::write(dir.path().join("tokens.csv"), format!("{},bench,bench,\"read\"\n", procs::READ_TOKEN))?;
     std::fs::write(dir.path().join("join-token"), format!("join-{}", procs::PEER_TOKEN))?;
     let mut command = Command::new(&gitplane);
     command
@@ -221,17 +259,47 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         .arg(dir.path().join("peer-token"))
         .arg("--join-token-file")
         .arg(dir.path().join("join-token"))
+        .arg("--tokens-file")
+        .arg(dir.path().join("tokens.csv"))
         .env_remove("RUST_LOG");
-    let _server = Child::spawn("gitplane server", command, &dir.path().join("server.log"))?;
+    let log = args.server_log.clone().unwrap_or_else(|| dir.path().join("server.log"));
+    let server = Child::spawn("gitplane server", command, &log)?;
     procs::wait_for("the server ready", Duration::from_secs(120), || async move {
         procs::http_get(addr, "/readyz").await.ok()
     })
     .await
-    .with_context(|| std::fs::read_to_string(dir.path().join("server.log")).unwrap_or_default())?;
+    .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    let tls = match args.https {
+        true => {
+            let ca = std::fs::read_to_string(data.join("ca.crt")).context("the cluster CA, <data-dir>/ca.crt")?;
+            Some(gitplane::status::tls_connector(&ca)?)
+        }
+        false => None,
+    };
+    let target = Target { addr, tls };
+    let mut c = Connection::open(&target).await?;
+    eprintln!("server RSS before the first LIST: {}", rss(server.pid()));
+    let filled = wait_for_cache(&mut c, addr).await?;
+    eprintln!("list cache serving after {:.2} s; server RSS {}", filled.as_secs_f64(), rss(server.pid()));
+    if let Ok(text) = std::fs::read_to_string(&log)
+        && let Some(line) = text.lines().find(|l| l.contains("list cache: filled"))
+    {
+        // Without the log's colours (ESC [ ... m).
+        let (mut plain, mut escaped) = (String::new(), false);
+        for ch in line.chars() {
+            match (escaped, ch) {
+                (false, '\u{1b}') => escaped = true,
+                (false, ch) => plain.push(ch),
+                (true, 'm') => escaped = false,
+                (true, _) => {}
+            }
+        }
+        eprintln!("server: {plain}");
+    }
 
-    println!("| Read ({} Pods, loopback HTTP/1.1) | Runs | p50 | p99 | Items | Bytes per LIST | Anchor |", args.pods);
+    let transport = if args.https { "loopback HTTPS/1.1" } else { "loopback HTTP/1.1" };
+    println!("| Read ({} Pods, {transport}) | Runs | p50 | p99 | Items | Bytes per LIST | Anchor |", args.pods);
     println!("|---|---|---|---|---|---|---|");
-    let mut c = Connection::open(addr).await?;
     for (name, limit, accept) in [
         ("LIST cluster-wide, unpaged (JSON)", None, "application/json"),
         ("LIST cluster-wide, limit=500 pages (JSON, client-go)", Some(500), "application/json"),
@@ -263,8 +331,9 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
     let window = Duration::from_secs_f64(args.duration);
     let (mut readers, pods) = (Vec::new(), args.pods);
     for r in 0..args.readers {
+        let target = target.clone();
         readers.push(tokio::spawn(async move {
-            let mut c = Connection::open(addr).await?;
+            let mut c = Connection::open(&target).await?;
             let mut took = Vec::new();
             let end = Instant::now() + window;
             let mut i = r;
@@ -292,5 +361,39 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         ms(quantile(&took, 0.5)),
         ms(quantile(&took, 0.99)),
     );
+    eprintln!("server RSS at the end: {}", rss(server.pid()));
     Ok(())
+}
+
+/// A process's resident set size, from `/proc/PID/status`.
+fn rss(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
+    kib.map_or_else(|| "?".into(), |k| format!("{:.0} MiB", k as f64 / 1024.0))
+}
+
+/// Asks for Pod lists (one item) until the API server's watch cache serves them: the first
+/// LIST starts its fill, the store answers until it is in. How long that took.
+async fn wait_for_cache(c: &mut Connection, addr: SocketAddr) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        c.get("/api/v1/pods?limit=1", "application/json").await?;
+        let metrics = procs::http_get_as(addr, "/metrics", Some(procs::READ_TOKEN)).await.unwrap_or_default();
+        let hits = metrics
+            .lines()
+            .filter(|l| l.starts_with("apiserver_cache_list_total{") && l.contains("resource=\"pods\""))
+            .filter(|l| l.contains("result=\"hit\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        if hits > 0.0 {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("the API server's list cache did not serve Pods within 10 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

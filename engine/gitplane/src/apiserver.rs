@@ -4,12 +4,13 @@
 //! [`logs`] is the pod log subresource, streamed from the node that runs the Pod; [`metrics`]
 //! is the resource metrics API (`kubectl top`), asked of the nodes; [`proxy`] is the node
 //! proxy for the nodes' `/metrics` and `/stats/summary`; [`watch`] serves
-//! `?watch=1`; [`list`] serves lists; [`head`] is where an Application's branch points now (the
+//! `?watch=1`; [`list`] serves lists, from [`cacher`]'s watch cache when it can; [`head`] is where an Application's branch points now (the
 //! one read of a hosted repository here); [`fields`] parses and matches field selectors;
 //! [`discovery`], [`openapi`] and
 //! [`health`] are what clients read about the server itself; [`exec`] serves `exec`, `attach`
 //! and `portforward` to debug tokens.
 
+mod cacher;
 mod discovery;
 mod exec;
 mod fields;
@@ -122,16 +123,28 @@ struct ApiState {
     sessions: exec::Sessions,
     /// Records who opened which stream.
     events: gitplane_store::events::Recorder,
+    /// The watch cache lists are served from.
+    cacher: Arc<cacher::Cacher>,
 }
 
 /// The status API router.
 pub fn router(store: Arc<dyn Store>, push_hint: String, kubelet: KubeletClient) -> Router {
-    let watches = PerClient::new(watch::MAX_WATCHES_PER_CLIENT);
-    let events = gitplane_store::events::Recorder::spawn(
-        store.clone(),
-        gitplane_api::events::Source::component("gitplane-apiserver"),
-    );
-    let state = ApiState { store, push_hint: push_hint.into(), kubelet, watches, sessions: Default::default(), events };
+    routes(ApiState::new(store, push_hint, kubelet))
+}
+
+impl ApiState {
+    fn new(store: Arc<dyn Store>, push_hint: String, kubelet: KubeletClient) -> ApiState {
+        let watches = PerClient::new(watch::MAX_WATCHES_PER_CLIENT);
+        let events = gitplane_store::events::Recorder::spawn(
+            store.clone(),
+            gitplane_api::events::Source::component("gitplane-apiserver"),
+        );
+        let cacher = Arc::new(cacher::Cacher::new(store.clone()));
+        ApiState { store, push_hint: push_hint.into(), kubelet, watches, sessions: Default::default(), events, cacher }
+    }
+}
+
+fn routes(state: ApiState) -> Router {
     let pod = "/api/v1/namespaces/{namespace}/pods/{name}";
     Router::new()
         .route("/version", get(|| async { Json(discovery::version()) }))
@@ -453,6 +466,15 @@ async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>, q:
         }
         if q.revision == resource_version::ListRevision::Exact(at) {
             options.at_revision = Some(at);
+        }
+    }
+    // Secrets stay out of the cache (their values are masked from parsed objects, and a cache
+    // of them would hold the plaintext); what the cache cannot serve goes to the store.
+    if resource.kind != "Secret" && options.at_revision.is_none() {
+        let cached = state.cacher.list(&resource.group_kind(), &options, q.revision).await;
+        crate::metrics::cache_list(resource.plural, cached.is_some());
+        if let Some(list) = cached {
+            return list::from_text(resource, list, &q.fields, q.table);
         }
     }
     list::serve(state.store.as_ref(), resource, &options, &q.fields, q.table).await

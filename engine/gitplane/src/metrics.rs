@@ -26,6 +26,7 @@ struct Families {
     verdict_duration: Arc<Family<Histogram>>,
     fetch_duration: Arc<Family<Histogram>>,
     txn_duration: Arc<Family<Histogram>>,
+    cache_lists: Arc<Family<Counter>>,
 }
 
 static METRICS: LazyLock<Families> = LazyLock::new(|| Families {
@@ -74,6 +75,11 @@ static METRICS: LazyLock<Families> = LazyLock::new(|| Families {
         "Latency of a store write (one transaction, committed by a quorum under Raft), by result: ok, conflict or error.",
         &["result"],
         LATENCY_BUCKETS,
+    ),
+    cache_lists: gitplane_metrics::counter(
+        "apiserver_cache_list_total",
+        "LIST requests by whether the API server's watch cache served them (hit) or the store did (miss: not filled yet, behind, an exact revision, or a continue token whose snapshot is gone).",
+        &["resource", "result"],
     ),
 });
 
@@ -143,6 +149,11 @@ pub(crate) fn applied(namespace: &str, application: &str, moved: Instant) {
 /// One push verdict.
 pub(crate) fn verdict(accepted: bool, took: Duration) {
     METRICS.verdict_duration.with(&[if accepted { "accepted" } else { "refused" }]).observe_duration(took);
+}
+
+/// One LIST the watch cache could serve (`hit`) or not (`miss`).
+pub(crate) fn cache_list(resource: &str, hit: bool) {
+    METRICS.cache_lists.with(&[resource, if hit { "hit" } else { "miss" }]).inc();
 }
 
 /// One fetch of a mirror.

@@ -81,7 +81,7 @@ fn pem_der(pem: &str) -> anyhow::Result<Vec<u8>> {
     base64::engine::general_purpose::STANDARD.decode(body.trim()).context("the CA certificate is not PEM")
 }
 
-fn tls_connector(ca_pem: &str) -> anyhow::Result<tokio_rustls::TlsConnector> {
+pub fn tls_connector(ca_pem: &str) -> anyhow::Result<tokio_rustls::TlsConnector> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(rustls::pki_types::CertificateDer::from(pem_der(ca_pem)?)).context("the CA certificate")?;
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))

@@ -4,6 +4,7 @@
 //! exact Content-Length instead of being built whole. The stored text is what `Value::to_string`
 //! gives for the object, so the bytes are the same as serializing the parsed list would give
 //! (the tests hold the two against each other). A Table is still rendered from parsed objects.
+//! The same splice serves the list cache's texts ([`super::cacher`]): [`from_text`].
 
 use super::{Resource, fields::FieldSelector, masked, status};
 use crate::table;
@@ -55,23 +56,52 @@ pub(super) async fn serve(
         return json_list(resource, List { revision: list.revision, items, continue_token: list.continue_token });
     }
     match store.list_json(&kind, options).await {
-        Ok(mut list) => {
-            if !fields.is_empty() {
-                let mut kept = Vec::new();
-                for text in list.items {
-                    match serde_json::from_str::<Value>(&text) {
-                        Ok(object) if fields.matches(&object) => kept.push(text),
-                        Ok(_) => {}
-                        // As `list` answers a stored object that is not JSON.
-                        Err(source) => return error(StoreError::Corrupt { key: format!("a {kind}"), source }),
-                    }
-                }
-                list.items = kept;
-            }
-            json_list(resource, list)
-        }
+        Ok(list) => from_text(resource, list, fields, None),
         Err(e) => error(e),
     }
+}
+
+/// A list of stored JSON texts (the store's or the list cache's, never Secrets), filtered by
+/// `fields` and answered as JSON (spliced) or as a Table.
+pub(super) fn from_text<T: AsRef<str> + Send + Unpin + 'static>(
+    resource: &Resource,
+    mut list: List<T>,
+    fields: &FieldSelector,
+    as_table: Option<table::IncludeObject>,
+) -> Response {
+    // As `list` answers a stored object that is not JSON.
+    let corrupt =
+        |source: serde_json::Error| error(StoreError::Corrupt { key: format!("a {}", resource.group_kind()), source });
+    let parse = |text: &T| serde_json::from_str::<Value>(text.as_ref());
+    if let Some(include) = as_table {
+        let mut items = Vec::with_capacity(list.items.len());
+        for text in &list.items {
+            let object = match parse(text) {
+                Ok(object) => object,
+                Err(source) => return corrupt(source),
+            };
+            if fields.matches(&object) {
+                items.push(object);
+            }
+        }
+        let mut t = table::table(resource.kind, &items, &list.revision.to_string(), Timestamp::now(), include);
+        if let Some(token) = list.continue_token {
+            t["metadata"]["continue"] = Value::String(token);
+        }
+        return Json(t).into_response();
+    }
+    if !fields.is_empty() {
+        let mut kept = Vec::new();
+        for text in list.items {
+            match parse(&text) {
+                Ok(object) if fields.matches(&object) => kept.push(text),
+                Ok(_) => {}
+                Err(source) => return corrupt(source),
+            }
+        }
+        list.items = kept;
+    }
+    json_list(resource, list)
 }
 
 fn error(e: StoreError) -> Response {
@@ -87,7 +117,7 @@ fn error(e: StoreError) -> Response {
 /// `{"apiVersion":…,"items":[…],"kind":"…List","metadata":{…}}`, keys in the order
 /// serde_json writes them (sorted), so the answer is byte for byte what serializing it whole
 /// would be.
-fn json_list(resource: &Resource, list: List<String>) -> Response {
+fn json_list<T: AsRef<str> + Send + Unpin + 'static>(resource: &Resource, list: List<T>) -> Response {
     let quoted = |s: &str| Value::from(s).to_string();
     let head = format!(r#"{{"apiVersion":{},"items":["#, quoted(&resource.api_version()));
     let continue_ = list.continue_token.map(|t| format!(r#""continue":{},"#, quoted(&t))).unwrap_or_default();
@@ -104,18 +134,18 @@ fn json_list(resource: &Resource, list: List<String>) -> Response {
 
 /// A list's JSON, copied out of its head, items and tail a chunk at a time; its exact length
 /// goes ahead as Content-Length. Items are freed as they are sent.
-struct ListBody {
+struct ListBody<T> {
     head: Option<String>,
-    items: std::vec::IntoIter<String>,
+    items: std::vec::IntoIter<T>,
     first: bool,
     tail: Option<String>,
     remaining: u64,
 }
 
-impl ListBody {
-    fn new(head: String, items: Vec<String>, tail: String) -> ListBody {
+impl<T: AsRef<str>> ListBody<T> {
+    fn new(head: String, items: Vec<T>, tail: String) -> ListBody<T> {
         let commas = items.len().saturating_sub(1);
-        let length = head.len() + items.iter().map(String::len).sum::<usize>() + commas + tail.len();
+        let length = head.len() + items.iter().map(|i| i.as_ref().len()).sum::<usize>() + commas + tail.len();
         ListBody { head: Some(head), items: items.into_iter(), first: true, tail: Some(tail), remaining: length as u64 }
     }
 
@@ -130,7 +160,7 @@ impl ListBody {
                     if !std::mem::take(&mut self.first) {
                         chunk.push(b',');
                     }
-                    chunk.extend_from_slice(item.as_bytes());
+                    chunk.extend_from_slice(item.as_ref().as_bytes());
                 }
                 None => {
                     if let Some(tail) = self.tail.take() {
@@ -145,7 +175,7 @@ impl ListBody {
     }
 }
 
-impl http_body::Body for ListBody {
+impl<T: AsRef<str> + Unpin> http_body::Body for ListBody<T> {
     type Data = Bytes;
     type Error = Infallible;
 
@@ -164,7 +194,7 @@ impl http_body::Body for ListBody {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{RESOURCES, router};
+    use super::super::{ApiState, RESOURCES, routes};
     use super::*;
     use crate::kubelet_client::KubeletClient;
     use axum::http::Request;
@@ -227,14 +257,17 @@ mod tests {
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
             "metadata": {"name": "s", "namespace": "a"}, "data": {"password": "aHVudGVyMg=="}});
         store.txn(vec![Op::Create(secret)]).await.unwrap();
-        let router = router(store.clone(), "repo".into(), KubeletClient::for_tests());
+        let state = ApiState::new(store.clone(), "repo".into(), KubeletClient::for_tests());
+        let router = routes(state.clone());
 
         let all = ListOptions::default();
         let in_a = ListOptions { namespace: Some("a".into()), ..Default::default() };
         let labels = ListOptions { label_selector: Some("app in (web-1,web-2)".into()), ..Default::default() };
         let page = ListOptions { limit: Some(40), ..Default::default() };
         let empty = ListOptions { namespace: Some("none".into()), ..Default::default() };
-        for (uri, kind, options, fields) in [
+        // From the store (the list cache is not filled before the first LIST of a kind), then
+        // from the cache once it is.
+        let cases = [
             ("/api/v1/pods", "Pod", all.clone(), ""),
             ("/api/v1/namespaces/a/pods", "Pod", in_a, ""),
             ("/api/v1/pods?labelSelector=app+in+(web-1,web-2)", "Pod", labels, ""),
@@ -248,13 +281,19 @@ mod tests {
             ("/api/v1/namespaces/none/pods", "Pod", empty, ""),
             ("/api/v1/secrets", "Secret", all.clone(), ""),
             ("/api/v1/secrets?fieldSelector=type%3DOpaque", "Secret", all, "type=Opaque"),
-        ] {
-            let expected = serialized_whole(store.as_ref(), kind, options, fields).await;
-            assert_eq!(
-                String::from_utf8(body(&router, uri).await).unwrap(),
-                String::from_utf8(expected).unwrap(),
-                "{uri}"
-            );
+        ];
+        for filled in [false, true] {
+            if filled {
+                state.cacher.wait_for("Pod", store.revision().await.unwrap()).await;
+            }
+            for (uri, kind, options, fields) in cases.clone() {
+                let expected = serialized_whole(store.as_ref(), kind, options, fields).await;
+                assert_eq!(
+                    String::from_utf8(body(&router, uri).await).unwrap(),
+                    String::from_utf8(expected).unwrap(),
+                    "{uri} (list cache filled: {filled})"
+                );
+            }
         }
         // The following pages, through the continue token the first gave.
         let first: Value = serde_json::from_slice(&body(&router, "/api/v1/pods?limit=40").await).unwrap();
