@@ -11,7 +11,9 @@
 //! the server's TLS listener, verifying it with the cluster CA (`<data-dir>/ca.crt`). Before the
 //! rows are timed the bench waits until the API server's watch cache serves Pod lists (a `hit`
 //! in `apiserver_cache_list_total` on `/metrics`) and prints how long the fill took, and the
-//! server's RSS before the fill, after it and at the end.
+//! server's RSS before the fill, after it and at the end; then until the server is settled
+//! (under a tenth of a core for a second: its controllers' informers list every Pod at start-up
+//! too), so that the rows time a steady server, as Kubernetes' SLOs are measured.
 
 use crate::procs::{self, Child};
 use anyhow::{Context as _, Result, bail};
@@ -297,6 +299,9 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         eprintln!("server: {plain}");
     }
 
+    let settled = wait_until_settled(server.pid()).await?;
+    eprintln!("server settled after {:.1} s more; server RSS {}", settled.as_secs_f64(), rss(server.pid()));
+
     let transport = if args.https { "loopback HTTPS/1.1" } else { "loopback HTTP/1.1" };
     println!("| Read ({} Pods, {transport}) | Runs | p50 | p99 | Items | Bytes per LIST | Anchor |", args.pods);
     println!("|---|---|---|---|---|---|---|");
@@ -373,6 +378,23 @@ fn rss(pid: u32) -> String {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok());
     kib.map_or_else(|| "?".into(), |k| format!("{:.0} MiB", k as f64 / 1024.0))
+}
+
+/// Waits until `pid` uses under a tenth of a core over one second. How long that took.
+async fn wait_until_settled(pid: u32) -> Result<Duration> {
+    let started = Instant::now();
+    let mut before = procs::cpu_time(&[pid]);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = procs::cpu_time(&[pid]);
+        if now.saturating_sub(before) < Duration::from_millis(100) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(300) {
+            bail!("the server still used {:?} of CPU per second after 5 minutes", now.saturating_sub(before));
+        }
+        before = now;
+    }
 }
 
 /// Asks for Pod lists (one item) until the API server's watch cache serves them: the first
