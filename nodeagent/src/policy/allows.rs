@@ -52,13 +52,18 @@ impl Allows {
 
     /// The distinct allows touching addresses `lo..=hi`.
     pub fn overlapping(&self, lo: u32, hi: u32) -> impl Iterator<Item = Allow> + '_ {
-        let points = self
-            .points
-            .range((lo, Ports::All)..)
-            .take_while(move |((address, _), _)| *address <= hi)
-            .map(|(&(address, ports), _)| Allow { first: address, last: address, ports });
-        let spans = self.spans.keys().filter(move |a| a.first <= hi && a.last >= lo).copied();
-        points.chain(spans)
+        let points = self.points(lo, hi).map(|(address, ports)| Allow { first: address, last: address, ports });
+        points.chain(self.spans(lo, hi))
+    }
+
+    /// The distinct allows of one address in `lo..=hi`, by address.
+    pub fn points(&self, lo: u32, hi: u32) -> impl Iterator<Item = (u32, Ports)> + '_ {
+        self.points.range((lo, Ports::All)..).take_while(move |((address, _), _)| *address <= hi).map(|(&k, _)| k)
+    }
+
+    /// The distinct allows of more than one address touching `lo..=hi`.
+    pub fn spans(&self, lo: u32, hi: u32) -> impl Iterator<Item = Allow> + '_ {
+        self.spans.keys().filter(move |a| a.first <= hi && a.last >= lo).copied()
     }
 
     /// Every distinct allow.

@@ -1,12 +1,17 @@
-//! A Pod's allows as elements of an nftables interval set keyed `peer . protocol . port`. The
-//! kernel refuses overlapping elements in such a set, so the union of the allows is cut into
-//! disjoint boxes along the address axis: it is split where any allow begins or ends, each
-//! piece gets the merged port ranges of the allows covering it (per protocol; `Ports::All`: every
-//! protocol and port), and neighbouring pieces that allow the same are joined again.
+//! A Pod's allows as nftables elements, in two parts.
+//!
+//! Allows of one address (peer Pods, nearly all of them) become one element per peer in a hash
+//! map, the peer's [`Reach`] (the merged ports it may use): a peer Pod that comes or goes is one
+//! element per local Pod it may talk to, and a hash map's insertion costs the same whatever it
+//! holds. Allows of more addresses (ipBlocks, "every address") become elements of an interval
+//! set keyed `peer . protocol . port`; the kernel refuses overlapping elements in such a set, so
+//! their union is cut into disjoint boxes along the address axis: it is split where any of them
+//! begins or ends, each piece gets the merged port ranges of those covering it (per protocol;
+//! `Ports::All`: every protocol and port), and neighbouring pieces that allow the same are
+//! joined again. A peer allowed by both is allowed: the kernel looks in either.
 //!
 //! Cut this way, an allow that comes or goes changes only the pieces around its addresses:
-//! [`update`] recomputes those alone, which is how a peer Pod's start reaches the kernel as a few
-//! element changes whatever the number of allows.
+//! [`update`] recomputes those alone.
 
 use super::allows::Allows;
 use super::desired::{Ports, SCTP, TCP, UDP};
@@ -20,13 +25,13 @@ pub struct Element {
     pub port: (u16, u16),
 }
 
-/// What a piece of the address axis may reach: (protocols, ports) boxes, sorted.
-type Reach = Vec<((u8, u8), (u16, u16))>;
+/// What a peer or a piece of the address axis may reach: (protocols, ports) boxes, sorted.
+pub type Reach = Vec<((u8, u8), (u16, u16))>;
 
 /// The reach of the allows counted in `active`.
 fn reach(active: &BTreeMap<Ports, u32>) -> Reach {
     if active.contains_key(&Ports::All) {
-        return vec![((0, u8::MAX), (0, u16::MAX))];
+        return everything();
     }
     let mut out: Reach = Vec::new();
     for protocol in [TCP, UDP, SCTP] {
@@ -47,11 +52,31 @@ fn reach(active: &BTreeMap<Ports, u32>) -> Reach {
     out
 }
 
-/// The disjoint elements covering exactly what `allows` allow between addresses `lo..=hi`.
+/// Every protocol and port.
+pub fn everything() -> Reach {
+    vec![((0, u8::MAX), (0, u16::MAX))]
+}
+
+/// The peers of one address in `lo..=hi` with what each may reach, by address.
+pub fn peers(allows: &Allows, (lo, hi): (u32, u32)) -> Vec<(u32, Reach)> {
+    let mut out = Vec::new();
+    let mut points = allows.points(lo, hi).peekable();
+    while let Some((address, ports)) = points.next() {
+        let mut active = BTreeMap::from([(ports, 1)]);
+        while let Some((_, ports)) = points.next_if(|(a, _)| *a == address) {
+            active.insert(ports, 1);
+        }
+        out.push((address, reach(&active)));
+    }
+    out
+}
+
+/// The disjoint elements covering exactly what the allows of more than one address allow
+/// between addresses `lo..=hi`.
 fn within(allows: &Allows, (lo, hi): (u32, u32)) -> Vec<Element> {
     // (address, +1 begins / -1 ends, ports); an end is at the address after the last.
     let mut events: Vec<(u64, i32, Ports)> = Vec::new();
-    for a in allows.overlapping(lo, hi) {
+    for a in allows.spans(lo, hi) {
         events.push((u64::from(a.first.max(lo)), 1, a.ports));
         events.push((u64::from(a.last.min(hi)) + 1, -1, a.ports));
     }
@@ -90,7 +115,7 @@ fn within(allows: &Allows, (lo, hi): (u32, u32)) -> Vec<Element> {
         .collect()
 }
 
-/// The disjoint elements covering exactly what `allows` allow, sorted.
+/// The disjoint elements covering exactly what the allows of more than one address allow, sorted.
 pub fn elements(allows: &Allows) -> Vec<Element> {
     within(allows, (0, u32::MAX))
 }
@@ -150,13 +175,13 @@ mod tests {
         Ports::Range { protocol: TCP, first, last }
     }
 
-    /// Whether the elements allow (peer, protocol, port), by brute force over the elements.
-    fn allowed(elements: &[Element], peer: u32, protocol: u8, port: u16) -> bool {
-        elements.iter().any(|e| {
-            (e.peer.0..=e.peer.1).contains(&peer)
-                && (e.protocol.0..=e.protocol.1).contains(&protocol)
-                && (e.port.0..=e.port.1).contains(&port)
-        })
+    /// Whether the elements or the peers allow (peer, protocol, port), by brute force.
+    fn allowed(elements: &[Element], peers: &[(u32, Reach)], peer: u32, protocol: u8, port: u16) -> bool {
+        let inside = |(protocols, ports): &((u8, u8), (u16, u16))| {
+            (protocols.0..=protocols.1).contains(&protocol) && (ports.0..=ports.1).contains(&port)
+        };
+        elements.iter().any(|e| (e.peer.0..=e.peer.1).contains(&peer) && inside(&(e.protocol, e.port)))
+            || peers.iter().any(|(address, reach)| *address == peer && reach.iter().any(inside))
     }
 
     fn overlap(a: &Element, b: &Element) -> bool {
@@ -179,7 +204,14 @@ mod tests {
             allow(40, 41, Ports::Range { protocol: UDP, first: 53, last: 53 }),
             allow(100, 100, tcp(5, 6)),
         ];
-        let elements = elements(&allows.iter().copied().collect());
+        let kept: Allows = allows.iter().copied().collect();
+        let (elements, peers) = (elements(&kept), peers(&kept, (0, u32::MAX)));
+        // 40 and 100 alone: peers, not elements; 40 reaches UDP 53 through the span 40-41 too.
+        assert_eq!(
+            peers,
+            [(40, vec![((TCP, TCP), (0, 65535))]), (100, everything())],
+            "one entry per address, its ports merged"
+        );
         for (i, a) in elements.iter().enumerate() {
             for b in &elements[i + 1..] {
                 assert!(!overlap(a, b), "{a:?} overlaps {b:?}");
@@ -198,7 +230,7 @@ mod tests {
                             }
                         }
                 });
-                assert_eq!(allowed(&elements, peer, protocol, port), expected, "peer {peer} {protocol}/{port}");
+                assert_eq!(allowed(&elements, &peers, peer, protocol, port), expected, "peer {peer} {protocol}/{port}");
             }
         }
         // 15-30 reaches 70-90 throughout (80 of 15-25 inside it): one element.

@@ -2,11 +2,12 @@
 //! CNI plugin's policy agent does.
 //!
 //! `desired` is the pure core (policies, Pods and Namespaces in, each local Pod's allows out);
-//! `elements` turns a Pod's allows into disjoint set elements; `nft` is the layout (a table of
-//! fixed rules and named sets, so a Pod that comes or goes is a few element changes). The
-//! [`Policier`] here keeps the elements the kernel holds per local Pod address: a full sync
-//! (`nft -f`) at start-up and after a failure, otherwise the element changes around the
-//! addresses at which a Pod's allows changed (`elements::update`), as one netlink transaction.
+//! `elements` turns a Pod's allows into elements (one per peer address, disjoint boxes for
+//! address ranges); `nft` is the layout (a table of fixed rules, named sets and maps, so a Pod
+//! that comes or goes is a few element changes). The [`Policier`] here keeps the elements the
+//! kernel holds per local Pod address: a full sync (`nft -f`) at start-up and after a failure,
+//! otherwise the element changes at the addresses where a Pod's allows changed, as one netlink
+//! transaction (after `nft -f` adds the chain of any new port class).
 //!
 //! Same-node Pod traffic crosses the CNI bridge; the `forward` hook sees it only with
 //! `net.bridge.bridge-nf-call-iptables` = 1 (br_netfilter's default), which a full sync checks.
@@ -21,7 +22,9 @@ mod random;
 mod selector;
 
 pub use desired::{CompiledPolicy, Direction, Key, Policies, PolicyPod};
-pub use nft::{PodSets, SetChange};
+
+use allows::Allows;
+pub use nft::{Classes, PodSets, SetChange, Sets};
 
 use crate::proxy::ProxyError;
 use std::collections::{BTreeMap, BTreeSet, btree_map};
@@ -29,6 +32,19 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 const BRIDGE_NF: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+
+/// A Pod's sets in one direction from its allows.
+fn fresh(allows: &Allows, classes: &mut Classes) -> Sets {
+    let peers = elements::peers(allows, (0, u32::MAX)).into_iter().map(|(peer, reach)| (peer, classes.id(reach)));
+    Sets { spans: elements::elements(allows), peers: peers.collect() }
+}
+
+/// The peers map changes (gone, came) from `old` to `new`: a peer whose class changed is both.
+fn diff(old: &BTreeMap<u32, u32>, new: &BTreeMap<u32, u32>) -> (Vec<u32>, Vec<(u32, u32)>) {
+    let gone = old.iter().filter(|(p, c)| new.get(p) != Some(c)).map(|(p, _)| *p).collect();
+    let came = new.iter().filter(|(p, c)| old.get(p) != Some(c)).map(|(p, c)| (*p, *c)).collect();
+    (gone, came)
+}
 
 /// What one [`Policier::sync`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,8 +64,8 @@ pub struct SyncReport {
 pub enum Plan {
     /// Rewrite the table: every isolated local Pod address's sets, as `nft -f` text.
     Full { sets: BTreeMap<Ipv4Addr, PodSets>, text: String },
-    /// Element changes.
-    Changes(Vec<SetChange>),
+    /// Element changes, after `chains` (`nft -f` text, empty if none) adds new port classes.
+    Changes { changes: Vec<SetChange>, chains: String },
 }
 
 /// The NetworkPolicy enforcement of one node.
@@ -61,6 +77,8 @@ pub struct Policier {
     /// two share one only while one is finishing; the first decides the address's sets.
     addresses: BTreeMap<Key, Ipv4Addr>,
     owners: BTreeMap<Ipv4Addr, BTreeSet<Key>>,
+    /// The port classes the peers maps name.
+    classes: Classes,
     full_pending: bool,
 }
 
@@ -71,6 +89,7 @@ impl Policier {
             applied: BTreeMap::new(),
             addresses: BTreeMap::new(),
             owners: BTreeMap::new(),
+            classes: Classes::default(),
             full_pending: true,
         }
     }
@@ -83,6 +102,11 @@ impl Policier {
     /// What the kernel was given for each isolated local Pod (for tests and status).
     pub fn applied(&self) -> &BTreeMap<Ipv4Addr, PodSets> {
         &self.applied
+    }
+
+    /// The port classes the applied sets name.
+    pub fn classes(&self) -> &Classes {
+        &self.classes
     }
 
     fn owner(&self, ip: &Ipv4Addr) -> Option<&Key> {
@@ -115,19 +139,16 @@ impl Policier {
             for (key, ip) in local {
                 self.set_address(&key, Some(ip));
             }
-            let sets: BTreeMap<Ipv4Addr, PodSets> = self
-                .owners
-                .iter()
-                .filter_map(|(ip, keys)| {
-                    let rules = self.policies.rules(keys.first()?)?;
-                    let sets = PodSets {
-                        ingress: rules.ingress.as_ref().map(elements::elements),
-                        egress: rules.egress.as_ref().map(elements::elements),
-                    };
-                    Some((*ip, sets))
-                })
-                .collect();
-            let text = nft::full(sets.iter().map(|(ip, s)| (*ip, s)));
+            // Numbered afresh: the table is rewritten with the chains of the classes in use.
+            self.classes = Classes::default();
+            let mut sets = BTreeMap::new();
+            for (ip, keys) in &self.owners {
+                let Some(rules) = keys.first().and_then(|k| self.policies.rules(k)) else { continue };
+                let mut of = |allows: Option<&Allows>| allows.map(|a| fresh(a, &mut self.classes));
+                let pod = PodSets { ingress: of(rules.ingress.as_ref()), egress: of(rules.egress.as_ref()) };
+                sets.insert(*ip, pod);
+            }
+            let text = nft::full(sets.iter().map(|(ip, s)| (*ip, s)), &self.classes);
             return Plan::Full { sets, text };
         }
         // Per address: where its owner's allows changed, `None` for anywhere.
@@ -157,44 +178,64 @@ impl Policier {
             for direction in [Direction::Ingress, Direction::Egress] {
                 let before = applied.and_then(|s| s.get(direction));
                 let after = rules.and_then(|r| r.get(direction));
-                let (gone, came) = match (before, after, &at) {
-                    (Some(old), Some(allows), Some(at)) => elements::update(old, allows, at),
+                let mut change = SetChange::new(ip, direction, (before.is_some(), after.is_some()));
+                match (before, after, &at) {
+                    (Some(old), Some(allows), Some(at)) => {
+                        (change.gone, change.came) = elements::update(&old.spans, allows, at);
+                        // The peers at the changed addresses, before and after.
+                        let mut new = BTreeMap::new();
+                        for &(lo, hi) in at {
+                            for (peer, reach) in elements::peers(allows, (lo, hi)) {
+                                new.insert(peer, self.classes.id(reach));
+                            }
+                        }
+                        let old: BTreeMap<u32, u32> =
+                            at.iter().flat_map(|&(lo, hi)| old.peers.range(lo..=hi).map(|(p, c)| (*p, *c))).collect();
+                        (change.peers_gone, change.peers_came) = diff(&old, &new);
+                    }
                     _ => {
-                        let old = before.map_or(&[][..], Vec::as_slice);
-                        let new = after.map(elements::elements).unwrap_or_default();
-                        let gone = old.iter().filter(|e| new.binary_search(e).is_err()).copied().collect();
-                        let came = new.iter().filter(|e| old.binary_search(e).is_err()).copied().collect();
-                        (gone, came)
+                        let empty = Sets::default();
+                        let old = before.unwrap_or(&empty);
+                        let new = after.map(|a| fresh(a, &mut self.classes)).unwrap_or_default();
+                        change.gone =
+                            old.spans.iter().filter(|e| new.spans.binary_search(e).is_err()).copied().collect();
+                        change.came =
+                            new.spans.iter().filter(|e| old.spans.binary_search(e).is_err()).copied().collect();
+                        (change.peers_gone, change.peers_came) = diff(&old.peers, &new.peers);
                     }
                 };
-                let isolated = (before.is_some(), after.is_some());
-                if isolated.0 != isolated.1 || !gone.is_empty() || !came.is_empty() {
-                    changes.push(SetChange { pod: ip, direction, isolated, gone, came });
+                if change.isolated.0 != change.isolated.1 || !change.is_empty() {
+                    changes.push(change);
                 }
             }
         }
-        Plan::Changes(changes)
+        Plan::Changes { changes, chains: self.classes.undeclared() }
     }
 
     /// Records that a plan was carried out.
     pub fn commit(&mut self, plan: Plan) {
+        self.classes.declared();
         let changes = match plan {
             Plan::Full { sets, .. } => {
                 self.applied = sets;
                 self.full_pending = false;
                 return;
             }
-            Plan::Changes(changes) => changes,
+            Plan::Changes { changes, .. } => changes,
         };
         for c in changes {
             let sets = self.applied.entry(c.pod).or_default();
             let slot = sets.get_mut(c.direction);
             if c.isolated.1 {
-                let mut elements = slot.take().unwrap_or_default();
-                elements.retain(|e| c.gone.binary_search(e).is_err());
-                elements.extend(c.came);
-                elements.sort_unstable();
-                *slot = Some(elements);
+                let mut held = slot.take().unwrap_or_default();
+                held.spans.retain(|e| c.gone.binary_search(e).is_err());
+                held.spans.extend(c.came);
+                held.spans.sort_unstable();
+                for peer in c.peers_gone {
+                    held.peers.remove(&peer);
+                }
+                held.peers.extend(c.peers_came);
+                *slot = Some(held);
             } else {
                 *slot = None;
             }
@@ -212,12 +253,12 @@ impl Policier {
         let planned = start.elapsed();
         let (full, pods, elements) = match &plan {
             Plan::Full { sets, .. } => {
-                let elements = sets.values().flat_map(|s| [&s.ingress, &s.egress]).flatten().map(Vec::len).sum();
+                let elements = sets.values().flat_map(|s| [&s.ingress, &s.egress]).flatten().map(Sets::len).sum();
                 (true, sets.len(), elements)
             }
-            Plan::Changes(changes) => {
+            Plan::Changes { changes, .. } => {
                 let pods: BTreeSet<Ipv4Addr> = changes.iter().map(|c| c.pod).collect();
-                (false, pods.len(), changes.iter().map(|c| c.gone.len() + c.came.len()).sum())
+                (false, pods.len(), changes.iter().map(SetChange::len).sum())
             }
         };
         match &plan {
@@ -235,8 +276,12 @@ impl Policier {
             }
             // Element changes go over netlink: `nft -f` reads a large interval set back for its
             // checks (0.2-0.45 s per change at 15,000 elements), the kernel does not.
-            Plan::Changes(changes) => {
-                if let Err(e) = nft::transaction(changes).commit() {
+            Plan::Changes { changes, chains } => {
+                let done = match chains.is_empty() {
+                    true => Ok(()),
+                    false => crate::proxy::run_nft(chains).map_err(|e| e.to_string()),
+                };
+                if let Err(e) = done.and_then(|()| nft::transaction(changes).commit().map_err(|e| e.to_string())) {
                     // The transaction was all or nothing; rewrite the whole table with `nft -f`.
                     tracing::warn!("network policy element update failed ({e}); rewriting the whole table");
                     self.full_pending = true;
@@ -269,22 +314,33 @@ mod tests {
     use super::*;
     use random::{NODE, Random};
 
-    /// The sets each local Pod address should have, computed afresh from the inputs.
-    fn afresh(p: &Policies) -> BTreeMap<Ipv4Addr, PodSets> {
+    /// Per local Pod address and direction: the interval elements and each peer's reach.
+    type Resolved = BTreeMap<Ipv4Addr, [Option<(Vec<elements::Element>, BTreeMap<u32, elements::Reach>)>; 2]>;
+
+    fn resolve(sets: &BTreeMap<Ipv4Addr, PodSets>, classes: &Classes) -> Resolved {
+        let of = |s: Option<&Sets>| {
+            s.map(|s| (s.spans.clone(), s.peers.iter().map(|(p, c)| (*p, classes.reach(*c).clone())).collect()))
+        };
+        sets.iter().map(|(ip, s)| (*ip, [of(s.ingress.as_ref()), of(s.egress.as_ref())])).collect()
+    }
+
+    /// What each local Pod address should have, computed afresh from the inputs.
+    fn afresh(p: &Policies) -> Resolved {
         let mut seen = BTreeSet::new();
         let mut out = BTreeMap::new();
+        let mut classes = Classes::default();
         // In key order: the first Pod of an address decides its sets.
         for pod in p.local_pods().filter(|pod| seen.insert(pod.ip)) {
             let rules = p.pod_rules(&pod.key());
             if rules.ingress.is_some() || rules.egress.is_some() {
                 let sets = PodSets {
-                    ingress: rules.ingress.as_ref().map(elements::elements),
-                    egress: rules.egress.as_ref().map(elements::elements),
+                    ingress: rules.ingress.as_ref().map(|a| fresh(a, &mut classes)),
+                    egress: rules.egress.as_ref().map(|a| fresh(a, &mut classes)),
                 };
                 out.insert(pod.ip, sets);
             }
         }
-        out
+        resolve(&out, &classes)
     }
 
     /// Through random changes, every partial plan deletes only elements the kernel holds and
@@ -302,19 +358,29 @@ mod tests {
                     continue;
                 }
                 let plan = policier.plan();
-                let Plan::Changes(changes) = &plan else { panic!("step {step}: a full plan") };
+                let Plan::Changes { changes, .. } = &plan else { panic!("step {step}: a full plan") };
                 for c in changes {
                     let held = policier.applied.get(&c.pod).and_then(|s| s.get(c.direction));
                     assert_eq!(held.is_some(), c.isolated.0, "step {step}: {c:?}");
-                    let held = held.map_or(&[][..], Vec::as_slice);
-                    assert!(c.gone.iter().all(|e| held.contains(e)), "step {step}: deletes what is not there: {c:?}");
+                    let empty = Sets::default();
+                    let held = held.unwrap_or(&empty);
                     assert!(
-                        c.came.iter().all(|e| !held.contains(e) || c.gone.contains(e)),
+                        c.gone.iter().all(|e| held.spans.contains(e)),
+                        "step {step}: deletes what is not there: {c:?}"
+                    );
+                    assert!(
+                        c.came.iter().all(|e| !held.spans.contains(e) || c.gone.contains(e)),
                         "step {step}: adds what is there: {c:?}"
+                    );
+                    assert!(c.peers_gone.iter().all(|p| held.peers.contains_key(p)), "step {step}: {c:?}");
+                    assert!(
+                        c.peers_came.iter().all(|(p, _)| !held.peers.contains_key(p) || c.peers_gone.contains(p)),
+                        "step {step}: adds a peer that is there: {c:?}"
                     );
                 }
                 policier.commit(plan);
-                assert_eq!(policier.applied, afresh(&policier.policies), "step {step}");
+                let applied = resolve(&policier.applied, &policier.classes);
+                assert_eq!(applied, afresh(&policier.policies), "step {step}");
             }
         }
     }
