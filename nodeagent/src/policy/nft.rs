@@ -1,21 +1,26 @@
 //! The nftables layout of NetworkPolicy, as `nft -f` text and netlink element changes. Pure.
 //!
-//! Table `ip gitplane-policy`, fixed rules, every Pod a matter of set and map elements:
-//! - `ingress-pods` / `egress-pods`: verdict maps from each local Pod some policy isolates to
-//!   `jump ingress-N` / `jump egress-N`, N its shard (its address modulo [`SHARDS`]).
-//! - `ingress-allowed-N` (`pod . peer . protocol . port`, intervals) and `egress-allowed-N`
-//!   (the same, the peer being the destination): the allows of more than one address
-//!   (ipBlocks, "every address") of the Pods of shard N; chain `ingress-N` / `egress-N` returns
-//!   when its set has the packet.
-//! - `ingress-peers` / `egress-peers`: hash verdict maps from `pod . peer` (peer Pods and other
-//!   single addresses) to `goto ports-K`, K the peer's port class ([`Classes`]): chain
-//!   `ports-K` returns when the packet's `protocol . port` is one the class allows and drops
-//!   otherwise. A packet neither finds is dropped at the end of `ingress-N` / `egress-N`.
-//! - `forward` (filter hook, priority 0: after the proxy's DNAT at -100, so policy sees Pod
-//!   addresses, never ClusterIPs) and `input` (a Pod's traffic to its node, e.g. cluster DNS on
-//!   the node's loopback): established and related traffic first (the replies of allowed
-//!   connections), then the egress check of an isolated source, then (forward only) the
-//!   ingress check of an isolated destination.
+//! Table `ip gitplane-policy`, fixed rules, every Pod a matter of set and map elements. Three
+//! base chains check a packet: `forward-egress` (forward hook, priority 0: after the proxy's
+//! DNAT at -100, so policy sees Pod addresses, never ClusterIPs), `forward-ingress` (priority
+//! 1: an `accept` ends only its own base chain, so a packet the source may send still meets
+//! the destination's check) and `input-egress` (a Pod's traffic to its node, e.g. cluster DNS
+//! on the node's loopback). Each, for its direction, with "pod" the local Pod's address (the
+//! source for egress, the destination for ingress) and "peer" the other end:
+//! 1. established and related traffic passes (the replies of allowed connections);
+//! 2. `ingress-peers` / `egress-peers`, hash verdict maps from `pod . peer` (peer Pods and
+//!    other single addresses) to `jump ports-K`, K the peer's port class ([`Classes`]): chain
+//!    `ports-K` accepts the packet when its `protocol . port` is one the class allows;
+//! 3. `ingress-pods` / `egress-pods`, verdict maps from each local Pod some policy isolates to
+//!    `jump ingress-N` / `jump egress-N`, N its shard (its address modulo [`SHARDS`]): the
+//!    chain accepts what set `ingress-allowed-N` / `egress-allowed-N` (`pod . peer . protocol
+//!    . port`, intervals) holds, the allows of more than one address (ipBlocks, "every
+//!    address") of the Pods of shard N, and drops the rest.
+//!
+//! Why the peers maps are looked up in base chains alone: adding an element that jumps makes
+//! the kernel validate the table at commit, walking each verdict map once for every chain
+//! that reaches it; looked up from each shard chain, a 36,000-element map was walked 334
+//! times a commit (2 s for a peer Pod's start).
 //!
 //! Why two kinds of elements: the kernel keeps a concatenated interval set (pipapo) as bitmaps
 //! as wide as the set has rules; a lookup scans them, an element's overlap check on insertion
@@ -166,7 +171,7 @@ impl Classes {
 
 fn class_chain(out: &mut String, id: usize, reach: &Reach) {
     if *reach == elements::everything() {
-        let _ = writeln!(out, "\tchain ports-{id} {{\n\t\treturn\n\t}}");
+        let _ = writeln!(out, "\tchain ports-{id} {{\n\t\taccept\n\t}}");
         return;
     }
     let _ = write!(out, "\tchain ports-{id} {{\n\t\tmeta l4proto . th dport {{ ");
@@ -178,7 +183,7 @@ fn class_chain(out: &mut String, id: usize, reach: &Reach) {
         out.push_str(" . ");
         range(out, *port);
     }
-    out.push_str(" } return\n\t\tdrop\n\t}\n");
+    out.push_str(" } accept\n\t}\n");
 }
 
 /// Elements per `add element` statement: nft's parser handles long lists, but one error
@@ -235,23 +240,35 @@ fn declaration(classes: &Classes) -> String {
             let _ = writeln!(
                 t,
                 "\tset {d}-allowed-{n} {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service; flags interval; }}\n\
-                 \tchain {d}-{n} {{\n\t\tip {pod} . ip {peer} . meta l4proto . th dport @{d}-allowed-{n} return\n\
-                 \t\tip {pod} . ip {peer} vmap @{d}-peers\n\t\tdrop\n\t}}"
+                 \tchain {d}-{n} {{\n\t\tip {pod} . ip {peer} . meta l4proto . th dport @{d}-allowed-{n} accept\n\
+                 \t\tdrop\n\t}}"
             );
         }
     }
     for (id, reach) in classes.reaches.iter().enumerate() {
         class_chain(&mut t, id, reach);
     }
-    t.push_str(
-        "\tchain forward {\n\t\ttype filter hook forward priority 0; policy accept;\n\
-         \t\tct state established,related accept\n\
-         \t\tip saddr vmap @egress-pods\n\
-         \t\tip daddr vmap @ingress-pods\n\t}\n\
-         \tchain input {\n\t\ttype filter hook input priority 0; policy accept;\n\
-         \t\tct state established,related accept\n\
-         \t\tip saddr vmap @egress-pods\n\t}\n}\n",
-    );
+    // One base chain per direction and hook: `accept` ends only its own base chain, so an
+    // egress accept still meets the ingress check (priority 1) of the destination.
+    for (chain, hook, priority, direction) in [
+        ("forward-egress", "forward", 0, Direction::Egress),
+        ("forward-ingress", "forward", 1, Direction::Ingress),
+        ("input-egress", "input", 0, Direction::Egress),
+    ] {
+        let d = name(direction);
+        let (pod, peer) = match direction {
+            Direction::Ingress => ("daddr", "saddr"),
+            Direction::Egress => ("saddr", "daddr"),
+        };
+        let _ = writeln!(
+            t,
+            "\tchain {chain} {{\n\t\ttype filter hook {hook} priority {priority}; policy accept;\n\
+             \t\tct state established,related accept\n\
+             \t\tip {pod} . ip {peer} vmap @{d}-peers\n\
+             \t\tip {pod} vmap @{d}-pods\n\t}}"
+        );
+    }
+    t.push_str("}\n");
     t
 }
 
@@ -312,7 +329,7 @@ pub fn full<'a>(pods: impl Iterator<Item = (Ipv4Addr, &'a PodSets)> + Clone, cla
             .flat_map(|(ip, sets)| {
                 sets.peers
                     .iter()
-                    .map(move |(peer, class)| format!("{ip} . {} : goto ports-{class}", Ipv4Addr::from(*peer)))
+                    .map(move |(peer, class)| format!("{ip} . {} : jump ports-{class}", Ipv4Addr::from(*peer)))
             })
             .collect();
         for chunk in peers.chunks(CHUNK) {
@@ -377,7 +394,7 @@ pub(crate) fn transaction(changes: &[SetChange]) -> Transaction {
                     ours.flat_map(|c| c.peers_gone.iter().map(|peer| (pair(c.pod, *peer), String::new()))).collect()
                 }
             };
-            t.gotos(change, &peers_map(direction), peers.iter().map(|(k, chain)| (&k[..], chain.as_str())));
+            t.jumps(change, &peers_map(direction), peers.iter().map(|(k, chain)| (&k[..], chain.as_str())));
         }
     }
     t
@@ -423,18 +440,22 @@ mod tests {
             "add element ip gitplane-policy ingress-allowed-2 { 10.244.1.2 . 10.244.2.0-10.244.2.255 . 6 . 80-90 }\n"
         ));
         assert!(text.contains(
-            "add element ip gitplane-policy ingress-peers { 10.244.1.2 . 10.244.3.5 : goto ports-0, 10.244.1.2 . 10.244.3.6 : goto ports-1 }\n"
+            "add element ip gitplane-policy ingress-peers { 10.244.1.2 . 10.244.3.5 : jump ports-0, 10.244.1.2 . 10.244.3.6 : jump ports-1 }\n"
         ));
-        assert!(text.contains(
-            "\tchain ports-0 {\n\t\tmeta l4proto . th dport { 6 . 80, 6 . 8000-8100 } return\n\t\tdrop\n\t}\n"
-        ));
-        assert!(text.contains("\tchain ports-1 {\n\t\treturn\n\t}\n"));
+        assert!(
+            text.contains("\tchain ports-0 {\n\t\tmeta l4proto . th dport { 6 . 80, 6 . 8000-8100 } accept\n\t}\n")
+        );
+        assert!(text.contains("\tchain ports-1 {\n\t\taccept\n\t}\n"));
         assert!(!text.contains("add element ip gitplane-policy egress-allowed"), "no egress element: {text}");
         assert!(!text.contains("add element ip gitplane-policy egress-peers"), "no egress element: {text}");
-        assert!(text.contains("type filter hook forward priority 0; policy accept;"));
         assert!(text.contains(
-            "\tchain egress-63 {\n\t\tip saddr . ip daddr . meta l4proto . th dport @egress-allowed-63 return\n\
-             \t\tip saddr . ip daddr vmap @egress-peers\n\t\tdrop\n\t}"
+            "\tchain forward-ingress {\n\t\ttype filter hook forward priority 1; policy accept;\n\
+             \t\tct state established,related accept\n\t\tip daddr . ip saddr vmap @ingress-peers\n\
+             \t\tip daddr vmap @ingress-pods\n\t}"
+        ));
+        assert!(text.contains(
+            "\tchain egress-63 {\n\t\tip saddr . ip daddr . meta l4proto . th dport @egress-allowed-63 accept\n\
+             \t\tdrop\n\t}"
         ));
         // Every class has its chain in the full text; none is left to declare.
         classes.declared();
@@ -444,7 +465,7 @@ mod tests {
         assert_eq!(
             classes.undeclared(),
             format!(
-                "table ip gitplane-policy {{\n\tchain ports-{next} {{\n\t\tmeta l4proto . th dport {{ 17 . 53 }} return\n\t\tdrop\n\t}}\n}}\n"
+                "table ip gitplane-policy {{\n\tchain ports-{next} {{\n\t\tmeta l4proto . th dport {{ 17 . 53 }} accept\n\t}}\n}}\n"
             )
         );
     }

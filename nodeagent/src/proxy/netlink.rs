@@ -286,8 +286,8 @@ pub(crate) enum Change {
 enum Extra<'a> {
     /// An interval's last key.
     End(Option<&'a [u8]>),
-    /// A verdict map's `jump chain` or `goto chain`: (verdict code, chain).
-    Verdict(i32, &'a str),
+    /// A verdict map's `jump chain`.
+    Jump(&'a str),
 }
 
 /// Element changes of the sets of one table, committed by the kernel as one transaction (all
@@ -321,17 +321,7 @@ impl Transaction {
         set: &str,
         items: impl IntoIterator<Item = (&'a [u8], &'a str)>,
     ) {
-        self.push(change, set, items.into_iter().map(|(key, chain)| (key, Extra::Verdict(NFT_JUMP, chain))));
-    }
-
-    /// Adds (key to `goto chain`) or deletes (by key) elements of verdict map `set`.
-    pub(crate) fn gotos<'a>(
-        &mut self,
-        change: Change,
-        set: &str,
-        items: impl IntoIterator<Item = (&'a [u8], &'a str)>,
-    ) {
-        self.push(change, set, items.into_iter().map(|(key, chain)| (key, Extra::Verdict(NFT_GOTO, chain))));
+        self.push(change, set, items.into_iter().map(|(key, chain)| (key, Extra::Jump(chain))));
     }
 
     fn push<'a>(&mut self, change: Change, set: &str, keys: impl Iterator<Item = (&'a [u8], Extra<'a>)>) {
@@ -365,15 +355,15 @@ impl Transaction {
                         m.end();
                     }
                     // A deletion names the key alone.
-                    Extra::Verdict(code, chain) if change == Change::Add => {
+                    Extra::Jump(chain) if change == Change::Add => {
                         m.begin(NFTA_SET_ELEM_DATA);
                         m.begin(NFTA_DATA_VERDICT);
-                        m.attr(NFTA_VERDICT_CODE, &code.to_be_bytes());
+                        m.attr(NFTA_VERDICT_CODE, &NFT_JUMP.to_be_bytes());
                         m.attr(NFTA_VERDICT_CHAIN, &cstr(chain));
                         m.end();
                         m.end();
                     }
-                    Extra::End(None) | Extra::Verdict(..) => {}
+                    Extra::End(None) | Extra::Jump(_) => {}
                 }
                 m.end();
             }
