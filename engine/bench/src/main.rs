@@ -18,6 +18,8 @@ mod idle;
 mod ingress;
 mod ingresspush;
 mod load;
+mod monitor;
+mod netpol;
 mod page;
 mod podstart;
 mod procs;
@@ -50,6 +52,10 @@ enum Command {
     /// node, and requests/s through a ClusterIP against straight to the Pod. Prints one
     /// Markdown table.
     Services(services::ServicesArgs),
+    /// NetworkPolicy on `gitplane up --nodes 3`: from a peer Pod's store write to its element
+    /// in the policy maps of every node isolating a Pod, p50 / p99, and its removal. Prints
+    /// one Markdown table.
+    Netpol(netpol::NetpolArgs),
     /// The idle CPU of `gitplane up --nodes 3` with 100 Applications and 300 Pods, per process
     /// kind, with the store's and the log's growth. Prints one Markdown table.
     Idle(idle::IdleArgs),
@@ -184,6 +190,7 @@ fn main() -> Result<()> {
         Command::SourceStep(args) => source::step(args),
         Command::PushVerdict(args) => source::push_verdict(args),
         Command::Services(args) => services::main(args),
+        Command::Netpol(args) => netpol::main(args),
         Command::Idle(args) => idle::main(args),
         Command::Podstart(args) => podstart::main(args),
         Command::Api(args) => api::main(args),

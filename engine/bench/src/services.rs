@@ -14,6 +14,7 @@
 
 use crate::{
     load::Latencies,
+    monitor::{Lines, Monitors},
     procs,
     up::{Up, git, git_in, load_average},
 };
@@ -22,14 +23,11 @@ use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{Op, Store as _};
 use serde_json::{Value, json};
 use std::{
-    io::BufRead as _,
     net::Ipv4Addr,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
+    process::Stdio,
     time::{Duration, Instant},
 };
-use tokio::sync::mpsc;
 
 #[derive(clap::Args, Clone)]
 pub struct ServicesArgs {
@@ -185,7 +183,7 @@ fn is_endpoint_add(line: &str, ip: Ipv4Addr) -> bool {
 async fn programming_latency(up: &Up, changes: usize) -> Result<LatencyResult> {
     let token = std::fs::read_to_string(up.data_dir.join("peer-token")).context("the cluster's peer token")?;
     let store = RemoteStore::with_token(&[format!("http://{}", up.listen)], PeerToken::new(token.trim())?)?;
-    let (mut monitors, mut lines) = Monitors::start(&up.nodes)?;
+    let (mut monitors, mut lines) = Monitors::start(&up.nodes, "new elements")?;
     // nft monitor subscribes right after it starts; the first element below would show a
     // monitor that missed it.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -261,68 +259,6 @@ async fn wait_live(
         }
     }
     seen
-}
-
-/// Each monitor's lines: (node index, when it arrived, the line).
-type Lines = mpsc::UnboundedReceiver<(usize, Instant, String)>;
-
-/// `nft monitor new elements` in each node's network namespace. A thread per monitor reads its
-/// lines and stamps each as it arrives (nft flushes every event as the kernel reports the
-/// commit).
-struct Monitors {
-    children: Vec<std::process::Child>,
-}
-
-impl Monitors {
-    fn start(nodes: &[String]) -> Result<(Monitors, Lines)> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut monitors = Monitors { children: Vec::new() };
-        for (index, node) in nodes.iter().enumerate() {
-            let mut command = Command::new("ip");
-            command
-                .args(["netns", "exec", node, "nft", "monitor", "new", "elements"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null());
-            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-            unsafe {
-                command.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-            let mut child = command.spawn().context("starting nft monitor")?;
-            let stdout = child.stdout.take().context("nft monitor's stdout")?;
-            monitors.children.push(child);
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in std::io::BufReader::new(stdout).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send((index, Instant::now(), line)).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        Ok((monitors, rx))
-    }
-
-    fn all_running(&mut self) -> bool {
-        self.children.iter_mut().all(|c| matches!(c.try_wait(), Ok(None)))
-    }
-}
-
-impl Drop for Monitors {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            // `ip netns exec` execs nft: this PID is nft's, our own child, not yet reaped.
-            // SAFETY: kill(2) has no memory-safety preconditions.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-            let _ = child.wait();
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -510,7 +446,8 @@ impl Up {
 // ---------------------------------------------------------------------------------------------
 // The table
 
-fn ms(d: Option<Duration>) -> String {
+/// Milliseconds with one decimal, "–" for none.
+pub(crate) fn ms(d: Option<Duration>) -> String {
     d.map_or("–".into(), |d| format!("{:.1}", d.as_secs_f64() * 1e3))
 }
 
