@@ -474,7 +474,7 @@ async fn list(state: &ApiState, resource: &Resource, namespace: Option<&str>, q:
         let cached = state.cacher.list(&resource.group_kind(), &options, q.revision).await;
         crate::metrics::cache_list(resource.plural, cached.is_some());
         if let Some(list) = cached {
-            return list::from_text(resource, list, &q.fields, q.table);
+            return list::from_cache(resource, list, &q.fields, q.table, Timestamp::now());
         }
     }
     list::serve(state.store.as_ref(), resource, &options, &q.fields, q.table).await

@@ -1,5 +1,8 @@
 //! `kubectl get` columns: objects rendered as a `meta.k8s.io/v1` Table, the way the API server's
-//! table convertors render each kind. Pure: objects in, a Table out.
+//! table convertors render each kind. Pure: objects in, a Table out. A row's cells are worked
+//! out without the clock ([`Cell`]): the cells that count time from a timestamp keep the
+//! timestamp, so a [`Row`] made once (by the list cache) is printed at any `now` for the price
+//! of those durations.
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -10,10 +13,47 @@ fn column(name: &str, kind: &str, priority: u8) -> Value {
     json!({"name": name, "type": kind, "format": format, "description": "", "priority": priority})
 }
 
-/// `5s`, `12m`, `3h4m`, `2d5h` as the API server prints ages (apimachinery's `HumanDuration`).
-pub fn age(created: Option<&str>, now: Timestamp) -> String {
-    let Some(created) = created.and_then(|c| c.parse::<Timestamp>().ok()) else { return "<unknown>".into() };
-    human_duration(now.duration_since(created).as_secs())
+/// One cell of a row before `now` is known.
+#[derive(Clone)]
+enum Cell {
+    Value(Value),
+    /// The time from `at` to `now` as the API server prints it (Age, a Pod's last restart, a
+    /// running Job's duration, an Event's first and last seen), between `prefix` and `suffix`.
+    Since {
+        at: Timestamp,
+        prefix: String,
+        suffix: &'static str,
+    },
+}
+
+impl Cell {
+    fn since(at: Timestamp) -> Cell {
+        Cell::Since { at, prefix: String::new(), suffix: "" }
+    }
+
+    fn at(self, now: Timestamp) -> Value {
+        match self {
+            Cell::Value(v) => v,
+            Cell::Since { at, prefix, suffix } => Value::String(format!("{prefix}{}{suffix}", ago(at, now))),
+        }
+    }
+}
+
+fn cell(v: impl Into<Value>) -> Cell {
+    Cell::Value(v.into())
+}
+
+/// AGE as the API server prints it: `<unknown>` without a creation time.
+fn age(created: Option<&str>) -> Cell {
+    match created.and_then(|c| c.parse::<Timestamp>().ok()) {
+        Some(at) => Cell::since(at),
+        None => cell("<unknown>"),
+    }
+}
+
+/// `5s`, `12m`, `3h4m`, `2d5h` since `at` (apimachinery's `HumanDuration`).
+fn ago(at: Timestamp, now: Timestamp) -> String {
+    human_duration(now.duration_since(at).as_secs())
 }
 
 fn human_duration(s: i64) -> String {
@@ -164,7 +204,7 @@ fn last_termination(latest: Option<Timestamp>, c: &Value) -> Option<Timestamp> {
 /// A Pod's READY, STATUS and RESTARTS as the API server's printer works them out: init
 /// containers first (`Init:1/2`, `Init:CrashLoopBackOff`), then the app containers' waiting or
 /// terminated reasons over the phase, `Terminating` while deleted.
-fn pod_state(o: &Value, now: Timestamp) -> (String, String, String) {
+fn pod_state(o: &Value) -> (String, String, Cell) {
     let (spec, status) = (&o["spec"], &o["status"]);
     let init_specs: Vec<&Value> = array(&spec["initContainers"]).collect();
     let restartable = |name: &Value| init_specs.iter().any(|c| c["name"] == *name && c["restartPolicy"] == "Always");
@@ -235,8 +275,8 @@ fn pod_state(o: &Value, now: Timestamp) -> (String, String, String) {
         }
     }
     let restarts = match last_restart {
-        Some(at) if restarts != 0 => format!("{restarts} ({} ago)", human_duration(now.duration_since(at).as_secs())),
-        _ => restarts.to_string(),
+        Some(at) if restarts != 0 => Cell::Since { at, prefix: format!("{restarts} ("), suffix: " ago)" },
+        _ => cell(restarts.to_string()),
     };
     (format!("{ready}/{total}"), reason, restarts)
 }
@@ -274,25 +314,24 @@ fn labels(m: &Value) -> String {
 }
 
 /// A workload's wide cells: the template's container names, their images, the selector.
-fn workload(spec: &Value) -> [Value; 3] {
+fn workload(spec: &Value) -> [Cell; 3] {
     let containers: Vec<&Value> = array(&spec["template"]["spec"]["containers"]).collect();
     let names: Vec<String> = containers.iter().map(|c| text(&c["name"])).collect();
     let images: Vec<String> = containers.iter().map(|c| text(&c["image"])).collect();
-    [json!(names.join(",")), json!(images.join(",")), json!(selector(&spec["selector"]))]
+    [cell(names.join(",")), cell(images.join(",")), cell(selector(&spec["selector"]))]
 }
 
-fn since(t: &Value, now: Timestamp) -> Option<String> {
-    let t = t.as_str().and_then(|t| t.parse::<Timestamp>().ok())?;
-    Some(human_duration(now.duration_since(t).as_secs()))
+fn since(t: &Value) -> Option<Cell> {
+    t.as_str().and_then(|t| t.parse::<Timestamp>().ok()).map(Cell::since)
 }
 
-fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
-    let age = age(o["metadata"]["creationTimestamp"].as_str(), now);
+fn cells(kind: &str, o: &Value) -> Vec<Cell> {
+    let age = age(o["metadata"]["creationTimestamp"].as_str());
     let (spec, status) = (&o["spec"], &o["status"]);
-    let name = json!(text(&o["metadata"]["name"]));
+    let name = cell(text(&o["metadata"]["name"]));
     match kind {
         "Pod" => {
-            let (ready, reason, restarts) = pod_state(o, now);
+            let (ready, reason, restarts) = pod_state(o);
             let ip = array(&status["podIPs"]).next().map(|i| text(&i["ip"])).unwrap_or_else(|| text(&status["podIP"]));
             let gates: Vec<&Value> = array(&spec["readinessGates"]).collect();
             let gates = if gates.is_empty() {
@@ -304,24 +343,24 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             };
             vec![
                 name,
-                json!(ready),
-                json!(reason),
-                json!(restarts),
-                json!(age),
-                json!(if ip.is_empty() { "<none>".to_owned() } else { ip }),
-                json!(or_none(&spec["nodeName"])),
-                json!(or_none(&status["nominatedNodeName"])),
-                json!(gates),
+                cell(ready),
+                cell(reason),
+                restarts,
+                age,
+                cell(if ip.is_empty() { "<none>".to_owned() } else { ip }),
+                cell(or_none(&spec["nodeName"])),
+                cell(or_none(&status["nominatedNodeName"])),
+                cell(gates),
             ]
         }
         "Deployment" => {
             let want = spec["replicas"].as_i64().unwrap_or(1);
             let mut row = vec![
                 name,
-                json!(format!("{}/{want}", int(&status["readyReplicas"]))),
-                json!(int(&status["updatedReplicas"])),
-                json!(int(&status["availableReplicas"])),
-                json!(age),
+                cell(format!("{}/{want}", int(&status["readyReplicas"]))),
+                cell(int(&status["updatedReplicas"])),
+                cell(int(&status["availableReplicas"])),
+                age,
             ];
             row.extend(workload(spec));
             row
@@ -329,10 +368,10 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
         "ReplicaSet" => {
             let mut row = vec![
                 name,
-                json!(spec["replicas"].as_i64().unwrap_or(1)),
-                json!(int(&status["replicas"])),
-                json!(int(&status["readyReplicas"])),
-                json!(age),
+                cell(spec["replicas"].as_i64().unwrap_or(1)),
+                cell(int(&status["replicas"])),
+                cell(int(&status["readyReplicas"])),
+                age,
             ];
             row.extend(workload(spec));
             row
@@ -360,9 +399,14 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 (None, _) => format!("{succeeded}/1"),
             };
             let start = status["startTime"].as_str().and_then(|t| t.parse::<Timestamp>().ok());
-            let end = status["completionTime"].as_str().and_then(|t| t.parse::<Timestamp>().ok()).unwrap_or(now);
-            let duration = start.map(|s| human_duration(end.duration_since(s).as_secs())).unwrap_or_default();
-            let mut row = vec![name, json!(state), json!(completions), json!(duration), json!(age)];
+            let end = status["completionTime"].as_str().and_then(|t| t.parse::<Timestamp>().ok());
+            // A running Job's duration runs until now.
+            let duration = match (start, end) {
+                (Some(start), Some(end)) => cell(ago(start, end)),
+                (Some(start), None) => Cell::since(start),
+                (None, _) => cell(""),
+            };
+            let mut row = vec![name, cell(state), cell(completions), duration, age];
             row.extend(workload(spec));
             row
         }
@@ -390,15 +434,15 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             };
             vec![
                 name,
-                json!(kind),
-                json!(or_none(&spec["clusterIP"])),
-                json!(external),
-                json!(if ports.is_empty() { "<none>".to_owned() } else { ports.join(",") }),
-                json!(age),
-                json!(labels(&spec["selector"])),
+                cell(kind),
+                cell(or_none(&spec["clusterIP"])),
+                cell(external),
+                cell(if ports.is_empty() { "<none>".to_owned() } else { ports.join(",") }),
+                age,
+                cell(labels(&spec["selector"])),
             ]
         }
-        "Endpoints" => vec![name, json!(endpoints(o)), json!(age)],
+        "Endpoints" => vec![name, cell(endpoints(o)), age],
         "Ingress" => {
             // As kubectl prints them: `*` for a rule without a host, the first four hosts, and
             // 443 beside 80 when the Ingress terminates TLS.
@@ -412,14 +456,7 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 .filter_map(|i| i["ip"].as_str().or(i["hostname"].as_str()))
                 .collect();
             let ports = if array(&spec["tls"]).next().is_some() { "80, 443" } else { "80" };
-            vec![
-                name,
-                json!(or_none(&spec["ingressClassName"])),
-                json!(shown),
-                json!(address.join(",")),
-                json!(ports),
-                json!(age),
-            ]
+            vec![name, cell(or_none(&spec["ingressClassName"])), cell(shown), cell(address.join(",")), cell(ports), age]
         }
         "IngressClass" => {
             let p = &spec["parameters"];
@@ -427,7 +464,7 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 Some(n) => format!("{}/{}", p["kind"].as_str().unwrap_or(""), n),
                 None => "<none>".to_owned(),
             };
-            vec![name, json!(or_none(&spec["controller"])), json!(parameters), json!(age)]
+            vec![name, cell(or_none(&spec["controller"])), cell(parameters), age]
         }
         "EndpointSlice" => {
             let ports = array(&o["ports"]).map(|p| match (p["port"].as_i64(), p["name"].as_str()) {
@@ -438,10 +475,10 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             let addresses = array(&o["endpoints"]).flat_map(|e| array(&e["addresses"]).map(text).collect::<Vec<_>>());
             vec![
                 name,
-                json!(text(&o["addressType"])),
-                json!(at_most_three(ports, "<unset>")),
-                json!(at_most_three(addresses, "<unset>")),
-                json!(age),
+                cell(text(&o["addressType"])),
+                cell(at_most_three(ports, "<unset>")),
+                cell(at_most_three(addresses, "<unset>")),
+                age,
             ]
         }
         "Node" => {
@@ -478,39 +515,39 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             let or_unknown = |v: &Value| v.as_str().filter(|s| !s.is_empty()).unwrap_or("<unknown>").to_owned();
             vec![
                 name,
-                json!(state.join(",")),
-                json!(if roles.is_empty() { "<none>".to_owned() } else { roles.join(",") }),
-                json!(age),
-                json!(text(&info["kubeletVersion"])),
-                json!(address("InternalIP")),
-                json!(address("ExternalIP")),
-                json!(or_unknown(&info["osImage"])),
-                json!(or_unknown(&info["kernelVersion"])),
-                json!(or_unknown(&info["containerRuntimeVersion"])),
+                cell(state.join(",")),
+                cell(if roles.is_empty() { "<none>".to_owned() } else { roles.join(",") }),
+                age,
+                cell(text(&info["kubeletVersion"])),
+                cell(address("InternalIP")),
+                cell(address("ExternalIP")),
+                cell(or_unknown(&info["osImage"])),
+                cell(or_unknown(&info["kernelVersion"])),
+                cell(or_unknown(&info["containerRuntimeVersion"])),
             ]
         }
-        "Namespace" => vec![name, json!(status["phase"].as_str().unwrap_or("Active")), json!(age)],
+        "Namespace" => vec![name, cell(status["phase"].as_str().unwrap_or("Active")), age],
         "ConfigMap" => {
             let count = |v: &Value| v.as_object().map_or(0, |m| m.len());
-            vec![name, json!(count(&o["data"]) + count(&o["binaryData"])), json!(age)]
+            vec![name, cell(count(&o["data"]) + count(&o["binaryData"])), age]
         }
         "Secret" => {
             let data = o["data"].as_object().map_or(0, |m| m.len());
-            vec![name, json!(o["type"].as_str().unwrap_or("Opaque")), json!(data), json!(age)]
+            vec![name, cell(o["type"].as_str().unwrap_or("Opaque")), cell(data), age]
         }
-        "Lease" => vec![name, json!(spec["holderIdentity"].as_str().unwrap_or("<unknown>")), json!(age)],
-        "NetworkPolicy" => vec![name, json!(selector(&spec["podSelector"])), json!(age)],
+        "Lease" => vec![name, cell(spec["holderIdentity"].as_str().unwrap_or("<unknown>")), age],
+        "NetworkPolicy" => vec![name, cell(selector(&spec["podSelector"])), age],
         "Application" => {
             let revision = status["sync"]["revision"].as_str().map(|r| r.get(..12).unwrap_or(r)).unwrap_or("<none>");
             vec![
                 name,
-                json!(status["sync"]["status"].as_str().unwrap_or("Unknown")),
-                json!(status["health"]["status"].as_str().unwrap_or("Unknown")),
-                json!(revision),
-                json!(age),
-                json!(text(&spec["repo"])),
-                json!(spec["branch"].as_str().unwrap_or("main")),
-                json!(or_none(&spec["path"])),
+                cell(status["sync"]["status"].as_str().unwrap_or("Unknown")),
+                cell(status["health"]["status"].as_str().unwrap_or("Unknown")),
+                cell(revision),
+                age,
+                cell(text(&spec["repo"])),
+                cell(spec["branch"].as_str().unwrap_or("main")),
+                cell(or_none(&spec["path"])),
             ]
         }
         "Event" => {
@@ -520,15 +557,14 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
                 Some(n) => format!("{kind}/{n}"),
                 None => kind,
             };
-            let first = since(&o["firstTimestamp"], now)
-                .or_else(|| since(&o["eventTime"], now))
-                .unwrap_or_else(|| "<unknown>".into());
+            let first =
+                since(&o["firstTimestamp"]).or_else(|| since(&o["eventTime"])).unwrap_or_else(|| cell("<unknown>"));
             let (last, count) = match o["series"].is_object() {
                 true => (
-                    since(&o["series"]["lastObservedTime"], now).unwrap_or_else(|| first.clone()),
+                    since(&o["series"]["lastObservedTime"]).unwrap_or_else(|| first.clone()),
                     int(&o["series"]["count"]),
                 ),
-                false => (since(&o["lastTimestamp"], now).unwrap_or_else(|| first.clone()), int(&o["count"]).max(1)),
+                false => (since(&o["lastTimestamp"]).unwrap_or_else(|| first.clone()), int(&o["count"]).max(1)),
             };
             let first_non_empty =
                 |a: &Value, b: &Value| a.as_str().filter(|s| !s.is_empty()).or(b.as_str()).unwrap_or("").to_owned();
@@ -536,19 +572,19 @@ fn cells(kind: &str, o: &Value, now: Timestamp) -> Vec<Value> {
             let instance = first_non_empty(&o["source"]["host"], &o["reportingInstance"]);
             let source = if instance.is_empty() { component } else { format!("{component}, {instance}") };
             vec![
-                json!(last),
-                json!(text(&o["type"])),
-                json!(text(&o["reason"])),
-                json!(object),
-                json!(text(&involved["fieldPath"])),
-                json!(source),
-                json!(text(&o["message"]).trim()),
-                json!(first),
-                json!(count),
+                last,
+                cell(text(&o["type"])),
+                cell(text(&o["reason"])),
+                cell(object),
+                cell(text(&involved["fieldPath"])),
+                cell(source),
+                cell(text(&o["message"]).trim()),
+                first,
+                cell(count),
                 name,
             ]
         }
-        _ => vec![name, json!(age)],
+        _ => vec![name, age],
     }
 }
 
@@ -617,7 +653,8 @@ pub fn table(kind: &str, items: &[Value], resource_version: &str, now: Timestamp
     let rows: Vec<Value> = items
         .iter()
         .map(|o| {
-            let mut row = json!({"cells": cells(kind, o, now)});
+            let cells: Vec<Value> = cells(kind, o).into_iter().map(|c| c.at(now)).collect();
+            let mut row = json!({"cells": cells});
             match include {
                 IncludeObject::None => {}
                 IncludeObject::Metadata => {
@@ -635,6 +672,61 @@ pub fn table(kind: &str, items: &[Value], resource_version: &str, now: Timestamp
         "columnDefinitions": columns(kind),
         "rows": rows,
     })
+}
+
+/// The `columnDefinitions` of `kind`'s Table.
+pub fn column_definitions(kind: &str) -> Value {
+    Value::Array(columns(kind))
+}
+
+/// An object's row cells as the JSON text of an array, made once and printed at any `now`: the
+/// text with the place of each duration and the time it counts from (a Pod row has one or two).
+/// What `table` gives for the object, cell for cell.
+pub struct Row {
+    text: Box<str>,
+    /// Byte offsets into `text`, ascending, inside the quotes of their cells.
+    since: Box<[(usize, Timestamp)]>,
+}
+
+impl Row {
+    pub fn new(kind: &str, object: &Value) -> Row {
+        let mut text = String::from("[");
+        let mut since = Vec::new();
+        for (i, cell) in cells(kind, object).into_iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            match cell {
+                Cell::Value(v) => text.push_str(&v.to_string()),
+                Cell::Since { at, prefix, suffix } => {
+                    // The duration is ASCII that needs no escaping; the text around it may.
+                    let quoted = |s: &str| Value::from(s).to_string();
+                    let prefix = quoted(&prefix);
+                    text.push_str(&prefix[..prefix.len() - 1]);
+                    since.push((text.len(), at));
+                    text.push_str(&quoted(suffix)[1..]);
+                }
+            }
+        }
+        text.push(']');
+        Row { text: text.into(), since: since.into() }
+    }
+
+    /// The cells' JSON at `now`, appended to `out`.
+    pub fn write(&self, now: Timestamp, out: &mut String) {
+        let mut from = 0;
+        for &(to, at) in &self.since {
+            out.push_str(&self.text[from..to]);
+            out.push_str(&ago(at, now));
+            from = to;
+        }
+        out.push_str(&self.text[from..]);
+    }
+
+    /// The bytes it holds on the heap, for the cache's accounting.
+    pub fn heap_size(&self) -> usize {
+        self.text.len() + size_of_val(&*self.since)
+    }
 }
 
 #[cfg(test)]
@@ -687,16 +779,43 @@ mod tests {
 
     #[test]
     fn ages_read_like_kubectl() {
-        assert_eq!(age(Some("2026-01-01T00:59:30Z"), now()), "30s");
-        assert_eq!(age(Some("2026-01-01T00:55:00Z"), now()), "5m");
-        assert_eq!(age(Some("2026-01-01T00:54:30Z"), now()), "5m30s");
-        assert_eq!(age(Some("2026-01-01T00:00:00Z"), now()), "60m");
-        assert_eq!(age(Some("2025-12-31T21:30:00Z"), now()), "3h30m");
-        assert_eq!(age(Some("2025-12-31T13:00:00Z"), now()), "12h");
-        assert_eq!(age(Some("2025-12-28T22:00:00Z"), now()), "3d3h");
-        assert_eq!(age(Some("2025-12-10T01:00:00Z"), now()), "22d");
-        assert_eq!(age(Some("2023-01-02T01:00:00Z"), now()), "3y");
-        assert_eq!(age(None, now()), "<unknown>");
+        assert_eq!(age(Some("2026-01-01T00:59:30Z")).at(now()), "30s");
+        assert_eq!(age(Some("2026-01-01T00:55:00Z")).at(now()), "5m");
+        assert_eq!(age(Some("2026-01-01T00:54:30Z")).at(now()), "5m30s");
+        assert_eq!(age(Some("2026-01-01T00:00:00Z")).at(now()), "60m");
+        assert_eq!(age(Some("2025-12-31T21:30:00Z")).at(now()), "3h30m");
+        assert_eq!(age(Some("2025-12-31T13:00:00Z")).at(now()), "12h");
+        assert_eq!(age(Some("2025-12-28T22:00:00Z")).at(now()), "3d3h");
+        assert_eq!(age(Some("2025-12-10T01:00:00Z")).at(now()), "22d");
+        assert_eq!(age(Some("2023-01-02T01:00:00Z")).at(now()), "3y");
+        assert_eq!(age(None).at(now()), "<unknown>");
+    }
+
+    /// A row made once prints, at any `now`, the cells `table` renders then, byte for byte.
+    #[test]
+    fn rows_made_once_print_the_tables_cells_at_any_time() {
+        let pod = json!({
+            "metadata": {"name": "p \"é\"\n", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "a"}, {"name": "b"}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "a", "ready": true, "restartCount": 2, "state": {"running": {}},
+                 "lastState": {"terminated": {"exitCode": 1, "finishedAt": "2026-01-01T00:55:00Z"}}},
+                {"name": "b", "restartCount": 0, "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}
+        });
+        let job = json!({"metadata": {"name": "j", "creationTimestamp": "2025-12-31T00:00:00Z"},
+                         "spec": {"completions": 1}, "status": {"startTime": "2026-01-01T00:58:00Z"}});
+        let event = json!({"metadata": {"name": "e"}, "involvedObject": {"kind": "Pod", "name": "p"},
+                           "eventTime": "2026-01-01T00:40:00Z", "series": {"count": 3, "lastObservedTime": "2026-01-01T00:59:00Z"}});
+        let node = json!({"metadata": {"name": "n1", "creationTimestamp": "not a time"}});
+        for (kind, object) in [("Pod", pod), ("Job", job), ("Event", event), ("Node", node), ("Widget", json!({}))] {
+            let row = Row::new(kind, &object);
+            for now in [now(), "2026-03-01T12:34:56.5Z".parse().unwrap(), "2025-01-01T00:00:00Z".parse().unwrap()] {
+                let mut written = String::new();
+                row.write(now, &mut written);
+                let t = super::table(kind, std::slice::from_ref(&object), "1", now, IncludeObject::None);
+                assert_eq!(written, t["rows"][0]["cells"].to_string(), "{kind} at {now}");
+            }
+        }
     }
 
     #[test]
