@@ -12,10 +12,9 @@
 
 use crate::{
     ingress::{Counts, load, ms, percentile},
-    procs,
-    up::{Up, git, git_in, load_average},
+    up::{self, Up, git, git_in, load_average},
 };
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use std::{
     fmt::Write as _,
     io::{Read as _, Write as _},
@@ -57,18 +56,8 @@ const DEADLINE: Duration = Duration::from_secs(300);
 const PROBE_INTERVAL: Duration = Duration::from_millis(2);
 
 pub fn main(args: IngressPushArgs) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    ensure!(unsafe { libc::geteuid() } == 0, "gitplane up --nodes needs root (namespaces, containerd)");
-    let gitplane = procs::prepare(args.gitplane.as_deref(), None)?;
-    ensure!(gitplane.exists(), "no gitplane binary at {}: build it or pass --gitplane", gitplane.display());
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            result = run(&args, &gitplane) => result,
-            _ = tokio::signal::ctrl_c() => bail!("interrupted"),
-            _ = terminate.recv() => bail!("terminated"),
-        }
-    })
+    let args = &args;
+    up::main(args.gitplane.as_deref(), |gitplane| async move { run(args, &gitplane).await })
 }
 
 fn ingress(name: &str, rules: &str) -> String {

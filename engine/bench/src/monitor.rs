@@ -6,7 +6,7 @@ use std::{
     io::BufRead as _,
     os::unix::process::CommandExt as _,
     process::{Command, Stdio},
-    time::Instant,
+    time::{Duration, Instant},
 };
 use tokio::sync::mpsc;
 
@@ -72,4 +72,28 @@ impl Drop for Monitors {
             let _ = child.wait();
         }
     }
+}
+
+/// For each of `nodes` monitors, the time from `since` to its first line that `matches`;
+/// `None` for a node that had shown none by `timeout`.
+pub(crate) async fn wait(
+    lines: &mut Lines,
+    nodes: usize,
+    since: Instant,
+    timeout: Duration,
+    matches: impl Fn(&str) -> bool,
+) -> Vec<Option<Duration>> {
+    let mut seen = vec![None; nodes];
+    let deadline = tokio::time::Instant::from_std(since + timeout);
+    while seen.iter().any(Option::is_none) {
+        match tokio::time::timeout_at(deadline, lines.recv()).await {
+            Ok(Some((node, at, line))) => {
+                if seen[node].is_none() && matches(&line) {
+                    seen[node] = Some(at.saturating_duration_since(since));
+                }
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    seen
 }

@@ -15,12 +15,12 @@
 
 use crate::{
     load::Latencies,
-    monitor::{Lines, Monitors},
+    monitor::{self, Monitors},
     procs,
     services::ms,
-    up::{Up, git, git_in, load_average},
+    up::{self, Up, git, git_in, load_average},
 };
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{ObjectKey, Op, Store as _};
 use serde_json::{Value, json};
@@ -78,20 +78,9 @@ spec:
 ";
 
 pub fn main(args: NetpolArgs) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    ensure!(unsafe { libc::geteuid() } == 0, "gitplane up --nodes needs root (namespaces, containerd)");
     ensure!(Path::new("/usr/sbin/nft").exists(), "no /usr/sbin/nft: apt-get install -y nftables");
-    let gitplane = procs::prepare(args.gitplane.as_deref(), None)?;
-    ensure!(gitplane.exists(), "no gitplane binary at {}: build it or pass --gitplane", gitplane.display());
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
-        // Dropping the run drops its guards: gitplane up is stopped and the monitors killed.
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            result = run(&args, &gitplane) => result,
-            _ = tokio::signal::ctrl_c() => bail!("interrupted"),
-            _ = terminate.recv() => bail!("terminated"),
-        }
-    })
+    let args = &args;
+    up::main(args.gitplane.as_deref(), |gitplane| async move { run(args, &gitplane).await })
 }
 
 async fn run(args: &NetpolArgs, gitplane: &Path) -> Result<()> {
@@ -262,7 +251,10 @@ async fn measure(up: &Up, web: &[(Ipv4Addr, String)], args: &NetpolArgs) -> Resu
     for attempt in 0.. {
         let i = 1000 + attempt;
         store.txn(vec![Op::Create(peer_pod(i))]).await?;
-        let seen = wait(&mut lines, nodes.len(), "add", peer_ip(i), Instant::now(), Duration::from_secs(3)).await;
+        let seen = monitor::wait(&mut lines, nodes.len(), Instant::now(), Duration::from_secs(3), |l| {
+            is_peer_change(l, "add", peer_ip(i))
+        })
+        .await;
         store.txn(vec![Op::Delete { key: pod_key(i), revision: None }]).await?;
         if seen.iter().all(Option::is_some) {
             break;
@@ -283,7 +275,9 @@ async fn measure(up: &Up, web: &[(Ipv4Addr, String)], args: &NetpolArgs) -> Resu
             let sent = Instant::now();
             store.txn(vec![op]).await?;
             commit.push(sent.elapsed());
-            let seen = wait(&mut lines, nodes.len(), verb, peer_ip(i), sent, CHANGE_TIMEOUT).await;
+            let seen =
+                monitor::wait(&mut lines, nodes.len(), sent, CHANGE_TIMEOUT, |l| is_peer_change(l, verb, peer_ip(i)))
+                    .await;
             let (samples, missed) =
                 if verb == "add" { (&mut start, &mut missing.0) } else { (&mut stop, &mut missing.1) };
             match seen.into_iter().collect::<Option<Vec<Duration>>>() {
@@ -311,31 +305,6 @@ async fn measure(up: &Up, web: &[(Ipv4Addr, String)], args: &NetpolArgs) -> Resu
 
 fn pod_key(i: usize) -> ObjectKey {
     ObjectKey { kind: "Pod".into(), namespace: "default".into(), name: peer_name(i) }
-}
-
-/// For each node, the time from `since` to its monitor's line showing `verb` of `peer`'s
-/// element; `None` for a node that had not shown it by `timeout`.
-async fn wait(
-    lines: &mut Lines,
-    nodes: usize,
-    verb: &str,
-    peer: Ipv4Addr,
-    since: Instant,
-    timeout: Duration,
-) -> Vec<Option<Duration>> {
-    let mut seen = vec![None; nodes];
-    let deadline = tokio::time::Instant::from_std(since + timeout);
-    while seen.iter().any(Option::is_none) {
-        match tokio::time::timeout_at(deadline, lines.recv()).await {
-            Ok(Some((node, at, line))) => {
-                if seen[node].is_none() && is_peer_change(&line, verb, peer) {
-                    seen[node] = Some(at.saturating_duration_since(since));
-                }
-            }
-            Ok(None) | Err(_) => break,
-        }
-    }
-    seen
 }
 
 impl Up {

@@ -14,11 +14,11 @@
 
 use crate::{
     load::Latencies,
-    monitor::{Lines, Monitors},
+    monitor::{self, Monitors},
     procs,
-    up::{Up, git, git_in, load_average},
+    up::{self, Up, git, git_in, load_average},
 };
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{Op, Store as _};
 use serde_json::{Value, json};
@@ -62,23 +62,11 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 const DEADLINE: Duration = Duration::from_secs(180);
 
 pub fn main(args: ServicesArgs) -> Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    ensure!(unsafe { libc::geteuid() } == 0, "gitplane up --nodes needs root (namespaces, containerd)");
     for (tool, package) in [("/usr/bin/hey", "hey"), ("/usr/sbin/nft", "nftables")] {
         ensure!(Path::new(tool).exists(), "no {tool}: apt-get install -y {package}");
     }
-    let gitplane = procs::prepare(args.gitplane.as_deref(), None)?;
-    ensure!(gitplane.exists(), "no gitplane binary at {}: build it or pass --gitplane", gitplane.display());
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
-        // Dropping the run (Ctrl-C, SIGTERM) drops its guards: gitplane up is stopped and the
-        // monitors and hey are killed.
-        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            result = run(&args, &gitplane) => result,
-            _ = tokio::signal::ctrl_c() => bail!("interrupted"),
-            _ = terminate.recv() => bail!("terminated"),
-        }
-    })
+    let args = &args;
+    up::main(args.gitplane.as_deref(), |gitplane| async move { run(args, &gitplane).await })
 }
 
 async fn run(args: &ServicesArgs, gitplane: &Path) -> Result<()> {
@@ -197,7 +185,10 @@ async fn programming_latency(up: &Up, changes: usize) -> Result<LatencyResult> {
         if attempt > 1 {
             store.txn(vec![Op::Update(latency_slice(ip))]).await?;
         }
-        let seen = wait_live(&mut lines, up.nodes.len(), ip, Instant::now(), Duration::from_secs(3)).await;
+        let seen = monitor::wait(&mut lines, up.nodes.len(), Instant::now(), Duration::from_secs(3), |l| {
+            is_endpoint_add(l, ip)
+        })
+        .await;
         if seen.iter().all(Option::is_some) {
             break;
         }
@@ -213,7 +204,7 @@ async fn programming_latency(up: &Up, changes: usize) -> Result<LatencyResult> {
         let sent = Instant::now();
         store.txn(vec![Op::Update(latency_slice(ip))]).await?;
         commit.push(sent.elapsed());
-        let seen = wait_live(&mut lines, up.nodes.len(), ip, sent, CHANGE_TIMEOUT).await;
+        let seen = monitor::wait(&mut lines, up.nodes.len(), sent, CHANGE_TIMEOUT, |l| is_endpoint_add(l, ip)).await;
         for (node, latency) in seen.iter().enumerate() {
             if let Some(latency) = latency {
                 per_node[node].push(*latency);
@@ -235,30 +226,6 @@ async fn programming_latency(up: &Up, changes: usize) -> Result<LatencyResult> {
         commit: Latencies::new(commit),
         missing,
     })
-}
-
-/// For each node, the time from `since` to its monitor's line showing `ip`'s element; `None`
-/// for a node that had not shown it by `timeout`.
-async fn wait_live(
-    lines: &mut Lines,
-    nodes: usize,
-    ip: Ipv4Addr,
-    since: Instant,
-    timeout: Duration,
-) -> Vec<Option<Duration>> {
-    let mut seen = vec![None; nodes];
-    let deadline = tokio::time::Instant::from_std(since + timeout);
-    while seen.iter().any(Option::is_none) {
-        match tokio::time::timeout_at(deadline, lines.recv()).await {
-            Ok(Some((node, at, line))) => {
-                if seen[node].is_none() && is_endpoint_add(&line, ip) {
-                    seen[node] = Some(at.saturating_duration_since(since));
-                }
-            }
-            Ok(None) | Err(_) => break,
-        }
-    }
-    seen
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -13,6 +13,29 @@ use std::{
     time::{Duration, Instant},
 };
 
+/// The entry point of a benchmark on `gitplane up --nodes`: checks root and the `gitplane`
+/// binary (`arg`, or the one next to this binary), then runs `bench` on a runtime. Ctrl-C and
+/// SIGTERM drop the running bench, and with it its guards: `gitplane up` is stopped and every
+/// helper process killed.
+pub(crate) fn main<F, Fut>(arg: Option<&Path>, bench: F) -> Result<()>
+where
+    F: FnOnce(PathBuf) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    // SAFETY: geteuid has no preconditions.
+    ensure!(unsafe { libc::geteuid() } == 0, "gitplane up --nodes needs root (namespaces, containerd)");
+    let gitplane = procs::prepare(arg, None)?;
+    ensure!(gitplane.exists(), "no gitplane binary at {}: build it or pass --gitplane", gitplane.display());
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(async {
+        let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            result = bench(gitplane) => result,
+            _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+            _ = terminate.recv() => bail!("terminated"),
+        }
+    })
+}
+
 /// How long starting and stopping may take.
 const DEADLINE: Duration = Duration::from_secs(180);
 
