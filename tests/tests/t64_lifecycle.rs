@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
-use gitplane_e2e::{NetnsHost, netns_host, require_root};
+use gitplane_e2e::{NetnsHost, netns_host, require_root, wait_for_async};
 use gitplane_nodeagent::cni::write_conflist;
 use gitplane_nodeagent::containerd::{Containerd, ContainerdConfig};
 use gitplane_nodeagent::cri::{Cri, pb};
@@ -233,8 +233,15 @@ async fn t64_init_containers_run_in_order_before_the_app() -> Result<()> {
         ensure!(condition(&status, type_).as_deref() == Some("True"), "{type_}: {status:#?}");
     }
     let log = host.dir().join(format!("pods/{}-init/volumes/kubernetes.io~empty-dir/work/log", host.name()));
-    let written = std::fs::read_to_string(&log).with_context(|| log.display().to_string())?;
-    ensure!(written == "first\nsecond\napp\n", "{}: {written:?}", log.display());
+    // Running means the app's process started, not that its first command has run yet.
+    let expected = "first\nsecond\napp\n";
+    let app_wrote = wait_for_async(Duration::from_secs(30), || async {
+        std::fs::read_to_string(&log).ok().filter(|w| w == expected)
+    });
+    if app_wrote.await.is_none() {
+        let written = std::fs::read_to_string(&log).with_context(|| log.display().to_string())?;
+        bail!("{}: {written:?}, expected {expected:?}", log.display());
+    }
     // Once initialized, a sync changes nothing: the init containers do not run again.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let again = runtime.sync_pod(&web, &PodProbes::default()).await?;
