@@ -533,9 +533,11 @@ async fn watch_into(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gitplane_storage::postgres::{PostgresStore, testing::PgCluster};
     use gitplane_storage::sqlite::SqliteStore;
-    use gitplane_store::{ObjectKey, Op};
+    use gitplane_store::{Committed, List, ObjectKey, Op, WatchStream};
     use serde_json::json;
+    use std::{future::Future, sync::atomic::AtomicUsize};
 
     fn pod(namespace: &str, name: &str, app: &str) -> Value {
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
@@ -595,8 +597,20 @@ mod tests {
     /// The cache's answer for every list shape is the store's, item for item and token for
     /// token, including the continue pages and a token taken up by the other side.
     #[tokio::test]
-    async fn serves_what_the_store_would_and_follows_changes() {
-        let store = Arc::new(SqliteStore::memory().await.unwrap());
+    async fn serves_what_sqlite_would_and_follows_changes() {
+        serves_what_the_store_would_and_follows_changes(Arc::new(SqliteStore::memory().await.unwrap())).await;
+    }
+
+    /// As above on the Postgres store, in a private server (`PgCluster`): its texts, its tokens
+    /// and its watch are its own code, not SQLite's.
+    #[tokio::test]
+    async fn serves_what_postgres_would_and_follows_changes() {
+        let cluster = PgCluster::start();
+        let store = PostgresStore::connect_with(cluster.empty_database().await).await.unwrap();
+        serves_what_the_store_would_and_follows_changes(Arc::new(store)).await;
+    }
+
+    async fn serves_what_the_store_would_and_follows_changes(store: Arc<dyn Store>) {
         let pods =
             (0..300).map(|i| Op::Create(pod(["a", "b", "c"][i % 3], &format!("p{i:03}"), &format!("w{}", i % 4))));
         store.txn(pods.collect()).await.unwrap();
@@ -630,21 +644,7 @@ mod tests {
             options(None, Some("app=w2"), Some(10)),
             options(Some("a"), Some("app!=w1"), Some(1)),
         ] {
-            let (mut from_store, mut from_cache) = (options.clone(), options.clone());
-            let mut pages = 0;
-            loop {
-                let want = store.list_json("Pod", &from_store).await.unwrap();
-                // A consistent read: served once the cache has seen the store's revision.
-                let got = cacher.list("Pod", &from_cache, ListRevision::MostRecent).await.expect("served");
-                assert_eq!(got.revision, want.revision, "{options:?}");
-                let got_items: Vec<&str> = got.items.iter().map(AsRef::as_ref).collect();
-                assert_eq!(got_items, want.items, "{options:?} page {pages}");
-                assert_eq!(got.continue_token, want.continue_token, "{options:?} page {pages}");
-                let Some(token) = got.continue_token else { break };
-                from_store.continue_token = Some(token.clone());
-                from_cache.continue_token = Some(token);
-                pages += 1;
-            }
+            let pages = answers_as_the_store(&cacher, store.as_ref(), &options).await.unwrap();
             if options.limit.is_none() {
                 assert_eq!(pages, 0, "{options:?}");
             }
@@ -667,6 +667,253 @@ mod tests {
         assert!(cacher.list("Pod", &ListOptions::default(), ListRevision::Exact(revision)).await.is_none());
         let any = cacher.list("Pod", &ListOptions::default(), ListRevision::Any).await.unwrap();
         assert!(any.revision >= revision);
+    }
+
+    /// Whether the cache's consistent read of `options`, and of each continue page, is the
+    /// store's: the same revision, the same texts byte for byte, the same tokens. The pages
+    /// after the first, or a description of the first difference (or of a list the cache left
+    /// to the store).
+    async fn answers_as_the_store(cacher: &Cacher, store: &dyn Store, options: &ListOptions) -> Result<usize, String> {
+        let (mut from_store, mut from_cache) = (options.clone(), options.clone());
+        let mut pages = 0;
+        loop {
+            let want = store.list_json("Pod", &from_store).await.map_err(|e| e.to_string())?;
+            // A consistent read: served once the cache has seen the store's revision.
+            let Some(got) = cacher.list("Pod", &from_cache, ListRevision::MostRecent).await else {
+                return Err(format!("{options:?} page {pages}: not served from the cache"));
+            };
+            let got_items: Vec<&str> = got.items.iter().map(AsRef::as_ref).collect();
+            if got.revision != want.revision || got_items != want.items || got.continue_token != want.continue_token {
+                return Err(format!(
+                    "{options:?} page {pages}: the cache answered {:?} at {} (next {:?}), the store {:?} at {} (next {:?})",
+                    got_items, got.revision, got.continue_token, want.items, want.revision, want.continue_token
+                ));
+            }
+            let Some(token) = got.continue_token else { return Ok(pages) };
+            from_store.continue_token = Some(token.clone());
+            from_cache.continue_token = Some(token);
+            pages += 1;
+        }
+    }
+
+    /// Polls `check` until it succeeds (wait, never sleep); panics with its last answer after
+    /// a deadline well past the longest backoff a test reaches.
+    async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, String>>,
+    {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match check().await {
+                Ok(value) => return value,
+                Err(last) if Instant::now() > deadline => panic!("timed out waiting for {what}: {last}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+    }
+
+    /// A real store whose watches the test breaks, as a dropped connection or a restarted
+    /// server would: [`Breakable::cut`] ends every open watch (with an error, or as a stream
+    /// that simply ends) and refuses new ones until [`Breakable::restore`]. Only the failure is
+    /// faked; every answer is the real store's. It counts the fills (only the cacher lists
+    /// through it) and records when each watch was asked for.
+    struct Breakable {
+        inner: Arc<dyn Store>,
+        down: AtomicBool,
+        /// Sent to end the open watches; the value says whether with an error.
+        cut: watch::Sender<bool>,
+        fills: AtomicUsize,
+        watches: Mutex<Vec<Instant>>,
+    }
+
+    impl Breakable {
+        fn new(inner: Arc<dyn Store>) -> Arc<Breakable> {
+            let (cut, _) = watch::channel(false);
+            Arc::new(Breakable {
+                inner,
+                down: AtomicBool::new(false),
+                cut,
+                fills: AtomicUsize::new(0),
+                watches: Mutex::default(),
+            })
+        }
+
+        fn cut(&self, with_error: bool) {
+            self.down.store(true, Ordering::SeqCst);
+            self.cut.send_replace(with_error);
+        }
+
+        fn restore(&self) {
+            self.down.store(false, Ordering::SeqCst);
+        }
+
+        fn fills(&self) -> usize {
+            self.fills.load(Ordering::SeqCst)
+        }
+
+        fn watches(&self) -> Vec<Instant> {
+            self.watches.lock().unwrap().clone()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Store for Breakable {
+        async fn get(&self, key: &ObjectKey) -> Result<Option<Value>, StoreError> {
+            self.inner.get(key).await
+        }
+
+        async fn list(&self, kind: &str, options: &ListOptions) -> Result<List, StoreError> {
+            self.inner.list(kind, options).await
+        }
+
+        async fn list_json(&self, kind: &str, options: &ListOptions) -> Result<List<String>, StoreError> {
+            self.fills.fetch_add(1, Ordering::SeqCst);
+            self.inner.list_json(kind, options).await
+        }
+
+        async fn txn(&self, ops: Vec<Op>) -> Result<Committed, StoreError> {
+            self.inner.txn(ops).await
+        }
+
+        async fn watch(&self, from: Revision, options: WatchOptions) -> Result<WatchStream, StoreError> {
+            self.watches.lock().unwrap().push(Instant::now());
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("the test broke the watch".into()));
+            }
+            let cut = self.cut.subscribe();
+            let events = self.inner.watch(from, options).await?;
+            let events = futures::stream::unfold(Some((events, cut)), |state| async move {
+                let (mut events, mut cut) = state?;
+                tokio::select! {
+                    biased;
+                    _ = cut.changed() => {
+                        let with_error = *cut.borrow_and_update();
+                        with_error.then(|| (Err(StoreError::Unavailable("the test cut the watch".into())), None))
+                    }
+                    event = events.next() => event.map(|event| (event, Some((events, cut)))),
+                }
+            });
+            Ok(events.boxed())
+        }
+
+        async fn revision(&self) -> Result<Revision, StoreError> {
+            self.inner.revision().await
+        }
+
+        async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+            self.inner.compact(revision).await
+        }
+    }
+
+    /// A broken watch: while it is down the cache serves no consistent read (the store
+    /// answers) and "0" or an older "not older than" only as of the revision it holds, whose
+    /// texts are the store's at that revision; it asks again after 200 ms, then 400, 800 (never
+    /// spinning); restored, it follows on from its revision with the changes made meanwhile,
+    /// without a fill. Cut again and the history compacted past it meanwhile, it fills again.
+    #[tokio::test]
+    async fn a_broken_watch_on_sqlite_backs_off_and_catches_up() {
+        a_broken_watch_backs_off_and_catches_up(Arc::new(SqliteStore::memory().await.unwrap())).await;
+    }
+
+    #[tokio::test]
+    async fn a_broken_watch_on_postgres_backs_off_and_catches_up() {
+        let cluster = PgCluster::start();
+        let store = PostgresStore::connect_with(cluster.empty_database().await).await.unwrap();
+        a_broken_watch_backs_off_and_catches_up(Arc::new(store)).await;
+    }
+
+    async fn a_broken_watch_backs_off_and_catches_up(inner: Arc<dyn Store>) {
+        let pods = (0..30).map(|i| Op::Create(pod(["a", "b"][i % 2], &format!("p{i:02}"), &format!("w{}", i % 3))));
+        inner.txn(pods.collect()).await.unwrap();
+        let store = Breakable::new(inner.clone());
+        let cacher = Cacher::new(store.clone());
+        let all = ListOptions::default();
+        let paged = ListOptions { limit: Some(7), ..Default::default() };
+        let in_b =
+            ListOptions { namespace: Some("b".into()), label_selector: Some("app!=w1".into()), ..Default::default() };
+        let same = || async {
+            for options in [&all, &paged, &in_b] {
+                answers_as_the_store(&cacher, inner.as_ref(), options).await?;
+            }
+            Ok::<(), String>(())
+        };
+        assert!(cacher.list("Pod", &all, ListRevision::Any).await.is_none(), "not filled yet");
+        eventually("the fill", same).await;
+        assert_eq!((store.fills(), store.watches().len()), (1, 1));
+
+        // Cut with an error; every new watch is refused while down.
+        let held = inner.revision().await.unwrap();
+        let cut_at = Instant::now();
+        store.cut(true);
+        let watches = store.watches().len();
+        eventually("two refused watches", || async {
+            let n = store.watches().len();
+            if n >= watches + 2 { Ok(()) } else { Err(format!("{n} watches")) }
+        })
+        .await;
+        let mut changed = pod("b", "p01", "w9");
+        changed["spec"]["nodeName"] = json!("n2");
+        inner.txn(vec![Op::Update(changed)]).await.unwrap();
+        inner.txn(vec![Op::Delete { key: ObjectKey::new("Pod", "a", "p02"), revision: None }]).await.unwrap();
+        inner.txn(vec![Op::Create(pod("a", "p99", "w1"))]).await.unwrap();
+        let latest = inner.revision().await.unwrap();
+
+        // Down: a read that needs the new revisions goes to the store at once (no 3 s wait for a
+        // watch that cannot bring them); "0" and "not older than" what it holds are served as of
+        // its revision, with the store's texts at that revision.
+        assert!(!cacher.kind("Pod").following.load(Ordering::SeqCst), "no wait for a revision that cannot come");
+        assert!(cacher.list("Pod", &all, ListRevision::MostRecent).await.is_none(), "a consistent read while down");
+        assert!(cacher.list("Pod", &all, ListRevision::NotOlderThan(latest)).await.is_none());
+        let at_held =
+            inner.list_json("Pod", &ListOptions { at_revision: Some(held), ..Default::default() }).await.unwrap();
+        for revision in [ListRevision::Any, ListRevision::NotOlderThan(held)] {
+            let stale = cacher.list("Pod", &all, revision).await.expect("served as of the cache's revision");
+            let texts: Vec<&str> = stale.items.iter().map(AsRef::as_ref).collect();
+            assert_eq!((stale.revision, texts), (held, at_held.items.iter().map(String::as_str).collect()));
+        }
+
+        // Backing off: 200 ms, then doubling; never faster, so never spinning.
+        eventually("a third refused watch", || async {
+            let n = store.watches().len();
+            if n >= watches + 3 { Ok(()) } else { Err(format!("{n} watches")) }
+        })
+        .await;
+        let times = store.watches();
+        let mut previous = cut_at;
+        for (i, at) in times[watches..watches + 3].iter().enumerate() {
+            let least = MIN_BACKOFF * 2u32.pow(i as u32);
+            assert!(*at - previous >= least - Duration::from_millis(5), "retry {i} after {:?}", *at - previous);
+            previous = *at;
+        }
+        assert_eq!(store.fills(), 1, "a refused watch is retried, not filled again");
+
+        // Restored: the next retry follows on from the held revision, with what changed meanwhile.
+        store.restore();
+        eventually("the cache caught up after the watch came back", same).await;
+        assert_eq!(store.fills(), 1, "the watch went on from its revision: no fill");
+        inner.txn(vec![Op::Create(pod("b", "p98", "w2"))]).await.unwrap();
+        eventually("a change after the watch came back", same).await;
+
+        // Ended cleanly this time, and the history compacted past the cache's revision while
+        // down: the watch from it is Expired, and the cache fills again.
+        let watches = store.watches().len();
+        store.cut(false);
+        eventually("a refused watch", || async {
+            let n = store.watches().len();
+            if n > watches { Ok(()) } else { Err(format!("{n} watches")) }
+        })
+        .await;
+        inner.txn(vec![Op::Delete { key: ObjectKey::new("Pod", "b", "p03"), revision: None }]).await.unwrap();
+        inner.txn(vec![Op::Create(pod("a", "p97", "w0"))]).await.unwrap();
+        inner.compact(inner.revision().await.unwrap()).await.unwrap();
+        assert!(cacher.list("Pod", &all, ListRevision::MostRecent).await.is_none(), "a consistent read while down");
+        store.restore();
+        eventually("the fill after the history was compacted", same).await;
+        assert_eq!(store.fills(), 2, "filled once more, for the compacted history");
+        inner.txn(vec![Op::Create(pod("b", "p96", "w2"))]).await.unwrap();
+        eventually("a change after the fill", same).await;
+        assert_eq!(store.fills(), 2);
     }
 
     #[tokio::test]
