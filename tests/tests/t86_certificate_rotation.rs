@@ -94,8 +94,11 @@ fn t86_agents_renew_their_certificates_and_removed_nodes_are_refused() -> Result
         .and_then(|a| a["address"].as_str())
         .context("the node's InternalIP")?
         .to_owned();
+    // The count from the agent's first Pod watch on: the node's certificates and its Node exist
+    // before that watch has started.
     let watches_started = || cluster.log_text().matches("pod watch started").count();
-    let watches = watches_started();
+    let watches = wait_for(DEADLINE, || Some(watches_started()).filter(|n| *n > 0))
+        .with_context(|| format!("the agent's Pod watch never started:\n{}", cluster.log_text()))?;
 
     // Renewed while the agent runs (at 70-90% of 60 s): both certificates, for the same Node.
     let renewed = wait_for(Duration::from_secs(150), || serials().filter(|s| s.0 != first.0 && s.1 != first.1))
