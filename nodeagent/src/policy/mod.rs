@@ -104,11 +104,6 @@ impl Policier {
         &self.applied
     }
 
-    /// The port classes the applied sets name.
-    pub fn classes(&self) -> &Classes {
-        &self.classes
-    }
-
     fn owner(&self, ip: &Ipv4Addr) -> Option<&Key> {
         self.owners.get(ip).and_then(|keys| keys.first())
     }
