@@ -211,15 +211,22 @@ impl Containerd {
         };
         let pid = child.id();
         let stop = |source| ContainerdError::Stop { pid, source };
+        // Whether it has exited: ECHILD means someone else reaped it (a host's teardown that
+        // killed and reaped every process of its mount namespace), which is exited too.
+        let exited = |child: &mut Child| match child.try_wait() {
+            Ok(status) => Ok(status.is_some()),
+            Err(e) if e.raw_os_error() == Some(libc::ECHILD) => Ok(true),
+            Err(e) => Err(stop(e)),
+        };
         // A containerd that has exited already is stopped; signalling its reaped pid would fail.
-        if child.try_wait().map_err(stop)?.is_some() {
+        if exited(&mut child)? {
             tracing::info!(pid, "containerd had exited already");
             return Ok(());
         }
         signal(pid, libc::SIGTERM).map_err(stop)?;
         let deadline = Instant::now() + self.cfg.stop_timeout;
         loop {
-            if child.try_wait().map_err(stop)?.is_some() {
+            if exited(&mut child)? {
                 tracing::info!(pid, "containerd stopped");
                 return Ok(());
             }
