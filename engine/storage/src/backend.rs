@@ -486,16 +486,56 @@ pub(crate) trait EventLog: Send + Sync + 'static {
     ) -> impl Future<Output = Result<EventRead>> + Send;
 }
 
+/// The latest revision that touched each kind some watch of one kind follows: such a watch
+/// wakes for its own kind's commits, not for every commit (a thousand watches of Pods are not
+/// woken by each Event written beside them).
+#[derive(Default)]
+pub(crate) struct KindCommits(std::sync::Mutex<HashMap<String, watch::Sender<Revision>>>);
+
+impl KindCommits {
+    /// A commit at `revision` touched `kinds`; called after `committed` has moved to it.
+    pub(crate) fn publish<'a>(&self, revision: Revision, kinds: impl IntoIterator<Item = &'a str>) {
+        let senders = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for kind in kinds {
+            if let Some(sender) = senders.get(kind) {
+                sender.send_replace(revision);
+            }
+        }
+    }
+
+    /// Every kind may have changed (the store was replaced by a snapshot).
+    pub(crate) fn publish_all(&self, revision: Revision) {
+        for sender in self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values() {
+            sender.send_replace(revision);
+        }
+    }
+
+    /// Follows `kind`'s commits. A new kind starts at the latest revision, read under the lock
+    /// that [`Self::publish`] takes after `committed` moved: no commit falls between the two.
+    pub(crate) fn subscribe(&self, kind: &str, committed: &watch::Sender<Revision>) -> watch::Receiver<Revision> {
+        let mut senders = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        senders.retain(|_, sender| sender.receiver_count() > 0);
+        senders.entry(kind.to_owned()).or_insert_with(|| watch::channel(*committed.borrow()).0).subscribe()
+    }
+}
+
 /// A watch from `from`: reads `log` whenever `committed` moves past what it has delivered.
+/// With `kind` (the watch's one kind's commits, from [`KindCommits`]) it reads at once when its
+/// kind changes, and for other commits at most every [`BOOKMARK_INTERVAL`]: that keeps its
+/// position near the head (inside the watch cache, ahead of compaction) and its bookmarks as
+/// fresh as before.
 pub(crate) fn watch_stream<L: EventLog>(
     log: Arc<L>,
     committed: watch::Receiver<Revision>,
+    kind: Option<watch::Receiver<Revision>>,
     from: Revision,
     options: WatchOptions,
 ) -> WatchStream {
     let cursor = Cursor {
         log,
         committed,
+        kind,
+        last_read: None,
         position: (from, i64::MAX),
         buffer: VecDeque::new(),
         more: false,
@@ -514,6 +554,9 @@ pub(crate) fn watch_stream<L: EventLog>(
 struct Cursor<L> {
     log: Arc<L>,
     committed: watch::Receiver<Revision>,
+    kind: Option<watch::Receiver<Revision>>,
+    /// When the log was last read (with `kind`: other kinds' commits wait until a while after).
+    last_read: Option<Instant>,
     position: (Revision, i64),
     buffer: VecDeque<Event>,
     /// The last read filled a whole batch: more history may follow at the same revision.
@@ -533,20 +576,48 @@ impl<L: EventLog> Cursor<L> {
             if let Some(event) = self.buffer.pop_front() {
                 return Some(Ok(event));
             }
-            if self.more || *self.committed.borrow_and_update() > self.position.0 {
+            if self.more || self.behind() {
                 if let Err(e) = self.fill().await {
                     self.failed = true;
                     return Some(Err(e));
                 }
                 continue;
             }
-            if self.committed.changed().await.is_err() {
+            if !self.changed().await {
                 return None; // the store is gone
             }
         }
     }
 
+    /// Whether there is something to read now.
+    fn behind(&mut self) -> bool {
+        let position = self.position.0;
+        match &mut self.kind {
+            None => *self.committed.borrow_and_update() > position,
+            Some(kind) => {
+                *kind.borrow_and_update() > position
+                    || (self.last_read.is_none_or(|t| t.elapsed() >= BOOKMARK_INTERVAL)
+                        && *self.committed.borrow_and_update() > position)
+            }
+        }
+    }
+
+    /// Waits for a commit that may be worth reading; false when the store is gone.
+    async fn changed(&mut self) -> bool {
+        let Some(kind) = &mut self.kind else { return self.committed.changed().await.is_ok() };
+        let others_after = self.last_read.map_or_else(Instant::now, |t| t + BOOKMARK_INTERVAL);
+        let committed = &mut self.committed;
+        tokio::select! {
+            changed = kind.changed() => changed.is_ok(),
+            changed = async {
+                tokio::time::sleep_until(others_after.into()).await;
+                committed.changed().await
+            } => changed.is_ok(),
+        }
+    }
+
     async fn fill(&mut self) -> Result<()> {
+        self.last_read = Some(Instant::now());
         let read = self.log.read(self.position, self.options.kinds.as_deref(), WATCH_BATCH).await?;
         self.more = read.events.len() as i64 == WATCH_BATCH;
         if read.events.is_empty() {
@@ -576,10 +647,12 @@ mod tests {
         events: Mutex<Vec<(i64, Event)>>,
         committed: watch::Sender<Revision>,
         commit_during_read: Mutex<Option<Event>>,
+        reads: std::sync::atomic::AtomicUsize,
     }
 
     impl EventLog for MemoryLog {
         async fn read(&self, after: (Revision, i64), kinds: Option<&[String]>, limit: i64) -> Result<EventRead> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let latest = *self.committed.borrow();
             let events: Vec<_> = self
                 .events
@@ -616,13 +689,48 @@ mod tests {
             events: Mutex::new(vec![(0, event(1, "Pod"))]),
             committed,
             commit_during_read: Mutex::new(Some(event(2, "ConfigMap"))),
+            reads: Default::default(),
         });
         let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: true };
-        let mut w = watch_stream(log.clone(), log.committed.subscribe(), 0, options);
+        let mut w = watch_stream(log.clone(), log.committed.subscribe(), None, 0, options);
         let bookmark = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
         assert_eq!((bookmark.event_type, bookmark.revision), (EventType::Bookmark, 1));
         let e = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
         assert_eq!((e.event_type, e.revision, e.key.kind.as_str()), (EventType::Added, 2, "ConfigMap"));
+    }
+
+    #[tokio::test]
+    async fn a_watch_of_one_kind_reads_for_other_kinds_at_most_every_interval() {
+        let (committed, _) = watch::channel(0);
+        let log = Arc::new(MemoryLog {
+            events: Mutex::new(Vec::new()),
+            committed,
+            commit_during_read: Mutex::new(None),
+            reads: Default::default(),
+        });
+        let kinds = Arc::new(KindCommits::default());
+        let follow = kinds.subscribe("ConfigMap", &log.committed);
+        let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: false };
+        let mut w = watch_stream(log.clone(), log.committed.subscribe(), Some(follow), 0, options);
+        let watcher = tokio::spawn(async move { w.next().await });
+        let commit = |revision: Revision, kind: &str| {
+            log.events.lock().unwrap().push((0, event(revision, kind)));
+            log.committed.send_replace(revision);
+            kinds.publish(revision, [kind]);
+        };
+        let started = Instant::now();
+        for revision in 1..=200 {
+            commit(revision, "Pod");
+            tokio::task::yield_now().await;
+        }
+        commit(201, "ConfigMap");
+        let e = tokio::time::timeout(Duration::from_secs(10), watcher).await.unwrap().unwrap().unwrap().unwrap();
+        assert_eq!((e.revision, e.key.kind.as_str()), (201, "ConfigMap"));
+        // One read for the first Pod (it moves the position), one per interval since, and one
+        // for the ConfigMap; a watch woken by every commit reads 201 times.
+        let reads = log.reads.load(std::sync::atomic::Ordering::SeqCst);
+        let intervals = (started.elapsed().as_millis() / BOOKMARK_INTERVAL.as_millis()) as usize;
+        assert!(reads <= 2 + intervals + 1, "{reads} reads in {:?}", started.elapsed());
     }
 }
 

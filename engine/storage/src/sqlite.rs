@@ -76,6 +76,8 @@ struct Inner {
     revision: AtomicI64,
     compacted: AtomicI64,
     committed: watch::Sender<Revision>,
+    /// The commits of each kind a watch of one kind follows.
+    kinds: backend::KindCommits,
     cache: backend::WatchCache,
     /// Seals Secrets on the way in, opens them on the way out.
     secrets: Keyring,
@@ -155,6 +157,7 @@ impl SqliteStore {
             revision: AtomicI64::new(revision),
             compacted: AtomicI64::new(compacted),
             committed,
+            kinds: backend::KindCommits::default(),
             cache: backend::WatchCache::new(WATCH_CACHE, revision),
             secrets,
         });
@@ -238,6 +241,7 @@ impl Inner {
         self.cache.reset(revision);
         self.revision.store(revision, Ordering::SeqCst);
         self.committed.send_replace(revision);
+        self.kinds.publish_all(revision);
         Ok(())
     }
 
@@ -358,9 +362,13 @@ impl Inner {
         match result {
             Ok(applied) => {
                 // The cache first, then the news: a woken watcher finds the events in memory.
+                let mut kinds: Vec<String> = applied.events.iter().map(|(_, e)| e.key.kind.clone()).collect();
+                kinds.sort_unstable();
+                kinds.dedup();
                 self.cache.push(applied.events);
                 self.revision.store(revision, Ordering::SeqCst);
                 self.committed.send_replace(revision);
+                self.kinds.publish(revision, kinds.iter().map(String::as_str));
                 Ok(applied.results)
             }
             Err(e) => {
@@ -531,7 +539,11 @@ impl Store for SqliteStore {
         if from < compacted {
             return Err(StoreError::Expired { requested: from, compacted });
         }
-        Ok(backend::watch_stream(self.inner.clone(), self.inner.committed.subscribe(), from, options))
+        let kind = match options.kinds.as_deref() {
+            Some([kind]) => Some(self.inner.kinds.subscribe(kind, &self.inner.committed)),
+            _ => None,
+        };
+        Ok(backend::watch_stream(self.inner.clone(), self.inner.committed.subscribe(), kind, from, options))
     }
 
     async fn revision(&self) -> Result<Revision> {

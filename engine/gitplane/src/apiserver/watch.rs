@@ -36,10 +36,11 @@ use rand::Rng;
 use serde_json::{Value, json};
 use std::{
     collections::{HashMap, VecDeque},
+    pin::Pin,
     sync::Arc,
     time::Duration,
 };
-use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio::time::{Instant, Interval, MissedTickBehavior, Sleep};
 
 /// How often a watch that allows bookmarks gets one: kube-apiserver's watch cache sends them
 /// about once a minute. More often buys a resuming client nothing it needs (a relist is avoided
@@ -159,7 +160,7 @@ pub async fn serve(store: Arc<dyn Store>, held: Held, target: Target, params: Pa
         initial_end: params.initial_events_end && params.bookmarks,
         matching: (!filter.labels.is_empty() || !filter.fields.is_empty()).then(HashMap::new),
         revision: 0,
-        deadline: Instant::now() + timeout,
+        deadline: Box::pin(tokio::time::sleep(timeout)),
         bookmarks: params.bookmarks.then(|| {
             let mut every = tokio::time::interval_at(Instant::now() + BOOKMARK_INTERVAL, BOOKMARK_INTERVAL);
             every.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -318,7 +319,8 @@ struct Watcher {
     matching: Option<HashMap<(String, String), Arc<Value>>>,
     /// Every commit up to here has been seen.
     revision: Revision,
-    deadline: Instant,
+    /// Registered with the timer once, not once per event.
+    deadline: Pin<Box<Sleep>>,
     bookmarks: Option<Interval>,
     filter: Filter,
     render: Render,
@@ -370,7 +372,8 @@ impl Watcher {
             }
         };
         self.revision = from;
-        let options = WatchOptions { kinds: Some(vec![kind]), bookmarks: true };
+        // The store's bookmarks only feed this watch's own, which the client may not want.
+        let options = WatchOptions { kinds: Some(vec![kind]), bookmarks: self.bookmarks.is_some() };
         self.events = Some(store.watch(from, options).await?);
         Ok(())
     }
@@ -401,7 +404,7 @@ impl Watcher {
             let events = self.events.as_mut()?;
             let bookmarks = &mut self.bookmarks;
             let step = tokio::select! {
-                _ = tokio::time::sleep_until(self.deadline) => Step::TimedOut,
+                _ = self.deadline.as_mut() => Step::TimedOut,
                 _ = async { bookmarks.as_mut()?.tick().await; Some(()) }, if bookmarks.is_some() => Step::Bookmark,
                 event = events.next() => Step::Event(event),
             };

@@ -611,7 +611,7 @@ impl Store for PostgresStore {
         // Another replica's commits may not have reached us yet: without this a watch from an
         // older revision would wait for the next notification or poll before replaying them.
         advance(&self.inner.committed, latest);
-        Ok(backend::watch_stream(self.inner.clone(), self.inner.committed.subscribe(), from, options))
+        Ok(backend::watch_stream(self.inner.clone(), self.inner.committed.subscribe(), None, from, options))
     }
 
     async fn revision(&self) -> Result<Revision> {
