@@ -21,15 +21,16 @@
 //!   snapshot is gone, or that the store issued, goes to the store, which pages the same way
 //!   (the contract's [`ContinueToken`]).
 //!
-//! A failed fill or a broken watch is retried after 200 ms, doubling to 30 s; an expired revision
-//! fills again. Nothing runs while nothing changes: the watch waits on the store's commits.
+//! A failed fill or a broken watch is retried after 200 ms, doubling to 30 s (back to 200 ms once
+//! events arrive or a watch has run 30 s); an expired revision fills again. Until its watch is
+//! open the cache does not count as following, so reads that need newer revisions go to the store. Nothing runs while nothing changes: the watch waits on the store's commits.
 
 use super::resource_version::{FRESHNESS_WAIT, ListRevision};
 use crate::table;
 use futures::{FutureExt as _, StreamExt as _};
 use gitplane_store::{
-    ContinueToken, EventType, List, ListOptions, Revision, Store, StoreError, WatchOptions, informer::AbortOnDrop,
-    selector::Selector,
+    ContinueToken, EventType, List, ListOptions, Revision, Store, StoreError, WatchOptions, WatchStream,
+    informer::AbortOnDrop, selector::Selector,
 };
 use serde_json::{Value, value::RawValue};
 use std::{
@@ -420,9 +421,22 @@ async fn follow(
             },
         };
         let mut state = (objects, revision);
-        following.store(true, Ordering::Relaxed);
-        let result = watch_into(store.as_ref(), &kind, &tx, &mut state, &mut backoff).await;
-        following.store(false, Ordering::Relaxed);
+        let started = Instant::now();
+        // Following only once the store's watch is open: until then a read that needs a newer
+        // revision goes to the store, not waiting for one this cache cannot get.
+        let result = match store.watch(state.1, WatchOptions { kinds: None, bookmarks: true }).await {
+            Ok(events) => {
+                following.store(true, Ordering::Relaxed);
+                let result = watch_into(events, &kind, &tx, &mut state, &mut backoff).await;
+                following.store(false, Ordering::Relaxed);
+                result
+            }
+            Err(e) => Err(e),
+        };
+        if started.elapsed() >= MAX_BACKOFF {
+            // A watch that ran a while was healthy, with or without events (an idle kind).
+            backoff = MIN_BACKOFF;
+        }
         match result {
             Err(StoreError::Expired { .. }) => {
                 tracing::info!(%kind, revision = state.1, "list cache: watch expired, filling again");
@@ -496,13 +510,12 @@ fn entries(kind: &str, texts: Vec<String>) -> Result<Vec<Entry>, StoreError> {
 /// consistent read waits for (a watch of one kind would learn of other commits only through
 /// rate-limited bookmarks).
 async fn watch_into(
-    store: &dyn Store,
+    mut events: WatchStream,
     kind: &str,
     tx: &watch::Sender<Option<Arc<Snapshot>>>,
     state: &mut (Objects, Revision),
     backoff: &mut Duration,
 ) -> Result<(), StoreError> {
-    let mut events = store.watch(state.1, WatchOptions { kinds: None, bookmarks: true }).await?;
     while let Some(event) = events.next().await {
         let mut next = Some(event);
         let mut changed = false;
@@ -725,6 +738,8 @@ mod tests {
         cut: watch::Sender<bool>,
         fills: AtomicUsize,
         watches: Mutex<Vec<Instant>>,
+        /// New watches never answer (a database that stopped responding).
+        hang: AtomicBool,
     }
 
     impl Breakable {
@@ -736,6 +751,7 @@ mod tests {
                 cut,
                 fills: AtomicUsize::new(0),
                 watches: Mutex::default(),
+                hang: AtomicBool::new(false),
             })
         }
 
@@ -778,6 +794,9 @@ mod tests {
 
         async fn watch(&self, from: Revision, options: WatchOptions) -> Result<WatchStream, StoreError> {
             self.watches.lock().unwrap().push(Instant::now());
+            if self.hang.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             if self.down.load(Ordering::SeqCst) {
                 return Err(StoreError::Unavailable("the test broke the watch".into()));
             }
@@ -811,6 +830,32 @@ mod tests {
     /// texts are the store's at that revision; it asks again after 200 ms, then 400, 800 (never
     /// spinning); restored, it follows on from its revision with the changes made meanwhile,
     /// without a fill. Cut again and the history compacted past it meanwhile, it fills again.
+    /// A store whose new watch hangs: the cache does not count as following while it waits for
+    /// it, so a consistent read goes to the store at once instead of waiting [`FRESHNESS_WAIT`]
+    /// for a revision the cache cannot get.
+    #[tokio::test]
+    async fn a_hanging_watch_sends_consistent_reads_to_the_store_at_once() {
+        let inner: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
+        inner.txn(vec![Op::Create(pod("a", "p0", "w0"))]).await.unwrap();
+        let store = Breakable::new(inner.clone());
+        let cacher = Cacher::new(store.clone());
+        let all = ListOptions::default();
+        assert!(cacher.list("Pod", &all, ListRevision::Any).await.is_none(), "not filled yet");
+        eventually("the fill", || answers_as_the_store(&cacher, inner.as_ref(), &all)).await;
+        store.hang.store(true, Ordering::SeqCst);
+        let watches = store.watches().len();
+        store.cut(false);
+        eventually("a hanging watch", || async {
+            let n = store.watches().len();
+            if n > watches { Ok(()) } else { Err(format!("{n} watches")) }
+        })
+        .await;
+        inner.txn(vec![Op::Create(pod("a", "p1", "w0"))]).await.unwrap();
+        let asked = Instant::now();
+        assert!(cacher.list("Pod", &all, ListRevision::MostRecent).await.is_none(), "answered by the store");
+        assert!(asked.elapsed() < FRESHNESS_WAIT, "waited {:?} for a watch that hangs", asked.elapsed());
+    }
+
     #[tokio::test]
     async fn a_broken_watch_on_sqlite_backs_off_and_catches_up() {
         a_broken_watch_backs_off_and_catches_up(Arc::new(SqliteStore::memory().await.unwrap())).await;
