@@ -1,17 +1,24 @@
-//! The status API's WATCH under churn: many watches of Pods over HTTP/1.1 (one connection each,
-//! spread over loopback source addresses, since the API allows 256 watches per client address)
-//! on one `gitplane server`, while one writer creates Pods at a fixed rate through the store API
-//! (open loop: a slow write does not delay the next). For every (write, watcher) pair: the time
-//! from the write being sent to the watcher reading its event off the socket. Baseline, same
-//! run and rate: the store's own gRPC watch (the `store` bench's fan-out row, ConfigMaps).
+//! The status API's WATCH under churn: many watches of Pods on one `gitplane server`, while one
+//! writer creates Pods at a fixed rate through the store API (open loop: a slow write does not
+//! delay the next). For every (write, watcher) pair: the time from the write being sent to the
+//! watcher reading its event off the socket. Two shapes of client, one after the other:
+//! - one HTTP/1.1 connection per watch (a thousand separate clients, the worst case), spread
+//!   over loopback source addresses, since the API allows 256 watches per client address;
+//! - HTTP/2, a hundred watches multiplexed on each connection, as client-go multiplexes the
+//!   watches of one process and as the baseline's gRPC watches are.
+//!
+//! Baseline, same run and rate: the store's own gRPC watch (the `store` bench's fan-out row,
+//! ConfigMaps), and etcd's watch the same way when `--etcd` exists: the fan-out kube-apiserver
+//! itself builds on, on the same machine.
 
 use crate::{
-    load::{self, Api, Latencies},
+    load::{self, Api},
     procs::{self, Gitplane},
-    watch,
+    watch::{self, SendTimes, WatchResult},
 };
 use anyhow::{Context as _, Result, bail};
 use gitplane_storage::remote::pb;
+use http_body_util::BodyExt as _;
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::PathBuf,
@@ -37,6 +44,9 @@ pub struct ApiWatchArgs {
     /// Seconds of churn.
     #[arg(long, default_value_t = 20.0)]
     duration: f64,
+    /// The `etcd` binary for the anchor row (skipped when absent).
+    #[arg(long, default_value = "/usr/bin/etcd")]
+    etcd: PathBuf,
 }
 
 /// Source addresses the watches come from (127.0.0.1 to 127.0.0.8).
@@ -61,51 +71,127 @@ pub fn main(args: ApiWatchArgs) -> Result<()> {
         eprintln!("baseline: {} store watches over gRPC, {} ConfigMaps/s for {duration:?}", args.watchers, args.rate);
         let connections = args.watchers.div_ceil(100).max(1);
         let store = watch::run(Api::Gitplane, addr, addr, args.watchers, connections, args.rate, duration).await?;
-        eprintln!("status API: {} watches over HTTP/1.1, {} Pods/s for {duration:?}", args.watchers, args.rate);
-        let (api, expected, errors) = run(addr, args.watchers, args.rate, duration).await?;
-        let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.1} ms", d.as_secs_f64() * 1e3));
-        let ratio = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
-            (Some(a), Some(b)) if !b.is_zero() => format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64()),
-            _ => "-".into(),
+        let etcd = if args.etcd.exists() {
+            eprintln!("anchor: {} etcd watches over gRPC, {} ConfigMaps/s", args.watchers, args.rate);
+            let etcd = procs::Etcd::start(&args.etcd, 1).await?;
+            let addr = etcd.clients[&1];
+            Some(watch::run(Api::Etcd, addr, addr, args.watchers, connections, args.rate, duration).await?)
+        } else {
+            eprintln!("no etcd at {}: no anchor row", args.etcd.display());
+            None
         };
-        println!(
-            "| watch ({} watchers, {} writes/s, {duration:?}) | delivered | p50 | p99 | max | p99 vs store |",
-            args.watchers, args.rate
-        );
-        println!("|---|---|---|---|---|---|");
+        eprintln!("status API: {} watches over HTTP/1.1, {} Pods/s for {duration:?}", args.watchers, args.rate);
+        let api = run(addr, Transport::Http1, args.watchers, args.rate, duration).await?;
+        eprintln!("status API: {} watches over HTTP/2 ({connections} connections), {} Pods/s", args.watchers, args.rate);
+        let api2 = run(addr, Transport::Http2 { connections }, args.watchers, args.rate, duration).await?;
+        let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.1} ms", d.as_secs_f64() * 1e3));
         let store_p99 = store.delivery.quantile(0.99);
         println!(
-            "| store watch over gRPC (baseline, ConfigMaps) | {} of {} | {} | {} | {} | 1.00x |",
-            store.delivery.len(),
-            store.expected,
-            ms(store.delivery.quantile(0.5)),
-            ms(store_p99),
-            ms(store.delivery.max())
+            "| watch ({} watchers, {} writes/s, {duration:?}) | delivered | p50 | p99 | max | p99 vs store | the write's commit p50 / p99 | delivery after its acknowledgement p50 / p99 |",
+            args.watchers, args.rate
         );
-        println!(
-            "| status API `?watch=1` over HTTP/1.1 (Pods) | {} of {expected}{} | {} | {} | {} | {} |",
-            api.len(),
-            if errors > 0 { format!(", {errors} write errors") } else { String::new() },
-            ms(api.quantile(0.5)),
-            ms(api.quantile(0.99)),
-            ms(api.max()),
-            ratio(api.quantile(0.99), store_p99)
-        );
+        println!("|---|---|---|---|---|---|---|---|");
+        let mut rows = Vec::new();
+        if let Some(etcd) = &etcd {
+            rows.push(("etcd 3.4 watch over gRPC (anchor, ConfigMaps)".to_owned(), etcd));
+        }
+        rows.push(("store watch over gRPC (baseline, ConfigMaps)".to_owned(), &store));
+        rows.push(("status API `?watch=1` over HTTP/1.1, a connection per watch (Pods)".to_owned(), &api));
+        rows.push((format!("status API `?watch=1` over HTTP/2, {connections} connections (Pods)"), &api2));
+        for (name, r) in rows {
+            let p99 = r.delivery.quantile(0.99);
+            let ratio = match (p99, store_p99) {
+                (Some(a), Some(b)) if !b.is_zero() => format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64()),
+                _ => "-".into(),
+            };
+            println!(
+                "| {name} | {} of {}{} | {} | {} | {} | {ratio} | {} / {} | {} / {} |",
+                r.delivery.len(),
+                r.expected,
+                if r.write_errors > 0 { format!(", {} write errors", r.write_errors) } else { String::new() },
+                ms(r.delivery.quantile(0.5)),
+                ms(p99),
+                ms(r.delivery.max()),
+                ms(r.commit.quantile(0.5)),
+                ms(r.commit.quantile(0.99)),
+                ms(r.after_ack.quantile(0.5)),
+                ms(r.after_ack.quantile(0.99)),
+            );
+        }
         drop(cluster);
         Ok(())
     })
 }
 
-/// Nanoseconds since `base` plus one (0: not sent).
-struct Sent {
-    base: Instant,
-    at: Vec<AtomicU64>,
+/// How the watches reach the server.
+#[derive(Clone, Copy)]
+enum Transport {
+    Http1,
+    Http2 { connections: usize },
 }
 
-impl Sent {
-    fn now(&self) -> u64 {
-        self.base.elapsed().as_nanos() as u64 + 1
+fn watch_path(from: i64) -> String {
+    format!("/api/v1/namespaces/default/pods?watch=1&resourceVersion={from}&timeoutSeconds=3600")
+}
+
+/// A watch's event lines as they arrive.
+enum Watch {
+    /// The raw socket after the response head: chunk-size lines come through too.
+    Http1(BufReader<tokio::net::TcpStream>),
+    Http2 {
+        body: hyper::body::Incoming,
+        buffer: Vec<u8>,
+    },
+}
+
+impl Watch {
+    /// The next line into `line` (cleared first); false at the end of the stream.
+    async fn line(&mut self, line: &mut Vec<u8>) -> Result<bool> {
+        line.clear();
+        match self {
+            Watch::Http1(reader) => Ok(reader.read_until(b'\n', line).await? > 0),
+            Watch::Http2 { body, buffer } => loop {
+                if let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+                    line.extend(buffer.drain(..=end));
+                    return Ok(true);
+                }
+                let Some(frame) = body.frame().await else { return Ok(false) };
+                if let Ok(data) = frame?.into_data() {
+                    buffer.extend_from_slice(&data);
+                }
+            },
+        }
     }
+}
+
+/// Opens `watchers` watches over HTTP/2, `per_connection` on each connection.
+async fn open_http2(server: SocketAddr, watchers: usize, connections: usize, from: i64) -> Result<Vec<Watch>> {
+    let mut watches = Vec::with_capacity(watchers);
+    let per_connection = watchers.div_ceil(connections.max(1));
+    for c in 0..connections {
+        let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + (c % SOURCES as usize) as u8));
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(source, 0))?;
+        let stream = socket.connect(server).await?;
+        stream.set_nodelay(true)?;
+        let (sender, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await?;
+        tokio::spawn(connection);
+        for _ in 0..per_connection.min(watchers - watches.len()) {
+            let request = hyper::Request::get(format!("http://{server}{}", watch_path(from)))
+                .header("authorization", format!("Bearer {}", crate::procs::READ_TOKEN))
+                .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+            let response = sender.clone().send_request(request).await?;
+            if response.status() != hyper::StatusCode::OK {
+                bail!("the watch was refused: {}", response.status());
+            }
+            watches.push(Watch::Http2 { body: response.into_body(), buffer: Vec::new() });
+        }
+    }
+    Ok(watches)
 }
 
 /// Opens one watch from `source`; the reader after the response head.
@@ -114,7 +200,8 @@ async fn open(source: IpAddr, server: SocketAddr, from: i64) -> Result<BufReader
     socket.bind(SocketAddr::new(source, 0))?;
     let mut stream = socket.connect(server).await?;
     let request = format!(
-        "GET /api/v1/namespaces/default/pods?watch=1&resourceVersion={from}&timeoutSeconds=3600 HTTP/1.1\r\nHost: {server}\r\nAuthorization: Bearer {}\r\n\r\n",
+        "GET {} HTTP/1.1\r\nHost: {server}\r\nAuthorization: Bearer {}\r\n\r\n",
+        watch_path(from),
         crate::procs::READ_TOKEN
     );
     stream.write_all(request.as_bytes()).await?;
@@ -127,16 +214,30 @@ async fn open(source: IpAddr, server: SocketAddr, from: i64) -> Result<BufReader
     Ok(reader)
 }
 
-async fn run(server: SocketAddr, watchers: usize, rate: u32, duration: Duration) -> Result<(Latencies, u64, u64)> {
+async fn run(
+    server: SocketAddr,
+    transport: Transport,
+    watchers: usize,
+    rate: u32,
+    duration: Duration,
+) -> Result<WatchResult> {
     let writes = (rate as f64 * duration.as_secs_f64()).round() as usize;
     let mut client = procs::store_client(load::connect(server).await?);
     let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
-    let mut readers = Vec::with_capacity(watchers);
-    for i in 0..watchers {
-        let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + (i % SOURCES as usize) as u8));
-        readers.push(open(source, server, from).await.with_context(|| format!("watch {i}"))?);
-    }
-    let sent = Arc::new(Sent { base: Instant::now(), at: (0..writes).map(|_| AtomicU64::new(0)).collect() });
+    // Each run creates its own Pods: name them past the previous run's.
+    let first = from as usize;
+    let readers = match transport {
+        Transport::Http1 => {
+            let mut readers = Vec::with_capacity(watchers);
+            for i in 0..watchers {
+                let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + (i % SOURCES as usize) as u8));
+                readers.push(Watch::Http1(open(source, server, from).await.with_context(|| format!("watch {i}"))?));
+            }
+            readers
+        }
+        Transport::Http2 { connections } => open_http2(server, watchers, connections, from).await?,
+    };
+    let sent = Arc::new(SendTimes::new(writes));
     let done = Instant::now() + Duration::from_secs(1) + duration + Duration::from_secs(15);
     let mut receivers = Vec::with_capacity(watchers);
     for mut reader in readers {
@@ -149,8 +250,7 @@ async fn run(server: SocketAddr, watchers: usize, rate: u32, duration: Duration)
             let mut line = Vec::new();
             let receive = async {
                 while received.len() < writes {
-                    line.clear();
-                    if reader.read_until(b'\n', &mut line).await? == 0 {
+                    if !reader.line(&mut line).await? {
                         break;
                     }
                     let now = sent.now();
@@ -159,6 +259,7 @@ async fn run(server: SocketAddr, watchers: usize, rate: u32, duration: Duration)
                     let digits = &line[at + NAME_MARK.len()..];
                     let end = digits.iter().position(|b| !b.is_ascii_digit()).unwrap_or(digits.len());
                     let seq = std::str::from_utf8(&digits[..end]).ok().and_then(|s| s.parse::<usize>().ok());
+                    let seq = seq.and_then(|s| s.checked_sub(first));
                     if let Some(seq) = seq.filter(|s| *s < writes && !seen[*s]) {
                         seen[seq] = true;
                         received.push((seq, now));
@@ -178,12 +279,14 @@ async fn run(server: SocketAddr, watchers: usize, rate: u32, duration: Duration)
         ticks.tick().await;
         let (sent, errors, mut client) = (sent.clone(), errors.clone(), client.clone());
         in_flight.push(tokio::spawn(async move {
-            sent.at[seq].store(sent.now(), Ordering::SeqCst);
-            let json = format!(r#"[{{"Create":{}}}]"#, pod(seq)).into_bytes();
+            sent.sent(seq);
+            let json = format!(r#"[{{"Create":{}}}]"#, pod(first + seq)).into_bytes();
             let reply = client.txn(tonic::Request::new(pb::Payload { json, data: Vec::new() })).await;
             let committed =
                 matches!(reply.map(|r| r.into_inner().outcome), Ok(Some(pb::txn_reply::Outcome::Committed(_))));
-            if !committed {
+            if committed {
+                sent.acked(seq);
+            } else {
                 errors.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -191,18 +294,15 @@ async fn run(server: SocketAddr, watchers: usize, rate: u32, duration: Duration)
     for write in in_flight {
         let _ = write.await;
     }
-    let mut delivery = Vec::with_capacity(writes * watchers);
+    let mut received = Vec::with_capacity(writes * watchers);
     for receiver in receivers {
-        let (received, error) = receiver.await.context("a watcher panicked")?;
+        let (pairs, error) = receiver.await.context("a watcher panicked")?;
         if let Some(e) = error {
             eprintln!("  a watcher failed: {e}");
         }
-        for (seq, at) in received {
-            let from = sent.at[seq].load(Ordering::SeqCst);
-            delivery.push(Duration::from_nanos(at.saturating_sub(from)));
-        }
+        received.extend(pairs);
     }
-    Ok((Latencies::new(delivery), (writes * watchers) as u64, errors.load(Ordering::Relaxed)))
+    Ok(sent.result(received, watchers, errors.load(Ordering::Relaxed)))
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

@@ -34,16 +34,29 @@ pub struct WatchResult {
 
 const NAME_PREFIX: &str = "watch-";
 
-/// Send and acknowledgement times: nanoseconds since `base` plus one (0: not yet).
-struct SendTimes {
+/// Send and acknowledgement times of each write: nanoseconds since `base` plus one (0: not yet).
+pub struct SendTimes {
     base: Instant,
     sent: Vec<AtomicU64>,
     acked: Vec<AtomicU64>,
 }
 
 impl SendTimes {
-    fn now(&self) -> u64 {
+    pub fn new(writes: usize) -> SendTimes {
+        let slots = || (0..writes).map(|_| AtomicU64::new(0)).collect();
+        SendTimes { base: Instant::now(), sent: slots(), acked: slots() }
+    }
+
+    pub fn now(&self) -> u64 {
         self.base.elapsed().as_nanos() as u64 + 1
+    }
+
+    pub fn sent(&self, seq: usize) {
+        self.sent[seq].store(self.now(), Ordering::SeqCst);
+    }
+
+    pub fn acked(&self, seq: usize) {
+        self.acked[seq].store(self.now(), Ordering::SeqCst);
     }
 
     /// The write a received name stands for, if it was sent.
@@ -54,6 +67,31 @@ impl SendTimes {
 
     fn between(from: u64, to: u64) -> Duration {
         Duration::from_nanos(to.saturating_sub(from))
+    }
+
+    /// The figures from every watcher's (write, when it was read) pairs.
+    pub fn result(&self, received: Vec<(usize, u64)>, watchers: usize, write_errors: u64) -> WatchResult {
+        let (mut delivery, mut after_ack) = (Vec::with_capacity(received.len()), Vec::with_capacity(received.len()));
+        for (seq, at) in received {
+            delivery.push(SendTimes::between(self.sent[seq].load(Ordering::SeqCst), at));
+            let acked = self.acked[seq].load(Ordering::SeqCst);
+            if acked != 0 {
+                after_ack.push(SendTimes::between(acked, at));
+            }
+        }
+        let commit = (0..self.sent.len())
+            .filter_map(|seq| {
+                let (sent, acked) = (self.sent[seq].load(Ordering::SeqCst), self.acked[seq].load(Ordering::SeqCst));
+                (acked != 0).then(|| SendTimes::between(sent, acked))
+            })
+            .collect();
+        WatchResult {
+            delivery: Latencies::new(delivery),
+            commit: Latencies::new(commit),
+            after_ack: Latencies::new(after_ack),
+            expected: (self.sent.len() * watchers) as u64,
+            write_errors,
+        }
     }
 }
 
@@ -131,8 +169,7 @@ pub async fn run(
     for i in 0..watchers {
         streams.push(Stream::open(api, channels[i % channels.len()].clone()).await?);
     }
-    let slots = || (0..writes).map(|_| AtomicU64::new(0)).collect();
-    let times = Arc::new(SendTimes { base: Instant::now(), sent: slots(), acked: slots() });
+    let times = Arc::new(SendTimes::new(writes));
     let done = Instant::now() + Duration::from_secs(1) + duration + Duration::from_secs(10);
     let mut receivers = Vec::with_capacity(watchers);
     for mut stream in streams {
@@ -162,42 +199,24 @@ pub async fn run(
         ticks.tick().await;
         let (times, errors, mut writer) = (times.clone(), errors.clone(), writer.clone());
         in_flight.push(tokio::spawn(async move {
-            times.sent[seq].store(times.now(), Ordering::SeqCst);
+            times.sent(seq);
             if writer.create(&format!("{NAME_PREFIX}{seq}")).await.is_err() {
                 errors.fetch_add(1, Ordering::Relaxed);
             } else {
-                times.acked[seq].store(times.now(), Ordering::SeqCst);
+                times.acked(seq);
             }
         }));
     }
     for write in in_flight {
         let _ = write.await;
     }
-    let (mut delivery, mut after_ack) = (Vec::with_capacity(writes * watchers), Vec::with_capacity(writes * watchers));
+    let mut received = Vec::with_capacity(writes * watchers);
     for receiver in receivers {
-        let (received, error) = receiver.await.context("a watcher panicked")?;
+        let (pairs, error) = receiver.await.context("a watcher panicked")?;
         if let Some(e) = error {
             eprintln!("  a watcher failed: {e}");
         }
-        for (seq, at) in received {
-            delivery.push(SendTimes::between(times.sent[seq].load(Ordering::SeqCst), at));
-            let acked = times.acked[seq].load(Ordering::SeqCst);
-            if acked != 0 {
-                after_ack.push(SendTimes::between(acked, at));
-            }
-        }
+        received.extend(pairs);
     }
-    let commit = (0..writes)
-        .filter_map(|seq| {
-            let (sent, acked) = (times.sent[seq].load(Ordering::SeqCst), times.acked[seq].load(Ordering::SeqCst));
-            (acked != 0).then(|| SendTimes::between(sent, acked))
-        })
-        .collect();
-    Ok(WatchResult {
-        delivery: Latencies::new(delivery),
-        commit: Latencies::new(commit),
-        after_ack: Latencies::new(after_ack),
-        expected: (writes * watchers) as u64,
-        write_errors: errors.load(Ordering::Relaxed),
-    })
+    Ok(times.result(received, watchers, errors.load(Ordering::Relaxed)))
 }

@@ -47,14 +47,35 @@ pub enum Backend {
     Postgres(PostgresReplica),
 }
 
+/// The runtime the replicated store's own tasks run on (Raft, its log writer, the SQLite
+/// writer, replication), as etcd runs in a process of its own beside kube-apiserver: a commit
+/// waits for the CPU, never in a run queue behind the API's thousands of watch writes. The
+/// store is reached from the main runtime through channels; it lives as long as the process.
+fn store_runtime() -> anyhow::Result<&'static tokio::runtime::Handle> {
+    // Built inside `get_or_init`: a runtime dropped in async code panics.
+    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> = std::sync::OnceLock::new();
+    let runtime = RUNTIME.get_or_init(|| {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(2).thread_name("store").enable_all();
+        builder.build().map_err(|e| e.to_string())
+    });
+    match runtime {
+        Ok(runtime) => Ok(runtime.handle()),
+        Err(e) => anyhow::bail!("starting the store's runtime: {e}"),
+    }
+}
+
 impl Backend {
     pub async fn raft(config: ReplicaConfig) -> anyhow::Result<Backend> {
         if config.secrets.write_key().is_none() {
             tracing::warn!("no encryption key: Secrets are stored in clear");
         }
         let dir = config.dir.clone();
-        let store =
-            RaftStore::start(config).await.with_context(|| format!("opening the store in {}", dir.display()))?;
+        let store = store_runtime()?
+            .spawn(RaftStore::start(config))
+            .await
+            .context("the store's runtime stopped")?
+            .with_context(|| format!("opening the store in {}", dir.display()))?;
         Ok(Backend::Raft(store))
     }
 
