@@ -322,6 +322,8 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         eprintln!("pushed one commit over HTTP in {:.1} s", pushed.elapsed().as_secs_f64());
         let settled = wait_until_settled(server.pid()).await?;
         eprintln!("server settled after {:.1} s more; server RSS {}", settled.as_secs_f64(), rss(server.pid()));
+        // The server closes a connection idle for longer than its header read timeout.
+        c = Connection::open(&target).await?;
     }
 
     let transport = if args.https { "loopback HTTPS/1.1" } else { "loopback HTTP/1.1" };
