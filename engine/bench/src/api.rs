@@ -12,17 +12,21 @@
 //! rows are timed the bench waits until the API server's watch cache serves Pod lists (a `hit`
 //! in `apiserver_cache_list_total` on `/metrics`) and prints how long the fill took, and the
 //! server's RSS before the fill, after it and at the end; then until the server is settled
-//! (under a tenth of a core for a second: its controllers' informers list every Pod at start-up
-//! too), so that the rows time a steady server, as Kubernetes' SLOs are measured.
+//! (under a tenth of a core for a second: its controllers' informer lists every Pod at start-up
+//! too), so that the rows time a steady server, as Kubernetes' SLOs are measured. `--push` then
+//! pushes one commit, so the push verdicts read the informer too, and prints the RSS again.
 
-use crate::procs::{self, Child};
+use crate::{
+    procs::{self, Child},
+    up::{git, git_in},
+};
 use anyhow::{Context as _, Result, bail};
 use gitplane_storage::sqlite::{Durability, SqliteStore};
 use gitplane_store::{Op, Store};
 use serde_json::{Value, json};
 use std::{
     net::SocketAddr,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
@@ -66,6 +70,11 @@ pub struct ApiArgs {
     /// Keep the server's log here (default: in the run's temporary directory, removed after).
     #[arg(long)]
     server_log: Option<PathBuf>,
+    /// Once the server has settled, push one commit over HTTP to a hosted repository (its push
+    /// verdict starts this replica's informer if the leader's loops have not), then print the
+    /// RSS once it settles again.
+    #[arg(long)]
+    push: bool,
 }
 
 const NAMESPACES: usize = 100;
@@ -245,6 +254,11 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
     }
     eprintln!("stored {} Pods in {:.1} s", args.pods, started.elapsed().as_secs_f64());
 
+    if args.push {
+        let bare = dir.path().join("repos/bench.git");
+        git(tokio::process::Command::new("git").args(["init", "--quiet", "--bare"]).arg(&bare)).await?;
+    }
+
     let addr = procs::free_addr()?;
     std::fs::write(dir.path().join("peer-token"), procs::PEER_TOKEN)?;
     std::fs::write(dir.path().join("tokens.csv"), format!("{},bench,bench,\"read\"\n", procs::READ_TOKEN))?;
@@ -301,6 +315,16 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
 
     let settled = wait_until_settled(server.pid()).await?;
     eprintln!("server settled after {:.1} s more; server RSS {}", settled.as_secs_f64(), rss(server.pid()));
+    if args.push {
+        let token = std::fs::read_to_string(data.join("git-token")).context("<data-dir>/git-token")?;
+        let pushed = Instant::now();
+        push(dir.path(), addr, token.trim()).await?;
+        eprintln!("pushed one commit over HTTP in {:.1} s", pushed.elapsed().as_secs_f64());
+        let settled = wait_until_settled(server.pid()).await?;
+        eprintln!("server settled after {:.1} s more; server RSS {}", settled.as_secs_f64(), rss(server.pid()));
+        // The server closes a connection idle for longer than its header read timeout.
+        c = Connection::open(&target).await?;
+    }
 
     let transport = if args.https { "loopback HTTPS/1.1" } else { "loopback HTTP/1.1" };
     println!("| Read ({} Pods, {transport}) | Runs | p50 | p99 | Items | Bytes per LIST | Anchor |", args.pods);
@@ -368,6 +392,19 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
     );
     eprintln!("server RSS at the end: {}", rss(server.pid()));
     Ok(())
+}
+
+/// Pushes one commit with one ConfigMap over HTTP to the hosted repository `bench`, which no
+/// Application follows: the verdict only has to read this replica's informer cache.
+async fn push(dir: &Path, addr: SocketAddr, token: &str) -> Result<()> {
+    let work = dir.join("bench-work");
+    std::fs::create_dir_all(&work)?;
+    std::fs::write(work.join("settings.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\n")?;
+    git(git_in(&work).args(["init", "--quiet"])).await?;
+    git(git_in(&work).args(["add", "-A"])).await?;
+    git(git_in(&work).args(["commit", "--quiet", "-m", "one ConfigMap"])).await?;
+    let remote = format!("http://git:{token}@{addr}/git/bench.git");
+    git(git_in(&work).args(["push", "--quiet", &remote, "HEAD:refs/heads/main"])).await
 }
 
 /// A process's resident set size, from `/proc/PID/status`.

@@ -5,8 +5,15 @@ use gitplane_api::object::{group_kind, kind_of, resource_version};
 use gitplane_store::{Event, EventType, ObjectKey, Op, informer::Cache};
 use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod, discovery::v1::EndpointSlice};
 use serde_json::Value;
+use std::sync::LazyLock;
 
 pub struct GarbageCollector;
+
+/// The kinds whose orphans it deletes: the controller manager's. The informer is shared with
+/// the source controller and also holds objects only Git writes (ConfigMaps, Secrets,
+/// Applications): removing those is the source's prune, which an ownerReference in Git must not
+/// bypass.
+static COLLECTED: LazyLock<Vec<String>> = LazyLock::new(crate::watched_kinds);
 
 /// The kinds that have owners in gitplane.
 fn dependent_kinds() -> [String; 3] {
@@ -24,6 +31,9 @@ impl Reconciler for GarbageCollector {
     }
 
     fn keys_for(&self, event: &Event, cache: &Cache) -> Vec<ObjectKey> {
+        if !COLLECTED.contains(&event.key.kind) {
+            return Vec::new();
+        }
         if event.event_type == EventType::Deleted {
             // The dependents of the deleted object.
             let Some(uid) = event.object["metadata"]["uid"].as_str() else { return Vec::new() };
@@ -68,5 +78,31 @@ impl Reconciler for GarbageCollector {
             Err(e) if e.is_not_found() => Ok(Action::await_change()),
             other => other.map(|_| Action::await_change()).map_err(Into::into),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn changed(kind: &str, api_version: &str) -> Event {
+        let object = json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": "a", "namespace": "n",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "gone", "uid": "u"}]}});
+        Event {
+            revision: 2,
+            event_type: EventType::Modified,
+            key: ObjectKey::from_value(&object).unwrap(),
+            object: Arc::new(object),
+        }
+    }
+
+    #[test]
+    fn t10_only_the_controller_managers_kinds_are_collected() {
+        let cache = Cache::default();
+        let pod = changed("Pod", "v1");
+        assert_eq!(GarbageCollector.keys_for(&pod, &cache), vec![pod.key.clone()]);
+        assert!(GarbageCollector.keys_for(&changed("ConfigMap", "v1"), &cache).is_empty(), "Git's to prune");
     }
 }

@@ -6,9 +6,21 @@ use crate::{
     mirror::Mirrors,
     source::{SourceController, allocate::ServiceRanges, apply::RecordKey},
 };
-use gitplane_store::{Store, informer::Informer};
+use gitplane_store::{Store, informer::SharedInformerFactory};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::{sync::watch, task::JoinHandle};
+
+/// The kinds of the replica's one informer: the controllers' and the scheduler's, and the
+/// source's, which the push verdicts read too.
+pub fn watched_kinds() -> Vec<String> {
+    let mut kinds = gitplane_controllers::watched_kinds();
+    for kind in crate::source::watched_kinds() {
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    kinds
+}
 
 /// What the leader-only loops are configured with.
 #[derive(Clone)]
@@ -22,6 +34,8 @@ pub struct Settings {
     pub controllers: gitplane_controllers::Settings,
     /// How long an Event lives after its last occurrence (`--event-ttl`).
     pub event_ttl: Duration,
+    /// The replica's informer, shared with its push verdicts.
+    pub informers: Arc<SharedInformerFactory>,
 }
 
 /// The running leader-only loops; dropping it stops them.
@@ -31,7 +45,8 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn start(store: Arc<dyn Store>, settings: Settings) -> ControlPlane {
-        let Settings { repos_dir, mirrors, root, record_key, service_ranges, controllers, event_ttl } = settings;
+        let Settings { repos_dir, mirrors, root, record_key, service_ranges, controllers, event_ttl, informers } =
+            settings;
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
         }
@@ -40,12 +55,19 @@ impl ControlPlane {
         {
             tracing::warn!(error = %e, "creating the root Application failed");
         }
-        let informer = Informer::spawn(store.clone(), gitplane_controllers::watched_kinds());
+        // Running already when this replica judged a push: the loops start from a cache at the
+        // store's head, as they would from a fresh list, not behind the last leader's writes.
+        let informer = informers.informer();
+        if let Ok(head) = store.revision().await {
+            informer.wait_for(head).await;
+        }
         let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone(), &controllers);
-        tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer, Default::default()).run()));
+        tasks.push(tokio::spawn(
+            gitplane_scheduler::Scheduler::new(store.clone(), informer.clone(), Default::default()).run(),
+        ));
         let store_for_events = store.clone();
         let source = SourceController::new(store, repos_dir, mirrors, record_key).with_service_ranges(service_ranges);
-        tasks.push(tokio::spawn(source.run()));
+        tasks.push(tokio::spawn(source.run(informer)));
         tasks.push(tokio::spawn(gitplane_store::events::run_garbage_collector(store_for_events, event_ttl)));
         ControlPlane { tasks }
     }
@@ -72,5 +94,49 @@ pub async fn run_while_leading(mut leading: watch::Receiver<bool>, store: Arc<dy
         }
         tracing::warn!("no longer the leader: stopping the source, the scheduler and the controllers");
         drop(running);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gitplane_storage::sqlite::SqliteStore;
+
+    #[test]
+    fn the_informer_caches_every_kind_each_loop_reads_once() {
+        let kinds = watched_kinds();
+        for kind in gitplane_controllers::watched_kinds().into_iter().chain(crate::source::watched_kinds()) {
+            assert!(kinds.contains(&kind), "{kind} is not cached");
+        }
+        let mut each = kinds.clone();
+        each.sort();
+        each.dedup();
+        assert_eq!(each.len(), kinds.len(), "{kinds:?}");
+    }
+
+    #[tokio::test]
+    async fn the_loops_share_one_informer_that_stops_with_its_last_user() {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
+        let informers = SharedInformerFactory::new(store, watched_kinds());
+        let (leader, verdicts) = (informers.informer(), informers.informer());
+        assert!(Arc::ptr_eq(leader.cache(), verdicts.cache()), "one cache");
+        verdicts.wait_synced().await;
+        let cache = Arc::downgrade(leader.cache());
+        drop(leader);
+        let again = informers.informer();
+        assert!(Arc::ptr_eq(again.cache(), verdicts.cache()), "still the verdicts' one");
+        drop(again);
+        drop(verdicts);
+        // The aborted list + watch task lets go of the cache when the runtime drops it.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while cache.upgrade().is_some() {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the cache is freed with the informer's last user");
+        tokio::time::timeout(Duration::from_secs(5), informers.informer().wait_synced())
+            .await
+            .expect("the next user gets a new informer");
     }
 }

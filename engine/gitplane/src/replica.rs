@@ -24,7 +24,7 @@ use gitplane_storage::{
     raft::{RaftStore, ReplicaConfig},
     remote::StoreServer,
 };
-use gitplane_store::Store;
+use gitplane_store::{Store, informer::SharedInformerFactory};
 use std::{
     collections::HashMap,
     os::unix::fs::PermissionsExt,
@@ -248,7 +248,9 @@ impl Replica {
         let info = backend.clone();
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
         let record_key = RecordKey::new(credentials.record_key());
-        let verdicts = Arc::new(Verdicts::new(shared.clone(), record_key.clone(), service_ranges.clone()));
+        let informers = Arc::new(SharedInformerFactory::new(shared.clone(), controlplane::watched_kinds()));
+        let verdicts =
+            Arc::new(Verdicts::new(shared.clone(), informers.clone(), record_key.clone(), service_ranges.clone()));
         let hook = match prereceive::Hook::start(&git.repos_dir, verdicts) {
             Ok(hook) => Some(Arc::new(hook)),
             Err(e) => {
@@ -292,6 +294,7 @@ impl Replica {
             service_ranges,
             controllers: gitplane_controllers::Settings { load_balancer_pool },
             event_ttl,
+            informers,
         };
         tasks.push(tokio::spawn(controlplane::run_while_leading(backend.leading(), shared.clone(), settings)));
         tasks.push(tokio::spawn(crate::encryption::reencryptor(backend.clone(), shared.clone())));

@@ -1,6 +1,8 @@
 //! A shared informer, as client-go's: list the watched kinds, then follow the store's watch into
 //! an in-memory cache, and fan every change out to subscribers. Controllers and the scheduler
-//! read the cache and write through the store with compare-and-swap.
+//! read the cache and write through the store with compare-and-swap. A process's loops get their
+//! informer from one [`SharedInformerFactory`], so each object is cached once however many loops
+//! read it.
 //!
 //! A watch that falls behind compaction re-lists; subscribers then receive `Resync` and should
 //! re-enqueue everything (level-triggered, as Kubernetes controllers are).
@@ -13,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
-    sync::{Arc, RwLock},
+    sync::{Arc, Mutex, RwLock, Weak},
     time::Duration,
 };
 use tokio::sync::{broadcast, watch};
@@ -162,14 +164,16 @@ fn decode<K: Resource<DynamicType = ()> + DeserializeOwned>(value: &Value) -> Op
 }
 
 /// A running informer: its cache, its subscribers, and the revision the cache has reached
-/// (0 until the first list of every kind is in).
+/// (0 until the first list of every kind is in). Clones share it; the list + watch task stops
+/// when the last clone is dropped.
 #[derive(Clone)]
-pub struct Informer {
+pub struct Informer(Arc<Running>);
+
+struct Running {
     cache: Arc<Cache>,
     notifications: broadcast::Sender<Notification>,
     revision: watch::Receiver<Revision>,
-    /// The list + watch task stops when the last clone is dropped.
-    _task: Arc<AbortOnDrop>,
+    _task: AbortOnDrop,
 }
 
 /// Aborts a task when dropped: what ties a list + watch task to the last clone of its handle.
@@ -205,16 +209,16 @@ impl Informer {
                 }
             }
         });
-        Informer { cache, notifications, revision, _task: Arc::new(AbortOnDrop(task.abort_handle())) }
+        Informer(Arc::new(Running { cache, notifications, revision, _task: AbortOnDrop(task.abort_handle()) }))
     }
 
     pub fn cache(&self) -> &Arc<Cache> {
-        &self.cache
+        &self.0.cache
     }
 
     /// Subscribe before reading the cache so no change between the two is missed.
     pub fn subscribe(&self) -> broadcast::Receiver<Notification> {
-        self.notifications.subscribe()
+        self.0.notifications.subscribe()
     }
 
     /// Waits until the first list of every kind is in the cache.
@@ -225,8 +229,36 @@ impl Informer {
     /// Waits until the cache reflects every commit up to `revision`: a controller that waits for
     /// its own write reads its own write (no duplicate Pods from a stale cache).
     pub async fn wait_for(&self, revision: Revision) {
-        let mut seen = self.revision.clone();
+        let mut seen = self.0.revision.clone();
         let _ = seen.wait_for(|r| *r >= revision).await;
+    }
+}
+
+/// client-go's `SharedInformerFactory`, for one informer over a fixed set of kinds: every loop
+/// of a process asks it, so all of them share one cache (one copy of every object) and one
+/// list + watch. The informer starts at the first request and stops when the last of its users
+/// drops it, so loops that run only while this replica leads keep nothing cached once it stops
+/// leading, unless another user still holds the informer.
+pub struct SharedInformerFactory {
+    store: Arc<dyn Store>,
+    kinds: Vec<String>,
+    running: Mutex<Weak<Running>>,
+}
+
+impl SharedInformerFactory {
+    pub fn new(store: Arc<dyn Store>, kinds: Vec<String>) -> Self {
+        SharedInformerFactory { store, kinds, running: Mutex::default() }
+    }
+
+    /// The running informer, or a new one (call it within a tokio runtime).
+    pub fn informer(&self) -> Informer {
+        let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(informer) = running.upgrade() {
+            return Informer(informer);
+        }
+        let informer = Informer::spawn(self.store.clone(), self.kinds.clone());
+        *running = Arc::downgrade(&informer.0);
+        informer
     }
 }
 

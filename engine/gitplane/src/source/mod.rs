@@ -171,7 +171,7 @@ fn rfc3339() -> String {
 }
 
 /// The kinds the source reads from the cache: what it applies, and what health looks at.
-fn watched_kinds() -> Vec<String> {
+pub(crate) fn watched_kinds() -> Vec<String> {
     let mut kinds: Vec<String> = accepted().iter().map(|k| k.group_kind()).collect();
     kinds.push(kind_of::<Node>());
     kinds.push(kind_of::<ReplicaSet>());
@@ -312,8 +312,8 @@ impl SourceController {
         }
     }
 
-    pub async fn run(self) {
-        let informer = Informer::spawn(self.store.clone(), watched_kinds());
+    /// Runs over `informer`, which caches at least [`watched_kinds`].
+    pub async fn run(self, informer: Informer) {
         let mut notifications = informer.subscribe();
         informer.wait_synced().await;
         let cache = informer.cache().clone();
@@ -1471,7 +1471,7 @@ mod tests {
         second.spec.path = "second".into();
         second.spec.depends_on = vec!["first".into()];
         api.create(&second).await.unwrap();
-        let loop_ = tokio::spawn(controller.run());
+        let loop_ = tokio::spawn(controller.run(Informer::spawn(store.clone(), watched_kinds())));
         wait_status(&store, "second", "waiting for a missing dependency", |s| {
             s.sync.as_ref().and_then(|s| s.message.as_deref()).is_some_and(|m| m.contains("does not exist"))
         })
@@ -1513,7 +1513,7 @@ mod tests {
         let (store, controller, repo) = setup().await;
         repo.commit(&[("cm.yaml", CM)]);
         Api::<Application>::new(store.clone()).create(&app("a")).await.unwrap();
-        let loop_ = tokio::spawn(controller.run());
+        let loop_ = tokio::spawn(controller.run(Informer::spawn(store.clone(), watched_kinds())));
         wait_status(&store, "a", "synced", |s| s.sync.as_ref().is_some_and(|s| s.status == "Synced")).await;
         // A write that did not come from Git.
         let configmaps = Api::<ConfigMap>::new(store.clone());

@@ -33,7 +33,7 @@
 //!
 //! Every verdict logs where its time went ([`Phases`]).
 
-use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, owner_key, reference, watched_kinds};
+use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, owner_key, reference};
 use gitplane_api::events::{Source, WARNING};
 use gitplane_api::object::resource_version;
 use gitplane_api::{Application, object::APPLICATION_ANNOTATION};
@@ -41,7 +41,7 @@ use gitplane_source::{AppSource, CacheStats, Limits, LoadError, Manifest, Manife
 use gitplane_store::{
     EventType, ObjectKey, Op, Store,
     events::Recorder,
-    informer::{Informer, Notification},
+    informer::{Informer, Notification, SharedInformerFactory},
 };
 use serde_json::Value;
 use std::{
@@ -126,13 +126,14 @@ impl Phases {
 
 /// Judges pushes to hosted repositories; one per replica, shared by its pushes.
 pub struct Verdicts {
-    store: Arc<dyn Store>,
+    /// Where the informer comes from: the replica's one, shared with the leader's loops.
+    informers: Arc<SharedInformerFactory>,
     record_key: apply::RecordKey,
     service_ranges: ServiceRanges,
     validator: Arc<Validator>,
     limits: Limits,
-    /// This replica's view of the stored objects, started on the first push, and the revision
-    /// of the last of its events applied to `inventories`.
+    /// This replica's view of the stored objects, taken on the first push and kept, and the
+    /// revision of the last of its events applied to `inventories`.
     informer: tokio::sync::OnceCell<(Informer, watch::Receiver<i64>)>,
     /// Per Application: the outcome of each file, by blob, of the last commit judged.
     caches: Mutex<HashMap<ObjectKey, SourceCache>>,
@@ -152,10 +153,15 @@ enum Judged {
 }
 
 impl Verdicts {
-    pub fn new(store: Arc<dyn Store>, record_key: apply::RecordKey, service_ranges: ServiceRanges) -> Verdicts {
+    pub fn new(
+        store: Arc<dyn Store>,
+        informers: Arc<SharedInformerFactory>,
+        record_key: apply::RecordKey,
+        service_ranges: ServiceRanges,
+    ) -> Verdicts {
         Verdicts {
-            events: Recorder::spawn(store.clone(), Source::component("gitplane-verdict")),
-            store,
+            events: Recorder::spawn(store, Source::component("gitplane-verdict")),
+            informers,
             record_key,
             service_ranges,
             validator: Arc::new(Validator::new()),
@@ -170,7 +176,7 @@ impl Verdicts {
         let (informer, _) = self
             .informer
             .get_or_init(|| async {
-                let informer = Informer::spawn(self.store.clone(), watched_kinds());
+                let informer = self.informers.informer();
                 let observed = follow(&informer, self.inventories.clone());
                 (informer, observed)
             })
