@@ -47,6 +47,17 @@ pub struct ApiWatchArgs {
     /// The `etcd` binary for the anchor row (skipped when absent).
     #[arg(long, default_value = "/usr/bin/etcd")]
     etcd: PathBuf,
+    /// The rows to run, in this order: `store`, `etcd`, `http1`, `http2` (all by default).
+    #[arg(long, value_delimiter = ',', default_value = "store,etcd,http1,http2")]
+    rows: Vec<Row>,
+}
+
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Row {
+    Store,
+    Etcd,
+    Http1,
+    Http2,
 }
 
 /// Source addresses the watches come from (127.0.0.1 to 127.0.0.8).
@@ -68,37 +79,48 @@ pub fn main(args: ApiWatchArgs) -> Result<()> {
         let duration = Duration::from_secs_f64(args.duration);
         let cluster = Gitplane::start(&binary, 1, &[]).await?;
         let addr = cluster.addrs[&1];
-        eprintln!("baseline: {} store watches over gRPC, {} ConfigMaps/s for {duration:?}", args.watchers, args.rate);
         let connections = args.watchers.div_ceil(100).max(1);
-        let store = watch::run(Api::Gitplane, addr, addr, args.watchers, connections, args.rate, duration).await?;
-        let etcd = if args.etcd.exists() {
-            eprintln!("anchor: {} etcd watches over gRPC, {} ConfigMaps/s", args.watchers, args.rate);
-            let etcd = procs::Etcd::start(&args.etcd, 1).await?;
-            let addr = etcd.clients[&1];
-            Some(watch::run(Api::Etcd, addr, addr, args.watchers, connections, args.rate, duration).await?)
-        } else {
-            eprintln!("no etcd at {}: no anchor row", args.etcd.display());
-            None
-        };
-        eprintln!("status API: {} watches over HTTP/1.1, {} Pods/s for {duration:?}", args.watchers, args.rate);
-        let api = run(addr, Transport::Http1, args.watchers, args.rate, duration).await?;
-        eprintln!("status API: {} watches over HTTP/2 ({connections} connections), {} Pods/s", args.watchers, args.rate);
-        let api2 = run(addr, Transport::Http2 { connections }, args.watchers, args.rate, duration).await?;
+        let mut store = None;
+        let mut etcd = None;
+        let mut api = None;
+        let mut api2 = None;
+        for row in &args.rows {
+            match row {
+                Row::Store => {
+                    eprintln!("baseline: {} store watches over gRPC, {} ConfigMaps/s for {duration:?}", args.watchers, args.rate);
+                    store = Some(watch::run(Api::Gitplane, addr, addr, args.watchers, connections, args.rate, duration).await?);
+                }
+                Row::Etcd if !args.etcd.exists() => eprintln!("no etcd at {}: no anchor row", args.etcd.display()),
+                Row::Etcd => {
+                    eprintln!("anchor: {} etcd watches over gRPC, {} ConfigMaps/s", args.watchers, args.rate);
+                    let etcd_server = procs::Etcd::start(&args.etcd, 1).await?;
+                    let addr = etcd_server.clients[&1];
+                    etcd = Some(watch::run(Api::Etcd, addr, addr, args.watchers, connections, args.rate, duration).await?);
+                }
+                Row::Http1 => {
+                    eprintln!("status API: {} watches over HTTP/1.1, {} Pods/s for {duration:?}", args.watchers, args.rate);
+                    api = Some(run(addr, Transport::Http1, args.watchers, args.rate, duration).await?);
+                }
+                Row::Http2 => {
+                    eprintln!("status API: {} watches over HTTP/2 ({connections} connections), {} Pods/s", args.watchers, args.rate);
+                    api2 = Some(run(addr, Transport::Http2 { connections }, args.watchers, args.rate, duration).await?);
+                }
+            }
+        }
         let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.1} ms", d.as_secs_f64() * 1e3));
-        let store_p99 = store.delivery.quantile(0.99);
+        let store_p99 = store.as_ref().and_then(|s| s.delivery.quantile(0.99));
         println!(
             "| watch ({} watchers, {} writes/s, {duration:?}) | delivered | p50 | p99 | max | p99 vs store | the write's commit p50 / p99 | delivery after its acknowledgement p50 / p99 |",
             args.watchers, args.rate
         );
         println!("|---|---|---|---|---|---|---|---|");
-        let mut rows = Vec::new();
-        if let Some(etcd) = &etcd {
-            rows.push(("etcd 3.4 watch over gRPC (anchor, ConfigMaps)".to_owned(), etcd));
-        }
-        rows.push(("store watch over gRPC (baseline, ConfigMaps)".to_owned(), &store));
-        rows.push(("status API `?watch=1` over HTTP/1.1, a connection per watch (Pods)".to_owned(), &api));
-        rows.push((format!("status API `?watch=1` over HTTP/2, {connections} connections (Pods)"), &api2));
-        for (name, r) in rows {
+        let rows = [
+            ("etcd 3.4 watch over gRPC (anchor, ConfigMaps)".to_owned(), &etcd),
+            ("store watch over gRPC (baseline, ConfigMaps)".to_owned(), &store),
+            ("status API `?watch=1` over HTTP/1.1, a connection per watch (Pods)".to_owned(), &api),
+            (format!("status API `?watch=1` over HTTP/2, {connections} connections (Pods)"), &api2),
+        ];
+        for (name, r) in rows.iter().filter_map(|(name, r)| Some((name, r.as_ref()?))) {
             let p99 = r.delivery.quantile(0.99);
             let ratio = match (p99, store_p99) {
                 (Some(a), Some(b)) if !b.is_zero() => format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64()),

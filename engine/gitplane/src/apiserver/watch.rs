@@ -19,6 +19,10 @@
 //! by hyper as the client reads: a slow client holds its place in the store's history, not a
 //! growing buffer, and a client that goes away drops the stream, its store watch and its slot of
 //! [`MAX_WATCHES_PER_CLIENT`].
+//!
+//! A body frame carries every line that is ready when it is written, up to [`FRAME_BYTES`], as
+//! kube-apiserver flushes only when no event is queued: a watcher that has fallen behind catches
+//! up in fewer, larger writes (HTTP/2 DATA frames or HTTP/1.1 chunks) instead of one per event.
 
 use super::{Resource, fields::FieldSelector, masked, status, status_body};
 use crate::{listener::Held, table};
@@ -27,7 +31,8 @@ use axum::{
     http::{StatusCode, header},
     response::{IntoResponse, Response},
 };
-use futures::StreamExt;
+use bytes::BytesMut;
+use futures::{FutureExt as _, StreamExt};
 use gitplane_store::{
     Event, EventType, ListOptions, Revision, Store, StoreError, WatchOptions, WatchStream, selector::Selector,
 };
@@ -51,6 +56,8 @@ pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(60 * 60);
 /// Kube's `--min-request-timeout` default: unset timeouts are random in [this, 2x this].
 const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+/// What one body frame gathers of the lines that are ready (a frame may pass it by one line).
+const FRAME_BYTES: usize = 64 * 1024;
 /// Open watches one client address may hold (a watch holds its selector state and a place in
 /// the store's history; the listener allows 256 connections per client).
 pub const MAX_WATCHES_PER_CLIENT: usize = 256;
@@ -185,8 +192,9 @@ pub async fn serve(store: Arc<dyn Store>, held: Held, target: Target, params: Pa
         Err(e) => return status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", e.to_string()),
     }
     let stream = futures::stream::unfold(watcher, |mut w| async move {
-        let line = w.next().await?;
-        Some((Ok::<_, std::convert::Infallible>(line), w))
+        let first = w.next().await?;
+        let frame = w.gather(first);
+        Some((Ok::<_, std::convert::Infallible>(frame), w))
     });
     ([(header::CONTENT_TYPE, "application/json")], Body::from_stream(stream)).into_response()
 }
@@ -376,6 +384,22 @@ impl Watcher {
         let options = WatchOptions { kinds: Some(vec![kind]), bookmarks: self.bookmarks.is_some() };
         self.events = Some(store.watch(from, options).await?);
         Ok(())
+    }
+
+    /// `first` and the lines that are ready now (without waiting), up to [`FRAME_BYTES`].
+    /// `next` is cancel-safe: a line not ready is left where it was.
+    fn gather(&mut self, first: Bytes) -> Bytes {
+        let mut frame: Option<BytesMut> = None;
+        while frame.as_ref().map_or(first.len(), |f| f.len()) < FRAME_BYTES {
+            let Some(Some(line)) = self.next().now_or_never() else { break };
+            let frame = frame.get_or_insert_with(|| {
+                let mut frame = BytesMut::with_capacity(FRAME_BYTES);
+                frame.extend_from_slice(&first);
+                frame
+            });
+            frame.extend_from_slice(&line);
+        }
+        frame.map_or(first, BytesMut::freeze)
     }
 
     fn track(&mut self, object: &Arc<Value>) {
@@ -610,6 +634,44 @@ mod tests {
             event["type"].as_str().unwrap().to_owned(),
             event["object"]["metadata"]["name"].as_str().unwrap_or("").to_owned(),
         )
+    }
+
+    #[tokio::test]
+    async fn lines_that_are_ready_share_a_frame_of_at_most_frame_bytes_plus_one_line() {
+        let (store, router) = setup().await;
+        let pods = 400; // about 90 KiB of ADDED lines: more than one frame
+        let padded = |i: usize| {
+            let mut p = pod(&format!("p{i:03}"), "Pending");
+            p["metadata"]["annotations"] = json!({"pad": "x".repeat(150)});
+            Op::Create(p)
+        };
+        store.txn((0..pods).map(padded).collect()).await.unwrap();
+        let request = axum::http::Request::get("/api/v1/namespaces/a/pods?watch=1").body(Body::empty()).unwrap();
+        let mut body = router.oneshot(request).await.unwrap().into_body().into_data_stream();
+        let (mut frames, mut names, mut buffer, mut longest) = (Vec::new(), Vec::new(), Vec::new(), 0);
+        while names.len() < pods {
+            let frame = tokio::time::timeout(Duration::from_secs(10), body.next()).await.unwrap().unwrap().unwrap();
+            frames.push(frame.len());
+            buffer.extend_from_slice(&frame);
+            while let Some(at) = buffer.iter().position(|b| *b == b'\n') {
+                longest = longest.max(at + 1);
+                let event: Value = serde_json::from_slice(&buffer.drain(..=at).collect::<Vec<_>>()).unwrap();
+                names.push(summary(&event).1);
+            }
+        }
+        let expected: Vec<String> = (0..pods).map(|i| format!("p{i:03}")).collect();
+        assert_eq!(names, expected, "every line whole, in order");
+        assert!(frames.len() >= 2 && frames.len() < pods / 10, "the initial state in a few frames: {frames:?}");
+        assert!(
+            frames.iter().all(|f| *f < FRAME_BYTES + longest),
+            "a frame passes FRAME_BYTES by one line at most: {frames:?}"
+        );
+
+        // A change after the state arrives on its own, at once.
+        store.txn(vec![Op::UpdateStatus(pod("p000", "Running"))]).await.unwrap();
+        let frame = tokio::time::timeout(Duration::from_secs(10), body.next()).await.unwrap().unwrap().unwrap();
+        let event: Value = serde_json::from_slice(&frame).unwrap();
+        assert_eq!(summary(&event), ("MODIFIED".into(), "p000".into()));
     }
 
     #[tokio::test]
