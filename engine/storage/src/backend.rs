@@ -155,17 +155,20 @@ pub(crate) async fn apply_txns<W: TxnWriter, T: Borrow<Txn>>(
             Ok(staged) => {
                 revision += 1;
                 let mut committed = Vec::with_capacity(staged.len());
-                for (seq, event_type, key, text, value) in staged {
-                    let gone = event_type == EventType::Deleted;
+                let folded = fold(&staged);
+                for ((seq, op_type, key, text, value), event_type) in staged.into_iter().zip(folded) {
+                    let gone = op_type == EventType::Deleted;
                     let text = secrets.seal(&key, text);
                     state.insert(key.clone(), (!gone).then(|| value.clone()));
                     objects.insert(
                         key.clone(),
                         ObjectWrite { key: key.clone(), revision, value: (!gone).then(|| text.clone()) },
                     );
-                    let object = Arc::new(value.clone());
-                    watched.push((seq, Event { revision, event_type, key: key.clone(), object }));
-                    events.push(EventWrite { revision, seq, event_type, key, value: text });
+                    if let Some(event_type) = event_type {
+                        let object = Arc::new(value.clone());
+                        watched.push((seq, Event { revision, event_type, key: key.clone(), object }));
+                        events.push(EventWrite { revision, seq, event_type, key, value: text });
+                    }
                     committed.push(value);
                 }
                 results.push(Ok(Committed { revision, objects: committed }));
@@ -273,6 +276,28 @@ fn stage_txn<W: TxnWriter>(
         staged.push((seq as i64, event_type, key, text, value));
     }
     Ok(staged)
+}
+
+/// One event per object per transaction, as kube-apiserver gives one per write (and etcd refuses
+/// a key twice in one transaction): an op followed by another on the same object is folded into
+/// the later one, whose event carries the object's change as a whole (the scheduler's bind writes
+/// `spec.nodeName` and the PodScheduled condition as two ops; a watcher sees one MODIFIED, not a
+/// state that no read could see). Created and deleted in one transaction: no event; deleted and
+/// created again: both, as they are two objects.
+fn fold(staged: &[Staged]) -> Vec<Option<EventType>> {
+    let mut events: Vec<Option<EventType>> = staged.iter().map(|(_, event_type, ..)| Some(*event_type)).collect();
+    let mut last: HashMap<&ObjectKey, usize> = HashMap::new();
+    for (i, (_, event_type, key, ..)) in staged.iter().enumerate() {
+        let Some(earlier) = last.insert(key, i) else { continue };
+        events[i] = match (events[earlier], *event_type) {
+            (Some(EventType::Deleted) | None, _) => continue,
+            (Some(EventType::Added), EventType::Deleted) => None,
+            (Some(EventType::Added), _) => Some(EventType::Added),
+            (Some(_), later) => Some(later),
+        };
+        events[earlier] = None;
+    }
+    events
 }
 
 fn check_revision(key: &ObjectKey, expected: Option<Revision>, old: &Value) -> Result<(), Rejection> {

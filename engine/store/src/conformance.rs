@@ -40,7 +40,7 @@ where
 
 type Check = fn(Arc<dyn Store>) -> LocalBoxFuture<'static, ()>;
 
-const CHECKS: [Check; 16] = [
+const CHECKS: [Check; 17] = [
     |s| Box::pin(create_get_and_already_exists(s)),
     |s| Box::pin(revisions_are_global_and_monotonic(s)),
     |s| Box::pin(update_is_compare_and_swap(s)),
@@ -57,6 +57,7 @@ const CHECKS: [Check; 16] = [
     |s| Box::pin(watches_filter_kinds_and_send_bookmarks(s)),
     |s| Box::pin(concurrent_transactions_get_distinct_revisions(s)),
     |s| Box::pin(list_json_is_the_lists_text(s)),
+    |s| Box::pin(one_event_per_object_per_transaction(s)),
 ];
 
 async fn create_get_and_already_exists(store: Arc<dyn Store>) {
@@ -181,6 +182,51 @@ async fn watch_replays_then_follows_in_order(store: Arc<dyn Store>) {
         names,
         [(EventType::Added, "p".into()), (EventType::Added, "q".into()), (EventType::Deleted, "p".into())]
     );
+}
+
+async fn one_event_per_object_per_transaction(store: Arc<dyn Store>) {
+    let from = store.revision().await.unwrap();
+    let mut watch = store.watch(from, WatchOptions::default()).await.unwrap();
+    let with_status = |name: &str, phase: &str| {
+        let mut p = pod("a", name);
+        p["status"] = json!({"phase": phase});
+        p
+    };
+    // Created, then its status: one ADDED carrying the status.
+    let created =
+        store.txn(vec![Op::Create(pod("a", "p")), Op::UpdateStatus(with_status("p", "Pending"))]).await.unwrap();
+    assert_eq!(created.objects.len(), 2, "each op still answers with its object");
+    // A spec change and a status change (a bind): one MODIFIED with both.
+    let mut bound = created.objects[1].clone();
+    bound["spec"] = json!({"nodeName": "n1"});
+    let status = with_status("p", "Running"); // no resourceVersion: after the update above
+    let bind = store.txn(vec![Op::Update(bound), Op::UpdateStatus(status)]).await.unwrap().revision;
+    // Created and deleted: nothing to see. Deleted and created again: two objects, two events.
+    store.txn(vec![Op::Create(pod("a", "gone")), Op::Delete { key: key("a", "gone"), revision: None }]).await.unwrap();
+    let again =
+        store.txn(vec![Op::Delete { key: key("a", "p"), revision: None }, Op::Create(pod("a", "p"))]).await.unwrap();
+    let mut seen = Vec::new();
+    while seen.len() < 4 {
+        let e = next(&mut watch).await;
+        seen.push((
+            e.revision,
+            e.event_type,
+            e.key.name.clone(),
+            e.object["spec"]["nodeName"].clone(),
+            e.object["status"]["phase"].clone(),
+        ));
+    }
+    assert_eq!(
+        seen,
+        [
+            (created.revision, EventType::Added, "p".into(), Value::Null, json!("Pending")),
+            (bind, EventType::Modified, "p".into(), json!("n1"), json!("Running")),
+            (again.revision, EventType::Deleted, "p".into(), json!("n1"), json!("Running")),
+            (again.revision, EventType::Added, "p".into(), Value::Null, Value::Null),
+        ]
+    );
+    store.txn(vec![Op::Create(pod("a", "last"))]).await.unwrap();
+    assert_eq!(next(&mut watch).await.key.name, "last", "the created-and-deleted object left no event");
 }
 
 async fn compaction_expires_old_watches(store: Arc<dyn Store>) {
