@@ -1,9 +1,11 @@
 //! The pre-receive hook of hosted repositories: git's own hook, calling back into the replica
 //! that serves the push for its verdict ([`crate::source::verdict`]).
 //!
-//! Each replica writes a private directory (mode 0700, removed when it stops) holding a
+//! Each replica writes a private directory, `<data-dir>/hooks` (mode 0700), holding a
 //! `pre-receive` script that runs this very binary (`gitplane hook pre-receive`) and a unix
-//! socket the replica listens on. `git http-backend` gets `core.hooksPath` pointing there (as
+//! socket the replica listens on. A replica killed without a chance to clean up leaves them for
+//! its next start to reuse, not a directory in `/tmp` per start; a start that finds the socket
+//! answering refuses, as another replica runs on this data directory. `git http-backend` gets `core.hooksPath` pointing there (as
 //! configuration in its environment, only for pushes), so the bare repositories themselves
 //! are not touched, and the socket's path and a per-process secret in its environment, which
 //! receive-pack passes to the hook. The hook reads the ref updates (`<old> <new> <ref>` lines)
@@ -53,22 +55,29 @@ struct Response {
 
 /// The hook directory and the socket of one replica.
 pub struct Hook {
-    dir: tempfile::TempDir,
+    dir: PathBuf,
     secret: String,
 }
 
 impl Hook {
-    /// Writes the hook, listens on its socket and judges pushes to repositories in `repos_dir`.
-    pub fn start(repos_dir: &Path, verdicts: Arc<Verdicts>) -> anyhow::Result<Hook> {
-        let dir = tempfile::Builder::new().prefix("gitplane-hooks-").tempdir().context("making the hook directory")?;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))?;
+    /// Writes the hook into `dir`, listens on its socket and judges pushes to repositories in
+    /// `repos_dir`.
+    pub fn start(dir: &Path, repos_dir: &Path, verdicts: Arc<Verdicts>) -> anyhow::Result<Hook> {
+        std::fs::create_dir_all(dir).with_context(|| format!("making the hook directory {}", dir.display()))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         let exe = std::env::current_exe().context("finding the gitplane binary for the pre-receive hook")?;
         let quoted = exe.to_string_lossy().replace('\'', r"'\''");
-        let script = dir.path().join("pre-receive");
+        let script = dir.join("pre-receive");
         std::fs::write(&script, format!("#!/bin/sh\nexec '{quoted}' hook pre-receive\n"))?;
         std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700))?;
-        let listener =
-            tokio::net::UnixListener::bind(dir.path().join("verdict.sock")).context("binding the hook socket")?;
+        let socket = dir.join("verdict.sock");
+        if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
+            anyhow::bail!("{} answers: another gitplane runs on this data directory", socket.display());
+        }
+        // A previous run's, killed before it could remove it.
+        let _ = std::fs::remove_file(&socket);
+        let listener = tokio::net::UnixListener::bind(&socket)
+            .with_context(|| format!("binding the hook socket {}", socket.display()))?;
         let secret = hex::encode(rand::random::<[u8; 32]>());
         let repos_dir = std::fs::canonicalize(repos_dir).unwrap_or_else(|_| repos_dir.to_path_buf());
         let expected = secret.clone();
@@ -83,20 +92,17 @@ impl Hook {
                 });
             }
         });
-        Ok(Hook { dir, secret })
+        Ok(Hook { dir: dir.to_path_buf(), secret })
     }
 
     /// Configuration for `git http-backend` of a push.
     pub fn git_config(&self) -> (&'static str, String) {
-        ("core.hooksPath", self.dir.path().to_string_lossy().into_owned())
+        ("core.hooksPath", self.dir.to_string_lossy().into_owned())
     }
 
     /// Environment for `git http-backend` of a push, which its hooks inherit.
     pub fn env(&self) -> [(&'static str, String); 2] {
-        [
-            (SOCKET_ENV, self.dir.path().join("verdict.sock").to_string_lossy().into_owned()),
-            (SECRET_ENV, self.secret.clone()),
-        ]
+        [(SOCKET_ENV, self.dir.join("verdict.sock").to_string_lossy().into_owned()), (SECRET_ENV, self.secret.clone())]
     }
 }
 

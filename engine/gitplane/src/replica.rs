@@ -166,6 +166,8 @@ impl Backend {
 /// the mirrors of remote repositories.
 pub struct GitServing {
     pub repos_dir: PathBuf,
+    /// The pre-receive hook's script and socket (`<data-dir>/hooks`).
+    pub hooks_dir: PathBuf,
     pub mirrors: Mirrors,
     pub webhook_secret: Option<String>,
     /// The hosted repository of the root Application (app-of-apps), made by the leader if absent.
@@ -187,7 +189,7 @@ impl GitServing {
             }
         };
         let mirrors = Mirrors::new(data_dir.join("mirrors"), crate::mirror::DEFAULT_POLL);
-        Ok(GitServing { repos_dir, mirrors, webhook_secret, root: None })
+        Ok(GitServing { repos_dir, hooks_dir: data_dir.join("hooks"), mirrors, webhook_secret, root: None })
     }
 }
 
@@ -251,7 +253,7 @@ impl Replica {
         let informers = Arc::new(SharedInformerFactory::new(shared.clone(), controlplane::watched_kinds()));
         let verdicts =
             Arc::new(Verdicts::new(shared.clone(), informers.clone(), record_key.clone(), service_ranges.clone()));
-        let hook = match prereceive::Hook::start(&git.repos_dir, verdicts) {
+        let hook = match prereceive::Hook::start(&git.hooks_dir, &git.repos_dir, verdicts) {
             Ok(hook) => Some(Arc::new(hook)),
             Err(e) => {
                 tracing::warn!(error = %format!("{e:#}"), "pushes will not be judged before they land");
