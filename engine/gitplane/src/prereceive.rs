@@ -5,7 +5,8 @@
 //! `pre-receive` script that runs this very binary (`gitplane hook pre-receive`) and a unix
 //! socket the replica listens on. A replica killed without a chance to clean up leaves them for
 //! its next start to reuse, not a directory in `/tmp` per start; a start that finds the socket
-//! answering refuses, as another replica runs on this data directory. `git http-backend` gets `core.hooksPath` pointing there (as
+//! answering leaves it alone (another replica runs on this data directory) and judges no push.
+//! `git http-backend` gets `core.hooksPath` pointing there (as
 //! configuration in its environment, only for pushes), so the bare repositories themselves
 //! are not touched, and the socket's path and a per-process secret in its environment, which
 //! receive-pack passes to the hook. The hook reads the ref updates (`<old> <new> <ref>` lines)
@@ -56,6 +57,7 @@ struct Response {
 /// The hook directory and the socket of one replica.
 pub struct Hook {
     dir: PathBuf,
+    socket: PathBuf,
     secret: String,
 }
 
@@ -92,7 +94,7 @@ impl Hook {
                 });
             }
         });
-        Ok(Hook { dir: dir.to_path_buf(), secret })
+        Ok(Hook { dir: dir.to_path_buf(), socket, secret })
     }
 
     /// Configuration for `git http-backend` of a push.
@@ -102,7 +104,7 @@ impl Hook {
 
     /// Environment for `git http-backend` of a push, which its hooks inherit.
     pub fn env(&self) -> [(&'static str, String); 2] {
-        [(SOCKET_ENV, self.dir.join("verdict.sock").to_string_lossy().into_owned()), (SECRET_ENV, self.secret.clone())]
+        [(SOCKET_ENV, self.socket.to_string_lossy().into_owned()), (SECRET_ENV, self.secret.clone())]
     }
 }
 
