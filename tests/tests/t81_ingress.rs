@@ -1,7 +1,8 @@
 //! The seed's walkthrough through the front door, on `gitplane up --nodes 2`: a Deployment of
 //! busybox httpd, its Service and an Ingress for `shop.example` pushed to Git; curl from a client
 //! namespace (the bridge's, which is no node) with `--resolve shop.example:80:<node address>`
-//! reaches the Pod through the other node's Ingress controller; a second Service by path; the
+//! reaches the Pod through the other node's Ingress controller (its Service's port has no name,
+//! as most published ones); a second Service by path and port name; the
 //! Ingress's status lists both node addresses; HTTPS with a certificate and Secret the test
 //! makes (openssl), checked with `curl --cacert`; bad input (an Ingress naming a missing Service
 //! and a TLS Secret with a broken certificate) gives Warning Events on that Ingress while
@@ -26,8 +27,14 @@ use std::{
 const DEADLINE: Duration = Duration::from_secs(120);
 
 /// An httpd Deployment answering `<name> <pod>` at `/` and (for path routing) at `/<name>/`, its
-/// Pod's name at /cgi-bin/host, and a Service `name` on port 80 in front of it.
+/// Pod's name at /cgi-bin/host, and a Service `name` on port 80 in front of it. Only `api`'s
+/// port has a name: most published single-port Services, the seed's own among them, have none.
 fn app(name: &str) -> String {
+    let port = if name == "api" {
+        "- name: http\n      port: 80\n      targetPort: http"
+    } else {
+        "- port: 80\n      targetPort: 8080"
+    };
     format!(
         r#"apiVersion: apps/v1
 kind: Deployment
@@ -76,9 +83,7 @@ spec:
   selector:
     app: {name}
   ports:
-    - name: http
-      port: 80
-      targetPort: http
+    {port}
 "#
     )
 }

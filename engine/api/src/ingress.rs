@@ -427,11 +427,15 @@ fn resolve(
 }
 
 /// The ready endpoints of a Service port, from its EndpointSlices: the slice port of the same
-/// name (the Service port's), endpoints whose `ready` is not false.
+/// name (the Service port's; an absent name and an empty one are the same, as the EndpointSlice
+/// controller writes `""` for an unnamed port), endpoints whose `ready` is not false.
 fn ready_endpoints(slices: Option<&Vec<&EndpointSlice>>, port: &ServicePort) -> Vec<SocketAddr> {
     let mut out = Vec::new();
     for slice in slices.into_iter().flatten() {
-        let Some(number) = slice.ports.iter().flatten().find(|p| p.name == port.name).and_then(|p| p.port) else {
+        let wanted = port.name.as_deref().unwrap_or_default();
+        let Some(number) =
+            slice.ports.iter().flatten().find(|p| p.name.as_deref().unwrap_or_default() == wanted).and_then(|p| p.port)
+        else {
             continue;
         };
         let Ok(number) = u16::try_from(number) else { continue };
@@ -564,6 +568,29 @@ mod tests {
         assert_eq!(to(&table, "other.example", "/nothing"), Some("default/fallback:http".into()));
         let web = table.route("shop.example", "/").unwrap();
         assert_eq!(&*web.backend.endpoints, &["10.244.1.5:8080".parse().unwrap()], "only ready endpoints");
+    }
+
+    #[test]
+    fn an_unnamed_service_port_reaches_the_slice_port_named_empty() {
+        // As published: `ports: [{port: 80, targetPort: 8080}]`, and the EndpointSlice
+        // controller's slice port `name: ""`.
+        let web: Service = serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"ports": [{"port": 80, "targetPort": 8080}]}}))
+        .unwrap();
+        let mut unnamed = slice("web", &[("10.244.1.5", true)]);
+        unnamed.ports = Some(vec![serde_json::from_value(json!({"name": "", "port": 8080})).unwrap()]);
+        let i = ingress("shop", 1, json!({"rules": [rule(None, vec![path("/", "Prefix", "web")])]}));
+        let table = build(&[i], &[web], &[unnamed.clone()]);
+        let route = table.route("any", "/").unwrap();
+        assert_eq!(&*route.backend.endpoints, &["10.244.1.5:8080".parse().unwrap()]);
+        // A slice port whose name is absent is the same port.
+        unnamed.ports = Some(vec![serde_json::from_value(json!({"port": 8080})).unwrap()]);
+        let web: Service = serde_json::from_value(json!({"metadata": {"name": "web", "namespace": "default"},
+            "spec": {"ports": [{"name": "", "port": 80, "targetPort": 8080}]}}))
+        .unwrap();
+        let i = ingress("shop", 1, json!({"rules": [rule(None, vec![path("/", "Prefix", "web")])]}));
+        let table = build(&[i], &[web], &[unnamed]);
+        assert_eq!(table.route("any", "/").unwrap().backend.endpoints.len(), 1);
     }
 
     #[test]
