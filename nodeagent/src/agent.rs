@@ -227,7 +227,10 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let events = crate::events::Recorder::spawn(client.clone(), cfg.node_name.clone());
     let prober = Prober::new(cri.clone(), events.clone());
     let runtime = Arc::new(
-        RuntimeManager::new(cri.clone(), runtime_cfg).await.with_config_source(pod_config.clone()).with_events(events),
+        RuntimeManager::new(cri.clone(), runtime_cfg)
+            .await
+            .with_config_source(pod_config.clone())
+            .with_events(events.clone()),
     );
     let following_config = tokio::spawn({
         let (pod_config, client, node_name, shutdown) =
@@ -300,8 +303,8 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         async move { policy::follow::run(policier, &network, shutdown).await }
     });
     let naming = tokio::spawn({
-        let (dns, network, shutdown) = (dns.clone(), network.clone(), shutdown.clone());
-        async move { dns::follow::run(&dns, &host_dns, &network, shutdown).await }
+        let (dns, network, events, shutdown) = (dns.clone(), network.clone(), events.clone(), shutdown.clone());
+        async move { dns::follow::run(&dns, &host_dns, &network, &events, shutdown).await }
     });
     let wakers = Wakers::default();
     let relisting = tokio::spawn(relist(runtime.clone(), wakers.clone()));

@@ -8,6 +8,8 @@ pub mod application;
 pub mod events;
 pub mod ingress;
 pub mod kinds;
+pub mod kubedns;
+pub mod labels;
 pub mod object;
 pub mod openapi;
 pub mod podrefs;

@@ -22,13 +22,14 @@ use base64::{
 };
 use gitplane_api::{
     kinds::{self, KindInfo},
+    kubedns,
     object::ObjectKey,
 };
 use jsonschema::error::ValidationErrorKind;
 use serde_json::{Map, Value};
 use std::{
     collections::{
-        HashMap,
+        BTreeMap, HashMap,
         hash_map::{Entry, RandomState},
     },
     fmt,
@@ -234,7 +235,7 @@ impl Validator {
             false => schema_problems(&found.validator, &found.schema, value, &info.kind),
         };
         problems.extend(metadata_problems(value, info));
-        problems.extend(kind_problems(value, info));
+        problems.extend(kind_problems(value, info, default_namespace));
         if !problems.is_empty() {
             return Err(problems);
         }
@@ -480,7 +481,7 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
 
 /// What the API server refuses of a kind beyond its schema, and what gitplane's node agent
 /// cannot run of a Pod.
-fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
+fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec<Problem> {
     let mut problems = match info.kind.as_str() {
         // A Job's Pods must end; `Always` (the Pod default) would run them forever.
         "Job" => match value["spec"]["template"]["spec"]["restartPolicy"].as_str() {
@@ -497,6 +498,7 @@ fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
         "Ingress" => ingress::problems(value),
         "IngressClass" => ingress::class_problems(value),
         "NetworkPolicy" => network_policy::problems(value),
+        "ConfigMap" => kube_dns_problems(value, default_namespace),
         _ => Vec::new(),
     };
     if let Some(at) = pod::pod_spec_pointer(&info.kind)
@@ -505,6 +507,28 @@ fn kind_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
         problems.extend(pod::problems(spec, at));
     }
     problems
+}
+
+/// The cluster DNS ConfigMap, judged by the parser every node agent applies it with: a
+/// ConfigMap the nodes would refuse is refused at push time instead of on each node.
+fn kube_dns_problems(value: &Value, default_namespace: &str) -> Vec<Problem> {
+    let namespace = value["metadata"]["namespace"].as_str().unwrap_or(default_namespace);
+    if namespace != kubedns::NAMESPACE || value["metadata"]["name"] != kubedns::NAME {
+        return Vec::new();
+    }
+    // Non-string values are the schema's error.
+    let Ok(data) = serde_json::from_value::<Option<BTreeMap<String, String>>>(value["data"].clone()) else {
+        return Vec::new();
+    };
+    match kubedns::parse(data.as_ref(), kubedns::DEFAULT_CLUSTER_DOMAIN) {
+        Ok(_) => Vec::new(),
+        Err(e) => vec![Problem::at(
+            format!("/data/{}", e.key()),
+            format!(
+                "{e}: the node agents would refuse it and keep forwarding as before; see the README's \"Cluster DNS\" for the syntax"
+            ),
+        )],
+    }
 }
 
 /// How the API server decodes a Secret's `data` (Go's `base64.StdEncoding`): padding required,
@@ -749,6 +773,15 @@ spec:
                 ],
             ),
             ("apiVersion: v1\nkind: 7\n".into(), &["deploy.yaml:2: /kind: 7 is not a valid kind: write a string"]),
+            (
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: kube-dns\n  namespace: kube-system\ndata:\n  \
+                 upstreamNameservers: '[\"192.0.2.1\"]'\n  stubDomains: '{\"acme.local\": \"10.0.0.53\"}'\n"
+                    .into(),
+                &["deploy.yaml:8: ConfigMap kube-dns: /data/stubDomains: kube-system/kube-dns \
+                   data.stubDomains: invalid type: string \"10.0.0.53\", expected a sequence at line 1 column 26: the \
+                   node agents would refuse it and keep forwarding as before; see the README's \"Cluster DNS\" for \
+                   the syntax"],
+            ),
             (
                 "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  labels: {app: web}\n".into(),
                 &[r#"deploy.yaml:3: ConfigMap: /metadata: "name" is a required property"#],

@@ -24,7 +24,7 @@
 //! [`Policies::take_changes`] says which local Pods' allows changed, and at which addresses.
 
 use super::allows::Allows;
-use super::selector::{self, Labels};
+use gitplane_api::labels::{self as selector, Labels};
 use k8s_openapi::api::{core::v1::Pod, networking::v1::NetworkPolicy};
 use k8s_openapi::apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString};
 use std::borrow::Cow;

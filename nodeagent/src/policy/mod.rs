@@ -19,7 +19,6 @@ pub mod follow;
 pub mod nft;
 #[cfg(test)]
 mod random;
-mod selector;
 
 pub use desired::{CompiledPolicy, Direction, Key, Policies, PolicyPod};
 

@@ -1,5 +1,6 @@
 //! `CreateEvents`: the kubelet's Events, admitted as Kubernetes' NodeRestriction admits them. A
-//! node records Events only about the Pods bound to it and about its own Node; the reference is
+//! node records Events only about the Pods bound to it, about its own Node and about the cluster
+//! DNS ConfigMap (`kube-system/kube-dns`, which every node applies and may refuse); the reference is
 //! rebuilt from the stored object (the node's copy is not trusted), the source is `kubelet` on the
 //! node's own name, and the time is the replica's. A Pod deleted since the node saw it still
 //! counts as bound (its Killing Events come after it is gone) when the store's history shows
@@ -12,6 +13,7 @@ use base64::Engine as _;
 use futures::StreamExt as _;
 use gitplane_api::{
     events::{NORMAL, Record, Source, WARNING, reference},
+    kubedns,
     podrefs::{ConfigKind, config_refs},
 };
 use gitplane_proto::node::NodeEvent;
@@ -82,9 +84,24 @@ pub(super) async fn authorize(store: Arc<dyn Store>, node: &str, batch: Vec<Node
                     bound_pod
                 }
             },
+            Some("ConfigMap") if namespace == kubedns::NAMESPACE && name == kubedns::NAME => {
+                let key = ObjectKey::new("ConfigMap", &namespace, &name);
+                let stored = store.get(&key).await.map_err(store_status)?;
+                let reference = ObjectReference {
+                    kind: Some("ConfigMap".into()),
+                    api_version: Some("v1".into()),
+                    namespace: Some(namespace),
+                    name: Some(name),
+                    uid: stored.as_ref().and_then(|c| c["metadata"]["uid"].as_str().map(str::to_owned)),
+                    ..Default::default()
+                };
+                (reference, Arc::default())
+            }
             kind => {
                 return Err(Status::permission_denied(format!(
-                    "node {node} may record events only about its Pods and its own Node, not {} {namespace}/{name}",
+                    "node {node} may record events only about its Pods, its own Node and {}/{}, not {} {namespace}/{name}",
+                    kubedns::NAMESPACE,
+                    kubedns::NAME,
                     kind.unwrap_or("an object without a kind")
                 )));
             }
