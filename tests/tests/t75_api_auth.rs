@@ -260,6 +260,39 @@ read token, trusting another CA          untrusted-server untrusted-server untru
         "certificate signed by unknown authority",
     )?;
 
+    // `gitplane token create` adds a token to the file the replicas follow and prints a
+    // kubeconfig for it: it works without a restart, and `revoke` ends it the same way.
+    let tokens_file = replicas.dir.path().join("tokens.csv");
+    let token = |args: &[&str]| -> Result<Output> {
+        Ok(Command::new(binary("gitplane")?)
+            .arg("token")
+            .args(args)
+            .arg("--data-dir")
+            .arg(replicas.data(1))
+            .arg("--tokens-file")
+            .arg(&tokens_file)
+            .output()?)
+    };
+    let created = token(&["create", "--role", "read", "--user", "visitor", "--ttl", "1h"])?;
+    ensure!(created.status.success(), "gitplane token create: {}", String::from_utf8_lossy(&created.stderr));
+    let visitor = replicas.dir.path().join("visitor.kubeconfig");
+    std::fs::write(&visitor, &created.stdout)?;
+    let visitor_arg = visitor.to_string_lossy().into_owned();
+    let lists = || {
+        replicas
+            .kubectl(&["--kubeconfig", &visitor_arg, "get", "namespaces", "-o", "name"])
+            .ok()
+            .filter(|out| String::from_utf8_lossy(&out.stdout).contains("namespace/default"))
+    };
+    wait_for(DEADLINE, lists).context("the token from `gitplane token create` never worked")?;
+    let revoked = token(&["revoke", "visitor"])?;
+    ensure!(revoked.status.success(), "gitplane token revoke: {}", String::from_utf8_lossy(&revoked.stderr));
+    wait_for(DEADLINE, || {
+        let out = replicas.kubectl(&["--kubeconfig", &visitor_arg, "get", "namespaces"]).ok()?;
+        String::from_utf8_lossy(&out.stderr).contains("Unauthorized").then_some(())
+    })
+    .context("the revoked token still works")?;
+
     // The audit log says who read which kind, and with what answer; never a token.
     let audit = replicas.data(1).join("audit.log");
     let text = wait_for(DEADLINE, || {

@@ -2,20 +2,29 @@
 //! static token file in Kubernetes' CSV format (`--token-auth-file`):
 //!
 //! ```text
-//! token,user,uid,"role1,role2"
+//! token,user,uid,"role1,role2"[,expires]
 //! ```
 //!
 //! Roles: `read` (the status API: discovery, get, list, watch, logs) and `debug` (exec, attach
-//! and port-forward, when they come; carried now). A role grants only itself: a `debug`-only
-//! token reads nothing. Lines that are empty or start with `#` are skipped.
+//! and port-forward). A role grants only itself: a `debug`-only token reads nothing. Lines that
+//! are empty or start with `#` are skipped. The optional fifth field, an RFC 3339 time, is when
+//! the token stops working (what `gitplane token create --ttl` writes). The file is read again
+//! whenever it changes ([`follow`]); one that cannot be used leaves the tokens as they were.
 //!
 //! Tokens are kept only as SHA-256 digests and compared in constant time with every entry (no
 //! early exit), so neither a token's length nor its position leaks; no error, log line or
 //! answer ever quotes one.
 
 use anyhow::{Context as _, bail};
+use k8s_openapi::jiff::Timestamp;
 use sha2::{Digest as _, Sha256};
-use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _, path::Path, sync::Arc};
+use std::{
+    io::Write as _,
+    os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+    sync::{Arc, RwLock},
+    time::Duration,
+};
 use subtle::ConstantTimeEq as _;
 
 /// What a token may do.
@@ -33,7 +42,7 @@ impl Role {
         }
     }
 
-    fn parse(text: &str) -> Option<Role> {
+    pub fn parse(text: &str) -> Option<Role> {
         match text {
             "read" => Some(Role::Read),
             "debug" => Some(Role::Debug),
@@ -60,6 +69,8 @@ impl User {
 pub struct Entry {
     pub token: String,
     pub user: User,
+    /// When the token stops working; never when `None`.
+    pub expires: Option<Timestamp>,
 }
 
 // Never print a token.
@@ -69,28 +80,73 @@ impl std::fmt::Debug for Entry {
     }
 }
 
-/// The tokens a replica accepts.
+/// A token as kept: its digest, its user and when it expires.
+type Digested = ([u8; 32], Arc<User>, Option<Timestamp>);
+
+/// The tokens a replica accepts, replaced whole when the token file changes.
 #[derive(Default)]
 pub struct Tokens {
-    entries: Vec<([u8; 32], Arc<User>)>,
+    entries: RwLock<Arc<Vec<Digested>>>,
 }
 
 impl Tokens {
     pub fn new(entries: &[Entry]) -> Tokens {
-        Tokens { entries: entries.iter().map(|e| (digest(&e.token), Arc::new(e.user.clone()))).collect() }
+        let tokens = Tokens::default();
+        tokens.replace(entries);
+        tokens
     }
 
-    /// The user `token` stands for, if any.
+    /// From now on, exactly `entries`.
+    pub fn replace(&self, entries: &[Entry]) {
+        let digested = entries.iter().map(|e| (digest(&e.token), Arc::new(e.user.clone()), e.expires)).collect();
+        *self.entries.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(digested);
+    }
+
+    /// The user `token` stands for, if any and unexpired.
     pub fn authenticate(&self, token: &str) -> Option<Arc<User>> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner()).clone();
         let given = digest(token);
         let mut found = None;
-        for (expected, user) in &self.entries {
+        for (expected, user, expires) in entries.iter() {
             if bool::from(given.ct_eq(expected)) {
-                found = Some(user.clone());
+                found = Some((user, *expires));
             }
         }
-        found
+        let (user, expires) = found?;
+        expires.is_none_or(|at| Timestamp::now() < at).then(|| user.clone())
     }
+}
+
+/// Reads the token file at `path` again whenever it changes (checked every second) while
+/// `tokens` lives elsewhere too: `gitplane token create` and `revoke`, or an operator's edit,
+/// take effect without a restart. A file that cannot be used keeps the tokens as they were.
+pub fn follow(path: PathBuf, tokens: &Arc<Tokens>) {
+    let weak = Arc::downgrade(tokens);
+    let stamp = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.modified().ok(), m.len(), m.ino()));
+    let mut seen = stamp(&path);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let Some(tokens) = weak.upgrade() else { return };
+            let now = stamp(&path);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match std::fs::read_to_string(&path).map_err(anyhow::Error::from).and_then(|text| parse(&text, &path)) {
+                Ok(entries) => {
+                    tokens.replace(&entries);
+                    tracing::info!(file = %path.display(), tokens = entries.len(), "token file reloaded");
+                }
+                Err(e) => tracing::error!(
+                    file = %path.display(),
+                    error = format!("{e:#}"),
+                    "the token file changed but cannot be used; keeping the tokens in use"
+                ),
+            }
+        }
+    });
 }
 
 fn digest(token: &str) -> [u8; 32] {
@@ -107,8 +163,8 @@ pub fn parse(text: &str, file: &Path) -> anyhow::Result<Vec<Entry>> {
         }
         let at = || format!("{} line {}", file.display(), i + 1);
         let fields = split_csv(line).with_context(|| format!("{}: an unterminated quote", at()))?;
-        if !(3..=4).contains(&fields.len()) {
-            bail!("{}: expected token,user,uid[,\"role,...\"], found {} fields", at(), fields.len());
+        if !(3..=5).contains(&fields.len()) {
+            bail!("{}: expected token,user,uid[,\"role,...\"[,expires]], found {} fields", at(), fields.len());
         }
         let token = fields[0].trim();
         if token.len() < 16 || !token.bytes().all(|b| b.is_ascii_graphic()) {
@@ -130,8 +186,14 @@ pub fn parse(text: &str, file: &Path) -> anyhow::Result<Vec<Entry>> {
         if let Some(earlier) = entries.iter().position(|e| e.token == token) {
             bail!("{}: the same token as entry {} (each token names one user)", at(), earlier + 1);
         }
+        let expires = match fields.get(4).map(|f| f.trim()).filter(|f| !f.is_empty()) {
+            Some(text) => Some(text.parse::<Timestamp>().map_err(|_| {
+                anyhow::anyhow!("{}: the expiry {text:?} is not an RFC 3339 time such as 2026-01-02T15:04:05Z", at())
+            })?),
+            None => None,
+        };
         let user = User { name: name.to_owned(), uid: uid.to_owned(), roles };
-        entries.push(Entry { token: token.to_owned(), user });
+        entries.push(Entry { token: token.to_owned(), user, expires });
     }
     Ok(entries)
 }
@@ -172,7 +234,8 @@ pub fn load_or_create(path: &Path, first_read_token: &str, create: bool) -> anyh
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
             let text = format!(
-                "# gitplane's status API tokens: token,user,uid,\"roles\" (roles: read, debug). Restart to reload.\n\
+                "# gitplane's status API tokens: token,user,uid,\"roles\"[,expires] (roles: read, debug; expires: \
+                 RFC 3339). Read again when it changes; `gitplane token create` adds one.\n\
                  {first_read_token},admin,admin,\"read\"\n"
             );
             let mut file = std::fs::OpenOptions::new()
@@ -212,6 +275,19 @@ mod tests {
         assert_eq!(who("0123456789abcdef0123456789abcdeX"), None);
         assert_eq!(who(""), None);
         assert!(format!("{:?}", entries[0]).contains("***") && !format!("{:?}", entries[0]).contains("0123"));
+    }
+
+    #[test]
+    fn expired_tokens_stop_working_and_a_new_file_replaces_the_old() {
+        let text = "0123456789abcdef0123456789abcdef,old,1,\"read\",2001-01-01T00:00:00Z\n\
+                    fedcba9876543210fedcba9876543210,new,2,\"read\",2999-01-01T00:00:00Z\n";
+        let tokens = Tokens::new(&parse(text, Path::new("tokens.csv")).unwrap());
+        assert_eq!(tokens.authenticate("0123456789abcdef0123456789abcdef"), None, "expired");
+        assert_eq!(tokens.authenticate("fedcba9876543210fedcba9876543210").map(|u| u.name.clone()), Some("new".into()));
+        tokens.replace(&parse(FILE, Path::new("tokens.csv")).unwrap());
+        assert_eq!(tokens.authenticate("fedcba9876543210fedcba9876543210").map(|u| u.name.clone()), Some("bob".into()));
+        let bad = parse("0123456789abcdef0123456789abcdef,a,1,read,tomorrow", Path::new("t.csv")).unwrap_err();
+        assert!(format!("{bad:#}").contains("line 1: the expiry \"tomorrow\" is not an RFC 3339 time"), "{bad:#}");
     }
 
     #[test]

@@ -161,8 +161,8 @@ mod tests {
     fn router(anonymous_loopback_reads: bool) -> Router {
         let user = |name: &str, roles: Vec<Role>| User { name: name.into(), uid: name.into(), roles };
         let tokens = Tokens::new(&[
-            Entry { token: READ.into(), user: user("alice", vec![Role::Read]) },
-            Entry { token: DEBUG.into(), user: user("bob", vec![Role::Debug]) },
+            Entry { token: READ.into(), user: user("alice", vec![Role::Read]), expires: None },
+            Entry { token: DEBUG.into(), user: user("bob", vec![Role::Debug]), expires: None },
         ]);
         let access = ApiAccess { tokens: Arc::new(tokens), anonymous_loopback_reads, audit: AuditLog::disabled() };
         Router::new()

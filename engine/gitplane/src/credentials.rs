@@ -71,6 +71,22 @@ pub fn load_or_create(path: &Path, if_missing: IfMissing) -> anyhow::Result<Stri
     }
 }
 
+/// Writes `text` to `path` (mode 0600: it holds a credential), replacing what was there at
+/// once: a reader sees the old file or the new one, never half of one.
+pub fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    let staging = path.with_extension("new");
+    let _ = std::fs::remove_file(&staging);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&staging)
+        .with_context(|| format!("creating {}", staging.display()))?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&staging, path).with_context(|| format!("writing {}", path.display()))
+}
+
 /// The secrets of one replica.
 #[derive(Clone)]
 pub struct Credentials {

@@ -1,9 +1,7 @@
 //! The kubeconfig a replica writes for its users (`<data-dir>/kubeconfig`, mode 0600: it holds
 //! a token): this replica's URL, the cluster CA for an `https://` one, and a `read` token.
 
-use anyhow::Context as _;
 use base64::Engine as _;
-use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _, path::Path};
 
 /// The kubeconfig's text. Values are quoted as JSON strings, which YAML reads alike.
 pub fn render(server: &str, ca_pem: Option<&str>, user: &str, token: &str) -> String {
@@ -22,21 +20,6 @@ pub fn render(server: &str, ca_pem: Option<&str>, user: &str, token: &str) -> St
         user = q(user),
         token = q(token),
     )
-}
-
-/// Writes `text` to `path` (mode 0600), replacing what was there.
-pub fn write(path: &Path, text: &str) -> anyhow::Result<()> {
-    let staging = path.with_extension("new");
-    let _ = std::fs::remove_file(&staging);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&staging)
-        .with_context(|| format!("creating {}", staging.display()))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&staging, path).with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]

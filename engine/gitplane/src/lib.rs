@@ -29,5 +29,6 @@ pub mod source;
 pub mod status;
 mod table;
 mod tls;
+pub mod token;
 pub mod up;
 mod webhook;

@@ -1,6 +1,6 @@
 //! `gitplane`: the control plane and its command line.
 
-use gitplane::{diff, encryption, offline, prereceive, server, status, up};
+use gitplane::{diff, encryption, offline, prereceive, server, status, token, up};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -48,6 +48,9 @@ enum Command {
     Diff(diff::DiffArgs),
     /// Encryption of Secrets at rest: rotate the key (`gitplane secrets rotate`).
     Secrets(encryption::SecretsArgs),
+    /// Tokens of the status API: `create --role read|debug [--ttl 12h]` prints a kubeconfig
+    /// with a new token, `revoke USER`, `list`; each takes effect without a restart.
+    Token(token::TokenArgs),
     /// Git hooks of hosted repositories, run by git under `gitplane server` (not by hand).
     #[command(hide = true)]
     Hook {
@@ -95,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         Command::Server(args) => run(server::server(args)),
         Command::Agent(args) => run(async { Ok(gitplane_nodeagent::cli::run(args).await?) }),
         Command::Secrets(args) => run(encryption::secrets(args)),
+        Command::Token(args) => token::run(args),
         Command::Status(args) => {
             tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(status::status(args))
         }

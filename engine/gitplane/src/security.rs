@@ -6,7 +6,7 @@ use crate::{
     audit::{self, AuditLog},
     authn::{self, Role},
     authz::ApiAccess,
-    credentials::Credentials,
+    credentials::{self, Credentials},
     kubeconfig, listener,
     tls::{self, ClusterCa, ReplicaCertificate},
 };
@@ -28,7 +28,8 @@ pub struct Security {
 impl Security {
     /// `tokens_file`: the operator's (which must exist), else `<data-dir>/tokens.csv`, made on
     /// first start with one read token (the same on every replica: it is derived from the peer
-    /// token). `anonymous_loopback_reads`: `gitplane up`'s.
+    /// token), and read again whenever it changes. `anonymous_loopback_reads`: `gitplane up`'s.
+    /// Call inside a tokio runtime.
     pub fn load(
         data_dir: &Path,
         credentials: &Credentials,
@@ -46,7 +47,9 @@ impl Security {
         let audit_path = data_dir.join("audit.log");
         let audit = AuditLog::open(&audit_path, audit::MAX_BYTES)
             .with_context(|| format!("opening the audit log {}", audit_path.display()))?;
-        let access = ApiAccess { tokens: Arc::new(authn::Tokens::new(&entries)), anonymous_loopback_reads, audit };
+        let tokens = Arc::new(authn::Tokens::new(&entries));
+        authn::follow(path, &tokens);
+        let access = ApiAccess { tokens, anonymous_loopback_reads, audit };
         Ok(Security { ca, access, reader, data_dir: data_dir.to_path_buf() })
     }
 
@@ -69,17 +72,20 @@ impl Security {
             tracing::warn!("the token file holds no read token: no kubeconfig written");
             return Ok(None);
         };
-        // `gitplane up` reads anonymously on loopback, over cleartext as its README shows;
-        // everyone else needs the token, which kubectl sends only over TLS.
-        let url = match self.access.anonymous_loopback_reads {
-            true => url(listen),
-            false => url(listen).replacen("http://", "https://", 1),
-        };
-        let ca = url.starts_with("https://").then(|| self.ca.pem());
+        // HTTPS even on loopback, where cleartext is served too: kubectl sends a bearer token
+        // only over TLS, and the token is what lets a debug token exec.
+        let url = https_url(listen);
+        let ca = Some(self.ca.pem());
         let path = self.data_dir.join("kubeconfig");
-        kubeconfig::write(&path, &kubeconfig::render(&url, ca.as_deref(), user, token))?;
+        credentials::write_private(&path, &kubeconfig::render(&url, ca.as_deref(), user, token))?;
         Ok(Some(path))
     }
+}
+
+/// How a kubeconfig on this machine reaches a replica listening on `listen`: over TLS, which
+/// every listener serves.
+pub fn https_url(listen: SocketAddr) -> String {
+    url(listen).replacen("http://", "https://", 1)
 }
 
 /// How this machine reaches a replica listening on `listen`: the wildcard on loopback, where

@@ -54,16 +54,18 @@ pub struct StatusArgs {
     timeout: Duration,
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
+/// A command-line duration: `90s`, `5m`, `1h`, `7d` (seconds without a unit).
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len()));
-    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 90s, 5m or 1h"))?;
-    let seconds = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        _ => return Err(format!("{text:?}: the unit is s, m or h")),
+    let n: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 90s, 5m, 1h or 7d"))?;
+    let unit = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: the unit is s, m, h or d")),
     };
-    Ok(Duration::from_secs(seconds))
+    n.checked_mul(unit).map(Duration::from_secs).ok_or_else(|| format!("{text:?} is too long"))
 }
 
 /// Where and how to reach the API.
