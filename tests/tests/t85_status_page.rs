@@ -34,6 +34,50 @@ spec:
       command: [/bin/busybox, sh, -c, "i=0; while true; do i=$((i+1)); echo \"tick $i\"; /bin/busybox sleep 1; done"]
 "#;
 
+/// Kinds without a health rule and an object in another namespace: the tree shows them all.
+const NETWORKING: &str = r#"apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: front
+spec:
+  rules:
+    - host: front.example
+      http:
+        paths:
+          - path: /
+            pathType: Prefix
+            backend:
+              service: {name: web, port: {number: 80}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: quiet
+spec:
+  podSelector: {matchLabels: {app: nobody}}
+  policyTypes: [Ingress]
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: hidden
+stringData:
+  password: s3cr3t-t85-value
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: elsewhere
+---
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: settings
+  namespace: elsewhere
+data:
+  level: debug
+"#;
+
 /// A ConfigMap whose data value is not a string: rejected, with the file and line.
 const BROKEN: &str =
     "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: broken\ndata:\n  fine: \"yes\"\n  key: [1, 2]\n";
@@ -115,6 +159,7 @@ fn run(cluster: &LocalCluster) -> Result<()> {
     let work_dir = tempfile::tempdir()?;
     let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
     work.write("talker.yaml", TALKER)?;
+    work.write("networking.yaml", NETWORKING)?;
     work.commit_and_push("a pod that talks")?;
     let first = head(cluster)?;
     let healthy = wait_for(DEADLINE, || {
@@ -184,6 +229,15 @@ fn run(cluster: &LocalCluster) -> Result<()> {
         shape.contains("Deployment ReplicaSet:2") && shape.contains("Service EndpointSlice:2") && shape.contains("Pod"),
         "resource tree: {shape:?}"
     );
+    let kinds = ["Ingress", "NetworkPolicy", "Secret", "Namespace", "ConfigMap"];
+    ensure!(
+        kinds.iter().all(|k| shape.contains(&format!("{k} "))),
+        "resource tree without all of {kinds:?}: {shape:?}"
+    );
+    let text = browser.eval("document.querySelector('.tree').innerText")?;
+    let text = text.as_str().unwrap_or("");
+    ensure!(text.contains("elsewhere") && text.contains("settings"), "the ConfigMap in namespace elsewhere: {text}");
+    ensure!(!browser.eval("document.documentElement.outerHTML")?.as_str().unwrap_or("").contains("s3cr3t-t85"));
     let tree = browser.accessibility()?;
     ensure!(tree.iter().any(|(r, n)| r == "region" && n == "Resource tree"), "{tree:?}");
     ensure!(tree.iter().any(|(r, n)| r == "heading" && n == "Sync timeline"), "{tree:?}");

@@ -25,8 +25,10 @@ use axum::{
     response::{IntoResponse, Response},
     routing::get,
 };
-use gitplane_api::object::APPLICATION_ANNOTATION;
-use gitplane_store::{ListOptions, ObjectKey, Store};
+use gitplane_store::{
+    ListOptions, ObjectKey, Store,
+    informer::{Informer, SharedInformerFactory},
+};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::{
@@ -53,17 +55,37 @@ pub(crate) struct PageState {
     /// The nodes view's Pod index, started by the page's first visitor (a replica nobody looks
     /// at follows no Pods for it).
     allocated: Arc<std::sync::OnceLock<allocated::Allocated>>,
+    /// The replica's shared informer, for what an Application applied (its owner index spans
+    /// every accepted kind and namespace); held from the first visit to an Application.
+    informers: Arc<SharedInformerFactory>,
+    informer: Arc<std::sync::OnceLock<Informer>>,
 }
 
 impl PageState {
     fn allocated(&self) -> &allocated::Allocated {
         self.allocated.get_or_init(|| allocated::Allocated::spawn(self.store.clone()))
     }
+
+    fn informer(&self) -> &Informer {
+        self.informer.get_or_init(|| self.informers.informer())
+    }
 }
 
 /// The page's routes; `authz::admit` guards them (but the login form and the assets).
-pub fn router(store: Arc<dyn Store>, repos_dir: PathBuf, tokens: Arc<Tokens>) -> Router {
-    let state = PageState { store, repos_dir: repos_dir.into(), tokens, allocated: Default::default() };
+pub fn router(
+    store: Arc<dyn Store>,
+    informers: Arc<SharedInformerFactory>,
+    repos_dir: PathBuf,
+    tokens: Arc<Tokens>,
+) -> Router {
+    let state = PageState {
+        store,
+        repos_dir: repos_dir.into(),
+        tokens,
+        allocated: Default::default(),
+        informers,
+        informer: Default::default(),
+    };
     Router::new()
         .route("/", get(applications))
         .route("/ui/applications/{namespace}/{name}", get(application))
@@ -387,13 +409,19 @@ fn pod_href(namespace: &str, name: &str) -> String {
     format!("/ui/pods/{}/{}", enc(namespace), enc(name))
 }
 
-fn tree_html(nodes: &[tree::Node], out: &mut String) {
+/// The tree as nested lists; objects outside the Application's `target` namespace show theirs.
+fn tree_html(nodes: &[tree::Node], target: &str, out: &mut String) {
     out.push_str("<ul>");
     for node in nodes {
+        let shown = match node.namespace.as_str() {
+            "" => node.name.clone(),
+            ns if ns == target => node.name.clone(),
+            ns => format!("{ns}/{}", node.name),
+        };
         let name = if node.kind == "Pod" {
-            format!("<a href=\"{}\">{}</a>", esc(&pod_href(&node.namespace, &node.name)), esc(&node.name))
+            format!("<a href=\"{}\">{}</a>", esc(&pod_href(&node.namespace, &node.name)), esc(&shown))
         } else {
-            esc(&node.name)
+            esc(&shown)
         };
         let message = if node.message.is_empty() {
             String::new()
@@ -407,30 +435,15 @@ fn tree_html(nodes: &[tree::Node], out: &mut String) {
             badge(health_class(node.health))
         );
         if !node.children.is_empty() {
-            tree_html(&node.children, out);
+            tree_html(&node.children, target, out);
         }
         out.push_str("</li>");
     }
     out.push_str("</ul>");
 }
 
-/// Everything of `kind` in `namespace` (the tree's inputs), page by page.
-async fn list_all(store: &dyn Store, kind: &str, namespace: Option<&str>) -> gitplane_store::Result<(Vec<Value>, i64)> {
-    let mut options = ListOptions { namespace: namespace.map(str::to_owned), limit: Some(5_000), ..Default::default() };
-    let mut items = Vec::new();
-    loop {
-        let list = store.list(kind, &options).await?;
-        items.extend(list.items);
-        match list.continue_token {
-            Some(token) => options.continue_token = Some(token),
-            None => return Ok((items, list.revision)),
-        }
-    }
-}
-
-/// The kinds the tree is drawn from that an Application applies (the rest it finds by owner).
-const APPLIED_KINDS: [&str; 8] =
-    ["Deployment.apps", "Job.batch", "Pod", "Service", "ConfigMap", "Secret", "ReplicaSet.apps", "Namespace"];
+/// How long a visit waits for the replica's informer to list everything once.
+const INFORMER_SYNC: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// `/ui/applications/{namespace}/{name}`: one Application, its errors, tree and timeline.
 async fn application(
@@ -451,40 +464,34 @@ async fn application(
     };
     let owner = format!("{namespace}/{name}");
     let target = app.pointer("/spec/namespace").and_then(Value::as_str).unwrap_or("default").to_owned();
-    // The Application's objects live in its target namespace unless they name their own; the
-    // unhealthy ones its status lists point at any other.
-    let mut namespaces: BTreeSet<String> = BTreeSet::from([target.clone()]);
-    for r in app.pointer("/status/health/resources").and_then(Value::as_array).into_iter().flatten() {
-        if let Some(ns) = r["namespace"].as_str().filter(|n| !n.is_empty()) {
-            namespaces.insert(ns.to_owned());
-        }
+    let informer = state.informer();
+    if tokio::time::timeout(INFORMER_SYNC, informer.wait_synced()).await.is_err() {
+        return html(
+            StatusCode::SERVICE_UNAVAILABLE,
+            document("Not ready", "<p>This replica is still reading the cluster; reload in a moment.</p>"),
+        );
     }
+    let cache = informer.cache();
+    let revision = informer.revision();
+    // Everything it applied, of any kind and in any namespace (its annotation names it); the
+    // ReplicaSets, Pods and EndpointSlices under them from those namespaces.
     let mut objects = tree::Objects::default();
-    let mut revision = i64::MAX;
+    let mut namespaces: BTreeSet<String> = BTreeSet::from([target.clone()]);
+    for (key, object) in cache.owned_by(&owner) {
+        if !key.namespace.is_empty() {
+            namespaces.insert(key.namespace.clone());
+        }
+        let mut object = (*object).clone();
+        object["kind"] = Value::String(key.kind.split('.').next().unwrap_or(&key.kind).to_owned());
+        objects.applied.push(object);
+    }
     for ns in &namespaces {
-        let read = async {
-            for kind in APPLIED_KINDS {
-                let (items, rev) = list_all(store, kind, Some(ns)).await?;
-                revision = revision.min(rev);
-                let mine = items.into_iter().filter(|o| o["metadata"]["annotations"][APPLICATION_ANNOTATION] == *owner);
-                objects.applied.extend(mine.map(|mut o| {
-                    o["kind"] = Value::String(kind.split('.').next().unwrap_or(kind).to_owned());
-                    o
-                }));
-            }
-            for (kind, into) in [
-                ("ReplicaSet.apps", &mut objects.replica_sets),
-                ("Pod", &mut objects.pods),
-                ("EndpointSlice.discovery.k8s.io", &mut objects.endpoint_slices),
-            ] {
-                let (items, rev) = list_all(store, kind, Some(ns)).await?;
-                revision = revision.min(rev);
-                into.extend(items);
-            }
-            Ok::<(), gitplane_store::StoreError>(())
-        };
-        if let Err(e) = read.await {
-            return failure(e);
+        for (kind, into) in [
+            ("ReplicaSet.apps", &mut objects.replica_sets),
+            ("Pod", &mut objects.pods),
+            ("EndpointSlice.discovery.k8s.io", &mut objects.endpoint_slices),
+        ] {
+            into.extend(cache.list(kind, Some(ns)).into_iter().map(|o| (*o).clone()));
         }
     }
     let events = store
@@ -561,7 +568,7 @@ async fn application(
         body.push_str("<p class=\"muted\">No objects applied.</p>");
     } else {
         body.push_str("<div class=\"tree\" role=\"region\" aria-label=\"Resource tree\">");
-        tree_html(&roots, &mut body);
+        tree_html(&roots, &target, &mut body);
         body.push_str("</div>");
     }
     body.push_str("</section>");
@@ -574,7 +581,6 @@ async fn application(
     for ns in &namespaces {
         watches.push(format!("/ui/api/v1/namespaces/{}/pods?watch=1", enc(ns)));
     }
-    let revision = if revision == i64::MAX { 0 } else { revision };
     let view = View { title: format!("Application {name}"), body, revision, watches, after: String::new() };
     render(view, q.fragment.is_some())
 }

@@ -262,7 +262,7 @@ impl Replica {
         };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let api = apiserver::router(shared.clone(), push_hint, kubelet);
-        let page = page::router(shared.clone(), git.repos_dir.clone(), access.tokens.clone());
+        let page = page::router(shared.clone(), informers.clone(), git.repos_dir.clone(), access.tokens.clone());
         let http = api
             .clone()
             .merge(apiserver::head::router(shared.clone(), git.repos_dir.clone()))

@@ -221,6 +221,11 @@ impl Informer {
         self.0.notifications.subscribe()
     }
 
+    /// The revision the cache has reached (0 until the first list of every kind is in).
+    pub fn revision(&self) -> Revision {
+        *self.0.revision.borrow()
+    }
+
     /// Waits until the first list of every kind is in the cache.
     pub async fn wait_synced(&self) {
         self.wait_for(1).await;
