@@ -2,7 +2,10 @@
 
 use crate::resources::{Resources, node_allocatable, pod_requests, pod_score_requests};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use std::{collections::BTreeMap, fmt};
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt,
+};
 
 /// A node as the scheduler sees it: the Node and what its bound Pods already request.
 #[derive(Clone, Debug)]
@@ -13,30 +16,52 @@ pub struct NodeInfo {
     pub requested: Resources,
     /// The same with kube-scheduler's non-zero defaults (what scoring counts).
     pub score_requested: Resources,
+    /// Its Pods by the uid of their controller (ReplicaSet, Job, ...): what spreading counts.
+    pub by_controller: HashMap<String, u32>,
 }
 
 impl NodeInfo {
     pub fn new(node: Node) -> Self {
         let allocatable = node_allocatable(&node);
-        NodeInfo { node, allocatable, requested: Resources::default(), score_requested: Resources::default() }
+        NodeInfo {
+            node,
+            allocatable,
+            requested: Resources::default(),
+            score_requested: Resources::default(),
+            by_controller: HashMap::new(),
+        }
     }
 
     pub fn name(&self) -> &str {
         self.node.metadata.name.as_deref().unwrap_or("")
     }
 
+    /// The value of one of the node's labels.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.node.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+
     /// Accounts for a Pod bound (or assumed bound) to this node.
     pub fn add_pod(&mut self, pod: &Pod) {
         self.requested.add(pod_requests(pod));
         self.score_requested.add(pod_score_requests(pod));
+        if let Some(uid) = controller_uid(pod) {
+            *self.by_controller.entry(uid.to_owned()).or_default() += 1;
+        }
     }
 }
 
-/// Filter: can this pod run on this node at all? `Err` carries the reason users see
-/// (`Insufficient cpu`), counted per reason in the unschedulable message.
+/// The uid of the Pod's controller (its ownerReference with `controller: true`).
+pub fn controller_uid(pod: &Pod) -> Option<&str> {
+    let owners = pod.metadata.owner_references.as_deref()?;
+    owners.iter().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
+}
+
+/// Filter: can this pod run on this node at all? `Err` carries the reasons users see
+/// (`Insufficient cpu`, `Insufficient memory`), each counted in the unschedulable message.
 pub trait FilterPlugin: Send + Sync {
     fn name(&self) -> &'static str;
-    fn filter(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> Result<(), String>;
+    fn filter(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> Result<(), Vec<String>>;
 }
 
 /// Score: how good a feasible node is, from 0 to 100. `request` is the Pod's request as scoring
@@ -44,6 +69,13 @@ pub trait FilterPlugin: Send + Sync {
 pub trait ScorePlugin: Send + Sync {
     fn name(&self) -> &'static str;
     fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64;
+
+    /// The scores of all feasible nodes at once, for plugins that compare nodes with each other
+    /// (the framework's PreScore, Score and NormalizeScore in one): each node on its own unless
+    /// a plugin says otherwise.
+    fn score_all(&self, pod: &Pod, request: &Resources, nodes: &[&NodeInfo]) -> Vec<i64> {
+        nodes.iter().map(|node| self.score(pod, request, node)).collect()
+    }
 }
 
 /// Why a Pod could not be placed, in the scheduler's usual words.
@@ -87,22 +119,27 @@ impl Profile {
     pub fn schedule(&self, pod: &Pod, nodes: &[NodeInfo]) -> Result<String, ScheduleError> {
         let (request, score_request) = (pod_requests(pod), pod_score_requests(pod));
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-        let mut best: Option<(i64, &str)> = None;
+        let mut feasible: Vec<&NodeInfo> = Vec::with_capacity(nodes.len());
         for node in nodes {
-            if let Some(reason) = self.filters.iter().find_map(|f| f.filter(pod, &request, node).err()) {
-                *reasons.entry(reason).or_default() += 1;
-                continue;
-            }
-            let score: i64 =
-                self.scores.iter().map(|(p, w)| w * p.score(pod, &score_request, node).clamp(0, 100)).sum();
-            let better = match best {
-                None => true,
-                Some((s, name)) => score > s || (score == s && node.name() < name),
-            };
-            if better {
-                best = Some((score, node.name()));
+            match self.filters.iter().find_map(|f| f.filter(pod, &request, node).err()) {
+                Some(unfit) => unfit.into_iter().for_each(|reason| *reasons.entry(reason).or_default() += 1),
+                None => feasible.push(node),
             }
         }
-        best.map(|(_, name)| name.to_owned()).ok_or(ScheduleError::Unschedulable { total: nodes.len(), reasons })
+        if feasible.is_empty() {
+            return Err(ScheduleError::Unschedulable { total: nodes.len(), reasons });
+        }
+        let mut totals = vec![0i64; feasible.len()];
+        for (plugin, weight) in &self.scores {
+            for (total, score) in totals.iter_mut().zip(plugin.score_all(pod, &score_request, &feasible)) {
+                *total += weight * score.clamp(0, 100);
+            }
+        }
+        let best = feasible
+            .iter()
+            .zip(totals)
+            .max_by(|(a, s), (b, t)| s.cmp(t).then_with(|| b.name().cmp(a.name())))
+            .map(|(node, _)| node.name().to_owned());
+        best.ok_or(ScheduleError::Unschedulable { total: nodes.len(), reasons })
     }
 }

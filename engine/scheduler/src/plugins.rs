@@ -3,6 +3,7 @@
 use crate::framework::{FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin};
 use crate::resources::Resources;
 use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
+use std::collections::HashMap;
 
 /// Only nodes whose Ready condition is True and that are not cordoned.
 pub struct NodeReady;
@@ -12,9 +13,9 @@ impl FilterPlugin for NodeReady {
         "NodeReady"
     }
 
-    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), String> {
+    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
         if node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
-            return Err("node(s) were unschedulable".into());
+            return Err(vec!["node(s) were unschedulable".into()]);
         }
         let ready = node
             .node
@@ -23,7 +24,7 @@ impl FilterPlugin for NodeReady {
             .and_then(|s| s.conditions.as_ref())
             .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
             .is_some_and(|c| c.status == "True");
-        if ready { Ok(()) } else { Err("node(s) were not ready".into()) }
+        if ready { Ok(()) } else { Err(vec!["node(s) were not ready".into()]) }
     }
 }
 
@@ -35,18 +36,19 @@ impl FilterPlugin for NodeSelector {
         "NodeSelector"
     }
 
-    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), String> {
+    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
         let Some(selector) = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()) else { return Ok(()) };
-        let labels = node.node.metadata.labels.as_ref();
-        if selector.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v)) {
+        if selector.iter().all(|(k, v)| node.label(k) == Some(v.as_str())) {
             Ok(())
         } else {
-            Err("node(s) didn't match Pod's node affinity/selector".into())
+            Err(vec!["node(s) didn't match Pod's node affinity/selector".into()])
         }
     }
 }
 
-/// The node's free CPU, memory and pod slots must cover the pod's requests.
+/// The node's free CPU, memory and pod slots must cover the pod's requests; a node short of
+/// several is counted under each, as kube-scheduler does (`3 Insufficient cpu, 3 Insufficient
+/// memory`).
 pub struct NodeResourcesFit;
 
 impl FilterPlugin for NodeResourcesFit {
@@ -54,17 +56,15 @@ impl FilterPlugin for NodeResourcesFit {
         "NodeResourcesFit"
     }
 
-    fn filter(&self, _: &Pod, request: &Resources, node: &NodeInfo) -> Result<(), String> {
+    fn filter(&self, _: &Pod, request: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
         let (a, r) = (&node.allocatable, &node.requested);
-        if r.pods + request.pods > a.pods {
-            Err("Too many pods".into())
-        } else if r.cpu_milli + request.cpu_milli > a.cpu_milli {
-            Err("Insufficient cpu".into())
-        } else if r.memory + request.memory > a.memory {
-            Err("Insufficient memory".into())
-        } else {
-            Ok(())
-        }
+        let short = [
+            (r.pods + request.pods > a.pods, "Too many pods"),
+            (request.cpu_milli > 0 && r.cpu_milli + request.cpu_milli > a.cpu_milli, "Insufficient cpu"),
+            (request.memory > 0 && r.memory + request.memory > a.memory, "Insufficient memory"),
+        ];
+        let reasons: Vec<String> = short.iter().filter(|(s, _)| *s).map(|(_, r)| (*r).to_owned()).collect();
+        if reasons.is_empty() { Ok(()) } else { Err(reasons) }
     }
 }
 
@@ -138,12 +138,14 @@ impl FilterPlugin for TaintToleration {
         "TaintToleration"
     }
 
-    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), String> {
+    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
         match untolerated(pod, node, &["NoSchedule", "NoExecute"]).next() {
             None => Ok(()),
-            Some(t) => {
-                Err(format!("node(s) had untolerated taint {{{}: {}}}", t.key, t.value.as_deref().unwrap_or_default()))
-            }
+            Some(t) => Err(vec![format!(
+                "node(s) had untolerated taint {{{}: {}}}",
+                t.key,
+                t.value.as_deref().unwrap_or_default()
+            )]),
         }
     }
 }
@@ -204,6 +206,67 @@ impl ScorePlugin for ImageLocality {
     }
 }
 
+/// kube-scheduler's system default spreading (PodTopologySpread with no constraints of the
+/// Pod's own): `ScheduleAnyway` with maxSkew 3 over `kubernetes.io/hostname` and maxSkew 5 over
+/// `topology.kubernetes.io/zone` where nodes carry it, counting the Pods of the same controller
+/// (upstream counts those its Services' and owners' selectors select; one controller's Pods are
+/// what those select in practice). Scored as upstream: a node's score grows with the matching
+/// Pods in its domain, weighted by log(domains + 2), then normalized across the feasible nodes
+/// so that the emptiest domain scores 100.
+pub struct PodTopologySpread;
+
+/// (topology key, maxSkew) of the system default constraints.
+const DEFAULT_SPREAD: [(&str, i64); 2] = [("kubernetes.io/hostname", 3), ("topology.kubernetes.io/zone", 5)];
+
+impl ScorePlugin for PodTopologySpread {
+    fn name(&self) -> &'static str {
+        "PodTopologySpread"
+    }
+
+    fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
+        self.score_all(pod, request, &[node])[0]
+    }
+
+    fn score_all(&self, pod: &Pod, _: &Resources, nodes: &[&NodeInfo]) -> Vec<i64> {
+        let Some(owner) = crate::framework::controller_uid(pod) else { return vec![100; nodes.len()] };
+        let count = |node: &NodeInfo| f64::from(node.by_controller.get(owner).copied().unwrap_or(0));
+        // Per constraint: the matching Pods of each domain, and the domains' normalizing weight.
+        let mut raw: Vec<Option<f64>> = vec![Some(0.0); nodes.len()];
+        for (key, max_skew) in DEFAULT_SPREAD {
+            let domain = |node: &NodeInfo| match key {
+                "kubernetes.io/hostname" => Some(node.label(key).unwrap_or(node.name()).to_owned()),
+                _ => node.label(key).map(str::to_owned),
+            };
+            let mut in_domain: HashMap<String, f64> = HashMap::new();
+            for node in nodes {
+                if let Some(d) = domain(node) {
+                    *in_domain.entry(d).or_default() += count(node);
+                }
+            }
+            if in_domain.is_empty() {
+                continue;
+            }
+            let weight = (in_domain.len() as f64 + 2.0).ln();
+            for (score, node) in raw.iter_mut().zip(nodes) {
+                // Nodes without the key are not scored, as upstream leaves them out.
+                match domain(node) {
+                    Some(d) => *score = score.map(|s| s + in_domain[&d] * weight + (max_skew - 1) as f64),
+                    None => *score = None,
+                }
+            }
+        }
+        let known = raw.iter().flatten();
+        let (min, max) = known.fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
+        raw.iter()
+            .map(|s| match s {
+                None => 0,
+                Some(_) if max == 0.0 => 100,
+                Some(s) => (100.0 * (max + min - s) / max).round() as i64,
+            })
+            .collect()
+    }
+}
+
 /// Plugins by name, as the profile configuration refers to them.
 pub enum Plugin {
     Filter(Box<dyn FilterPlugin>),
@@ -221,6 +284,7 @@ pub fn registry(name: &str) -> Option<Plugin> {
         "ImageLocality" => Plugin::Score(Box::new(ImageLocality)),
         "LeastAllocated" => Plugin::Score(Box::new(LeastAllocated)),
         "BalancedAllocation" => Plugin::Score(Box::new(BalancedAllocation)),
+        "PodTopologySpread" => Plugin::Score(Box::new(PodTopologySpread)),
         _ => return None,
     })
 }
@@ -251,6 +315,7 @@ impl Default for Profile {
             ("NodeSelector", 1),
             ("NodeResourcesFit", 1),
             ("TaintToleration", 3),
+            ("PodTopologySpread", 2),
             ("LeastAllocated", 1),
             ("BalancedAllocation", 1),
             ("ImageLocality", 1),
@@ -391,6 +456,62 @@ mod tests {
         assert_eq!(Profile::default().schedule(&p, &nodes), Ok("b".into()));
         assert_eq!(normalized_image("gitplane.local/httpd:1"), "gitplane.local/httpd:1");
         assert_eq!(normalized_image("me/app"), "docker.io/me/app:latest");
+    }
+
+    #[test]
+    fn a_node_short_of_several_resources_counts_under_each() {
+        let nodes = [node("a", "1", "1Gi", true), node("b", "1", "1Gi", true), node("c", "1", "1Gi", true)];
+        let err = Profile::default().schedule(&pod("2", "2Gi"), &nodes).unwrap_err();
+        assert_eq!(err.to_string(), "0/3 nodes are available: 3 Insufficient cpu, 3 Insufficient memory.");
+    }
+
+    fn replica(owner: &str) -> Pod {
+        let mut p = pod("100m", "64Mi");
+        p.metadata.owner_references = Some(vec![
+            serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner, "uid": owner, "controller": true
+            }))
+            .unwrap(),
+        ]);
+        p
+    }
+
+    /// Three replicas on three equal nodes, one at a time as the scheduler binds them: each goes
+    /// to a node without one, even where the node without one is a little busier.
+    #[test]
+    fn replicas_of_one_controller_spread_over_nodes() {
+        let mut nodes = vec![node("a", "4", "8Gi", true), node("b", "4", "8Gi", true), node("c", "4", "8Gi", true)];
+        // Some other load on c, which LeastAllocated alone would avoid.
+        nodes[2].add_pod(&pod("500m", "512Mi"));
+        let mut placed = Vec::new();
+        for _ in 0..3 {
+            let pod = replica("rs-1");
+            let name = Profile::default().schedule(&pod, &nodes).unwrap();
+            nodes.iter_mut().find(|n| n.name() == name).unwrap().add_pod(&pod);
+            placed.push(name);
+        }
+        placed.sort();
+        assert_eq!(placed, ["a", "b", "c"]);
+        // Another controller's Pods do not count against this one's.
+        assert_eq!(Profile::default().schedule(&replica("rs-2"), &nodes[..2]), Ok("a".into()));
+    }
+
+    #[test]
+    fn spreading_over_zones_where_nodes_carry_them() {
+        let zoned = |name: &str, zone: &str| {
+            let mut info = node(name, "4", "8Gi", true);
+            info.node.metadata.labels.as_mut().unwrap().insert("topology.kubernetes.io/zone".into(), zone.into());
+            info
+        };
+        let mut nodes = [zoned("a1", "a"), zoned("a2", "a"), zoned("b1", "b")];
+        nodes[0].add_pod(&replica("rs-1"));
+        let scores =
+            PodTopologySpread.score_all(&replica("rs-1"), &Resources::default(), &nodes.iter().collect::<Vec<_>>());
+        // b1 is in the zone without a replica: the best; a2 shares a1's zone, a1 has one itself.
+        assert_eq!(scores[2], 100, "{scores:?}");
+        assert!(scores[0] < scores[1] && scores[1] < scores[2], "{scores:?}");
+        // Without a controller there is nothing to spread.
+        assert_eq!(PodTopologySpread.score_all(&pod("1", "1"), &Resources::default(), &[&nodes[0]]), [100]);
     }
 
     #[test]
