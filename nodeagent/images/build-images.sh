@@ -109,6 +109,36 @@ build_image gitplane.local/pause:1 pause.tar "$PAUSE" \
 # httpd runs in the foreground under a sh that turns SIGTERM into a prompt, clean exit.
 HTTPD=$WORK/rootfs-httpd
 make_rootfs "$HTTPD"
+# Every applet by its name (cat, ls, nslookup...), as busybox images have them, for people who
+# `kubectl exec` into it.
+for applet in $("$BUSYBOX" --list); do
+    [ -e "$HTTPD/bin/$applet" ] || ln -s busybox "$HTTPD/bin/$applet"
+done
+# Debian's busybox 1.35 wget crashes on -T (its timeout): this wget takes -T / --timeout
+# itself and runs busybox wget under timeout instead.
+rm "$HTTPD/bin/wget"
+cat >"$HTTPD/bin/wget" <<'WGET'
+#!/bin/busybox sh
+# wget, with -T SECONDS / --timeout=SECONDS run as `timeout` around busybox wget.
+limit=
+n=$#
+while [ "$n" -gt 0 ]; do
+    arg=$1
+    shift
+    n=$((n - 1))
+    case $arg in
+        -T) limit=$1; shift; n=$((n - 1)) ;;
+        -T*) limit=${arg#-T} ;;
+        --timeout=*) limit=${arg#--timeout=} ;;
+        *) set -- "$@" "$arg" ;;
+    esac
+done
+if [ -n "$limit" ]; then
+    exec /bin/busybox timeout "$limit" /bin/busybox wget "$@"
+fi
+exec /bin/busybox wget "$@"
+WGET
+chmod 0755 "$HTTPD/bin/wget"
 mkdir -p "$HTTPD/www"
 printf '<!doctype html>\n<html><body><h1>gitplane httpd</h1><p>Served by busybox httpd.</p></body></html>\n' >"$HTTPD/www/index.html"
 chmod 0644 "$HTTPD/www/index.html"

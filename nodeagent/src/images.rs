@@ -170,25 +170,51 @@ mod tests {
         assert_eq!(manifest["annotations"]["io.containerd.image.name"], HTTPD_IMAGE);
         assert_eq!(manifest["annotations"]["org.opencontainers.image.ref.name"], "1");
         assert_eq!(manifest["platform"]["os"], "linux");
+        // The httpd image's layer has every applet by name, and a wget that takes -T.
+        let layer = layer_of(&digests[0][1], manifest);
+        for applet in ["bin/cat", "bin/ls", "bin/nslookup", "bin/sh"] {
+            assert!(tar_link(&layer, applet).as_deref() == Some("busybox"), "{applet} -> busybox");
+        }
+        let wget = String::from_utf8(tar_entry(&layer, "bin/wget").expect("bin/wget")).unwrap();
+        assert!(wget.starts_with("#!/bin/busybox sh") && wget.contains("timeout"), "{wget}");
+    }
+
+    /// The (single) layer of the image whose index descriptor is `manifest`.
+    fn layer_of(tar: &[u8], manifest: &serde_json::Value) -> Vec<u8> {
+        let blob = |digest: &serde_json::Value| {
+            let digest = digest.as_str().unwrap().trim_start_matches("sha256:");
+            tar_entry(tar, &format!("blobs/sha256/{digest}")).expect("blob")
+        };
+        let image: serde_json::Value = serde_json::from_slice(&blob(&manifest["digest"])).unwrap();
+        blob(&image["layers"][0]["digest"])
+    }
+
+    /// The target of one symbolic link in a tarball.
+    fn tar_link(tar: &[u8], wanted: &str) -> Option<String> {
+        entries(tar)
+            .find(|(name, header, _)| name == wanted && header[156] == b'2')
+            .map(|(_, header, _)| String::from_utf8_lossy(&header[157..257]).trim_end_matches('\0').to_string())
     }
 
     /// Reads one regular file out of an uncompressed ustar/GNU tarball.
     fn tar_entry(tar: &[u8], wanted: &str) -> Option<Vec<u8>> {
+        entries(tar).find(|(name, header, _)| name == wanted && header[156] != b'2').map(|(_, _, body)| body.to_vec())
+    }
+
+    /// (name, header, body) of each entry of an uncompressed ustar/GNU tarball.
+    fn entries(tar: &[u8]) -> impl Iterator<Item = (String, &[u8], &[u8])> {
         let mut at = 0;
-        while at + 512 <= tar.len() {
-            let header = &tar[at..at + 512];
+        std::iter::from_fn(move || {
+            let header = tar.get(at..at + 512)?;
             let name = String::from_utf8_lossy(&header[..100]).trim_end_matches('\0').to_string();
             if name.is_empty() {
                 return None;
             }
             let size_field = String::from_utf8_lossy(&header[124..136]);
             let size = usize::from_str_radix(size_field.trim_matches(['\0', ' ']), 8).ok()?;
-            let body = at + 512;
-            if name == wanted {
-                return tar.get(body..body + size).map(<[u8]>::to_vec);
-            }
-            at = body + size.div_ceil(512) * 512;
-        }
-        None
+            let body = tar.get(at + 512..at + 512 + size)?;
+            at += 512 + size.div_ceil(512) * 512;
+            Some((name, header, body))
+        })
     }
 }

@@ -226,6 +226,27 @@ fn t79_exec_attach_and_port_forward_for_debug_tokens() -> Result<()> {
     let echoed = alice.run(&["exec", "-i", "web", "--", "/bin/busybox", "cat"], STDIN.as_bytes())?;
     ensure!(echoed.status.success(), "kubectl exec -i cat: {}", text(&echoed.stderr));
     ensure!(text(&echoed.stdout) == STDIN, "stdin echoed: {:?}", text(&echoed.stdout));
+    // The built-in image's applets by name, and its wget with a timeout (-T crashes Debian's
+    // busybox wget; the image's wget runs it under timeout instead).
+    let tools = alice.run(
+        &[
+            "exec",
+            "web",
+            "--",
+            "sh",
+            "-c",
+            "ls /www && cat /www/t79.html && wget -T 5 -q -O - http://127.0.0.1/t79.html",
+        ],
+        b"",
+    )?;
+    ensure!(
+        tools.status.success()
+            && text(&tools.stdout).contains("t79.html")
+            && text(&tools.stdout).matches("t79-index").count() == 2,
+        "ls, cat and wget -T by name: {} {}",
+        text(&tools.stdout),
+        text(&tools.stderr)
+    );
     let exit = alice.run(&["exec", "web", "--", "sh", "-c", "echo to-stderr >&2; exit 3"], b"")?;
     ensure!(exit.status.code() == Some(3), "the remote exit code: {:?} {}", exit.status, text(&exit.stderr));
     ensure!(text(&exit.stderr).contains("to-stderr"), "stderr: {}", text(&exit.stderr));
