@@ -5,6 +5,7 @@
 //! contract can link it.
 
 pub mod application;
+pub mod defaults;
 pub mod events;
 pub mod ingress;
 pub mod kinds;

@@ -1,6 +1,7 @@
 //! How an op turns into the stored object: the server-managed metadata (`resourceVersion`,
-//! `uid`, `creationTimestamp`, `generation`) and the spec/status split. Pure functions, shared
-//! by every backend.
+//! `uid`, `creationTimestamp`, `generation`), the spec/status split, and the API server's
+//! defaults ([`gitplane_api::defaults`]) on every create and update. Pure functions, shared by
+//! every backend.
 
 use gitplane_store::{MAX_OBJECT_BYTES, ObjectKey, Rejection, Revision};
 
@@ -17,8 +18,9 @@ fn metadata_mut(value: &mut Value) -> Result<&mut Map<String, Value>> {
         .ok_or_else(|| Rejection::Invalid("object has no metadata".into()))
 }
 
-/// A new object: fresh uid and creation time, generation 1.
+/// A new object: fresh uid and creation time, generation 1, defaults filled in.
 pub fn create(mut value: Value, revision: Revision, uid: String, now: &str) -> Result<Value> {
+    gitplane_api::defaults::apply(&mut value);
     let meta = metadata_mut(&mut value)?;
     meta.insert("resourceVersion".into(), revision.to_string().into());
     meta.insert("uid".into(), uid.into());
@@ -32,9 +34,10 @@ pub fn expected_revision(value: &Value) -> Option<Revision> {
     gitplane_api::object::resource_version(value)
 }
 
-/// An update of metadata and spec: keeps the stored status and managed metadata, bumps
-/// `generation` when anything but metadata and status changed.
+/// An update of metadata and spec: keeps the stored status and managed metadata, fills in the
+/// defaults, bumps `generation` when anything but metadata and status changed.
 pub fn update(old: &Value, mut new: Value, revision: Revision) -> Result<Value> {
+    gitplane_api::defaults::apply(&mut new);
     let spec_changed = without(old, &["metadata", "status"]) != without(&new, &["metadata", "status"]);
     let generation = old["metadata"]["generation"].as_i64().unwrap_or(1) + i64::from(spec_changed);
     copy_managed(old, &mut new)?;

@@ -114,19 +114,11 @@ pub fn empty_dir_path(cfg: &RuntimeConfig, uid: &str, volume: &str) -> PathBuf {
     cfg.pod_dir.join(uid).join("volumes/kubernetes.io~empty-dir").join(volume)
 }
 
-/// The default imagePullPolicy: `Always` for `:latest` or an untagged image, else `IfNotPresent`.
+/// The container's imagePullPolicy, or the API server's default for its image.
 pub fn image_pull_policy(container: &Container) -> &str {
-    if let Some(policy) = container.image_pull_policy.as_deref() {
-        return policy;
-    }
-    let image = container.image.as_deref().unwrap_or("");
-    if image.contains('@') {
-        return "IfNotPresent";
-    }
-    let last = image.rsplit('/').next().unwrap_or(image);
-    match last.rsplit_once(':') {
-        Some((_, "latest")) | None => "Always",
-        Some(_) => "IfNotPresent",
+    match container.image_pull_policy.as_deref() {
+        Some(policy) => policy,
+        None => gitplane_api::defaults::image_pull_policy(container.image.as_deref().unwrap_or("")),
     }
 }
 

@@ -1121,7 +1121,7 @@ mod tests {
                     object,
                     serde_json::json!({"apiVersion": "v1", "kind": "Pod",
                         "metadata": {"name": "p", "namespace": "default", "labels": {"app": "web"}},
-                        "spec": {"nodeName": "b", "hostNetwork": null, "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 80}]}]},
+                        "spec": {"nodeName": "b", "hostNetwork": null, "containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 80, "protocol": "TCP"}]}]},
                         "status": {"phase": "Running", "podIP": "10.244.2.5"}})
                 );
             }
