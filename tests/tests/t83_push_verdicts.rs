@@ -300,6 +300,11 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     let report: Value = serde_json::from_str(&json)?;
     ensure!(report["create"] == 1 && report["update"] == 2 && report["prune"] == 1, "{report}");
     ensure!(report["application"] == "gitplane-system/web", "{report}");
+    // Without --app: the Application that reads this directory of this repository is found and
+    // named, and what it would prune shows.
+    let (code, out, err) = diff(&[])?;
+    ensure!(code == Some(1) && out == DIFF, "without --app: {code:?} {err}\n{out}");
+    ensure!(err.contains("against Application gitplane-system/web"), "which Application: {err}");
 
     // The committed branch, and no differences once it is synced.
     work.commit("diffed")?;

@@ -131,26 +131,52 @@ async fn run(args: DiffArgs) -> anyhow::Result<bool> {
     };
     let namespaces = names(api.get("/api/v1/namespaces").await?);
     let nodes = names(api.get("/api/v1/nodes").await?);
-    let id = match &app {
-        Some(app) => format!(
-            "{}/{}",
-            app.metadata.namespace.as_deref().unwrap_or(""),
-            app.metadata.name.as_deref().unwrap_or("")
-        ),
-        // The Application that owns the first of these objects already in the cluster.
-        None => desired
-            .iter()
-            .find_map(|m| {
+    // Without --app: the Application that reads this directory of this repository, else the
+    // owner of the first of these objects already in the cluster. Its prune setting decides
+    // whether deleted files show as prunes; either way the user is told which one it is.
+    let owner = match app {
+        Some(app) => Some((app, "named by --app")),
+        None => {
+            let apps: Vec<Application> = api
+                .get("/apis/gitplane.io/v1/applications")
+                .await?
+                .and_then(|list| serde_json::from_value::<Vec<Application>>(list["items"].clone()).ok())
+                .unwrap_or_default();
+            let origin = origin_url(&root);
+            let reading: Vec<&Application> = apps
+                .iter()
+                .filter(|a| a.spec.path.trim_matches('/') == source.path.trim_matches('/'))
+                .filter(|a| origin.as_deref().is_some_and(|url| same_repository(&a.spec.repo, url)))
+                .collect();
+            let owning = desired.iter().find_map(|m| {
                 live.get(&m.key)?["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str().map(str::to_owned)
-            })
-            .unwrap_or_default(),
+            });
+            match (reading.as_slice(), owning) {
+                ([one], _) => Some(((*one).clone(), "it reads this directory of this repository")),
+                (_, Some(id)) => {
+                    apps.into_iter().find(|a| app_id(a) == id).map(|a| (a, "it owns these objects in the cluster"))
+                }
+                _ => None,
+            }
+        }
     };
+    let id = owner.as_ref().map(|(a, _)| app_id(a)).unwrap_or_default();
+    match &owner {
+        Some((a, why)) => eprintln!(
+            "gitplane diff: against Application {id} ({why}); prune is {}",
+            if a.spec.prune { "on: objects it made that Git no longer holds show as deleted" } else { "off" }
+        ),
+        None => eprintln!(
+            "gitplane diff: no Application reads this directory or owns these objects: only creations are shown \
+             (--app NAME to compare with one)"
+        ),
+    }
     // The cluster's record key stays in the cluster: Secrets are compared on what the API shows.
     let record_key = RecordKey::new([0; 32]);
     let policy = apply::Policy {
         app: &id,
-        prune: app.as_ref().is_some_and(|a| a.spec.prune),
-        allow_empty: app.as_ref().is_some_and(|a| a.spec.allow_empty),
+        prune: owner.as_ref().is_some_and(|(a, _)| a.spec.prune),
+        allow_empty: owner.as_ref().is_some_and(|(a, _)| a.spec.allow_empty),
         record_key: &record_key,
     };
     let inventory = apply::Inventory::default();
@@ -167,6 +193,9 @@ async fn run(args: DiffArgs) -> anyhow::Result<bool> {
         anyhow::anyhow!("the sync would reject this:\n{}", lines.join("\n"))
     })?;
 
+    for warning in &plan.warnings {
+        eprintln!("gitplane diff: warning: {}", warning.message);
+    }
     let mut objects = Vec::new();
     for op in &plan.ops {
         let (key, before, after) = match op {
@@ -215,6 +244,28 @@ async fn run(args: DiffArgs) -> anyhow::Result<bool> {
     }
     print!("{out}");
     Ok(!objects.is_empty())
+}
+
+/// `namespace/name` of an Application, as its objects' inventory annotation names it.
+fn app_id(app: &Application) -> String {
+    format!("{}/{}", app.metadata.namespace.as_deref().unwrap_or(""), app.metadata.name.as_deref().unwrap_or(""))
+}
+
+/// The URL of the `origin` remote of the repository at `root`, if any.
+fn origin_url(root: &Path) -> Option<String> {
+    let repo = git2::Repository::open(root).ok()?;
+    let remote = repo.find_remote("origin").ok()?;
+    remote.url().map(str::to_owned)
+}
+
+/// Whether an Application's `repo` (a hosted repository's name, or a remote URL) is the one a
+/// clone's `origin` points at: the same URL, or a hosted repository's `.../git/<name>.git`.
+fn same_repository(repo: &str, origin: &str) -> bool {
+    let trimmed = |u: &str| u.trim_end_matches('/').trim_end_matches(".git").to_owned();
+    if repo.contains('/') || repo.contains(':') {
+        return trimmed(repo) == trimmed(origin);
+    }
+    trimmed(origin).rsplit('/').next() == Some(repo)
 }
 
 /// `/tmp/LIVE/v1.ConfigMap.default.settings`, as kubectl diff names its files.
@@ -478,6 +529,15 @@ fn kubeconfig(path: &Path) -> anyhow::Result<(String, String, Option<Vec<u8>>)> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clone_names_its_application_repository() {
+        assert!(same_repository("demo", "http://git:t@127.0.0.1:8080/git/demo.git"));
+        assert!(same_repository("demo", "https://10.0.0.1:6443/git/demo"));
+        assert!(!same_repository("demo", "http://127.0.0.1:8080/git/demo2.git"));
+        assert!(same_repository("https://example.com/org/app.git", "https://example.com/org/app"));
+        assert!(!same_repository("https://example.com/org/app.git", "https://example.com/org/other.git"));
+    }
 
     #[test]
     fn unified_diffs_as_diff_u_does() {

@@ -40,8 +40,11 @@ use tokio::{
 
 /// The largest request body proxied (ingress-nginx's default `client_max_body_size`, 1m).
 pub const MAX_BODY: usize = 1 << 20;
-/// How long connecting to an endpoint may take (ingress-nginx's `proxy-connect-timeout`).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting to an endpoint may take before the next one is tried. Shorter than
+/// ingress-nginx's 5 s `proxy-connect-timeout`: endpoints are a hop away, where a connection
+/// takes well under a millisecond, and one a NetworkPolicy drops silently would otherwise hold
+/// every request to it for 5 s.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How many endpoints a request is tried on (ingress-nginx's `proxy-next-upstream-tries`: 3).
 const TRIES: usize = 3;
 /// Idle connections kept per endpoint: enough for every request in flight to give its

@@ -40,6 +40,9 @@ pub struct Plan {
     /// Whether every object was compared with the store, not only what changed since the
     /// inventory was last recorded.
     pub full: bool,
+    /// What the commit gets wrong without the sync refusing it (a NetworkPolicy that shuts the
+    /// Ingress out): printed by the push, recorded as Warning Events by the sync.
+    pub warnings: Vec<super::reach::Warning>,
     /// The manifests of the Create and Update ops.
     written: Vec<Arc<Manifest>>,
     /// Manifests compared and found as Git wants them, with the resourceVersion seen.
@@ -482,6 +485,8 @@ pub fn plan(
         let current_part = without_server_fields(&current);
         let last_part = last.as_ref().map(without_server_fields);
         let mut merged = merge(&current_part, last_part.as_deref(), &managed);
+        // As the store will write it: with the defaults, compared with what it holds.
+        gitplane_api::defaults::apply(&mut merged);
         if is_service {
             merged = carry_over(&merged, &current);
             if let Err(problems) = services(&mut allocations, manifests, cluster, policy).assign(
@@ -559,6 +564,7 @@ pub fn plan(
             message,
         }]);
     }
+    plan.warnings = super::reach::ingress_blocked(manifests, || super::reach::node_ips(&cluster.stored.list("Node")));
     Ok(plan)
 }
 

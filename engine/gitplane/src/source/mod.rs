@@ -14,6 +14,7 @@ pub mod allocate;
 pub mod apply;
 pub(crate) mod health;
 mod push;
+pub mod reach;
 pub mod verdict;
 
 use crate::{
@@ -590,6 +591,9 @@ impl SourceController {
                         plan.created, plan.updated, plan.pruned
                     );
                     self.record_event(&app_key(app), informer.cache(), NORMAL, "Synced", &message);
+                    for warning in &plan.warnings {
+                        self.record_event(&warning.key, informer.cache(), WARNING, reach::REASON, &warning.message);
+                    }
                 }
                 let pruned: Vec<String> = plan
                     .ops

@@ -274,6 +274,9 @@ impl Verdicts {
                             plan.created, plan.updated, plan.pruned
                         );
                         output.push_str(&described);
+                        for warning in &plan.warnings {
+                            let _ = writeln!(output, "gitplane: warning: {range}: {}", warning.message);
+                        }
                     }
                 }
             }
