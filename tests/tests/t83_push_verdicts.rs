@@ -398,11 +398,12 @@ diff -u -N /tmp/LIVE/v1.ConfigMap.default.created /tmp/MERGED/v1.ConfigMap.defau
 diff -u -N /tmp/LIVE/v1.Secret.default.db /tmp/MERGED/v1.Secret.default.db
 --- /tmp/LIVE/v1.Secret.default.db
 +++ /tmp/MERGED/v1.Secret.default.db
-@@ -7,3 +7,4 @@
+@@ -7,4 +7,5 @@
    namespace: default
  data:
    password: <masked>
 +  user: <masked>
+ type: Opaque
 diff -u -N /tmp/LIVE/v1.ConfigMap.default.settings /tmp/MERGED/v1.ConfigMap.default.settings
 --- /tmp/LIVE/v1.ConfigMap.default.settings
 +++ /tmp/MERGED/v1.ConfigMap.default.settings
