@@ -334,8 +334,9 @@ impl Proxy {
     /// length is taken from it at once, so a body that cannot be held is refused unread).
     async fn read_body(&self, mut body: Incoming, client: IpAddr) -> Result<(Bytes, Share), Response<ProxyBody>> {
         let declared = body.size_hint().exact().and_then(|n| usize::try_from(n).ok());
+        let too_large = || closing(error(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than 1 MiB"));
         if declared.is_some_and(|n| n > MAX_BODY) {
-            return Err(error(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than 1 MiB"));
+            return Err(too_large());
         }
         let busy = || {
             let message = "too many request bodies are being received: try again";
@@ -352,7 +353,7 @@ impl Proxy {
                 let Ok(data) = frame.into_data() else { continue };
                 let len = buf.len() + data.len();
                 if len > MAX_BODY {
-                    return Err(closing(error(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than 1 MiB")));
+                    return Err(too_large());
                 }
                 if len > share.units() && !share.grow(len - share.units()) {
                     return Err(busy());
