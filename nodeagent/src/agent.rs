@@ -211,7 +211,15 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     )
     .map_err(|e| AgentError::Dns(e.to_string()))?;
     let listeners = node_local::listen(cluster_dns).await.map_err(|e| AgentError::Dns(e.to_string()))?;
-    let dns_server = dns.serve(listeners, ServerConfig::default()).map_err(|e| AgentError::Dns(e.to_string()))?;
+    // Names outside the cluster are resolved for the Pods and the node only (a query the node
+    // sends to cluster DNS's address comes from that address); cluster names for anyone.
+    let mut allow_recursion = dns::server::loopback();
+    allow_recursion.push(ipnet::Ipv4Net::from(cfg.cluster_cidr).into());
+    allow_recursion.extend(
+        node_ips(&cfg)?.into_iter().chain([cluster_dns]).map(|ip| ipnet::IpNet::from(std::net::IpAddr::V4(ip))),
+    );
+    let dns_config = ServerConfig { allow_recursion, ..ServerConfig::default() };
+    let dns_server = dns.serve(listeners, dns_config).map_err(|e| AgentError::Dns(e.to_string()))?;
 
     let mut runtime_cfg = cfg.runtime.clone();
     runtime_cfg.cluster_dns = vec![cluster_dns.to_string()];

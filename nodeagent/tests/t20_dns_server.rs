@@ -1,8 +1,9 @@
 //! The DNS server on loopback with real queries: every record type, forwarding to fake
 //! upstream servers the test runs (nothing leaves the machine), stub domains from the
-//! ConfigMap, TCP after truncation, malformed packets, and updates seen by the next query.
+//! ConfigMap, TCP after truncation, malformed packets, updates seen by the next query, and
+//! recursion refused to clients outside the allowed ranges (from another loopback address).
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,7 +49,12 @@ fn rand_id() -> u16 {
 
 /// Sends a datagram and waits for the reply with the same id; resends until the deadline.
 fn udp_exchange(server: SocketAddr, packet: &[u8], id: u16) -> Option<Message> {
-    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp_exchange_from(Ipv4Addr::LOCALHOST, server, packet, id).map(|(msg, _)| msg)
+}
+
+/// As `udp_exchange`, from the address `source`; the reply and its size.
+fn udp_exchange_from(source: Ipv4Addr, server: SocketAddr, packet: &[u8], id: u16) -> Option<(Message, usize)> {
+    let socket = UdpSocket::bind((source, 0)).unwrap();
     socket.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let start = Instant::now();
     let mut buf = [0u8; 65535];
@@ -58,7 +64,7 @@ fn udp_exchange(server: SocketAddr, packet: &[u8], id: u16) -> Option<Message> {
             if let Ok(msg) = Message::from_vec(&buf[..len])
                 && msg.id == id
             {
-                return Some(msg);
+                return Some((msg, len));
             }
         }
     }
@@ -71,9 +77,15 @@ fn udp(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
 }
 
 async fn tcp(server: SocketAddr, name: &str, qtype: RecordType) -> Message {
+    tcp_from(Ipv4Addr::LOCALHOST, server, name, qtype).await
+}
+
+async fn tcp_from(source: Ipv4Addr, server: SocketAddr, name: &str, qtype: RecordType) -> Message {
     let q = query_message(name, qtype, false).to_vec().unwrap();
     let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(server).await.unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind((source, 0).into()).unwrap();
+        let mut stream = socket.connect(server).await.unwrap();
         stream.write_all(&(q.len() as u16).to_be_bytes()).await.unwrap();
         stream.write_all(&q).await.unwrap();
         let len = stream.read_u16().await.unwrap();
@@ -156,6 +168,11 @@ impl FakeUpstream {
 }
 
 fn cluster(upstream: SocketAddr) -> (Dns, Server) {
+    cluster_serving(upstream, ServerConfig::default().allow_recursion)
+}
+
+/// The test's zone, forwarding to `upstream` for the clients in `allow_recursion`.
+fn cluster_serving(upstream: SocketAddr, allow_recursion: Vec<ipnet::IpNet>) -> (Dns, Server) {
     let dns = Dns::new(ZoneConfig::default(), Forwarding::new(vec![upstream])).unwrap();
     dns.apply_service(&service(
         "shop",
@@ -188,7 +205,12 @@ fn cluster(upstream: SocketAddr) -> (Dns, Server) {
     dns.apply_slice(&slice("shop", "many-1", "many", serde_json::Value::Array(endpoints), serde_json::json!([])))
         .unwrap();
     let listeners = Listeners::bind(&["127.0.0.1:0".parse().unwrap()]).unwrap();
-    let cfg = ServerConfig { udp_threads: 2, upstream_timeout: Duration::from_millis(500), ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        udp_threads: 2,
+        upstream_timeout: Duration::from_millis(500),
+        allow_recursion,
+        ..ServerConfig::default()
+    };
     let server = dns.serve(listeners, cfg).unwrap();
     (dns, server)
 }
@@ -394,4 +416,98 @@ async fn t20_an_update_is_seen_by_the_next_query() {
     server.shutdown();
     let rebound = UdpSocket::bind(at);
     assert!(rebound.is_ok(), "the port is free once the server is shut down: {rebound:?}");
+}
+
+/// The node (127.0.0.1 here) and the Pod range get recursion; 127.0.0.2 is anyone else.
+fn node_and_pods() -> Vec<ipnet::IpNet> {
+    vec!["127.0.0.1/32".parse().unwrap(), "10.244.0.0/16".parse().unwrap()]
+}
+
+const NODE: Ipv4Addr = Ipv4Addr::LOCALHOST;
+const OUTSIDE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+fn udp_from(source: Ipv4Addr, at: SocketAddr, name: &str, qtype: RecordType, edns: bool) -> (Message, usize, usize) {
+    let q = query_message(name, qtype, edns);
+    let packet = q.to_vec().unwrap();
+    let (reply, len) = udp_exchange_from(source, at, &packet, q.id).unwrap_or_else(|| panic!("no answer to {name}"));
+    (reply, packet.len(), len)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_recursion_is_refused_outside_the_pods_and_the_node() {
+    let upstream = FakeUpstream::start([192, 0, 2, 10]).await;
+    let (_dns, server) = cluster_serving(upstream.addr, node_and_pods());
+    let at = server.udp_addrs()[0];
+    // Anyone else: REFUSED for outside names, over UDP and TCP, and nothing reaches the upstream.
+    let (r, _, _) = udp_from(OUTSIDE, at, "www.example.com.", RecordType::A, true);
+    assert_eq!((r.response_code, r.recursion_available, r.answers.len()), (ResponseCode::Refused, false, 0));
+    let r = tcp_from(OUTSIDE, at, "www.example.com.", RecordType::A).await;
+    assert_eq!(r.response_code, ResponseCode::Refused);
+    let (r, _, _) = udp_from(OUTSIDE, at, "9.2.0.192.in-addr.arpa.", RecordType::PTR, false);
+    assert_eq!(r.response_code, ResponseCode::Refused, "reverse names outside the cluster's ranges");
+    // ... but cluster names, reverse ones of the Service and Pod ranges included.
+    let (r, _, _) = udp_from(OUTSIDE, at, "web.shop.svc.cluster.local.", RecordType::A, true);
+    assert_eq!(shown(&r), ["web.shop.svc.cluster.local. 5 IN A 10.96.0.20"]);
+    let (r, _, _) = udp_from(OUTSIDE, at, "20.0.96.10.in-addr.arpa.", RecordType::PTR, false);
+    assert_eq!(shown(&r), ["20.0.96.10.in-addr.arpa. 5 IN PTR web.shop.svc.cluster.local."]);
+    let (r, _, _) = udp_from(OUTSIDE, at, "6.2.244.10.in-addr.arpa.", RecordType::PTR, false);
+    assert_eq!(shown(&r), ["6.2.244.10.in-addr.arpa. 5 IN PTR db-1.db.shop.svc.cluster.local."]);
+    let (r, _, _) = udp_from(OUTSIDE, at, "nope.shop.svc.cluster.local.", RecordType::A, false);
+    assert_eq!(r.response_code, ResponseCode::NXDomain);
+    // An ExternalName's CNAME, without its outside target.
+    let r = tcp_from(OUTSIDE, at, "ext.shop.svc.cluster.local.", RecordType::A).await;
+    assert_eq!(
+        (r.response_code, shown(&r)),
+        (ResponseCode::NoError, vec!["ext.shop.svc.cluster.local. 5 IN CNAME www.example.com.".to_string()])
+    );
+    assert!(upstream.seen().is_empty(), "nothing was forwarded for anyone else: {:?}", upstream.seen());
+    // The node gets everything, forwarded.
+    let (r, _, _) = udp_from(NODE, at, "www.example.com.", RecordType::A, true);
+    assert_eq!((shown(&r), r.recursion_available), (vec!["www.example.com. 60 IN A 192.0.2.10".to_string()], true));
+    assert_eq!(upstream.seen(), ["www.example.com. udp"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_answers_to_anyone_else_amplify_at_most_three_times() {
+    let upstream = FakeUpstream::start([192, 0, 2, 10]).await;
+    let (dns, server) = cluster_serving(upstream.addr, node_and_pods());
+    // 60 endpoints: an answer of about 1,000 bytes, which fits in one UDP datagram.
+    let endpoints: Vec<_> = (1..=60).map(|i| serde_json::json!({"addresses": [format!("10.244.4.{i}")]})).collect();
+    dns.apply_service(&service("shop", "some", serde_json::json!({"clusterIP": "None"}))).unwrap();
+    dns.apply_slice(&slice("shop", "some-1", "some", serde_json::Value::Array(endpoints), serde_json::json!([])))
+        .unwrap();
+    let at = server.udp_addrs()[0];
+    let queries: &[(&str, RecordType)] = &[
+        ("x.cluster.local.", RecordType::A),
+        ("web.shop.svc.cluster.local.", RecordType::A),
+        ("nope.shop.svc.cluster.local.", RecordType::A),
+        ("web.shop.svc.cluster.local.", RecordType::AAAA),
+        ("_pg._tcp.db.shop.svc.cluster.local.", RecordType::SRV),
+        ("some.shop.svc.cluster.local.", RecordType::A),
+        ("many.shop.svc.cluster.local.", RecordType::A),
+        ("20.0.96.10.in-addr.arpa.", RecordType::PTR),
+        ("dns-version.cluster.local.", RecordType::TXT),
+        ("ext.shop.svc.cluster.local.", RecordType::A),
+        ("www.example.com.", RecordType::A),
+        ("a.", RecordType::A),
+    ];
+    println!("| Query | EDNS | the node: bytes out / in | ratio | anyone else: bytes out / in | ratio | rcode |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut worst = 0f64;
+    for (name, qtype) in queries {
+        for edns in [false, true] {
+            let (_, node_in, node_out) = udp_from(NODE, at, name, *qtype, edns);
+            let (r, sent, got) = udp_from(OUTSIDE, at, name, *qtype, edns);
+            let ratio = got as f64 / sent as f64;
+            worst = worst.max(ratio);
+            println!(
+                "| {name} {qtype} | {edns} | {node_out} / {node_in} | {:.2} | {got} / {sent} | {ratio:.2} | {}{} |",
+                node_out as f64 / node_in as f64,
+                r.response_code,
+                if r.truncation { ", TC" } else { "" }
+            );
+        }
+    }
+    println!("worst ratio for anyone else: {worst:.2}");
+    assert!(worst <= 3.0, "an answer to anyone else was {worst:.2} times its query");
 }

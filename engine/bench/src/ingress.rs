@@ -10,8 +10,15 @@
 //!   network watch delivers) to the new path answering through the proxy, p50 / p99, while the
 //!   load generator keeps sending to an existing path and counts every non-2xx.
 //!
+//! With `--baseline`, the throughput is measured instead with `wrk` against three proxies in
+//! processes of their own, each in turn over several rounds: the proxy of another build of this
+//! binary (`ingress-serve` of the commit to compare with), this build's, and nginx. Then one
+//! client opens `--attack-connections` connections to each agent proxy, each sending a large
+//! request head and all but the last byte of a 1 MiB body, and the proxy's resident memory is
+//! read before and while they are held.
+//!
 //! Everything runs on loopback; nginx is started with a configuration of ours in a temporary
-//! directory and stopped by its pid.
+//! directory and stopped by its pid, the proxies' processes likewise.
 
 use anyhow::{Context as _, Result, bail, ensure};
 use bytes::Bytes;
@@ -51,6 +58,47 @@ pub struct IngressArgs {
     /// The nginx binary.
     #[arg(long, default_value = "/usr/sbin/nginx")]
     nginx: std::path::PathBuf,
+    /// A `gitplane-bench` binary of another commit: its proxy (`ingress-serve`) is measured
+    /// beside this build's and nginx with `wrk`, each in a process of its own.
+    #[arg(long)]
+    baseline: Option<std::path::PathBuf>,
+    /// Windows per proxy with `--baseline`, taken in turn (base, this, nginx; then backwards).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The wrk binary (Debian's `wrk`), used with `--baseline`.
+    #[arg(long, default_value = "/usr/bin/wrk")]
+    wrk: std::path::PathBuf,
+    /// wrk's threads, used with `--baseline`.
+    #[arg(long, default_value_t = 1)]
+    wrk_threads: usize,
+    /// Connections one client opens to each agent proxy to measure what they cost it (0: skip).
+    #[arg(long, default_value_t = 400)]
+    attack_connections: usize,
+}
+
+#[derive(clap::Args)]
+pub struct IngressServeArgs {
+    /// Where the proxy listens.
+    #[arg(long)]
+    listen: SocketAddr,
+    /// The upstreams `shop.example` is routed to (one Service each, as `ingress` sets up).
+    #[arg(long, required = true)]
+    upstream: Vec<SocketAddr>,
+}
+
+/// The agent's proxy alone, in front of `--upstream`, until killed: what `ingress --baseline`
+/// measures in a process of its own, for this build and for another.
+pub fn serve(args: IngressServeArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().thread_name("agent").enable_all().build()?;
+    runtime.block_on(async {
+        let routes = Arc::new(Routes::default());
+        swap(&routes, &view(&args.upstream, 0)?);
+        let listener = TcpListener::bind(args.listen).await?;
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        eprintln!("the proxy listens on {}", args.listen);
+        Proxy::new(routes).serve_http(listener, stopped).await;
+        Ok(())
+    })
 }
 
 pub fn main(args: IngressArgs) -> Result<()> {
@@ -302,29 +350,33 @@ async fn run(args: IngressArgs, agent: tokio::runtime::Handle) -> Result<()> {
         }
     });
 
-    eprintln!("throughput through the agent's proxy ({} connections, {} s)...", args.connections, args.seconds);
-    let ours = throughput(ingress_addr, &args).await;
-    let nginx_addr = free_port()?;
-    let nginx = Nginx::start(&args.nginx, nginx_addr, &upstreams)?;
-    wait_listening(nginx_addr).await?;
-    eprintln!("throughput through nginx...");
-    let theirs = throughput(nginx_addr, &args).await;
-    drop(nginx);
-    eprintln!("throughput through the agent's proxy again...");
-    let ours_again = throughput(ingress_addr, &args).await;
+    if let Some(baseline) = &args.baseline {
+        compare(&args, baseline, &upstreams).await?;
+    } else {
+        eprintln!("throughput through the agent's proxy ({} connections, {} s)...", args.connections, args.seconds);
+        let ours = throughput(ingress_addr, &args).await;
+        let nginx_addr = free_port()?;
+        let nginx = Nginx::start(&args.nginx, nginx_addr, &upstreams)?;
+        wait_listening(nginx_addr).await?;
+        eprintln!("throughput through nginx...");
+        let theirs = throughput(nginx_addr, &args).await;
+        drop(nginx);
+        eprintln!("throughput through the agent's proxy again...");
+        let ours_again = throughput(ingress_addr, &args).await;
 
-    println!("| Proxy | Connections | Requests/s | p50 ms | p99 ms | Errors | vs nginx (rate) |");
-    println!("|---|---|---|---|---|---|---|");
-    for (name, (rate, p50, p99, errors)) in
-        [("gitplane agent (run 1)", ours), ("Debian nginx", theirs), ("gitplane agent (run 2)", ours_again)]
-    {
-        println!(
-            "| {name} | {} | {rate:.0} | {} | {} | {errors} | {:.2}× |",
-            args.connections,
-            ms(p50),
-            ms(p99),
-            rate / theirs.0.max(1.0)
-        );
+        println!("| Proxy | Connections | Requests/s | p50 ms | p99 ms | Errors | vs nginx (rate) |");
+        println!("|---|---|---|---|---|---|---|");
+        for (name, (rate, p50, p99, errors)) in
+            [("gitplane agent (run 1)", ours), ("Debian nginx", theirs), ("gitplane agent (run 2)", ours_again)]
+        {
+            println!(
+                "| {name} | {} | {rate:.0} | {} | {} | {errors} | {:.2}× |",
+                args.connections,
+                ms(p50),
+                ms(p99),
+                rate / theirs.0.max(1.0)
+            );
+        }
     }
 
     // Propagation with `routes` paths loaded and the load running on `/`.
@@ -406,5 +458,222 @@ async fn run(args: IngressArgs, agent: tokio::runtime::Handle) -> Result<()> {
         counts.latencies.len(),
         counts.errors
     );
+    Ok(())
+}
+
+/// One wrk window: requests/s, p50, p99 and errors (non-2xx answers and socket errors).
+struct Window {
+    rate: f64,
+    p50: Duration,
+    p99: Duration,
+    errors: u64,
+}
+
+/// Runs wrk against `addr` for one window and reads its report.
+fn wrk(args: &IngressArgs, addr: SocketAddr) -> Result<Window> {
+    let output = Command::new(&args.wrk)
+        .args(["-t", &args.wrk_threads.to_string(), "-c", &args.connections.to_string()])
+        .args(["-d", &format!("{}s", args.seconds), "--latency", "-H", "Host: shop.example"])
+        .arg(format!("http://{addr}/"))
+        .output()
+        .with_context(|| format!("running {} (apt-get install wrk)", args.wrk.display()))?;
+    let report = String::from_utf8_lossy(&output.stdout);
+    ensure!(output.status.success(), "wrk failed: {report}{}", String::from_utf8_lossy(&output.stderr));
+    parse_wrk(&report).with_context(|| format!("reading wrk's report:\n{report}"))
+}
+
+fn parse_wrk(report: &str) -> Option<Window> {
+    let duration = |text: &str| -> Option<Duration> {
+        let split = text.find(|c: char| c.is_ascii_alphabetic())?;
+        let (number, unit) = text.split_at(split);
+        let number: f64 = number.parse().ok()?;
+        let seconds = match unit {
+            "us" => number / 1e6,
+            "ms" => number / 1e3,
+            "s" => number,
+            "m" => number * 60.0,
+            _ => return None,
+        };
+        Some(Duration::from_secs_f64(seconds))
+    };
+    let (mut rate, mut p50, mut p99, mut errors) = (None, None, None, 0);
+    for line in report.lines().map(str::trim) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            ["Requests/sec:", r] => rate = r.parse().ok(),
+            ["50%", d] => p50 = duration(d),
+            ["99%", d] => p99 = duration(d),
+            ["Non-2xx", "or", "3xx", "responses:", n] => errors += n.parse::<u64>().ok()?,
+            ["Socket", "errors:", rest @ ..] => {
+                errors += rest.iter().filter_map(|f| f.trim_end_matches(',').parse::<u64>().ok()).sum::<u64>();
+            }
+            _ => {}
+        }
+    }
+    Some(Window { rate: rate?, p50: p50?, p99: p99?, errors })
+}
+
+/// The proxy of `binary` (`gitplane-bench ingress-serve`) in a process of its own.
+fn spawn_proxy(
+    name: &str,
+    binary: &std::path::Path,
+    upstreams: &[SocketAddr],
+    log: &std::path::Path,
+) -> Result<(crate::procs::Child, SocketAddr)> {
+    let addr = free_port()?;
+    let mut command = Command::new(binary);
+    command.args(["ingress-serve", "--listen", &addr.to_string()]);
+    for upstream in upstreams {
+        command.args(["--upstream", &upstream.to_string()]);
+    }
+    Ok((crate::procs::Child::spawn(name, command, log)?, addr))
+}
+
+/// A process's resident memory, in bytes.
+fn rss(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .context("VmRSS")?;
+    Ok(kb * 1024)
+}
+
+/// The resident memory once it stops growing (unchanged within 1 MiB for 1 s, at most 20 s).
+async fn settled_rss(pid: u32) -> Result<u64> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut last, mut since) = (rss(pid)?, Instant::now());
+    while Instant::now() < deadline && since.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = rss(pid)?;
+        if now.abs_diff(last) > 1 << 20 {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    Ok(last)
+}
+
+/// What one client's held connections cost a proxy: resident memory before and while
+/// `connections` connections each send a 60 KiB request head (under any header limit of 64 KiB)
+/// and all but the last byte of a 1 MiB body, then wait; and how many were still open then.
+async fn attack(pid: u32, addr: SocketAddr, connections: usize) -> Result<(u64, u64, usize)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    const BODY: usize = 1 << 20;
+    let before = settled_rss(pid).await?;
+    let head = format!(
+        "POST / HTTP/1.1\r\nHost: shop.example\r\nContent-Length: {BODY}\r\nX-Pad: {}\r\n\r\n",
+        "a".repeat(60 << 10)
+    );
+    let (sent, mut sending) = tokio::sync::mpsc::channel::<bool>(connections.max(1));
+    let mut tasks = Vec::new();
+    for _ in 0..connections {
+        let (head, sent) = (head.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let Ok(mut stream) = TcpStream::connect(addr).await else {
+                let _ = sent.send(false).await;
+                return;
+            };
+            let body = vec![b'b'; BODY - 1];
+            let written = async { stream.write_all(head.as_bytes()).await.and(stream.write_all(&body).await) };
+            let written = tokio::time::timeout(Duration::from_secs(10), written).await;
+            // Open: nothing answered and the connection not closed within a moment.
+            let mut byte = [0u8; 1];
+            let open = matches!(written, Ok(Ok(())))
+                && tokio::time::timeout(Duration::from_millis(500), stream.read(&mut byte)).await.is_err();
+            let _ = sent.send(open).await;
+            drop(sent);
+            // Held until the measurement is taken (the task is then aborted).
+            std::future::pending::<()>().await;
+        }));
+    }
+    drop(sent);
+    let mut open = 0;
+    while let Some(held) = sending.recv().await {
+        open += usize::from(held);
+    }
+    let during = settled_rss(pid).await?;
+    for task in tasks {
+        task.abort();
+    }
+    Ok((before, during, open))
+}
+
+/// The comparison with `--baseline`: base proxy, this build's, nginx, each in a process of its
+/// own under wrk, in turn; then the memory one client's connections cost each agent proxy.
+async fn compare(args: &IngressArgs, baseline: &std::path::Path, upstreams: &[SocketAddr]) -> Result<()> {
+    let logs = tempfile::tempdir()?;
+    let this = std::env::current_exe()?;
+    let (base, base_addr) = spawn_proxy("base proxy", baseline, upstreams, &logs.path().join("base.log"))?;
+    let (ours, our_addr) = spawn_proxy("this proxy", &this, upstreams, &logs.path().join("this.log"))?;
+    let nginx_addr = free_port()?;
+    let nginx = Nginx::start(&args.nginx, nginx_addr, upstreams)?;
+    for addr in [base_addr, our_addr, nginx_addr] {
+        wait_listening(addr).await?;
+    }
+    let targets =
+        [("gitplane agent, base", base_addr), ("gitplane agent, this build", our_addr), ("Debian nginx", nginx_addr)];
+    let mut windows: Vec<Vec<Window>> = targets.iter().map(|_| Vec::new()).collect();
+    for round in 0..args.rounds {
+        let order: Vec<usize> = if round % 2 == 0 { vec![0, 1, 2] } else { vec![2, 1, 0] };
+        for i in order {
+            let (name, addr) = targets[i];
+            // wrk blocks this thread only: the upstreams run on the runtime's workers.
+            let window = wrk(args, addr)?;
+            eprintln!(
+                "round {}: {name}: {:.0} requests/s, p50 {} ms, p99 {} ms, {} errors",
+                round + 1,
+                window.rate,
+                ms(window.p50),
+                ms(window.p99),
+                window.errors
+            );
+            windows[i].push(window);
+        }
+    }
+    drop(nginx);
+    let mean = |w: &[Window], f: &dyn Fn(&Window) -> f64| w.iter().map(f).sum::<f64>() / w.len().max(1) as f64;
+    let rates: Vec<f64> = windows.iter().map(|w| mean(w, &|w| w.rate)).collect();
+    println!(
+        "| Proxy | Load | Connections | Requests/s (mean of {}) | each window | p50 ms | p99 ms | Errors | vs base (rate) | vs nginx (rate) |",
+        args.rounds
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for ((name, _), (w, rate)) in targets.iter().zip(windows.iter().zip(&rates)) {
+        let each: Vec<String> = w.iter().map(|w| format!("{:.0}", w.rate)).collect();
+        println!(
+            "| {name} | wrk -t{} | {} | {rate:.0} | {} | {:.2} | {:.2} | {} | {:.3}× | {:.2}× |",
+            args.wrk_threads,
+            args.connections,
+            each.join(" / "),
+            mean(w, &|w| w.p50.as_secs_f64() * 1e3),
+            mean(w, &|w| w.p99.as_secs_f64() * 1e3),
+            w.iter().map(|w| w.errors).sum::<u64>(),
+            rate / rates[0].max(1.0),
+            rate / rates[2].max(1.0),
+        );
+    }
+    if args.attack_connections > 0 {
+        println!();
+        println!(
+            "| Proxy | Connections one client opened | Still open, unanswered | RSS before MiB | RSS while held MiB | Growth MiB |"
+        );
+        println!("|---|---|---|---|---|---|");
+        for (name, child, addr) in
+            [("gitplane agent, base", &base, base_addr), ("gitplane agent, this build", &ours, our_addr)]
+        {
+            eprintln!("{name}: {} connections with 60 KiB heads and 1 MiB bodies...", args.attack_connections);
+            let (before, during, open) = attack(child.pid(), addr, args.attack_connections).await?;
+            let mib = |b: u64| b as f64 / f64::from(1 << 20);
+            println!(
+                "| {name} | {} | {open} | {:.0} | {:.0} | {:.0} |",
+                args.attack_connections,
+                mib(before),
+                mib(during),
+                mib(during.saturating_sub(before))
+            );
+        }
+    }
+    drop((base, ours));
     Ok(())
 }

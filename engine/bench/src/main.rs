@@ -73,6 +73,10 @@ enum Command {
     /// (requests/s, p50, p99 at 64 connections), and route propagation with 5,000 paths loaded
     /// while a load generator counts errors. Prints Markdown tables.
     Ingress(ingress::IngressArgs),
+    /// The agent's Ingress proxy alone in front of the given upstreams, until killed (what
+    /// `ingress --baseline` runs for each build it compares).
+    #[command(hide = true)]
+    IngressServe(ingress::IngressServeArgs),
     /// Ingress route propagation on `gitplane up --nodes N`: from `git push` of an Ingress
     /// change to the new route answering, p50 / p99, with 5,000 paths loaded and a load
     /// generator counting errors throughout. Prints one Markdown table.
@@ -198,6 +202,7 @@ fn main() -> Result<()> {
         Command::ApiWatch(args) => apiwatch::main(args),
         Command::Encryption(args) => encryption::main(args),
         Command::Ingress(args) => ingress::main(args),
+        Command::IngressServe(args) => ingress::serve(args),
         Command::IngressPush(args) => ingresspush::main(args),
     }
 }

@@ -18,11 +18,27 @@ use super::records::{Lookup, Zone};
 pub const MAX_UDP_PAYLOAD: u16 = 1232;
 /// ExternalName Services may point at each other; stop following after this many.
 const MAX_ALIASES: usize = 8;
+/// A UDP answer to a client refused recursion is at most this many times the size of its query;
+/// a larger one is truncated (TC) and the client asks again over TCP, whose handshake a spoofed
+/// source cannot complete. So a query sent in a victim's name gets the victim at most 3 bytes
+/// per byte sent (an NXDOMAIN with its SOA, for a short name: the most the zone answered
+/// anyone before recursion was refused), whatever the zone holds.
+pub const MAX_AMPLIFICATION: usize = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
     Udp,
     Tcp,
+}
+
+/// Whether names outside the cluster are resolved for a client (BIND's `allow-recursion`):
+/// cluster names are answered to anyone, other names only to the node and its Pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recursion {
+    Allowed,
+    /// REFUSED for names outside the cluster (an ExternalName's CNAME is answered, its target
+    /// not chased), RA clear, and UDP answers within [`MAX_AMPLIFICATION`].
+    Refused,
 }
 
 /// What to do with one received packet.
@@ -81,7 +97,7 @@ impl Pending {
     /// The client's reply from the upstream's answer; `None` (no usable answer) is SERVFAIL.
     pub fn finish(&self, upstream: Option<Message>) -> Vec<u8> {
         let Some(mut upstream) = upstream else { return self.error(ResponseCode::ServFail) };
-        let mut response = response_to(&self.request);
+        let mut response = response_to(&self.request, Recursion::Allowed);
         response.metadata.response_code = upstream.response_code;
         response.metadata.truncation = upstream.truncation;
         response.answers = self.aliases.clone();
@@ -97,14 +113,20 @@ impl Pending {
     }
 
     fn error(&self, code: ResponseCode) -> Vec<u8> {
-        let mut response = response_to(&self.request);
+        let mut response = response_to(&self.request, Recursion::Allowed);
         response.metadata.response_code = code;
         encode(&response, self.max_size)
     }
 }
 
 /// Decides the answer to one packet from the zone and the forwarding table.
-pub fn respond(zone: &Zone, forwarding: &Forwarding, packet: &[u8], transport: Transport) -> Outcome {
+pub fn respond(
+    zone: &Zone,
+    forwarding: &Forwarding,
+    packet: &[u8],
+    transport: Transport,
+    recursion: Recursion,
+) -> Outcome {
     let Ok(header) = Header::read(&mut BinDecoder::new(packet)) else { return Outcome::Drop };
     if header.message_type != MessageType::Query {
         return Outcome::Drop;
@@ -113,12 +135,16 @@ pub fn respond(zone: &Zone, forwarding: &Forwarding, packet: &[u8], transport: T
         Ok(request) => request,
         Err(_) => return Outcome::Reply(header_only(&header.metadata, ResponseCode::FormErr)),
     };
-    let max_size = match transport {
-        Transport::Tcp => u16::MAX,
-        Transport::Udp => request.max_payload().min(MAX_UDP_PAYLOAD),
+    let max_size = match (transport, recursion) {
+        (Transport::Tcp, _) => u16::MAX,
+        (Transport::Udp, Recursion::Allowed) => request.max_payload().min(MAX_UDP_PAYLOAD),
+        (Transport::Udp, Recursion::Refused) => {
+            let bound = u16::try_from(packet.len().saturating_mul(MAX_AMPLIFICATION)).unwrap_or(u16::MAX);
+            request.max_payload().min(MAX_UDP_PAYLOAD).min(bound)
+        }
     };
     let error = |code| {
-        let mut response = response_to(&request);
+        let mut response = response_to(&request, recursion);
         response.metadata.response_code = code;
         Outcome::Reply(encode(&response, max_size))
     };
@@ -137,7 +163,7 @@ pub fn respond(zone: &Zone, forwarding: &Forwarding, packet: &[u8], transport: T
     let mut aliases = Vec::new();
     let mut name = query.name().clone();
     for _ in 0..=MAX_ALIASES {
-        let mut response = response_to(&request);
+        let mut response = response_to(&request, recursion);
         response.metadata.authoritative = aliases.is_empty();
         response.answers = aliases;
         match zone.lookup(&name, qtype) {
@@ -155,6 +181,13 @@ pub fn respond(zone: &Zone, forwarding: &Forwarding, packet: &[u8], transport: T
                 aliases.push(cname);
                 name = target;
                 continue;
+            }
+            // Not ours to answer, and not to be asked elsewhere for this client: what the zone
+            // said (an ExternalName's CNAME) stands alone, or the query is refused.
+            Lookup::Foreign if recursion == Recursion::Refused => {
+                if response.answers.is_empty() {
+                    response.metadata.response_code = ResponseCode::Refused;
+                }
             }
             Lookup::Foreign => {
                 let upstreams = forwarding.upstreams_for(&name);
@@ -179,12 +212,12 @@ pub fn respond(zone: &Zone, forwarding: &Forwarding, packet: &[u8], transport: T
     error(ResponseCode::ServFail)
 }
 
-/// A response to `request` without records: its id, question, RD and CD bits, and an OPT
-/// record when the client sent one.
-fn response_to(request: &Message) -> Message {
+/// A response to `request` without records: its id, question, RD and CD bits, RA when the
+/// client may have recursion, and an OPT record when the client sent one.
+fn response_to(request: &Message, recursion: Recursion) -> Message {
     let mut response = Message::new(request.id, MessageType::Response, request.op_code);
     response.metadata = Metadata::response_from_request(&request.metadata);
-    response.metadata.recursion_available = true;
+    response.metadata.recursion_available = recursion == Recursion::Allowed;
     response.queries = request.queries.clone();
     if let Some(client) = &request.edns {
         let mut edns = Edns::new();
@@ -292,7 +325,7 @@ mod tests {
     }
 
     fn ask(msg: &Message, transport: Transport) -> Outcome {
-        respond(&zone(), &forwarding(), &msg.to_vec().unwrap(), transport)
+        respond(&zone(), &forwarding(), &msg.to_vec().unwrap(), transport, Recursion::Allowed)
     }
 
     fn reply(outcome: Outcome) -> (Message, usize) {
@@ -394,22 +427,49 @@ mod tests {
             &Forwarding::default(),
             &query("example.com.", RecordType::A, None).to_vec().unwrap(),
             Transport::Udp,
+            Recursion::Allowed,
         );
         assert_eq!(reply(no_upstream).0.response_code, ResponseCode::ServFail);
+    }
+
+    #[test]
+    fn t10_clients_refused_recursion_get_cluster_names_only() {
+        let ask = |msg: &Message, transport| {
+            respond(&zone(), &forwarding(), &msg.to_vec().unwrap(), transport, Recursion::Refused)
+        };
+        let (r, _) = reply(ask(&query("www.example.com.", RecordType::A, Some(1232)), Transport::Udp));
+        assert_eq!((r.response_code, r.recursion_available, r.answers.len()), (ResponseCode::Refused, false, 0));
+        let (r, _) = reply(ask(&query("web.ns.svc.cluster.local.", RecordType::A, None), Transport::Udp));
+        assert_eq!((r.response_code, r.recursion_available, r.answers.len()), (ResponseCode::NoError, false, 1));
+        // An ExternalName's CNAME is the cluster's to say; its outside target is not chased.
+        let (r, _) = reply(ask(&query("ext.ns.svc.cluster.local.", RecordType::A, None), Transport::Tcp));
+        let shown: Vec<String> = r.answers.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["ext.ns.svc.cluster.local. 5 IN CNAME www.example.com."]);
+        assert_eq!(r.response_code, ResponseCode::NoError);
+        // 200 records: truncated over UDP to what the query's size allows, whole over TCP.
+        let q = query("big.ns.svc.cluster.local.", RecordType::A, Some(4096));
+        let sent = q.to_vec().unwrap().len();
+        let (r, len) = reply(ask(&q, Transport::Udp));
+        assert!(r.truncation && len <= sent * MAX_AMPLIFICATION, "{len} bytes for {sent}");
+        let (r, _) = reply(ask(&q, Transport::Tcp));
+        assert_eq!((r.truncation, r.answers.len()), (false, 200));
     }
 
     #[test]
     fn t10_malformed_packets_never_panic() {
         let zone = zone();
         let fwd = forwarding();
-        assert!(matches!(respond(&zone, &fwd, &[], Transport::Udp), Outcome::Drop));
-        assert!(matches!(respond(&zone, &fwd, &[0x12; 11], Transport::Udp), Outcome::Drop));
+        assert!(matches!(respond(&zone, &fwd, &[], Transport::Udp, Recursion::Allowed), Outcome::Drop));
+        assert!(matches!(respond(&zone, &fwd, &[0x12; 11], Transport::Udp, Recursion::Allowed), Outcome::Drop));
         let valid = query("web.ns.svc.cluster.local.", RecordType::A, Some(1232)).to_vec().unwrap();
-        let (r, _) = reply(respond(&zone, &fwd, &valid[..valid.len() - 3], Transport::Udp));
+        let (r, _) = reply(respond(&zone, &fwd, &valid[..valid.len() - 3], Transport::Udp, Recursion::Allowed));
         assert_eq!((r.id, r.response_code, r.queries.len()), (0x1234, ResponseCode::FormErr, 0));
         let mut response = valid.clone();
         response[2] |= 0x80;
-        assert!(matches!(respond(&zone, &fwd, &response, Transport::Udp), Outcome::Drop), "responses are not answered");
+        assert!(
+            matches!(respond(&zone, &fwd, &response, Transport::Udp, Recursion::Allowed), Outcome::Drop),
+            "responses are not answered"
+        );
         // Mutations of a valid query: any outcome but a panic.
         let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
         let mut next = || {
@@ -425,7 +485,9 @@ mod tests {
                 packet[i] = next() as u8;
             }
             packet.truncate(12 + (next() as usize) % (packet.len() - 11));
-            let _ = respond(&zone, &fwd, &packet, Transport::Udp);
+            for recursion in [Recursion::Allowed, Recursion::Refused] {
+                let _ = respond(&zone, &fwd, &packet, Transport::Udp, recursion);
+            }
         }
     }
 }

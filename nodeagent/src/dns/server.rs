@@ -3,7 +3,7 @@
 //! the sockets are made, is the caller's choice (`Listeners`).
 
 use std::io;
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
 use std::os::fd::AsRawFd as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,11 +11,12 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use hickory_proto::op::Message;
+use ipnet::IpNet;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use super::Shared;
-use super::message::{Outcome, Pending, Transport, respond};
+use super::message::{Outcome, Pending, Recursion, Transport, respond};
 
 /// Limits and sizes of a server.
 #[derive(Clone, Debug)]
@@ -31,6 +32,18 @@ pub struct ServerConfig {
     pub max_forwards: usize,
     /// How long one upstream server gets before the next is tried.
     pub upstream_timeout: Duration,
+    /// The clients whose queries for names outside the cluster are forwarded (BIND's
+    /// `allow-recursion`); others get REFUSED for them, and cluster names only. The agent
+    /// gives its Pods' range and the node's own addresses.
+    pub allow_recursion: Vec<IpNet>,
+}
+
+/// Loopback, IPv4 and IPv6: this machine's own clients.
+pub fn loopback() -> Vec<IpNet> {
+    vec![
+        IpNet::new_assert(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8),
+        IpNet::new_assert(IpAddr::V6(Ipv6Addr::LOCALHOST), 128),
+    ]
 }
 
 impl Default for ServerConfig {
@@ -41,6 +54,7 @@ impl Default for ServerConfig {
             tcp_idle_timeout: Duration::from_secs(10),
             max_forwards: 1024,
             upstream_timeout: Duration::from_secs(2),
+            allow_recursion: loopback(),
         }
     }
 }
@@ -126,6 +140,7 @@ pub(super) fn serve(shared: Arc<Shared>, listeners: Listeners, cfg: ServerConfig
     let stop = Arc::new(AtomicBool::new(false));
     let (stop_tasks, stopped) = watch::channel(false);
     let forwards = Arc::new(Semaphore::new(cfg.max_forwards));
+    let recursion = RecursionFor(cfg.allow_recursion.into());
     let mut server = Server { udp: Vec::new(), tcp: Vec::new(), stop: stop.clone(), stop_tasks, threads: Vec::new() };
     for socket in listeners.udp {
         server.udp.push(socket.local_addr()?);
@@ -137,6 +152,7 @@ pub(super) fn serve(shared: Arc<Shared>, listeners: Listeners, cfg: ServerConfig
                 runtime: runtime.clone(),
                 forwards: forwards.clone(),
                 upstream_timeout: cfg.upstream_timeout,
+                recursion: recursion.clone(),
                 stop: stop.clone(),
             };
             let thread = std::thread::Builder::new().name(format!("dns-udp-{i}")).spawn(move || worker.run())?;
@@ -156,10 +172,22 @@ pub(super) fn serve(shared: Arc<Shared>, listeners: Listeners, cfg: ServerConfig
             forwards: forwards.clone(),
             idle: cfg.tcp_idle_timeout,
             upstream_timeout: cfg.upstream_timeout,
+            recursion: recursion.clone(),
         };
         runtime.spawn(accept_loop(listener, tcp, connections.clone(), stopped.clone()));
     }
     Ok(server)
+}
+
+/// Which clients may have recursion.
+#[derive(Clone)]
+struct RecursionFor(Arc<[IpNet]>);
+
+impl RecursionFor {
+    fn of(&self, client: IpAddr) -> Recursion {
+        let client = client.to_canonical();
+        if self.0.iter().any(|net| net.contains(&client)) { Recursion::Allowed } else { Recursion::Refused }
+    }
 }
 
 struct UdpWorker {
@@ -168,6 +196,7 @@ struct UdpWorker {
     runtime: tokio::runtime::Handle,
     forwards: Arc<Semaphore>,
     upstream_timeout: Duration,
+    recursion: RecursionFor,
     stop: Arc<AtomicBool>,
 }
 
@@ -198,7 +227,8 @@ impl UdpWorker {
                 // One read lock per batch: an update waits for at most one batch.
                 let state = self.shared.read();
                 for (packet, peer) in (0..received).filter_map(|i| batch.get(i)) {
-                    match respond(&state.zone, &state.forwarding, packet, Transport::Udp) {
+                    let recursion = self.recursion.of(peer.ip());
+                    match respond(&state.zone, &state.forwarding, packet, Transport::Udp, recursion) {
                         Outcome::Reply(bytes) => replies.push((bytes, peer)),
                         Outcome::Drop => {}
                         Outcome::Forward(pending) => forwards.push((pending, peer)),
@@ -234,6 +264,7 @@ struct TcpContext {
     forwards: Arc<Semaphore>,
     idle: Duration,
     upstream_timeout: Duration,
+    recursion: RecursionFor,
 }
 
 async fn accept_loop(
@@ -247,7 +278,7 @@ async fn accept_loop(
             _ = stopped.wait_for(|s| *s) => return,
             accepted = listener.accept() => accepted,
         };
-        let Ok((stream, _)) = accepted else { continue };
+        let Ok((stream, peer)) = accepted else { continue };
         // Over the limit the connection is closed at once, before reading anything.
         let Ok(permit) = connections.clone().try_acquire_owned() else { continue };
         let tcp = tcp.clone();
@@ -255,7 +286,7 @@ async fn accept_loop(
         tokio::spawn(async move {
             tokio::select! {
                 _ = stopped.wait_for(|s| *s) => {}
-                _ = tcp.connection(stream) => {}
+                _ = tcp.connection(stream, peer) => {}
             }
             drop(permit);
         });
@@ -264,15 +295,16 @@ async fn accept_loop(
 
 impl TcpContext {
     /// Queries one after another, each framed by its 2-byte length (RFC 1035 4.2.2).
-    async fn connection(&self, mut stream: tokio::net::TcpStream) {
+    async fn connection(&self, mut stream: tokio::net::TcpStream, peer: SocketAddr) {
         let _ = stream.set_nodelay(true);
+        let recursion = self.recursion.of(peer.ip());
         loop {
             let Ok(Ok(len)) = tokio::time::timeout(self.idle, stream.read_u16()).await else { return };
             let mut query = vec![0u8; usize::from(len)];
             let Ok(Ok(_)) = tokio::time::timeout(self.idle, stream.read_exact(&mut query)).await else { return };
             let outcome = {
                 let state = self.shared.read();
-                respond(&state.zone, &state.forwarding, &query, Transport::Tcp)
+                respond(&state.zone, &state.forwarding, &query, Transport::Tcp, recursion)
             };
             let reply = match outcome {
                 Outcome::Reply(bytes) => bytes,

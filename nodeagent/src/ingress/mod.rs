@@ -1,12 +1,14 @@
 //! The node's Ingress controller: the routing table of `gitplane_api::ingress` (the pure core)
 //! built from the agent's view of the network, and an HTTP / HTTPS reverse proxy that serves it
 //! on the node's address ([`proxy`]), with certificates picked by SNI ([`tls`]) and upgraded
-//! connections passed through until closed or idle ([`tunnel`]).
+//! connections passed through until closed or idle ([`tunnel`]), within the bounds of
+//! [`limits`].
 //!
 //! A change of an Ingress, Service, EndpointSlice, IngressClass or TLS Secret rebuilds the table
 //! and swaps it in whole ([`Routes::store`]): a request routes by the table it started with, so a
 //! route change never drops a request in flight nor answers one with an error.
 
+pub mod limits;
 pub mod proxy;
 pub mod tls;
 mod tunnel;

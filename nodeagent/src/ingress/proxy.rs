@@ -5,13 +5,20 @@
 //! Clients and upstreams keep their connections alive; idle upstream connections wait in a small
 //! pool per endpoint. Request bodies are read whole first (at most [`MAX_BODY`], ingress-nginx's
 //! default `client_max_body_size`), so a retry can send them again.
+//!
+//! Everything a client can make the proxy hold is bounded by [`Limits`]: connections (in all and
+//! per client address; more are closed at once, unanswered), request heads (size and fields:
+//! 431), the time to send a head or to stay idle, the time to send a body (408), and the bodies
+//! held in memory (in all and per client address: 503).
 
 use super::{
-    Routes, tls,
+    Routes,
+    limits::{HANDSHAKE_TIMEOUT, Limits, MAX_HEADER_BYTES, MAX_HEADERS, Share, Shares},
+    tls,
     tunnel::{self, Ended, tunnel},
 };
-use bytes::Bytes;
-use http_body_util::{BodyExt, Either, Full, Limited};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::{
     Request, Response, StatusCode,
     body::{Body, Frame, Incoming},
@@ -23,7 +30,7 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use std::{
     collections::HashMap,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     pin::Pin,
     sync::{
         Arc, Mutex, PoisonError,
@@ -128,11 +135,27 @@ pub struct Proxy {
     pub routes: Arc<Routes>,
     pool: Arc<Pool>,
     next: AtomicUsize,
+    limits: Limits,
+    /// Connections open, in all and per client address.
+    connections: Arc<Shares>,
+    /// Bytes of request bodies held, in all and per client address.
+    bodies: Arc<Shares>,
 }
 
 impl Proxy {
     pub fn new(routes: Arc<Routes>) -> Arc<Proxy> {
-        Arc::new(Proxy { routes, pool: Arc::default(), next: AtomicUsize::new(0) })
+        Proxy::with_limits(routes, Limits::default())
+    }
+
+    pub fn with_limits(routes: Arc<Routes>, limits: Limits) -> Arc<Proxy> {
+        Arc::new(Proxy {
+            routes,
+            pool: Arc::default(),
+            next: AtomicUsize::new(0),
+            connections: Shares::new(limits.max_connections, limits.max_connections_per_client),
+            bodies: Shares::new(limits.max_buffered_bodies, limits.max_buffered_bodies_per_client),
+            limits,
+        })
     }
 
     /// Serves plain HTTP on `listener` until `shutdown`.
@@ -170,18 +193,23 @@ impl Proxy {
                     continue;
                 }
             };
+            // Over either bound the connection is closed at once, before anything is read: the
+            // client sees a reset, and a flood costs an accept and a close.
+            let Some(slot) = self.connections.take(peer.ip(), 1) else {
+                tracing::debug!(%peer, "Ingress connection refused: too many connections");
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let (proxy, tls) = (self.clone(), tls.clone());
             tokio::spawn(async move {
+                let _slot = slot;
                 match tls {
                     None => proxy.serve_connection(stream, peer, "http").await,
-                    Some(acceptor) => {
-                        match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(stream)).await {
-                            Ok(Ok(stream)) => proxy.serve_connection(stream, peer, "https").await,
-                            Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                        }
-                    }
+                    Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(stream)) => proxy.serve_connection(stream, peer, "https").await,
+                        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    },
                 }
             });
         }
@@ -191,15 +219,21 @@ impl Proxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let idle_timeout = self.limits.idle_timeout;
         let service = service_fn(move |request| {
             let proxy = self.clone();
             async move { Ok::<_, std::convert::Infallible>(proxy.handle(request, peer, scheme).await) }
         });
-        // A client has 30 s to send a request's head (Slowloris); hyper needs a timer for that.
+        // hyper runs the head's timer from the end of the previous answer: it is the idle
+        // timeout too. The read and write buffers are capped at the largest head, so a client
+        // that stops reading holds no more than that of a response.
         let served = hyper::server::conn::http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .keep_alive(true)
-            .header_read_timeout(Duration::from_secs(30))
+            .header_read_timeout(idle_timeout)
+            .max_header_size(MAX_HEADER_BYTES)
+            .max_headers(MAX_HEADERS)
+            .max_buf_size(MAX_HEADER_BYTES)
             .serve_connection(TokioIo::new(stream), service)
             .with_upgrades()
             .await;
@@ -243,16 +277,14 @@ impl Proxy {
         if backend.endpoints.is_empty() {
             return error(StatusCode::SERVICE_UNAVAILABLE, &format!("{} has no ready endpoints", backend.name));
         }
-        // Most requests have no body: nothing to read or to keep for a retry.
-        let body = if body.is_end_stream() {
-            Bytes::new()
+        // Most requests have no body: nothing to read or to keep for a retry. The share of the
+        // bodies' budget is held until the answer's head is returned.
+        let (body, _share) = if body.is_end_stream() {
+            (Bytes::new(), None)
         } else {
-            match Limited::new(body, MAX_BODY).collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
-                    return error(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than 1 MiB");
-                }
-                Err(_) => return error(StatusCode::BAD_REQUEST, "the request body could not be read"),
+            match self.read_body(body, peer.ip()).await {
+                Ok((body, share)) => (body, Some(share)),
+                Err(response) => return response,
             }
         };
         // Upstreams get the origin form (`/path?query`), whatever form the client sent.
@@ -296,6 +328,48 @@ impl Proxy {
         }
         tracing::warn!(backend = %backend.name, error = %last_error, "no endpoint answered");
         error(StatusCode::BAD_GATEWAY, &format!("no endpoint of {} answered", backend.name))
+    }
+
+    /// Reads a request body whole, within the body timeout and the bodies' budget (a declared
+    /// length is taken from it at once, so a body that cannot be held is refused unread).
+    async fn read_body(&self, mut body: Incoming, client: IpAddr) -> Result<(Bytes, Share), Response<ProxyBody>> {
+        let declared = body.size_hint().exact().and_then(|n| usize::try_from(n).ok());
+        let too_large = || closing(error(StatusCode::PAYLOAD_TOO_LARGE, "the request body is larger than 1 MiB"));
+        if declared.is_some_and(|n| n > MAX_BODY) {
+            return Err(too_large());
+        }
+        let busy = || {
+            let message = "too many request bodies are being received: try again";
+            closing(error(StatusCode::SERVICE_UNAVAILABLE, message))
+        };
+        let mut share = self.bodies.take(client, declared.unwrap_or(0)).ok_or_else(busy)?;
+        let read = async {
+            let mut buf = BytesMut::with_capacity(declared.unwrap_or(0));
+            while let Some(frame) = body.frame().await {
+                let Ok(frame) = frame else {
+                    return Err(error(StatusCode::BAD_REQUEST, "the request body could not be read"));
+                };
+                // Trailers are not forwarded (the body is sent with a length).
+                let Ok(data) = frame.into_data() else { continue };
+                let len = buf.len() + data.len();
+                if len > MAX_BODY {
+                    return Err(too_large());
+                }
+                if len > share.units() && !share.grow(len - share.units()) {
+                    return Err(busy());
+                }
+                buf.extend_from_slice(&data);
+            }
+            Ok(buf.freeze())
+        };
+        match tokio::time::timeout(self.limits.body_timeout, read).await {
+            Ok(Ok(body)) => Ok((body, share)),
+            Ok(Err(response)) => Err(response),
+            Err(_) => {
+                let message = format!("the request body did not arrive within {:?}", self.limits.body_timeout);
+                Err(closing(error(StatusCode::REQUEST_TIMEOUT, &message)))
+            }
+        }
     }
 
     /// Sends a request to one endpoint: on an idle pooled connection, else (and always for an
@@ -448,6 +522,12 @@ fn forward_headers(headers: &mut HeaderMap, peer: SocketAddr, scheme: &'static s
     headers.insert("x-forwarded-proto", HeaderValue::from_static(scheme));
     headers.insert("x-forwarded-host", host);
     headers.insert("x-real-ip", client);
+}
+
+/// An answer after which the connection is closed (the rest of its request was not read).
+fn closing(mut response: Response<ProxyBody>) -> Response<ProxyBody> {
+    response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 fn error(status: StatusCode, message: &str) -> Response<ProxyBody> {

@@ -12,9 +12,12 @@
 //! HTTPS only, with the serving certificate the cluster CA signed for this node, and mutual:
 //! the handshake requires a client certificate from the cluster CA, and only a replica's is
 //! answered ([`auth`]), before anything of the request is looked at. HTTP/1.1 only, at most
-//! [`MAX_CONNECTIONS`] connections, 10 s for the handshake and 10 s to send a request head.
+//! [`MAX_CONNECTIONS`] connections, of which a client address holds at most
+//! [`MAX_UNVERIFIED_PER_CLIENT`] until it shows a replica's certificate ([`slots`]),
+//! [`HANDSHAKE_TIMEOUT`] for the handshake and 10 s to send a request head.
 
 pub mod auth;
+pub mod slots;
 pub mod streaming;
 
 use crate::{
@@ -25,19 +28,25 @@ use crate::{
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
-use hyper::{Request, Response, StatusCode, body::Frame};
+use hyper::{
+    Request, Response, StatusCode,
+    body::{Frame, Incoming},
+};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use std::{convert::Infallible, sync::Arc, time::Duration};
+pub use slots::{MAX_CONNECTIONS, MAX_UNVERIFIED_PER_CLIENT};
+use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::{StreamExt as _, wrappers::ReceiverStream};
 
 /// The kubelet's default port.
 pub const DEFAULT_PORT: u16 = 10250;
-/// Connections served at once; more are closed at once.
-pub const MAX_CONNECTIONS: usize = 256;
-/// How long a client may take to complete the TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to complete the TLS handshake: as long as a replica waits for it
+/// (the control plane's kubelet client gives up after 5 s).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection may go without sending a complete request head (idle between
+/// requests, too: hyper runs the timer from the end of the previous answer).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -57,47 +66,13 @@ impl KubeletServer {
     pub async fn serve(self, listener: tokio::net::TcpListener) {
         crate::metrics::register();
         let server = Arc::new(self);
-        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a kubelet endpoint connection failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::warn!(%peer, "too many kubelet endpoint connections: closing one");
-                continue;
-            };
+        let slots = slots::Slots::new(MAX_CONNECTIONS, MAX_UNVERIFIED_PER_CLIENT);
+        let tls = server.tls.clone();
+        accept(listener, tls, slots, move |request, authorized| {
             let server = server.clone();
-            tokio::spawn(async move {
-                let _slot = slot;
-                let tls = server.tls.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-                let Some(tls) = tls else { return };
-                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)).await;
-                let stream = match handshake {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "kubelet endpoint handshake refused"),
-                    Err(_) => return tracing::debug!(%peer, "kubelet endpoint handshake timed out"),
-                };
-                let client = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
-                let authorized = auth::authorized(client.map(|c| c.as_ref()));
-                let service = hyper::service::service_fn(move |request| {
-                    let server = server.clone();
-                    async move { Ok::<_, Infallible>(server.handle(request, authorized).await) }
-                });
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(Duration::from_secs(10))
-                    .serve_connection(TokioIo::new(stream), service)
-                    .with_upgrades();
-                if let Err(e) = connection.await {
-                    tracing::debug!(%peer, error = %e, "kubelet endpoint connection ended");
-                }
-            });
-        }
+            async move { server.handle(request, authorized).await }
+        })
+        .await
     }
 
     async fn handle<B>(&self, request: Request<B>, authorized: bool) -> Response<Body> {
@@ -220,6 +195,68 @@ impl KubeletServer {
     }
 }
 
+/// Accepts connections on `listener` into `slots`, completes each one's mutual TLS handshake
+/// with `tls` and has `handle` answer its requests (with whether the client is a replica).
+/// A connection that has not shown a replica's certificate is closed when its slot is needed.
+async fn accept<H, F>(listener: tokio::net::TcpListener, tls: auth::ServingTls, slots: Arc<slots::Slots>, handle: H)
+where
+    H: Fn(Request<Incoming>, bool) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!(error = %e, "accepting a kubelet endpoint connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some(slot) = slots.admit(peer.ip()) else {
+            tracing::warn!(%peer, "every kubelet endpoint connection is a replica's: closing a new one");
+            continue;
+        };
+        let (tls, handle) = (tls.clone(), handle.clone());
+        tokio::spawn(async move {
+            let tls = tls.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            let Some(tls) = tls else { return };
+            let handshake = tokio::select! {
+                () = slot.evicted() => return tracing::debug!(%peer, "kubelet endpoint connection closed to make room"),
+                handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(stream)) => handshake,
+            };
+            let stream = match handshake {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return tracing::debug!(%peer, error = %e, "kubelet endpoint handshake refused"),
+                Err(_) => return tracing::debug!(%peer, "kubelet endpoint handshake timed out"),
+            };
+            let client = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
+            let authorized = auth::authorized(client.map(|c| c.as_ref()));
+            if authorized {
+                slot.verified();
+            }
+            let service = hyper::service::service_fn(move |request| {
+                let answer = handle(request, authorized);
+                async move { Ok::<_, Infallible>(answer.await) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            // Anyone else's connection (a node's certificate: answered 403) still gives way.
+            let served = tokio::select! {
+                () = slot.evicted(), if !authorized => {
+                    return tracing::debug!(%peer, "kubelet endpoint connection closed to make room");
+                }
+                served = connection => served,
+            };
+            if let Err(e) = served {
+                tracing::debug!(%peer, error = %e, "kubelet endpoint connection ended");
+            }
+        });
+    }
+}
+
 /// Puts the endpoint's port in the Node (`status.daemonEndpoints.kubeletEndpoint.Port`), where
 /// the control plane looks for it.
 pub fn advertise(node: &mut k8s_openapi::api::core::v1::Node, port: u16) {
@@ -301,6 +338,140 @@ pub fn log_request(query: &[(String, String)], now: Timestamp) -> Result<(String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gitplane_proto::x509;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use tokio::{io::AsyncWriteExt as _, net::TcpStream};
+
+    /// The endpoint's TLS (serving 127.0.0.1) and a replica's and a node's client TLS, all
+    /// under a CA of the test's.
+    struct Pki {
+        serving: tokio_rustls::TlsAcceptor,
+        replica: tokio_rustls::TlsConnector,
+        node: tokio_rustls::TlsConnector,
+    }
+
+    fn pki() -> Pki {
+        let mut params = rcgen::CertificateParams::default();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+        let ca_pem = x509::pem("CERTIFICATE", ca.der());
+        let sign = |organization: Option<&str>| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::default();
+            match organization {
+                None => {
+                    params.subject_alt_names = vec![rcgen::SanType::IpAddress(Ipv4Addr::LOCALHOST.into())];
+                    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+                }
+                Some(organization) => {
+                    params.distinguished_name.push(rcgen::DnType::OrganizationName, organization);
+                    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+                }
+            }
+            crate::certificate::with_key(x509::pem("CERTIFICATE", params.signed_by(&key, &ca).unwrap().der()), &key)
+        };
+        let client = |organization: &str| {
+            let pair = sign(Some(organization));
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(crate::certificate::roots(&ca_pem).unwrap())
+                .with_client_auth_cert(vec![pair.certificate_der().unwrap()], pair.key_der().unwrap())
+                .unwrap();
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            tokio_rustls::TlsConnector::from(Arc::new(config))
+        };
+        Pki {
+            serving: auth::acceptor(&ca_pem, Some(sign(None))).unwrap(),
+            replica: client(x509::REPLICAS_GROUP),
+            node: client(x509::NODES_GROUP),
+        }
+    }
+
+    /// An endpoint on 127.0.0.1 with `max` slots and `per_client` unverified ones per client,
+    /// answering a replica 200 and anyone else 403.
+    async fn endpoint(serving: tokio_rustls::TlsAcceptor, max: usize, per_client: usize) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let tls = Arc::new(std::sync::RwLock::new(Some(serving)));
+        tokio::spawn(accept(listener, tls, slots::Slots::new(max, per_client), |_, authorized| async move {
+            if authorized { text(StatusCode::OK, "ok") } else { text(StatusCode::FORBIDDEN, "replicas only") }
+        }));
+        addr
+    }
+
+    async fn connect_from(host: u8, to: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((Ipv4Addr::new(127, 0, 0, host), 0))).unwrap();
+        socket.connect(to).await.unwrap()
+    }
+
+    type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Empty<Bytes>>;
+
+    /// A keep-alive connection from 127.0.0.`host` over `tls`.
+    async fn open(tls: &tokio_rustls::TlsConnector, host: u8, to: SocketAddr) -> Option<Sender> {
+        let stream = connect_from(host, to).await;
+        let name = rustls::pki_types::ServerName::IpAddress(Ipv4Addr::LOCALHOST.into());
+        let stream = tls.connect(name, stream).await.ok()?;
+        let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+        tokio::spawn(connection);
+        Some(sender)
+    }
+
+    async fn get(sender: &mut Sender) -> Option<StatusCode> {
+        let request = Request::get("/stats/summary").body(http_body_util::Empty::new()).ok()?;
+        Some(sender.send_request(request).await.ok()?.status())
+    }
+
+    /// One request on a new connection, within a deadline.
+    async fn status(tls: &tokio_rustls::TlsConnector, host: u8, to: SocketAddr) -> Option<StatusCode> {
+        let request = async { get(&mut open(tls, host, to).await?).await };
+        tokio::time::timeout(Duration::from_secs(10), request).await.ok().flatten()
+    }
+
+    /// `count` connections from 127.0.0.`host` that send one byte of a handshake and then wait.
+    async fn idle(host: u8, to: SocketAddr, count: usize) -> Vec<TcpStream> {
+        let mut idle = Vec::new();
+        for _ in 0..count {
+            let mut stream = connect_from(host, to).await;
+            stream.write_all(&[0x16]).await.unwrap();
+            idle.push(stream);
+        }
+        idle
+    }
+
+    #[tokio::test]
+    async fn t10_clients_holding_idle_connections_do_not_keep_a_replica_out() {
+        let pki = pki();
+        let addr = endpoint(pki.serving, 8, 4).await;
+        // A replica keeps two connections open, answered.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut sender = open(&pki.replica, 3, addr).await.unwrap();
+            assert_eq!(get(&mut sender).await, Some(StatusCode::OK));
+            held.push(sender);
+        }
+        // A neighbour opens 20 connections that never finish a handshake; another node
+        // completes handshakes with its own certificate and keeps them open.
+        let _idle = idle(2, addr, 20).await;
+        for _ in 0..4 {
+            assert_eq!(status(&pki.node, 4, addr).await, Some(StatusCode::FORBIDDEN));
+        }
+        // The replica is served on a new connection, and on the ones it held.
+        assert_eq!(status(&pki.replica, 3, addr).await, Some(StatusCode::OK));
+        for sender in &mut held {
+            assert_eq!(get(sender).await, Some(StatusCode::OK), "a replica's open connection is never closed");
+        }
+        // From the neighbour's own address too (clients on loopback share one).
+        assert_eq!(status(&pki.replica, 2, addr).await, Some(StatusCode::OK));
+        // Idle connections from many addresses (4 each, 24 in all) fill every slot they can.
+        let mut crowd = Vec::new();
+        for host in 10..16 {
+            crowd.push(idle(host, addr, 4).await);
+        }
+        assert_eq!(status(&pki.replica, 3, addr).await, Some(StatusCode::OK));
+    }
 
     #[test]
     fn parses_log_requests() {
