@@ -19,6 +19,7 @@ use crate::{
     proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
+    runtime_state::{self, RuntimeState},
     server::{self, KubeletServer},
 };
 use gitplane_proto::node::{
@@ -265,8 +266,17 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     };
     let kubelet = tokio::spawn(kubelet.serve(kubelet_listener));
     let rotating = tokio::spawn(rotate::run(cri, cfg.runtime.pod_log_dir.clone(), cfg.log_rotation));
-    let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
-    let node_status = tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone()));
+    // The runtime's health, checked on the kubelet's cadence and at once when a relist fails;
+    // the node's Ready condition follows it.
+    let (runtime_state, runtime_states) = watch::channel(RuntimeState::default());
+    let check_runtime = Arc::new(Notify::new());
+    let checking = tokio::spawn(runtime_state::run(runtime.clone(), runtime_state, check_runtime.clone()));
+    // After lost heartbeats the control plane may have marked the node Unknown: the whole status
+    // is sent again.
+    let resend_status = Arc::new(Notify::new());
+    let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone(), resend_status.clone()));
+    let node_status =
+        tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone(), runtime_states, resend_status));
     // Services, EndpointSlices and Nodes, for the node's networking.
     let network = Arc::new(Network::default());
     let following = tokio::spawn({
@@ -307,7 +317,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         async move { dns::follow::run(&dns, &host_dns, &network, &events, shutdown).await }
     });
     let wakers = Wakers::default();
-    let relisting = tokio::spawn(relist(runtime.clone(), wakers.clone()));
+    let relisting = tokio::spawn(relist(runtime.clone(), wakers.clone(), check_runtime));
     let mut pods = PodWorkers {
         cfg: cfg.clone(),
         runtime: runtime.clone(),
@@ -320,6 +330,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     };
     follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
+    checking.abort();
     renewing.abort();
     node_status.abort();
     relisting.abort();
@@ -511,43 +522,71 @@ fn keep(
     Ok((client, serving))
 }
 
-async fn heartbeat(cfg: AgentConfig, client: Servers) {
+/// Renews the Lease every period; after renewals failed, `recovered` asks for the node's status
+/// to be sent again.
+async fn heartbeat(cfg: AgentConfig, client: Servers, recovered: Arc<Notify>) {
     let mut tick = tokio::time::interval(cfg.heartbeat);
+    let mut failing = false;
     loop {
         tick.tick().await;
         let request = HeartbeatRequest { node_name: cfg.node_name.clone() };
         let (server, mut c) = client.get();
-        if let Err(status) = c.heartbeat(request).await {
-            tracing::warn!(error = %status.message(), "lease renewal failed");
-            client.failed(server);
+        match c.heartbeat(request).await {
+            Ok(_) if failing => {
+                failing = false;
+                recovered.notify_one();
+            }
+            Ok(_) => {}
+            Err(status) => {
+                tracing::warn!(error = %status.message(), "lease renewal failed");
+                client.failed(server);
+                failing = true;
+            }
         }
     }
 }
 
-/// Sends the node's own status when it changes: pressure conditions, allocatable, images.
-async fn report_node_status(cfg: AgentConfig, client: Servers, runtime: Arc<RuntimeManager>) {
+/// Sends the node's own status when it changes: pressure conditions, allocatable, images, and
+/// the Ready condition of the runtime's state, at once when that changes. `resend` sends it
+/// again even if unchanged.
+async fn report_node_status(
+    cfg: AgentConfig,
+    client: Servers,
+    runtime: Arc<RuntimeManager>,
+    mut runtime_state: watch::Receiver<RuntimeState>,
+    resend: Arc<Notify>,
+) {
     let mut tick = tokio::time::interval(cfg.node_status_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sent: Option<Value> = None;
-    let mut conditions = Vec::new();
+    let mut conditions: Vec<k8s_openapi::api::core::v1::NodeCondition> = Vec::new();
+    // A runtime that is down lists no images: the node keeps the last list.
+    let mut images = Vec::new();
     loop {
-        tick.tick().await;
-        let images = match runtime.images().await {
-            Ok(images) => images,
-            Err(error) => {
-                tracing::warn!(%error, "listing images for the node status failed");
-                continue;
-            }
-        };
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = runtime_state.changed() => if changed.is_err() { return },
+            _ = resend.notified() => sent = None,
+        }
+        match runtime.images().await {
+            Ok(listed) => images = listed,
+            Err(error) => tracing::debug!(%error, "listing images for the node status failed"),
+        }
         let signals = node::host_signals(&cfg.node.nodefs);
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-        let status = node::status(&cfg.node, &signals, &conditions, images, now);
+        let mut status = node::status(&cfg.node, &signals, &conditions, images.clone(), now.clone());
+        let previous = conditions.iter().find(|c| c.type_ == "Ready");
+        let ready = runtime_state::ready_condition(&runtime_state.borrow_and_update(), previous, now);
+        status.conditions.get_or_insert_with(Vec::new).push(ready);
         let value = serde_json::to_value(&status).unwrap_or_default();
         if sent.as_ref() == Some(&value) {
             continue;
         }
-        for c in status.conditions.iter().flatten().filter(|c| c.status == "True") {
-            tracing::warn!(condition = %c.type_, message = ?c.message, "node under pressure");
+        for c in status.conditions.iter().flatten() {
+            let bad = if c.type_ == "Ready" { c.status != "True" } else { c.status == "True" };
+            if bad {
+                tracing::warn!(condition = %c.type_, status = %c.status, message = ?c.message, "node condition");
+            }
         }
         let request =
             UpdateNodeStatusRequest { node_name: cfg.node_name.clone(), status: value.to_string().into_bytes() };
@@ -877,12 +916,15 @@ type Wakers = Arc<std::sync::Mutex<HashMap<String, Arc<Notify>>>>;
 pub const PLEG_PERIOD: Duration = Duration::from_secs(1);
 
 /// The kubelet's PLEG: relists the runtime every [`PLEG_PERIOD`] and wakes the worker of every
-/// Pod whose sandboxes or containers changed.
-async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers) {
+/// Pod whose sandboxes or containers changed. A relist that fails has the runtime's health
+/// checked at once (`check_runtime`), and so has the first one that works again, which also wakes
+/// every worker, so Pods that could not start go on without waiting out their back-off.
+async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers, check_runtime: Arc<Notify>) {
     let mut seen: HashMap<String, u64> = HashMap::new();
     let mut tick = tokio::time::interval(PLEG_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_cleanup = Instant::now();
+    let mut failing = false;
     loop {
         tick.tick().await;
         if last_cleanup.elapsed() >= ORPHAN_CLEANUP_PERIOD {
@@ -897,12 +939,21 @@ async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers) {
         let now = match runtime.relist().await {
             Ok(now) => now,
             Err(e) => {
-                tracing::warn!(error = %e, "relisting the runtime failed");
+                if !failing {
+                    tracing::warn!(error = %e, "relisting the runtime failed");
+                    failing = true;
+                }
+                check_runtime.notify_one();
                 continue;
             }
         };
         {
             let wakers = wakers.lock().unwrap_or_else(PoisonError::into_inner);
+            if std::mem::take(&mut failing) {
+                tracing::info!("relisting the runtime works again");
+                check_runtime.notify_one();
+                wakers.values().for_each(|wake| wake.notify_one());
+            }
             let changed = now.iter().filter(|(uid, print)| seen.get(*uid) != Some(print)).map(|(uid, _)| uid);
             let gone = seen.keys().filter(|uid| !now.contains_key(*uid));
             for uid in changed.chain(gone) {

@@ -22,6 +22,7 @@ pub mod prober;
 pub mod proxy;
 pub mod routes;
 pub mod runtime;
+pub mod runtime_state;
 pub mod server;
 pub mod stats;
 mod template;

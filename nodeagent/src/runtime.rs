@@ -398,6 +398,13 @@ impl RuntimeManager {
             .collect())
     }
 
+    /// The runtime's conditions (CRI `Status`: RuntimeReady, NetworkReady), within `timeout`.
+    pub async fn status(&self, timeout: Duration) -> Result<Vec<pb::RuntimeCondition>, RuntimeError> {
+        let req = pb::StatusRequest { verbose: false };
+        let status = self.call("(all)", "Status", Some(timeout), self.cri.runtime().status(req)).await?;
+        Ok(status.status.map(|s| s.conditions).unwrap_or_default())
+    }
+
     /// The images the runtime holds, as a Node lists them.
     pub async fn images(&self) -> Result<Vec<k8s_openapi::api::core::v1::ContainerImage>, RuntimeError> {
         let req = pb::ListImagesRequest { filter: None };

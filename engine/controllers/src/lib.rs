@@ -20,6 +20,7 @@ pub mod owner;
 pub mod plan;
 pub mod replicaset;
 pub mod runtime;
+pub mod taint_eviction;
 
 pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
 
@@ -57,6 +58,8 @@ pub fn watched_kinds() -> Vec<String> {
 pub struct Settings {
     /// Where LoadBalancer Services get their addresses; none: they stay `<pending>`.
     pub load_balancer_pool: Option<loadbalancer::AddressPool>,
+    /// How long Pods that say nothing stay on a node that is not ready or unreachable.
+    pub default_tolerations: taint_eviction::DefaultTolerations,
 }
 
 /// Starts every controller; the handles end them on drop of the runtime or abort.
@@ -69,6 +72,13 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),
         tokio::spawn(Controller::new(node_lifecycle::NodeLifecycleController::default(), ctx.clone()).run()),
+        tokio::spawn(
+            Controller::new(
+                taint_eviction::TaintEvictionController { defaults: settings.default_tolerations },
+                ctx.clone(),
+            )
+            .run(),
+        ),
         tokio::spawn(Controller::new(ingress::IngressController::default(), ctx.clone()).run()),
     ];
     if let Some(pool) = settings.load_balancer_pool {

@@ -16,7 +16,6 @@ use crate::{
 };
 use anyhow::Context as _;
 use axum::{Json, routing::get};
-use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_storage::encryption::Keyring;
 use gitplane_storage::{
     encryption::AtRest,
@@ -236,7 +235,7 @@ impl Replica {
         git: GitServing,
         push_hint: String,
         service_ranges: ServiceRanges,
-        load_balancer_pool: Option<AddressPool>,
+        controllers: gitplane_controllers::Settings,
         event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
     ) -> anyhow::Result<Replica> {
@@ -294,7 +293,7 @@ impl Replica {
             root: git.root,
             record_key,
             service_ranges,
-            controllers: gitplane_controllers::Settings { load_balancer_pool },
+            controllers,
             event_ttl,
             informers,
         };

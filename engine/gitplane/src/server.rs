@@ -9,7 +9,6 @@ use crate::{
     tls,
 };
 use anyhow::{Context as _, bail};
-use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{NodeId, ReplicaConfig},
@@ -79,10 +78,8 @@ pub struct ServerArgs {
     /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cidr: String,
-    /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
-    /// broadcast addresses are left out). None: they stay <pending>.
-    #[arg(long, value_parser = AddressPool::parse)]
-    load_balancer_pool: Option<AddressPool>,
+    #[command(flatten)]
+    controllers: crate::controlplane::ControllerArgs,
     /// The status API's bearer tokens, `token,user,uid,"role,…"` per line (roles: read, debug;
     /// kube-apiserver's --token-auth-file). Default: `<data-dir>/tokens.csv`, made on first
     /// start with one read token (written into `<data-dir>/kubeconfig`).
@@ -174,7 +171,6 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     git.root = args.bootstrap;
     let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
     let access = security.access.clone();
-    let pool = args.load_balancer_pool;
     let tls = ReplicaTls { ca: security.ca.clone(), certificate };
     let replica = Replica::start(
         backend,
@@ -185,7 +181,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         git,
         hint,
         ranges,
-        pool,
+        args.controllers.settings(),
         args.event_ttl,
         None,
     )

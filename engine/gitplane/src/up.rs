@@ -18,7 +18,6 @@ use crate::{
     tls,
 };
 use anyhow::{Context as _, bail};
-use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
     cidr::Ipv4Cidr,
@@ -71,10 +70,8 @@ pub struct UpArgs {
     /// Which rules program Services on the nodes (kube-proxy's --proxy-mode).
     #[arg(long, value_enum, default_value_t = proxy::Backend::Nftables)]
     proxy_mode: proxy::Backend,
-    /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
-    /// broadcast addresses are left out). None: they stay <pending>.
-    #[arg(long, value_parser = AddressPool::parse)]
-    load_balancer_pool: Option<AddressPool>,
+    #[command(flatten)]
+    controllers: crate::controlplane::ControllerArgs,
     /// How long an Event is kept after its last occurrence (kube-apiserver's --event-ttl).
     #[arg(long, default_value = "1h", value_parser = crate::events::parse_ttl)]
     event_ttl: Duration,
@@ -153,7 +150,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         api_url.split_once("://").map_or(api_url.as_str(), |(_, addr)| addr),
     );
     let ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
-    let (backend, pool) = (Backend::raft(config).await?, args.load_balancer_pool);
+    let backend = Backend::raft(config).await?;
     let nodes_netns = node_network.as_ref().map(|n| n.netns_path());
     let access = security.access.clone();
     let replica = Replica::start(
@@ -165,7 +162,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         git,
         repo_url.clone(),
         ranges,
-        pool,
+        args.controllers.settings(),
         args.event_ttl,
         nodes_netns,
     )
