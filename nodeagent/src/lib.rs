@@ -20,6 +20,7 @@ pub mod podconfig;
 pub mod policy;
 pub mod prober;
 pub mod proxy;
+pub mod restart;
 pub mod routes;
 pub mod runtime;
 pub mod runtime_state;

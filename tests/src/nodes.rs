@@ -140,6 +140,20 @@ impl LocalCluster {
         })
     }
 
+    /// The pid of node `name`'s containerd (`containerd --config <its directory>/config.toml`).
+    pub fn containerd_pid(&self, name: &str) -> Option<i32> {
+        let config = self.data_dir.join("nodes").join(name).join("containerd/config.toml");
+        let wanted = config.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let is_containerd = args.first().is_some_and(|a| a.ends_with(b"containerd"))
+                && args.windows(2).any(|w| w[0] == b"--config" && w[1] == wanted.as_bytes());
+            is_containerd.then_some(pid)
+        })
+    }
+
     /// Runs `cmd` in a container through its node's containerd (as `kubectl exec`); its stdout.
     pub fn exec(&self, node: &str, container_id: &str, cmd: &[&str]) -> Result<String> {
         let exec_id = format!("e2e-{}", EXECS.fetch_add(1, Ordering::Relaxed));

@@ -9,6 +9,10 @@
 //! Pods, `agent.log`, the node credential). Nothing is added to the machine's own network
 //! namespace: Pod and Service addresses and routes exist only inside the hosts.
 //!
+//! While it runs, a node's agent or containerd that exits is started again with a back-off
+//! ([`Backoff`]), as systemd restarts a kubelet or a containerd: Pods outlive both (in their
+//! shims), and the new agent or containerd takes them up again.
+//!
 //! Stopping (Ctrl-C) stops each agent, which removes its Pods, then each containerd, then
 //! removes the hosts (processes, cgroups, mounts, namespaces) and the bridge's namespace.
 
@@ -19,6 +23,7 @@ use gitplane_nodeagent::{
     cri::Cri,
     host::{HostError, HostNetwork, NetnsHost, remove_netns},
     images, proxy,
+    restart::Backoff,
 };
 use std::{
     net::Ipv4Addr,
@@ -27,14 +32,11 @@ use std::{
     process::Stdio,
     time::{Duration, Instant},
 };
-use tokio::process::Child;
+use tokio::{process::Child, sync::watch};
 
 /// The bridge's address, where the nodes reach the control plane.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 29, 0, 1);
 const PREFIX: u8 = 24;
-/// The first and longest wait before a failed agent is started again.
-const AGENT_RESTART_MIN: Duration = Duration::from_secs(1);
-const AGENT_RESTART_MAX: Duration = Duration::from_secs(30);
 /// How long an agent may take to remove its Pods once asked to stop.
 const AGENT_STOP: Duration = Duration::from_secs(90);
 
@@ -100,11 +102,19 @@ pub struct NodesConfig {
 
 /// One node: its host, containerd and agent.
 struct LocalNode {
+    agent: Option<Child>,
+    containerd: Option<Containerd>,
+    /// Last, so that it is dropped last: dropping it kills what is left in the host.
+    place: Place,
+}
+
+/// Where a node lives and what its agent is started with.
+struct Place {
     name: String,
     address: Ipv4Addr,
     dir: PathBuf,
-    agent: Option<Child>,
-    containerd: Option<Containerd>,
+    /// The node's containerd (its socket and CNI directory are the agent's too).
+    runtime: ContainerdConfig,
     host: NetnsHost,
 }
 
@@ -123,6 +133,7 @@ pub async fn run(
         }
         let list: Vec<String> = nodes
             .iter()
+            .map(|n| &n.place)
             .map(|n| {
                 format!(
                     "{} {} (ip netns exec {} …; log {})",
@@ -134,7 +145,15 @@ pub async fn run(
             })
             .collect();
         println!("{banner}\n  nodes:  {}", list.join("\n          "));
-        wait(&cfg, &mut nodes, stop).await;
+        let (stopping, stopped) = watch::channel(false);
+        let supervisors = futures::future::join_all(nodes.iter_mut().map(|n| supervise(&cfg, n, stopped.clone())));
+        tokio::pin!(supervisors);
+        tokio::select! {
+            _ = stop => {}
+            _ = &mut supervisors => {}
+        }
+        let _ = stopping.send(true);
+        supervisors.await;
         anyhow::Ok(())
     }
     .await;
@@ -152,30 +171,32 @@ async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow:
         let (name, host_dir, cgroup) = (name.clone(), dir.join("host"), format!("{}/{name}", cfg.cgroup_parent));
         blocking(move || NetnsHost::create(&name, host_dir, cgroup)).await?
     };
+    let mut runtime = ContainerdConfig::new(dir.join("containerd"));
+    runtime.launcher = host.launcher();
+    runtime.cni_conf_dir = dir.join("cni/net.d");
     // From here on, dropping `node` removes what was made for it.
-    let mut node = LocalNode { name: name.clone(), address, dir: dir.clone(), agent: None, containerd: None, host };
-    network.attach(&node.host, &format!("veth{i}"), address)?;
+    let place = Place { name: name.clone(), address, dir: dir.clone(), runtime, host };
+    let mut node = LocalNode { agent: None, containerd: None, place };
+    network.attach(&node.place.host, &format!("veth{i}"), address)?;
 
-    let mut containerd_cfg = ContainerdConfig::new(dir.join("containerd"));
-    containerd_cfg.launcher = node.host.launcher();
-    containerd_cfg.cni_conf_dir = dir.join("cni/net.d");
     let containerd =
-        Containerd::start(containerd_cfg).await.with_context(|| format!("starting {name}'s containerd"))?;
+        Containerd::start(node.place.runtime.clone()).await.with_context(|| format!("starting {name}'s containerd"))?;
     let socket = containerd.socket();
+    // Its paths made absolute, as the agent gets them.
+    node.place.runtime = containerd.config().clone();
     node.containerd = Some(containerd);
     let cri = Cri::connect(&socket).await.with_context(|| format!("connecting to {name}'s containerd"))?;
     images::ensure_images(&cri, &socket, &cfg.data_dir.join("images")).await?;
 
-    node.agent = Some(spawn_agent(cfg, &node)?);
+    node.agent = Some(spawn_agent(cfg, &node.place)?);
     tracing::info!(node = %name, %address, "node started");
     Ok(node)
 }
 
 /// Starts `node`'s agent inside its host, appending to its `agent.log`.
-fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
+fn spawn_agent(cfg: &NodesConfig, node: &Place) -> anyhow::Result<Child> {
     let (name, address, dir) = (&node.name, node.address, &node.dir);
-    let containerd = node.containerd.as_ref().context("the node's containerd is not running")?;
-    let (socket, cni_conf_dir) = (containerd.socket(), containerd.config().cni_conf_dir.clone());
+    let (socket, cni_conf_dir) = (node.runtime.socket(), &node.runtime.cni_conf_dir);
     let exe = std::env::current_exe().context("finding the gitplane binary to run the agents")?;
     let log = std::fs::File::options()
         .create(true)
@@ -201,7 +222,7 @@ fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
         .arg("--containerd-socket")
         .arg(&socket)
         .arg("--cni-conf-dir")
-        .arg(&cni_conf_dir)
+        .arg(cni_conf_dir)
         .arg("--cni-data-dir")
         .arg(dir.join("cni/ipam"))
         .arg("--pod-dir")
@@ -225,45 +246,47 @@ fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
     Ok(agent)
 }
 
-/// Until `stop`. An agent that fails (a non-zero exit, or killed by a signal) is started again,
-/// as systemd's `Restart=on-failure` does for a kubelet, after a back-off that doubles from 1 s
-/// to 30 s while it keeps failing within a minute of starting; one that exits cleanly (it was
-/// asked to stop) leaves its node down until the next start.
-async fn wait(cfg: &NodesConfig, nodes: &mut [LocalNode], stop: impl Future<Output = ()>) {
-    tokio::pin!(stop);
-    let mut backoff: std::collections::HashMap<String, (Duration, Instant)> = Default::default();
-    loop {
-        let exits = nodes.iter_mut().filter_map(|n| {
-            let name = n.name.clone();
-            n.agent.as_mut().map(|a| Box::pin(async move { (name, a.wait().await) }))
-        });
-        let exits: Vec<_> = exits.collect();
-        if exits.is_empty() {
-            stop.await;
-            return;
+/// Keeps `node`'s containerd and agent running until `stop`: each that exits is started again
+/// after its [`Backoff`], as systemd's `Restart=` does, except an agent that exits cleanly (it
+/// was asked to stop), which leaves its node down until the next start.
+async fn supervise(cfg: &NodesConfig, node: &mut LocalNode, stop: watch::Receiver<bool>) {
+    let LocalNode { agent, containerd, place } = node;
+    let runtime = async {
+        match containerd.take() {
+            Some(running) => running.supervise(stop.clone()).await,
+            None => None,
         }
-        let (name, status) = tokio::select! {
-            _ = &mut stop => return,
-            (exit, _, _) = futures::future::select_all(exits) => exit,
+    };
+    let (running, ()) = tokio::join!(runtime, supervise_agent(cfg, place, agent, stop.clone()));
+    *containerd = running;
+}
+
+async fn supervise_agent(cfg: &NodesConfig, place: &Place, agent: &mut Option<Child>, mut stop: watch::Receiver<bool>) {
+    let name = &place.name;
+    let mut backoff = Backoff::new(Instant::now());
+    loop {
+        let Some(running) = agent.as_mut() else {
+            let _ = stop.wait_for(|s| *s).await;
+            return;
         };
-        let Some(node) = nodes.iter_mut().find(|n| n.name == name) else { continue };
-        node.agent = None;
+        let status = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            status = running.wait() => status,
+        };
+        *agent = None;
         if status.as_ref().is_ok_and(|s| s.success()) {
             tracing::warn!(node = %name, "the node's agent stopped; the node stays down until gitplane up restarts");
             continue;
         }
-        let (delay, started) = backoff.entry(name.clone()).or_insert((AGENT_RESTART_MIN, Instant::now()));
-        if started.elapsed() > Duration::from_secs(60) {
-            *delay = AGENT_RESTART_MIN;
-        }
+        let delay = backoff.failed(Instant::now());
         tracing::warn!(node = %name, ?status, restart_in = ?delay, "the node's agent failed; restarting it");
         tokio::select! {
-            _ = &mut stop => return,
-            _ = tokio::time::sleep(*delay) => {}
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(delay) => {}
         }
-        (*delay, *started) = ((*delay * 2).min(AGENT_RESTART_MAX), Instant::now());
-        match spawn_agent(cfg, node) {
-            Ok(agent) => node.agent = Some(agent),
+        backoff.started(Instant::now());
+        match spawn_agent(cfg, place) {
+            Ok(started) => *agent = Some(started),
             Err(e) => tracing::error!(node = %name, error = %e, "restarting the agent failed; the node stays down"),
         }
     }
@@ -279,13 +302,13 @@ async fn stop_nodes(nodes: Vec<LocalNode>, cgroup_parent: &str) {
                 unsafe { libc::kill(pid, libc::SIGTERM) };
             }
             if tokio::time::timeout(AGENT_STOP, agent.wait()).await.is_err() {
-                tracing::warn!(node = %node.name, "the agent did not stop in time; killing it");
+                tracing::warn!(node = %node.place.name, "the agent did not stop in time; killing it");
             }
         }
         if let Some(containerd) = node.containerd.take()
             && let Err(e) = containerd.stop().await
         {
-            tracing::warn!(node = %node.name, error = %e, "stopping containerd");
+            tracing::warn!(node = %node.place.name, error = %e, "stopping containerd");
         }
         // Kills whatever is left in the host and removes it.
         drop_blocking(node).await;

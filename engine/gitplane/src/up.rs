@@ -2,8 +2,9 @@
 //!
 //! A control plane of one replica (Raft over SQLite; source, scheduler, controllers, status API,
 //! node service and store service on one listener), one in-process node agent, and, unless
-//! `--containerd-socket` names one, a containerd of its own configured from `templates/`. Ctrl-C (or SIGTERM) stops the agent
-//! first, which removes every Pod it runs, then containerd, then the control plane.
+//! `--containerd-socket` names one, a containerd of its own configured from `templates/`, which
+//! is started again if it exits (Pods outlive it). Ctrl-C (or SIGTERM) stops the agent first,
+//! which removes every Pod it runs, then containerd, then the control plane.
 //!
 //! With `--nodes N` the control plane is the same, and the nodes are N network-namespace hosts
 //! on a bridge, each with its own containerd and agent process (`crate::nodes`).
@@ -194,19 +195,25 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         return result;
     }
 
-    let containerd = match &args.containerd_socket {
-        Some(_) => None,
+    let (runtime, supervising) = match &args.containerd_socket {
+        Some(socket) => ((socket.clone(), data_dir.join("cni/net.d")), None),
         None => {
             let cfg = ContainerdConfig::new(data_dir.join("containerd"));
-            Some(Containerd::start(cfg).await.context("starting containerd")?)
+            let containerd = Containerd::start(cfg).await.context("starting containerd")?;
+            let runtime = (containerd.socket(), containerd.config().cni_conf_dir.clone());
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            (runtime, Some((stop, tokio::spawn(containerd.supervise(stopped)))))
         }
     };
     let agent = AgentAccess { url: api_url, join_token: credentials.join_token.clone(), ca: security.ca.pem() };
-    let result = run_node(&args, &data_dir, containerd.as_ref(), agent, &banner).await;
-    if let Some(containerd) = containerd
-        && let Err(e) = containerd.stop().await
-    {
-        tracing::warn!(error = %e, "stopping containerd");
+    let result = run_node(&args, &data_dir, runtime, agent, &banner).await;
+    if let Some((stop, supervisor)) = supervising {
+        let _ = stop.send(true);
+        if let Ok(Some(containerd)) = supervisor.await
+            && let Err(e) = containerd.stop().await
+        {
+            tracing::warn!(error = %e, "stopping containerd");
+        }
     }
     replica.shutdown().await;
     result
@@ -219,21 +226,15 @@ struct AgentAccess {
     ca: String,
 }
 
-/// Images, the node agent, the banner, and the wait for a stop signal.
+/// Images, the node agent, the banner, and the wait for a stop signal; `runtime` is the node's
+/// containerd socket and CNI configuration directory.
 async fn run_node(
     args: &UpArgs,
     data_dir: &std::path::Path,
-    containerd: Option<&Containerd>,
+    (socket, cni_conf_dir): (PathBuf, PathBuf),
     access: AgentAccess,
     banner: &str,
 ) -> anyhow::Result<()> {
-    let socket = match (containerd, &args.containerd_socket) {
-        (Some(c), _) => c.socket(),
-        (None, Some(s)) => s.clone(),
-        (None, None) => unreachable!("up starts containerd when no socket is given"),
-    };
-    let cni_conf_dir =
-        containerd.map(|c| c.config().cni_conf_dir.clone()).unwrap_or_else(|| data_dir.join("cni/net.d"));
     let cri =
         Cri::connect(&socket).await.with_context(|| format!("connecting to containerd at {}", socket.display()))?;
     let imported = images::ensure_images(&cri, &socket, &data_dir.join("images")).await?;
