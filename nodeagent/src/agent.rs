@@ -808,6 +808,8 @@ impl PodWorker {
         let mut reported: Option<Value> = None;
         let mut budget = WriteBudget::new(Instant::now());
         let mut last: Option<Pod> = None;
+        // Syncs that failed in a row: the next one waits longer.
+        let mut failures = 0u32;
         // `kubelet_pod_start_duration_seconds`: from now to the first Running status, unless the
         // Pod already ran when first seen (adopted by a restarted agent).
         let seen = Instant::now();
@@ -830,8 +832,9 @@ impl PodWorker {
             }
             let mut next_sync = self.resync;
             self.probes.update(&pod);
-            match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {
+            let status = match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {
                 Ok(status) => {
+                    failures = 0;
                     if !start_recorded {
                         let was_running =
                             |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
@@ -846,24 +849,34 @@ impl PodWorker {
                     if steady(&status) {
                         next_sync = self.resync_steady;
                     }
-                    let comparable = comparable(&status);
-                    if reported.as_ref() != Some(&comparable) {
-                        match budget.take(Instant::now()) {
-                            Ok(()) => {
-                                if self.report(&pod, &status).await {
-                                    reported = Some(comparable);
-                                }
-                            }
-                            // Coalesced, not dropped: the sync when the budget allows reports
-                            // the status of that moment.
-                            Err(allowed_at) => {
-                                next_sync = next_sync.min(allowed_at.saturating_duration_since(Instant::now()));
-                            }
-                        }
-                    }
+                    Some(status)
                 }
                 Err(e) => {
-                    tracing::warn!(pod = %pod.metadata.name.as_deref().unwrap_or(""), error = %e, "pod sync failed")
+                    failures = failures.saturating_add(1);
+                    next_sync = sync_backoff(failures);
+                    if failures == 1 {
+                        tracing::warn!(pod = %pod.metadata.name.as_deref().unwrap_or(""), error = %e, retry_in = ?next_sync, "pod sync failed");
+                    }
+                    // A Pod that never ran here says why it does not; one that runs keeps its
+                    // status (its containers may well run on in their shims).
+                    if started(&pod) { None } else { self.runtime.sandbox_failed(&pod, &self.probes.snapshot(), &e) }
+                }
+            };
+            if let Some(status) = status {
+                let comparable = comparable(&status);
+                if reported.as_ref() != Some(&comparable) {
+                    match budget.take(Instant::now()) {
+                        Ok(()) => {
+                            if self.report(&pod, &status).await {
+                                reported = Some(comparable);
+                            }
+                        }
+                        // Coalesced, not dropped: the sync when the budget allows reports
+                        // the status of that moment.
+                        Err(allowed_at) => {
+                            next_sync = next_sync.min(allowed_at.saturating_duration_since(Instant::now()));
+                        }
+                    }
                 }
             }
             last = Some(pod);
@@ -894,6 +907,19 @@ impl PodWorker {
             }
         }
     }
+}
+
+/// When a pod worker syncs again after `failures` failed syncs in a row: 1 s, doubling, at most
+/// 10 s (the kubelet's pod worker back-off). The runtime's return wakes every worker sooner.
+fn sync_backoff(failures: u32) -> Duration {
+    Duration::from_secs(1).saturating_mul(1 << failures.saturating_sub(1).min(4)).min(Duration::from_secs(10))
+}
+
+/// Whether the Pod's status says it got a sandbox (an address) or got past Pending: a sync that
+/// fails then leaves its status as it is.
+fn started(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    status.is_some_and(|s| s.pod_ip.is_some() || s.phase.as_deref().is_some_and(|p| p != "Pending"))
 }
 
 /// A Pod that only a change in the runtime (which the relist reports) or in its spec can move:
@@ -1075,6 +1101,25 @@ mod tests {
         let later = t0 + Duration::from_secs(3600);
         let burst = (0..10).filter(|_| budget.take(later).is_ok()).count();
         assert_eq!(burst, WriteBudget::BURST as usize);
+    }
+
+    #[test]
+    fn failed_syncs_back_off_to_ten_seconds() {
+        let waits: Vec<u64> = (1..=7).map(|n| sync_backoff(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 10, 10, 10]);
+    }
+
+    #[test]
+    fn a_pod_that_got_an_address_or_ran_has_started() {
+        assert!(!started(&pod("1", "httpd:1", "Pending")));
+        assert!(started(&pod("1", "httpd:1", "Running")));
+        assert!(started(&pod("1", "httpd:1", "Failed")));
+        let mut waiting = pod("1", "httpd:1", "Pending");
+        waiting.status.as_mut().unwrap().pod_ip = Some("10.244.0.2".into());
+        assert!(started(&waiting));
+        let mut fresh = pod("1", "httpd:1", "Pending");
+        fresh.status = None;
+        assert!(!started(&fresh));
     }
 
     #[test]

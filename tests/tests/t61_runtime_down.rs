@@ -5,9 +5,12 @@
 //! While containerd is down the node is `Ready=False` (`KubeletNotReady`, "container runtime is
 //! down") within 10 s and tainted `node.kubernetes.io/not-ready` (NoSchedule and NoExecute); a
 //! Pod that tolerates that taint for 2 s is evicted and its replacement is not scheduled there,
-//! while a Pod that says nothing stays (DefaultTolerationSeconds: 300 s). Once containerd runs
-//! again the node is Ready within 10 s, the taints go, the replacement runs, and the Pod that
-//! stayed still runs its first container (containerd kept it; the agent adopted it).
+//! while a Pod that says nothing stays (DefaultTolerationSeconds: 300 s). A Pod bound to the
+//! node meanwhile (by `nodeName`, as no scheduler would) says within seconds why it does not
+//! start: a `FailedCreatePodSandBox` Event and its PodReadyToStartContainers condition. Once
+//! containerd runs again the node is Ready within 10 s, the taints go, the replacement and the
+//! bound Pod run, and the Pod that stayed still runs its first container (containerd kept it;
+//! the agent adopted it).
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{Gitplane, NetnsHost, Worktree, manifests, netns_host, require_root, wait_for};
@@ -19,6 +22,14 @@ const DEADLINE: Duration = Duration::from_secs(90);
 /// How soon the node must say what happened to its runtime.
 const NODE_STATUS_WITHIN: Duration = Duration::from_secs(10);
 const NODE: &str = "gp61";
+
+/// A Pod bound to the node by its manifest.
+fn pinned() -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: pinned, labels: {{app: pinned}}}}\nspec:\n  nodeName: {NODE}\n  \
+         containers: [{{name: web, image: gitplane.local/httpd:1, imagePullPolicy: IfNotPresent}}]\n"
+    )
+}
 
 /// A Deployment of one Pod that leaves a node that is not ready after 2 s.
 const BRIEF: &str = "apiVersion: apps/v1
@@ -188,6 +199,33 @@ async fn t61_a_node_whose_runtime_dies_says_so_and_comes_back() -> Result<()> {
     ensure!(unscheduled["message"].as_str().is_some_and(|m| m.contains("not ready")), "{unscheduled}");
     ensure!(running(&gp, &host, "steady").is_some_and(|(name, _, _)| name == steady), "steady was evicted");
 
+    // A Pod bound to the node now says why it does not start.
+    work.write("pinned.yaml", &pinned())?;
+    work.commit_and_push("a Pod bound to the node")?;
+    let pushed = Instant::now();
+    let pinned_path = "/api/v1/namespaces/default/pods/pinned";
+    let told = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || {
+            let pod = gp.get(&host, pinned_path).ok()?;
+            condition(&pod, "PodReadyToStartContainers").filter(|c| c["reason"] == "FailedCreatePodSandBox").cloned()
+        })
+    })
+    .with_context(|| format!("the bound Pod never said why: {:?}", gp.get(&host, pinned_path)))?;
+    println!("the bound Pod said why {:.1} s after the push", pushed.elapsed().as_secs_f64());
+    ensure!(told["status"] == "False", "{told}");
+    let message = told["message"].as_str().unwrap_or_default().to_owned();
+    ensure!(message.starts_with("Failed to create pod sandbox: ") && message.contains("Connection refused"), "{told}");
+    ensure!(gp.get(&host, pinned_path)?["status"]["phase"] == "Pending", "the bound Pod is not Pending");
+    let failed_event = |events: &Value| {
+        events["items"].as_array().into_iter().flatten().any(|e| {
+            e["reason"] == "FailedCreatePodSandBox" && e["involvedObject"]["name"] == "pinned" && e["type"] == "Warning"
+        })
+    };
+    tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || gp.get(&host, "/api/v1/namespaces/default/events").ok().filter(failed_event).map(drop))
+    })
+    .context("no FailedCreatePodSandBox Event on the bound Pod")?;
+
     // The runtime comes back: so does the node, and everything runs.
     let containerd = Containerd::start(containerd_config(&host)).await?;
     let restarted = Instant::now();
@@ -207,6 +245,8 @@ async fn t61_a_node_whose_runtime_dies_says_so_and_comes_back() -> Result<()> {
     .context("the not-ready taints stayed")?;
     tokio::task::block_in_place(|| wait_for(DEADLINE, || running(&gp, &host, "brief")))
         .with_context(|| format!("the replacement never ran: {:?}", pods(&gp, &host, "brief")))?;
+    tokio::task::block_in_place(|| wait_for(DEADLINE, || running(&gp, &host, "pinned")))
+        .with_context(|| format!("the bound Pod never ran: {:?}", gp.get(&host, pinned_path)))?;
     let (name, container, restarts) = running(&gp, &host, "steady").context("steady runs")?;
     ensure!(
         (name.as_str(), container.as_str(), restarts) == (steady.as_str(), steady_container.as_str(), 0),
