@@ -744,7 +744,10 @@ impl PodWorkers {
         }
     }
 
-    /// Stops every worker; with `remove`, also stops and removes every Pod of this node.
+    /// Stops every worker; with `remove`, also stops and removes every Pod of this node, all at
+    /// once, each container given [`EXIT_GRACE`] and the whole at most [`EXIT_DEADLINE`]: a
+    /// stop must end whatever state the runtime is in, and what is left (a runtime that does
+    /// not answer) is the host's to kill.
     async fn stop(self, remove: bool) {
         for (_, (_, handle)) in self.workers {
             handle.abort();
@@ -753,15 +756,30 @@ impl PodWorkers {
         if !remove {
             return;
         }
-        match self.runtime.pod_uids().await {
-            Ok(uids) => {
-                let kills = uids.iter().map(|uid| kill(&self.runtime, uid, Duration::from_secs(10)));
-                futures::future::join_all(kills).await;
-            }
-            Err(e) => tracing::warn!(error = %e, "listing pods to remove failed"),
+        let runtime = &self.runtime;
+        let removing = async {
+            let uids = runtime.pod_uids().await?;
+            let kills = uids.iter().map(|uid| async move {
+                if let Err(error) = runtime.kill_pod(uid, EXIT_GRACE).await {
+                    tracing::warn!(%uid, %error, "removing the pod failed");
+                }
+            });
+            futures::future::join_all(kills).await;
+            Ok::<_, crate::runtime::RuntimeError>(())
+        };
+        match tokio::time::timeout(EXIT_DEADLINE, removing).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "listing pods to remove failed"),
+            Err(_) => tracing::warn!(deadline = ?EXIT_DEADLINE, "the pods were not all removed in time"),
         }
     }
 }
+
+/// What each container gets after SIGTERM when the agent removes its Pods on exit: the kubelet's
+/// minimum grace period, so that a stop is quick.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+/// How long removing every Pod on exit may take.
+pub const EXIT_DEADLINE: Duration = Duration::from_secs(4);
 
 fn grace_period(pod: &Pod) -> Duration {
     let seconds = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);

@@ -53,7 +53,9 @@ impl ContainerdConfig {
             launcher: Vec::new(),
             program: PathBuf::from("containerd"),
             start_timeout: Duration::from_secs(30),
-            stop_timeout: Duration::from_secs(10),
+            // containerd stops in a fraction of a second; one that does not is killed (its
+            // shims, and the Pods in them, live on regardless).
+            stop_timeout: Duration::from_secs(2),
             dir,
         }
     }
@@ -243,7 +245,13 @@ impl Containerd {
                 _ = tokio::time::sleep(wait) => {}
             }
             backoff.started(Instant::now());
-            current = match Containerd::start(cfg.clone()).await {
+            // A start waits for the CRI to answer; a stop meanwhile ends it (dropping the half
+            // started one stops it).
+            let started = tokio::select! {
+                _ = stop.wait_for(|s| *s) => return None,
+                started = Containerd::start(cfg.clone()) => started,
+            };
+            current = match started {
                 Ok(started) => Some(started),
                 Err(error) => {
                     tracing::error!(dir = %cfg.dir.display(), %error, "starting containerd again failed");

@@ -265,9 +265,12 @@ impl Drop for NetnsHost {
     fn drop(&mut self) {
         self.kill_all();
         if let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") {
+            // One deadline for every hierarchy: a teardown takes seconds, not seconds each.
+            let deadline = Instant::now() + Duration::from_secs(2);
             for (mount_point, _, _) in cgroup_mounts(&mountinfo) {
                 let parent = Path::new(&mount_point).join(self.cgroup_dir());
-                if !poll(Duration::from_secs(2), || remove_cgroup_tree(&parent).is_ok()) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if !poll(left, || remove_cgroup_tree(&parent).is_ok()) {
                     tracing::warn!(host = %self.name, cgroup = %parent.display(), "cgroup left behind");
                 }
             }

@@ -249,6 +249,60 @@ impl LocalCluster {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// SIGTERM (as Ctrl-C would): it must exit cleanly within `within` and leave nothing of
+    /// the cluster behind (see [`Self::leftovers`]). How long it took.
+    pub fn stop_within(mut self, within: Duration) -> Result<Duration> {
+        let mut child = self.child.take().context("stopped already")?;
+        let started = std::time::Instant::now();
+        terminate(&child);
+        // Past the bound, the wait goes on for the log, then the verdict.
+        let status = wait_for(within + Duration::from_secs(60), || child.try_wait().ok().flatten());
+        let took = started.elapsed();
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("gitplane up --nodes did not stop within {took:?} of SIGTERM:\n{}", self.log_text());
+        };
+        if !status.success() || took > within {
+            bail!("gitplane up --nodes stopped with {status} {took:?} after SIGTERM:\n{}", self.log_text());
+        }
+        let left = self.leftovers();
+        if !left.is_empty() {
+            bail!("gitplane up --nodes left behind: {left:#?}\n{}", self.log_text());
+        }
+        Ok(took)
+    }
+
+    /// What of the cluster exists: its network namespaces, mounts under its directory, processes
+    /// that name its directory (containerd, agents, shims) and its cgroups (the Pods').
+    pub fn leftovers(&self) -> Vec<String> {
+        let dir = self._dir.path().to_string_lossy().into_owned();
+        let mut left: Vec<String> = std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| name.starts_with(&format!("{}-", self.base)))
+            .map(|name| format!("network namespace {name}"))
+            .collect();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        left.extend(mountinfo.lines().filter(|l| l.contains(&dir)).map(|l| format!("mount {l}")));
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(&dir) {
+                left.push(format!("process {}: {cmdline}", entry.file_name().to_string_lossy()));
+            }
+        }
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            let cgroup = hierarchy.path().join(self.cgroup_parent.trim_start_matches('/'));
+            if cgroup.exists() {
+                left.push(format!("cgroup {}", cgroup.display()));
+            }
+        }
+        left
+    }
+
     /// SIGTERM (as Ctrl-C would), then waits for a clean exit.
     pub fn stop(mut self, timeout: Duration) -> Result<ExitStatus> {
         let mut child = self.child.take().context("stopped already")?;
