@@ -38,12 +38,17 @@ pub struct ControllerArgs {
     /// The same for node.kubernetes.io/unreachable (the node's agent stopped renewing its Lease).
     #[arg(long, default_value_t = 300)]
     default_unreachable_toleration_seconds: u64,
+    /// How long a node may go without renewing its Lease (every 10 s) before it is Ready=Unknown
+    /// and tainted unreachable (kube-controller-manager's flag of this name).
+    #[arg(long, default_value = "40s", value_parser = crate::events::parse_ttl)]
+    node_monitor_grace_period: Duration,
 }
 
 impl ControllerArgs {
     pub fn settings(&self) -> gitplane_controllers::Settings {
         gitplane_controllers::Settings {
             load_balancer_pool: self.load_balancer_pool,
+            node_monitor_grace_period: self.node_monitor_grace_period,
             default_tolerations: DefaultTolerations {
                 not_ready: Duration::from_secs(self.default_not_ready_toleration_seconds),
                 unreachable: Duration::from_secs(self.default_unreachable_toleration_seconds),

@@ -26,6 +26,7 @@ use gitplane_nodeagent::{
     restart::Backoff,
 };
 use std::{
+    collections::BTreeMap,
     net::Ipv4Addr,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
@@ -50,36 +51,88 @@ pub fn node_address(i: u16) -> Ipv4Addr {
 }
 
 /// The namespace and bridge the nodes share; also where the control plane listens for them.
-/// What a killed run with the same data directory left is removed first.
-pub async fn create_network(base: &str, data_dir: &Path, cgroup_parent: &str) -> anyhow::Result<HostNetwork> {
+/// What a killed run with the same data directory left is taken up again: its network and the
+/// hosts of nodes `1..=count` that survive, whose Pods go on running in them (their agents and
+/// containerds are replaced by this run's, which adopt the Pods); the rest of it is removed.
+pub async fn create_network(
+    base: &str,
+    data_dir: &Path,
+    cgroup_parent: &str,
+    count: u16,
+) -> anyhow::Result<(HostNetwork, Survivors)> {
     let name = format!("{base}-net");
     let (base, data_dir, cgroup_parent) = (base.to_owned(), data_dir.to_owned(), cgroup_parent.to_owned());
     blocking(move || {
-        remove_leftovers(&base, &data_dir, &cgroup_parent)?;
-        HostNetwork::create(&name, GATEWAY, PREFIX)
+        let mut survivors = leftovers(&base, &data_dir, &cgroup_parent);
+        if let Some(network) = HostNetwork::adopt(&name, GATEWAY, PREFIX) {
+            survivors.retain(|i, host| {
+                let keep = *i <= count && host.survives();
+                if keep {
+                    tracing::info!(node = %host.name(), "taking up the node a killed gitplane up left, with its Pods");
+                } else {
+                    tracing::warn!(node = %host.name(), "removing what a killed gitplane up left of this node");
+                }
+                keep
+            });
+            return Ok((network, Survivors(survivors)));
+        }
+        for host in survivors.values() {
+            tracing::warn!(node = %host.name(), "removing what a killed gitplane up left of this node");
+        }
+        drop(survivors);
+        remove_netns(&name)?;
+        Ok((HostNetwork::create(&name, GATEWAY, PREFIX)?, Survivors::default()))
     })
     .await
     .context("creating the nodes' network")
 }
 
-/// Hosts of this data directory whose mount namespace is still pinned belong to a run that was
-/// killed before it could remove them: they and their network go.
-fn remove_leftovers(base: &str, data_dir: &Path, cgroup_parent: &str) -> Result<(), HostError> {
-    let Ok(entries) = std::fs::read_dir(data_dir.join("nodes")) else { return Ok(()) };
-    let mut found = false;
+/// The hosts a killed run left, by node number, for [`run`] to take up again.
+#[derive(Default)]
+pub struct Survivors(BTreeMap<u16, NetnsHost>);
+
+/// Hosts of this data directory whose mount namespace is still pinned: a run that was killed
+/// before it could remove them left them.
+fn leftovers(base: &str, data_dir: &Path, cgroup_parent: &str) -> BTreeMap<u16, NetnsHost> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("nodes")) else { return BTreeMap::new() };
+    let mut found = BTreeMap::new();
     for entry in entries.flatten() {
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
         let dir = entry.path().join("host");
-        if name.starts_with(&format!("{base}-")) && dir.join("mnt").exists() {
-            tracing::warn!(node = %name, "removing what a killed gitplane up left of this node");
-            drop(NetnsHost::adopt(&name, dir, format!("{cgroup_parent}/{name}")));
-            found = true;
+        let Some(i) = name.strip_prefix(&format!("{base}-")).and_then(|i| i.parse::<u16>().ok()) else { continue };
+        if dir.join("mnt").exists() {
+            found.insert(i, NetnsHost::adopt(&name, dir, format!("{cgroup_parent}/{name}")));
         }
     }
-    if found {
-        remove_netns(&format!("{base}-net"))?;
+    found
+}
+
+/// Kills what the last run left running in a host it takes up: its agent (SIGKILL, so that it
+/// does not remove its Pods on the way out) and its containerd; the shims, and the Pods in them,
+/// stay for the new containerd.
+fn replace_processes(host: &NetnsHost) {
+    let ours: Vec<u32> = host
+        .processes()
+        .into_iter()
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let agent = args.get(1) == Some(&&b"agent"[..]);
+            let containerd = args.first().is_some_and(|a| a.ends_with(b"containerd"));
+            agent || containerd
+        })
+        .collect();
+    for pid in &ours {
+        tracing::info!(node = %host.name(), pid, "stopping what the last run left running");
+        if let Ok(pid) = libc::pid_t::try_from(*pid) {
+            // SAFETY: kill(2) on a process of this node's host; no memory effects.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
-    Ok(())
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ours.iter().any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// What every node is started with.
@@ -125,13 +178,14 @@ struct Place {
 pub async fn run(
     cfg: NodesConfig,
     network: HostNetwork,
+    Survivors(mut survivors): Survivors,
     banner: String,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut nodes = Vec::new();
     let result = async {
         for i in 1..=cfg.count {
-            nodes.push(start_node(&cfg, &network, i).await?);
+            nodes.push(start_node(&cfg, &network, i, survivors.remove(&i)).await?);
         }
         let list: Vec<String> = nodes
             .iter()
@@ -165,13 +219,30 @@ pub async fn run(
     result
 }
 
-async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow::Result<LocalNode> {
+/// Starts node `i`: in `survivor`, the host a killed run left (wired to the network still), or
+/// in a new host.
+async fn start_node(
+    cfg: &NodesConfig,
+    network: &HostNetwork,
+    i: u16,
+    survivor: Option<NetnsHost>,
+) -> anyhow::Result<LocalNode> {
     let name = format!("{}-{i}", cfg.base);
     let dir = cfg.data_dir.join("nodes").join(&name);
     let address = node_address(i);
-    let host = {
-        let (name, host_dir, cgroup) = (name.clone(), dir.join("host"), format!("{}/{name}", cfg.cgroup_parent));
-        blocking(move || NetnsHost::create(&name, host_dir, cgroup)).await?
+    let fresh = survivor.is_none();
+    let host = match survivor {
+        Some(host) => {
+            blocking(move || {
+                replace_processes(&host);
+                Ok(host)
+            })
+            .await?
+        }
+        None => {
+            let (name, host_dir, cgroup) = (name.clone(), dir.join("host"), format!("{}/{name}", cfg.cgroup_parent));
+            blocking(move || NetnsHost::create(&name, host_dir, cgroup)).await?
+        }
     };
     let mut runtime = ContainerdConfig::new(dir.join("containerd"));
     runtime.launcher = host.launcher();
@@ -179,7 +250,9 @@ async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow:
     // From here on, dropping `node` removes what was made for it.
     let place = Place { name: name.clone(), address, dir: dir.clone(), runtime, host };
     let mut node = LocalNode { agent: None, containerd: None, place };
-    network.attach(&node.place.host, &format!("veth{i}"), address)?;
+    if fresh {
+        network.attach(&node.place.host, &format!("veth{i}"), address)?;
+    }
 
     let containerd =
         Containerd::start(node.place.runtime.clone()).await.with_context(|| format!("starting {name}'s containerd"))?;
@@ -250,17 +323,60 @@ fn spawn_agent(cfg: &NodesConfig, node: &Place) -> anyhow::Result<Child> {
 
 /// Keeps `node`'s containerd and agent running until `stop`: each that exits is started again
 /// after its [`Backoff`], as systemd's `Restart=` does, except an agent that exits cleanly (it
-/// was asked to stop), which leaves its node down until the next start.
-async fn supervise(cfg: &NodesConfig, node: &mut LocalNode, stop: watch::Receiver<bool>) {
+/// was asked to stop), which leaves its node down until the next start. A node whose network
+/// namespace is deleted (`ip netns del`) has lost its network for good: it is removed, its
+/// processes killed, and the control plane finds it unreachable and moves its Pods.
+async fn supervise(cfg: &NodesConfig, node: &mut LocalNode, mut stop: watch::Receiver<bool>) {
     let LocalNode { agent, containerd, place } = node;
+    let (stopping, stopped) = watch::channel(false);
+    let netns = place.host.netns_id();
+    let control = async {
+        let lost = tokio::select! {
+            _ = stop.wait_for(|s| *s) => false,
+            _ = netns_lost(&place.host, netns) => true,
+        };
+        let _ = stopping.send(true);
+        lost
+    };
     let runtime = async {
         match containerd.take() {
-            Some(running) => running.supervise(stop.clone()).await,
+            Some(running) => running.supervise(stopped.clone()).await,
             None => None,
         }
     };
-    let (running, ()) = tokio::join!(runtime, supervise_agent(cfg, place, agent, stop.clone()));
+    let (lost, running, ()) = tokio::join!(control, runtime, supervise_agent(cfg, place, agent, stopped.clone()));
     *containerd = running;
+    if !lost {
+        return;
+    }
+    tracing::error!(
+        node = %place.name,
+        "the node's network namespace was deleted: removing the node (its Pods move once the control plane finds it \
+         unreachable; start gitplane up again to make it anew)"
+    );
+    if let Some(mut running) = agent.take() {
+        let _ = running.kill().await;
+    }
+    if let Some(running) = containerd.take()
+        && let Err(e) = running.stop().await
+    {
+        tracing::warn!(node = %place.name, error = %e, "stopping containerd");
+    }
+    // Blocking (it waits for processes to die), on this multi-threaded runtime's own thread.
+    tokio::task::block_in_place(|| place.host.remove());
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Until `ip netns` no longer names the namespace `netns` identifies (checked every second).
+async fn netns_lost(host: &NetnsHost, netns: Option<(u64, u64)>) {
+    let Some(netns) = netns else { return std::future::pending().await };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        if !host.netns_is(netns) {
+            return;
+        }
+    }
 }
 
 async fn supervise_agent(cfg: &NodesConfig, place: &Place, agent: &mut Option<Child>, mut stop: watch::Receiver<bool>) {

@@ -126,9 +126,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut listeners = vec![security.listener(listener, &certificate)?];
     let node_base = args.node_name.clone().unwrap_or_else(hostname);
     let node_network = match args.nodes {
-        Some(_) => {
-            let network = nodes::create_network(&node_base, &data_dir, &args.cgroup_parent).await?;
-            let bridge = tokio::net::TcpListener::from_std(network.listen(port)?)?;
+        Some(count) => {
+            let network = nodes::create_network(&node_base, &data_dir, &args.cgroup_parent, count).await?;
+            let bridge = tokio::net::TcpListener::from_std(network.0.listen(port)?)?;
             listeners.push(security.listener(bridge, &certificate)?);
             Some(network)
         }
@@ -152,7 +152,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     );
     let ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
     let backend = Backend::raft(config).await?;
-    let nodes_netns = node_network.as_ref().map(|n| n.netns_path());
+    let nodes_netns = node_network.as_ref().map(|(n, _)| n.netns_path());
     let access = security.access.clone();
     let replica = Replica::start(
         backend,
@@ -176,7 +176,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let store: Arc<dyn Store> = replica.backend.store();
     bootstrap::root_application(&store, bootstrap::BOOTSTRAP).await.context("creating the root Application")?;
 
-    if let (Some(count), Some(network)) = (args.nodes, node_network) {
+    if let (Some(count), Some((network, survivors))) = (args.nodes, node_network) {
         let cfg = nodes::NodesConfig {
             count,
             base: node_base,
@@ -190,7 +190,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             container_log_max_size: args.container_log_max_size.clone(),
             container_log_max_files: args.container_log_max_files,
         };
-        let result = nodes::run(cfg, network, banner, stop_signal()).await;
+        let result = nodes::run(cfg, network, survivors, banner, stop_signal()).await;
         replica.shutdown().await;
         return result;
     }
