@@ -124,6 +124,15 @@ impl Worktree {
         git(self.git().args(["push", "--quiet", url, "HEAD:main"]))
     }
 
+    /// The commit HEAD names.
+    pub fn head(&self) -> Result<String> {
+        let out = self.git().args(["rev-parse", "HEAD"]).output()?;
+        if !out.status.success() {
+            bail!("git rev-parse HEAD: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
     pub fn write(&self, file: &str, content: &str) -> Result<()> {
         std::fs::write(self.dir.join(file), content).with_context(|| format!("writing {file}"))
     }

@@ -159,6 +159,23 @@ impl LocalCluster {
             .collect())
     }
 
+    /// The pids of node `name`'s containerd shims (one per Pod).
+    pub fn shim_pids(&self, name: &str) -> Vec<i32> {
+        let socket = self.containerd_socket(name).to_string_lossy().into_owned();
+        let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+        procs
+            .flatten()
+            .filter_map(|entry| {
+                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+                let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                let shim = args.first().is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
+                    && args.windows(2).any(|w| w[0] == b"-address" && w[1] == socket.as_bytes());
+                shim.then_some(pid)
+            })
+            .collect()
+    }
+
     /// The uids of the Pods node `name`'s containerd runs, one per ready sandbox (a uid twice is
     /// a duplicated Pod), sorted.
     pub async fn runtime_pods(&self, name: &str) -> Result<Vec<String>> {
