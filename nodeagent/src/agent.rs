@@ -758,19 +758,25 @@ impl PodWorkers {
         }
         let runtime = &self.runtime;
         let removing = async {
-            let uids = runtime.pod_uids().await?;
+            // A runtime that is down may be on its way back (`gitplane up` starts it again).
+            let uids = loop {
+                match runtime.pod_uids().await {
+                    Ok(uids) => break uids,
+                    Err(error) => {
+                        tracing::warn!(%error, "listing the pods to remove failed; trying again");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            };
             let kills = uids.iter().map(|uid| async move {
                 if let Err(error) = runtime.kill_pod(uid, EXIT_GRACE).await {
                     tracing::warn!(%uid, %error, "removing the pod failed");
                 }
             });
             futures::future::join_all(kills).await;
-            Ok::<_, crate::runtime::RuntimeError>(())
         };
-        match tokio::time::timeout(EXIT_DEADLINE, removing).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "listing pods to remove failed"),
-            Err(_) => tracing::warn!(deadline = ?EXIT_DEADLINE, "the pods were not all removed in time"),
+        if tokio::time::timeout(EXIT_DEADLINE, removing).await.is_err() {
+            tracing::warn!(deadline = ?EXIT_DEADLINE, "the pods were not all removed in time");
         }
     }
 }
