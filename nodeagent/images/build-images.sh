@@ -114,8 +114,9 @@ make_rootfs "$HTTPD"
 for applet in $("$BUSYBOX" --list); do
     [ -e "$HTTPD/bin/$applet" ] || ln -s busybox "$HTTPD/bin/$applet"
 done
-# Debian's busybox 1.35 wget crashes on -T (its timeout): this wget takes -T / --timeout
-# itself and runs busybox wget under timeout instead.
+# Debian's busybox 1.35 is built without wget's timeout, and its wget crashes on -T: this
+# /bin/wget takes -T / --timeout itself and runs busybox wget under timeout instead. (Inside
+# busybox sh, `wget` is the applet itself, which no file can replace: there, use timeout.)
 rm "$HTTPD/bin/wget"
 cat >"$HTTPD/bin/wget" <<'WGET'
 #!/bin/busybox sh

@@ -856,6 +856,17 @@ impl PodWorker {
             }
             let mut next_sync = self.resync;
             self.probes.update(&pod);
+            // The store may still show the Pod running at the address of a sandbox that is gone
+            // (the node restarted): the status without it goes out first, before the sandbox is
+            // made again (which may take long, or fail).
+            if last.is_none()
+                && pod.status.as_ref().is_some_and(|s| s.pod_ip.is_some())
+                && let Ok(status) = self.runtime.pod_status(&pod, &self.probes.snapshot()).await
+                && status.pod_ip.is_none()
+                && self.report(&pod, &status).await
+            {
+                reported = Some(comparable(&status));
+            }
             let status = match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {
                 Ok(status) => {
                     failures = 0;

@@ -682,7 +682,7 @@ impl RuntimeManager {
                 self.events.pod(pod, NORMAL, "Pulled", &message);
                 return Ok(Ok(()));
             }
-            Err(RuntimeError::Cri { source, .. }) => source.message().to_string(),
+            Err(RuntimeError::Cri { source, .. }) => failures::without_source_ports(source.message()),
             Err(RuntimeError::Timeout { .. }) => format!("pulling image {image:?} did not finish within {timeout:?}"),
             Err(e) => return Err(e),
         };

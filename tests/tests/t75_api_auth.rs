@@ -146,6 +146,70 @@ impl Replicas {
     }
 }
 
+/// A Register call of the node service on replica 1 with the join token, from `from` (an
+/// address of the replicas' namespace): `grpc-<code> <message>`.
+fn register_call(replicas: &Replicas, ca: &str, join: &str, from: &str, message: &[u8]) -> Result<String> {
+    let frame = [&[0u8][..], &u32::try_from(message.len())?.to_be_bytes(), message].concat();
+    let body = replicas.dir.path().join("register.grpc");
+    std::fs::write(&body, frame)?;
+    let url = format!("https://{}:{PORT}/gitplane.node.v1.NodeService/Register", Replicas::addr(1));
+    let authorization = format!("authorization: Bearer {join}");
+    let body_arg = format!("@{}", body.display());
+    let argv = [
+        "curl",
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-D",
+        "-",
+        "--max-time",
+        "10",
+        "--http2",
+        "--cacert",
+        ca,
+        "--interface",
+        from,
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+        "-H",
+        &authorization,
+        "--data-binary",
+        &body_arg,
+        &url,
+    ];
+    let out = replicas.command(&argv).output()?;
+    let headers = String::from_utf8_lossy(&out.stdout).to_lowercase();
+    let code = headers.lines().find_map(|l| l.strip_prefix("grpc-status: ")).map(str::trim);
+    let message = headers.lines().find_map(|l| l.strip_prefix("grpc-message: ")).unwrap_or_default();
+    Ok(match code {
+        Some(code) => format!("grpc-{code} {}", percent_decoded(message.trim())),
+        None => format!("no gRPC status ({:?}): {headers} {}", out.status, String::from_utf8_lossy(&out.stderr)),
+    })
+}
+
+/// A grpc-message header's text.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn run(command: &mut Command) -> Result<()> {
     let out = command.output().with_context(|| format!("{command:?}"))?;
     ensure!(out.status.success(), "{command:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -292,6 +356,36 @@ read token, trusting another CA          untrusted-server untrusted-server untru
         String::from_utf8_lossy(&out.stderr).contains("Unauthorized").then_some(())
     })
     .context("the revoked token still works")?;
+
+    // A node cannot take the control plane's address: registering with the join token as
+    // replica 3's address, as an address it does not register from, or at another address than
+    // its first registration's, is refused; at its own address it joins.
+    replicas.exec(&["ip", "addr", "add", "192.0.2.80/32", "dev", "lo"])?;
+    replicas.exec(&["ip", "addr", "add", "192.0.2.81/32", "dev", "lo"])?;
+    let join = std::fs::read_to_string(replicas.dir.path().join("join-token"))?;
+    let register = |name: &str, address: &str, from: &str| -> Result<String> {
+        let node = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": address}]}});
+        let request = gitplane_proto::node::RegisterRequest { node: serde_json::to_vec(&node)?, ..Default::default() };
+        register_call(&replicas, &ca_arg, join.trim(), from, &prost::Message::encode_to_vec(&request))
+    };
+    let attempts = [
+        ("as replica 3", register("mallory", &Replicas::addr(3), "192.0.2.80")?, "a control-plane replica's"),
+        (
+            "from replica 3's address",
+            register("mallory", &Replicas::addr(3), &Replicas::addr(3))?,
+            "a control-plane replica's",
+        ),
+        ("as another address", register("mallory", "192.0.2.81", "192.0.2.80")?, "registers from 192.0.2.80"),
+        ("in the Service range", register("mallory", "10.96.0.1", "192.0.2.80")?, "in the service range"),
+    ];
+    for (what, got, why) in attempts {
+        ensure!(got.starts_with("grpc-7 ") && got.contains(why), "registering {what}: {got}");
+    }
+    let own = register("honest", "192.0.2.80", "192.0.2.80")?;
+    ensure!(own.starts_with("grpc-0"), "a node at its own address: {own}");
+    let moved = register("honest", "192.0.2.81", "192.0.2.81")?;
+    ensure!(moved.starts_with("grpc-7 ") && moved.contains("cannot move"), "a node moving elsewhere: {moved}");
 
     // The audit log says who read which kind, and with what answer; never a token.
     let audit = replicas.data(1).join("audit.log");

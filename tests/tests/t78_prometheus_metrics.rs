@@ -191,9 +191,10 @@ fn t78_prometheus_metrics_on_replicas_and_agents() -> Result<()> {
     // The kubelet endpoint takes only a replica's client certificate: without one the TLS
     // handshake fails (curl's code 000), a status API token notwithstanding.
     let direct = format!("https://{ip}:{kubelet_port}/metrics");
-    let (code, body) = curl(Some(&node), &["--cacert", &ca, &direct])?;
+    let kubelet_ca = cluster.data_dir.join("kubelet-ca.crt").to_string_lossy().into_owned();
+    let (code, body) = curl(Some(&node), &["--cacert", &kubelet_ca, &direct])?;
     ensure!(code == 0, "the agent's /metrics without a client certificate got {code}: {body}");
-    let (code, _) = curl(Some(&node), &["--cacert", &ca, "-H", &bearer, &direct])?;
+    let (code, _) = curl(Some(&node), &["--cacert", &kubelet_ca, "-H", &bearer, &direct])?;
     ensure!(code == 0, "the agent's /metrics with a status API token got {code}");
     // ... and answers the replica, which proxies it to a reader.
     let proxied = https(&format!("/api/v1/nodes/{node}/proxy/metrics"));

@@ -227,25 +227,21 @@ fn t79_exec_attach_and_port_forward_for_debug_tokens() -> Result<()> {
     ensure!(echoed.status.success(), "kubectl exec -i cat: {}", text(&echoed.stderr));
     ensure!(text(&echoed.stdout) == STDIN, "stdin echoed: {:?}", text(&echoed.stdout));
     // The built-in image's applets by name, and its wget with a timeout (-T crashes Debian's
-    // busybox wget; the image's wget runs it under timeout instead).
-    let tools = alice.run(
-        &[
-            "exec",
-            "web",
-            "--",
-            "sh",
-            "-c",
-            "ls /www && cat /www/t79.html && wget -T 5 -q -O - http://127.0.0.1/t79.html",
-        ],
-        b"",
-    )?;
+    // busybox wget; the image's /bin/wget runs it under timeout instead).
+    let tools = alice.run(&["exec", "web", "--", "sh", "-c", "ls /www && cat /www/t79.html"], b"")?;
     ensure!(
-        tools.status.success()
-            && text(&tools.stdout).contains("t79.html")
-            && text(&tools.stdout).matches("t79-index").count() == 2,
-        "ls, cat and wget -T by name: {} {}",
+        tools.status.success() && text(&tools.stdout).contains("t79.html") && text(&tools.stdout).contains("t79-index"),
+        "ls and cat by name: {} {}",
         text(&tools.stdout),
         text(&tools.stderr)
+    );
+    let fetched =
+        alice.run(&["exec", "web", "--", "wget", "-T", "5", "-q", "-O", "-", "http://127.0.0.1/t79.html"], b"")?;
+    ensure!(
+        fetched.status.success() && text(&fetched.stdout).contains("t79-index"),
+        "wget -T by name: {} {}",
+        text(&fetched.stdout),
+        text(&fetched.stderr)
     );
     let exit = alice.run(&["exec", "web", "--", "sh", "-c", "echo to-stderr >&2; exit 3"], b"")?;
     ensure!(exit.status.code() == Some(3), "the remote exit code: {:?} {}", exit.status, text(&exit.stderr));

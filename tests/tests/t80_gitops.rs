@@ -55,7 +55,8 @@ fn t80_gitops_over_http_templates_webhooks_and_bad_commits() -> Result<()> {
     let secret_file = secrets.path().join("webhook-secret");
     std::fs::write(&secret_file, SECRET)?;
     let secret_arg = secret_file.to_string_lossy().into_owned();
-    let cluster = Cluster::start(1, &["--bootstrap", "bootstrap", "--webhook-secret-file", &secret_arg])?;
+    let cluster =
+        Cluster::start(1, &["--bootstrap", "bootstrap", "--webhook-secret-file", &secret_arg, "--allow-file-urls"])?;
     cluster.leader(DEADLINE)?;
     let addr = cluster.addrs[&1];
     let token = std::fs::read_to_string(cluster.dir.path().join("replica-1/git-token"))?.trim().to_owned();

@@ -377,8 +377,63 @@ fn t83_push_verdicts_refuse_invalid_commits_and_print_the_plan() -> Result<()> {
     let note = format!("(the sync of {} is pending and will reject it", &invalid[..10]);
     ensure!(out.contains(&note) && out.contains("2 to create, 0 to update, 0 to prune"), "{note}:\n{out}");
     ensure!(config_map(&cluster, "held-a").is_none(), "held never synced, yet held-a exists");
+
+    // What gives root on a node or takes an address is refused with the field and why: a Pod
+    // that shares the node's PID namespace and mounts its root, a Service with externalIPs. A
+    // NetworkPolicy that shuts the Ingress out is a warning. In a namespace whose manifest in
+    // Git says privileged, the Pod is accepted.
+    let rooted = clone("rooted")?;
+    rooted.write("rooted.yaml", &rooted_pod("default"))?;
+    rooted.write("taken.yaml", TAKEN)?;
+    rooted.commit("root on the node")?;
+    let (ok, out) = push(&rooted, &url)?;
+    ensure!(!ok, "a Pod that is root on its node must be refused:\n{out}");
+    for part in [
+        "Pod rooted: /spec/hostPID: hostPID: true shares the node's namespace is not allowed by the Pod Security \
+         Standard \"baseline\", which namespace default enforces",
+        "Pod rooted: /spec/volumes/0/hostPath: a hostPath volume mounts the node's files",
+        "Service taken: /spec/externalIPs/0: 198.51.100.7 cannot be an external IP: external IPs are refused",
+    ] {
+        ensure!(out.contains(part), "the refusal should say {part:?}:\n{out}");
+    }
+    rooted.remove("taken.yaml")?;
+    rooted.write("rooted.yaml", &format!("{TOOLS}---\n{}", rooted_pod("tools")))?;
+    rooted.write("shut.yaml", SHUT)?;
+    rooted.commit("root on the node, where the namespace allows it")?;
+    let (ok, out) = push(&rooted, &url)?;
+    ensure!(ok && out.contains("+ Pod tools/rooted"), "a privileged namespace's Pod is accepted:\n{out}");
+    ensure!(
+        out.contains("gitplane: warning: ")
+            && out.contains("NetworkPolicy default/shut isolates the Pods of Service shop"),
+        "a policy that shuts the Ingress out is a warning:\n{out}"
+    );
     Ok(())
 }
+
+/// A Pod in `namespace` that shares the node's PID namespace and mounts its root.
+fn rooted_pod(namespace: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: rooted\n  namespace: {namespace}\nspec:\n  hostPID: true\n  \
+         volumes: [{{name: root, hostPath: {{path: /}}}}]\n  containers: [{{name: c, image: gitplane.local/httpd:1}}]\n"
+    )
+}
+
+/// A Service that lists an external IP.
+const TAKEN: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: taken\nspec:\n  ports: [{port: 80}]\n  \
+                     externalIPs: [198.51.100.7]\n";
+
+/// A namespace whose Pods may be privileged.
+const TOOLS: &str = "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: tools\n  labels: {pod-security.kubernetes.io/enforce: privileged}\n";
+
+/// An Ingress to Pods a NetworkPolicy isolates without letting the nodes in.
+const SHUT: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: shop}\nspec:\n  replicas: 0\n  \
+    selector: {matchLabels: {app: shop}}\n  template:\n    metadata: {labels: {app: shop}}\n    \
+    spec: {containers: [{name: c, image: gitplane.local/httpd:1}]}\n---\napiVersion: v1\nkind: Service\n\
+    metadata: {name: shop}\nspec:\n  selector: {app: shop}\n  ports: [{port: 80}]\n---\n\
+    apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: shop}\nspec:\n  rules: [{http: {paths: \
+    [{path: /, pathType: Prefix, backend: {service: {name: shop, port: {number: 80}}}}]}}]\n---\n\
+    apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: shut}\nspec:\n  \
+    podSelector: {matchLabels: {app: shop}}\n  policyTypes: [Ingress]\n";
 
 /// What `gitplane diff` prints for the change above (nothing in it varies between runs).
 const DIFF: &str = "\
@@ -398,11 +453,12 @@ diff -u -N /tmp/LIVE/v1.ConfigMap.default.created /tmp/MERGED/v1.ConfigMap.defau
 diff -u -N /tmp/LIVE/v1.Secret.default.db /tmp/MERGED/v1.Secret.default.db
 --- /tmp/LIVE/v1.Secret.default.db
 +++ /tmp/MERGED/v1.Secret.default.db
-@@ -7,3 +7,4 @@
+@@ -7,4 +7,5 @@
    namespace: default
  data:
    password: <masked>
 +  user: <masked>
+ type: Opaque
 diff -u -N /tmp/LIVE/v1.ConfigMap.default.settings /tmp/MERGED/v1.ConfigMap.default.settings
 --- /tmp/LIVE/v1.ConfigMap.default.settings
 +++ /tmp/MERGED/v1.ConfigMap.default.settings

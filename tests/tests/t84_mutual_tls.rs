@@ -62,10 +62,16 @@ fn t84_nodes_and_replicas_authenticate_with_certificates() -> Result<()> {
     let ca = cluster.data_dir.join("ca.crt");
     let ca_arg = ca.to_string_lossy().into_owned();
 
-    // The agent joined over TLS and holds certificates the cluster CA signed for its key.
+    // The agent joined over TLS and holds certificates signed for its key: the client one by
+    // the cluster CA, the serving one by the kubelet CA, which no client of the control plane
+    // trusts (a node serving it at a replica's address is refused).
     let client = node_dir.join("kubelet-client.pem");
     let serving = node_dir.join("kubelet-server.pem");
-    for file in [&client, &serving] {
+    let kubelet_ca = cluster.data_dir.join("kubelet-ca.crt");
+    let kubelet_ca_arg = kubelet_ca.to_string_lossy().into_owned();
+    for (file, issuer, ca_file) in
+        [(&client, "gitplane cluster CA", &ca_arg), (&serving, "gitplane kubelet CA", &kubelet_ca_arg)]
+    {
         // The Node is Ready once registered, a moment before the agent has the answer.
         let metadata = wait_for(DEADLINE, || std::fs::metadata(file).ok()).with_context(|| {
             let listed: Vec<_> =
@@ -75,14 +81,16 @@ fn t84_nodes_and_replicas_authenticate_with_certificates() -> Result<()> {
         })?;
         let mode = std::os::unix::fs::PermissionsExt::mode(&metadata.permissions());
         ensure!(mode & 0o077 == 0, "{} holds a key: mode {mode:o}", file.display());
-        ensure!(x509(file, "-issuer")? == "issuer=CN = gitplane cluster CA", "{}", x509(file, "-issuer")?);
+        ensure!(x509(file, "-issuer")? == format!("issuer=CN = {issuer}"), "{}", x509(file, "-issuer")?);
         let subject = x509(file, "-subject")?;
         let uid =
             cluster.get(&format!("/api/v1/nodes/{node}"))?["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
         ensure!(subject == format!("subject=CN = system:node:{node}, O = system:nodes, UID = {uid}"), "{subject}");
-        let verified = stdout_of(Command::new("openssl").args(["verify", "-CAfile", &ca_arg]).arg(file))?;
+        let verified = stdout_of(Command::new("openssl").args(["verify", "-CAfile", ca_file]).arg(file))?;
         ensure!(verified.trim().ends_with(": OK"), "{verified}");
     }
+    let refused = Command::new("openssl").args(["verify", "-CAfile", &ca_arg]).arg(&serving).output()?;
+    ensure!(!refused.status.success(), "the cluster CA verifies a node's serving certificate");
     ensure!(
         !node_dir.join("node-credential").exists(),
         "a node that joined over TLS keeps no bearer credential: its certificate replaces it"
@@ -99,11 +107,11 @@ fn t84_nodes_and_replicas_authenticate_with_certificates() -> Result<()> {
     let kubelet = format!("{ip}:10250");
     let s_client = Command::new("ip")
         .args(["netns", "exec", &node, "timeout", "20", "openssl", "s_client", "-connect", &kubelet])
-        .args(["-CAfile", &ca_arg, "-verify_ip", &ip])
+        .args(["-CAfile", &kubelet_ca_arg, "-verify_ip", &ip])
         .stdin(std::process::Stdio::null())
         .output()?;
     let shown = String::from_utf8_lossy(&s_client.stdout);
-    ensure!(shown.contains("issuer=CN = gitplane cluster CA"), "openssl s_client: {shown}");
+    ensure!(shown.contains("issuer=CN = gitplane kubelet CA"), "openssl s_client: {shown}");
     ensure!(shown.contains(&format!("subject=CN = system:node:{node}, O = system:nodes, UID = ")), "{shown}");
     ensure!(shown.contains("Verify return code: 0 (ok)"), "openssl s_client: {shown}");
 
@@ -116,14 +124,17 @@ fn t84_nodes_and_replicas_authenticate_with_certificates() -> Result<()> {
     let client_arg = client.to_string_lossy().into_owned();
     let other = ["--cacert", &ca_arg, "--cert", &other_crt, "--key", &other_key];
     let own = ["--cacert", &ca_arg, "--cert", &client_arg];
+    // A kubelet endpoint is verified against the kubelet CA, as the replicas verify it.
+    let other_at_kubelet = ["--cacert", &kubelet_ca_arg, "--cert", &other_crt, "--key", &other_key];
+    let own_at_kubelet = ["--cacert", &kubelet_ca_arg, "--cert", &client_arg];
     let logs_path = format!("https://{kubelet}/stats/summary");
     let cells = [
         ("node service, another CA", curl(&node, &replica("/gitplane.node.v1.NodeService/Heartbeat"), true, &other)?),
         ("store service, another CA", curl(&node, &replica("/gitplane.store.v1.StoreService/Get"), true, &other)?),
         ("Raft service, another CA", curl(&node, &replica("/gitplane.store.v1.RaftService/Vote"), true, &other)?),
-        ("kubelet endpoint, another CA", curl(&node, &logs_path, false, &other)?),
-        ("kubelet endpoint, no certificate", curl(&node, &logs_path, false, &["--cacert", &ca_arg])?),
-        ("kubelet endpoint, the node's own", curl(&node, &logs_path, false, &own)?),
+        ("kubelet endpoint, another CA", curl(&node, &logs_path, false, &other_at_kubelet)?),
+        ("kubelet endpoint, no certificate", curl(&node, &logs_path, false, &["--cacert", &kubelet_ca_arg])?),
+        ("kubelet endpoint, the node's own", curl(&node, &logs_path, false, &own_at_kubelet)?),
         ("store service, the node's own", curl(&node, &replica("/gitplane.store.v1.StoreService/Get"), true, &own)?),
         ("Raft service, the node's own", curl(&node, &replica("/gitplane.store.v1.RaftService/Vote"), true, &own)?),
     ];

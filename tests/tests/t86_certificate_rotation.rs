@@ -80,6 +80,7 @@ fn t86_agents_renew_their_certificates_and_removed_nodes_are_refused() -> Result
     let node = cluster.nodes[0].clone();
     let node_dir: PathBuf = cluster.data_dir.join("nodes").join(&node);
     let ca = cluster.data_dir.join("ca.crt").to_string_lossy().into_owned();
+    let kubelet_ca = cluster.data_dir.join("kubelet-ca.crt").to_string_lossy().into_owned();
     let (client, serving) = (node_dir.join("kubelet-client.pem"), node_dir.join("kubelet-server.pem"));
     let agent_log = || std::fs::read_to_string(node_dir.join("agent.log")).unwrap_or_default();
     let serials =
@@ -104,10 +105,10 @@ fn t86_agents_renew_their_certificates_and_removed_nodes_are_refused() -> Result
     let renewed = wait_for(Duration::from_secs(150), || serials().filter(|s| s.0 != first.0 && s.1 != first.1))
         .with_context(|| format!("the agent never renewed its certificates:\n{}", agent_log()))?;
     println!("renewed: {first:?} -> {renewed:?}");
-    for file in [&client, &serving] {
+    for (file, ca) in [(&client, &ca), (&serving, &kubelet_ca)] {
         let subject = x509(file, "-subject")?;
         ensure!(subject == format!("subject=CN = system:node:{node}, O = system:nodes, UID = {uid}"), "{subject}");
-        let verified = stdout_of(Command::new("openssl").args(["verify", "-CAfile", &ca]).arg(file))?;
+        let verified = stdout_of(Command::new("openssl").args(["verify", "-CAfile", ca]).arg(file))?;
         ensure!(verified.trim().ends_with(": OK"), "{verified}");
     }
     ensure!(agent_log().contains("node certificates renewed"), "{}", agent_log());
@@ -115,8 +116,9 @@ fn t86_agents_renew_their_certificates_and_removed_nodes_are_refused() -> Result
     // New handshakes get the renewed certificates: the kubelet endpoint serves one, and the
     // node service takes the renewed client certificate.
     let kubelet = format!("{ip}:10250");
-    let served = wait_for(DEADLINE, || served_certificate(&node, &kubelet, &ca).filter(|c| *c != first_serving))
-        .context("the kubelet endpoint still serves its first certificate")?;
+    let served =
+        wait_for(DEADLINE, || served_certificate(&node, &kubelet, &kubelet_ca).filter(|c| *c != first_serving))
+            .context("the kubelet endpoint still serves its first certificate")?;
     ensure!(served.starts_with("-----BEGIN CERTIFICATE-----"));
     let url = format!("https://172.29.0.1:{}/gitplane.node.v1.NodeService/Heartbeat", cluster.listen.port());
     let client_arg = client.to_string_lossy().into_owned();

@@ -10,9 +10,14 @@
 //!   `system:anonymous` (what this machine's own users did before tokens existed).
 //! - The status page (`/` and `/ui/…`, its data endpoints `/ui/api/…` included) also takes the
 //!   token from the `gitplane-token` cookie its login form sets, since a browser cannot send a
-//!   bearer header when it navigates; the cookie counts nowhere else. The form (`/ui/login`,
-//!   `/ui/logout`) and the page's static assets answer everyone. A page request without
-//!   credentials gets the form (401) instead of a JSON `Status`.
+//!   bearer header when it navigates; the cookie counts nowhere else, and only reads: with it,
+//!   exec, attach, port-forward, any upgrade and any method but GET and HEAD are refused (403),
+//!   whatever roles its token has, so a page another site or another port of this host opens
+//!   cannot act with it. The form (`/ui/login`, `/ui/logout`) and the page's static assets
+//!   answer everyone. A page request without credentials gets the form (401) instead of a JSON
+//!   `Status`.
+//! - An upgrade (exec, attach and port-forward streams, WebSocket watches) that carries an
+//!   `Origin` (browsers always send one) must come from a page of this very host and port.
 
 use crate::{
     apiserver,
@@ -81,7 +86,14 @@ pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: 
     // The page's data endpoints are the API under `/ui`: audited and authorized as the API.
     let api_path = if page { path.strip_prefix("/ui").filter(|p| p.starts_with("/api")) } else { None };
     let info = RequestInfo::new(request.method().as_str(), api_path.unwrap_or(&path), request.uri().query());
+    let from_cookie = bearer(&request).is_none() && page && page_cookie(&request).is_some();
     let token = bearer(&request).or_else(|| page.then(|| page_cookie(&request)).flatten());
+    if let Some(why) = cross_origin_upgrade(&request) {
+        let response = apiserver::status(StatusCode::FORBIDDEN, "Forbidden", why);
+        access.audit.record(ANONYMOUS, client.0, &info, response.status().as_u16());
+        crate::metrics::request(&info, response.status().as_u16(), started.elapsed());
+        return response;
+    }
     let user = match token {
         Some(token) => access.tokens.authenticate(token),
         None if access.anonymous_loopback_reads && client.0.is_loopback() => {
@@ -100,7 +112,15 @@ pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: 
         return response;
     };
     let role = required_role(&info);
-    let response = if user.has(role) {
+    let writes = !matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD);
+    let response = if from_cookie && (role != Role::Read || writes || is_upgrade(&request)) {
+        let message = format!(
+            "User {:?}: the status page's cookie only reads; exec, attach, port-forward and streams need the \
+             token itself (kubectl with the kubeconfig)",
+            user.name
+        );
+        apiserver::status(StatusCode::FORBIDDEN, "Forbidden", message)
+    } else if user.has(role) {
         // Handlers that act for a person (exec) name them.
         request.extensions_mut().insert(user.clone());
         next.run(request).await
@@ -110,6 +130,25 @@ pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: 
     access.audit.record(&user.name, client.0, &info, response.status().as_u16());
     crate::metrics::request(&info, response.status().as_u16(), started.elapsed());
     response
+}
+
+/// Whether the request asks to switch protocols (WebSocket, SPDY).
+fn is_upgrade(request: &Request) -> bool {
+    request.headers().contains_key(axum::http::header::UPGRADE)
+}
+
+/// Why an upgrade is refused for its `Origin`: one that names another host or port than the
+/// request's own (a page elsewhere opening a stream with this site's credentials).
+fn cross_origin_upgrade(request: &Request) -> Option<String> {
+    if !is_upgrade(request) {
+        return None;
+    }
+    let origin = request.headers().get(axum::http::header::ORIGIN)?.to_str().unwrap_or("");
+    let host = request.headers().get(axum::http::header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let origin_host = origin.split_once("://").map_or("", |(_, rest)| rest.trim_end_matches('/'));
+    (origin_host.is_empty() || !origin_host.eq_ignore_ascii_case(host)).then(|| {
+        format!("an upgrade from a page of origin {origin:?} is refused here: streams open from this site only")
+    })
 }
 
 /// The token of `Authorization: Bearer <token>`, if that is what the request carries.
@@ -157,19 +196,21 @@ mod tests {
 
     const READ: &str = "0123456789abcdef0123456789abcdef";
     const DEBUG: &str = "fedcba9876543210fedcba9876543210";
+    const BOTH: &str = "00112233445566778899aabbccddeeff";
 
     fn router(anonymous_loopback_reads: bool) -> Router {
         let user = |name: &str, roles: Vec<Role>| User { name: name.into(), uid: name.into(), roles };
         let tokens = Tokens::new(&[
             Entry { token: READ.into(), user: user("alice", vec![Role::Read]), expires: None },
             Entry { token: DEBUG.into(), user: user("bob", vec![Role::Debug]), expires: None },
+            Entry { token: BOTH.into(), user: user("carol", vec![Role::Read, Role::Debug]), expires: None },
         ]);
         let access = ApiAccess { tokens: Arc::new(tokens), anonymous_loopback_reads, audit: AuditLog::disabled() };
         Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/api/{*path}", get(|| async { "objects" }))
             .route("/", get(|| async { "page" }))
-            .route("/ui/api/{*path}", get(|| async { "page data" }))
+            .route("/ui/api/{*path}", get(|| async { "page data" }).post(|| async { "page write" }))
             .route("/ui/login", get(|| async { "form" }))
             .layer(axum::middleware::from_fn_with_state(access, admit))
     }
@@ -237,5 +278,49 @@ mod tests {
         assert_eq!(code(&appliance, pods, None, [127, 0, 0, 1]).await.0, 200);
         assert_eq!(code(&appliance, pods, None, remote).await.0, 401);
         assert_eq!(code(&appliance, pods, Some("wrong-token-wrong-token"), [127, 0, 0, 1]).await.0, 401);
+    }
+
+    /// A request to `path` with `headers`, from a remote client: its status code.
+    async fn with_headers(router: &Router, method: &str, path: &str, headers: &[(&str, &str)]) -> u16 {
+        let mut request = Request::builder().method(method).uri(path);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let mut request = request.body(Body::empty()).unwrap();
+        request.extensions_mut().insert(ClientAddr([192, 0, 2, 9].into()));
+        router.clone().oneshot(request).await.unwrap().status().as_u16()
+    }
+
+    /// The cookie only reads, whatever its token may do, and no page of another origin opens a
+    /// stream.
+    #[tokio::test]
+    async fn the_page_cookie_only_reads_and_upgrades_come_from_this_origin() {
+        let server = router(false);
+        let cookie = format!("{}={BOTH}", page::COOKIE);
+        let exec = "/ui/api/v1/namespaces/default/pods/p/exec";
+        let pods = "/ui/api/v1/namespaces/default/pods";
+        let upgrade = [("cookie", cookie.as_str()), ("upgrade", "websocket"), ("connection", "upgrade")];
+        assert_eq!(with_headers(&server, "GET", pods, &[("cookie", &cookie)]).await, 200);
+        assert_eq!(with_headers(&server, "GET", exec, &[("cookie", &cookie)]).await, 403, "exec with the cookie");
+        assert_eq!(with_headers(&server, "POST", pods, &[("cookie", &cookie)]).await, 403, "a write with the cookie");
+        assert_eq!(with_headers(&server, "GET", pods, &upgrade).await, 403, "an upgrade with the cookie");
+        // The same token as a bearer may exec (kubectl), but not from a page of another origin.
+        let bearer = format!("Bearer {BOTH}");
+        let api_exec = "/api/v1/namespaces/default/pods/p/exec";
+        assert_eq!(with_headers(&server, "GET", api_exec, &[("authorization", &bearer)]).await, 200, "routed");
+        let foreign = [
+            ("authorization", bearer.as_str()),
+            ("upgrade", "websocket"),
+            ("host", "192.0.2.1:8443"),
+            ("origin", "http://192.0.2.1:9999"),
+        ];
+        assert_eq!(with_headers(&server, "GET", api_exec, &foreign).await, 403, "another origin");
+        let same = [
+            ("authorization", bearer.as_str()),
+            ("upgrade", "websocket"),
+            ("host", "192.0.2.1:8443"),
+            ("origin", "https://192.0.2.1:8443"),
+        ];
+        assert_eq!(with_headers(&server, "GET", api_exec, &same).await, 200, "the same origin is routed");
     }
 }

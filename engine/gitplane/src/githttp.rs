@@ -937,7 +937,7 @@ mod tests {
     async fn t50_a_mirror_fetches_over_http_with_the_credentials_in_its_url() {
         use crate::mirror::{Mirrors, tests::head_of as mirror_head};
         let server = Server::start(false).await;
-        let mirrors = Mirrors::new(server.dir.path().join("mirrors"), Duration::from_secs(3600));
+        let mirrors = Mirrors::new(server.dir.path().join("mirrors"), Duration::from_secs(3600), true);
         let url = server.url(&format!("git:{TOKEN}@"));
         let path = mirrors.track(&url).unwrap();
         assert!(wait_for(Duration::from_secs(30), || mirror_head(&path, "main") == Some(server.main())).await);

@@ -22,8 +22,9 @@
 //! - **Only the mirror's own directory is written**, and its name is a hash: a URL can never
 //!   choose a path.
 //!
-//! `file://` URLs read any repository this process can read: fine for tests and single-user
-//! appliances, something to restrict where Application authors are not trusted with the host.
+//! `file://` URLs read any repository this process can read, so whoever writes Applications
+//! could read the replica's own files: they are refused unless the replica allows them
+//! (`--allow-file-urls`, for tests and single-user machines).
 
 use sha2::{Digest, Sha256};
 use std::{
@@ -63,6 +64,11 @@ pub enum MirrorError {
          (ssh and git:// are not supported; put credentials in the URL, e.g. https://user:token@host/org/repo.git)"
     )]
     UnsupportedUrl { url: String },
+    #[error(
+        "{url:?} reads a repository on the control plane's own machine, which Applications may not do unless \
+         the replicas run with --allow-file-urls: serve it over https:// or push it to a hosted repository"
+    )]
+    FileUrlRefused { url: String },
     #[error("creating the mirror of {url} in {}: {source}", path.display())]
     Create {
         url: String,
@@ -113,6 +119,8 @@ pub struct Mirrors {
 struct Inner {
     dir: PathBuf,
     poll: Duration,
+    /// Whether `file://` URLs may be mirrored.
+    file_urls: bool,
     entries: Mutex<HashMap<String, Entry>>,
     changes: broadcast::Sender<String>,
     fetch_slots: Arc<Semaphore>,
@@ -152,13 +160,16 @@ impl Drop for Inner {
 
 impl Mirrors {
     /// Mirrors kept under `dir` (created on first use), each polled every `poll` (plus jitter).
-    pub fn new(dir: PathBuf, poll: Duration) -> Mirrors {
+    /// Mirrors in `dir`, each fetched every `poll`; `file_urls`: whether `file://` URLs may be
+    /// mirrored (tests, single-user machines).
+    pub fn new(dir: PathBuf, poll: Duration, file_urls: bool) -> Mirrors {
         set_server_timeouts();
         let (changes, _) = broadcast::channel(64);
         Mirrors {
             inner: Arc::new(Inner {
                 dir,
                 poll,
+                file_urls,
                 entries: Mutex::new(HashMap::new()),
                 changes,
                 fetch_slots: Arc::new(Semaphore::new(MAX_CONCURRENT_FETCHES)),
@@ -171,6 +182,9 @@ impl Mirrors {
     /// fetch succeeds the mirror has no branches.
     pub fn track(&self, url: &str) -> Result<PathBuf, MirrorError> {
         validate(url)?;
+        if url.starts_with("file://") && !self.inner.file_urls {
+            return Err(MirrorError::FileUrlRefused { url: redact(url) });
+        }
         let mut entries = lock(&self.inner.entries);
         if let Some(entry) = entries.get(url) {
             return Ok(entry.mirror.path.clone());
@@ -601,7 +615,7 @@ pub(crate) mod tests {
         let first = upstream.commit("main", "a");
         upstream.commit("old", "x");
         let data = tempfile::tempdir().unwrap();
-        let mirrors = Mirrors::new(data.path().join("mirrors"), LONG);
+        let mirrors = Mirrors::new(data.path().join("mirrors"), LONG, true);
         let mut changes = mirrors.changes();
         let url = upstream.url();
         let path = mirrors.track(&url).unwrap();
@@ -634,7 +648,7 @@ pub(crate) mod tests {
         let upstream = Upstream::new();
         upstream.commit("main", "a");
         let data = tempfile::tempdir().unwrap();
-        let mirrors = Mirrors::new(data.path().to_path_buf(), Duration::from_millis(100));
+        let mirrors = Mirrors::new(data.path().to_path_buf(), Duration::from_millis(100), true);
         let url = upstream.url();
         let path = mirrors.track(&url).unwrap();
         assert!(wait_for(Duration::from_secs(30), || head_of(&path, "main").is_some()).await);
@@ -647,7 +661,7 @@ pub(crate) mod tests {
         let upstream = Upstream::new();
         upstream.commit("main", "a");
         let data = tempfile::tempdir().unwrap();
-        let mirrors = Mirrors::new(data.path().to_path_buf(), LONG);
+        let mirrors = Mirrors::new(data.path().to_path_buf(), LONG, true);
         let url = upstream.url();
         mirrors.track(&url).unwrap();
         let before = settled_fetches(&mirrors, &url).await;
@@ -667,7 +681,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn t10_an_unreachable_url_fails_without_showing_its_credentials() {
         let data = tempfile::tempdir().unwrap();
-        let mirrors = Mirrors::new(data.path().to_path_buf(), LONG);
+        let mirrors = Mirrors::new(data.path().to_path_buf(), LONG, true);
         // Port 1 on loopback: nothing listens there, the connection is refused at once.
         let url = "https://alice:s3cr3t-t0ken@127.0.0.1:1/org/repo.git";
         mirrors.track(url).unwrap();
@@ -681,6 +695,17 @@ pub(crate) mod tests {
         for bad in ["repo", "/srv/repo.git", "git://host/repo", "https://", "file://host/x", "https://h/a b"] {
             assert!(matches!(mirrors.track(bad), Err(MirrorError::UnsupportedUrl { .. })), "{bad}");
         }
+    }
+
+    #[tokio::test]
+    async fn t10_file_urls_are_refused_unless_allowed() {
+        let data = tempfile::tempdir().unwrap();
+        let refusing = Mirrors::new(data.path().join("a"), LONG, false);
+        let refused = refusing.track("file:///etc/some-repo.git").unwrap_err();
+        assert!(matches!(refused, MirrorError::FileUrlRefused { .. }), "{refused}");
+        assert!(refused.to_string().contains("--allow-file-urls"), "{refused}");
+        let allowing = Mirrors::new(data.path().join("b"), LONG, true);
+        assert!(allowing.track("file:///etc/some-repo.git").is_ok());
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod tree;
 
 pub use login::{COOKIE, login_form};
 
-use crate::{authn::Tokens, source::health::Health, table};
+use crate::{source::health::Health, table};
 use axum::{
     Router,
     extract::{Path, Query, State},
@@ -51,7 +51,10 @@ pub(crate) struct PageState {
     store: Arc<dyn Store>,
     /// The hosted repositories, for commit authors.
     repos_dir: Arc<std::path::Path>,
-    pub(crate) tokens: Arc<Tokens>,
+    /// Who may read, and where sign-ins are audited.
+    pub(crate) access: crate::authz::ApiAccess,
+    /// Wrong tokens at the login form, per client.
+    login_throttle: Arc<login::Throttle>,
     /// The nodes view's Pod index, started by the page's first visitor (a replica nobody looks
     /// at follows no Pods for it).
     allocated: Arc<std::sync::OnceLock<allocated::Allocated>>,
@@ -76,12 +79,13 @@ pub fn router(
     store: Arc<dyn Store>,
     informers: Arc<SharedInformerFactory>,
     repos_dir: PathBuf,
-    tokens: Arc<Tokens>,
+    access: crate::authz::ApiAccess,
 ) -> Router {
     let state = PageState {
         store,
         repos_dir: repos_dir.into(),
-        tokens,
+        access,
+        login_throttle: Default::default(),
         allocated: Default::default(),
         informers,
         informer: Default::default(),

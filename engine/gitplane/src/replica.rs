@@ -175,7 +175,13 @@ pub struct GitServing {
 
 impl GitServing {
     /// The webhook secret lives in a file of the operator's, never on the command line.
-    pub fn load(data_dir: &Path, repos_dir: PathBuf, webhook_secret_file: Option<&Path>) -> anyhow::Result<GitServing> {
+    /// `file_urls`: whether Applications may name `file://` repositories (`--allow-file-urls`).
+    pub fn load(
+        data_dir: &Path,
+        repos_dir: PathBuf,
+        webhook_secret_file: Option<&Path>,
+        file_urls: bool,
+    ) -> anyhow::Result<GitServing> {
         let webhook_secret = match webhook_secret_file {
             None => None,
             Some(path) => {
@@ -187,7 +193,7 @@ impl GitServing {
                 Some(secret.trim_end().to_owned()).filter(|s| !s.is_empty())
             }
         };
-        let mirrors = Mirrors::new(data_dir.join("mirrors"), crate::mirror::DEFAULT_POLL);
+        let mirrors = Mirrors::new(data_dir.join("mirrors"), crate::mirror::DEFAULT_POLL, file_urls);
         Ok(GitServing { repos_dir, hooks_dir: data_dir.join("hooks"), mirrors, webhook_secret, root: None })
     }
 }
@@ -224,7 +230,8 @@ impl Replica {
     /// Starts the replica, serving everything on each of `listeners` (each with its own
     /// connection limits); `push_hint` is what the read-only API tells writers; `nodes_netns`,
     /// the network namespace to reach the nodes' kubelet endpoints from (`gitplane up --nodes`);
-    /// `access`, who may use the status API.
+    /// `access`, who may use the status API; `replica_addresses`, every replica's, which no
+    /// node may take.
     #[allow(clippy::too_many_arguments)]
     pub async fn start(
         backend: Backend,
@@ -238,12 +245,27 @@ impl Replica {
         controllers: gitplane_controllers::Settings,
         event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
+        replica_addresses: Vec<std::net::IpAddr>,
     ) -> anyhow::Result<Replica> {
         crate::metrics::register();
         let shared: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore(backend.store()));
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
         let kubelet = KubeletClient::new(&tls.ca, &tls.certificate, nodes_netns)?;
-        let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone()).into_server();
+        if let Some(pool) = &service_ranges.external_ips
+            && let Some(ip) =
+                replica_addresses.iter().find(|ip| matches!(ip, std::net::IpAddr::V4(v4) if pool.contains(*v4)))
+        {
+            anyhow::bail!(
+                "--external-ip-pool {pool} holds the control plane's address {ip}: a Service listing it would take that \
+                 address's traffic on every node; give a pool of addresses nothing else uses"
+            );
+        }
+        let reserved = crate::nodeservice::addresses::Reserved {
+            replicas: replica_addresses,
+            services: service_ranges.clone(),
+            load_balancers: controllers.load_balancer_pool,
+        };
+        let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone(), reserved).into_server();
         let grpc =
             backend.routes().add_service(nodes).into_axum_router().layer(axum::middleware::from_fn(require_replica));
         let info = backend.clone();
@@ -261,7 +283,7 @@ impl Replica {
         };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let api = apiserver::router(shared.clone(), push_hint, kubelet);
-        let page = page::router(shared.clone(), informers.clone(), git.repos_dir.clone(), access.tokens.clone());
+        let page = page::router(shared.clone(), informers.clone(), git.repos_dir.clone(), access.clone());
         let http = api
             .clone()
             .merge(apiserver::head::router(shared.clone(), git.repos_dir.clone()))

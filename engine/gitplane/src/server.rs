@@ -9,6 +9,7 @@ use crate::{
     tls,
 };
 use anyhow::{Context as _, bail};
+use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{NodeId, ReplicaConfig},
@@ -80,6 +81,15 @@ pub struct ServerArgs {
     service_cidr: String,
     #[command(flatten)]
     controllers: crate::controlplane::ControllerArgs,
+    /// The addresses Services may list in `spec.externalIPs`, e.g. 198.51.100.0/28. None: every
+    /// external IP is refused (Kubernetes' DenyServiceExternalIPs), as any node's own traffic
+    /// to such an address would go to the Service's Pods.
+    #[arg(long, value_parser = AddressPool::parse)]
+    external_ip_pool: Option<AddressPool>,
+    /// Let Applications name `file://` repositories on this machine (tests, single-user
+    /// machines): whoever writes Applications could then read any repository here.
+    #[arg(long)]
+    allow_file_urls: bool,
     /// The status API's bearer tokens, `token,user,uid,"role,…"` per line (roles: read, debug;
     /// kube-apiserver's --token-auth-file). Default: `<data-dir>/tokens.csv`, made on first
     /// start with one read token (written into `<data-dir>/kubeconfig`).
@@ -135,6 +145,12 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let tcp = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let own_host = own.rsplit_once(':').map_or(own.as_str(), |(host, _)| host).to_owned();
     let names = tls::serving_names(listen, &[&[own_host][..], &args.tls_san].concat());
+    // Every replica's address, and this one's names: no node may take them.
+    let peer_hosts = peers.values().map(|p| p.rsplit_once(':').map_or(p.as_str(), |(host, _)| host));
+    let replica_addresses: Vec<std::net::IpAddr> = peer_hosts
+        .chain(names.iter().map(String::as_str))
+        .filter_map(|host| host.trim_start_matches('[').trim_end_matches(']').parse().ok())
+        .collect();
     let certificate = security.ca.replica_certificate(&names)?;
     let listener = security.listener(tcp, &certificate)?;
     let (chain, key) = certificate.pem();
@@ -167,9 +183,11 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         args.data_dir.join("git-token").display()
     );
     let kubeconfig = security.write_kubeconfig(listen)?;
-    let mut git = GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref())?;
+    let mut git =
+        GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref(), args.allow_file_urls)?;
     git.root = args.bootstrap;
-    let ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
+    let mut ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
+    ranges.external_ips = args.external_ip_pool;
     let access = security.access.clone();
     let tls = ReplicaTls { ca: security.ca.clone(), certificate };
     let replica = Replica::start(
@@ -184,6 +202,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         args.controllers.settings(),
         args.event_ttl,
         None,
+        replica_addresses,
     )
     .await?;
     let kubeconfig = kubeconfig.map(|p| p.display().to_string()).unwrap_or_default();

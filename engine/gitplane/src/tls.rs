@@ -22,6 +22,14 @@
 //! serving certificate of their kubelet endpoint (the kubelet's TLS bootstrapping, with the
 //! registration as the approval). Both carry the uid of the Node they were issued for, and the
 //! agent renews them before they expire (the kubelet's certificate rotation).
+//!
+//! **Architecture Invariant**: the cluster CA signs no certificate a node can serve with. A
+//! node's serving certificate comes from a second issuer, the kubelet CA (derived alike, from
+//! another label), which only the replicas trust, and only to reach kubelet endpoints. Agents,
+//! peers and users trust the cluster CA alone, so a node that serves its certificate at a
+//! replica's address is refused by every client of the control plane: a node cannot become
+//! the control plane, whatever address it reports. The node's client certificate is the
+//! cluster CA's (client-only usage: it cannot serve).
 
 use anyhow::Context as _;
 use gitplane_proto::x509::{self, NODE_USER_PREFIX, NODES_GROUP, REPLICAS_GROUP};
@@ -58,9 +66,11 @@ fn node_validity() -> Duration {
     }
 }
 
-/// The cluster's certificate authority.
+/// The cluster's certificate authority, and the kubelet CA beside it.
 pub struct ClusterCa {
     issuer: CertifiedIssuer<'static, KeyPair>,
+    /// Signs nodes' serving certificates, and nothing else.
+    kubelets: CertifiedIssuer<'static, KeyPair>,
 }
 
 /// A replica's certificate (the CA's after it) and key: what it serves and presents.
@@ -150,26 +160,42 @@ fn valid_from_now(params: &mut CertificateParams, validity: Duration) {
     params.not_after = (now + validity).into();
 }
 
+/// The common name of the kubelet CA's certificate.
+pub const KUBELET_CA_NAME: &str = "gitplane kubelet CA";
+
+/// A self-signed CA whose Ed25519 key is `seed`: every replica holding it makes the same bytes.
+fn derive_issuer(seed: [u8; 32], common_name: &str) -> anyhow::Result<CertifiedIssuer<'static, KeyPair>> {
+    let mut pkcs8 = ED25519_PKCS8_PREFIX.to_vec();
+    pkcs8.extend_from_slice(&seed);
+    let key = KeyPair::from_pkcs8_der_and_sign_algo(&PrivatePkcs8KeyDer::from(pkcs8), &rcgen::PKCS_ED25519)
+        .context("deriving the CA's key")?;
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, common_name);
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    // Fixed fields, so every replica's copy is the same bytes (Ed25519 signs deterministically).
+    params.not_before = rcgen::date_time_ymd(2025, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2125, 1, 1);
+    params.serial_number = Some(SerialNumber::from_slice(&seed[..8].iter().map(|b| b & 0x7f).collect::<Vec<_>>()));
+    CertifiedIssuer::self_signed(params, key).context("making the CA's certificate")
+}
+
 impl ClusterCa {
-    /// The CA every replica holding `seed` (derived from the peer token) derives alike.
+    /// The CA every replica holding `seed` (derived from the peer token) derives alike, and the
+    /// kubelet CA (from a labelled HMAC of the same seed).
     pub fn derive(seed: [u8; 32]) -> anyhow::Result<ClusterCa> {
-        let mut pkcs8 = ED25519_PKCS8_PREFIX.to_vec();
-        pkcs8.extend_from_slice(&seed);
-        let key = KeyPair::from_pkcs8_der_and_sign_algo(&PrivatePkcs8KeyDer::from(pkcs8), &rcgen::PKCS_ED25519)
-            .context("deriving the cluster CA's key")?;
-        let mut params = CertificateParams::default();
-        let mut name = DistinguishedName::new();
-        name.push(DnType::CommonName, "gitplane cluster CA");
-        params.distinguished_name = name;
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
-        // Fixed fields, so every replica's copy is the same bytes (Ed25519 signs deterministically).
-        params.not_before = rcgen::date_time_ymd(2025, 1, 1);
-        params.not_after = rcgen::date_time_ymd(2125, 1, 1);
-        params.serial_number = Some(SerialNumber::from_slice(&seed[..8].iter().map(|b| b & 0x7f).collect::<Vec<_>>()));
-        let issuer = CertifiedIssuer::self_signed(params, key).context("making the cluster CA's certificate")?;
-        Ok(ClusterCa { issuer })
+        let issuer = derive_issuer(seed, "gitplane cluster CA").context("the cluster CA")?;
+        let kubelet_seed: [u8; 32] = {
+            use hmac::Mac as _;
+            let mut mac =
+                <hmac::Hmac<sha2::Sha256> as hmac::Mac>::new_from_slice(&seed).expect("HMAC takes keys of any length");
+            mac.update(b"gitplane kubelet CA");
+            mac.finalize().into_bytes().into()
+        };
+        let kubelets = derive_issuer(kubelet_seed, KUBELET_CA_NAME).context("the kubelet CA")?;
+        Ok(ClusterCa { issuer, kubelets })
     }
 
     /// The CA's certificate, PEM.
@@ -177,25 +203,20 @@ impl ClusterCa {
         x509::pem("CERTIFICATE", self.issuer.der())
     }
 
-    fn roots(&self) -> anyhow::Result<Arc<RootCertStore>> {
-        let mut roots = RootCertStore::empty();
-        roots.add(self.issuer.der().clone()).context("the cluster CA's certificate")?;
-        Ok(Arc::new(roots))
+    /// The kubelet CA's certificate, PEM: what verifies a node's kubelet endpoint.
+    pub fn kubelet_pem(&self) -> String {
+        x509::pem("CERTIFICATE", self.kubelets.der())
     }
 
-    /// Writes the CA's certificate (public: mode 0644) to `path`, replacing what was there.
+    fn roots(&self) -> anyhow::Result<Arc<RootCertStore>> {
+        root_store(&self.issuer)
+    }
+
+    /// Writes the CA's certificate (public: mode 0644) to `path`, and the kubelet CA's beside it
+    /// (`kubelet-ca.crt`, for an operator's `openssl s_client` to a kubelet endpoint).
     pub fn write_certificate(&self, path: &Path) -> anyhow::Result<()> {
-        let staging = path.with_extension("crt.new");
-        let _ = std::fs::remove_file(&staging);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&staging)
-            .with_context(|| format!("creating {}", staging.display()))?;
-        file.write_all(self.pem().as_bytes())?;
-        file.sync_all()?;
-        std::fs::rename(&staging, path).with_context(|| format!("writing {}", path.display()))
+        write_public(path, &self.pem())?;
+        write_public(&path.with_file_name("kubelet-ca.crt"), &self.kubelet_pem())
     }
 
     /// A replica's certificate for `names` (addresses or DNS names): serving, and client of
@@ -230,14 +251,15 @@ impl ClusterCa {
         Ok(Arc::new(config))
     }
 
-    /// How a replica calls the kubelet endpoints: it trusts the CA only and presents its own
-    /// certificate (kube-apiserver's `--kubelet-client-certificate`).
+    /// How a replica calls the kubelet endpoints: it trusts the kubelet CA only and presents its
+    /// own certificate (kube-apiserver's `--kubelet-certificate-authority` and
+    /// `--kubelet-client-certificate`).
     pub fn kubelet_client_config(&self, replica: &ReplicaCertificate) -> anyhow::Result<Arc<ClientConfig>> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .context("TLS versions")?
-            .with_root_certificates(self.roots()?)
+            .with_root_certificates(root_store(&self.kubelets)?)
             .with_client_auth_cert(replica.chain.clone(), replica.key())
             .context("the replica's client certificate")?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -253,24 +275,47 @@ impl ClusterCa {
     /// Node `node`'s client and serving certificates for the key of `csr` (DER PKCS#10), whose
     /// signature must verify. The names are the CA's to decide, not the request's: CN
     /// `system:node:<node>`, O `system:nodes`, UID the Node object's `uid`, and for serving the
-    /// SAN `address` (where the replicas reach its kubelet endpoint).
+    /// SAN `address` (where the replicas reach its kubelet endpoint). The client certificate is
+    /// the cluster CA's, the serving one the kubelet CA's.
     pub fn sign_node(&self, csr: &[u8], node: &str, uid: &str, address: IpAddr) -> Result<NodeCertificates, CsrError> {
         let key = requested_key(csr)?;
         let validity = node_validity();
         let sign = |usage: ExtendedKeyUsagePurpose, names: Vec<String>| -> Result<String, CsrError> {
+            let issuer = if usage == ExtendedKeyUsagePurpose::ServerAuth { &self.kubelets } else { &self.issuer };
             let mut params = CertificateParams::new(names)?;
             params.distinguished_name = subject(&format!("{NODE_USER_PREFIX}{node}"), NODES_GROUP);
             params.distinguished_name.push(DnType::CustomDnType(x509::OID_UID.to_vec()), uid);
             params.extended_key_usages = vec![usage];
             params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
             valid_from_now(&mut params, validity);
-            Ok(x509::pem("CERTIFICATE", params.signed_by(&key, &self.issuer)?.der()))
+            Ok(x509::pem("CERTIFICATE", params.signed_by(&key, issuer)?.der()))
         };
         Ok(NodeCertificates {
             client: sign(ExtendedKeyUsagePurpose::ClientAuth, Vec::new())?,
             serving: sign(ExtendedKeyUsagePurpose::ServerAuth, vec![address.to_string()])?,
         })
     }
+}
+
+fn root_store(issuer: &CertifiedIssuer<'static, KeyPair>) -> anyhow::Result<Arc<RootCertStore>> {
+    let mut roots = RootCertStore::empty();
+    roots.add(issuer.der().clone()).context("a CA's certificate")?;
+    Ok(Arc::new(roots))
+}
+
+/// Writes a public file (mode 0644) to `path`, replacing what was there at once.
+fn write_public(path: &Path, text: &str) -> anyhow::Result<()> {
+    let staging = path.with_extension("new");
+    let _ = std::fs::remove_file(&staging);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(&staging)
+        .with_context(|| format!("creating {}", staging.display()))?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&staging, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Whether a listener on `addr` serves TLS: every address but loopback.
@@ -358,6 +403,38 @@ mod tests {
         let refused = ca.sign_node(&csr(&ed25519), "n1", "u", "192.0.2.9".parse().unwrap()).unwrap_err();
         assert!(matches!(refused, CsrError::Algorithm), "{refused}");
         assert!(matches!(ca.sign_node(b"", "n1", "u", "192.0.2.9".parse().unwrap()), Err(CsrError::Malformed)));
+    }
+
+    /// The attack this layout stops: a node that registered with a replica's address serves
+    /// the certificate it got there. No client of the control plane accepts it; only a
+    /// replica reaching a kubelet endpoint does.
+    #[test]
+    fn a_node_serving_certificate_is_refused_by_every_client_of_the_control_plane() {
+        use rustls::client::danger::ServerCertVerifier as _;
+        let ca = ClusterCa::derive([3; 32]).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let replica_address: IpAddr = "192.0.2.3".parse().unwrap();
+        let signed = ca.sign_node(&csr(&key), "n1", "uid-1", replica_address).unwrap();
+        let serving = x509::pem_blocks(&signed.serving, "CERTIFICATE").remove(0);
+        let name = rustls::pki_types::ServerName::from(replica_address);
+        let now = rustls::pki_types::UnixTime::now();
+        let verify = |roots: Arc<RootCertStore>| {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let verifier =
+                rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider).build().unwrap();
+            verifier.verify_server_cert(&CertificateDer::from(serving.clone()), &[], &name, &[], now)
+        };
+        // Agents, peers, the CLI and kubectl trust the cluster CA (ca.crt): refused.
+        let refused = verify(ca.roots().unwrap()).unwrap_err();
+        assert!(matches!(refused, rustls::Error::InvalidCertificate(_)), "{refused:?}");
+        // Replicas reaching the node's kubelet endpoint trust the kubelet CA: accepted.
+        verify(root_store(&ca.kubelets).unwrap()).unwrap();
+        // The client certificate is the cluster CA's, and cannot serve.
+        let client = x509::pem_blocks(&signed.client, "CERTIFICATE").remove(0);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(ca.roots().unwrap(), provider).build().unwrap();
+        assert!(verifier.verify_server_cert(&CertificateDer::from(client), &[], &name, &[], now).is_err());
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::{
     tls,
 };
 use anyhow::{Context as _, bail};
+use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
     cidr::Ipv4Cidr,
@@ -73,6 +74,15 @@ pub struct UpArgs {
     proxy_mode: proxy::Backend,
     #[command(flatten)]
     controllers: crate::controlplane::ControllerArgs,
+    /// The addresses Services may list in `spec.externalIPs`, e.g. 198.51.100.0/28. None: every
+    /// external IP is refused (Kubernetes' DenyServiceExternalIPs), as any node's own traffic
+    /// to such an address would go to the Service's Pods.
+    #[arg(long, value_parser = AddressPool::parse)]
+    external_ip_pool: Option<AddressPool>,
+    /// Let Applications name `file://` repositories on this machine (tests, single-user
+    /// machines): whoever writes Applications could then read any repository here.
+    #[arg(long)]
+    allow_file_urls: bool,
     /// How long an Event is kept after its last occurrence (kube-apiserver's --event-ttl).
     #[arg(long, default_value = "1h", value_parser = crate::events::parse_ttl)]
     event_ttl: Duration,
@@ -142,7 +152,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         .with_identity(&chain, &key);
     let mut config = ReplicaConfig::new(1, peers, data_dir.join("store"), peer_token);
     config.secrets = crate::encryption::load_keys(&data_dir, None, true)?;
-    let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref())?;
+    let git = GitServing::load(&data_dir, repos_dir, args.webhook_secret_file.as_deref(), args.allow_file_urls)?;
     let api_url = security::url(args.listen);
     let repo_url = format!(
         "{}://git:$(cat {})@{}/git/demo.git",
@@ -150,7 +160,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         data_dir.join("git-token").display(),
         api_url.split_once("://").map_or(api_url.as_str(), |(_, addr)| addr),
     );
-    let ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
+    let mut ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
+    ranges.external_ips = args.external_ip_pool;
     let backend = Backend::raft(config).await?;
     let nodes_netns = node_network.as_ref().map(|(n, _)| n.netns_path());
     let access = security.access.clone();
@@ -166,6 +177,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         args.controllers.settings(),
         args.event_ttl,
         nodes_netns,
+        names.iter().filter_map(|n| n.parse().ok()).collect(),
     )
     .await?;
     let kubeconfig = security.write_kubeconfig(args.listen)?;

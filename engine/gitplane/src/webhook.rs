@@ -500,7 +500,7 @@ mod tests {
             let upstream = Upstream::new();
             upstream.commit("main", "a");
             let data = tempfile::tempdir().unwrap();
-            let mirrors = Mirrors::new(data.path().to_path_buf(), Duration::from_secs(3600));
+            let mirrors = Mirrors::new(data.path().to_path_buf(), Duration::from_secs(3600), true);
             mirrors.track(&upstream.url()).unwrap();
             assert_eq!(settled_fetches(&mirrors, &upstream.url()).await, 1);
             let router = router(mirrors.clone(), secrets(&upstream.url()));
@@ -820,7 +820,7 @@ mod tests {
     fn t30_fuzz_webhooks() {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let data = tempfile::tempdir().unwrap();
-        let mirrors = Mirrors::new(data.path().to_path_buf(), Duration::from_secs(3600));
+        let mirrors = Mirrors::new(data.path().to_path_buf(), Duration::from_secs(3600), true);
         let router = router(mirrors, WebhookSecrets { default: Some(SECRET.into()), per_url: HashMap::new() });
         let github = github_push("https://github.com/o/r.git");
         let gitlab = gitlab_push("https://gitlab.example.com/o/r.git");

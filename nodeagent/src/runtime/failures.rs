@@ -54,6 +54,25 @@ pub struct Failures {
     pods: HashMap<String, HashMap<String, Failure>>,
 }
 
+/// A runtime's error without the ephemeral source ports it quotes (`read udp
+/// 10.0.0.5:41234->10.0.0.1:53`): each attempt's message is then the same, so its Events count
+/// on one instead of a new Event per attempt.
+pub fn without_source_ports(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    for (i, part) in message.split("->").enumerate() {
+        if i > 0 {
+            out.push_str("->");
+        }
+        let is_last = i + 1 == message.split("->").count();
+        let cut = match part.rsplit_once(':') {
+            Some((host, port)) if !is_last && !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => host,
+            _ => part,
+        };
+        out.push_str(cut);
+    }
+    out
+}
+
 impl Failures {
     /// Container `name` waits for a reason other than its image pull; a pull back-off of the
     /// same image is kept.
@@ -119,6 +138,19 @@ impl Failures {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn source_ports_are_left_out_of_messages() {
+        let message = "failed to resolve reference: dial tcp: lookup registry.example on 10.0.0.1:53: read udp \
+                       10.0.0.5:41234->10.0.0.1:53: i/o timeout";
+        assert_eq!(
+            without_source_ports(message),
+            "failed to resolve reference: dial tcp: lookup registry.example on 10.0.0.1:53: read udp \
+             10.0.0.5->10.0.0.1:53: i/o timeout"
+        );
+        assert_eq!(without_source_ports("[fd00::5]:5353->[fd00::1]:53"), "[fd00::5]->[fd00::1]:53");
+        assert_eq!(without_source_ports("no arrows: 10.0.0.1:53"), "no arrows: 10.0.0.1:53");
+    }
 
     const IMAGE: &str = "nginx:1.27";
     const ERROR: &str = "failed to resolve reference \"docker.io/library/nginx:1.27\": network is unreachable";

@@ -6,11 +6,12 @@
 //! it, and their status, with Pod addresses inside its podCIDR; and, as Kubernetes' node
 //! authorizer, only the ConfigMaps and Secrets those Pods reference ([`podconfig`]).
 
+pub mod addresses;
 mod events;
 mod identity;
 mod ingress_secrets;
 mod nodestatus;
-mod podcidr;
+pub(crate) mod podcidr;
 mod podconfig;
 mod references;
 
@@ -18,7 +19,11 @@ pub use identity::NodeIdentity;
 use identity::{CERTIFICATES_ANNOTATION, Caller, caller, node_of};
 use ingress_secrets::TlsReferences;
 
-use crate::{kubelet_client::kubelet_address, listener::Transport, tls::ClusterCa};
+use crate::{
+    kubelet_client::kubelet_address,
+    listener::{ClientAddr, Transport},
+    tls::ClusterCa,
+};
 use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
 use gitplane_proto::node::{
@@ -34,7 +39,7 @@ use k8s_openapi::api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use std::{pin::Pin, sync::Arc, time::Duration};
+use std::{net::IpAddr, pin::Pin, sync::Arc, time::Duration};
 use tonic::{Request, Response, Status, service::interceptor::InterceptedService};
 
 const LEASE_DURATION_SECONDS: i32 = 40;
@@ -50,6 +55,8 @@ pub struct NodeService {
     identity: NodeIdentity,
     /// Signs the nodes' certificates at registration.
     ca: Arc<ClusterCa>,
+    /// The addresses no node may take.
+    reserved: addresses::Reserved,
     /// Registrations of new nodes through this replica take turns: they all write the one
     /// allocation record, so in parallel all but one would fail their compare-and-swap.
     /// (Replicas still race each other; the compare-and-swap decides, and the loser retries.)
@@ -59,9 +66,14 @@ pub struct NodeService {
 }
 
 impl NodeService {
-    pub fn new(store: Arc<dyn Store>, identity: NodeIdentity, ca: Arc<ClusterCa>) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        identity: NodeIdentity,
+        ca: Arc<ClusterCa>,
+        reserved: addresses::Reserved,
+    ) -> Self {
         let events = gitplane_store::events::Recorder::spawn(store.clone(), Default::default());
-        NodeService { store, identity, ca, allocating: tokio::sync::Mutex::new(()), events }
+        NodeService { store, identity, ca, reserved, allocating: tokio::sync::Mutex::new(()), events }
     }
 
     /// The node a request of a node comes from, if that node may act still ([`identity::admit`]),
@@ -135,6 +147,9 @@ enum RegisterError {
          (the join token may take over a name only once its node is not Ready)"
     )]
     Taken(String),
+    /// Its address is not its to take ([`addresses::Reserved::admit`]).
+    #[error("{}", .0.message())]
+    Address(Status),
 }
 
 impl From<RegisterError> for Status {
@@ -142,8 +157,15 @@ impl From<RegisterError> for Status {
         match e {
             RegisterError::Store(e) => store_status(e),
             e @ RegisterError::Taken(_) => Status::permission_denied(e.to_string()),
+            RegisterError::Address(status) => status,
         }
     }
+}
+
+/// A Node's InternalIP, if it has one.
+fn node_ip(node: &Node) -> Option<IpAddr> {
+    let addresses = node.status.as_ref()?.addresses.as_ref()?;
+    addresses.iter().find(|a| a.type_ == "InternalIP")?.address.parse().ok()
 }
 
 /// Whether `name` is a valid Node name (a DNS subdomain).
@@ -162,10 +184,12 @@ fn valid_node_name(name: &str) -> bool {
 impl NodeService {
     /// Writes the Node (creating it and allocating its podCIDR if new), marked as holding
     /// certificates if `certificates_over_tls`; its podCIDR and uid.
+    /// Registers `reported`, whose registration came from `peer`.
     async fn register_node(
         &self,
         reported: Node,
         caller: &Caller,
+        peer: IpAddr,
         certificates_over_tls: bool,
     ) -> Result<(String, String), RegisterError> {
         let nodes = Api::<Node>::new(self.store.clone());
@@ -183,7 +207,12 @@ impl NodeService {
         while tokio::time::Instant::now() < deadline {
             let mut ops = Vec::with_capacity(3);
             let turn = self.allocating.lock().await;
-            let mut node = match nodes.get("", &name).await? {
+            let stored = nodes.get("", &name).await?;
+            let at = |node: &Node| node_ip(node);
+            self.reserved
+                .admit(&name, at(&reported), peer, stored.as_ref().and_then(at))
+                .map_err(RegisterError::Address)?;
+            let mut node = match stored {
                 // Checked on every attempt: a racing joiner that made the node first wins.
                 Some(node) if *caller == Caller::Joiner && is_alive(&node) => {
                     return Err(RegisterError::Taken(name));
@@ -500,8 +529,9 @@ impl node_service_server::NodeService for NodeService {
             ClusterCa::check_request(csr).map_err(|e| Status::invalid_argument(format!("node {name}: {e}")))?;
         }
         let over_tls = matches!(request.extensions().get::<Transport>(), Some(Transport::Tls(_)));
+        let peer = request.extensions().get::<ClientAddr>().map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0);
         let address = kubelet_address(&node).ip();
-        let (pod_cidr, uid) = self.register_node(node, &caller, over_tls && !csr.is_empty()).await?;
+        let (pod_cidr, uid) = self.register_node(node, &caller, peer, over_tls && !csr.is_empty()).await?;
         let certificates = match csr.is_empty() {
             true => None,
             false => Some(
@@ -823,19 +853,26 @@ mod tests {
 
     async fn service() -> NodeService {
         let store: Arc<dyn Store> = Arc::new(SqliteStore::memory().await.unwrap());
-        NodeService::new(store, NodeIdentity::new(JOIN, [9; 32]), Arc::new(ClusterCa::derive([9; 32]).unwrap()))
+        NodeService::new(
+            store,
+            NodeIdentity::new(JOIN, [9; 32]),
+            Arc::new(ClusterCa::derive([9; 32]).unwrap()),
+            Default::default(),
+        )
     }
 
     /// Two replicas' node services over one store.
     async fn two_replicas() -> [Arc<NodeService>; 2] {
         let one = service().await;
-        let two = NodeService::new(one.store.clone(), one.identity.clone(), one.ca.clone());
+        let two = NodeService::new(one.store.clone(), one.identity.clone(), one.ca.clone(), Default::default());
         [Arc::new(one), Arc::new(two)]
     }
 
+    /// A request of `caller` from this machine (over loopback, as `gitplane up`'s own node).
     fn as_caller<T>(message: T, caller: Caller) -> Request<T> {
         let mut request = Request::new(message);
         request.extensions_mut().insert(caller);
+        request.extensions_mut().insert(ClientAddr([127, 0, 0, 1].into()));
         request
     }
 

@@ -249,6 +249,7 @@ mod tests {
             store.clone(),
             NodeIdentity::new("join-token-for-tests-0123", [9; 32]),
             Arc::new(crate::tls::ClusterCa::derive([9; 32]).unwrap()),
+            Default::default(),
         );
         let ops = [
             object("ConfigMap", "shared"),

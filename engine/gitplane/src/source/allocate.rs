@@ -11,7 +11,13 @@
 //!
 //! The allocations in use are read from the stored Services: the source controller is their
 //! only writer, and it plans each commit against a cache that holds its own earlier writes.
+//!
+//! `spec.externalIPs` make every node send the listed addresses' traffic to the Service's Pods,
+//! the nodes' own connections included (the class of CVE-2020-8554): refused, as Kubernetes'
+//! DenyServiceExternalIPs admission refuses them, unless the operator gives a pool
+//! (`--external-ip-pool`), and never an address of the Service or Pod ranges or a node's.
 
+use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_store::ObjectKey;
 use serde_json::{Value, json};
 use std::{collections::HashMap, net::Ipv4Addr, ops::RangeInclusive};
@@ -22,11 +28,18 @@ pub struct ServiceRanges {
     pub network: Ipv4Addr,
     pub prefix: u8,
     pub node_ports: RangeInclusive<u16>,
+    /// Where `spec.externalIPs` may point; none: nowhere.
+    pub external_ips: Option<AddressPool>,
 }
 
 impl Default for ServiceRanges {
     fn default() -> Self {
-        ServiceRanges { network: Ipv4Addr::new(10, 96, 0, 0), prefix: 12, node_ports: 30000..=32767 }
+        ServiceRanges {
+            network: Ipv4Addr::new(10, 96, 0, 0),
+            prefix: 12,
+            node_ports: 30000..=32767,
+            external_ips: None,
+        }
     }
 }
 
@@ -61,6 +74,44 @@ impl ServiceRanges {
         let (first, last) = self.hosts();
         (first..=last).contains(&u32::from(ip))
     }
+
+    /// Whether `ip` is in the Service range at all.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        u32::from(ip) & mask(self.prefix) == u32::from(self.network)
+    }
+}
+
+/// What is wrong with a Service's `spec.externalIPs`, given the nodes' addresses.
+pub fn external_ip_problems(service: &Value, ranges: &ServiceRanges, nodes: &[Ipv4Addr]) -> Vec<Problem> {
+    let listed = service["spec"]["externalIPs"].as_array().map(Vec::as_slice).unwrap_or_default();
+    let mut problems = Vec::new();
+    for (i, ip) in listed.iter().enumerate() {
+        let path = format!("/spec/externalIPs/{i}");
+        let Some(text) = ip.as_str() else { continue }; // the schema's error
+        let Ok(ip) = text.parse::<Ipv4Addr>() else {
+            problems.push((path, format!("{text:?} is not an IPv4 address")));
+            continue;
+        };
+        let (pods, prefix) = crate::nodeservice::podcidr::CLUSTER_CIDR;
+        let why = if ranges.contains(ip) {
+            "it is in the Service range".to_owned()
+        } else if u32::from(ip) & mask(prefix) == u32::from(pods) {
+            "it is in the Pod range".to_owned()
+        } else if nodes.contains(&ip) {
+            "it is a node's address, whose own traffic it would take".to_owned()
+        } else {
+            match &ranges.external_ips {
+                Some(pool) if pool.contains(ip) => continue,
+                Some(pool) => format!("it is outside the external IP pool {pool}"),
+                None => "external IPs are refused, as Kubernetes' DenyServiceExternalIPs does: they take the \
+                         listed address's traffic on every node (CVE-2020-8554); use a LoadBalancer Service, or \
+                         start gitplane with --external-ip-pool CIDR to allow a pool you own"
+                    .to_owned(),
+            }
+        };
+        problems.push((path, format!("{ip} cannot be an external IP: {why}")));
+    }
+    problems
 }
 
 fn mask(prefix: u8) -> u32 {
@@ -317,6 +368,37 @@ pub fn carry_over(git: &Value, stored: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn external_ips_need_a_pool_and_never_take_the_clusters_own_addresses() {
+        let service = |ips: &[&str]| json!({"spec": {"externalIPs": ips}});
+        let nodes: Vec<Ipv4Addr> = vec!["172.29.0.11".parse().unwrap()];
+        let problems = |ranges: &ServiceRanges, ips: &[&str]| -> Vec<String> {
+            external_ip_problems(&service(ips), ranges, &nodes).into_iter().map(|(p, m)| format!("{p}: {m}")).collect()
+        };
+        let refused = problems(&ServiceRanges::default(), &["198.51.100.5"]);
+        assert_eq!(refused.len(), 1);
+        assert!(
+            refused[0]
+                .starts_with("/spec/externalIPs/0: 198.51.100.5 cannot be an external IP: external IPs are refused")
+        );
+        let pool = ServiceRanges {
+            external_ips: Some(AddressPool::parse("198.51.100.0/24").unwrap()),
+            ..ServiceRanges::default()
+        };
+        assert_eq!(problems(&pool, &["198.51.100.5"]), Vec::<String>::new());
+        let cases = [
+            ("203.0.113.1", "outside the external IP pool 198.51.100.0/24"),
+            ("10.96.0.1", "in the Service range"),
+            ("10.244.1.9", "in the Pod range"),
+            ("172.29.0.11", "a node's address"),
+            ("not-an-ip", "is not an IPv4 address"),
+        ];
+        for (ip, why) in cases {
+            let got = problems(&pool, &[ip]);
+            assert!(got.len() == 1 && got[0].contains(why), "{ip}: {got:?}");
+        }
+    }
 
     fn service(name: &str, spec: Value) -> (ObjectKey, Value) {
         let value = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"}, "spec": spec});

@@ -10,7 +10,10 @@
 //! metadata and a weak value cannot be found from its record offline. A managed field that differs from Git while Git
 //! did not change it is drift: it is corrected and reported.
 
-use crate::source::allocate::{Allocations, ServiceRanges, carry_over};
+use crate::source::{
+    allocate::{Allocations, ServiceRanges, carry_over},
+    podsecurity,
+};
 use gitplane_api::object::{APPLICATION_ANNOTATION, resource_version};
 use gitplane_source::{Manifest, ManifestError};
 use gitplane_store::{ObjectKey, Op};
@@ -41,14 +44,23 @@ pub struct Plan {
     /// inventory was last recorded.
     pub full: bool,
     /// What the commit gets wrong without the sync refusing it (a NetworkPolicy that shuts the
-    /// Ingress out): printed by the push, recorded as Warning Events by the sync.
-    pub warnings: Vec<super::reach::Warning>,
+    /// Ingress out, a Pod its namespace's `warn` level forbids): printed by the push, recorded
+    /// as Warning Events by the sync.
+    pub warnings: Vec<Warning>,
     /// The manifests of the Create and Update ops.
     written: Vec<Arc<Manifest>>,
     /// Manifests compared and found as Git wants them, with the resourceVersion seen.
     unchanged: Vec<(Arc<Manifest>, i64)>,
     /// Objects of the Application that Git no longer has (deleted by the ops if it prunes).
     removed: Vec<ObjectKey>,
+}
+
+/// A warning about one object of a commit, and the reason of its Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    pub key: ObjectKey,
+    pub reason: &'static str,
+    pub message: String,
 }
 
 impl Plan {
@@ -373,6 +385,26 @@ fn desired(m: &Manifest, app: &str, record: &Value) -> Value {
     desired
 }
 
+/// Where a kind keeps its Pod spec, if it has one.
+fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
+    match kind {
+        "Pod" => Some("/spec"),
+        "Deployment.apps" | "ReplicaSet.apps" | "Job.batch" => Some("/spec/template/spec"),
+        _ => None,
+    }
+}
+
+/// The labels of namespace `name`: from its manifest in the commit, else as stored.
+fn namespace_labels(manifests: &[Arc<Manifest>], cluster: &Cluster<'_>, name: &str) -> Value {
+    match manifests.iter().find(|m| m.key.kind == "Namespace" && m.key.name == name) {
+        Some(m) => m.value["metadata"]["labels"].clone(),
+        None => {
+            let stored = cluster.stored.get(&ObjectKey::new("Namespace", "", name));
+            stored.map(|n| n["metadata"]["labels"].clone()).unwrap_or_default()
+        }
+    }
+}
+
 /// The ops that make the store match `manifests`, or every reason they cannot. Compares only
 /// what the inventory cannot vouch for, unless it is not `complete`: then every object.
 pub fn plan(
@@ -385,6 +417,7 @@ pub fn plan(
     let mut plan = Plan { full: !inventory.complete, ..Plan::default() };
     // Built on the first Service that needs it: a commit without Services reads none.
     let mut allocations: Option<Allocations> = None;
+    let mut node_ips: Option<Vec<std::net::Ipv4Addr>> = None;
     // Inventory entries that a manifest still names: when that is all of them, nothing left Git.
     let mut named = 0;
     for m in manifests {
@@ -418,6 +451,43 @@ pub fn plan(
             ));
         }
         let is_service = m.key.kind == "Service";
+        if let Some(at) = pod_spec_pointer(&m.key.kind)
+            && let Some(spec) = m.value.pointer(at)
+        {
+            let labels = namespace_labels(manifests, cluster, ns);
+            let (enforce, warn) = podsecurity::levels(&labels);
+            for (path, what) in podsecurity::violations(spec, at, enforce) {
+                let message = format!(
+                    "{what} is not allowed by the Pod Security Standard {:?}, which namespace {ns} enforces: change \
+                     the field, or label the Namespace's manifest in Git with {}enforce: privileged (such a Pod is \
+                     root on its node)",
+                    enforce.as_str(),
+                    podsecurity::LABEL
+                );
+                errors.push(error_at(m, &path, message));
+            }
+            if let Some(warn) = warn.filter(|w| *w > enforce) {
+                for (path, what) in podsecurity::violations(spec, at, warn) {
+                    plan.warnings.push(Warning {
+                        key: m.key.clone(),
+                        reason: podsecurity::WARNING_REASON,
+                        message: format!(
+                            "{}:{}: {} {path}: {what} would not be allowed by the Pod Security Standard {:?}, \
+                             which namespace {ns} warns about",
+                            m.file,
+                            m.line,
+                            m.key,
+                            warn.as_str()
+                        ),
+                    });
+                }
+            }
+        }
+        if is_service && m.value["spec"]["externalIPs"].is_array() {
+            let nodes = node_ips.get_or_insert_with(|| super::reach::node_ips(&cluster.stored.list("Node")));
+            let problems = super::allocate::external_ip_problems(&m.value, cluster.service_ranges, nodes);
+            errors.extend(problems.into_iter().map(|(path, message)| error_at(m, &path, message)));
+        }
         let Some(current) = cluster.stored.get(&m.key) else {
             let mut object = desired(m, policy.app, &last_applied_record(&m.value, policy.record_key));
             if is_service
@@ -564,7 +634,8 @@ pub fn plan(
             message,
         }]);
     }
-    plan.warnings = super::reach::ingress_blocked(manifests, || super::reach::node_ips(&cluster.stored.list("Node")));
+    plan.warnings
+        .extend(super::reach::ingress_blocked(manifests, || super::reach::node_ips(&cluster.stored.list("Node"))));
     Ok(plan)
 }
 

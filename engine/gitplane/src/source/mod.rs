@@ -13,6 +13,7 @@
 pub mod allocate;
 pub mod apply;
 pub(crate) mod health;
+pub mod podsecurity;
 mod push;
 pub mod reach;
 pub mod verdict;
@@ -592,7 +593,7 @@ impl SourceController {
                     );
                     self.record_event(&app_key(app), informer.cache(), NORMAL, "Synced", &message);
                     for warning in &plan.warnings {
-                        self.record_event(&warning.key, informer.cache(), WARNING, reach::REASON, &warning.message);
+                        self.record_event(&warning.key, informer.cache(), WARNING, warning.reason, &warning.message);
                     }
                 }
                 let pruned: Vec<String> = plan
@@ -1207,7 +1208,7 @@ mod tests {
             store.txn(vec![gitplane_store::Op::Create(ns)]).await.unwrap();
         }
         let repo = Repo::new();
-        let mirrors = Mirrors::new(repo.dir.path().join("mirrors"), mirror::DEFAULT_POLL);
+        let mirrors = Mirrors::new(repo.dir.path().join("mirrors"), mirror::DEFAULT_POLL, true);
         let controller = SourceController::new(
             store.clone(),
             repo.dir.path().to_path_buf(),

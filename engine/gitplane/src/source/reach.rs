@@ -5,22 +5,15 @@
 //! time out; the plan warns about it (the push prints it, the sync records it as an Event).
 //! Pure: the commit's objects and the nodes' addresses in, warnings out.
 
+use super::apply::Warning;
 use gitplane_api::labels::{self, Labels};
 use gitplane_source::Manifest;
-use gitplane_store::ObjectKey;
 use k8s_openapi::api::{
     core::v1::Service,
     networking::v1::{Ingress, NetworkPolicy, NetworkPolicyPeer},
 };
 use serde_json::Value;
 use std::{collections::BTreeSet, net::Ipv4Addr, sync::Arc};
-
-/// A warning about one object of the commit.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Warning {
-    pub key: ObjectKey,
-    pub message: String,
-}
 
 /// The Event reason of a [`Warning`].
 pub const REASON: &str = "IngressBlockedByPolicy";
@@ -72,6 +65,7 @@ pub fn ingress_blocked(manifests: &[Arc<Manifest>], node_ips: impl FnOnce() -> V
         if let Some((ingress, service)) = blocked.first() {
             warnings.push(Warning {
                 key: policy_manifest.key.clone(),
+                reason: REASON,
                 message: format!(
                     "NetworkPolicy {namespace}/{} isolates the Pods of Service {service}, which Ingress {ingress} \
                      routes to, and allows no traffic from the node addresses{}: requests that reach the \
