@@ -1,5 +1,5 @@
 //! Taint eviction controller (upstream's NoExecuteTaintManager): the Pods on a node with a
-//! NoExecute taint they do not tolerate are evicted (deleted, so their controllers make them
+//! NoExecute taint they do not tolerate (and have not finished) are evicted (deleted, so their controllers make them
 //! anew where they can run) at once; those that tolerate it with `tolerationSeconds` once that
 //! much time has passed since the taint came (its `timeAdded`).
 //!
@@ -129,8 +129,11 @@ impl Reconciler for TaintEvictionController {
         if !taints.iter().any(|t| t.effect == NO_EXECUTE) {
             return Ok(Action::await_change());
         }
-        let pods: Vec<Pod> =
-            ctx.cache().list_typed_where(None, |p| p["spec"]["nodeName"].as_str() == Some(key.name.as_str()));
+        // Finished Pods run nothing, and a Job counts its succeeded ones: they stay.
+        let pods: Vec<Pod> = ctx.cache().list_typed_where(None, |p| {
+            p["spec"]["nodeName"].as_str() == Some(key.name.as_str())
+                && !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+        });
         let now = Timestamp::now();
         let mut next: Option<Timestamp> = None;
         let mut evicted = Vec::new();
