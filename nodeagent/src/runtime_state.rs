@@ -50,10 +50,6 @@ impl RuntimeState {
         }
     }
 
-    pub fn ready(&self) -> bool {
-        self.runtime.is_none() && self.network.is_none()
-    }
-
     /// Why the node cannot run Pods, as the kubelet aggregates its errors: one alone, several
     /// as `[a, b]`; `None` when it can.
     pub fn message(&self) -> Option<String> {
@@ -130,7 +126,7 @@ mod tests {
     fn the_kubelets_reasons() {
         let ready = [condition("RuntimeReady", true, "", ""), condition("NetworkReady", true, "", "")];
         let up = RuntimeState::default().observed(Ok(&ready));
-        assert!(up.ready());
+        assert_eq!(up, RuntimeState::default());
         assert_eq!(up.message(), None);
 
         let no_cni = [
