@@ -19,6 +19,7 @@ use crate::{
     proxy::{self, NodeContext, Proxier},
     routes::{PodNetwork, PodNetworkConfig},
     runtime::{RuntimeConfig, RuntimeManager},
+    runtime_state::{self, RuntimeState},
     server::{self, KubeletServer},
 };
 use gitplane_proto::node::{
@@ -273,8 +274,17 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     };
     let kubelet = tokio::spawn(kubelet.serve(kubelet_listener));
     let rotating = tokio::spawn(rotate::run(cri, cfg.runtime.pod_log_dir.clone(), cfg.log_rotation));
-    let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone()));
-    let node_status = tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone()));
+    // The runtime's health, checked on the kubelet's cadence and at once when a relist fails;
+    // the node's Ready condition follows it.
+    let (runtime_state, runtime_states) = watch::channel(RuntimeState::default());
+    let check_runtime = Arc::new(Notify::new());
+    let checking = tokio::spawn(runtime_state::run(runtime.clone(), runtime_state, check_runtime.clone()));
+    // After lost heartbeats the control plane may have marked the node Unknown: the whole status
+    // is sent again.
+    let resend_status = Arc::new(Notify::new());
+    let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone(), resend_status.clone()));
+    let node_status =
+        tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone(), runtime_states, resend_status));
     // Services, EndpointSlices and Nodes, for the node's networking.
     let network = Arc::new(Network::default());
     let following = tokio::spawn({
@@ -315,7 +325,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         async move { dns::follow::run(&dns, &host_dns, &network, &events, shutdown).await }
     });
     let wakers = Wakers::default();
-    let relisting = tokio::spawn(relist(runtime.clone(), wakers.clone()));
+    let relisting = tokio::spawn(relist(runtime.clone(), wakers.clone(), check_runtime));
     let mut pods = PodWorkers {
         cfg: cfg.clone(),
         runtime: runtime.clone(),
@@ -328,6 +338,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     };
     follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
+    checking.abort();
     renewing.abort();
     node_status.abort();
     relisting.abort();
@@ -519,43 +530,71 @@ fn keep(
     Ok((client, serving))
 }
 
-async fn heartbeat(cfg: AgentConfig, client: Servers) {
+/// Renews the Lease every period; after renewals failed, `recovered` asks for the node's status
+/// to be sent again.
+async fn heartbeat(cfg: AgentConfig, client: Servers, recovered: Arc<Notify>) {
     let mut tick = tokio::time::interval(cfg.heartbeat);
+    let mut failing = false;
     loop {
         tick.tick().await;
         let request = HeartbeatRequest { node_name: cfg.node_name.clone() };
         let (server, mut c) = client.get();
-        if let Err(status) = c.heartbeat(request).await {
-            tracing::warn!(error = %status.message(), "lease renewal failed");
-            client.failed(server);
+        match c.heartbeat(request).await {
+            Ok(_) if failing => {
+                failing = false;
+                recovered.notify_one();
+            }
+            Ok(_) => {}
+            Err(status) => {
+                tracing::warn!(error = %status.message(), "lease renewal failed");
+                client.failed(server);
+                failing = true;
+            }
         }
     }
 }
 
-/// Sends the node's own status when it changes: pressure conditions, allocatable, images.
-async fn report_node_status(cfg: AgentConfig, client: Servers, runtime: Arc<RuntimeManager>) {
+/// Sends the node's own status when it changes: pressure conditions, allocatable, images, and
+/// the Ready condition of the runtime's state, at once when that changes. `resend` sends it
+/// again even if unchanged.
+async fn report_node_status(
+    cfg: AgentConfig,
+    client: Servers,
+    runtime: Arc<RuntimeManager>,
+    mut runtime_state: watch::Receiver<RuntimeState>,
+    resend: Arc<Notify>,
+) {
     let mut tick = tokio::time::interval(cfg.node_status_period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sent: Option<Value> = None;
-    let mut conditions = Vec::new();
+    let mut conditions: Vec<k8s_openapi::api::core::v1::NodeCondition> = Vec::new();
+    // A runtime that is down lists no images: the node keeps the last list.
+    let mut images = Vec::new();
     loop {
-        tick.tick().await;
-        let images = match runtime.images().await {
-            Ok(images) => images,
-            Err(error) => {
-                tracing::warn!(%error, "listing images for the node status failed");
-                continue;
-            }
-        };
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = runtime_state.changed() => if changed.is_err() { return },
+            _ = resend.notified() => sent = None,
+        }
+        match runtime.images().await {
+            Ok(listed) => images = listed,
+            Err(error) => tracing::debug!(%error, "listing images for the node status failed"),
+        }
         let signals = node::host_signals(&cfg.node.nodefs);
         let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-        let status = node::status(&cfg.node, &signals, &conditions, images, now);
+        let mut status = node::status(&cfg.node, &signals, &conditions, images.clone(), now.clone());
+        let previous = conditions.iter().find(|c| c.type_ == "Ready");
+        let ready = runtime_state::ready_condition(&runtime_state.borrow_and_update(), previous, now);
+        status.conditions.get_or_insert_with(Vec::new).push(ready);
         let value = serde_json::to_value(&status).unwrap_or_default();
         if sent.as_ref() == Some(&value) {
             continue;
         }
-        for c in status.conditions.iter().flatten().filter(|c| c.status == "True") {
-            tracing::warn!(condition = %c.type_, message = ?c.message, "node under pressure");
+        for c in status.conditions.iter().flatten() {
+            let bad = if c.type_ == "Ready" { c.status != "True" } else { c.status == "True" };
+            if bad {
+                tracing::warn!(condition = %c.type_, status = %c.status, message = ?c.message, "node condition");
+            }
         }
         let request =
             UpdateNodeStatusRequest { node_name: cfg.node_name.clone(), status: value.to_string().into_bytes() };
@@ -713,7 +752,10 @@ impl PodWorkers {
         }
     }
 
-    /// Stops every worker; with `remove`, also stops and removes every Pod of this node.
+    /// Stops every worker; with `remove`, also stops and removes every Pod of this node, all at
+    /// once, each container given [`EXIT_GRACE`] and the whole at most [`EXIT_DEADLINE`]: a
+    /// stop must end whatever state the runtime is in, and what is left (a runtime that does
+    /// not answer) is the host's to kill.
     async fn stop(self, remove: bool) {
         for (_, (_, handle)) in self.workers {
             handle.abort();
@@ -722,15 +764,36 @@ impl PodWorkers {
         if !remove {
             return;
         }
-        match self.runtime.pod_uids().await {
-            Ok(uids) => {
-                let kills = uids.iter().map(|uid| kill(&self.runtime, uid, Duration::from_secs(10)));
-                futures::future::join_all(kills).await;
-            }
-            Err(e) => tracing::warn!(error = %e, "listing pods to remove failed"),
+        let runtime = &self.runtime;
+        let removing = async {
+            // A runtime that is down may be on its way back (`gitplane up` starts it again).
+            let uids = loop {
+                match runtime.pod_uids().await {
+                    Ok(uids) => break uids,
+                    Err(error) => {
+                        tracing::warn!(%error, "listing the pods to remove failed; trying again");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            };
+            let kills = uids.iter().map(|uid| async move {
+                if let Err(error) = runtime.kill_pod(uid, EXIT_GRACE).await {
+                    tracing::warn!(%uid, %error, "removing the pod failed");
+                }
+            });
+            futures::future::join_all(kills).await;
+        };
+        if tokio::time::timeout(EXIT_DEADLINE, removing).await.is_err() {
+            tracing::warn!(deadline = ?EXIT_DEADLINE, "the pods were not all removed in time");
         }
     }
 }
+
+/// What each container gets after SIGTERM when the agent removes its Pods on exit: the kubelet's
+/// minimum grace period, so that a stop is quick.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+/// How long removing every Pod on exit may take.
+pub const EXIT_DEADLINE: Duration = Duration::from_secs(4);
 
 fn grace_period(pod: &Pod) -> Duration {
     let seconds = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(30);
@@ -777,6 +840,8 @@ impl PodWorker {
         let mut reported: Option<Value> = None;
         let mut budget = WriteBudget::new(Instant::now());
         let mut last: Option<Pod> = None;
+        // Syncs that failed in a row: the next one waits longer.
+        let mut failures = 0u32;
         // `kubelet_pod_start_duration_seconds`: from now to the first Running status, unless the
         // Pod already ran when first seen (adopted by a restarted agent).
         let seen = Instant::now();
@@ -810,8 +875,9 @@ impl PodWorker {
             {
                 reported = Some(comparable(&status));
             }
-            match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {
+            let status = match self.runtime.sync_pod(&pod, &self.probes.snapshot()).await {
                 Ok(status) => {
+                    failures = 0;
                     if !start_recorded {
                         let was_running =
                             |p: &Pod| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
@@ -826,24 +892,34 @@ impl PodWorker {
                     if steady(&status) {
                         next_sync = self.resync_steady;
                     }
-                    let comparable = comparable(&status);
-                    if reported.as_ref() != Some(&comparable) {
-                        match budget.take(Instant::now()) {
-                            Ok(()) => {
-                                if self.report(&pod, &status).await {
-                                    reported = Some(comparable);
-                                }
-                            }
-                            // Coalesced, not dropped: the sync when the budget allows reports
-                            // the status of that moment.
-                            Err(allowed_at) => {
-                                next_sync = next_sync.min(allowed_at.saturating_duration_since(Instant::now()));
-                            }
-                        }
-                    }
+                    Some(status)
                 }
                 Err(e) => {
-                    tracing::warn!(pod = %pod.metadata.name.as_deref().unwrap_or(""), error = %e, "pod sync failed")
+                    failures = failures.saturating_add(1);
+                    next_sync = sync_backoff(failures);
+                    if failures == 1 {
+                        tracing::warn!(pod = %pod.metadata.name.as_deref().unwrap_or(""), error = %e, retry_in = ?next_sync, "pod sync failed");
+                    }
+                    // A Pod that never ran here says why it does not; one that runs keeps its
+                    // status (its containers may well run on in their shims).
+                    if started(&pod) { None } else { self.runtime.sandbox_failed(&pod, &self.probes.snapshot(), &e) }
+                }
+            };
+            if let Some(status) = status {
+                let comparable = comparable(&status);
+                if reported.as_ref() != Some(&comparable) {
+                    match budget.take(Instant::now()) {
+                        Ok(()) => {
+                            if self.report(&pod, &status).await {
+                                reported = Some(comparable);
+                            }
+                        }
+                        // Coalesced, not dropped: the sync when the budget allows reports
+                        // the status of that moment.
+                        Err(allowed_at) => {
+                            next_sync = next_sync.min(allowed_at.saturating_duration_since(Instant::now()));
+                        }
+                    }
                 }
             }
             last = Some(pod);
@@ -876,6 +952,19 @@ impl PodWorker {
     }
 }
 
+/// When a pod worker syncs again after `failures` failed syncs in a row: 1 s, doubling, at most
+/// 10 s (the kubelet's pod worker back-off). The runtime's return wakes every worker sooner.
+fn sync_backoff(failures: u32) -> Duration {
+    Duration::from_secs(1).saturating_mul(1 << failures.saturating_sub(1).min(4)).min(Duration::from_secs(10))
+}
+
+/// Whether the Pod's status says it got a sandbox (an address) or got past Pending: a sync that
+/// fails then leaves its status as it is.
+fn started(pod: &Pod) -> bool {
+    let status = pod.status.as_ref();
+    status.is_some_and(|s| s.pod_ip.is_some() || s.phase.as_deref().is_some_and(|p| p != "Pending"))
+}
+
 /// A Pod that only a change in the runtime (which the relist reports) or in its spec can move:
 /// finished, or running with every container running.
 fn steady(status: &k8s_openapi::api::core::v1::PodStatus) -> bool {
@@ -896,12 +985,15 @@ type Wakers = Arc<std::sync::Mutex<HashMap<String, Arc<Notify>>>>;
 pub const PLEG_PERIOD: Duration = Duration::from_secs(1);
 
 /// The kubelet's PLEG: relists the runtime every [`PLEG_PERIOD`] and wakes the worker of every
-/// Pod whose sandboxes or containers changed.
-async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers) {
+/// Pod whose sandboxes or containers changed. A relist that fails has the runtime's health
+/// checked at once (`check_runtime`), and so has the first one that works again, which also wakes
+/// every worker, so Pods that could not start go on without waiting out their back-off.
+async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers, check_runtime: Arc<Notify>) {
     let mut seen: HashMap<String, u64> = HashMap::new();
     let mut tick = tokio::time::interval(PLEG_PERIOD);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_cleanup = Instant::now();
+    let mut failing = false;
     loop {
         tick.tick().await;
         if last_cleanup.elapsed() >= ORPHAN_CLEANUP_PERIOD {
@@ -916,12 +1008,21 @@ async fn relist(runtime: Arc<RuntimeManager>, wakers: Wakers) {
         let now = match runtime.relist().await {
             Ok(now) => now,
             Err(e) => {
-                tracing::warn!(error = %e, "relisting the runtime failed");
+                if !failing {
+                    tracing::warn!(error = %e, "relisting the runtime failed");
+                    failing = true;
+                }
+                check_runtime.notify_one();
                 continue;
             }
         };
         {
             let wakers = wakers.lock().unwrap_or_else(PoisonError::into_inner);
+            if std::mem::take(&mut failing) {
+                tracing::info!("relisting the runtime works again");
+                check_runtime.notify_one();
+                wakers.values().for_each(|wake| wake.notify_one());
+            }
             let changed = now.iter().filter(|(uid, print)| seen.get(*uid) != Some(print)).map(|(uid, _)| uid);
             let gone = seen.keys().filter(|uid| !now.contains_key(*uid));
             for uid in changed.chain(gone) {
@@ -1043,6 +1144,25 @@ mod tests {
         let later = t0 + Duration::from_secs(3600);
         let burst = (0..10).filter(|_| budget.take(later).is_ok()).count();
         assert_eq!(burst, WriteBudget::BURST as usize);
+    }
+
+    #[test]
+    fn failed_syncs_back_off_to_ten_seconds() {
+        let waits: Vec<u64> = (1..=7).map(|n| sync_backoff(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 10, 10, 10]);
+    }
+
+    #[test]
+    fn a_pod_that_got_an_address_or_ran_has_started() {
+        assert!(!started(&pod("1", "httpd:1", "Pending")));
+        assert!(started(&pod("1", "httpd:1", "Running")));
+        assert!(started(&pod("1", "httpd:1", "Failed")));
+        let mut waiting = pod("1", "httpd:1", "Pending");
+        waiting.status.as_mut().unwrap().pod_ip = Some("10.244.0.2".into());
+        assert!(started(&waiting));
+        let mut fresh = pod("1", "httpd:1", "Pending");
+        fresh.status = None;
+        assert!(!started(&fresh));
     }
 
     #[test]

@@ -56,7 +56,8 @@ pub struct AgentArgs {
     /// Container logs.
     #[arg(long, default_value = "/var/log/gitplane/pods")]
     pub pod_log_dir: PathBuf,
-    /// Stop and remove every Pod of this node (and its routes) when the agent exits.
+    /// Stop and remove every Pod of this node (and its routes) when the agent exits: all at
+    /// once, each container given 2 s after SIGTERM, within 4 s.
     #[arg(long)]
     pub remove_pods_on_exit: bool,
     /// A file holding the cluster's join token (`<data-dir>/join-token` on a control-plane

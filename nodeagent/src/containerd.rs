@@ -1,5 +1,6 @@
 //! A containerd of our own: its config (rendered from `templates/containerd-config.toml.j2`)
-//! and its process, started and stopped by the agent (or a test harness).
+//! and its process, started, kept running ([`Containerd::supervise`]) and stopped by
+//! `gitplane up` (or a test harness).
 
 use std::fs::OpenOptions;
 use std::io;
@@ -10,6 +11,10 @@ use std::time::{Duration, Instant};
 use minijinja::context;
 
 use crate::cri::{Cri, CriError};
+use crate::restart::Backoff;
+
+/// How often a supervised containerd is checked for having exited.
+const EXIT_POLL: Duration = Duration::from_millis(200);
 
 const CONFIG_TEMPLATE: &str = include_str!("../../templates/containerd-config.toml.j2");
 
@@ -48,7 +53,9 @@ impl ContainerdConfig {
             launcher: Vec::new(),
             program: PathBuf::from("containerd"),
             start_timeout: Duration::from_secs(30),
-            stop_timeout: Duration::from_secs(10),
+            // containerd stops in a fraction of a second; one that does not is killed (its
+            // shims, and the Pods in them, live on regardless).
+            stop_timeout: Duration::from_secs(2),
             dir,
         }
     }
@@ -201,6 +208,57 @@ impl Containerd {
 
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// How it ended, once it has (it is reaped then).
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut()?.try_wait().ok().flatten()?;
+        self.child = None;
+        Some(status)
+    }
+
+    /// Keeps containerd running until `stop` turns true, as systemd's `Restart=always` keeps a
+    /// node's: one that exits (a crash, a SIGKILL) is started again with the same config after a
+    /// [`Backoff`]. Pods outlive it in their shims and the new one takes them up again, so none
+    /// is restarted. Returns the containerd running at the stop, for the caller to stop.
+    pub async fn supervise(self, mut stop: tokio::sync::watch::Receiver<bool>) -> Option<Containerd> {
+        let cfg = self.cfg.clone();
+        let mut current = Some(self);
+        let mut backoff = Backoff::new(Instant::now());
+        let mut poll = tokio::time::interval(EXIT_POLL);
+        loop {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return current,
+                _ = poll.tick() => {}
+            }
+            let ended = match current.as_mut() {
+                Some(running) => match running.try_wait() {
+                    Some(status) => status.to_string(),
+                    None => continue,
+                },
+                None => "it did not start".to_owned(),
+            };
+            let wait = backoff.failed(Instant::now());
+            tracing::warn!(dir = %cfg.dir.display(), %ended, restart_in = ?wait, "containerd stopped; starting it again");
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => return None,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            backoff.started(Instant::now());
+            // A start waits for the CRI to answer; a stop meanwhile ends it (dropping the half
+            // started one stops it).
+            let started = tokio::select! {
+                _ = stop.wait_for(|s| *s) => return None,
+                started = Containerd::start(cfg.clone()) => started,
+            };
+            current = match started {
+                Ok(started) => Some(started),
+                Err(error) => {
+                    tracing::error!(dir = %cfg.dir.display(), %error, "starting containerd again failed");
+                    None
+                }
+            };
+        }
     }
 
     /// SIGTERM, wait up to `stop_timeout`, then SIGKILL. Containers keep running in their

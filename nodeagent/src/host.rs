@@ -122,7 +122,7 @@ impl NetnsHost {
     }
 
     /// The host a killed process left (its netns, the pin in `dir`, its cgroups): dropping it
-    /// removes whatever remains of it.
+    /// removes whatever remains of it; if it [`survives`](Self::survives), it may be used again.
     pub fn adopt(name: &str, dir: PathBuf, cgroup_parent: String) -> NetnsHost {
         let mount_ns = dir.join("mnt");
         NetnsHost {
@@ -134,6 +134,40 @@ impl NetnsHost {
             dir,
             cgroup_parent,
         }
+    }
+
+    /// Whether the host is whole: its network namespace is there and its mount namespace is
+    /// still pinned (a reboot leaves neither, a deleted netns only the latter).
+    pub fn survives(&self) -> bool {
+        let pinned = std::fs::read_to_string("/proc/self/mountinfo")
+            .is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(4) == Some(&*self.mount_ns.to_string_lossy())));
+        pinned && self.netns_path().exists()
+    }
+
+    /// The identity of the host's network namespace (device and inode of its `ip netns` file):
+    /// what [`Self::netns_is`] compares, to notice the namespace deleted or replaced.
+    pub fn netns_id(&self) -> Option<(u64, u64)> {
+        std::fs::metadata(self.netns_path()).ok().map(|m| (m.dev(), m.ino()))
+    }
+
+    /// Whether `ip netns` still names the namespace `id` was taken from.
+    pub fn netns_is(&self, id: (u64, u64)) -> bool {
+        self.netns_id() == Some(id)
+    }
+
+    /// The processes in the host's mount namespace (containerd, shims, the agent; containers
+    /// have mount namespaces of their own).
+    pub fn processes(&self) -> Vec<u32> {
+        let Ok(ours) = std::fs::metadata(&self.mount_ns).map(|m| (m.dev(), m.ino())) else { return Vec::new() };
+        let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+        procs
+            .flatten()
+            .filter_map(|entry| {
+                let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+                let ns = std::fs::metadata(entry.path().join("ns/mnt")).ok()?;
+                ((ns.dev(), ns.ino()) == ours).then_some(pid)
+            })
+            .collect()
     }
 
     fn setup(&mut self) -> Result<(), HostError> {
@@ -223,18 +257,8 @@ impl NetnsHost {
                 collect_cgroup_procs(&Path::new(&mount_point).join(self.cgroup_dir()), &mut victims);
             }
         }
-        if self.mount_ns_pinned
-            && let Ok(ours) = std::fs::metadata(&self.mount_ns).map(|m| (m.dev(), m.ino()))
-            && let Ok(procs) = std::fs::read_dir("/proc")
-        {
-            for entry in procs.flatten() {
-                let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
-                    continue;
-                };
-                if std::fs::metadata(entry.path().join("ns/mnt")).is_ok_and(|m| (m.dev(), m.ino()) == ours) {
-                    victims.insert(pid);
-                }
-            }
+        if self.mount_ns_pinned {
+            victims.extend(self.processes());
         }
         victims.remove(&std::process::id());
         for pid in &victims {
@@ -261,13 +285,18 @@ impl NetnsHost {
     }
 }
 
-impl Drop for NetnsHost {
-    fn drop(&mut self) {
+impl NetnsHost {
+    /// Removes the host now (what dropping it does): kills what runs in it, removes its cgroups,
+    /// mounts, directory and namespace.
+    pub fn remove(&mut self) {
         self.kill_all();
         if let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") {
+            // One deadline for every hierarchy: a teardown takes seconds, not seconds each.
+            let deadline = Instant::now() + Duration::from_secs(2);
             for (mount_point, _, _) in cgroup_mounts(&mountinfo) {
                 let parent = Path::new(&mount_point).join(self.cgroup_dir());
-                if !poll(Duration::from_secs(2), || remove_cgroup_tree(&parent).is_ok()) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if !poll(left, || remove_cgroup_tree(&parent).is_ok()) {
                     tracing::warn!(host = %self.name, cgroup = %parent.display(), "cgroup left behind");
                 }
             }
@@ -283,11 +312,20 @@ impl Drop for NetnsHost {
         {
             tracing::warn!(host = %self.name, dir = %self.dir.display(), error = %e, "removing the host's directory");
         }
+        // A namespace deleted under it (`ip netns del`) is gone already.
         if self.netns_created
+            && self.netns_path().exists()
             && let Err(e) = ip(&["netns", "del", &self.name])
         {
             tracing::warn!(host = %self.name, error = %e, "removing the host's network namespace");
         }
+        (self.netns_created, self.dir_mounted, self.mount_ns_pinned) = (false, false, false);
+    }
+}
+
+impl Drop for NetnsHost {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 
@@ -319,6 +357,17 @@ impl HostNetwork {
         ip(&["-n", name, "addr", "add", &address, "dev", BRIDGE])?;
         ip(&["-n", name, "link", "set", BRIDGE, "up"])?;
         Ok(network)
+    }
+
+    /// The network a killed process left as `name`, if its bridge still holds `gateway`/`prefix`:
+    /// its hosts are still wired to it.
+    pub fn adopt(name: &str, gateway: Ipv4Addr, prefix: u8) -> Option<HostNetwork> {
+        if !Path::new(NETNS_DIR).join(name).exists() {
+            return None;
+        }
+        let out = Command::new("ip").args(["-n", name, "-o", "-4", "addr", "show", "dev", BRIDGE]).output().ok()?;
+        let held = String::from_utf8_lossy(&out.stdout).contains(&format!("inet {gateway}/{prefix} "));
+        held.then(|| HostNetwork { name: name.to_owned(), gateway, prefix })
     }
 
     pub fn gateway(&self) -> Ipv4Addr {

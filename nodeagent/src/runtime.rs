@@ -108,6 +108,18 @@ pub enum RuntimeError {
     },
 }
 
+impl RuntimeError {
+    /// What went wrong, without the Pod's name: for the Pod's own Events and status.
+    pub fn cause(&self) -> String {
+        match self {
+            RuntimeError::Cri { op, source, .. } => format!("{op}: {}", source.message()),
+            RuntimeError::Timeout { op, timeout, .. } => format!("{op} did not answer within {timeout:?}"),
+            RuntimeError::Spec { source, .. } => source.to_string(),
+            RuntimeError::Io { what, source, .. } => format!("{what}: {source}"),
+        }
+    }
+}
+
 pub struct RuntimeManager {
     cri: Cri,
     cfg: RuntimeConfig,
@@ -267,6 +279,20 @@ impl RuntimeManager {
         }
     }
 
+    /// A Pod whose sync failed (`error`) before its sandbox ran, as the kubelet reports it: a
+    /// `FailedCreatePodSandBox` Event, and the status it has without the runtime (Pending, its
+    /// containers waiting) with a PodReadyToStartContainers condition that says why.
+    pub fn sandbox_failed(&self, pod: &Pod, probes: &PodProbes, error: &RuntimeError) -> Option<PodStatus> {
+        let message = format!("Failed to create pod sandbox: {}", error.cause());
+        self.events.pod(pod, WARNING, "FailedCreatePodSandBox", &message);
+        let uid = pod_uid(pod).ok()?;
+        let waiting = self.lock_failures().waiting(uid);
+        let mut status = pod_status(pod, &RuntimePod::default(), &waiting, self.cfg.node_ip.as_deref(), probes);
+        status::sandbox_failed(&mut status, &message);
+        status::keep_transition_times(pod.status.as_ref(), &mut status, Time(k8s_openapi::jiff::Timestamp::now()));
+        Some(status)
+    }
+
     /// The observed status of `pod`.
     pub async fn pod_status(&self, pod: &Pod, probes: &PodProbes) -> Result<PodStatus, RuntimeError> {
         let key = pod_key(pod);
@@ -396,6 +422,13 @@ impl RuntimeManager {
                 (uid, hasher.finish())
             })
             .collect())
+    }
+
+    /// The runtime's conditions (CRI `Status`: RuntimeReady, NetworkReady), within `timeout`.
+    pub async fn status(&self, timeout: Duration) -> Result<Vec<pb::RuntimeCondition>, RuntimeError> {
+        let req = pb::StatusRequest { verbose: false };
+        let status = self.call("(all)", "Status", Some(timeout), self.cri.runtime().status(req)).await?;
+        Ok(status.status.map(|s| s.conditions).unwrap_or_default())
     }
 
     /// The images the runtime holds, as a Node lists them.

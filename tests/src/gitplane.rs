@@ -35,6 +35,11 @@ pub struct Gitplane {
 impl Gitplane {
     /// Starts `gitplane up` as node `node_name` and waits until its API answers.
     pub fn up(host: &NetnsHost, node_name: &str) -> Result<Gitplane> {
+        Self::up_with(host, node_name, &[])
+    }
+
+    /// [`Self::up`] with more flags, e.g. `--containerd-socket` of a containerd the test runs.
+    pub fn up_with(host: &NetnsHost, node_name: &str, flags: &[&str]) -> Result<Gitplane> {
         let data_dir = host.dir().join("data");
         let repos_dir = host.dir().join("repos");
         let log = host.dir().join("gitplane.log");
@@ -50,6 +55,7 @@ impl Gitplane {
             .arg("--listen")
             .arg(listen.to_string())
             .args(["--node-name", node_name, "--cgroup-parent", host.cgroup_parent()])
+            .args(flags)
             .env("RUST_LOG", "info,sqlx=warn,h2=warn,tower=warn")
             .stdout(out.try_clone()?)
             .stderr(out);
@@ -116,6 +122,15 @@ impl Worktree {
     /// Pushes HEAD to `main` of `url`; the error carries git's message.
     pub fn push(&self, url: &str) -> Result<()> {
         git(self.git().args(["push", "--quiet", url, "HEAD:main"]))
+    }
+
+    /// The commit HEAD names.
+    pub fn head(&self) -> Result<String> {
+        let out = self.git().args(["rev-parse", "HEAD"]).output()?;
+        if !out.status.success() {
+            bail!("git rev-parse HEAD: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 
     pub fn write(&self, file: &str, content: &str) -> Result<()> {

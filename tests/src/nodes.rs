@@ -5,7 +5,7 @@
 //! killed.
 
 use crate::{binary, wait_for};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use gitplane_nodeagent::host::{NetnsHost, remove_netns};
 use serde_json::Value;
 use std::{
@@ -42,6 +42,8 @@ pub struct LocalCluster {
     pub repos_dir: PathBuf,
     pub log: PathBuf,
     cgroup_parent: String,
+    /// More flags for `gitplane up`.
+    flags: Vec<String>,
     /// Holds the data and repositories; removed last.
     _dir: tempfile::TempDir,
 }
@@ -63,28 +65,9 @@ impl LocalCluster {
         // A free port of this machine's loopback (the window until gitplane binds it is short).
         let listen = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let cgroup_parent = format!("/gitplane-e2e-{base}");
-        let out = File::create(&log)?;
-        let mut command = Command::new(binary("gitplane")?);
-        command
-            .arg("up")
-            .arg(format!("--nodes={count}"))
-            .arg(format!("--node-name={base}"))
-            .arg(format!("--listen={listen}"))
-            .arg(format!("--cgroup-parent={cgroup_parent}"))
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("--repos-dir")
-            .arg(&repos_dir)
-            .args(flags)
-            .env("RUST_LOG", "info,sqlx=warn,h2=warn,tower=warn")
-            .env("NO_COLOR", "1")
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .process_group(0);
-        let child = command.spawn().context("starting gitplane up --nodes")?;
         let nodes = (1..=count).map(|i| format!("{base}-{i}")).collect();
         let mut cluster = LocalCluster {
-            child: Some(child),
+            child: None,
             base,
             nodes,
             listen,
@@ -92,20 +75,68 @@ impl LocalCluster {
             repos_dir,
             log,
             cgroup_parent,
+            flags: flags.iter().map(|f| f.to_string()).collect(),
             _dir: dir,
         };
+        cluster.start()?;
+        Ok(cluster)
+    }
+
+    /// Starts `gitplane up --nodes` (appending to its log) and waits until every node is Ready.
+    fn start(&mut self) -> Result<()> {
+        let out = File::options().create(true).append(true).open(&self.log)?;
+        let count = self.nodes.len();
+        let mut command = Command::new(binary("gitplane")?);
+        command
+            .arg("up")
+            .arg(format!("--nodes={count}"))
+            .arg(format!("--node-name={}", self.base))
+            .arg(format!("--listen={}", self.listen))
+            .arg(format!("--cgroup-parent={}", self.cgroup_parent))
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--repos-dir")
+            .arg(&self.repos_dir)
+            .args(&self.flags)
+            .env("RUST_LOG", "info,sqlx=warn,h2=warn,tower=warn")
+            .env("NO_COLOR", "1")
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .process_group(0);
+        // Its banner comes once every node was started: the Nodes may be Ready from a run before.
+        let starts = self.log_text().matches("gitplane is up.").count() + 1;
+        self.child = Some(command.spawn().context("starting gitplane up --nodes")?);
         let ready = wait_for(Duration::from_secs(180), || {
-            if let Some(Ok(Some(status))) = cluster.child.as_mut().map(Child::try_wait) {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 return Some(Err(status));
             }
-            let ready = cluster.ready_nodes().ok()?;
-            (ready.len() == count as usize).then_some(Ok(()))
+            if self.log_text().matches("gitplane is up.").count() < starts {
+                return None;
+            }
+            let ready = self.ready_nodes().ok()?;
+            (ready.len() == count).then_some(Ok(()))
         });
         match ready {
-            Some(Ok(())) => Ok(cluster),
-            Some(Err(status)) => bail!("gitplane up --nodes exited with {status}:\n{}", cluster.log_text()),
-            None => bail!("{count} nodes were not Ready within 180 s:\n{}", cluster.log_text()),
+            Some(Ok(())) => Ok(()),
+            Some(Err(status)) => bail!("gitplane up --nodes exited with {status}:\n{}", self.log_text()),
+            None => bail!("{count} nodes were not Ready within 180 s:\n{}", self.log_text()),
         }
+    }
+
+    /// SIGKILL of `gitplane up` itself, as a crash would end it: its nodes' agents, containerds
+    /// and Pods run on without it.
+    pub fn kill(&mut self) -> Result<()> {
+        let mut child = self.child.take().context("not running")?;
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    /// Starts `gitplane up` again with the same flags and data, and waits until every node is
+    /// Ready.
+    pub fn restart(&mut self) -> Result<()> {
+        ensure!(self.child.is_none(), "gitplane up runs already");
+        self.start()
     }
 
     /// The Running Pods of namespace `default` that match a label selector (`app=web`).
@@ -128,6 +159,55 @@ impl LocalCluster {
             .collect())
     }
 
+    /// The pids of node `name`'s containerd shims (one per Pod).
+    pub fn shim_pids(&self, name: &str) -> Vec<i32> {
+        let socket = self.containerd_socket(name).to_string_lossy().into_owned();
+        let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+        procs
+            .flatten()
+            .filter_map(|entry| {
+                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+                let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                let shim = args.first().is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
+                    && args.windows(2).any(|w| w[0] == b"-address" && w[1] == socket.as_bytes());
+                shim.then_some(pid)
+            })
+            .collect()
+    }
+
+    /// The uids of the Pods node `name`'s containerd runs, one per ready sandbox (a uid twice is
+    /// a duplicated Pod), sorted.
+    pub async fn runtime_pods(&self, name: &str) -> Result<Vec<String>> {
+        use gitplane_nodeagent::cri::{Cri, pb};
+        let cri = Cri::connect(&self.containerd_socket(name)).await?;
+        let listed = cri.runtime().list_pod_sandbox(pb::ListPodSandboxRequest { filter: None }).await?.into_inner();
+        let ready = pb::PodSandboxState::SandboxReady as i32;
+        let mut uids: Vec<String> = listed
+            .items
+            .into_iter()
+            .filter(|s| s.state == ready)
+            .filter_map(|s| s.labels.get(gitplane_nodeagent::runtime::spec::LABEL_POD_UID).cloned())
+            .collect();
+        uids.sort();
+        Ok(uids)
+    }
+
+    /// The uids of the Pods bound to node `name` that have not finished, sorted.
+    pub fn bound_pods(&self, name: &str) -> Result<Vec<String>> {
+        let list = self.get("/api/v1/pods")?;
+        let mut uids: Vec<String> = list["items"]
+            .as_array()
+            .context("PodList has items")?
+            .iter()
+            .filter(|p| p["spec"]["nodeName"] == name)
+            .filter(|p| !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed")))
+            .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+            .collect();
+        uids.sort();
+        Ok(uids)
+    }
+
     /// The pid of node `name`'s agent process (`gitplane agent --node-name=<name>`).
     pub fn agent_pid(&self, name: &str) -> Option<i32> {
         let wanted = format!("--node-name={name}");
@@ -137,6 +217,20 @@ impl LocalCluster {
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
             let is_agent = args.get(1) == Some(&&b"agent"[..]) && args.contains(&wanted.as_bytes());
             is_agent.then_some(pid)
+        })
+    }
+
+    /// The pid of node `name`'s containerd (`containerd --config <its directory>/config.toml`).
+    pub fn containerd_pid(&self, name: &str) -> Option<i32> {
+        let config = self.data_dir.join("nodes").join(name).join("containerd/config.toml");
+        let wanted = config.to_string_lossy().into_owned();
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let is_containerd = args.first().is_some_and(|a| a.ends_with(b"containerd"))
+                && args.windows(2).any(|w| w[0] == b"--config" && w[1] == wanted.as_bytes());
+            is_containerd.then_some(pid)
         })
     }
 
@@ -233,6 +327,60 @@ impl LocalCluster {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM (as Ctrl-C would): it must exit cleanly within `within` and leave nothing of
+    /// the cluster behind (see [`Self::leftovers`]). How long it took.
+    pub fn stop_within(mut self, within: Duration) -> Result<Duration> {
+        let mut child = self.child.take().context("stopped already")?;
+        let started = std::time::Instant::now();
+        terminate(&child);
+        // Past the bound, the wait goes on for the log, then the verdict.
+        let status = wait_for(within + Duration::from_secs(60), || child.try_wait().ok().flatten());
+        let took = started.elapsed();
+        let Some(status) = status else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("gitplane up --nodes did not stop within {took:?} of SIGTERM:\n{}", self.log_text());
+        };
+        if !status.success() || took > within {
+            bail!("gitplane up --nodes stopped with {status} {took:?} after SIGTERM:\n{}", self.log_text());
+        }
+        let left = self.leftovers();
+        if !left.is_empty() {
+            bail!("gitplane up --nodes left behind: {left:#?}\n{}", self.log_text());
+        }
+        Ok(took)
+    }
+
+    /// What of the cluster exists: its network namespaces, mounts under its directory, processes
+    /// that name its directory (containerd, agents, shims) and its cgroups (the Pods').
+    pub fn leftovers(&self) -> Vec<String> {
+        let dir = self._dir.path().to_string_lossy().into_owned();
+        let mut left: Vec<String> = std::fs::read_dir("/run/netns")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| name.starts_with(&format!("{}-", self.base)))
+            .map(|name| format!("network namespace {name}"))
+            .collect();
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        left.extend(mountinfo.lines().filter(|l| l.contains(&dir)).map(|l| format!("mount {l}")));
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(&dir) {
+                left.push(format!("process {}: {cmdline}", entry.file_name().to_string_lossy()));
+            }
+        }
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            let cgroup = hierarchy.path().join(self.cgroup_parent.trim_start_matches('/'));
+            if cgroup.exists() {
+                left.push(format!("cgroup {}", cgroup.display()));
+            }
+        }
+        left
     }
 
     /// SIGTERM (as Ctrl-C would), then waits for a clean exit.

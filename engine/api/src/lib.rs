@@ -16,6 +16,7 @@ pub mod openapi;
 pub mod podrefs;
 pub mod quantity;
 pub mod schema;
+pub mod taints;
 
 pub use application::{
     Application, ApplicationSpec, ApplicationStatus, HealthStatus, ResourceHealth, RevisionHistory, SyncChanges,

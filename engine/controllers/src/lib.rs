@@ -20,6 +20,7 @@ pub mod owner;
 pub mod plan;
 pub mod replicaset;
 pub mod runtime;
+pub mod taint_eviction;
 
 pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
 
@@ -53,10 +54,24 @@ pub fn watched_kinds() -> Vec<String> {
 }
 
 /// What the controllers are configured with.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Settings {
     /// Where LoadBalancer Services get their addresses; none: they stay `<pending>`.
     pub load_balancer_pool: Option<loadbalancer::AddressPool>,
+    /// How long Pods that say nothing stay on a node that is not ready or unreachable.
+    pub default_tolerations: taint_eviction::DefaultTolerations,
+    /// How long a node may go without renewing its Lease before it is Ready=Unknown.
+    pub node_monitor_grace_period: std::time::Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            load_balancer_pool: None,
+            default_tolerations: Default::default(),
+            node_monitor_grace_period: node_lifecycle::NodeLifecycleController::default().grace_period,
+        }
+    }
 }
 
 /// Starts every controller; the handles end them on drop of the runtime or abort.
@@ -68,7 +83,20 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),
-        tokio::spawn(Controller::new(node_lifecycle::NodeLifecycleController::default(), ctx.clone()).run()),
+        tokio::spawn(
+            Controller::new(
+                node_lifecycle::NodeLifecycleController { grace_period: settings.node_monitor_grace_period },
+                ctx.clone(),
+            )
+            .run(),
+        ),
+        tokio::spawn(
+            Controller::new(
+                taint_eviction::TaintEvictionController { defaults: settings.default_tolerations },
+                ctx.clone(),
+            )
+            .run(),
+        ),
         tokio::spawn(Controller::new(ingress::IngressController::default(), ctx.clone()).run()),
     ];
     if let Some(pool) = settings.load_balancer_pool {

@@ -167,7 +167,7 @@ async fn slices_and_endpoints_follow_the_pods() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_balancers_get_addresses_from_the_pool_and_give_them_back() {
     let pool = AddressPool::parse("192.0.2.0/30").unwrap();
-    let c = Cluster::start(Settings { load_balancer_pool: Some(pool) }).await;
+    let c = Cluster::start(Settings { load_balancer_pool: Some(pool), ..Settings::default() }).await;
     let services = Api::<Service>::new(c.store.clone());
     let lb =
         |name: &str| service(name, json!({"type": "LoadBalancer", "clusterIP": "10.96.0.9", "ports": [{"port": 80}]}));

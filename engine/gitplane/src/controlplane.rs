@@ -6,6 +6,7 @@ use crate::{
     mirror::Mirrors,
     source::{SourceController, allocate::ServiceRanges, apply::RecordKey},
 };
+use gitplane_controllers::{loadbalancer::AddressPool, taint_eviction::DefaultTolerations};
 use gitplane_store::{Store, informer::SharedInformerFactory};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::{sync::watch, task::JoinHandle};
@@ -20,6 +21,40 @@ pub fn watched_kinds() -> Vec<String> {
         }
     }
     kinds
+}
+
+/// The controllers' flags, the same on `gitplane up` and `gitplane server`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ControllerArgs {
+    /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
+    /// broadcast addresses are left out). None: they stay <pending>.
+    #[arg(long, value_parser = AddressPool::parse)]
+    load_balancer_pool: Option<AddressPool>,
+    /// How long a Pod that does not tolerate the node.kubernetes.io/not-ready:NoExecute taint
+    /// itself stays on a node that is not ready (its runtime is down) before it is evicted
+    /// (kube-apiserver's flag of this name).
+    #[arg(long, default_value_t = 300)]
+    default_not_ready_toleration_seconds: u64,
+    /// The same for node.kubernetes.io/unreachable (the node's agent stopped renewing its Lease).
+    #[arg(long, default_value_t = 300)]
+    default_unreachable_toleration_seconds: u64,
+    /// How long a node may go without renewing its Lease (every 10 s) before it is Ready=Unknown
+    /// and tainted unreachable (kube-controller-manager's flag of this name).
+    #[arg(long, default_value = "40s", value_parser = crate::events::parse_ttl)]
+    node_monitor_grace_period: Duration,
+}
+
+impl ControllerArgs {
+    pub fn settings(&self) -> gitplane_controllers::Settings {
+        gitplane_controllers::Settings {
+            load_balancer_pool: self.load_balancer_pool,
+            node_monitor_grace_period: self.node_monitor_grace_period,
+            default_tolerations: DefaultTolerations {
+                not_ready: Duration::from_secs(self.default_not_ready_toleration_seconds),
+                unreachable: Duration::from_secs(self.default_unreachable_toleration_seconds),
+            },
+        }
+    }
 }
 
 /// What the leader-only loops are configured with.

@@ -9,6 +9,10 @@
 //! Pods, `agent.log`, the node credential). Nothing is added to the machine's own network
 //! namespace: Pod and Service addresses and routes exist only inside the hosts.
 //!
+//! While it runs, a node's agent or containerd that exits is started again with a back-off
+//! ([`Backoff`]), as systemd restarts a kubelet or a containerd: Pods outlive both (in their
+//! shims), and the new agent or containerd takes them up again.
+//!
 //! Stopping (Ctrl-C) stops each agent, which removes its Pods, then each containerd, then
 //! removes the hosts (processes, cgroups, mounts, namespaces) and the bridge's namespace.
 
@@ -19,24 +23,25 @@ use gitplane_nodeagent::{
     cri::Cri,
     host::{HostError, HostNetwork, NetnsHost, remove_netns},
     images, proxy,
+    restart::Backoff,
 };
 use std::{
+    collections::BTreeMap,
     net::Ipv4Addr,
     os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::Stdio,
     time::{Duration, Instant},
 };
-use tokio::process::Child;
+use tokio::{process::Child, sync::watch};
 
 /// The bridge's address, where the nodes reach the control plane.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 29, 0, 1);
 const PREFIX: u8 = 24;
-/// The first and longest wait before a failed agent is started again.
-const AGENT_RESTART_MIN: Duration = Duration::from_secs(1);
-const AGENT_RESTART_MAX: Duration = Duration::from_secs(30);
-/// How long an agent may take to remove its Pods once asked to stop.
-const AGENT_STOP: Duration = Duration::from_secs(90);
+/// How long an agent may take to remove its Pods once asked to stop (it gives itself
+/// `agent::EXIT_DEADLINE`); then it is killed and the host's teardown kills what is left, so a
+/// stop ends within seconds whatever state a node is in.
+const AGENT_STOP: Duration = Duration::from_secs(6);
 
 /// Node `i`'s address on the bridge.
 pub fn node_address(i: u16) -> Ipv4Addr {
@@ -46,36 +51,88 @@ pub fn node_address(i: u16) -> Ipv4Addr {
 }
 
 /// The namespace and bridge the nodes share; also where the control plane listens for them.
-/// What a killed run with the same data directory left is removed first.
-pub async fn create_network(base: &str, data_dir: &Path, cgroup_parent: &str) -> anyhow::Result<HostNetwork> {
+/// What a killed run with the same data directory left is taken up again: its network and the
+/// hosts of nodes `1..=count` that survive, whose Pods go on running in them (their agents and
+/// containerds are replaced by this run's, which adopt the Pods); the rest of it is removed.
+pub async fn create_network(
+    base: &str,
+    data_dir: &Path,
+    cgroup_parent: &str,
+    count: u16,
+) -> anyhow::Result<(HostNetwork, Survivors)> {
     let name = format!("{base}-net");
     let (base, data_dir, cgroup_parent) = (base.to_owned(), data_dir.to_owned(), cgroup_parent.to_owned());
     blocking(move || {
-        remove_leftovers(&base, &data_dir, &cgroup_parent)?;
-        HostNetwork::create(&name, GATEWAY, PREFIX)
+        let mut survivors = leftovers(&base, &data_dir, &cgroup_parent);
+        if let Some(network) = HostNetwork::adopt(&name, GATEWAY, PREFIX) {
+            survivors.retain(|i, host| {
+                let keep = *i <= count && host.survives();
+                if keep {
+                    tracing::info!(node = %host.name(), "taking up the node a killed gitplane up left, with its Pods");
+                } else {
+                    tracing::warn!(node = %host.name(), "removing what a killed gitplane up left of this node");
+                }
+                keep
+            });
+            return Ok((network, Survivors(survivors)));
+        }
+        for host in survivors.values() {
+            tracing::warn!(node = %host.name(), "removing what a killed gitplane up left of this node");
+        }
+        drop(survivors);
+        remove_netns(&name)?;
+        Ok((HostNetwork::create(&name, GATEWAY, PREFIX)?, Survivors::default()))
     })
     .await
     .context("creating the nodes' network")
 }
 
-/// Hosts of this data directory whose mount namespace is still pinned belong to a run that was
-/// killed before it could remove them: they and their network go.
-fn remove_leftovers(base: &str, data_dir: &Path, cgroup_parent: &str) -> Result<(), HostError> {
-    let Ok(entries) = std::fs::read_dir(data_dir.join("nodes")) else { return Ok(()) };
-    let mut found = false;
+/// The hosts a killed run left, by node number, for [`run`] to take up again.
+#[derive(Default)]
+pub struct Survivors(BTreeMap<u16, NetnsHost>);
+
+/// Hosts of this data directory whose mount namespace is still pinned: a run that was killed
+/// before it could remove them left them.
+fn leftovers(base: &str, data_dir: &Path, cgroup_parent: &str) -> BTreeMap<u16, NetnsHost> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("nodes")) else { return BTreeMap::new() };
+    let mut found = BTreeMap::new();
     for entry in entries.flatten() {
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
         let dir = entry.path().join("host");
-        if name.starts_with(&format!("{base}-")) && dir.join("mnt").exists() {
-            tracing::warn!(node = %name, "removing what a killed gitplane up left of this node");
-            drop(NetnsHost::adopt(&name, dir, format!("{cgroup_parent}/{name}")));
-            found = true;
+        let Some(i) = name.strip_prefix(&format!("{base}-")).and_then(|i| i.parse::<u16>().ok()) else { continue };
+        if dir.join("mnt").exists() {
+            found.insert(i, NetnsHost::adopt(&name, dir, format!("{cgroup_parent}/{name}")));
         }
     }
-    if found {
-        remove_netns(&format!("{base}-net"))?;
+    found
+}
+
+/// Kills what the last run left running in a host it takes up: its agent (SIGKILL, so that it
+/// does not remove its Pods on the way out) and its containerd; the shims, and the Pods in them,
+/// stay for the new containerd.
+fn replace_processes(host: &NetnsHost) {
+    let ours: Vec<u32> = host
+        .processes()
+        .into_iter()
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let agent = args.get(1) == Some(&&b"agent"[..]);
+            let containerd = args.first().is_some_and(|a| a.ends_with(b"containerd"));
+            agent || containerd
+        })
+        .collect();
+    for pid in &ours {
+        tracing::info!(node = %host.name(), pid, "stopping what the last run left running");
+        if let Ok(pid) = libc::pid_t::try_from(*pid) {
+            // SAFETY: kill(2) on a process of this node's host; no memory effects.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
-    Ok(())
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ours.iter().any(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// What every node is started with.
@@ -100,11 +157,19 @@ pub struct NodesConfig {
 
 /// One node: its host, containerd and agent.
 struct LocalNode {
+    agent: Option<Child>,
+    containerd: Option<Containerd>,
+    /// Last, so that it is dropped last: dropping it kills what is left in the host.
+    place: Place,
+}
+
+/// Where a node lives and what its agent is started with.
+struct Place {
     name: String,
     address: Ipv4Addr,
     dir: PathBuf,
-    agent: Option<Child>,
-    containerd: Option<Containerd>,
+    /// The node's containerd (its socket and CNI directory are the agent's too).
+    runtime: ContainerdConfig,
     host: NetnsHost,
 }
 
@@ -113,16 +178,18 @@ struct LocalNode {
 pub async fn run(
     cfg: NodesConfig,
     network: HostNetwork,
+    Survivors(mut survivors): Survivors,
     banner: String,
     stop: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let mut nodes = Vec::new();
     let result = async {
         for i in 1..=cfg.count {
-            nodes.push(start_node(&cfg, &network, i).await?);
+            nodes.push(start_node(&cfg, &network, i, survivors.remove(&i)).await?);
         }
         let list: Vec<String> = nodes
             .iter()
+            .map(|n| &n.place)
             .map(|n| {
                 format!(
                     "{} {} (ip netns exec {} …; log {})",
@@ -134,7 +201,15 @@ pub async fn run(
             })
             .collect();
         println!("{banner}\n  nodes:  {}", list.join("\n          "));
-        wait(&cfg, &mut nodes, stop).await;
+        let (stopping, stopped) = watch::channel(false);
+        let supervisors = futures::future::join_all(nodes.iter_mut().map(|n| supervise(&cfg, n, stopped.clone())));
+        tokio::pin!(supervisors);
+        tokio::select! {
+            _ = stop => {}
+            _ = &mut supervisors => {}
+        }
+        let _ = stopping.send(true);
+        supervisors.await;
         anyhow::Ok(())
     }
     .await;
@@ -144,38 +219,59 @@ pub async fn run(
     result
 }
 
-async fn start_node(cfg: &NodesConfig, network: &HostNetwork, i: u16) -> anyhow::Result<LocalNode> {
+/// Starts node `i`: in `survivor`, the host a killed run left (wired to the network still), or
+/// in a new host.
+async fn start_node(
+    cfg: &NodesConfig,
+    network: &HostNetwork,
+    i: u16,
+    survivor: Option<NetnsHost>,
+) -> anyhow::Result<LocalNode> {
     let name = format!("{}-{i}", cfg.base);
     let dir = cfg.data_dir.join("nodes").join(&name);
     let address = node_address(i);
-    let host = {
-        let (name, host_dir, cgroup) = (name.clone(), dir.join("host"), format!("{}/{name}", cfg.cgroup_parent));
-        blocking(move || NetnsHost::create(&name, host_dir, cgroup)).await?
+    let fresh = survivor.is_none();
+    let host = match survivor {
+        Some(host) => {
+            blocking(move || {
+                replace_processes(&host);
+                Ok(host)
+            })
+            .await?
+        }
+        None => {
+            let (name, host_dir, cgroup) = (name.clone(), dir.join("host"), format!("{}/{name}", cfg.cgroup_parent));
+            blocking(move || NetnsHost::create(&name, host_dir, cgroup)).await?
+        }
     };
+    let mut runtime = ContainerdConfig::new(dir.join("containerd"));
+    runtime.launcher = host.launcher();
+    runtime.cni_conf_dir = dir.join("cni/net.d");
     // From here on, dropping `node` removes what was made for it.
-    let mut node = LocalNode { name: name.clone(), address, dir: dir.clone(), agent: None, containerd: None, host };
-    network.attach(&node.host, &format!("veth{i}"), address)?;
+    let place = Place { name: name.clone(), address, dir: dir.clone(), runtime, host };
+    let mut node = LocalNode { agent: None, containerd: None, place };
+    if fresh {
+        network.attach(&node.place.host, &format!("veth{i}"), address)?;
+    }
 
-    let mut containerd_cfg = ContainerdConfig::new(dir.join("containerd"));
-    containerd_cfg.launcher = node.host.launcher();
-    containerd_cfg.cni_conf_dir = dir.join("cni/net.d");
     let containerd =
-        Containerd::start(containerd_cfg).await.with_context(|| format!("starting {name}'s containerd"))?;
+        Containerd::start(node.place.runtime.clone()).await.with_context(|| format!("starting {name}'s containerd"))?;
     let socket = containerd.socket();
+    // Its paths made absolute, as the agent gets them.
+    node.place.runtime = containerd.config().clone();
     node.containerd = Some(containerd);
     let cri = Cri::connect(&socket).await.with_context(|| format!("connecting to {name}'s containerd"))?;
     images::ensure_images(&cri, &socket, &cfg.data_dir.join("images")).await?;
 
-    node.agent = Some(spawn_agent(cfg, &node)?);
+    node.agent = Some(spawn_agent(cfg, &node.place)?);
     tracing::info!(node = %name, %address, "node started");
     Ok(node)
 }
 
 /// Starts `node`'s agent inside its host, appending to its `agent.log`.
-fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
+fn spawn_agent(cfg: &NodesConfig, node: &Place) -> anyhow::Result<Child> {
     let (name, address, dir) = (&node.name, node.address, &node.dir);
-    let containerd = node.containerd.as_ref().context("the node's containerd is not running")?;
-    let (socket, cni_conf_dir) = (containerd.socket(), containerd.config().cni_conf_dir.clone());
+    let (socket, cni_conf_dir) = (node.runtime.socket(), &node.runtime.cni_conf_dir);
     let exe = std::env::current_exe().context("finding the gitplane binary to run the agents")?;
     let log = std::fs::File::options()
         .create(true)
@@ -201,7 +297,7 @@ fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
         .arg("--containerd-socket")
         .arg(&socket)
         .arg("--cni-conf-dir")
-        .arg(&cni_conf_dir)
+        .arg(cni_conf_dir)
         .arg("--cni-data-dir")
         .arg(dir.join("cni/ipam"))
         .arg("--pod-dir")
@@ -225,45 +321,90 @@ fn spawn_agent(cfg: &NodesConfig, node: &LocalNode) -> anyhow::Result<Child> {
     Ok(agent)
 }
 
-/// Until `stop`. An agent that fails (a non-zero exit, or killed by a signal) is started again,
-/// as systemd's `Restart=on-failure` does for a kubelet, after a back-off that doubles from 1 s
-/// to 30 s while it keeps failing within a minute of starting; one that exits cleanly (it was
-/// asked to stop) leaves its node down until the next start.
-async fn wait(cfg: &NodesConfig, nodes: &mut [LocalNode], stop: impl Future<Output = ()>) {
-    tokio::pin!(stop);
-    let mut backoff: std::collections::HashMap<String, (Duration, Instant)> = Default::default();
+/// Keeps `node`'s containerd and agent running until `stop`: each that exits is started again
+/// after its [`Backoff`], as systemd's `Restart=` does, except an agent that exits cleanly (it
+/// was asked to stop), which leaves its node down until the next start. A node whose network
+/// namespace is deleted (`ip netns del`) has lost its network for good: it is removed, its
+/// processes killed, and the control plane finds it unreachable and moves its Pods.
+async fn supervise(cfg: &NodesConfig, node: &mut LocalNode, mut stop: watch::Receiver<bool>) {
+    let LocalNode { agent, containerd, place } = node;
+    let (stopping, stopped) = watch::channel(false);
+    let netns = place.host.netns_id();
+    let control = async {
+        let lost = tokio::select! {
+            _ = stop.wait_for(|s| *s) => false,
+            _ = netns_lost(&place.host, netns) => true,
+        };
+        let _ = stopping.send(true);
+        lost
+    };
+    let runtime = async {
+        match containerd.take() {
+            Some(running) => running.supervise(stopped.clone()).await,
+            None => None,
+        }
+    };
+    let (lost, running, ()) = tokio::join!(control, runtime, supervise_agent(cfg, place, agent, stopped.clone()));
+    *containerd = running;
+    if !lost {
+        return;
+    }
+    tracing::error!(
+        node = %place.name,
+        "the node's network namespace was deleted: removing the node (its Pods move once the control plane finds it \
+         unreachable; start gitplane up again to make it anew)"
+    );
+    if let Some(mut running) = agent.take() {
+        let _ = running.kill().await;
+    }
+    if let Some(running) = containerd.take()
+        && let Err(e) = running.stop().await
+    {
+        tracing::warn!(node = %place.name, error = %e, "stopping containerd");
+    }
+    // Blocking (it waits for processes to die), on this multi-threaded runtime's own thread.
+    tokio::task::block_in_place(|| place.host.remove());
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Until `ip netns` no longer names the namespace `netns` identifies (checked every second).
+async fn netns_lost(host: &NetnsHost, netns: Option<(u64, u64)>) {
+    let Some(netns) = netns else { return std::future::pending().await };
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
-        let exits = nodes.iter_mut().filter_map(|n| {
-            let name = n.name.clone();
-            n.agent.as_mut().map(|a| Box::pin(async move { (name, a.wait().await) }))
-        });
-        let exits: Vec<_> = exits.collect();
-        if exits.is_empty() {
-            stop.await;
+        tick.tick().await;
+        if !host.netns_is(netns) {
             return;
         }
-        let (name, status) = tokio::select! {
-            _ = &mut stop => return,
-            (exit, _, _) = futures::future::select_all(exits) => exit,
+    }
+}
+
+async fn supervise_agent(cfg: &NodesConfig, place: &Place, agent: &mut Option<Child>, mut stop: watch::Receiver<bool>) {
+    let name = &place.name;
+    let mut backoff = Backoff::new(Instant::now());
+    loop {
+        let Some(running) = agent.as_mut() else {
+            let _ = stop.wait_for(|s| *s).await;
+            return;
         };
-        let Some(node) = nodes.iter_mut().find(|n| n.name == name) else { continue };
-        node.agent = None;
+        let status = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            status = running.wait() => status,
+        };
+        *agent = None;
         if status.as_ref().is_ok_and(|s| s.success()) {
             tracing::warn!(node = %name, "the node's agent stopped; the node stays down until gitplane up restarts");
             continue;
         }
-        let (delay, started) = backoff.entry(name.clone()).or_insert((AGENT_RESTART_MIN, Instant::now()));
-        if started.elapsed() > Duration::from_secs(60) {
-            *delay = AGENT_RESTART_MIN;
-        }
+        let delay = backoff.failed(Instant::now());
         tracing::warn!(node = %name, ?status, restart_in = ?delay, "the node's agent failed; restarting it");
         tokio::select! {
-            _ = &mut stop => return,
-            _ = tokio::time::sleep(*delay) => {}
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tokio::time::sleep(delay) => {}
         }
-        (*delay, *started) = ((*delay * 2).min(AGENT_RESTART_MAX), Instant::now());
-        match spawn_agent(cfg, node) {
-            Ok(agent) => node.agent = Some(agent),
+        backoff.started(Instant::now());
+        match spawn_agent(cfg, place) {
+            Ok(started) => *agent = Some(started),
             Err(e) => tracing::error!(node = %name, error = %e, "restarting the agent failed; the node stays down"),
         }
     }
@@ -279,13 +420,14 @@ async fn stop_nodes(nodes: Vec<LocalNode>, cgroup_parent: &str) {
                 unsafe { libc::kill(pid, libc::SIGTERM) };
             }
             if tokio::time::timeout(AGENT_STOP, agent.wait()).await.is_err() {
-                tracing::warn!(node = %node.name, "the agent did not stop in time; killing it");
+                tracing::warn!(node = %node.place.name, "the agent did not stop in time; killing it");
+                let _ = agent.kill().await;
             }
         }
         if let Some(containerd) = node.containerd.take()
             && let Err(e) = containerd.stop().await
         {
-            tracing::warn!(node = %node.name, error = %e, "stopping containerd");
+            tracing::warn!(node = %node.place.name, error = %e, "stopping containerd");
         }
         // Kills whatever is left in the host and removes it.
         drop_blocking(node).await;

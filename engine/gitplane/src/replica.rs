@@ -16,7 +16,6 @@ use crate::{
 };
 use anyhow::Context as _;
 use axum::{Json, routing::get};
-use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_storage::encryption::Keyring;
 use gitplane_storage::{
     encryption::AtRest,
@@ -243,7 +242,7 @@ impl Replica {
         git: GitServing,
         push_hint: String,
         service_ranges: ServiceRanges,
-        load_balancer_pool: Option<AddressPool>,
+        controllers: gitplane_controllers::Settings,
         event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
         replica_addresses: Vec<std::net::IpAddr>,
@@ -264,7 +263,7 @@ impl Replica {
         let reserved = crate::nodeservice::addresses::Reserved {
             replicas: replica_addresses,
             services: service_ranges.clone(),
-            load_balancers: load_balancer_pool,
+            load_balancers: controllers.load_balancer_pool,
         };
         let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone(), reserved).into_server();
         let grpc =
@@ -316,7 +315,7 @@ impl Replica {
             root: git.root,
             record_key,
             service_ranges,
-            controllers: gitplane_controllers::Settings { load_balancer_pool },
+            controllers,
             event_ttl,
             informers,
         };

@@ -79,10 +79,8 @@ pub struct ServerArgs {
     /// The range Services get their ClusterIPs from; the tenth address is cluster DNS's.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cidr: String,
-    /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
-    /// broadcast addresses are left out). None: they stay <pending>.
-    #[arg(long, value_parser = AddressPool::parse)]
-    load_balancer_pool: Option<AddressPool>,
+    #[command(flatten)]
+    controllers: crate::controlplane::ControllerArgs,
     /// The addresses Services may list in `spec.externalIPs`, e.g. 198.51.100.0/28. None: every
     /// external IP is refused (Kubernetes' DenyServiceExternalIPs), as any node's own traffic
     /// to such an address would go to the Service's Pods.
@@ -191,7 +189,6 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let mut ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
     ranges.external_ips = args.external_ip_pool;
     let access = security.access.clone();
-    let pool = args.load_balancer_pool;
     let tls = ReplicaTls { ca: security.ca.clone(), certificate };
     let replica = Replica::start(
         backend,
@@ -202,7 +199,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         git,
         hint,
         ranges,
-        pool,
+        args.controllers.settings(),
         args.event_ttl,
         None,
         replica_addresses,

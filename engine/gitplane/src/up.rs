@@ -2,8 +2,9 @@
 //!
 //! A control plane of one replica (Raft over SQLite; source, scheduler, controllers, status API,
 //! node service and store service on one listener), one in-process node agent, and, unless
-//! `--containerd-socket` names one, a containerd of its own configured from `templates/`. Ctrl-C (or SIGTERM) stops the agent
-//! first, which removes every Pod it runs, then containerd, then the control plane.
+//! `--containerd-socket` names one, a containerd of its own configured from `templates/`, which
+//! is started again if it exits (Pods outlive it). Ctrl-C (or SIGTERM) stops the agent first,
+//! which removes every Pod it runs, then containerd, then the control plane.
 //!
 //! With `--nodes N` the control plane is the same, and the nodes are N network-namespace hosts
 //! on a bridge, each with its own containerd and agent process (`crate::nodes`).
@@ -71,10 +72,8 @@ pub struct UpArgs {
     /// Which rules program Services on the nodes (kube-proxy's --proxy-mode).
     #[arg(long, value_enum, default_value_t = proxy::Backend::Nftables)]
     proxy_mode: proxy::Backend,
-    /// Where LoadBalancer Services get their addresses, e.g. 192.0.2.0/28 (the network and
-    /// broadcast addresses are left out). None: they stay <pending>.
-    #[arg(long, value_parser = AddressPool::parse)]
-    load_balancer_pool: Option<AddressPool>,
+    #[command(flatten)]
+    controllers: crate::controlplane::ControllerArgs,
     /// The addresses Services may list in `spec.externalIPs`, e.g. 198.51.100.0/28. None: every
     /// external IP is refused (Kubernetes' DenyServiceExternalIPs), as any node's own traffic
     /// to such an address would go to the Service's Pods.
@@ -137,9 +136,9 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut listeners = vec![security.listener(listener, &certificate)?];
     let node_base = args.node_name.clone().unwrap_or_else(hostname);
     let node_network = match args.nodes {
-        Some(_) => {
-            let network = nodes::create_network(&node_base, &data_dir, &args.cgroup_parent).await?;
-            let bridge = tokio::net::TcpListener::from_std(network.listen(port)?)?;
+        Some(count) => {
+            let network = nodes::create_network(&node_base, &data_dir, &args.cgroup_parent, count).await?;
+            let bridge = tokio::net::TcpListener::from_std(network.0.listen(port)?)?;
             listeners.push(security.listener(bridge, &certificate)?);
             Some(network)
         }
@@ -163,8 +162,8 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     );
     let mut ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
     ranges.external_ips = args.external_ip_pool;
-    let (backend, pool) = (Backend::raft(config).await?, args.load_balancer_pool);
-    let nodes_netns = node_network.as_ref().map(|n| n.netns_path());
+    let backend = Backend::raft(config).await?;
+    let nodes_netns = node_network.as_ref().map(|(n, _)| n.netns_path());
     let access = security.access.clone();
     let replica = Replica::start(
         backend,
@@ -175,7 +174,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         git,
         repo_url.clone(),
         ranges,
-        pool,
+        args.controllers.settings(),
         args.event_ttl,
         nodes_netns,
         names.iter().filter_map(|n| n.parse().ok()).collect(),
@@ -189,7 +188,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let store: Arc<dyn Store> = replica.backend.store();
     bootstrap::root_application(&store, bootstrap::BOOTSTRAP).await.context("creating the root Application")?;
 
-    if let (Some(count), Some(network)) = (args.nodes, node_network) {
+    if let (Some(count), Some((network, survivors))) = (args.nodes, node_network) {
         let cfg = nodes::NodesConfig {
             count,
             base: node_base,
@@ -203,24 +202,30 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             container_log_max_size: args.container_log_max_size.clone(),
             container_log_max_files: args.container_log_max_files,
         };
-        let result = nodes::run(cfg, network, banner, stop_signal()).await;
+        let result = nodes::run(cfg, network, survivors, banner, stop_signal()).await;
         replica.shutdown().await;
         return result;
     }
 
-    let containerd = match &args.containerd_socket {
-        Some(_) => None,
+    let (runtime, supervising) = match &args.containerd_socket {
+        Some(socket) => ((socket.clone(), data_dir.join("cni/net.d")), None),
         None => {
             let cfg = ContainerdConfig::new(data_dir.join("containerd"));
-            Some(Containerd::start(cfg).await.context("starting containerd")?)
+            let containerd = Containerd::start(cfg).await.context("starting containerd")?;
+            let runtime = (containerd.socket(), containerd.config().cni_conf_dir.clone());
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            (runtime, Some((stop, tokio::spawn(containerd.supervise(stopped)))))
         }
     };
     let agent = AgentAccess { url: api_url, join_token: credentials.join_token.clone(), ca: security.ca.pem() };
-    let result = run_node(&args, &data_dir, containerd.as_ref(), agent, &banner).await;
-    if let Some(containerd) = containerd
-        && let Err(e) = containerd.stop().await
-    {
-        tracing::warn!(error = %e, "stopping containerd");
+    let result = run_node(&args, &data_dir, runtime, agent, &banner).await;
+    if let Some((stop, supervisor)) = supervising {
+        let _ = stop.send(true);
+        if let Ok(Some(containerd)) = supervisor.await
+            && let Err(e) = containerd.stop().await
+        {
+            tracing::warn!(error = %e, "stopping containerd");
+        }
     }
     replica.shutdown().await;
     result
@@ -233,21 +238,15 @@ struct AgentAccess {
     ca: String,
 }
 
-/// Images, the node agent, the banner, and the wait for a stop signal.
+/// Images, the node agent, the banner, and the wait for a stop signal; `runtime` is the node's
+/// containerd socket and CNI configuration directory.
 async fn run_node(
     args: &UpArgs,
     data_dir: &std::path::Path,
-    containerd: Option<&Containerd>,
+    (socket, cni_conf_dir): (PathBuf, PathBuf),
     access: AgentAccess,
     banner: &str,
 ) -> anyhow::Result<()> {
-    let socket = match (containerd, &args.containerd_socket) {
-        (Some(c), _) => c.socket(),
-        (None, Some(s)) => s.clone(),
-        (None, None) => unreachable!("up starts containerd when no socket is given"),
-    };
-    let cni_conf_dir =
-        containerd.map(|c| c.config().cni_conf_dir.clone()).unwrap_or_else(|| data_dir.join("cni/net.d"));
     let cri =
         Cri::connect(&socket).await.with_context(|| format!("connecting to containerd at {}", socket.display()))?;
     let imported = images::ensure_images(&cri, &socket, &data_dir.join("images")).await?;

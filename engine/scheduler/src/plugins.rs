@@ -2,7 +2,8 @@
 
 use crate::framework::{FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin};
 use crate::resources::Resources;
-use k8s_openapi::api::core::v1::{Pod, Taint, Toleration};
+use gitplane_api::taints::tolerates;
+use k8s_openapi::api::core::v1::{Pod, Taint};
 use std::collections::HashMap;
 
 /// Only nodes whose Ready condition is True and that are not cordoned.
@@ -101,20 +102,6 @@ impl ScorePlugin for BalancedAllocation {
         let cpu = 100 - free_percent(a.cpu_milli, r.cpu_milli + request.cpu_milli);
         let memory = 100 - free_percent(a.memory, r.memory + request.memory);
         100 - (cpu - memory).abs()
-    }
-}
-
-/// Whether `toleration` tolerates `taint` (upstream's `ToleratesTaint`): same effect (or any),
-/// same key (or any, with `Exists`), and for `Equal` the same value.
-fn tolerates(toleration: &Toleration, taint: &Taint) -> bool {
-    let effect = toleration.effect.as_deref().unwrap_or_default();
-    let key = toleration.key.as_deref().unwrap_or_default();
-    if (!effect.is_empty() && effect != taint.effect) || (!key.is_empty() && key != taint.key) {
-        return false;
-    }
-    match toleration.operator.as_deref().unwrap_or("Equal") {
-        "Exists" => true,
-        _ => toleration.value.as_deref().unwrap_or_default() == taint.value.as_deref().unwrap_or_default(),
     }
 }
 

@@ -75,6 +75,8 @@ pub fn pod_status(
     let ready_reason = if finished { "PodCompleted" } else { "ContainersNotReady" };
     let (initialized, not_initialized) = initialized(&init_statuses, &statuses, phase);
     let conditions = vec![
+        // The sandbox runs with its network: containers can start (the kubelet's condition).
+        condition(READY_TO_START_CONTAINERS, sandbox.is_some(), None, None),
         condition("PodScheduled", true, None, None),
         condition("Initialized", initialized, Some("ContainersNotInitialized"), not_initialized),
         condition("ContainersReady", all_ready, Some(ready_reason), not_ready("containers")),
@@ -94,6 +96,20 @@ pub fn pod_status(
         init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         qos_class: Some(qos_class(pod).to_string()),
         ..Default::default()
+    }
+}
+
+/// The Pod condition that says whether its sandbox runs, and why not when it cannot be made.
+pub const READY_TO_START_CONTAINERS: &str = "PodReadyToStartContainers";
+
+/// `status` of a Pod whose sandbox could not be made: its [`READY_TO_START_CONTAINERS`]
+/// condition says why, as the `FailedCreatePodSandBox` Event does (the kubelet's condition has
+/// no reason; a Pod that stays Pending is told why where `kubectl describe` shows it).
+pub fn sandbox_failed(status: &mut PodStatus, message: &str) {
+    for c in status.conditions.iter_mut().flatten().filter(|c| c.type_ == READY_TO_START_CONTAINERS) {
+        c.status = "False".into();
+        c.reason = Some("FailedCreatePodSandBox".into());
+        c.message = Some(message.to_owned());
     }
 }
 
@@ -332,6 +348,25 @@ mod tests {
         status.conditions.iter().flatten().find(|c| c.type_ == type_).map(|c| c.status.clone()).unwrap_or_default()
     }
 
+    #[test]
+    fn ready_to_start_containers_follows_the_sandbox() {
+        let probes = PodProbes::default();
+        let none = pod_status(&pod("Always"), &RuntimePod::default(), &HashMap::new(), None, &probes);
+        assert_eq!(condition(&none, READY_TO_START_CONTAINERS), "False");
+        let running = runtime(vec![run(0, ContainerRunState::Running, 0)]);
+        assert_eq!(
+            condition(&pod_status(&pod("Always"), &running, &HashMap::new(), None, &probes), READY_TO_START_CONTAINERS),
+            "True"
+        );
+
+        let mut failed = none.clone();
+        sandbox_failed(&mut failed, "Failed to create pod sandbox: ListPodSandbox: Connection refused");
+        let c = failed.conditions.iter().flatten().find(|c| c.type_ == READY_TO_START_CONTAINERS).expect("condition");
+        assert_eq!((c.status.as_str(), c.reason.as_deref()), ("False", Some("FailedCreatePodSandBox")));
+        assert_eq!(c.message.as_deref(), Some("Failed to create pod sandbox: ListPodSandbox: Connection refused"));
+        assert_eq!(failed.phase.as_deref(), Some("Pending"));
+    }
+
     fn state(status: &PodStatus) -> serde_json::Value {
         let c = &status.container_statuses.as_ref().expect("statuses")[0];
         serde_json::to_value(&c.state).expect("json")
@@ -554,7 +589,13 @@ mod tests {
         keep_transition_times(Some(&again), &mut running, t(300));
         let times: Vec<(String, Option<Time>)> =
             running.conditions.iter().flatten().map(|c| (c.type_.clone(), c.last_transition_time.clone())).collect();
-        let expected = [("PodScheduled", 100), ("Initialized", 100), ("ContainersReady", 300), ("Ready", 300)];
+        let expected = [
+            (READY_TO_START_CONTAINERS, 100),
+            ("PodScheduled", 100),
+            ("Initialized", 100),
+            ("ContainersReady", 300),
+            ("Ready", 300),
+        ];
         assert_eq!(times, expected.map(|(type_, at)| (type_.to_string(), Some(t(at)))));
     }
 }

@@ -109,22 +109,28 @@ fn decode<T: serde::de::DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T,
     serde_json::from_slice(bytes).map_err(|e| Status::invalid_argument(format!("{what} is not valid JSON: {e}")))
 }
 
+/// Ready, as a node that comes back says it is until it reports otherwise.
 fn ready_condition(now: Timestamp) -> NodeCondition {
     NodeCondition {
         type_: "Ready".into(),
         status: "True".into(),
-        reason: Some("AgentReady".into()),
-        message: Some("node agent is posting ready status".into()),
+        reason: Some("KubeletReady".into()),
+        message: Some("kubelet is posting ready status".into()),
         last_heartbeat_time: Some(Time(now)),
         last_transition_time: Some(Time(now)),
     }
 }
 
-fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+/// The status of the node's Ready condition, if it has one.
+fn ready_status(node: &Node) -> Option<&str> {
+    let conditions = node.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == "Ready").map(|c| c.status.as_str())
+}
+
+/// Whether the node's agent is alive: it reports Ready, True or False (its runtime may be down),
+/// while Unknown means it stopped renewing its Lease.
+fn is_alive(node: &Node) -> bool {
+    matches!(ready_status(node), Some("True" | "False"))
 }
 
 fn pod_cidr(node: &Node) -> Option<String> {
@@ -190,7 +196,11 @@ impl NodeService {
         let configmaps = Api::<ConfigMap>::new(self.store.clone());
         let name = reported.metadata.name.clone().unwrap_or_default();
         let mut status = reported.status.clone().unwrap_or_default();
-        status.conditions = Some(vec![ready_condition(Timestamp::now())]);
+        // The node's own word on Ready (older agents send none: Ready, as they registered).
+        let conditions = status.conditions.get_or_insert_with(Vec::new);
+        if !conditions.iter().any(|c| c.type_ == "Ready") {
+            conditions.push(ready_condition(Timestamp::now()));
+        }
         // Registrations through other replicas may win the record's compare-and-swap again and
         // again while many nodes join at once: retry until a deadline, not a count.
         let deadline = tokio::time::Instant::now() + REGISTRATION_DEADLINE;
@@ -204,7 +214,7 @@ impl NodeService {
                 .map_err(RegisterError::Address)?;
             let mut node = match stored {
                 // Checked on every attempt: a racing joiner that made the node first wins.
-                Some(node) if *caller == Caller::Joiner && is_ready(&node) => {
+                Some(node) if *caller == Caller::Joiner && is_alive(&node) => {
                     return Err(RegisterError::Taken(name));
                 }
                 Some(node) => node,
@@ -327,10 +337,12 @@ impl NodeService {
                 }
             }
         }
-        // A node that was marked Unknown is Ready again once it heartbeats.
+        // A node that was marked Unknown is Ready again once it heartbeats (an agent whose
+        // runtime is down says so with its next status report); a node that reports Ready=False
+        // itself keeps it.
         let nodes = Api::<Node>::new(self.store.clone());
         if let Some(mut node) = nodes.get("", name).await?
-            && !is_ready(&node)
+            && ready_status(&node).is_none_or(|status| status == "Unknown")
         {
             let status = node.status.get_or_insert_with(Default::default);
             let mut conditions = status.conditions.take().unwrap_or_default();

@@ -1,6 +1,6 @@
 //! What a node may say about itself, and what the control plane derives from it: NodeRestriction's
-//! rule on a node's own labels, the merge of a reported NodeStatus (the Ready condition stays the
-//! control plane's), and TaintNodesByCondition's taints for the pressure conditions.
+//! rule on a node's own labels, the merge of a reported NodeStatus, and TaintNodesByCondition's
+//! taints for the pressure conditions.
 
 use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus, Taint};
 use std::collections::BTreeMap;
@@ -38,13 +38,15 @@ pub fn forbidden_label(labels: &BTreeMap<String, String>) -> Option<String> {
     })
 }
 
-/// The Node's status after a report: the reported one, with the stored Ready condition (the
-/// control plane's, from the Lease) in place of any the node sent.
+/// The Node's status after a report: the reported one. Its Ready condition is the node's word
+/// (the kubelet's: False while its runtime or the runtime's network is not ready); a report
+/// without one keeps the stored Ready.
 pub fn merge(stored: Option<&NodeStatus>, mut reported: NodeStatus) -> NodeStatus {
-    let ready = stored.and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready")).cloned();
-    let mut conditions: Vec<NodeCondition> =
-        reported.conditions.take().unwrap_or_default().into_iter().filter(|c| c.type_ != "Ready").collect();
-    conditions.extend(ready);
+    let mut conditions: Vec<NodeCondition> = reported.conditions.take().unwrap_or_default();
+    if !conditions.iter().any(|c| c.type_ == "Ready") {
+        let stored = stored.and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+        conditions.extend(stored.cloned());
+    }
     conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
     reported.conditions = Some(conditions);
     // The node's addresses and identity come with its registration.
@@ -102,15 +104,19 @@ mod tests {
     }
 
     #[test]
-    fn ready_stays_the_control_planes() {
-        let stored = NodeStatus { conditions: Some(vec![condition("Ready", "Unknown")]), ..Default::default() };
+    fn ready_is_the_nodes_word_when_it_gives_one() {
+        let stored = NodeStatus { conditions: Some(vec![condition("Ready", "True")]), ..Default::default() };
         let reported = NodeStatus {
-            conditions: Some(vec![condition("Ready", "True"), condition("MemoryPressure", "False")]),
+            conditions: Some(vec![condition("Ready", "False"), condition("MemoryPressure", "False")]),
             ..Default::default()
         };
         let merged = merge(Some(&stored), reported);
         let types: Vec<_> = merged.conditions.iter().flatten().map(|c| (c.type_.as_str(), c.status.as_str())).collect();
-        assert_eq!(types, [("MemoryPressure", "False"), ("Ready", "Unknown")]);
+        assert_eq!(types, [("MemoryPressure", "False"), ("Ready", "False")]);
+        let silent = NodeStatus { conditions: Some(vec![condition("MemoryPressure", "False")]), ..Default::default() };
+        let merged = merge(Some(&stored), silent);
+        let types: Vec<_> = merged.conditions.iter().flatten().map(|c| (c.type_.as_str(), c.status.as_str())).collect();
+        assert_eq!(types, [("MemoryPressure", "False"), ("Ready", "True")]);
     }
 
     #[test]
