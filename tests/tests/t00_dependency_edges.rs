@@ -106,4 +106,10 @@ fn crates_link_only_what_architecture_md_promises() {
     }
     graph.assert_never_links("gitplane-store", &["gitplane-storage", "sqlx", "openraft", "tonic", "prost"]);
     graph.assert_never_links("gitplane-api", &["sqlx", "git2", "openraft", "tonic"]);
+
+    // The control plane's crates by role, layered: the API server below the GitOps side and the
+    // node service, and only the `gitplane` binary above them all.
+    graph.assert_never_links("gitplane-apiserver", &["gitplane-gitops", "gitplane-nodeservice", "gitplane"]);
+    graph.assert_never_links("gitplane-gitops", &["gitplane-nodeservice", "gitplane"]);
+    graph.assert_never_links("gitplane-nodeservice", &["gitplane-gitops", "gitplane", "gitplane-source"]);
 }

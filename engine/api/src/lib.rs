@@ -7,10 +7,12 @@
 pub mod application;
 pub mod defaults;
 pub mod events;
+pub mod health;
 pub mod ingress;
 pub mod kinds;
 pub mod kubedns;
 pub mod labels;
+pub mod network;
 pub mod object;
 pub mod openapi;
 pub mod podrefs;

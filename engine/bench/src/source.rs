@@ -12,7 +12,7 @@ use crate::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
-use gitplane::source::{
+use gitplane_gitops::source::{
     allocate::ServiceRanges,
     apply::{self, Cluster, Inventory, Policy},
 };

@@ -1,12 +1,12 @@
 //! What only the leader runs: the source, the scheduler and the controllers. A replica starts
 //! them when it becomes the acting leader and stops them the moment it is not.
 
-use crate::{
+use gitplane_controllers::{loadbalancer::AddressPool, taint_eviction::DefaultTolerations};
+use gitplane_gitops::{
     bootstrap,
     mirror::Mirrors,
     source::{SourceController, allocate::ServiceRanges, apply::RecordKey},
 };
-use gitplane_controllers::{loadbalancer::AddressPool, taint_eviction::DefaultTolerations};
 use gitplane_store::{Store, informer::SharedInformerFactory};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::{sync::watch, task::JoinHandle};
@@ -15,7 +15,7 @@ use tokio::{sync::watch, task::JoinHandle};
 /// source's, which the push verdicts read too.
 pub fn watched_kinds() -> Vec<String> {
     let mut kinds = gitplane_controllers::watched_kinds();
-    for kind in crate::source::watched_kinds() {
+    for kind in gitplane_gitops::source::watched_kinds() {
         if !kinds.contains(&kind) {
             kinds.push(kind);
         }
@@ -140,7 +140,7 @@ mod tests {
     #[test]
     fn the_informer_caches_every_kind_each_loop_reads_once() {
         let kinds = watched_kinds();
-        for kind in gitplane_controllers::watched_kinds().into_iter().chain(crate::source::watched_kinds()) {
+        for kind in gitplane_controllers::watched_kinds().into_iter().chain(gitplane_gitops::source::watched_kinds()) {
             assert!(kinds.contains(&kind), "{kind} is not cached");
         }
         let mut each = kinds.clone();

@@ -19,15 +19,6 @@ use std::{
     path::Path,
 };
 
-/// Makes `dir` (and its parents) if missing, and keeps it to its owner (mode 0700): the data
-/// directory holds the store (Secrets included) and the credentials, the repositories directory
-/// Git's copy of the Secrets.
-pub fn private_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .with_context(|| format!("making {} private (mode 0700)", dir.display()))
-}
-
 /// Whether a missing secret file may be made here.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IfMissing {
@@ -115,7 +106,7 @@ pub struct Sources<'a> {
 impl Credentials {
     pub fn load(sources: Sources<'_>) -> anyhow::Result<Credentials> {
         let Sources { data_dir, peer_token_file, join_token_file, makes_cluster_secrets } = sources;
-        private_dir(data_dir)?;
+        gitplane_gitops::bootstrap::private_dir(data_dir)?;
         let git_token = load_or_create(&data_dir.join("git-token"), IfMissing::Create)?;
         let cluster = |given: Option<&Path>, name: &str| -> anyhow::Result<String> {
             let (path, if_missing) = match given {

@@ -2,8 +2,9 @@
 //! peer token), and `gitplane secrets`, which rotates its keys while the cluster runs.
 //! The envelope itself is `gitplane_storage::encryption`'s.
 
-use crate::{credentials::private_dir, replica::Backend};
+use crate::backend::Backend;
 use anyhow::{Context as _, bail};
+use gitplane_gitops::bootstrap::private_dir;
 use gitplane_storage::encryption::{self, Keyring};
 use gitplane_store::Store;
 use std::{
@@ -156,9 +157,9 @@ pub async fn secrets(args: SecretsArgs) -> anyhow::Result<()> {
 async fn rotate(args: RotateArgs) -> anyhow::Result<()> {
     let path = args.keys.path();
     let tokens = args.tokens_file.clone().unwrap_or_else(|| args.keys.data_dir.join("tokens.csv"));
-    let token = crate::authn::load_or_create(&tokens, "", false)?
+    let token = gitplane_apiserver::authn::load_or_create(&tokens, "", false)?
         .into_iter()
-        .find(|e| e.user.has(crate::authn::Role::Read))
+        .find(|e| e.user.has(gitplane_apiserver::authn::Role::Read))
         .map(|e| e.token)
         .with_context(|| format!("{} holds no read token to ask the replicas with", tokens.display()))?;
     let write = if args.no_new_key {

@@ -1,6 +1,7 @@
 //! `gitplane`: the control plane and its command line.
 
-use gitplane::{diff, encryption, offline, prereceive, server, status, token, up};
+use gitplane::{encryption, server, status, token, up};
+use gitplane_gitops::{diff, offline, prereceive};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};

@@ -7,158 +7,36 @@
 //! written first, then what the replica reads of its store when scraped (Raft's term, leader,
 //! commit and apply index; the revision).
 
-use crate::{audit::RequestInfo, replica::Backend};
+use crate::backend::Backend;
 use axum::{Router, http::header::CONTENT_TYPE, response::IntoResponse, routing::get};
-use gitplane_metrics::{Counter, Family, Gauge, Histogram, LATENCY_BUCKETS, SLOW_BUCKETS};
+use gitplane_metrics::{Family, Histogram, LATENCY_BUCKETS};
 use gitplane_store::{Committed, List, ListOptions, ObjectKey, Op, Revision, Store, WatchOptions, WatchStream};
 use serde_json::Value;
 use std::{
     sync::{Arc, LazyLock},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 struct Families {
-    requests: Arc<Family<Counter>>,
-    request_duration: Arc<Family<Histogram>>,
-    longrunning: Arc<Family<Gauge>>,
-    sync_duration: Arc<Family<Histogram>>,
-    push_to_applied: Arc<Family<Histogram>>,
-    verdict_duration: Arc<Family<Histogram>>,
-    fetch_duration: Arc<Family<Histogram>>,
     txn_duration: Arc<Family<Histogram>>,
-    cache_lists: Arc<Family<Counter>>,
 }
 
 static METRICS: LazyLock<Families> = LazyLock::new(|| Families {
-    requests: gitplane_metrics::counter(
-        "apiserver_request_total",
-        "Counter of apiserver requests broken out for each verb, group, resource and HTTP response code.",
-        &["verb", "group", "resource", "code"],
-    ),
-    request_duration: gitplane_metrics::histogram(
-        "apiserver_request_duration_seconds",
-        "Response latency distribution in seconds for each verb, group and resource (to the response's head).",
-        &["verb", "group", "resource"],
-        LATENCY_BUCKETS,
-    ),
-    longrunning: gitplane_metrics::gauge(
-        "apiserver_longrunning_requests",
-        "Gauge of all active long-running apiserver requests broken out by verb, group and resource (watches open).",
-        &["verb", "group", "resource"],
-    ),
-    sync_duration: gitplane_metrics::histogram(
-        "gitplane_application_sync_duration_seconds",
-        "Duration of an Application's sync (read the branch head, render, validate, plan, commit) by result: Synced, Unchanged or Failed.",
-        &["namespace", "application", "result"],
-        SLOW_BUCKETS,
-    ),
-    push_to_applied: gitplane_metrics::histogram(
-        "gitplane_push_to_applied_seconds",
-        "From a branch moving (a push to a hosted repository, or a mirror fetch that brought commits) to its commit applied in the store.",
-        &["namespace", "application"],
-        SLOW_BUCKETS,
-    ),
-    verdict_duration: gitplane_metrics::histogram(
-        "gitplane_push_verdict_duration_seconds",
-        "Time a push to a hosted repository waited for its verdict (load, render, validate and plan of the pushed commits), by result: accepted or refused.",
-        &["result"],
-        LATENCY_BUCKETS,
-    ),
-    fetch_duration: gitplane_metrics::histogram(
-        "gitplane_git_fetch_duration_seconds",
-        "Duration of a fetch of a remote repository's mirror, by result: changed, unchanged or failed.",
-        &["result"],
-        SLOW_BUCKETS,
-    ),
     txn_duration: gitplane_metrics::histogram(
         "gitplane_store_txn_duration_seconds",
         "Latency of a store write (one transaction, committed by a quorum under Raft), by result: ok, conflict or error.",
         &["result"],
         LATENCY_BUCKETS,
     ),
-    cache_lists: gitplane_metrics::counter(
-        "apiserver_cache_list_total",
-        "LIST requests by whether the API server's watch cache served them (hit) or the store did (miss: not filled yet, behind, an exact revision, or a continue token whose snapshot is gone).",
-        &["resource", "result"],
-    ),
 });
 
 /// Registers every family this process exports, so each shows before it first moves.
 pub fn register() {
     LazyLock::force(&METRICS);
+    gitplane_apiserver::metrics::register();
+    gitplane_gitops::metrics::register();
     gitplane_scheduler::metrics::register();
     gitplane_workqueue::register_metrics();
-}
-
-/// kube-apiserver's verb label for a request's verb; anything else is `other` (a method is
-/// outside input and labels must stay bounded).
-fn verb_label(verb: &str) -> &'static str {
-    match verb {
-        "get" => "GET",
-        "list" => "LIST",
-        "watch" => "WATCH",
-        "create" => "POST",
-        "update" => "PUT",
-        "patch" => "PATCH",
-        "delete" | "deletecollection" => "DELETE",
-        _ => "other",
-    }
-}
-
-/// The group and resource labels of a request: a resource the status API serves, else empty
-/// (a path that names none, or one it does not serve: outside input, kept out of labels).
-fn resource_labels(info: &RequestInfo) -> (&str, &str) {
-    if crate::apiserver::serves(&info.api_group, &info.resource) { (&info.api_group, &info.resource) } else { ("", "") }
-}
-
-/// One status API request, answered with `code` after `took`.
-pub(crate) fn request(info: &RequestInfo, code: u16, took: Duration) {
-    let verb = verb_label(&info.verb);
-    let (group, resource) = resource_labels(info);
-    METRICS.requests.with(&[verb, group, resource, &code.to_string()]).inc();
-    METRICS.request_duration.with(&[verb, group, resource]).observe_duration(took);
-}
-
-/// Counts an open watch until dropped.
-pub(crate) struct WatchOpen(Arc<Gauge>);
-
-impl WatchOpen {
-    pub(crate) fn new(group: &str, resource: &str) -> WatchOpen {
-        let gauge = METRICS.longrunning.with(&["WATCH", group, resource]);
-        gauge.add(1);
-        WatchOpen(gauge)
-    }
-}
-
-impl Drop for WatchOpen {
-    fn drop(&mut self) {
-        self.0.add(-1);
-    }
-}
-
-/// One sync of an Application.
-pub(crate) fn sync(namespace: &str, application: &str, result: &str, took: Duration) {
-    METRICS.sync_duration.with(&[namespace, application, result]).observe_duration(took);
-}
-
-/// A branch that moved at `moved` is applied now.
-pub(crate) fn applied(namespace: &str, application: &str, moved: Instant) {
-    METRICS.push_to_applied.with(&[namespace, application]).observe_duration(moved.elapsed());
-}
-
-/// One push verdict.
-pub(crate) fn verdict(accepted: bool, took: Duration) {
-    METRICS.verdict_duration.with(&[if accepted { "accepted" } else { "refused" }]).observe_duration(took);
-}
-
-/// One LIST the watch cache could serve (`hit`) or not (`miss`).
-pub(crate) fn cache_list(resource: &str, hit: bool) {
-    METRICS.cache_lists.with(&[resource, if hit { "hit" } else { "miss" }]).inc();
-}
-
-/// One fetch of a mirror.
-pub(crate) fn fetched(result: &str, took: Duration) {
-    METRICS.fetch_duration.with(&[result]).observe_duration(took);
 }
 
 /// The store with its writes timed.
@@ -300,25 +178,4 @@ pub fn router(backend: Backend) -> Router {
             }
         }),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn labels_stay_bounded_whatever_the_path_and_method() {
-        let info = RequestInfo::new("GET", "/api/v1/namespaces/a/pods", None);
-        assert_eq!((verb_label(&info.verb), resource_labels(&info)), ("LIST", ("", "pods")));
-        let info = RequestInfo::new("GET", "/apis/apps/v1/deployments/x", None);
-        assert_eq!((verb_label(&info.verb), resource_labels(&info)), ("GET", ("apps", "deployments")));
-        let info = RequestInfo::new("GET", "/api/v1/pods", Some("watch=1"));
-        assert_eq!(verb_label(&info.verb), "WATCH");
-        for (method, path) in [("GET", "/api/v1/made-up-1234"), ("BREW", "/api/v1/pods"), ("GET", "/apis/evil/v1/pods")]
-        {
-            let info = RequestInfo::new(method, path, None);
-            assert_eq!(resource_labels(&info), ("", ""), "{method} {path}");
-        }
-        assert_eq!(verb_label(&RequestInfo::new("BREW", "/x", None).verb), "other");
-    }
 }

@@ -1,27 +1,25 @@
 //! One control-plane replica: the replicated store, every service on one listener (status API,
 //! node service, store service, Raft), the leader-only control plane, and compaction.
 
-use crate::{
-    apiserver, authz, controlplane,
-    credentials::Credentials,
-    githttp,
-    kubelet_client::KubeletClient,
-    listener::{self, Transport},
-    mirror::Mirrors,
-    nodeservice::{NodeIdentity, NodeService},
-    page, prereceive,
-    source::{allocate::ServiceRanges, apply::RecordKey, verdict::Verdicts},
-    tls::{ClusterCa, ReplicaCertificate},
-    webhook,
-};
+use crate::{backend::Backend, controlplane, credentials::Credentials};
 use anyhow::Context as _;
 use axum::{Json, routing::get};
-use gitplane_storage::encryption::Keyring;
-use gitplane_storage::{
-    encryption::AtRest,
-    postgres::PostgresReplica,
-    raft::{RaftStore, ReplicaConfig},
-    remote::StoreServer,
+use gitplane_apiserver::{
+    authz,
+    kubelet_client::KubeletClient,
+    listener::{self, Transport},
+    page,
+};
+use gitplane_gitops::{
+    githttp,
+    mirror::Mirrors,
+    prereceive,
+    source::{allocate::ServiceRanges, apply::RecordKey, verdict::Verdicts},
+    webhook,
+};
+use gitplane_nodeservice::{
+    NodeIdentity, NodeService,
+    tls::{ClusterCa, ReplicaCertificate},
 };
 use gitplane_store::{Store, informer::SharedInformerFactory};
 use std::{
@@ -36,130 +34,6 @@ use tokio::task::JoinHandle;
 /// Revisions of history kept for watchers; older ones are compacted away.
 const HISTORY: i64 = 10_000;
 const COMPACTION_PERIOD: Duration = Duration::from_secs(300);
-
-/// Where a replica's state lives.
-#[derive(Clone)]
-pub enum Backend {
-    /// Its own SQLite, replicated with Raft (the embedded default).
-    Raft(RaftStore),
-    /// The one Postgres database all replicas share; a lease elects the leader.
-    Postgres(PostgresReplica),
-}
-
-/// The runtime the replicated store's own tasks run on (Raft, its log writer, the SQLite
-/// writer, replication), as etcd runs in a process of its own beside kube-apiserver: a commit
-/// waits for the CPU, never in a run queue behind the API's thousands of watch writes. The
-/// store is reached from the main runtime through channels; it lives as long as the process.
-fn store_runtime() -> anyhow::Result<&'static tokio::runtime::Handle> {
-    // Built inside `get_or_init`: a runtime dropped in async code panics.
-    static RUNTIME: std::sync::OnceLock<Result<tokio::runtime::Runtime, String>> = std::sync::OnceLock::new();
-    let runtime = RUNTIME.get_or_init(|| {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        builder.worker_threads(2).thread_name("store").enable_all();
-        builder.build().map_err(|e| e.to_string())
-    });
-    match runtime {
-        Ok(runtime) => Ok(runtime.handle()),
-        Err(e) => anyhow::bail!("starting the store's runtime: {e}"),
-    }
-}
-
-impl Backend {
-    pub async fn raft(config: ReplicaConfig) -> anyhow::Result<Backend> {
-        if config.secrets.write_key().is_none() {
-            tracing::warn!("no encryption key: Secrets are stored in clear");
-        }
-        let dir = config.dir.clone();
-        let store = store_runtime()?
-            .spawn(RaftStore::start(config))
-            .await
-            .context("the store's runtime stopped")?
-            .with_context(|| format!("opening the store in {}", dir.display()))?;
-        Ok(Backend::Raft(store))
-    }
-
-    pub fn store(&self) -> Arc<dyn Store> {
-        match self {
-            Backend::Raft(s) => Arc::new(s.clone()),
-            Backend::Postgres(s) => Arc::new(s.clone()),
-        }
-    }
-
-    /// True while this replica may run what only the leader runs.
-    pub fn leading(&self) -> tokio::sync::watch::Receiver<bool> {
-        match self {
-            Backend::Raft(s) => s.leading(),
-            Backend::Postgres(s) => s.leading(),
-        }
-    }
-
-    /// The keys Secrets are sealed with.
-    pub fn secrets(&self) -> Keyring {
-        match self {
-            Backend::Raft(s) => s.local().secrets().clone(),
-            Backend::Postgres(s) => s.store().secrets().clone(),
-        }
-    }
-
-    /// Where this replica's sealed Secrets stand against the write key.
-    pub async fn at_rest(&self) -> gitplane_store::Result<AtRest> {
-        match self {
-            Backend::Raft(s) => s.local().at_rest().await,
-            Backend::Postgres(s) => s.store().at_rest().await,
-        }
-    }
-
-    /// The gRPC services of the store: clients and forwarded writes, and Raft's own.
-    fn routes(&self) -> tonic::service::Routes {
-        match self {
-            Backend::Raft(s) => s.routes(),
-            Backend::Postgres(s) => {
-                tonic::service::Routes::new(s.peer_token().require(StoreServer::new(Arc::new(s.clone()))))
-            }
-        }
-    }
-
-    async fn status(&self) -> serde_json::Value {
-        let mut status = self.store_status().await;
-        // Key names and counts only, never a key.
-        status["encryption"] = match self.at_rest().await {
-            Ok(at_rest) => serde_json::to_value(at_rest).unwrap_or_default(),
-            Err(e) => serde_json::json!({"error": e.to_string()}),
-        };
-        status
-    }
-
-    async fn store_status(&self) -> serde_json::Value {
-        match self {
-            Backend::Raft(store) => {
-                let m = store.raft().metrics().borrow().clone();
-                serde_json::json!({
-                    "id": m.id,
-                    "store": "sqlite+raft",
-                    "state": format!("{:?}", m.state),
-                    "term": m.current_term,
-                    "leader": m.current_leader,
-                    "leading": *store.leading().borrow(),
-                    "lastApplied": m.last_applied.map(|l| l.index),
-                    "revision": store.revision().await.unwrap_or(-1),
-                })
-            }
-            Backend::Postgres(store) => serde_json::json!({
-                "id": store.id(),
-                "store": "postgres",
-                "leader": store.leader().await.ok().flatten(),
-                "leading": *store.leading().borrow(),
-                "revision": store.revision().await.unwrap_or(-1),
-            }),
-        }
-    }
-
-    async fn shutdown(&self) {
-        if let Backend::Raft(store) = self {
-            store.shutdown().await;
-        }
-    }
-}
 
 /// How a replica serves Git: hosted repositories over HTTP (with the Git token), webhooks, and
 /// the mirrors of remote repositories.
@@ -193,7 +67,7 @@ impl GitServing {
                 Some(secret.trim_end().to_owned()).filter(|s| !s.is_empty())
             }
         };
-        let mirrors = Mirrors::new(data_dir.join("mirrors"), crate::mirror::DEFAULT_POLL, file_urls);
+        let mirrors = Mirrors::new(data_dir.join("mirrors"), gitplane_gitops::mirror::DEFAULT_POLL, file_urls);
         Ok(GitServing { repos_dir, hooks_dir: data_dir.join("hooks"), mirrors, webhook_secret, root: None })
     }
 }
@@ -236,7 +110,7 @@ impl Replica {
     pub async fn start(
         backend: Backend,
         listeners: Vec<listener::Listener>,
-        access: authz::ApiAccess,
+        access: gitplane_apiserver::authn::ApiAccess,
         credentials: &Credentials,
         tls: ReplicaTls,
         git: GitServing,
@@ -250,7 +124,7 @@ impl Replica {
         crate::metrics::register();
         let shared: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore(backend.store()));
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
-        let kubelet = KubeletClient::new(&tls.ca, &tls.certificate, nodes_netns)?;
+        let kubelet = KubeletClient::new(tls.ca.kubelet_client_config(&tls.certificate)?, nodes_netns);
         if let Some(pool) = &service_ranges.external_ips
             && let Some(ip) =
                 replica_addresses.iter().find(|ip| matches!(ip, std::net::IpAddr::V4(v4) if pool.contains(*v4)))
@@ -260,9 +134,9 @@ impl Replica {
                  address's traffic on every node; give a pool of addresses nothing else uses"
             );
         }
-        let reserved = crate::nodeservice::addresses::Reserved {
+        let reserved = gitplane_nodeservice::addresses::Reserved {
             replicas: replica_addresses,
-            services: service_ranges.clone(),
+            services: (service_ranges.network, service_ranges.prefix),
             load_balancers: controllers.load_balancer_pool,
         };
         let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone(), reserved).into_server();
@@ -282,16 +156,16 @@ impl Replica {
             }
         };
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
-        let api = apiserver::router(shared.clone(), push_hint, kubelet);
+        let api = gitplane_apiserver::router(shared.clone(), push_hint, kubelet);
         let page = page::router(shared.clone(), informers.clone(), git.repos_dir.clone(), access.clone());
         let http = api
             .clone()
-            .merge(apiserver::head::router(shared.clone(), git.repos_dir.clone()))
+            .merge(gitplane_apiserver::head::router(shared.clone(), git.repos_dir.clone()))
             // The status page, and the API again under `/ui` as its data endpoints, where the
             // page's cookie counts (`authz`).
             .merge(page)
             .nest("/ui", api)
-            .merge(apiserver::health::router(backend.clone()))
+            .merge(gitplane_apiserver::health::router(crate::backend::health_observer(backend.clone())))
             .merge(crate::metrics::router(backend.clone()))
             .route(
                 "/replica",
@@ -304,7 +178,7 @@ impl Replica {
             .layer(axum::middleware::from_fn_with_state(access, authz::admit))
             .merge(githttp::router(git.repos_dir.clone(), auth, hook))
             .merge(webhook::router(git.mirrors.clone(), secrets))
-            .fallback(apiserver::not_found);
+            .fallback(gitplane_apiserver::not_found);
         let mut tasks: Vec<JoinHandle<()>> = listeners
             .into_iter()
             .map(|l| tokio::spawn(listener::serve(l, grpc.clone(), http.clone(), listener::Limits::default())))

@@ -3,14 +3,17 @@
 //! and the kubeconfig for users (`kubeconfig`).
 
 use crate::{
-    audit::{self, AuditLog},
-    authn::{self, Role},
-    authz::ApiAccess,
     credentials::{self, Credentials},
-    kubeconfig, listener,
-    tls::{self, ClusterCa, ReplicaCertificate},
+    kubeconfig,
 };
 use anyhow::Context as _;
+use gitplane_apiserver::{
+    audit::{self, AuditLog},
+    authn::ApiAccess,
+    authn::{self, Role},
+    listener,
+};
+use gitplane_nodeservice::tls::{self, ClusterCa, ReplicaCertificate};
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
@@ -97,4 +100,38 @@ pub fn url(listen: SocketAddr) -> String {
     }
     let scheme = if tls::serves_tls(addr) { "https" } else { "http" };
     format!("{scheme}://{addr}")
+}
+
+/// The names a replica's serving certificate carries: its listen address (unless it is the
+/// wildcard), the other `addresses` it is reached at, the machine's host name, and loopback.
+pub fn serving_names(listen: std::net::SocketAddr, addresses: &[String]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let mut add = |name: String| {
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+    };
+    if !listen.ip().is_unspecified() {
+        add(listen.ip().to_string());
+    }
+    for address in addresses {
+        add(address.trim_start_matches('[').trim_end_matches(']').to_owned());
+    }
+    add(gitplane_nodeagent::node::hostname());
+    add("localhost".into());
+    add("127.0.0.1".into());
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_hold_the_addresses_once() {
+        let names = serving_names("0.0.0.0:8443".parse().unwrap(), &["192.0.2.1".into(), "127.0.0.1".into()]);
+        assert_eq!(names[0], "192.0.2.1");
+        assert_eq!(names.iter().filter(|n| *n == "127.0.0.1").count(), 1);
+        assert!(!names.contains(&"0.0.0.0".to_owned()));
+    }
 }

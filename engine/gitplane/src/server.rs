@@ -1,15 +1,15 @@
 //! `gitplane server`: one control-plane replica of a cluster of 1, 3 or 5.
 
 use crate::{
+    backend::Backend,
     credentials::{Credentials, Sources},
     encryption::load_keys,
-    replica::{Backend, GitServing, Replica, ReplicaTls},
+    replica::{GitServing, Replica, ReplicaTls},
     security::{self, Security},
-    source::allocate::ServiceRanges,
-    tls,
 };
 use anyhow::{Context as _, bail};
 use gitplane_controllers::loadbalancer::AddressPool;
+use gitplane_gitops::source::allocate::ServiceRanges;
 use gitplane_storage::{
     postgres::PostgresReplica,
     raft::{NodeId, ReplicaConfig},
@@ -144,7 +144,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let security = Security::load(&args.data_dir, &credentials, args.tokens_file.as_deref(), false)?;
     let tcp = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let own_host = own.rsplit_once(':').map_or(own.as_str(), |(host, _)| host).to_owned();
-    let names = tls::serving_names(listen, &[&[own_host][..], &args.tls_san].concat());
+    let names = security::serving_names(listen, &[&[own_host][..], &args.tls_san].concat());
     // Every replica's address, and this one's names: no node may take them.
     let peer_hosts = peers.values().map(|p| p.rsplit_once(':').map_or(p.as_str(), |(host, _)| host));
     let replica_addresses: Vec<std::net::IpAddr> = peer_hosts

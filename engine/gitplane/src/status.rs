@@ -194,7 +194,7 @@ impl Api {
             s(app, "/metadata/name")
         );
         let head = self.get(&path).await.ok()?;
-        (head["kind"] == crate::apiserver::head::KIND).then(|| head["revision"].as_str().map(str::to_owned)).flatten()
+        (head["kind"] == gitplane_apiserver::head::KIND).then(|| head["revision"].as_str().map(str::to_owned)).flatten()
     }
 
     /// Every item of a list, page by page.

@@ -2,12 +2,9 @@
 //! hand. Each command edits the replica's token file (replaced whole, mode 0600), which the
 //! replica reads again within a second: no restart, so no Pod is recreated for a new token.
 
-use crate::{
-    authn::{self, Role},
-    credentials, kubeconfig,
-    status::parse_duration,
-};
+use crate::{credentials, kubeconfig, status::parse_duration};
 use anyhow::{Context as _, bail};
+use gitplane_apiserver::authn::{self, Role};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::{
     path::{Path, PathBuf},

@@ -10,16 +10,15 @@
 //! on a bridge, each with its own containerd and agent process (`crate::nodes`).
 
 use crate::{
-    bootstrap,
+    backend::Backend,
     credentials::{Credentials, Sources},
     nodes,
-    replica::{Backend, GitServing, Replica, ReplicaTls},
+    replica::{GitServing, Replica, ReplicaTls},
     security::{self, Security},
-    source::allocate::ServiceRanges,
-    tls,
 };
 use anyhow::{Context as _, bail};
 use gitplane_controllers::loadbalancer::AddressPool;
+use gitplane_gitops::{bootstrap, source::allocate::ServiceRanges};
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
     cidr::Ipv4Cidr,
@@ -114,7 +113,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         bail!("gitplane up runs containers and programs networking: run it as root (sudo)");
     }
     let data_dir = absolute(&args.data_dir)?;
-    crate::credentials::private_dir(&data_dir)?;
+    gitplane_gitops::bootstrap::private_dir(&data_dir)?;
     let demo_repo = bootstrap::demo_repo(&args.repos_dir)?;
     let bootstrap_repo = bootstrap::bootstrap_repo(&args.repos_dir)?;
     let repos_dir = demo_repo.parent().map(PathBuf::from).unwrap_or_default();
@@ -131,7 +130,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
     let port = listener.local_addr().context("the listener's address")?.port();
-    let names = tls::serving_names(args.listen, &[nodes::GATEWAY.to_string()]);
+    let names = security::serving_names(args.listen, &[nodes::GATEWAY.to_string()]);
     let certificate = security.ca.replica_certificate(&names)?;
     let mut listeners = vec![security.listener(listener, &certificate)?];
     let node_base = args.node_name.clone().unwrap_or_else(hostname);

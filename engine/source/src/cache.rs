@@ -14,7 +14,9 @@
 //! - The cache holds the files of the last load only, so it never grows past one commit.
 
 use crate::{
-    AppSource, Head, Limits, LoadError, Manifest, ManifestError, SourceError, manifest,
+    AppSource, Head, Limits, LoadError, Manifest, ManifestError, SourceError,
+    git::Candidate,
+    manifest,
     template::{self, Values},
     validate::{self, Accepted, Validator},
 };
@@ -189,15 +191,6 @@ impl std::fmt::Debug for SourceCache {
             .field("stats", &self.stats)
             .finish()
     }
-}
-
-/// A manifest or values file found under the Application's path, not read yet.
-pub(crate) struct Candidate {
-    /// Relative to the repository root (or the directory), `/`-separated.
-    pub(crate) path: String,
-    /// The blob id (for a file on disk: the id Git would give its bytes; zero: not cacheable).
-    pub(crate) blob: Oid,
-    pub(crate) size: u64,
 }
 
 /// Loads the `candidates` (sorted by path, sizes checked) of the directory `dir` of an

@@ -11,7 +11,7 @@
 //! [`crate::load_commit`] reads only those its cache lacks, which is what makes a one-file
 //! change cheap in a repository of many files.
 
-use crate::{Limits, ManifestFile, SourceError, cache::Candidate};
+use crate::{Limits, ManifestFile, SourceError};
 use git2::{ErrorCode, ObjectType, Odb, Oid, Reference, Repository, RepositoryOpenFlags, Tree};
 use std::{
     ffi::OsStr,
@@ -19,6 +19,15 @@ use std::{
     io::{self, Read},
     path::{Path, PathBuf},
 };
+
+/// A manifest or values file found under the Application's path, not read yet.
+pub(crate) struct Candidate {
+    /// Relative to the repository root (or the directory), `/`-separated.
+    pub(crate) path: String,
+    /// The blob id (for a file on disk: the id Git would give its bytes; zero: not cacheable).
+    pub(crate) blob: Oid,
+    pub(crate) size: u64,
+}
 
 /// Links followed from one manifest before giving up (Linux allows 40; manifests need few).
 const MAX_SYMLINK_HOPS: usize = 8;

@@ -190,7 +190,7 @@ pub fn load_commit_in(
             if candidates.binary_search_by(|c| c.path.cmp(&path)).is_err()
                 && let Some(blob) = opened.blob_at(&path)?
             {
-                candidates.push(cache::Candidate { path, blob, size: 0 });
+                candidates.push(git::Candidate { path, blob, size: 0 });
                 candidates.sort_by(|a, b| a.path.cmp(&b.path));
             }
         }
@@ -242,9 +242,9 @@ pub fn load_files(
     sorted.sort_by(|a, b| a.path.cmp(&b.path));
     // A path given twice would be one file to the cache: the first one wins, as in a directory.
     sorted.dedup_by(|b, a| a.path == b.path);
-    let candidates: Vec<cache::Candidate> = sorted
+    let candidates: Vec<git::Candidate> = sorted
         .iter()
-        .map(|f| cache::Candidate { path: f.path.clone(), blob: f.blob, size: f.content.len() as u64 })
+        .map(|f| git::Candidate { path: f.path.clone(), blob: f.blob, size: f.content.len() as u64 })
         .collect();
     cache::load(&candidates, &dir, app, validator, limits, cache, |i, _| Ok(Cow::Borrowed(&sorted[i].content)))
 }

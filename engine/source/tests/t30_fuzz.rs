@@ -6,8 +6,8 @@ use gitplane_fuzz::{Target, fuzz};
 use gitplane_source::{AppSource, Limits, ManifestFile, SourceCache, Validator, load_files};
 use serde_json::json;
 
-const DEMO: &[u8] = include_bytes!("../../gitplane/demo/web.yaml");
-const APPS: &[u8] = include_bytes!("../../gitplane/bootstrap/demo.yaml");
+const DEMO: &[u8] = include_bytes!("../../gitops/demo/web.yaml");
+const APPS: &[u8] = include_bytes!("../../gitops/bootstrap/demo.yaml");
 const SECRET: &[u8] = b"apiVersion: v1\nkind: Secret\nmetadata:\n  name: s\n  namespace: a\ntype: Opaque\ndata:\n  password: aHVudGVyMg==\nstringData:\n  user: admin\n";
 const JOB: &[u8] = b"apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: j\nspec:\n  completions: 2\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: c\n          image: busybox\n          command: [\"true\"]\n";
 const ANCHORS: &[u8] = b"a: &x [1, 2]\nb: *x\n---\n- &y {k: v}\n- *y\n";
