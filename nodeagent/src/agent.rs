@@ -124,7 +124,7 @@ impl AgentConfig {
             join_token: None,
             credential_file: PathBuf::from("/var/lib/gitplane/node-credential"),
             certificate_authority: None,
-            kubelet_port: server::DEFAULT_PORT,
+            kubelet_port: gitplane_kubelet::DEFAULT_PORT,
             ingress_http_port: 80,
             ingress_https_port: 443,
             log_rotation: LogRotation::default(),

@@ -93,7 +93,7 @@ pub struct AgentArgs {
     pub credential_file: PathBuf,
     /// The port of the node's kubelet endpoint, on --node-ip (else loopback), where the
     /// control plane reads container logs (the kubelet's --port).
-    #[arg(long, default_value_t = crate::server::DEFAULT_PORT)]
+    #[arg(long, default_value_t = gitplane_kubelet::DEFAULT_PORT)]
     pub kubelet_port: u16,
     /// The Ingress controller's HTTP port on the node's address (0: off).
     #[arg(long, default_value_t = 80)]

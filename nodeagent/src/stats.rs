@@ -14,8 +14,8 @@ use crate::{
     cri::{Cri, pb},
     runtime::spec::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID},
 };
+use gitplane_kubelet::stats::{ContainerStats, CpuStats, MemoryStats, NodeStats, PodReference, PodStats, Summary};
 use k8s_openapi::jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 use std::{
     collections::BTreeMap,
     time::{Duration, Instant},
@@ -25,64 +25,6 @@ use std::{
 pub const MIN_WINDOW: Duration = Duration::from_secs(1);
 /// An older sample is not used as the start of a window.
 pub const MAX_WINDOW: Duration = Duration::from_secs(60);
-
-/// The Summary API's answer (the subset `kubectl top` needs), with the window the CPU rates
-/// were measured over.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Summary {
-    pub node: NodeStats,
-    pub pods: Vec<PodStats>,
-    /// Milliseconds between the two samples the CPU rates come from.
-    pub window_milliseconds: u64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeStats {
-    pub node_name: String,
-    pub cpu: Option<CpuStats>,
-    pub memory: Option<MemoryStats>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodStats {
-    pub pod_ref: PodReference,
-    pub containers: Vec<ContainerStats>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct PodReference {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ContainerStats {
-    pub name: String,
-    pub cpu: Option<CpuStats>,
-    pub memory: Option<MemoryStats>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CpuStats {
-    /// RFC 3339.
-    pub time: String,
-    /// Core-nanoseconds per second over the window.
-    pub usage_nano_cores: u64,
-    pub usage_core_nano_seconds: u64,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MemoryStats {
-    pub time: String,
-    pub working_set_bytes: u64,
-}
 
 /// Why usage could not be read.
 #[derive(Debug, thiserror::Error)]

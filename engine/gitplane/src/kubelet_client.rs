@@ -10,7 +10,7 @@
 //! own; connections to them are then made from that namespace (`netns`).
 
 use crate::tls::{ClusterCa, ReplicaCertificate};
-use gitplane_nodeagent::server::{DEFAULT_PORT, streaming};
+use gitplane_kubelet::{DEFAULT_PORT, streaming};
 use hyper::{Request, Response, body::Incoming};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
@@ -77,7 +77,7 @@ impl KubeletClient {
                 // A socket keeps the namespace it was made in.
                 let netns = netns.clone();
                 let made = tokio::task::spawn_blocking(move || {
-                    gitplane_nodeagent::host::in_netns(&netns, tokio::net::TcpSocket::new_v4)
+                    gitplane_kubelet::netns::in_netns(&netns, tokio::net::TcpSocket::new_v4)
                 });
                 made.await.map_err(std::io::Error::other)??
             }

@@ -92,7 +92,7 @@ pub struct UpArgs {
     agent_args: Vec<String>,
     /// The port of each node's kubelet endpoint (container logs), on the node's address (on
     /// 127.0.0.1 for the embedded node).
-    #[arg(long, default_value_t = gitplane_nodeagent::server::DEFAULT_PORT)]
+    #[arg(long, default_value_t = gitplane_kubelet::DEFAULT_PORT)]
     kubelet_port: u16,
     /// A running container's log file is rotated at this size (`gitplane agent
     /// --container-log-max-size`).

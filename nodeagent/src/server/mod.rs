@@ -7,7 +7,7 @@
 //! `timestamps` and `limitBytes`. The answer is the log, streamed (chunked), or a plain-text
 //! error with its status code. `/exec/{namespace}/{pod}/{uid}/{container}`,
 //! `/attach/…` and `/portForward/{namespace}/{pod}/{uid}` (GET or POST, an upgrade request)
-//! are proxied to the runtime's streaming server ([`streaming`]).
+//! are proxied to the runtime's streaming server ([`streaming`], [`gitplane_kubelet::streaming`]).
 //!
 //! HTTPS only, with the serving certificate the cluster CA signed for this node, and mutual:
 //! the handshake requires a client certificate from the cluster CA, and only a replica's is
@@ -27,6 +27,7 @@ use crate::{
     stats::StatsProvider,
 };
 use bytes::Bytes;
+use gitplane_kubelet::{query_pairs, streaming::Kind};
 use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
 use hyper::{
     Request, Response, StatusCode,
@@ -39,8 +40,6 @@ use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::{StreamExt as _, wrappers::ReceiverStream};
 
-/// The kubelet's default port.
-pub const DEFAULT_PORT: u16 = 10250;
 /// How long a client may take to complete the TLS handshake: as long as a replica waits for it
 /// (the control plane's kubelet client gives up after 5 s).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -88,15 +87,15 @@ impl KubeletServer {
         match segments.as_slice() {
             ["exec", namespace, pod, uid, container] if streams => {
                 let target = streaming::Target { namespace, pod, uid, container: Some(container) };
-                return self.stream(request, streaming::Kind::Exec, target).await;
+                return self.stream(request, Kind::Exec, target).await;
             }
             ["attach", namespace, pod, uid, container] if streams => {
                 let target = streaming::Target { namespace, pod, uid, container: Some(container) };
-                return self.stream(request, streaming::Kind::Attach, target).await;
+                return self.stream(request, Kind::Attach, target).await;
             }
             ["portForward", namespace, pod, uid] if streams => {
                 let target = streaming::Target { namespace, pod, uid, container: None };
-                return self.stream(request, streaming::Kind::PortForward, target).await;
+                return self.stream(request, Kind::PortForward, target).await;
             }
             _ if request.method() != hyper::Method::GET => {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "only GET, and POST for streams");
@@ -270,41 +269,6 @@ fn text(code: StatusCode, message: &str) -> Response<Body> {
     *response.status_mut() = code;
     response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
     response
-}
-
-/// `a=1&b=x%3Ay` as pairs, percent-decoded (`+` is a space).
-pub fn query_pairs(query: &str) -> Vec<(String, String)> {
-    fn decode(s: &str) -> String {
-        let bytes = s.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'+' => out.push(b' '),
-                b'%' => match bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok())
-                {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                },
-                b => out.push(b),
-            }
-            i += 1;
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    }
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (decode(k), decode(v))
-        })
-        .collect()
 }
 
 /// The container id and the options of a `/containerLogs` request, or why it is bad.
