@@ -3,10 +3,10 @@
 
 use crate::{
     agent::{self, AgentConfig, AgentError},
-    cidr::Ipv4Cidr,
-    logs::rotate::LogRotation,
-    node::{self, pressure::EvictionHard},
-    proxy,
+    kubelet::logs::rotate::LogRotation,
+    kubelet::node::{self, pressure::EvictionHard},
+    network::cidr::Ipv4Cidr,
+    network::proxy,
 };
 use k8s_openapi::api::core::v1::Taint;
 use std::{collections::BTreeMap, path::PathBuf};
@@ -122,7 +122,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 impl AgentArgs {
     /// The agent's configuration; reads the join token file.
     pub fn into_config(self) -> Result<AgentConfig, AgentError> {
-        let node_name = self.node_name.unwrap_or_else(crate::node::hostname);
+        let node_name = self.node_name.unwrap_or_else(crate::kubelet::node::hostname);
         let mut cfg = AgentConfig::new(self.server, node_name, self.containerd_socket);
         cfg.node_ip = self.node_ip;
         cfg.cni_conf_dir = self.cni_conf_dir;

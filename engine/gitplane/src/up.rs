@@ -22,15 +22,15 @@ use anyhow::{Context as _, bail};
 use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
-    cidr::Ipv4Cidr,
     cli::stop_signal,
-    containerd::{Containerd, ContainerdConfig},
-    cri::Cri,
-    images,
-    logs::rotate::LogRotation,
-    node::hostname,
-    proxy,
-    runtime::RuntimeConfig,
+    kubelet::containerd::{Containerd, ContainerdConfig},
+    kubelet::cri::Cri,
+    kubelet::images,
+    kubelet::logs::rotate::LogRotation,
+    kubelet::node::hostname,
+    kubelet::runtime::RuntimeConfig,
+    network::cidr::Ipv4Cidr,
+    network::proxy,
 };
 use gitplane_storage::{raft::ReplicaConfig, remote::PeerToken};
 use gitplane_store::Store;
