@@ -1,5 +1,5 @@
 //! The iptables layout and its state: [`ServicePort`]s to `iptables-restore --noflush` input,
-//! in full or as only the chains that changed. Pure; [`super::exec`] runs the text.
+//! in full or as only the chains that changed. Pure; [`crate::network::netfilter`] runs the text.
 //!
 //! kube-proxy's iptables layout with a `GP-` prefix: `GP-SERVICES` (nat, from PREROUTING and
 //! OUTPUT) jumps per Service address to `GP-SVC-<hash>` (all endpoints) or `GP-SVL-<hash>`

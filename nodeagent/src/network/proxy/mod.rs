@@ -18,7 +18,7 @@ pub mod nft;
 
 pub use desired::{Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
 
-use super::netfilter::{self, CommandError, NetlinkError};
+use super::netfilter::{self, CommandError, NetlinkError, netlink};
 
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -125,7 +125,10 @@ impl Applier for NftApplier {
             // a half-loaded table could break; a failure leaves a full sync pending.
             let text = self.rules.full_without_elements(services.iter().map(|(k, v)| (k, v.as_slice())));
             netfilter::nft(&text)?;
-            return Ok(self.rules.load_elements()?);
+            for set in self.rules.set_elements() {
+                netlink::add_elements(nft::TABLE, set.set, set.key, set.data, &set.elements)?;
+            }
+            return Ok(());
         }
         let text = self.rules.full(services.iter().map(|(k, v)| (k, v.as_slice())), &existing);
         netfilter::nft(&text)?;

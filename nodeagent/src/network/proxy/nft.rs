@@ -1,5 +1,6 @@
 //! The nftables layout and its state: [`ServicePort`]s to `nft -f` text, in full or as the
-//! element changes between two states. Pure; [`super::exec`] runs the text.
+//! element changes between two states, and the elements to load into an empty table. Pure:
+//! [`crate::network::netfilter`] runs the text and sends the elements.
 //!
 //! Layout (table `ip gitplane-proxy`): no chain per Service or per endpoint. A Service port is
 //! a few elements of named maps:
@@ -19,7 +20,7 @@
 //! handful of element deletes and adds, about 20 ms (BENCHMARKS.md).
 
 use super::desired::{Endpoint, Ipv4Cidr, NodeContext, ObjectKey, Policy, Route, ServicePort};
-use crate::network::netfilter::netlink::{self, Data, Field, NetlinkError};
+use crate::network::netfilter::netlink::{Data, Field};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::{self, Write};
 use std::net::Ipv4Addr;
@@ -60,6 +61,15 @@ const SETS: [Set; 11] = [
     Set::Hairpin,
     Set::AffinityServices,
 ];
+
+/// One set's elements as netlink loads them: (key, value) in nft syntax, with the fields they
+/// are encoded as.
+pub(crate) struct SetElements<'a> {
+    pub set: &'static str,
+    pub key: &'static [Field],
+    pub data: Data,
+    pub elements: Vec<(&'a str, &'a str)>,
+}
 
 /// The dynamic map of session affinity: client . service address . proto . port : endpoint.
 /// Written by the packet path; a sync never flushes it, only removes entries of endpoints gone.
@@ -111,7 +121,7 @@ impl Set {
         if self.is_map() { "map" } else { "set" }
     }
 
-    /// Its key and value fields, for [`netlink`].
+    /// Its key and value fields, for [`crate::network::netfilter::netlink`].
     fn fields(self) -> (&'static [Field], Data) {
         use Field::{Bucket, Ipv4, Port, Proto};
         const ENDPOINT: &[Field] = &[Ipv4, Port];
@@ -691,7 +701,7 @@ impl NftRules {
     }
 
     /// For a table that does not exist yet: [`Self::full`] without its elements, to run with
-    /// `nft -f`, and then [`Self::load_elements`]. Not one transaction, which is harmless
+    /// `nft -f`, and then [`Self::set_elements`] loaded over netlink. Not one transaction, which is harmless
     /// only because there was nothing before.
     pub fn full_without_elements<'a>(
         &mut self,
@@ -701,14 +711,17 @@ impl NftRules {
         self.render_structure(&[])
     }
 
-    /// Adds every element of the current state over netlink (after [`Self::full_without_elements`]).
-    pub fn load_elements(&self) -> Result<(), NetlinkError> {
-        for (set, elems) in self.elements_by_set() {
-            let (key, data) = set.fields();
-            let pairs: Vec<(&str, &str)> = elems.iter().map(|(k, v)| (&***k, &***v)).collect();
-            netlink::add_elements(TABLE, set.name(), key, data, &pairs)?;
-        }
-        Ok(())
+    /// Every element of the current state by set, to load over netlink after
+    /// [`Self::full_without_elements`].
+    pub(crate) fn set_elements(&self) -> Vec<SetElements<'_>> {
+        self.elements_by_set()
+            .into_iter()
+            .map(|(set, elems)| {
+                let (key, data) = set.fields();
+                let elements = elems.iter().map(|(k, v)| (&***k, &***v)).collect();
+                SetElements { set: set.name(), key, data, elements }
+            })
+            .collect()
     }
 
     /// Each set's elements (the effective claims), in owner order: deterministic without a
