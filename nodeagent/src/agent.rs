@@ -21,7 +21,7 @@ use crate::{
         cni,
         dns::{self, Dns, ResolvConf, ServerConfig, ZoneConfig, node_local},
         ingress,
-        policy::{self, Policier},
+        policy::Policier,
         proxy::{self, NodeContext, Proxier},
         routes::{PodNetwork, PodNetworkConfig},
         view::Network,
@@ -300,22 +300,24 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     );
     let proxying = tokio::spawn({
         let (network, shutdown) = (network.clone(), shutdown.clone());
-        async move { proxy::follow::run(proxier, &network, shutdown).await }
+        async move { crate::network::follow::run(proxier, &network, shutdown).await }
     });
     // The Ingress controller: its routes from that view, served on the node's address.
     let routes = Arc::new(ingress::Routes::default());
     let ingress_routes = tokio::spawn({
         let (routes, network, shutdown) = (routes.clone(), network.clone(), shutdown.clone());
-        async move { ingress::follow(&routes, &network, shutdown).await }
+        async move { crate::network::follow::run(ingress::Feed::new(routes), &network, shutdown).await }
     });
     let ingress_listeners = serve_ingress(&cfg, routes, &shutdown).await?;
     let policing = tokio::spawn({
         let (policier, network, shutdown) = (Policier::new(&cfg.node_name), network.clone(), shutdown.clone());
-        async move { policy::follow::run(policier, &network, shutdown).await }
+        async move { crate::network::follow::run(policier, &network, shutdown).await }
     });
     let naming = tokio::spawn({
         let (dns, network, events, shutdown) = (dns.clone(), network.clone(), events.clone(), shutdown.clone());
-        async move { dns::follow::run(&dns, &host_dns, &network, &events, shutdown).await }
+        async move {
+            crate::network::follow::run(dns::follow::Feed { dns, host: host_dns, events }, &network, shutdown).await
+        }
     });
     let pods_cfg =
         PodWorkersConfig { node_name: cfg.node_name.clone(), resync: cfg.resync, resync_steady: cfg.resync_steady };

@@ -6,6 +6,7 @@
 pub mod cidr;
 pub mod cni;
 pub mod dns;
+pub mod follow;
 pub mod ingress;
 pub mod netfilter;
 pub mod policy;

@@ -1,39 +1,37 @@
-//! Cluster DNS fed from the agent's view of the network ([`Network`]): Services and
+//! Cluster DNS fed from the agent's view of the network ([`crate::network::follow`]): Services and
 //! EndpointSlices into the zone as they change (a fresh list replaces the zone whole), and the
 //! `kube-system/kube-dns` ConfigMap into the forwarding table over the node's resolvers; a
 //! ConfigMap this node refuses is a Warning Event on it.
 
 use super::{Dns, ResolvConf};
 use crate::events::Recorder;
-use crate::network::view::{Change, Network, View, next_changes};
+use crate::network::{
+    follow::Consumer,
+    view::{Change, View},
+};
 use gitplane_api::events::WARNING;
 use k8s_openapi::api::core::v1::ObjectReference;
-use tokio::sync::watch;
 
 /// The reason of the Event on a kube-dns ConfigMap that a node does not apply.
 pub const NOT_APPLIED: &str = "DNSConfigNotApplied";
 
-/// Keeps `dns` in step with `network` until `shutdown`.
-pub async fn run(
-    dns: &Dns,
-    host: &ResolvConf,
-    network: &Network,
-    events: &Recorder,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut changes = network.subscribe();
-    tokio::select! {
-        _ = shutdown.wait_for(|s| *s) => return,
-        _ = network.synced() => {}
+/// Cluster DNS as a reader of the view: the zone, the node's resolvers (what forwarding falls
+/// back to) and where a refused ConfigMap is reported.
+pub struct Feed {
+    pub dns: Dns,
+    pub host: ResolvConf,
+    pub events: Recorder,
+}
+
+impl Consumer for Feed {
+    type Error = std::convert::Infallible;
+
+    fn relist(&mut self, view: &View) {
+        relist(&self.dns, &self.host, view, &self.events)
     }
-    relist(dns, host, &network.view(), events);
-    loop {
-        let batch = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
-            batch = next_changes(&mut changes) => batch,
-        };
-        let Some(batch) = batch else { return };
-        apply(dns, host, &network.view(), &batch, events);
+
+    fn apply(&mut self, view: &View, batch: &[Change]) {
+        apply(&self.dns, &self.host, view, batch, &self.events)
     }
 }
 

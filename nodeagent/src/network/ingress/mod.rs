@@ -13,7 +13,10 @@ pub mod proxy;
 pub mod tls;
 mod tunnel;
 
-use crate::network::view::{Change, Network, View, next_changes};
+use crate::network::{
+    follow::Consumer,
+    view::{Change, View},
+};
 pub use gitplane_api::ingress::PathMatch;
 use gitplane_api::ingress::{Inputs, Problem, RouteTable};
 use std::{
@@ -21,7 +24,6 @@ use std::{
     net::IpAddr,
     sync::{Arc, PoisonError, RwLock},
 };
-use tokio::sync::watch;
 
 /// Where the Ingress controller listens; a port of 0 turns that listener off.
 #[derive(Clone, Debug)]
@@ -66,27 +68,33 @@ pub fn table(view: &View) -> RouteTable {
     RouteTable::build(&inputs)
 }
 
-/// Keeps `routes` in step with `network` until `shutdown`.
-pub async fn follow(routes: &Routes, network: &Network, mut shutdown: watch::Receiver<bool>) {
-    let mut changes = network.subscribe();
-    tokio::select! {
-        _ = shutdown.wait_for(|s| *s) => return,
-        _ = network.synced() => {}
+/// The Ingress routes as a reader of the view ([`crate::network::follow`]): the table is
+/// rebuilt on a change of what it is made of, and each problem logged once, when it appears.
+pub struct Feed {
+    pub routes: Arc<Routes>,
+    cache: tls::CertificateCache,
+    reported: BTreeSet<Problem>,
+}
+
+impl Feed {
+    pub fn new(routes: Arc<Routes>) -> Self {
+        Feed { routes, cache: tls::CertificateCache::default(), reported: BTreeSet::new() }
     }
-    let mut reported = BTreeSet::new();
-    let mut cache = tls::CertificateCache::default();
-    rebuild(routes, &network.view(), &mut cache, &mut reported);
-    loop {
-        let batch = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return,
-            batch = next_changes(&mut changes) => batch,
-        };
-        let Some(batch) = batch else { return };
+}
+
+impl Consumer for Feed {
+    type Error = std::convert::Infallible;
+
+    fn relist(&mut self, view: &View) {
+        rebuild(&self.routes, view, &mut self.cache, &mut self.reported);
+    }
+
+    fn apply(&mut self, view: &View, batch: &[Change]) {
         let relevant = batch
             .iter()
             .any(|c| matches!(c, Change::Ingress | Change::Service(_) | Change::EndpointSlice(_) | Change::Relisted));
         if relevant {
-            rebuild(routes, &network.view(), &mut cache, &mut reported);
+            rebuild(&self.routes, view, &mut self.cache, &mut self.reported);
         }
     }
 }

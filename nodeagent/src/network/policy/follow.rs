@@ -1,61 +1,37 @@
-//! NetworkPolicy fed from the agent's view of the network ([`Network`]), as `proxy::follow`
-//! feeds the proxy: each change of a policy, Namespace or Pod into the [`Policier`], then one
-//! sync on a blocking thread; changes that arrive meanwhile go into the next one; a failed sync
-//! is retried with back-off as a full one.
+//! NetworkPolicy fed from the agent's view of the network ([`crate::network::follow`]), as the
+//! proxy is: each change of a policy, Namespace or Pod into the [`Policier`], then one sync on
+//! a blocking thread (a failed one is retried as a full sync).
 
 use super::{CompiledPolicy, Key, Policier, PolicyPod};
-use crate::network::view::{Change, Network, View, next_changes};
+use crate::network::{
+    follow::Consumer,
+    netfilter::CommandError,
+    view::{Change, View},
+};
 use gitplane_api::ObjectKey;
 use std::collections::BTreeSet;
-use std::time::Duration;
-use tokio::sync::watch;
-use tokio::time::Instant;
 
-const RETRY_MIN: Duration = Duration::from_secs(1);
-const RETRY_MAX: Duration = Duration::from_secs(30);
+impl Consumer for Policier {
+    const SYNCS: bool = true;
+    const NOT_SYNCED: &'static str = "network policy not programmed";
+    type Error = CommandError;
 
-/// Keeps the node's policy sets in step with `network` until `shutdown`; gives the Policier
-/// back (to remove its table, if the node is leaving).
-pub async fn run(mut policier: Policier, network: &Network, mut shutdown: watch::Receiver<bool>) -> Policier {
-    let mut changes = network.subscribe();
-    tokio::select! {
-        _ = shutdown.wait_for(|s| *s) => return policier,
-        _ = network.synced() => {}
+    fn relist(&mut self, view: &View) {
+        relist(self, view)
     }
-    relist(&mut policier, &network.view());
-    let mut retry = RETRY_MIN;
-    loop {
-        let (back, result) = tokio::task::spawn_blocking(move || {
-            let result = policier.sync();
-            (policier, result)
-        })
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-        policier = back;
-        let next_retry = match result {
-            Ok(report) => {
-                retry = RETRY_MIN;
-                if report.full {
-                    tracing::info!(pods = report.pods, took = ?report.duration, "network policy programmed");
-                } else if report.pods > 0 {
-                    tracing::debug!(pods = report.pods, took = ?report.duration, "network policy updated");
-                }
-                None
-            }
-            Err(error) => {
-                tracing::warn!(%error, retry_in = ?retry, "network policy not programmed");
-                let at = Instant::now() + retry;
-                retry = (retry * 2).min(RETRY_MAX);
-                Some(at)
-            }
-        };
-        let batch = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return policier,
-            _ = tokio::time::sleep_until(next_retry.unwrap_or_else(Instant::now)), if next_retry.is_some() => continue,
-            batch = next_changes(&mut changes) => batch,
-        };
-        let Some(batch) = batch else { return policier };
-        apply(&mut policier, &network.view(), &batch);
+
+    fn apply(&mut self, view: &View, batch: &[Change]) {
+        apply(self, view, batch)
+    }
+
+    fn sync(&mut self) -> Result<(), CommandError> {
+        let report = Policier::sync(self)?;
+        if report.full {
+            tracing::info!(pods = report.pods, took = ?report.duration, "network policy programmed");
+        } else if report.pods > 0 {
+            tracing::debug!(pods = report.pods, took = ?report.duration, "network policy updated");
+        }
+        Ok(())
     }
 }
 

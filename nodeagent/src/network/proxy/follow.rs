@@ -1,60 +1,35 @@
-//! The proxy fed from the agent's view of the network ([`Network`]): every change of a Service
-//! or EndpointSlice goes into the [`Proxier`], then one sync on a blocking thread programs what
-//! changed; changes that arrive during a sync are taken together by the next one. A failed sync
-//! is retried with back-off (and is a full one, as the Proxier decides).
+//! The proxy fed from the agent's view of the network ([`crate::network::follow`]): every
+//! change of a Service or EndpointSlice goes into the [`Proxier`], then one sync on a blocking
+//! thread programs what changed (a failed sync is a full one, as the Proxier decides).
 
-use super::Proxier;
-use crate::network::view::{Change, Network, View, next_changes};
-use std::time::Duration;
-use tokio::sync::watch;
-use tokio::time::Instant;
+use super::{Proxier, ProxyError};
+use crate::network::{
+    follow::Consumer,
+    view::{Change, View},
+};
 
-const RETRY_MIN: Duration = Duration::from_secs(1);
-const RETRY_MAX: Duration = Duration::from_secs(30);
+impl Consumer for Proxier {
+    const SYNCS: bool = true;
+    const NOT_SYNCED: &'static str = "service rules not programmed";
+    type Error = ProxyError;
 
-/// Keeps the node's Service rules in step with `network` until `shutdown`; gives the Proxier
-/// back (to remove its rules, if the node is leaving).
-pub async fn run(mut proxier: Proxier, network: &Network, mut shutdown: watch::Receiver<bool>) -> Proxier {
-    let mut changes = network.subscribe();
-    tokio::select! {
-        _ = shutdown.wait_for(|s| *s) => return proxier,
-        _ = network.synced() => {}
+    fn relist(&mut self, view: &View) {
+        relist(self, view)
     }
-    relist(&mut proxier, &network.view());
-    let mut retry = RETRY_MIN;
-    loop {
-        let (back, result) = tokio::task::spawn_blocking(move || {
-            let result = proxier.sync();
-            (proxier, result)
-        })
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-        proxier = back;
-        let next_retry = match result {
-            Ok(report) => {
-                retry = RETRY_MIN;
-                crate::metrics::proxy_synced(report.duration);
-                if report.full {
-                    tracing::info!(services = report.services, took = ?report.duration, "service rules programmed");
-                } else if report.services > 0 {
-                    tracing::debug!(services = report.services, took = ?report.duration, "service rules updated");
-                }
-                None
-            }
-            Err(error) => {
-                tracing::warn!(%error, retry_in = ?retry, "service rules not programmed");
-                let at = Instant::now() + retry;
-                retry = (retry * 2).min(RETRY_MAX);
-                Some(at)
-            }
-        };
-        let batch = tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => return proxier,
-            _ = tokio::time::sleep_until(next_retry.unwrap_or_else(Instant::now)), if next_retry.is_some() => continue,
-            batch = next_changes(&mut changes) => batch,
-        };
-        let Some(batch) = batch else { return proxier };
-        apply(&mut proxier, &network.view(), &batch);
+
+    fn apply(&mut self, view: &View, batch: &[Change]) {
+        apply(self, view, batch)
+    }
+
+    fn sync(&mut self) -> Result<(), ProxyError> {
+        let report = Proxier::sync(self)?;
+        crate::metrics::proxy_synced(report.duration);
+        if report.full {
+            tracing::info!(services = report.services, took = ?report.duration, "service rules programmed");
+        } else if report.services > 0 {
+            tracing::debug!(services = report.services, took = ?report.duration, "service rules updated");
+        }
+        Ok(())
     }
 }
 
