@@ -20,12 +20,14 @@ use crate::{
         cidr::{CidrError, Ipv4Cidr},
         cni,
         dns::{self, Dns, ResolvConf, ServerConfig, ZoneConfig, node_local},
+        follow::run as follow_network,
         ingress,
         policy::Policier,
         proxy::{self, NodeContext, Proxier},
         routes::{PodNetwork, PodNetworkConfig},
         view::Network,
     },
+    supervisor::{AtStop, Supervisor, TaskError},
 };
 use gitplane_proto::node::{HeartbeatRequest, RegisterRequest, RegisterResponse, UpdateNodeStatusRequest};
 use serde_json::Value;
@@ -161,6 +163,8 @@ pub enum AgentError {
     Dns(String),
     #[error("the kubelet endpoint on {addr}: {source} (another process holds the port? pass --kubelet-port)")]
     KubeletPort { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Task(#[from] TaskError),
 }
 
 /// Runs the agent until `shutdown` becomes true.
@@ -234,10 +238,14 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
             .with_config_source(pod_config.clone())
             .with_events(events.clone()),
     );
-    let following_config = tokio::spawn({
-        let (pod_config, client, node_name, shutdown) =
-            (pod_config.clone(), client.clone(), cfg.node_name.clone(), shutdown.clone());
-        async move { pod_config.follow(client, node_name, shutdown).await }
+    // Every long-running task of the agent; the pod workers are the Pod watch's own.
+    let mut tasks = Supervisor::<Leftover>::new();
+    tasks.restarting("ConfigMap and Secret watch", AtStop::Abort, {
+        let (pod_config, client, node_name) = (pod_config.clone(), client.clone(), cfg.node_name.clone());
+        move |stop| {
+            let (pod_config, client, node_name) = (pod_config.clone(), client.clone(), node_name.clone());
+            async move { pod_config.follow(client, node_name, stop).await }
+        }
     });
     // Container logs: the endpoint the control plane reads them from, and their rotation.
     let kubelet_addr = std::net::SocketAddr::from((kubelet_ip(&cfg)?, cfg.kubelet_port));
@@ -246,18 +254,16 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .map_err(|source| AgentError::KubeletPort { addr: kubelet_addr, source })?;
     let certificate_authority = cfg.certificate_authority.clone().unwrap_or(certificate_authority);
     let serving_tls = Arc::new(std::sync::RwLock::new(server::auth::acceptor(&certificate_authority, serving.clone())));
-    let renewing = tokio::spawn(
-        crate::certificate_manager::Manager {
-            node_name: cfg.node_name.clone(),
-            files: certificate::Files::next_to(&cfg.credential_file),
-            certificate_authority,
-            servers: client.clone(),
-            serving_tls: serving_tls.clone(),
-            client: client_pair,
-            serving,
-        }
-        .run(shutdown.clone()),
-    );
+    let renewal = crate::certificate_manager::Manager {
+        node_name: cfg.node_name.clone(),
+        files: certificate::Files::next_to(&cfg.credential_file),
+        certificate_authority,
+        servers: client.clone(),
+        serving_tls: serving_tls.clone(),
+        client: client_pair,
+        serving,
+    };
+    tasks.finite("certificate renewal", renewal.run(tasks.stopping()));
     let kubelet = KubeletServer {
         cri: cri.clone(),
         tls: serving_tls,
@@ -265,90 +271,124 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         stats: Arc::default(),
         streams: Arc::new(tokio::sync::Semaphore::new(crate::kubelet::server::streaming::MAX_STREAMS)),
     };
-    let kubelet = tokio::spawn(kubelet.serve(kubelet_listener));
-    let rotating = tokio::spawn(rotate::run(cri, cfg.runtime.pod_log_dir.clone(), cfg.log_rotation));
+    tasks.critical("kubelet endpoint", kubelet.serve(kubelet_listener));
+    tasks.restarting("container log rotation", AtStop::Abort, {
+        let (pod_log_dir, rotation) = (cfg.runtime.pod_log_dir.clone(), cfg.log_rotation);
+        move |_| rotate::run(cri.clone(), pod_log_dir.clone(), rotation)
+    });
     // The runtime's health, checked on the kubelet's cadence and at once when a relist fails;
     // the node's Ready condition follows it.
     let (runtime_state, runtime_states) = watch::channel(RuntimeState::default());
     let check_runtime = Arc::new(Notify::new());
-    let checking = tokio::spawn(runtime_state::run(runtime.clone(), runtime_state, check_runtime.clone()));
+    tasks.critical("runtime state", runtime_state::run(runtime.clone(), runtime_state, check_runtime.clone()));
     // After lost heartbeats the control plane may have marked the node Unknown: the whole status
     // is sent again.
     let resend_status = Arc::new(Notify::new());
-    let heartbeat = tokio::spawn(heartbeat(cfg.clone(), client.clone(), resend_status.clone()));
-    let node_status =
-        tokio::spawn(report_node_status(cfg.clone(), client.clone(), runtime.clone(), runtime_states, resend_status));
+    tasks.restarting("heartbeat", AtStop::Abort, {
+        let (cfg, client, resend_status) = (cfg.clone(), client.clone(), resend_status.clone());
+        move |_| heartbeat(cfg.clone(), client.clone(), resend_status.clone())
+    });
+    tasks.restarting("node status", AtStop::Abort, {
+        let (cfg, client, runtime) = (cfg.clone(), client.clone(), runtime.clone());
+        move |_| {
+            report_node_status(
+                cfg.clone(),
+                client.clone(),
+                runtime.clone(),
+                runtime_states.clone(),
+                resend_status.clone(),
+            )
+        }
+    });
     // Services, EndpointSlices and Nodes, for the node's networking.
     let network = Arc::new(Network::default());
-    let following = tokio::spawn({
-        let (network, client, shutdown) = (network.clone(), client.clone(), shutdown.clone());
-        async move { network.follow(client, shutdown).await }
+    tasks.restarting("network watch", AtStop::Abort, {
+        let (network, client) = (network.clone(), client.clone());
+        move |stop| {
+            let (network, client) = (network.clone(), client.clone());
+            async move { network.follow(client, stop).await }
+        }
     });
     // Routes to the other nodes' Pods, from the Nodes in that view.
-    let routing = tokio::spawn({
-        let (pod_network, network, shutdown) = (pod_network.clone(), network.clone(), shutdown.clone());
-        async move { pod_network.run(&network, shutdown).await }
+    tasks.restarting("pod routes", AtStop::Abort, {
+        let (pod_network, network) = (pod_network.clone(), network.clone());
+        move |stop| {
+            let (pod_network, network) = (pod_network.clone(), network.clone());
+            async move { pod_network.run(&network, stop).await }
+        }
     });
-    let proxier = Proxier::new(
-        NodeContext {
-            node_name: cfg.node_name.clone(),
-            node_ips: node_ips(&cfg)?,
-            cluster_cidr: cfg.cluster_cidr,
-            service_cidr: cfg.service_cidr,
-        },
-        cfg.proxy_backend,
-    );
-    let proxying = tokio::spawn({
-        let (network, shutdown) = (network.clone(), shutdown.clone());
-        async move { crate::network::follow::run(proxier, &network, shutdown).await }
+    // A Proxier started again programs the rules afresh over the ones in place.
+    let node_context = NodeContext {
+        node_name: cfg.node_name.clone(),
+        node_ips: node_ips(&cfg)?,
+        cluster_cidr: cfg.cluster_cidr,
+        service_cidr: cfg.service_cidr,
+    };
+    tasks.restarting("Service proxy", AtStop::Await, {
+        let (network, backend) = (network.clone(), cfg.proxy_backend);
+        move |stop| {
+            let (proxier, network) = (Proxier::new(node_context.clone(), backend), network.clone());
+            async move { follow_network(proxier, &network, stop).await }
+        }
     });
     // The Ingress controller: its routes from that view, served on the node's address.
     let routes = Arc::new(ingress::Routes::default());
-    let ingress_routes = tokio::spawn({
-        let (routes, network, shutdown) = (routes.clone(), network.clone(), shutdown.clone());
-        async move { crate::network::follow::run(ingress::Feed::new(routes), &network, shutdown).await }
+    tasks.restarting("Ingress routes", AtStop::Abort, {
+        let (routes, network) = (routes.clone(), network.clone());
+        move |stop| {
+            let (routes, network) = (routes.clone(), network.clone());
+            async move {
+                follow_network(ingress::Feed::new(routes), &network, stop).await;
+            }
+        }
     });
-    let ingress_listeners = serve_ingress(&cfg, routes, &shutdown).await?;
-    let policing = tokio::spawn({
-        let (policier, network, shutdown) = (Policier::new(&cfg.node_name), network.clone(), shutdown.clone());
-        async move { crate::network::follow::run(policier, &network, shutdown).await }
+    serve_ingress(&cfg, routes, &mut tasks).await?;
+    tasks.restarting("NetworkPolicy", AtStop::Await, {
+        let (network, node_name) = (network.clone(), cfg.node_name.clone());
+        move |stop| {
+            let (policier, network) = (Policier::new(&node_name), network.clone());
+            async move { follow_network(policier, &network, stop).await }
+        }
     });
-    let naming = tokio::spawn({
-        let (dns, network, events, shutdown) = (dns.clone(), network.clone(), events.clone(), shutdown.clone());
-        async move {
-            crate::network::follow::run(dns::follow::Feed { dns, host: host_dns, events }, &network, shutdown).await
+    tasks.restarting("cluster DNS", AtStop::Abort, {
+        let (dns, network, events) = (dns.clone(), network.clone(), events.clone());
+        move |stop| {
+            let feed = dns::follow::Feed { dns: dns.clone(), host: host_dns.clone(), events: events.clone() };
+            let network = network.clone();
+            async move {
+                follow_network(feed, &network, stop).await;
+            }
         }
     });
     let pods_cfg =
         PodWorkersConfig { node_name: cfg.node_name.clone(), resync: cfg.resync, resync_steady: cfg.resync_steady };
     let mut pods = PodWorkers::new(pods_cfg, runtime.clone(), prober, client.clone(), pod_config);
-    let relisting = tokio::spawn(pleg::run(runtime.clone(), pods.wakers(), check_runtime));
-    follow(&mut pods, &client, &mut shutdown).await;
-    heartbeat.abort();
-    checking.abort();
-    renewing.abort();
-    node_status.abort();
-    relisting.abort();
-    kubelet.abort();
-    rotating.abort();
-    following_config.abort();
-    following.abort();
-    routing.abort();
-    naming.abort();
-    ingress_routes.abort();
-    ingress_listeners.iter().for_each(tokio::task::JoinHandle::abort);
-    let proxier = proxying.await;
-    let policier = policing.await;
+    tasks.restarting("PLEG", AtStop::Abort, {
+        let (runtime, wakers) = (runtime.clone(), pods.wakers());
+        move |_| pleg::run(runtime.clone(), wakers.clone(), check_runtime.clone())
+    });
+    let failed = tokio::select! {
+        () = follow(&mut pods, &client, &mut shutdown) => None,
+        failed = tasks.watch() => Some(failed),
+    };
+    let (mut proxier, mut policier) = (None, None);
+    for left in tasks.stop(STOP_DEADLINE).await {
+        match left {
+            Leftover::Proxier(p) => proxier = Some(p),
+            Leftover::Policier(p) => policier = Some(p),
+            Leftover::Nothing => {}
+        }
+    }
     pods.stop(cfg.remove_pods_on_exit).await;
     drop(dns_server);
     if cfg.remove_pods_on_exit {
         pod_network.clean_up().await;
-        if let Ok(mut proxier) = proxier
+        if let Some(mut proxier) = proxier
             && let Err(error) = tokio::task::spawn_blocking(move || proxier.remove_rules()).await.unwrap_or(Ok(()))
         {
             tracing::warn!(%error, "removing the Service rules failed");
         }
-        if let Ok(mut policier) = policier
+        if let Some(mut policier) = policier
             && let Err(error) = tokio::task::spawn_blocking(move || policier.remove_rules()).await.unwrap_or(Ok(()))
         {
             tracing::warn!(%error, "removing the NetworkPolicy table failed");
@@ -357,7 +397,39 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
             tracing::warn!(%error, "removing cluster DNS's address failed");
         }
     }
-    Ok(())
+    match failed {
+        Some(error) => Err(error.into()),
+        None => Ok(()),
+    }
+}
+
+/// How long the tasks whose result the stop needs (the proxy's and policy's, for their rules)
+/// may take to end.
+const STOP_DEADLINE: Duration = Duration::from_secs(5);
+
+/// What a task leaves for the agent's stop.
+enum Leftover {
+    Nothing,
+    Proxier(Proxier),
+    Policier(Policier),
+}
+
+impl From<()> for Leftover {
+    fn from((): ()) -> Self {
+        Leftover::Nothing
+    }
+}
+
+impl From<Proxier> for Leftover {
+    fn from(proxier: Proxier) -> Self {
+        Leftover::Proxier(proxier)
+    }
+}
+
+impl From<Policier> for Leftover {
+    fn from(policier: Policier) -> Self {
+        Leftover::Policier(policier)
+    }
 }
 
 /// Starts the Ingress controller's listeners on the node's address (loopback without one). A
@@ -365,11 +437,10 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
 async fn serve_ingress(
     cfg: &AgentConfig,
     routes: Arc<ingress::Routes>,
-    shutdown: &watch::Receiver<bool>,
-) -> Result<Vec<tokio::task::JoinHandle<()>>, AgentError> {
+    tasks: &mut Supervisor<Leftover>,
+) -> Result<(), AgentError> {
     let ip = kubelet_ip(cfg)?;
     let proxy = ingress::proxy::Proxy::new(routes);
-    let mut tasks = Vec::new();
     for (port, https) in [(cfg.ingress_http_port, false), (cfg.ingress_https_port, true)] {
         if port == 0 {
             continue;
@@ -383,12 +454,15 @@ async fn serve_ingress(
             }
         };
         tracing::info!(%addr, https, "Ingress controller listening");
-        let (proxy, shutdown) = (proxy.clone(), shutdown.clone());
-        tasks.push(tokio::spawn(async move {
-            if https { proxy.serve_https(listener, shutdown).await } else { proxy.serve_http(listener, shutdown).await }
-        }));
+        let (proxy, stop) = (proxy.clone(), tasks.stopping());
+        if https {
+            // Without a usable TLS configuration it logs why and ends: HTTP is still served.
+            tasks.finite("Ingress HTTPS listener", proxy.serve_https(listener, stop));
+        } else {
+            tasks.critical("Ingress HTTP listener", proxy.serve_http(listener, stop));
+        }
     }
-    Ok(tasks)
+    Ok(())
 }
 
 /// The addresses NodePorts answer on: the node's InternalIP.

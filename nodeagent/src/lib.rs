@@ -8,4 +8,5 @@ pub mod host;
 pub mod kubelet;
 pub mod metrics;
 pub mod network;
+mod supervisor;
 mod template;
