@@ -106,4 +106,6 @@ fn crates_link_only_what_architecture_md_promises() {
     }
     graph.assert_never_links("gitplane-store", &["gitplane-storage", "sqlx", "openraft", "tonic", "prost"]);
     graph.assert_never_links("gitplane-api", &["sqlx", "git2", "openraft", "tonic"]);
+    // The kubelet endpoint's contract stays light: the API server links it without the agent.
+    graph.assert_never_links("gitplane-kubelet", &["gitplane-nodeagent", "tonic", "prost", "rtnetlink", "rustls"]);
 }
