@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use gitplane_nodeagent::dns::{Dns, Forwarding, Listeners, ServerConfig, ZoneConfig};
+use gitplane_nodeagent::network::dns::{Dns, Forwarding, Listeners, ServerConfig, ZoneConfig};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RecordType};
 use k8s_openapi::api::core::v1::Service;

@@ -23,7 +23,7 @@ mod netns;
 #[path = "policy/traffic.rs"]
 mod traffic;
 
-use gitplane_nodeagent::policy::{CompiledPolicy, Plan, Policier, PolicyPod, SyncReport, desired::TCP};
+use gitplane_nodeagent::network::policy::{CompiledPolicy, Plan, Policier, PolicyPod, SyncReport, desired::TCP};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use netns::{Topology, in_netns};
 use serde_json::json;

@@ -15,10 +15,10 @@
 #[path = "../tests/proxy/netns.rs"]
 mod netns;
 
-use gitplane_nodeagent::proxy::desired::{self, Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
-use gitplane_nodeagent::proxy::iptables::IptablesRules;
-use gitplane_nodeagent::proxy::nft::NftRules;
-use gitplane_nodeagent::proxy::{Backend, Proxier};
+use gitplane_nodeagent::network::proxy::desired::{self, Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
+use gitplane_nodeagent::network::proxy::iptables::IptablesRules;
+use gitplane_nodeagent::network::proxy::nft::NftRules;
+use gitplane_nodeagent::network::proxy::{Backend, Proxier};
 use k8s_openapi::api::core::v1::{Service, ServicePort as K8sServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

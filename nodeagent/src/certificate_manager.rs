@@ -12,7 +12,7 @@
 use crate::{
     certificate::{self, KeyAndCertificate},
     controlplane::{RETRY_MIN, Servers, sleep_or_shutdown},
-    server::auth::{self, ServingTls},
+    kubelet::server::auth::{self, ServingTls},
 };
 use gitplane_proto::{node::RenewCertificatesRequest, x509};
 use std::{sync::PoisonError, time::SystemTime};

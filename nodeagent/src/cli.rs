@@ -3,10 +3,10 @@
 
 use crate::{
     agent::{self, AgentConfig, AgentError},
-    cidr::Ipv4Cidr,
-    logs::rotate::LogRotation,
-    node::{self, pressure::EvictionHard},
-    proxy,
+    kubelet::logs::rotate::LogRotation,
+    kubelet::node::{self, pressure::EvictionHard},
+    network::cidr::Ipv4Cidr,
+    network::proxy,
 };
 use k8s_openapi::api::core::v1::Taint;
 use std::{collections::BTreeMap, path::PathBuf};
@@ -93,7 +93,7 @@ pub struct AgentArgs {
     pub credential_file: PathBuf,
     /// The port of the node's kubelet endpoint, on --node-ip (else loopback), where the
     /// control plane reads container logs (the kubelet's --port).
-    #[arg(long, default_value_t = crate::server::DEFAULT_PORT)]
+    #[arg(long, default_value_t = gitplane_kubelet::DEFAULT_PORT)]
     pub kubelet_port: u16,
     /// The Ingress controller's HTTP port on the node's address (0: off).
     #[arg(long, default_value_t = 80)]
@@ -122,7 +122,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 impl AgentArgs {
     /// The agent's configuration; reads the join token file.
     pub fn into_config(self) -> Result<AgentConfig, AgentError> {
-        let node_name = self.node_name.unwrap_or_else(crate::node::hostname);
+        let node_name = self.node_name.unwrap_or_else(crate::kubelet::node::hostname);
         let mut cfg = AgentConfig::new(self.server, node_name, self.containerd_socket);
         cfg.node_ip = self.node_ip;
         cfg.cni_conf_dir = self.cni_conf_dir;

@@ -18,9 +18,9 @@
 //! made with iproute2 commands, once; what nodes keep in step at run time (routes) goes over
 //! netlink (`routes::netlink`).
 
+use gitplane_kubelet::netns::in_netns;
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -70,24 +70,6 @@ fn add_netns(name: &str) -> Result<(), HostError> {
     }
     ip(&["netns", "add", name])?;
     ip(&["-n", name, "link", "set", "lo", "up"])
-}
-
-/// Runs `f` on a thread that has entered the network namespace at `netns`: sockets made there
-/// keep that namespace; the calling thread's is not changed.
-pub fn in_netns<T: Send>(netns: &Path, f: impl FnOnce() -> std::io::Result<T> + Send) -> std::io::Result<T> {
-    let file = std::fs::File::open(netns)?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(move || {
-                // SAFETY: setns on an open netns fd; it only affects this thread.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                f()
-            })
-            .join()
-            .unwrap_or_else(|_| Err(std::io::Error::other("thread in netns panicked")))
-    })
 }
 
 /// One network-namespace host. See the module docs.

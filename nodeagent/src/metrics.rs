@@ -1,5 +1,5 @@
 //! The agent's Prometheus metrics, served on the kubelet endpoint (`GET /metrics`, see
-//! [`crate::server`]) with the kubelet's and kube-proxy's names.
+//! [`crate::kubelet::server`]) with the kubelet's and kube-proxy's names.
 
 use gitplane_metrics::{Family, Histogram, LATENCY_BUCKETS, SLOW_BUCKETS};
 use std::{

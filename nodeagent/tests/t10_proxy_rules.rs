@@ -6,8 +6,8 @@
 #[path = "proxy/cases.rs"]
 mod cases;
 
-use gitplane_nodeagent::proxy::iptables::IptablesRules;
-use gitplane_nodeagent::proxy::nft::NftRules;
+use gitplane_nodeagent::network::proxy::iptables::IptablesRules;
+use gitplane_nodeagent::network::proxy::nft::NftRules;
 use std::fmt::Write;
 
 fn check(case: &cases::Case, file: &str, actual: &str, failures: &mut Vec<String>) {
@@ -101,13 +101,14 @@ fn t10_two_services_claiming_one_address_never_fail_the_transaction() {
     };
     let (a, a_slice) = service("a", "10.96.0.1", "10.244.2.1");
     let (b, b_slice) = service("b", "10.96.0.2", "10.244.2.2");
-    let both = gitplane_nodeagent::proxy::desired::desired(&node, &[a, b.clone()], &[a_slice, b_slice.clone()]);
+    let both =
+        gitplane_nodeagent::network::proxy::desired::desired(&node, &[a, b.clone()], &[a_slice, b_slice.clone()]);
     let mut nft = NftRules::new(node.clone());
     let full = nft.full(both.iter().map(|(k, v)| (k, v.as_slice())), &[]);
     assert_eq!(full.matches("203.0.113.9 . tcp . 80 . 0 : ").count(), 1, "{full}");
     assert!(full.contains("203.0.113.9 . tcp . 80 . 0 : 10.244.2.1 . 8080"), "{full}");
 
-    let only_b = gitplane_nodeagent::proxy::desired::desired(&node, &[b], &[b_slice]);
+    let only_b = gitplane_nodeagent::network::proxy::desired::desired(&node, &[b], &[b_slice]);
     let (update, _) = nft.update(cases::changes(&both, &only_b));
     assert!(update.contains("delete element ip gitplane-proxy endpoints { 203.0.113.9 . tcp . 80 . 0 }"), "{update}");
     assert!(

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gitplane_nodeagent::dns::{Dns, Forwarding, Listeners, ResolvConf, Server, ServerConfig, ZoneConfig};
+use gitplane_nodeagent::network::dns::{Dns, Forwarding, Listeners, ResolvConf, Server, ServerConfig, ZoneConfig};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{Name, RData, Record, RecordType};

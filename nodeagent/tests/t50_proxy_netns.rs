@@ -6,7 +6,7 @@ mod cases;
 #[path = "proxy/netns.rs"]
 mod netns;
 
-use gitplane_nodeagent::proxy::{Backend, Ipv4Cidr, NodeContext, Proxier, SyncReport};
+use gitplane_nodeagent::network::proxy::{Backend, Ipv4Cidr, NodeContext, Proxier, SyncReport};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use netns::{BACKEND_PORT, CLIENT_IP, NODE_IP, Outcome, Topology, connect, in_netns};

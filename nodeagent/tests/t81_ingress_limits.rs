@@ -4,8 +4,8 @@
 
 use gitplane_api::ObjectKey;
 use gitplane_nodeagent::{
-    ingress::{Routes, Snapshot, limits::Limits, proxy::Proxy, table},
-    network::View,
+    network::ingress::{Routes, Snapshot, limits::Limits, proxy::Proxy, table},
+    network::view::View,
 };
 use http_body_util::BodyExt as _;
 use serde_json::json;

@@ -5,8 +5,8 @@
 
 use gitplane_api::ObjectKey;
 use gitplane_nodeagent::{
-    ingress::{Routes, Snapshot, proxy::Proxy, table},
-    network::View,
+    network::ingress::{Routes, Snapshot, proxy::Proxy, table},
+    network::view::View,
 };
 use serde_json::json;
 use std::{

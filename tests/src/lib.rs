@@ -110,7 +110,7 @@ impl HostExt for NetnsHost {
 
 /// `GET path` over HTTP/1.0 from inside the network namespace at `netns`.
 pub fn http_get_in(netns: &Path, addr: SocketAddr, path: &str, timeout: Duration) -> Result<String> {
-    let response = gitplane_nodeagent::host::in_netns(netns, || {
+    let response = gitplane_kubelet::netns::in_netns(netns, || {
         let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
         stream.set_read_timeout(Some(timeout))?;
         stream.set_write_timeout(Some(timeout))?;

@@ -179,7 +179,7 @@ impl LocalCluster {
     /// The uids of the Pods node `name`'s containerd runs, one per ready sandbox (a uid twice is
     /// a duplicated Pod), sorted.
     pub async fn runtime_pods(&self, name: &str) -> Result<Vec<String>> {
-        use gitplane_nodeagent::cri::{Cri, pb};
+        use gitplane_nodeagent::kubelet::cri::{Cri, pb};
         let cri = Cri::connect(&self.containerd_socket(name)).await?;
         let listed = cri.runtime().list_pod_sandbox(pb::ListPodSandboxRequest { filter: None }).await?.into_inner();
         let ready = pb::PodSandboxState::SandboxReady as i32;
@@ -187,7 +187,7 @@ impl LocalCluster {
             .items
             .into_iter()
             .filter(|s| s.state == ready)
-            .filter_map(|s| s.labels.get(gitplane_nodeagent::runtime::spec::LABEL_POD_UID).cloned())
+            .filter_map(|s| s.labels.get(gitplane_nodeagent::kubelet::runtime::spec::LABEL_POD_UID).cloned())
             .collect();
         uids.sort();
         Ok(uids)

@@ -112,4 +112,10 @@ fn crates_link_only_what_architecture_md_promises() {
     graph.assert_never_links("gitplane-apiserver", &["gitplane-gitops", "gitplane-nodeservice", "gitplane"]);
     graph.assert_never_links("gitplane-gitops", &["gitplane-nodeservice", "gitplane"]);
     graph.assert_never_links("gitplane-nodeservice", &["gitplane-gitops", "gitplane", "gitplane-source"]);
+
+    // The kubelet endpoint's contract stays light: the API server links it without the agent.
+    graph.assert_never_links("gitplane-kubelet", &["gitplane-nodeagent", "tonic", "prost", "rtnetlink", "rustls"]);
+    for control_plane in ["gitplane-apiserver", "gitplane-gitops", "gitplane-nodeservice"] {
+        graph.assert_never_links(control_plane, &["gitplane-nodeagent"]);
+    }
 }

@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use gitplane_e2e::{HostExt, NetnsHost, netns_host, require_root, wait_for};
-use gitplane_nodeagent::cni::write_conflist;
-use gitplane_nodeagent::containerd::{Containerd, ContainerdConfig};
-use gitplane_nodeagent::cri::{Cri, pb};
-use gitplane_nodeagent::images::{HTTPD_IMAGE, ensure_images};
-use gitplane_nodeagent::prober::PodProbes;
-use gitplane_nodeagent::runtime::{RuntimeConfig, RuntimeManager};
+use gitplane_nodeagent::kubelet::containerd::{Containerd, ContainerdConfig};
+use gitplane_nodeagent::kubelet::cri::{Cri, pb};
+use gitplane_nodeagent::kubelet::images::{HTTPD_IMAGE, ensure_images};
+use gitplane_nodeagent::kubelet::prober::PodProbes;
+use gitplane_nodeagent::kubelet::runtime::{RuntimeConfig, RuntimeManager};
+use gitplane_nodeagent::network::cni::write_conflist;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde_json::json;
 

@@ -6,7 +6,7 @@
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{Gitplane, HostExt, NetnsHost, Worktree, netns_host, require_root, wait_for};
-use gitplane_nodeagent::cri::{Cri, pb};
+use gitplane_nodeagent::kubelet::cri::{Cri, pb};
 use serde_json::Value;
 use std::{
     net::{IpAddr, SocketAddr},

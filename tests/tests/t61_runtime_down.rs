@@ -14,7 +14,7 @@
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{Gitplane, NetnsHost, Worktree, manifests, netns_host, require_root, wait_for};
-use gitplane_nodeagent::containerd::{Containerd, ContainerdConfig};
+use gitplane_nodeagent::kubelet::containerd::{Containerd, ContainerdConfig};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_api::ObjectKey;
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, require_root, wait_for};
-use gitplane_nodeagent::cidr::Ipv4Cidr;
+use gitplane_nodeagent::network::cidr::Ipv4Cidr;
 use gitplane_storage::remote::{PeerToken, RemoteStore};
 use gitplane_store::{Op, Store};
 use std::{

@@ -158,7 +158,7 @@ impl FakeDns {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for (port, answer) in [(5353, STUB_ANSWER), (5354, UPSTREAM_ANSWER)] {
-            let socket = gitplane_nodeagent::host::in_netns(&netns, || UdpSocket::bind(("172.29.0.1", port)))?;
+            let socket = gitplane_kubelet::netns::in_netns(&netns, || UdpSocket::bind(("172.29.0.1", port)))?;
             socket.set_read_timeout(Some(Duration::from_millis(200)))?;
             let stop = stop.clone();
             threads.push(std::thread::spawn(move || {

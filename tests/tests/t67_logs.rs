@@ -117,7 +117,7 @@ fn http(netns: Option<&Path>, addr: SocketAddr, head: &str) -> Result<(u16, Stri
         Ok(response)
     };
     let response = match netns {
-        Some(netns) => gitplane_nodeagent::host::in_netns(netns, exchange),
+        Some(netns) => gitplane_kubelet::netns::in_netns(netns, exchange),
         None => exchange(),
     }
     .with_context(|| format!("{head} to {addr}"))?;

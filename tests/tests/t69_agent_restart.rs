@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, manifests, require_root, wait_for};
-use gitplane_nodeagent::cri::{Cri, pb};
+use gitplane_nodeagent::kubelet::cri::{Cri, pb};
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -11,9 +11,9 @@ use gitplane_e2e::{
     manifests, netns_host, require_root, wait_for,
 };
 use gitplane_nodeagent::{
-    containerd::{Containerd, ContainerdConfig},
-    cri::{Cri, pb},
-    images::ensure_images,
+    kubelet::containerd::{Containerd, ContainerdConfig},
+    kubelet::cri::{Cri, pb},
+    kubelet::images::ensure_images,
 };
 use serde_json::Value;
 use std::{

@@ -145,7 +145,7 @@ fn probe(targets: &[Target]) -> Matrix {
             .flat_map(|from| targets.iter().flat_map(move |to| PORTS.iter().map(move |port| (from, to, *port))))
             .map(|(from, to, port)| {
                 let handle = scope.spawn(move || {
-                    gitplane_nodeagent::host::in_netns(&from.netns, || {
+                    gitplane_kubelet::netns::in_netns(&from.netns, || {
                         TcpStream::connect_timeout(&SocketAddr::from((to.ip, port)), CONNECT)
                     })
                     .is_ok()
@@ -166,7 +166,7 @@ fn dns_answers(client: &Target) -> bool {
         query.extend_from_slice(label.as_bytes());
     }
     query.extend_from_slice(&[0, 0, 1, 0, 1]);
-    gitplane_nodeagent::host::in_netns(&client.netns, || {
+    gitplane_kubelet::netns::in_netns(&client.netns, || {
         let socket = UdpSocket::bind("0.0.0.0:0")?;
         socket.set_read_timeout(Some(CONNECT))?;
         socket.send_to(&query, CLUSTER_DNS)?;

@@ -5,7 +5,7 @@
 //!
 //! As kube-apiserver does, the options are validated here, the Pod, its node and container
 //! looked up, and the upgrade request proxied to the node's kubelet endpoint, which proxies it
-//! on to the runtime's streaming server ([`gitplane_nodeagent::server::streaming`]): the
+//! on to the runtime's streaming server ([`gitplane_kubelet::streaming`]): the
 //! client and containerd negotiate the protocol. containerd 1.6 speaks SPDY/3.1 and the
 //! WebSocket channel protocols up to `v4.channel.k8s.io`, so two WebSocket offers are refused
 //! with 400 before anything is proxied: a `v5.channel.k8s.io` offer (kubectl 1.30+, which then
@@ -22,7 +22,7 @@ use axum::{
     response::Response,
 };
 use gitplane_api::events::{NORMAL, reference};
-use gitplane_nodeagent::server::{
+use gitplane_kubelet::{
     query_pairs,
     streaming::{self, Kind, StreamOptions},
 };

@@ -9,7 +9,7 @@
 //! Under `gitplane up --nodes` the nodes live behind a bridge in a network namespace of their
 //! own; connections to them are then made from that namespace (`netns`).
 
-use gitplane_nodeagent::server::{DEFAULT_PORT, streaming};
+use gitplane_kubelet::{DEFAULT_PORT, streaming};
 use hyper::{Request, Response, body::Incoming};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
@@ -82,7 +82,7 @@ impl KubeletClient {
                 // A socket keeps the namespace it was made in.
                 let netns = netns.clone();
                 let made = tokio::task::spawn_blocking(move || {
-                    gitplane_nodeagent::host::in_netns(&netns, tokio::net::TcpSocket::new_v4)
+                    gitplane_kubelet::netns::in_netns(&netns, tokio::net::TcpSocket::new_v4)
                 });
                 made.await.map_err(std::io::Error::other)??
             }

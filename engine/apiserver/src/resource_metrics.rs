@@ -1,7 +1,7 @@
 //! The resource metrics API, `metrics.k8s.io/v1beta1` (what metrics-server serves and
 //! `kubectl top` reads): NodeMetrics and PodMetrics, answered at request time from the nodes'
 //! Summary API (`GET /stats/summary` on each agent's kubelet endpoint, see
-//! `gitplane_nodeagent::stats`), asked of every node concurrently. Nothing is scraped in the
+//! `gitplane_kubelet::stats`), asked of every node concurrently. Nothing is scraped in the
 //! background and nothing is stored. A node that does not answer is left out, as
 //! metrics-server leaves out a node it could not scrape, and so are Pods whose containers have
 //! no CPU rate yet.
@@ -13,7 +13,7 @@ use axum::{
     http::{Method, StatusCode},
     response::{IntoResponse as _, Response},
 };
-use gitplane_nodeagent::stats::{CpuStats, MemoryStats, Summary};
+use gitplane_kubelet::stats::{CpuStats, MemoryStats, Summary};
 use gitplane_store::{ListOptions, Store, StoreError};
 use http_body_util::BodyExt as _;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -233,7 +233,7 @@ async fn pods(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gitplane_nodeagent::stats::{ContainerStats, NodeStats, PodReference, PodStats};
+    use gitplane_kubelet::stats::{ContainerStats, NodeStats, PodReference, PodStats};
 
     fn summary() -> Summary {
         let cpu =

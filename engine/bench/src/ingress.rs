@@ -23,8 +23,8 @@
 use anyhow::{Context as _, Result, bail, ensure};
 use bytes::Bytes;
 use gitplane_nodeagent::{
-    ingress::{Routes, Snapshot, proxy::Proxy},
-    network::View,
+    network::ingress::{Routes, Snapshot, proxy::Proxy},
+    network::view::View,
 };
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::{Request, Response, body::Incoming, service::service_fn};
@@ -169,7 +169,8 @@ fn set_ingress(view: &mut View, paths: usize, services: usize) -> Result<()> {
 }
 
 fn swap(routes: &Routes, view: &View) {
-    routes.store(Snapshot { table: gitplane_nodeagent::ingress::table(view), certificates: Default::default() });
+    routes
+        .store(Snapshot { table: gitplane_nodeagent::network::ingress::table(view), certificates: Default::default() });
 }
 
 /// What one load generator run saw.
@@ -386,7 +387,7 @@ async fn run(args: IngressArgs, agent: tokio::runtime::Handle) -> Result<()> {
     let mut builds: Vec<Duration> = (0..20)
         .map(|_| {
             let start = Instant::now();
-            std::hint::black_box(gitplane_nodeagent::ingress::table(&view));
+            std::hint::black_box(gitplane_nodeagent::network::ingress::table(&view));
             start.elapsed()
         })
         .collect();
@@ -403,7 +404,7 @@ async fn run(args: IngressArgs, agent: tokio::runtime::Handle) -> Result<()> {
     let mut probe = connect(ingress_addr).await?;
     for change in 0..args.changes {
         let path = format!("/new-{change}");
-        let exact = gitplane_nodeagent::ingress::PathMatch::Exact(path.clone());
+        let exact = gitplane_nodeagent::network::ingress::PathMatch::Exact(path.clone());
         let service = format!("shop-{}", change % upstreams.len());
         let mut ingress = (**view.ingresses.values().next().context("the Ingress")?).clone();
         if let Some(rule) = ingress.spec.as_mut().and_then(|s| s.rules.as_mut()).and_then(|r| r.first_mut())

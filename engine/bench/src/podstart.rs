@@ -9,13 +9,15 @@
 
 use anyhow::{Context as _, Result, bail, ensure};
 use gitplane_nodeagent::{
-    cni::write_conflist,
-    containerd::{Containerd, ContainerdConfig},
-    cri::{Cri, pb},
     host::NetnsHost,
-    images::{HTTPD_IMAGE, ensure_images},
-    prober::PodProbes,
-    runtime::{RuntimeConfig, RuntimeManager, calls::CallStats, container_config, env::NoConfig, sandbox_config},
+    kubelet::containerd::{Containerd, ContainerdConfig},
+    kubelet::cri::{Cri, pb},
+    kubelet::images::{HTTPD_IMAGE, ensure_images},
+    kubelet::prober::PodProbes,
+    kubelet::runtime::{
+        RuntimeConfig, RuntimeManager, calls::CallStats, container_config, env::NoConfig, sandbox_config,
+    },
+    network::cni::write_conflist,
 };
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
@@ -161,7 +163,7 @@ async fn bare(
     pods: &[Pod],
     at_once: bool,
 ) -> Result<(Vec<Duration>, BTreeMap<&'static str, CallStats>)> {
-    let calls = gitplane_nodeagent::runtime::calls::CriCalls::default();
+    let calls = gitplane_nodeagent::kubelet::runtime::calls::CriCalls::default();
     let start = |pod: &Pod| {
         let calls = &calls;
         let pod = pod.clone();

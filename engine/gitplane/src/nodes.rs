@@ -18,12 +18,13 @@
 
 use anyhow::Context as _;
 use gitplane_nodeagent::{
-    cidr::Ipv4Cidr,
-    containerd::{Containerd, ContainerdConfig},
-    cri::Cri,
     host::{HostError, HostNetwork, NetnsHost, remove_netns},
-    images, proxy,
-    restart::Backoff,
+    kubelet::containerd::{Containerd, ContainerdConfig},
+    kubelet::cri::Cri,
+    kubelet::images,
+    kubelet::restart::Backoff,
+    network::cidr::Ipv4Cidr,
+    network::proxy,
 };
 use std::{
     collections::BTreeMap,
@@ -39,8 +40,8 @@ use tokio::{process::Child, sync::watch};
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 29, 0, 1);
 const PREFIX: u8 = 24;
 /// How long an agent may take to remove its Pods once asked to stop (it gives itself
-/// `agent::EXIT_DEADLINE`); then it is killed and the host's teardown kills what is left, so a
-/// stop ends within seconds whatever state a node is in.
+/// `kubelet::pod_workers::EXIT_DEADLINE`); then it is killed and the host's teardown kills
+/// what is left, so a stop ends within seconds whatever state a node is in.
 const AGENT_STOP: Duration = Duration::from_secs(6);
 
 /// Node `i`'s address on the bridge.

@@ -117,7 +117,7 @@ pub fn serving_names(listen: std::net::SocketAddr, addresses: &[String]) -> Vec<
     for address in addresses {
         add(address.trim_start_matches('[').trim_end_matches(']').to_owned());
     }
-    add(gitplane_nodeagent::node::hostname());
+    add(gitplane_nodeagent::kubelet::node::hostname());
     add("localhost".into());
     add("127.0.0.1".into());
     names

@@ -21,15 +21,15 @@ use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_gitops::{bootstrap, source::allocate::ServiceRanges};
 use gitplane_nodeagent::{
     agent::{self, AgentConfig},
-    cidr::Ipv4Cidr,
     cli::stop_signal,
-    containerd::{Containerd, ContainerdConfig},
-    cri::Cri,
-    images,
-    logs::rotate::LogRotation,
-    node::hostname,
-    proxy,
-    runtime::RuntimeConfig,
+    kubelet::containerd::{Containerd, ContainerdConfig},
+    kubelet::cri::Cri,
+    kubelet::images,
+    kubelet::logs::rotate::LogRotation,
+    kubelet::node::hostname,
+    kubelet::runtime::RuntimeConfig,
+    network::cidr::Ipv4Cidr,
+    network::proxy,
 };
 use gitplane_storage::{raft::ReplicaConfig, remote::PeerToken};
 use gitplane_store::Store;
@@ -91,7 +91,7 @@ pub struct UpArgs {
     agent_args: Vec<String>,
     /// The port of each node's kubelet endpoint (container logs), on the node's address (on
     /// 127.0.0.1 for the embedded node).
-    #[arg(long, default_value_t = gitplane_nodeagent::server::DEFAULT_PORT)]
+    #[arg(long, default_value_t = gitplane_kubelet::DEFAULT_PORT)]
     kubelet_port: u16,
     /// A running container's log file is rotated at this size (`gitplane agent
     /// --container-log-max-size`).

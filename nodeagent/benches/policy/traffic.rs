@@ -6,7 +6,7 @@
 //! from the client by one more), and with no table again.
 
 use crate::netns::{Outcome, Topology, connect, in_netns};
-use gitplane_nodeagent::policy::{CompiledPolicy, Policier, PolicyPod, desired::TCP};
+use gitplane_nodeagent::network::policy::{CompiledPolicy, Policier, PolicyPod, desired::TCP};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::json;
 use std::io::{Read, Write};

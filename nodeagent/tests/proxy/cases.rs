@@ -3,7 +3,7 @@
 // Shared by several test crates, each using part of it.
 #![allow(dead_code)]
 
-use gitplane_nodeagent::proxy::desired::{self, Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
+use gitplane_nodeagent::network::proxy::desired::{self, Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use serde_json::Value;

@@ -1,0 +1,18 @@
+//! The kubelet's role on the node: the container runtime (containerd, over CRI) and what the
+//! kubelet runs on it: the runtime manager, the pod workers and the PLEG, the prober, container
+//! logs, the node's status and pressure, resource usage and the kubelet endpoint.
+
+pub mod containerd;
+pub mod cri;
+pub mod images;
+pub mod logs;
+pub mod node;
+pub mod pleg;
+pub mod pod_workers;
+pub mod podconfig;
+pub mod prober;
+pub mod restart;
+pub mod runtime;
+pub mod runtime_state;
+pub mod server;
+pub mod stats;
