@@ -1,4 +1,4 @@
-//! Probes (issue 13, item 2) on `gitplane up --nodes 1`, against real containerd: exec, httpGet
+//! Probes on `gitplane up --nodes 1`, against real containerd: exec, httpGet
 //! and tcpSocket probes pass on a healthy container (a startup exec probe gates a tcpSocket
 //! liveness probe and an httpGet readiness probe: the Pod becomes Ready and nothing restarts)
 //! and fail where they should (each handler's failure keeps its container not ready); a failing

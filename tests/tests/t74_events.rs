@@ -1,4 +1,4 @@
-//! Events from every component on `gitplane up --nodes 1` (issue 14 item 3), read with the real
+//! Events from every component on `gitplane up --nodes 1`, read with the real
 //! `kubectl get events -o json` and `kubectl describe`: the scheduler's Scheduled and
 //! FailedScheduling (with the per-plugin reasons), the deployment and ReplicaSet controllers'
 //! ScalingReplicaSet and SuccessfulCreate, the job controller's Completed, the kubelet's Pulled,
@@ -315,7 +315,7 @@ spec:
       secret: {secretName: t74-secret}
 "#;
 
-/// The Secret masking of issue 14: Pods that read a Secret through env and a volume fail to
+/// Secret masking in Events: Pods that read a Secret through env and a volume fail to
 /// pull, fail a liveness probe whose output prints the value, and crash after printing it; the
 /// Events they cause (read with `kubectl get events -o json` and followed with a watch) never
 /// carry the value, in clear or in base64.

@@ -1,4 +1,4 @@
-//! Prometheus `/metrics` on the real `gitplane up --nodes 1` (issue 14 item 4): the replica's,
+//! Prometheus `/metrics` on the real `gitplane up --nodes 1`: the replica's,
 //! scraped with the real `curl` over HTTPS with the read token (and refused without one on the
 //! bridge address, where reads are not anonymous), and the agent's, refused on its kubelet
 //! endpoint without a replica's client certificate and scraped through the replica's node proxy

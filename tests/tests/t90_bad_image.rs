@@ -1,4 +1,4 @@
-//! Issue 11, item 1: one Deployment with an image no registry serves must not flood the store.
+//! One Deployment with an image no registry serves must not flood the store.
 //! The agent reports ErrImagePull, then ImagePullBackOff, pulling again on the kubelet's back-off
 //! (10 s doubling to 5 min); each status write is a fresh message, and nothing else wakes the
 //! Pod's worker. Also item 9's last clause: the Application of that Deployment is not Healthy.
@@ -71,7 +71,7 @@ fn waiting(pod: &Value) -> (String, String) {
 }
 
 #[test]
-fn t90_issue_11_an_unpullable_image_does_not_flood_the_store() -> Result<()> {
+fn an_unpullable_image_does_not_flood_the_store() -> Result<()> {
     require_root()?;
     let host = netns_host("gp90")?;
     let up = Gitplane::up(&host, "node-1")?;

@@ -1,7 +1,7 @@
-//! `gitplane-bench idle`: what an idle appliance costs (issue 11): the CPU of `gitplane up
+//! `gitplane-bench idle`: what an idle appliance costs: the CPU of `gitplane up
 //! --nodes 3` once 100 Applications and their 300 Pods run and nothing changes, per process
 //! kind, with the store's growth and the log volume over the same window. With `--probe`, each
-//! Pod's container has a readiness probe run every second (issue 13): what probing costs.
+//! Pod's container has a readiness probe run every second: what probing costs.
 
 use crate::up::{Up, git, git_in};
 use anyhow::{Context as _, Result, ensure};

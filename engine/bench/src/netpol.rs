@@ -1,4 +1,4 @@
-//! NetworkPolicy from a Pod's start to its elements on every node (issue 15), on the real
+//! NetworkPolicy from a Pod's start to its elements on every node, on the real
 //! `gitplane up --nodes N`.
 //!
 //! A `git push` gives the demo's `web` Deployment one Pod per node and a NetworkPolicy that

@@ -1,4 +1,4 @@
-//! Services across nodes (issue 12) on the real `gitplane up --nodes N`:
+//! Services across nodes on the real `gitplane up --nodes N`:
 //!
 //! - **programming latency**: a selector-less Service (which no controller manages) and its one
 //!   EndpointSlice are written straight to the store; each change moves the endpoint to a new

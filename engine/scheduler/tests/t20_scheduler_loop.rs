@@ -142,9 +142,9 @@ async fn t20_a_deleted_pod_makes_room() {
     assert_eq!(cluster.bound("p2").await, "a");
 }
 
-/// Issue 11, item 2: Succeeded and Failed Pods no longer hold their node's capacity.
+/// Succeeded and Failed Pods no longer hold their node's capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t90_issue_11_finished_pods_free_their_node() {
+async fn finished_pods_free_their_node() {
     let objects = vec![node("a", 2, true), bound_pod("done", "a", "Succeeded"), bound_pod("crashed", "a", "Failed")];
     let cluster = Cluster::start(sqlite().await, objects).await;
     cluster.store.txn(vec![Op::Create(pod("p1"))]).await.unwrap();
@@ -204,9 +204,9 @@ impl Store for FailingBinds {
     }
 }
 
-/// Issue 11, item 3: a binding that fails (not a conflict) is retried with backoff.
+/// A binding that fails (not a conflict) is retried with backoff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn t90_issue_11_a_failed_binding_is_retried() {
+async fn a_failed_binding_is_retried() {
     let store =
         Arc::new(FailingBinds { inner: sqlite().await, failures: AtomicUsize::new(2), attempts: AtomicUsize::new(0) });
     let cluster = Cluster::start(store.clone(), vec![node("a", 10, true), pod("p1")]).await;

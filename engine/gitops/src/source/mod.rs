@@ -1157,7 +1157,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn t90_issue_11_reading_refs_is_not_a_push() {
+    async fn reading_refs_is_not_a_push() {
         let dir = tempfile::tempdir().unwrap();
         let repo = git2::Repository::init_bare(dir.path().join("r.git")).unwrap();
         let tree = repo.find_tree(repo.treebuilder(None).unwrap().write().unwrap()).unwrap();
@@ -1270,7 +1270,7 @@ mod tests {
     const CM: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: \"1\"\n";
 
     #[tokio::test]
-    async fn t90_issue_11_a_commit_rejected_for_its_content_is_not_retried() {
+    async fn a_commit_rejected_for_its_content_is_not_retried() {
         let (store, controller, repo) = setup().await;
         // Over the 1 MiB file limit: refused before it is read, not by schema validation.
         let huge = format!("{CM}# {}\n", "x".repeat(1_200_000));
@@ -1292,7 +1292,7 @@ mod tests {
     }
 
     #[test]
-    fn t90_issue_11_only_failures_that_may_heal_are_retried() {
+    fn only_failures_that_may_heal_are_retried() {
         let verdicts = [
             SyncError::Invalid(Vec::new()),
             SyncError::Spec("spec.repo holds credentials".into()),
