@@ -10,11 +10,7 @@ use gitplane_e2e::{
     cluster::{READ_TOKEN, loopback_get, write_encryption_keys},
     manifests, netns_host, require_root, wait_for,
 };
-use gitplane_nodeagent::{
-    containerd::{Containerd, ContainerdConfig},
-    cri::{Cri, pb},
-    images::ensure_images,
-};
+use gitplane_nodeagent::cri::{Cri, pb};
 use serde_json::Value;
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -179,13 +175,9 @@ async fn t76_the_agent_survives_a_control_plane_failover() -> Result<()> {
     require_root()?;
     let host = netns_host("gp76")?;
     let dir = host.dir().to_owned();
-    let mut cfg = ContainerdConfig::new(dir.join("containerd"));
-    cfg.launcher = host.launcher();
-    cfg.cni_conf_dir = dir.join("cni/net.d");
-    let containerd = Containerd::start(cfg).await?;
+    let cfg = gitplane_testkit::node::containerd_config(&host, &dir);
+    let (containerd, cri) = gitplane_testkit::node::start_containerd(host.name(), cfg, &dir.join("images")).await?;
     let socket = containerd.socket();
-    let cri = Cri::connect(&socket).await?;
-    ensure_images(&cri, &socket, &dir.join("images")).await?;
 
     // Tokens of at least 16 characters, as the replicas require.
     std::fs::write(dir.join("peer-token"), format!("peer-token-of-t76-{}", std::process::id()))?;
