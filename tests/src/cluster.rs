@@ -4,6 +4,7 @@
 use crate::{binary, wait_for};
 use anyhow::{Context, Result};
 use gitplane_storage::remote::{PeerToken, RemoteStore};
+use gitplane_testkit::replica::replica_args;
 use serde_json::Value;
 use std::{
     collections::BTreeMap,
@@ -11,7 +12,7 @@ use std::{
     io::{Read, Write},
     net::{SocketAddr, TcpStream},
     path::PathBuf,
-    process::Child,
+    process::{Child, Command},
     time::Duration,
 };
 
@@ -95,7 +96,8 @@ impl Cluster {
 
     fn launch(&mut self, id: u64) -> Result<()> {
         let log = File::options().create(true).append(true).open(self.log_path(id))?;
-        let child = gitplane_testkit::replica::replica_command(&binary("gitplane")?, self.dir.path(), id, &self.addrs)
+        let child = Command::new(binary("gitplane")?)
+            .args(replica_args(self.dir.path(), id, &self.addrs))
             .args(&self.extra_args)
             .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
             .stdout(log.try_clone()?)

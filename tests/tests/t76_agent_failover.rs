@@ -51,7 +51,7 @@ impl Processes {
             .collect()
     }
 
-    fn spawn(&self, name: &str, args: &[String]) -> Result<Child> {
+    fn spawn(&self, name: &str, args: &[impl AsRef<std::ffi::OsStr>]) -> Result<Child> {
         let log = File::create(self.log(name))?;
         self.host
             .command(binary("gitplane")?)
@@ -64,21 +64,9 @@ impl Processes {
     }
 
     fn start_replica(&mut self, id: u16) -> Result<()> {
-        let dir = self.host.dir();
-        let peers: Vec<String> = (1..=REPLICAS).map(|i| format!("{i}={}", Self::addr(i))).collect();
-        let path = |p: &str| dir.join(p).to_string_lossy().into_owned();
-        let args = [
-            "server".to_owned(),
-            format!("--id={id}"),
-            format!("--peers={}", peers.join(",")),
-            format!("--data-dir={}", path(&format!("replica-{id}"))),
-            format!("--repos-dir={}", path("repos")),
-            format!("--peer-token-file={}", path("peer-token")),
-            format!("--join-token-file={}", path("join-token")),
-            format!("--tokens-file={}", path("tokens.csv")),
-            format!("--encryption-key-file={}", path("encryption-keys")),
-            "--bootstrap=bootstrap".to_owned(),
-        ];
+        let addrs = (1..=REPLICAS).map(|i| (u64::from(i), Self::addr(i))).collect();
+        let mut args = gitplane_testkit::replica::replica_args(self.host.dir(), u64::from(id), &addrs);
+        args.push("--bootstrap=bootstrap".into());
         let child = self.spawn(&format!("replica-{id}"), &args)?;
         self.replicas.insert(id, child);
         Ok(())

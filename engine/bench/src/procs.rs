@@ -216,8 +216,9 @@ impl Gitplane {
     }
 
     fn launch(&mut self, id: u64) -> Result<()> {
-        let mut command = gitplane_testkit::replica::replica_command(&self.binary, self.dir.path(), id, &self.addrs);
+        let mut command = Command::new(&self.binary);
         command
+            .args(gitplane_testkit::replica::replica_args(self.dir.path(), id, &self.addrs))
             .args(&self.extra_args)
             // The server's own default log filter: what users run.
             .env_remove("RUST_LOG");

@@ -49,7 +49,7 @@ impl std::ops::Deref for Up {
 impl Up {
     pub(crate) async fn start(binary: &Path, count: u16) -> Result<Up> {
         let base = format!("gpb{}", std::process::id());
-        let mut up = Up(kit::Up::new(binary.to_owned(), base, count, "bench").die_with_parent().spawn()?);
+        let mut up = Up(kit::UpCommand::new(binary.to_owned(), base, count, "bench").die_with_parent().spawn()?);
         let deadline = Instant::now() + DEADLINE;
         loop {
             match up.0.started() {

@@ -19,7 +19,7 @@ pub mod up;
 
 pub use gitplane_nodeagent::host::NetnsHost;
 pub use http::{HostExt, free_port, http_get, http_get_async, http_get_in};
-pub use up::{LocalCluster, RunningPod, Up};
+pub use up::{LocalCluster, RunningPod, UpCommand};
 
 use anyhow::{Context as _, Result, bail};
 use std::path::{Path, PathBuf};

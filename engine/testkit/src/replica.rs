@@ -2,30 +2,29 @@
 //! them: one command line, so both exercise the flags a deployment uses.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 
 /// Replica `id` of the cluster whose replicas listen on `addrs`: its data in `dir/replica-<id>`,
 /// the repositories in `dir/repos`, and the secrets every replica shares, as an operator copies
-/// them, in `dir` (`peer-token`, `join-token`, `tokens.csv`, `encryption-keys`).
-pub fn replica_command(binary: &Path, dir: &Path, id: u64, addrs: &BTreeMap<u64, SocketAddr>) -> Command {
+/// them, in `dir` (`peer-token`, `join-token`, `tokens.csv`, `encryption-keys`). The arguments
+/// of `gitplane`, for a command run here or inside a host.
+pub fn replica_args(dir: &Path, id: u64, addrs: &BTreeMap<u64, SocketAddr>) -> Vec<OsString> {
     let peers: Vec<String> = addrs.iter().map(|(id, a)| format!("{id}={a}")).collect();
-    let mut command = Command::new(binary);
-    command
-        .arg("server")
-        .args(["--id", &id.to_string(), "--peers", &peers.join(",")])
-        .arg("--data-dir")
-        .arg(dir.join(format!("replica-{id}")))
-        .arg("--repos-dir")
-        .arg(dir.join("repos"))
-        .arg("--peer-token-file")
-        .arg(dir.join("peer-token"))
-        .arg("--join-token-file")
-        .arg(dir.join("join-token"))
-        .arg("--tokens-file")
-        .arg(dir.join("tokens.csv"))
-        .arg("--encryption-key-file")
-        .arg(dir.join("encryption-keys"));
-    command
+    let mut args: Vec<OsString> =
+        ["server", "--id", &id.to_string(), "--peers", &peers.join(",")].into_iter().map(OsString::from).collect();
+    let files = [
+        ("--data-dir", format!("replica-{id}")),
+        ("--repos-dir", "repos".to_owned()),
+        ("--peer-token-file", "peer-token".to_owned()),
+        ("--join-token-file", "join-token".to_owned()),
+        ("--tokens-file", "tokens.csv".to_owned()),
+        ("--encryption-key-file", "encryption-keys".to_owned()),
+    ];
+    for (flag, file) in files {
+        args.push(flag.into());
+        args.push(dir.join(file).into());
+    }
+    args
 }

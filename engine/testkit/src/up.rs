@@ -24,7 +24,7 @@ static EXECS: AtomicU32 = AtomicU32::new(0);
 pub const DEADLINE: Duration = Duration::from_secs(180);
 
 /// How to start a [`LocalCluster`].
-pub struct Up {
+pub struct UpCommand {
     binary: PathBuf,
     base: String,
     count: u16,
@@ -33,15 +33,15 @@ pub struct Up {
     die_with_parent: bool,
 }
 
-impl Up {
+impl UpCommand {
     /// `binary up --nodes=<count>`, its nodes named `<base>-1` … `<base>-N`; `owner` (`e2e`,
     /// `bench`) names its cgroup parent and directory.
-    pub fn new(binary: PathBuf, base: String, count: u16, owner: &'static str) -> Up {
-        Up { binary, base, count, owner, flags: Vec::new(), die_with_parent: false }
+    pub fn new(binary: PathBuf, base: String, count: u16, owner: &'static str) -> UpCommand {
+        UpCommand { binary, base, count, owner, flags: Vec::new(), die_with_parent: false }
     }
 
     /// More flags for `gitplane up`, e.g. `--proxy-mode=iptables`.
-    pub fn flags(mut self, flags: &[&str]) -> Up {
+    pub fn flags(mut self, flags: &[&str]) -> UpCommand {
         self.flags = flags.iter().map(|f| f.to_string()).collect();
         self
     }
@@ -49,7 +49,7 @@ impl Up {
     /// SIGTERM to `gitplane up` when the thread that starts it exits, so that a benchmark killed
     /// with SIGKILL still lets it remove its namespaces. Only from a thread that lives as long as
     /// the cluster (a process's main thread).
-    pub fn die_with_parent(mut self) -> Up {
+    pub fn die_with_parent(mut self) -> UpCommand {
         self.die_with_parent = true;
         self
     }
@@ -120,7 +120,7 @@ impl LocalCluster {
     /// [`Self::up`] with more flags for `gitplane up`, e.g. `--proxy-mode=iptables`.
     pub fn up_with(prefix: &str, count: u16, flags: &[&str]) -> Result<LocalCluster> {
         let binary = crate::binary("gitplane")?;
-        let mut cluster = Up::new(binary, node::unique_name(prefix), count, "e2e").flags(flags).spawn()?;
+        let mut cluster = UpCommand::new(binary, node::unique_name(prefix), count, "e2e").flags(flags).spawn()?;
         cluster.wait_started()?;
         Ok(cluster)
     }
