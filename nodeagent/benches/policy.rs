@@ -18,14 +18,12 @@
 //! with the part spent planning (the rest is the kernel's transaction); then the same peer Pods
 //! going.
 
-#[path = "../tests/proxy/netns.rs"]
-mod netns;
 #[path = "policy/traffic.rs"]
 mod traffic;
 
 use gitplane_nodeagent::network::policy::{CompiledPolicy, Plan, Policier, PolicyPod, SyncReport, desired::TCP};
+use gitplane_testkit::topology::{Topology, in_netns};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use netns::{Topology, in_netns};
 use serde_json::json;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};

@@ -12,17 +12,14 @@
 //! design: kube-proxy's layout (a chain per Service and per endpoint, an anonymous `numgen`
 //! vmap per Service), the same chains without the anonymous vmaps, and gitplane's maps.
 
-#[path = "../tests/proxy/netns.rs"]
-mod netns;
-
 use gitplane_nodeagent::network::proxy::desired::{self, Ipv4Cidr, NodeContext, ObjectKey, ServicePort};
 use gitplane_nodeagent::network::proxy::iptables::IptablesRules;
 use gitplane_nodeagent::network::proxy::nft::NftRules;
 use gitplane_nodeagent::network::proxy::{Backend, Proxier};
+use gitplane_testkit::topology::{Topology, in_netns};
 use k8s_openapi::api::core::v1::{Service, ServicePort as K8sServicePort, ServiceSpec};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use netns::{Topology, in_netns};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -61,7 +58,7 @@ fn options() -> Options {
 fn node() -> NodeContext {
     NodeContext {
         node_name: "node-a".into(),
-        node_ips: vec![netns::NODE_IP],
+        node_ips: vec![gitplane_testkit::topology::NODE_IP],
         cluster_cidr: "10.244.0.0/16".parse::<Ipv4Cidr>().unwrap(),
         service_cidr: "10.96.0.0/12".parse::<Ipv4Cidr>().unwrap(),
     }

@@ -1,15 +1,13 @@
 //! The proxy against real traffic, as root, in network namespaces these tests make (see
-//! `proxy/netns.rs`). Every test runs for both backends: the same objects, the same checks.
+//! `gitplane_testkit::topology`). Every test runs for both backends: the same objects, the same checks.
 
 #[path = "proxy/cases.rs"]
 mod cases;
-#[path = "proxy/netns.rs"]
-mod netns;
 
 use gitplane_nodeagent::network::proxy::{Backend, Ipv4Cidr, NodeContext, Proxier, SyncReport};
+use gitplane_testkit::topology::{BACKEND_PORT, CLIENT_IP, NODE_IP, Outcome, Topology, connect, in_netns};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use netns::{BACKEND_PORT, CLIENT_IP, NODE_IP, Outcome, Topology, connect, in_netns};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};

@@ -2,8 +2,9 @@
 //! tests: start, find the leader, kill -9, restart.
 
 use crate::{binary, wait_for};
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use gitplane_storage::remote::{PeerToken, RemoteStore};
+use gitplane_testkit::replica::replica_args;
 use serde_json::Value;
 use std::{
     collections::BTreeMap,
@@ -25,10 +26,6 @@ pub struct Cluster {
     token: String,
 }
 
-fn free_port() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 /// The status API token (role `read`) of every [`Cluster`], from the token file it is given.
 pub const READ_TOKEN: &str = "e2e-read-token-0123456789abcdef";
 /// `Authorization` with [`READ_TOKEN`].
@@ -36,16 +33,7 @@ pub const READ_BEARER: (&str, &str) = ("Authorization", "Bearer e2e-read-token-0
 
 /// `GET path` on loopback with [`READ_TOKEN`]; the body of a 2xx answer.
 pub fn loopback_get(addr: SocketAddr, path: &str) -> Result<String> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\nAuthorization: Bearer {READ_TOKEN}\r\n\r\n")?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    if !head.lines().next().is_some_and(|l| l.split(' ').nth(1).is_some_and(|c| c.starts_with('2'))) {
-        bail!("GET http://{addr}{path}: {head}");
-    }
-    Ok(body.to_owned())
+    gitplane_testkit::http_get(addr, path, Some(READ_TOKEN), Duration::from_secs(5))
 }
 
 /// An HTTP request on loopback; the status code and the body.
@@ -85,7 +73,7 @@ pub fn write_encryption_keys(path: &std::path::Path) -> Result<()> {
 impl Cluster {
     /// Starts `n` replicas; `extra_args` go to every `gitplane server`.
     pub fn start(n: u64, extra_args: &[&str]) -> Result<Cluster> {
-        let addrs = (1..=n).map(|id| Ok((id, free_port()?))).collect::<Result<_>>()?;
+        let addrs = (1..=n).map(|id| Ok((id, gitplane_testkit::free_port()?))).collect::<Result<_>>()?;
         let dir = tempfile::tempdir()?;
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos();
         let token = format!("e2e-{}-{nanos:x}", std::process::id());
@@ -107,23 +95,9 @@ impl Cluster {
     }
 
     fn launch(&mut self, id: u64) -> Result<()> {
-        let peers: Vec<String> = self.addrs.iter().map(|(id, a)| format!("{id}={a}")).collect();
         let log = File::options().create(true).append(true).open(self.log_path(id))?;
         let child = Command::new(binary("gitplane")?)
-            .arg("server")
-            .args(["--id", &id.to_string(), "--peers", &peers.join(",")])
-            .arg("--data-dir")
-            .arg(self.dir.path().join(format!("replica-{id}")))
-            .arg("--repos-dir")
-            .arg(self.dir.path().join("repos"))
-            .arg("--peer-token-file")
-            .arg(self.dir.path().join("peer-token"))
-            .arg("--join-token-file")
-            .arg(self.dir.path().join("join-token"))
-            .arg("--tokens-file")
-            .arg(self.dir.path().join("tokens.csv"))
-            .arg("--encryption-key-file")
-            .arg(self.dir.path().join("encryption-keys"))
+            .args(replica_args(self.dir.path(), id, &self.addrs))
             .args(&self.extra_args)
             .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
             .stdout(log.try_clone()?)

@@ -1,6 +1,6 @@
 //! The real `gitplane up` inside a [`NetnsHost`], and a Git working copy driven with real `git`.
 
-use crate::{HostExt, NetnsHost, wait_for};
+use crate::{HostExt, LocalCluster, NetnsHost, binary, wait_for};
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use std::{
@@ -10,18 +10,6 @@ use std::{
     process::{Child, Command, ExitStatus},
     time::Duration,
 };
-
-/// A binary of this workspace, built next to the test executables (`cargo build --bins`).
-pub fn binary(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe.parent().and_then(Path::parent).context("test executable has no target directory")?;
-    let path = dir.join(name);
-    if !path.exists() {
-        bail!("{} is missing: build the binaries first (cargo build --workspace --bins)", path.display());
-    }
-    Ok(path)
-}
 
 /// `gitplane up` running inside a host, with its own data and repository directories.
 pub struct Gitplane {
@@ -167,4 +155,19 @@ fn git(command: &mut Command) -> Result<()> {
         bail!("{command:?} failed: {}", String::from_utf8_lossy(&output.stderr));
     }
     Ok(())
+}
+
+/// Replaces `cluster`'s demo repository workload with one Pod `name` that prints `line` and
+/// sleeps, pushes it (a working copy under `work_dir`), and waits until `kubectl logs` reads
+/// the line through the replica, which reaches the node's kubelet endpoint.
+pub fn run_printing_pod(cluster: &LocalCluster, work_dir: &Path, name: &str, line: &str) -> Result<()> {
+    let work = Worktree::clone(cluster.demo_repo(), work_dir.join("demo"))?;
+    work.remove("web.yaml")?;
+    let script = format!("echo {line}; exec /bin/busybox sleep 3600");
+    work.write(&format!("{name}.yaml"), &crate::manifests::shell_pod(name, &script))?;
+    work.commit_and_push(&format!("a Pod that prints {line:?}"))?;
+    let printed = || cluster.kubectl_logs(name).filter(|out| out.contains(line));
+    wait_for(Duration::from_secs(120), printed)
+        .map(drop)
+        .with_context(|| format!("kubectl logs {name} never printed {line:?}:\n{}", cluster.log_text()))
 }

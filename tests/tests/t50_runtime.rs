@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use gitplane_e2e::{HostExt, NetnsHost, netns_host, require_root, wait_for};
-use gitplane_nodeagent::kubelet::containerd::{Containerd, ContainerdConfig};
+use gitplane_nodeagent::kubelet::containerd::Containerd;
 use gitplane_nodeagent::kubelet::cri::{Cri, pb};
 use gitplane_nodeagent::kubelet::images::{HTTPD_IMAGE, ensure_images};
 use gitplane_nodeagent::kubelet::prober::PodProbes;
 use gitplane_nodeagent::kubelet::runtime::{RuntimeConfig, RuntimeManager};
 use gitplane_nodeagent::network::cni::write_conflist;
+use gitplane_testkit::node::containerd_config;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use serde_json::json;
 
@@ -63,9 +64,7 @@ fn pod_cgroup_dirs(cgroup_parent: &str, uid: &str) -> Result<Vec<std::path::Path
 
 /// A node's runtime layer in `host`: containerd, images, CNI config, the runtime manager.
 async fn start_node(host: &NetnsHost) -> Result<(Containerd, Cri, RuntimeManager)> {
-    let mut cfg = ContainerdConfig::new(host.dir().join("containerd"));
-    cfg.launcher = host.launcher();
-    cfg.cni_conf_dir = host.dir().join("cni/net.d");
+    let cfg = containerd_config(host, host.dir());
     write_conflist(&cfg.cni_conf_dir, "gitplane", "gp0", POD_CIDR, &host.dir().join("cni/ipam"))?;
     let started = Instant::now();
     let containerd = Containerd::start(cfg).await?;

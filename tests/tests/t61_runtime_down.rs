@@ -47,8 +47,7 @@ spec:
 ";
 
 fn containerd_config(host: &NetnsHost) -> ContainerdConfig {
-    let mut cfg = ContainerdConfig::new(host.dir().join("containerd"));
-    cfg.launcher = host.launcher();
+    let mut cfg = gitplane_testkit::node::containerd_config(host, host.dir());
     // Where `gitplane up --containerd-socket` writes the node's conflist.
     cfg.cni_conf_dir = host.dir().join("data/cni/net.d");
     cfg

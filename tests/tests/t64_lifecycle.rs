@@ -11,12 +11,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
 use gitplane_e2e::{NetnsHost, netns_host, require_root, wait_for_async};
-use gitplane_nodeagent::kubelet::containerd::{Containerd, ContainerdConfig};
+use gitplane_nodeagent::kubelet::containerd::Containerd;
 use gitplane_nodeagent::kubelet::cri::{Cri, pb};
-use gitplane_nodeagent::kubelet::images::{HTTPD_IMAGE, ensure_images};
+use gitplane_nodeagent::kubelet::images::HTTPD_IMAGE;
 use gitplane_nodeagent::kubelet::prober::PodProbes;
 use gitplane_nodeagent::kubelet::runtime::{RuntimeConfig, RuntimeManager};
 use gitplane_nodeagent::network::cni::write_conflist;
+use gitplane_testkit::node::{containerd_config, start_containerd};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -25,14 +26,9 @@ const POD_CIDR: &str = "10.244.3.0/24";
 
 /// A node's runtime layer in `host`: containerd, images, CNI config, the runtime manager.
 async fn start_node(host: &NetnsHost) -> Result<(Containerd, Cri, Arc<RuntimeManager>)> {
-    let mut cfg = ContainerdConfig::new(host.dir().join("containerd"));
-    cfg.launcher = host.launcher();
-    cfg.cni_conf_dir = host.dir().join("cni/net.d");
+    let cfg = containerd_config(host, host.dir());
     write_conflist(&cfg.cni_conf_dir, "gitplane", "gp0", POD_CIDR, &host.dir().join("cni/ipam"))?;
-    let containerd = Containerd::start(cfg).await?;
-    let socket = containerd.socket();
-    let cri = Cri::connect(&socket).await?;
-    ensure_images(&cri, &socket, &host.dir().join("images")).await?;
+    let (containerd, cri) = start_containerd(host.name(), cfg, &host.dir().join("images")).await?;
     let runtime = RuntimeManager::new(
         cri.clone(),
         RuntimeConfig {

@@ -66,25 +66,15 @@ impl Replicas {
             ),
         )?;
         gitplane_e2e::cluster::write_encryption_keys(&d.join("encryption-keys"))?;
-        let peers: Vec<String> = (1..=3).map(|id| format!("{id}={}:{PORT}", Self::addr(id))).collect();
+        let addrs: std::collections::BTreeMap<u64, std::net::SocketAddr> = (1..=3)
+            .map(|id| Ok((u64::from(id), format!("{}:{PORT}", Self::addr(id)).parse()?)))
+            .collect::<Result<_>>()?;
         for id in 1..=3u8 {
             let log = std::fs::File::create(d.join(format!("replica-{id}.log")))?;
             let child = Command::new("ip")
                 .args(["netns", "exec", &netns])
                 .arg(binary("gitplane")?)
-                .args(["server", "--id", &id.to_string(), "--peers", &peers.join(",")])
-                .arg("--data-dir")
-                .arg(d.join(format!("replica-{id}")))
-                .arg("--repos-dir")
-                .arg(d.join("repos"))
-                .arg("--peer-token-file")
-                .arg(d.join("peer-token"))
-                .arg("--join-token-file")
-                .arg(d.join("join-token"))
-                .arg("--tokens-file")
-                .arg(d.join("tokens.csv"))
-                .arg("--encryption-key-file")
-                .arg(d.join("encryption-keys"))
+                .args(gitplane_testkit::replica::replica_args(d, u64::from(id), &addrs))
                 .env("RUST_LOG", "info,openraft=warn,sqlx=warn,h2=warn")
                 .stdout(log.try_clone()?)
                 .stderr(log)

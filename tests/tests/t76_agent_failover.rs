@@ -10,11 +10,7 @@ use gitplane_e2e::{
     cluster::{READ_TOKEN, loopback_get, write_encryption_keys},
     manifests, netns_host, require_root, wait_for,
 };
-use gitplane_nodeagent::{
-    kubelet::containerd::{Containerd, ContainerdConfig},
-    kubelet::cri::{Cri, pb},
-    kubelet::images::ensure_images,
-};
+use gitplane_nodeagent::kubelet::cri::{Cri, pb};
 use serde_json::Value;
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -55,7 +51,7 @@ impl Processes {
             .collect()
     }
 
-    fn spawn(&self, name: &str, args: &[String]) -> Result<Child> {
+    fn spawn(&self, name: &str, args: &[impl AsRef<std::ffi::OsStr>]) -> Result<Child> {
         let log = File::create(self.log(name))?;
         self.host
             .command(binary("gitplane")?)
@@ -68,21 +64,9 @@ impl Processes {
     }
 
     fn start_replica(&mut self, id: u16) -> Result<()> {
-        let dir = self.host.dir();
-        let peers: Vec<String> = (1..=REPLICAS).map(|i| format!("{i}={}", Self::addr(i))).collect();
-        let path = |p: &str| dir.join(p).to_string_lossy().into_owned();
-        let args = [
-            "server".to_owned(),
-            format!("--id={id}"),
-            format!("--peers={}", peers.join(",")),
-            format!("--data-dir={}", path(&format!("replica-{id}"))),
-            format!("--repos-dir={}", path("repos")),
-            format!("--peer-token-file={}", path("peer-token")),
-            format!("--join-token-file={}", path("join-token")),
-            format!("--tokens-file={}", path("tokens.csv")),
-            format!("--encryption-key-file={}", path("encryption-keys")),
-            "--bootstrap=bootstrap".to_owned(),
-        ];
+        let addrs = (1..=REPLICAS).map(|i| (u64::from(i), Self::addr(i))).collect();
+        let mut args = gitplane_testkit::replica::replica_args(self.host.dir(), u64::from(id), &addrs);
+        args.push("--bootstrap=bootstrap".into());
         let child = self.spawn(&format!("replica-{id}"), &args)?;
         self.replicas.insert(id, child);
         Ok(())
@@ -179,13 +163,9 @@ async fn t76_the_agent_survives_a_control_plane_failover() -> Result<()> {
     require_root()?;
     let host = netns_host("gp76")?;
     let dir = host.dir().to_owned();
-    let mut cfg = ContainerdConfig::new(dir.join("containerd"));
-    cfg.launcher = host.launcher();
-    cfg.cni_conf_dir = dir.join("cni/net.d");
-    let containerd = Containerd::start(cfg).await?;
+    let cfg = gitplane_testkit::node::containerd_config(&host, &dir);
+    let (containerd, cri) = gitplane_testkit::node::start_containerd(host.name(), cfg, &dir.join("images")).await?;
     let socket = containerd.socket();
-    let cri = Cri::connect(&socket).await?;
-    ensure_images(&cri, &socket, &dir.join("images")).await?;
 
     // Tokens of at least 16 characters, as the replicas require.
     std::fs::write(dir.join("peer-token"), format!("peer-token-of-t76-{}", std::process::id()))?;

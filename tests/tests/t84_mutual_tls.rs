@@ -157,7 +157,7 @@ Raft service, the node's own         {needs_replica}
     // End to end: a Pod runs and its log is read through the replica, which calls the node's
     // kubelet endpoint over mutual TLS.
     let work_dir = tempfile::tempdir()?;
-    cluster.run_printing_pod(work_dir.path(), "talker", "hello over mutual TLS")?;
+    gitplane_e2e::run_printing_pod(&cluster, work_dir.path(), "talker", "hello over mutual TLS")?;
     let summary = cluster.get("/apis/metrics.k8s.io/v1beta1/nodes");
     ensure!(summary.is_ok(), "metrics through the kubelet endpoint: {summary:?}");
 

@@ -129,7 +129,7 @@ fn t86_agents_renew_their_certificates_and_removed_nodes_are_refused() -> Result
 
     // The node keeps working: a Pod pushed now runs, its log is read through the kubelet
     // endpoint, and the Pod watch never reconnected.
-    cluster.run_printing_pod(tmp.path(), "renewed", "hello after renewal")?;
+    gitplane_e2e::run_printing_pod(&cluster, tmp.path(), "renewed", "hello after renewal")?;
     ensure!(watches_started() == watches, "the Pod watch reconnected:\n{}", cluster.log_text());
 
     // The node credential no longer counts over TLS: the node holds certificates.

@@ -259,7 +259,7 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         git(tokio::process::Command::new("git").args(["init", "--quiet", "--bare"]).arg(&bare)).await?;
     }
 
-    let addr = procs::free_addr()?;
+    let addr = gitplane_testkit::free_port()?;
     std::fs::write(dir.path().join("peer-token"), procs::PEER_TOKEN)?;
     std::fs::write(dir.path().join("tokens.csv"), format!("{},bench,bench,\"read\"\n", procs::READ_TOKEN))?;
     std::fs::write(dir.path().join("join-token"), format!("join-{}", procs::PEER_TOKEN))?;
@@ -281,7 +281,7 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
     let log = args.server_log.clone().unwrap_or_else(|| dir.path().join("server.log"));
     let server = Child::spawn("gitplane server", command, &log)?;
     procs::wait_for("the server ready", Duration::from_secs(120), || async move {
-        procs::http_get(addr, "/readyz").await.ok()
+        gitplane_testkit::http_get_async(addr, "/readyz", None, procs::GET_TIMEOUT).await.ok()
     })
     .await
     .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
@@ -440,7 +440,9 @@ async fn wait_for_cache(c: &mut Connection, addr: SocketAddr) -> Result<Duration
     let started = Instant::now();
     loop {
         c.get("/api/v1/pods?limit=1", "application/json").await?;
-        let metrics = procs::http_get_as(addr, "/metrics", Some(procs::READ_TOKEN)).await.unwrap_or_default();
+        let metrics = gitplane_testkit::http_get_async(addr, "/metrics", Some(procs::READ_TOKEN), procs::GET_TIMEOUT)
+            .await
+            .unwrap_or_default();
         let hits = metrics
             .lines()
             .filter(|l| l.starts_with("apiserver_cache_list_total{") && l.contains("resource=\"pods\""))

@@ -91,7 +91,7 @@ fn application(i: usize) -> String {
 
 /// Clones `repo`, lets `edit` change the work tree, commits everything and pushes.
 async fn push(up: &Up, repo: &str, message: &str, edit: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let work = up.dir.path().join(format!("{repo}-work"));
+    let work = up.dir().join(format!("{repo}-work"));
     let source = up.repos_dir.join(format!("{repo}.git"));
     git(tokio::process::Command::new("git").arg("clone").arg("--quiet").arg(&source).arg(&work)).await?;
     edit(&work)?;
@@ -210,7 +210,7 @@ async fn run(args: &IdleArgs, gitplane: &Path) -> Result<()> {
         .map(|m| PathBuf::from(format!("net:[{}]", m.ino())))
         .collect();
     ensure!(node_netns.len() == usize::from(args.nodes), "the nodes' network namespaces: {node_netns:?}");
-    let up_pid = up.child.as_ref().map(std::process::Child::id).context("gitplane up is not running")?;
+    let up_pid = up.pid().context("gitplane up is not running")?;
     let store = up.data_dir.join("store");
     let (cpu0, revision0, store0, log0) =
         (usage_by_kind(up_pid, &node_netns), revision(&up).await?, dir_size(&store), log_bytes(&up));

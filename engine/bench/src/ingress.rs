@@ -326,10 +326,6 @@ async fn wait_listening(addr: SocketAddr) -> Result<()> {
     Ok(())
 }
 
-fn free_port() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 pub(crate) fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)
 }
@@ -356,7 +352,7 @@ async fn run(args: IngressArgs, agent: tokio::runtime::Handle) -> Result<()> {
     } else {
         eprintln!("throughput through the agent's proxy ({} connections, {} s)...", args.connections, args.seconds);
         let ours = throughput(ingress_addr, &args).await;
-        let nginx_addr = free_port()?;
+        let nginx_addr = gitplane_testkit::free_port()?;
         let nginx = Nginx::start(&args.nginx, nginx_addr, &upstreams)?;
         wait_listening(nginx_addr).await?;
         eprintln!("throughput through nginx...");
@@ -521,7 +517,7 @@ fn spawn_proxy(
     upstreams: &[SocketAddr],
     log: &std::path::Path,
 ) -> Result<(crate::procs::Child, SocketAddr)> {
-    let addr = free_port()?;
+    let addr = gitplane_testkit::free_port()?;
     let mut command = Command::new(binary);
     command.args(["ingress-serve", "--listen", &addr.to_string()]);
     for upstream in upstreams {
@@ -607,7 +603,7 @@ async fn compare(args: &IngressArgs, baseline: &std::path::Path, upstreams: &[So
     let this = std::env::current_exe()?;
     let (base, base_addr) = spawn_proxy("base proxy", baseline, upstreams, &logs.path().join("base.log"))?;
     let (ours, our_addr) = spawn_proxy("this proxy", &this, upstreams, &logs.path().join("this.log"))?;
-    let nginx_addr = free_port()?;
+    let nginx_addr = gitplane_testkit::free_port()?;
     let nginx = Nginx::start(&args.nginx, nginx_addr, upstreams)?;
     for addr in [base_addr, our_addr, nginx_addr] {
         wait_listening(addr).await?;

@@ -87,7 +87,7 @@ async fn run(args: &IngressPushArgs, gitplane: &Path) -> Result<()> {
     let load_before = load_average();
     eprintln!("starting gitplane up --nodes {}", args.nodes);
     let up = Up::start(gitplane, args.nodes).await?;
-    let work = up.dir.path().join("demo-work");
+    let work = up.dir().join("demo-work");
     git(tokio::process::Command::new("git").arg("clone").arg("--quiet").arg(up.repos_dir.join("demo.git")).arg(&work))
         .await?;
     std::fs::write(work.join("bench-root.yaml"), ingress("bench-root", &shop_rule(&path("/"))))?;

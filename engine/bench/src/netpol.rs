@@ -141,7 +141,7 @@ async fn run(args: &NetpolArgs, gitplane: &Path) -> Result<()> {
 
 /// Pushes `web` with one replica per node and the policy, as a user would.
 async fn push_policy(up: &Up, replicas: u16, policies: usize) -> Result<()> {
-    let work = up.dir.path().join("demo-work");
+    let work = up.dir().join("demo-work");
     git(tokio::process::Command::new("git").arg("clone").arg("--quiet").arg(up.repos_dir.join("demo.git")).arg(&work))
         .await?;
     let file = work.join("web.yaml");

@@ -155,7 +155,7 @@ fn config_map(i: usize, round: usize) -> String {
 }
 
 async fn get(addr: SocketAddr, path: &str) -> Result<String> {
-    procs::http_get_as(addr, path, Some(READ_TOKEN)).await
+    gitplane_testkit::http_get_async(addr, path, Some(READ_TOKEN), procs::GET_TIMEOUT).await
 }
 
 fn quantile(sorted: &[Duration], q: f64) -> Duration {
@@ -209,7 +209,7 @@ async fn run(args: PageArgs, gitplane: PathBuf) -> Result<()> {
             store.txn((start..(start + BATCH).min(args.pods)).map(|i| Op::Create(pod(i))).collect()).await?;
         }
     }
-    let addr = procs::free_addr()?;
+    let addr = gitplane_testkit::free_port()?;
     std::fs::write(dir.path().join("peer-token"), procs::PEER_TOKEN)?;
     std::fs::write(dir.path().join("join-token"), format!("join-{}", procs::PEER_TOKEN))?;
     std::fs::write(dir.path().join("tokens.csv"), format!("{READ_TOKEN},bench,bench,\"read\"\n"))?;
@@ -235,7 +235,7 @@ async fn run(args: PageArgs, gitplane: PathBuf) -> Result<()> {
     let _server = Child::spawn("gitplane server", command, &log)?;
     let logs = || std::fs::read_to_string(&log).unwrap_or_default();
     procs::wait_for("the server ready", Duration::from_secs(120), || async move {
-        procs::http_get(addr, "/readyz").await.ok()
+        gitplane_testkit::http_get_async(addr, "/readyz", None, procs::GET_TIMEOUT).await.ok()
     })
     .await
     .with_context(logs)?;

@@ -10,7 +10,7 @@
 use anyhow::{Context as _, Result, bail, ensure};
 use gitplane_nodeagent::{
     host::NetnsHost,
-    kubelet::containerd::{Containerd, ContainerdConfig},
+    kubelet::containerd::Containerd,
     kubelet::cri::{Cri, pb},
     kubelet::images::{HTTPD_IMAGE, ensure_images},
     kubelet::prober::PodProbes,
@@ -51,9 +51,7 @@ async fn run(args: PodStartArgs) -> Result<()> {
     let name = format!("gpbps{}", std::process::id());
     let dir = std::env::temp_dir().join("gitplane-bench").join(&name);
     let host = NetnsHost::create(&name, dir, format!("/gitplane-bench-{name}"))?;
-    let mut cfg = ContainerdConfig::new(host.dir().join("containerd"));
-    cfg.launcher = host.launcher();
-    cfg.cni_conf_dir = host.dir().join("cni/net.d");
+    let cfg = gitplane_testkit::node::containerd_config(&host, host.dir());
     write_conflist(&cfg.cni_conf_dir, "gitplane", "gp0", POD_CIDR, &host.dir().join("cni/ipam"))?;
     let containerd = Containerd::start(cfg).await?;
     let result = measure(&args, &host, &containerd).await;

@@ -14,7 +14,6 @@ use std::{
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// A child process, killed when dropped.
 pub struct Child {
@@ -140,34 +139,8 @@ fn log_file(dir: &Path, file: &str) -> PathBuf {
     }
 }
 
-/// A free loopback port (bound, then released: good enough on a machine we are alone on).
-pub fn free_addr() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-/// `GET path` over HTTP/1.0 on `addr` without a token (`gitplane up`'s loopback); the body of
-/// a 2xx answer.
-pub async fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
-    http_get_as(addr, path, None).await
-}
-
-/// [`http_get`] with a status API token, as a `gitplane server` needs.
-pub async fn http_get_as(addr: SocketAddr, path: &str, token: Option<&str>) -> Result<String> {
-    let authorization = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n{authorization}\r\n").as_bytes()).await?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await?;
-        anyhow::Ok(String::from_utf8_lossy(&response).into_owned())
-    };
-    let response = tokio::time::timeout(Duration::from_secs(2), exchange).await.context("timed out")??;
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    if !head.lines().next().is_some_and(|l| l.split(' ').nth(1).is_some_and(|c| c.starts_with('2'))) {
-        bail!("GET http://{addr}{path}: {head}");
-    }
-    Ok(body.to_owned())
-}
+/// How long a GET of the status API may take.
+pub const GET_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Polls `check` every 20 ms until it returns `Some`, or fails after `timeout`.
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
@@ -222,7 +195,7 @@ pub struct Gitplane {
 impl Gitplane {
     /// Starts `replicas` replicas with `extra_args`, and waits for an acting leader.
     pub async fn start(binary: &Path, replicas: u64, extra_args: &[String]) -> Result<Gitplane> {
-        let addrs = (1..=replicas).map(|id| Ok((id, free_addr()?))).collect::<Result<_>>()?;
+        let addrs = (1..=replicas).map(|id| Ok((id, gitplane_testkit::free_port()?))).collect::<Result<_>>()?;
         let mut cluster = Gitplane {
             children: BTreeMap::new(),
             addrs,
@@ -243,23 +216,9 @@ impl Gitplane {
     }
 
     fn launch(&mut self, id: u64) -> Result<()> {
-        let peers: Vec<String> = self.addrs.iter().map(|(id, a)| format!("{id}={a}")).collect();
         let mut command = Command::new(&self.binary);
         command
-            .arg("server")
-            .args(["--id", &id.to_string(), "--peers", &peers.join(",")])
-            .arg("--data-dir")
-            .arg(self.dir.path().join(format!("replica-{id}")))
-            .arg("--repos-dir")
-            .arg(self.dir.path().join("repos"))
-            .arg("--peer-token-file")
-            .arg(self.dir.path().join("peer-token"))
-            .arg("--join-token-file")
-            .arg(self.dir.path().join("join-token"))
-            .arg("--tokens-file")
-            .arg(self.dir.path().join("tokens.csv"))
-            .arg("--encryption-key-file")
-            .arg(self.dir.path().join("encryption-keys"))
+            .args(gitplane_testkit::replica::replica_args(self.dir.path(), id, &self.addrs))
             .args(&self.extra_args)
             // The server's own default log filter: what users run.
             .env_remove("RUST_LOG");
@@ -298,7 +257,8 @@ impl Gitplane {
     }
 
     pub async fn status(&self, id: u64) -> Option<ReplicaStatus> {
-        let body = http_get_as(self.addrs[&id], "/replica", Some(READ_TOKEN)).await.ok()?;
+        let body =
+            gitplane_testkit::http_get_async(self.addrs[&id], "/replica", Some(READ_TOKEN), GET_TIMEOUT).await.ok()?;
         let value: serde_json::Value = serde_json::from_str(&body).ok()?;
         Some(ReplicaStatus { leading: value["leading"] == true, revision: value["revision"].as_i64()? })
     }
@@ -370,8 +330,8 @@ pub struct Etcd {
 
 impl Etcd {
     pub async fn start(binary: &Path, members: u64) -> Result<Etcd> {
-        let clients = (1..=members).map(|id| Ok((id, free_addr()?))).collect::<Result<_>>()?;
-        let peers = (1..=members).map(|id| Ok((id, free_addr()?))).collect::<Result<_>>()?;
+        let clients = (1..=members).map(|id| Ok((id, gitplane_testkit::free_port()?))).collect::<Result<_>>()?;
+        let peers = (1..=members).map(|id| Ok((id, gitplane_testkit::free_port()?))).collect::<Result<_>>()?;
         let dir = tempfile::Builder::new().prefix("etcd-bench-").tempdir()?;
         let token = dir.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let mut cluster = Etcd { children: BTreeMap::new(), clients, peers, binary: binary.to_owned(), token, dir };

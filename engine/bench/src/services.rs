@@ -343,7 +343,7 @@ spec:
 
 /// Pushes the demo repository with `replicas: 1` and the client Pod, as a user would.
 async fn scale_demo_to_one(up: &Up) -> Result<()> {
-    let work = up.dir.path().join("demo-work");
+    let work = up.dir().join("demo-work");
     git(tokio::process::Command::new("git").arg("clone").arg("--quiet").arg(up.repos_dir.join("demo.git")).arg(&work))
         .await?;
     let file = work.join("web.yaml");

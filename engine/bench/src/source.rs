@@ -624,7 +624,8 @@ async fn serve(gitplane: &Path, repo: &Path) -> Result<Served> {
     let head = head.trim().to_owned();
     let status = "/apis/gitplane.io/v1/namespaces/gitplane-system/applications/bench";
     procs::wait_for("the first sync", Duration::from_secs(300), || async {
-        let body = procs::http_get_as(addr, status, Some(procs::READ_TOKEN)).await.ok()?;
+        let body =
+            gitplane_testkit::http_get_async(addr, status, Some(procs::READ_TOKEN), procs::GET_TIMEOUT).await.ok()?;
         let app: Value = serde_json::from_str(&body).ok()?;
         (app["status"]["sync"]["revision"] == head.as_str() && app["status"]["sync"]["status"] == "Synced")
             .then_some(())

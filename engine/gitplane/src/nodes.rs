@@ -20,8 +20,6 @@ use anyhow::Context as _;
 use gitplane_nodeagent::{
     host::{HostError, HostNetwork, NetnsHost, remove_netns},
     kubelet::containerd::{Containerd, ContainerdConfig},
-    kubelet::cri::Cri,
-    kubelet::images,
     kubelet::restart::Backoff,
     network::cidr::Ipv4Cidr,
     network::proxy,
@@ -40,8 +38,8 @@ use tokio::{process::Child, sync::watch};
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 29, 0, 1);
 const PREFIX: u8 = 24;
 /// How long an agent may take to remove its Pods once asked to stop (it gives itself
-/// `kubelet::pod_workers::EXIT_DEADLINE`); then it is killed and the host's teardown kills
-/// what is left, so a stop ends within seconds whatever state a node is in.
+/// `agent::EXIT_DEADLINE`); then it is killed and the host's teardown kills what is left, so a
+/// stop ends within seconds whatever state a node is in.
 const AGENT_STOP: Duration = Duration::from_secs(6);
 
 /// Node `i`'s address on the bridge.
@@ -245,9 +243,7 @@ async fn start_node(
             blocking(move || NetnsHost::create(&name, host_dir, cgroup)).await?
         }
     };
-    let mut runtime = ContainerdConfig::new(dir.join("containerd"));
-    runtime.launcher = host.launcher();
-    runtime.cni_conf_dir = dir.join("cni/net.d");
+    let runtime = gitplane_testkit::node::containerd_config(&host, &dir);
     // From here on, dropping `node` removes what was made for it.
     let place = Place { name: name.clone(), address, dir: dir.clone(), runtime, host };
     let mut node = LocalNode { agent: None, containerd: None, place };
@@ -255,14 +251,11 @@ async fn start_node(
         network.attach(&node.place.host, &format!("veth{i}"), address)?;
     }
 
-    let containerd =
-        Containerd::start(node.place.runtime.clone()).await.with_context(|| format!("starting {name}'s containerd"))?;
-    let socket = containerd.socket();
+    let images = cfg.data_dir.join("images");
+    let (containerd, _) = gitplane_testkit::node::start_containerd(&name, node.place.runtime.clone(), &images).await?;
     // Its paths made absolute, as the agent gets them.
     node.place.runtime = containerd.config().clone();
     node.containerd = Some(containerd);
-    let cri = Cri::connect(&socket).await.with_context(|| format!("connecting to {name}'s containerd"))?;
-    images::ensure_images(&cri, &socket, &cfg.data_dir.join("images")).await?;
 
     node.agent = Some(spawn_agent(cfg, &node.place)?);
     tracing::info!(node = %name, %address, "node started");
@@ -434,15 +427,7 @@ async fn stop_nodes(nodes: Vec<LocalNode>, cgroup_parent: &str) {
         drop_blocking(node).await;
     });
     futures::future::join_all(stops).await;
-    remove_empty_cgroup(cgroup_parent);
-}
-
-/// The nodes' common cgroup parent, in every hierarchy, when nothing else uses it.
-fn remove_empty_cgroup(cgroup_parent: &str) {
-    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else { return };
-    for hierarchy in hierarchies.flatten() {
-        let _ = std::fs::remove_dir(hierarchy.path().join(cgroup_parent.trim_start_matches('/')));
-    }
+    gitplane_testkit::node::remove_cgroup(cgroup_parent);
 }
 
 /// Runs blocking host set-up off the async threads.

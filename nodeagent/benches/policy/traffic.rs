@@ -5,8 +5,8 @@
 //! table, with the whole world's table (the Pod selected by ten of its policies and allowed
 //! from the client by one more), and with no table again.
 
-use crate::netns::{Outcome, Topology, connect, in_netns};
 use gitplane_nodeagent::network::policy::{CompiledPolicy, Policier, PolicyPod, desired::TCP};
+use gitplane_testkit::topology::{Outcome, Topology, connect, in_netns};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::json;
 use std::io::{Read, Write};

@@ -1,4 +1,5 @@
-//! Network-namespace topologies for the proxy's root tests. Everything lives in namespaces
+//! Network-namespace topologies for the proxy's root tests and benchmarks, with no containerd
+//! and no agent: Pods are bare namespaces with a TCP listener. Everything lives in namespaces
 //! made here and removed on drop (even when the test panics); nothing touches the host's own.
 //!
 //! ```text
@@ -6,8 +7,6 @@
 //!                                       │ bridge 10.244.1.1/24, hairpin on every port
 //!                          pod ns 10.244.1.11, .12, ... (one TCP listener each, on :8080)
 //! ```
-// Shared by the tests and the proxy benchmark, each using part of it.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};

@@ -1,26 +1,81 @@
 //! The real `gitplane up --nodes N`: the same namespace hosts and bridge a user gets, made by the
 //! product. The control plane listens on a free loopback port of the machine; everything else
 //! (nodes, Pods, their traffic) lives in the namespaces `gitplane up` made, which it removes
-//! when stopped, and which this harness removes with the product's own code if it had to be
+//! when stopped, and which [`LocalCluster`] removes with the product's own code if it had to be
 //! killed.
 
-use crate::{binary, wait_for};
-use anyhow::{Context, Result, bail, ensure};
-use gitplane_nodeagent::host::{NetnsHost, remove_netns};
+use crate::{NetnsHost, http, node, wait_for};
+use anyhow::{Context as _, Result, bail, ensure};
+use gitplane_nodeagent::host::remove_netns;
 use serde_json::Value;
 use std::{
     fs::File,
-    io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    os::unix::process::CommandExt,
+    net::SocketAddr,
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus},
+    process::{Child, Command, ExitStatus, Stdio},
     sync::atomic::{AtomicU32, Ordering},
     time::Duration,
 };
 
-static CLUSTERS_MADE: AtomicU32 = AtomicU32::new(0);
 static EXECS: AtomicU32 = AtomicU32::new(0);
+
+/// How long starting (every node Ready) and stopping may take.
+pub const DEADLINE: Duration = Duration::from_secs(180);
+
+/// How to start a [`LocalCluster`].
+pub struct UpCommand {
+    binary: PathBuf,
+    base: String,
+    count: u16,
+    owner: &'static str,
+    flags: Vec<String>,
+    die_with_parent: bool,
+}
+
+impl UpCommand {
+    /// `binary up --nodes=<count>`, its nodes named `<base>-1` … `<base>-N`; `owner` (`e2e`,
+    /// `bench`) names its cgroup parent and directory.
+    pub fn new(binary: PathBuf, base: String, count: u16, owner: &'static str) -> UpCommand {
+        UpCommand { binary, base, count, owner, flags: Vec::new(), die_with_parent: false }
+    }
+
+    /// More flags for `gitplane up`, e.g. `--proxy-mode=iptables`.
+    pub fn flags(mut self, flags: &[&str]) -> UpCommand {
+        self.flags = flags.iter().map(|f| f.to_string()).collect();
+        self
+    }
+
+    /// SIGTERM to `gitplane up` when the thread that starts it exits, so that a benchmark killed
+    /// with SIGKILL still lets it remove its namespaces. Only from a thread that lives as long as
+    /// the cluster (a process's main thread).
+    pub fn die_with_parent(mut self) -> UpCommand {
+        self.die_with_parent = true;
+        self
+    }
+
+    /// Starts it, without waiting for the nodes: see [`LocalCluster::started`].
+    pub fn spawn(self) -> Result<LocalCluster> {
+        let dir = tempfile::Builder::new().prefix(&format!("gitplane-{}-nodes-", self.owner)).tempdir()?;
+        let mut cluster = LocalCluster {
+            child: None,
+            banners_before: 0,
+            nodes: (1..=self.count).map(|i| format!("{}-{i}", self.base)).collect(),
+            listen: http::free_port()?,
+            data_dir: dir.path().join("data"),
+            repos_dir: dir.path().join("repos"),
+            log: dir.path().join("gitplane.log"),
+            cgroup_parent: format!("/gitplane-{}-{}", self.owner, self.base),
+            base: self.base,
+            binary: self.binary,
+            flags: self.flags,
+            die_with_parent: self.die_with_parent,
+            dir,
+        };
+        cluster.spawn_child()?;
+        Ok(cluster)
+    }
+}
 
 /// A Running Pod (not being deleted) and its first container.
 #[derive(Clone, Debug)]
@@ -31,9 +86,13 @@ pub struct RunningPod {
     pub container: String,
 }
 
-/// `gitplane up --nodes N` running as a child of the test.
+/// `gitplane up --nodes N` running as a child process: SIGTERM and a wait when dropped, then the
+/// product's own code removes whatever a killed one left.
 pub struct LocalCluster {
     child: Option<Child>,
+    /// How many banners the log held when this start began: the Nodes may be Ready from a run
+    /// before, the banner comes once every node was started.
+    banners_before: usize,
     /// Nodes are `<base>-1` … `<base>-N`, each in a network namespace of that name.
     pub base: String,
     pub nodes: Vec<String>,
@@ -42,11 +101,14 @@ pub struct LocalCluster {
     pub repos_dir: PathBuf,
     pub log: PathBuf,
     cgroup_parent: String,
-    /// More flags for `gitplane up`.
+    binary: PathBuf,
     flags: Vec<String>,
-    /// Holds the data and repositories; removed last.
-    _dir: tempfile::TempDir,
+    die_with_parent: bool,
+    /// Holds the data, the repositories and the log; removed last.
+    dir: tempfile::TempDir,
 }
+
+const BANNER: &str = "gitplane is up.";
 
 impl LocalCluster {
     /// Starts `count` nodes named after `prefix` and waits until the API answers and every node
@@ -57,39 +119,19 @@ impl LocalCluster {
 
     /// [`Self::up`] with more flags for `gitplane up`, e.g. `--proxy-mode=iptables`.
     pub fn up_with(prefix: &str, count: u16, flags: &[&str]) -> Result<LocalCluster> {
-        let base = format!("{prefix}{}x{}", std::process::id(), CLUSTERS_MADE.fetch_add(1, Ordering::Relaxed));
-        let dir = tempfile::Builder::new().prefix("gp-nodes").tempdir()?;
-        let data_dir = dir.path().join("data");
-        let repos_dir = dir.path().join("repos");
-        let log = dir.path().join("gitplane.log");
-        // A free port of this machine's loopback (the window until gitplane binds it is short).
-        let listen = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let cgroup_parent = format!("/gitplane-e2e-{base}");
-        let nodes = (1..=count).map(|i| format!("{base}-{i}")).collect();
-        let mut cluster = LocalCluster {
-            child: None,
-            base,
-            nodes,
-            listen,
-            data_dir,
-            repos_dir,
-            log,
-            cgroup_parent,
-            flags: flags.iter().map(|f| f.to_string()).collect(),
-            _dir: dir,
-        };
-        cluster.start()?;
+        let binary = crate::binary("gitplane")?;
+        let mut cluster = UpCommand::new(binary, node::unique_name(prefix), count, "e2e").flags(flags).spawn()?;
+        cluster.wait_started()?;
         Ok(cluster)
     }
 
-    /// Starts `gitplane up --nodes` (appending to its log) and waits until every node is Ready.
-    fn start(&mut self) -> Result<()> {
+    /// Starts `gitplane up --nodes` (appending to its log).
+    fn spawn_child(&mut self) -> Result<()> {
         let out = File::options().create(true).append(true).open(&self.log)?;
-        let count = self.nodes.len();
-        let mut command = Command::new(binary("gitplane")?);
+        let mut command = Command::new(&self.binary);
         command
             .arg("up")
-            .arg(format!("--nodes={count}"))
+            .arg(format!("--nodes={}", self.nodes.len()))
             .arg(format!("--node-name={}", self.base))
             .arg(format!("--listen={}", self.listen))
             .arg(format!("--cgroup-parent={}", self.cgroup_parent))
@@ -100,26 +142,73 @@ impl LocalCluster {
             .args(&self.flags)
             .env("RUST_LOG", "info,sqlx=warn,h2=warn,tower=warn")
             .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
+            // Not in the terminal's group: Ctrl-C reaches the test or bench, whose guard stops it.
             .process_group(0);
-        // Its banner comes once every node was started: the Nodes may be Ready from a run before.
-        let starts = self.log_text().matches("gitplane is up.").count() + 1;
+        if self.die_with_parent {
+            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        self.banners_before = self.log_text().matches(BANNER).count();
         self.child = Some(command.spawn().context("starting gitplane up --nodes")?);
-        let ready = wait_for(Duration::from_secs(180), || {
-            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
-                return Some(Err(status));
-            }
-            if self.log_text().matches("gitplane is up.").count() < starts {
-                return None;
-            }
-            let ready = self.ready_nodes().ok()?;
-            (ready.len() == count).then_some(Ok(()))
+        Ok(())
+    }
+
+    /// Whether this start printed its banner and every node is Ready; an error once `gitplane up`
+    /// exited.
+    pub fn started(&mut self) -> Result<bool> {
+        if let Some(status) = self.try_wait()? {
+            bail!("gitplane up --nodes exited with {status}");
+        }
+        if self.log_text().matches(BANNER).count() <= self.banners_before {
+            return Ok(false);
+        }
+        Ok(self.ready_nodes().is_ok_and(|ready| ready.len() == self.nodes.len()))
+    }
+
+    /// Waits until [`Self::started`], at most [`DEADLINE`].
+    pub fn wait_started(&mut self) -> Result<()> {
+        let started = wait_for(DEADLINE, || match self.started() {
+            Ok(false) => None,
+            done => Some(done),
         });
-        match ready {
-            Some(Ok(())) => Ok(()),
-            Some(Err(status)) => bail!("gitplane up --nodes exited with {status}:\n{}", self.log_text()),
-            None => bail!("{count} nodes were not Ready within 180 s:\n{}", self.log_text()),
+        match started {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(e)) => bail!("{e}:\n{}", self.log_text()),
+            None => bail!("{} nodes were not Ready within {DEADLINE:?}:\n{}", self.nodes.len(), self.log_text()),
+        }
+    }
+
+    /// The pid of `gitplane up`, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Its exit status once it exited (it is reaped then).
+    pub fn try_wait(&mut self) -> Result<Option<ExitStatus>> {
+        let Some(child) = self.child.as_mut() else { bail!("gitplane up --nodes is not running") };
+        let status = child.try_wait()?;
+        if status.is_some() {
+            self.child = None;
+        }
+        Ok(status)
+    }
+
+    /// SIGTERM (as Ctrl-C would), if it runs.
+    pub fn terminate(&self) {
+        // Only our own child, not yet reaped (so its pid cannot have been reused).
+        if let Some(pid) = self.pid().and_then(|p| libc::pid_t::try_from(p).ok()) {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
         }
     }
 
@@ -136,7 +225,13 @@ impl LocalCluster {
     /// Ready.
     pub fn restart(&mut self) -> Result<()> {
         ensure!(self.child.is_none(), "gitplane up runs already");
-        self.start()
+        self.spawn_child()?;
+        self.wait_started()
+    }
+
+    /// The directory holding the data, the repositories and the log.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// The Running Pods of namespace `default` that match a label selector (`app=web`).
@@ -162,18 +257,10 @@ impl LocalCluster {
     /// The pids of node `name`'s containerd shims (one per Pod).
     pub fn shim_pids(&self, name: &str) -> Vec<i32> {
         let socket = self.containerd_socket(name).to_string_lossy().into_owned();
-        let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
-        procs
-            .flatten()
-            .filter_map(|entry| {
-                let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-                let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-                let shim = args.first().is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
-                    && args.windows(2).any(|w| w[0] == b"-address" && w[1] == socket.as_bytes());
-                shim.then_some(pid)
-            })
-            .collect()
+        processes(|args| {
+            args.first().is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
+                && args.windows(2).any(|w| w[0] == b"-address" && w[1] == socket.as_bytes())
+        })
     }
 
     /// The uids of the Pods node `name`'s containerd runs, one per ready sandbox (a uid twice is
@@ -211,27 +298,19 @@ impl LocalCluster {
     /// The pid of node `name`'s agent process (`gitplane agent --node-name=<name>`).
     pub fn agent_pid(&self, name: &str) -> Option<i32> {
         let wanted = format!("--node-name={name}");
-        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            let is_agent = args.get(1) == Some(&&b"agent"[..]) && args.contains(&wanted.as_bytes());
-            is_agent.then_some(pid)
-        })
+        processes(|args| args.get(1) == Some(&&b"agent"[..]) && args.contains(&wanted.as_bytes())).first().copied()
     }
 
     /// The pid of node `name`'s containerd (`containerd --config <its directory>/config.toml`).
     pub fn containerd_pid(&self, name: &str) -> Option<i32> {
         let config = self.data_dir.join("nodes").join(name).join("containerd/config.toml");
         let wanted = config.to_string_lossy().into_owned();
-        std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            let is_containerd = args.first().is_some_and(|a| a.ends_with(b"containerd"))
-                && args.windows(2).any(|w| w[0] == b"--config" && w[1] == wanted.as_bytes());
-            is_containerd.then_some(pid)
+        processes(|args| {
+            args.first().is_some_and(|a| a.ends_with(b"containerd"))
+                && args.windows(2).any(|w| w[0] == b"--config" && w[1] == wanted.as_bytes())
         })
+        .first()
+        .copied()
     }
 
     /// Runs `cmd` in a container through its node's containerd (as `kubectl exec`); its stdout.
@@ -271,19 +350,10 @@ impl LocalCluster {
             .collect())
     }
 
-    /// GET a status API path on the machine's loopback, as JSON.
+    /// GET a status API path on the machine's loopback (no token needed there), as JSON.
     pub fn get(&self, path: &str) -> Result<Value> {
-        let timeout = Duration::from_secs(5);
-        let mut stream = TcpStream::connect_timeout(&self.listen, timeout)?;
-        stream.set_read_timeout(Some(timeout))?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: {}\r\nConnection: close\r\n\r\n", self.listen)?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response)?;
-        let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-        if head.lines().next().is_none_or(|status| status.split(' ').nth(1) != Some("200")) {
-            bail!("GET {path}: {head}");
-        }
-        serde_json::from_str(body).with_context(|| format!("GET {path}: not JSON: {body}"))
+        let body = http::http_get(self.listen, path, None, Duration::from_secs(5))?;
+        serde_json::from_str(&body).with_context(|| format!("GET {path}: not JSON: {body}"))
     }
 
     /// Node `name`'s network namespace.
@@ -301,21 +371,6 @@ impl LocalCluster {
         self.repos_dir.join("demo.git")
     }
 
-    /// Replaces the demo repository's workload with one Pod `name` that prints `line` and
-    /// sleeps, pushes it (a working copy under `work_dir`), and waits until `kubectl logs` reads
-    /// the line through the replica, which reaches the node's kubelet endpoint.
-    pub fn run_printing_pod(&self, work_dir: &Path, name: &str, line: &str) -> Result<()> {
-        let work = crate::Worktree::clone(self.demo_repo(), work_dir.join("demo"))?;
-        work.remove("web.yaml")?;
-        let script = format!("echo {line}; exec /bin/busybox sleep 3600");
-        work.write(&format!("{name}.yaml"), &crate::manifests::shell_pod(name, &script))?;
-        work.commit_and_push(&format!("a Pod that prints {line:?}"))?;
-        let printed = || self.kubectl_logs(name).filter(|out| out.contains(line));
-        wait_for(Duration::from_secs(120), printed)
-            .map(drop)
-            .with_context(|| format!("kubectl logs {name} never printed {line:?}:\n{}", self.log_text()))
-    }
-
     /// What `kubectl logs <pod>` prints, when it succeeds.
     pub fn kubectl_logs(&self, pod: &str) -> Option<String> {
         let out = Command::new("kubectl")
@@ -329,19 +384,27 @@ impl LocalCluster {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The log's last lines, for error messages.
+    pub fn log_tail(&self) -> String {
+        let log = self.log_text();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        format!("--- gitplane up, last lines:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+    }
+
     /// SIGTERM (as Ctrl-C would): it must exit cleanly within `within` and leave nothing of
     /// the cluster behind (see [`Self::leftovers`]). How long it took.
     pub fn stop_within(mut self, within: Duration) -> Result<Duration> {
-        let mut child = self.child.take().context("stopped already")?;
         let started = std::time::Instant::now();
-        terminate(&child);
+        self.terminate();
         // Past the bound, the wait goes on for the log, then the verdict.
-        let status = wait_for(within + Duration::from_secs(60), || child.try_wait().ok().flatten());
+        let status = wait_for(within + Duration::from_secs(60), || self.try_wait().transpose());
         let took = started.elapsed();
-        let Some(status) = status else {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("gitplane up --nodes did not stop within {took:?} of SIGTERM:\n{}", self.log_text());
+        let status = match status {
+            Some(status) => status?,
+            None => {
+                let _ = self.kill();
+                bail!("gitplane up --nodes did not stop within {took:?} of SIGTERM:\n{}", self.log_text())
+            }
         };
         if !status.success() || took > within {
             bail!("gitplane up --nodes stopped with {status} {took:?} after SIGTERM:\n{}", self.log_text());
@@ -356,7 +419,7 @@ impl LocalCluster {
     /// What of the cluster exists: its network namespaces, mounts under its directory, processes
     /// that name its directory (containerd, agents, shims) and its cgroups (the Pods').
     pub fn leftovers(&self) -> Vec<String> {
-        let dir = self._dir.path().to_string_lossy().into_owned();
+        let dir = self.dir.path().to_string_lossy().into_owned();
         let mut left: Vec<String> = std::fs::read_dir("/run/netns")
             .into_iter()
             .flatten()
@@ -385,31 +448,39 @@ impl LocalCluster {
 
     /// SIGTERM (as Ctrl-C would), then waits for a clean exit.
     pub fn stop(mut self, timeout: Duration) -> Result<ExitStatus> {
-        let mut child = self.child.take().context("stopped already")?;
-        terminate(&child);
-        match wait_for(timeout, || child.try_wait().ok().flatten()) {
-            Some(status) => Ok(status),
+        ensure!(self.child.is_some(), "stopped already");
+        self.terminate();
+        match wait_for(timeout, || self.try_wait().transpose()) {
+            Some(status) => status,
             None => {
-                let _ = child.kill();
-                let _ = child.wait();
+                let _ = self.kill();
                 bail!("gitplane up --nodes did not stop within {timeout:?} of SIGTERM:\n{}", self.log_text())
             }
         }
     }
 }
 
-fn terminate(child: &Child) {
-    if let Ok(pid) = libc::pid_t::try_from(child.id()) {
-        // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
-    }
+/// The pids of the processes whose command line (its arguments) `matches`.
+fn processes(matches: impl Fn(&[&[u8]]) -> bool) -> Vec<i32> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            matches(&args).then_some(pid)
+        })
+        .collect()
 }
 
 impl Drop for LocalCluster {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            terminate(&child);
-            if wait_for(Duration::from_secs(120), || child.try_wait().ok().flatten()).is_none() {
+        if self.child.is_some() {
+            self.terminate();
+            if wait_for(DEADLINE, || self.try_wait().ok().flatten()).is_none()
+                && let Some(mut child) = self.child.take()
+            {
                 let _ = child.kill();
                 let _ = child.wait();
             }
@@ -422,10 +493,8 @@ impl Drop for LocalCluster {
             }
         }
         if let Err(e) = remove_netns(&format!("{}-net", self.base)) {
-            eprintln!("LocalCluster {}: {e}", self.base);
+            eprintln!("gitplane up --nodes {}: {e}", self.base);
         }
-        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
-            let _ = std::fs::remove_dir(hierarchy.path().join(self.cgroup_parent.trim_start_matches('/')));
-        }
+        node::remove_cgroup(&self.cgroup_parent);
     }
 }
