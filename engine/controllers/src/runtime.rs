@@ -1,4 +1,4 @@
-//! Running a reconciler: its work queue, the error policy, a span per reconcile.
+//! Running a reconciler on the work queue's loop runner: the error policy, a span per reconcile.
 
 use crate::plan;
 use gitplane_api::events::{Record, Source, reference};
@@ -8,14 +8,13 @@ use gitplane_store::{
     Event, ObjectKey, Op, Revision, Store, StoreError,
     informer::{Cache, Informer, Notification},
 };
-use gitplane_workqueue::{Backoff, WorkQueue};
+use gitplane_workqueue::{
+    Backoff, WorkQueue,
+    runner::{self, Reconcile, Requeue},
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use std::{fmt, sync::Arc, time::Duration};
-use tokio::sync::broadcast::{
-    self,
-    error::{RecvError, TryRecvError},
-};
 use tracing::Instrument;
 
 /// What to do with a key after a successful reconcile.
@@ -166,47 +165,50 @@ const CONFLICT_RETRY: Duration = Duration::from_millis(100);
 type Queue = WorkQueue<ObjectKey, ReconcileReason>;
 
 /// The error policy and requeues: what happens to a key after its reconcile.
-fn settle(queue: &mut Queue, key: ObjectKey, result: &Result<Action, ReconcileError>) {
+fn requeue(result: &Result<Action, ReconcileError>) -> Requeue<ReconcileReason> {
     match result {
-        Ok(action) => {
-            queue.forget(&key);
-            if let Some(after) = action.requeue_after {
-                queue.add_after(key, ReconcileReason::RequeueRequested, after);
-            }
-        }
+        Ok(Action { requeue_after: Some(after) }) => Requeue::After(*after, ReconcileReason::RequeueRequested),
+        Ok(Action { requeue_after: None }) => Requeue::Done,
         Err(ReconcileError::Store(e)) if e.is_conflict() => {
-            tracing::debug!(error = %e, "conflict, retrying");
-            queue.add_after(key, ReconcileReason::Conflict, CONFLICT_RETRY);
+            Requeue::RetryAfter(CONFLICT_RETRY, ReconcileReason::Conflict)
         }
-        Err(e) => {
-            let backoff = queue.add_with_backoff(key, ReconcileReason::ErrorBackoff);
-            tracing::warn!(error = %e, ?backoff, "reconcile failed");
-        }
+        Err(_) => Requeue::Backoff(ReconcileReason::ErrorBackoff),
     }
 }
 
-/// A reconciler with its work queue.
+/// A reconciler with what it reconciles with.
 pub struct Controller<R> {
     reconciler: R,
     ctx: Context,
-    queue: Queue,
 }
 
 impl<R: Reconciler> Controller<R> {
     pub fn new(reconciler: R, ctx: Context) -> Self {
-        let queue = WorkQueue::new(ERROR_BACKOFF).named(reconciler.name());
-        Controller { reconciler, ctx, queue }
+        Controller { reconciler, ctx }
     }
 
-    fn resync(&mut self) {
+    pub async fn run(self) {
+        let notifications = self.ctx.informer.subscribe();
+        self.ctx.informer.wait_synced().await;
+        let queue = WorkQueue::new(ERROR_BACKOFF).named(self.reconciler.name());
+        runner::run(self, queue, notifications).await;
+    }
+}
+
+impl<R: Reconciler> Reconcile for Controller<R> {
+    type Key = ObjectKey;
+    type Reason = ReconcileReason;
+    type Notification = Notification;
+
+    fn resync(&mut self, queue: &mut Queue) {
         for key in self.reconciler.all_keys(self.ctx.cache()) {
-            self.queue.add(key, ReconcileReason::Resync);
+            queue.add(key, ReconcileReason::Resync);
         }
     }
 
-    fn observe(&mut self, notification: Notification) {
+    fn observe(&mut self, notification: Notification, queue: &mut Queue) {
         match notification {
-            Notification::Resync => self.resync(),
+            Notification::Resync => self.resync(queue),
             Notification::Changed(event) => {
                 for key in self.reconciler.keys_for(&event, self.ctx.cache()) {
                     let reason = if key == event.key {
@@ -214,53 +216,22 @@ impl<R: Reconciler> Controller<R> {
                     } else {
                         ReconcileReason::RelatedObjectChanged(event.key.clone())
                     };
-                    self.queue.add(key, reason);
+                    queue.add(key, reason);
                 }
             }
         }
     }
 
-    /// Observes the notifications already received; `false` once the informer is gone.
-    fn observe_pending(&mut self, notifications: &mut broadcast::Receiver<Notification>) -> bool {
-        loop {
-            match notifications.try_recv() {
-                Ok(n) => self.observe(n),
-                Err(TryRecvError::Lagged(_)) => self.resync(),
-                Err(TryRecvError::Empty) => return true,
-                Err(TryRecvError::Closed) => return false,
-            }
-        }
-    }
-
-    pub async fn run(mut self) {
-        let mut notifications = self.ctx.informer.subscribe();
-        self.ctx.informer.wait_synced().await;
-        self.resync();
-        loop {
-            if !self.observe_pending(&mut notifications) {
-                return;
-            }
-            if let Some((key, reason)) = self.queue.pop() {
-                self.reconcile(key, reason).await;
-                continue;
-            }
-            let due = self.queue.due();
-            tokio::select! {
-                n = notifications.recv() => match n {
-                    Ok(n) => self.observe(n),
-                    Err(RecvError::Lagged(_)) => self.resync(),
-                    Err(RecvError::Closed) => return,
-                },
-                _ = due => {}
-            }
-        }
-    }
-
-    async fn reconcile(&mut self, key: ObjectKey, reason: ReconcileReason) {
+    async fn reconcile(&mut self, key: ObjectKey, reason: ReconcileReason, queue: &Queue) -> Requeue<ReconcileReason> {
         let span = tracing::info_span!("reconcile", controller = self.reconciler.name(), object = %key, %reason);
         let result = self.reconciler.reconcile(&key, &self.ctx).instrument(span.clone()).await;
         let _entered = span.enter();
-        settle(&mut self.queue, key, &result);
+        match &result {
+            Err(ReconcileError::Store(e)) if e.is_conflict() => tracing::debug!(error = %e, "conflict, retrying"),
+            Err(e) => tracing::warn!(error = %e, backoff = ?queue.next_backoff(&key), "reconcile failed"),
+            Ok(_) => {}
+        }
+        requeue(&result)
     }
 }
 
@@ -268,6 +239,7 @@ impl<R: Reconciler> Controller<R> {
 mod tests {
     use super::*;
     use gitplane_store::Rejection;
+    use gitplane_workqueue::runner::settle;
     use tokio::time::{Instant, advance};
 
     fn key(name: &str) -> ObjectKey {
@@ -285,9 +257,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn t10_success_forgets_and_requeues_only_when_asked() {
         let mut queue = Queue::new(ERROR_BACKOFF);
-        settle(&mut queue, key("a"), &Ok(Action::await_change()));
+        settle(&mut queue, key("a"), requeue(&Ok(Action::await_change())));
         assert!(queue.is_empty());
-        settle(&mut queue, key("a"), &Ok(Action::requeue(Duration::from_secs(5))));
+        settle(&mut queue, key("a"), requeue(&Ok(Action::requeue(Duration::from_secs(5)))));
         assert_eq!(queue.next_due(), Some(Instant::now() + Duration::from_secs(5)));
         advance(Duration::from_secs(5)).await;
         assert_eq!(queue.pop(), Some((key("a"), ReconcileReason::RequeueRequested)));
@@ -298,15 +270,15 @@ mod tests {
         let mut queue = Queue::new(ERROR_BACKOFF);
         let mut waits = Vec::new();
         for _ in 0..4 {
-            settle(&mut queue, key("a"), &failed());
+            settle(&mut queue, key("a"), requeue(&failed()));
             let at = queue.next_due().unwrap();
             waits.push(at - Instant::now());
             advance(at - Instant::now()).await;
             assert_eq!(queue.pop(), Some((key("a"), ReconcileReason::ErrorBackoff)));
         }
         assert_eq!(waits, [100, 200, 400, 800].map(Duration::from_millis));
-        settle(&mut queue, key("a"), &Ok(Action::await_change()));
-        settle(&mut queue, key("a"), &failed());
+        settle(&mut queue, key("a"), requeue(&Ok(Action::await_change())));
+        settle(&mut queue, key("a"), requeue(&failed()));
         assert_eq!(queue.next_due(), Some(Instant::now() + Duration::from_millis(100)), "back to the first step");
     }
 
@@ -314,12 +286,12 @@ mod tests {
     async fn t10_conflicts_retry_soon_without_growing_the_backoff() {
         let mut queue = Queue::new(ERROR_BACKOFF);
         for _ in 0..3 {
-            settle(&mut queue, key("a"), &conflict());
+            settle(&mut queue, key("a"), requeue(&conflict()));
             assert_eq!(queue.next_due(), Some(Instant::now() + CONFLICT_RETRY));
             advance(CONFLICT_RETRY).await;
             assert_eq!(queue.pop(), Some((key("a"), ReconcileReason::Conflict)));
         }
-        settle(&mut queue, key("a"), &failed());
+        settle(&mut queue, key("a"), requeue(&failed()));
         assert_eq!(queue.next_due(), Some(Instant::now() + Duration::from_millis(100)));
     }
 
@@ -327,11 +299,11 @@ mod tests {
     async fn t10_a_change_during_a_backoff_runs_at_once_and_once() {
         let mut queue = Queue::new(ERROR_BACKOFF);
         for _ in 0..5 {
-            settle(&mut queue, key("a"), &failed());
+            settle(&mut queue, key("a"), requeue(&failed()));
             advance(Duration::from_secs(30)).await;
             queue.pop();
         }
-        settle(&mut queue, key("a"), &failed());
+        settle(&mut queue, key("a"), requeue(&failed()));
         queue.add(key("a"), ReconcileReason::ObjectChanged);
         assert_eq!(queue.pop(), Some((key("a"), ReconcileReason::ObjectChanged)));
         advance(Duration::from_secs(30)).await;

@@ -1,10 +1,10 @@
 //! The scheduling loop: pending Pods from the informer cache, snapshots of the nodes, bindings
 //! written with compare-and-swap.
 //!
-//! Pods wait in one [`WorkQueue`], as kube-scheduler's queues: a Pod that fits nowhere is parked
-//! until a change of the cluster could make room (a Node changed, a bound Pod was deleted or
-//! finished) or at most [`MAX_UNSCHEDULABLE_STAY`]; a Pod whose binding fails is retried after a
-//! per-Pod backoff. No failure drops a Pod.
+//! Pods wait in one [`WorkQueue`], as kube-scheduler's queues, run by the work queue's loop
+//! runner: a Pod that fits nowhere is parked until a change of the cluster could make room (a
+//! Node changed, a bound Pod was deleted or finished) or at most [`MAX_UNSCHEDULABLE_STAY`]; a Pod
+//! whose binding fails is retried after a per-Pod backoff. No failure drops a Pod.
 
 use crate::framework::{NodeInfo, Profile};
 use gitplane_api::events::{NORMAL, Source, WARNING, reference};
@@ -14,7 +14,10 @@ use gitplane_store::{
     EventType, ObjectKey, Op, Store,
     informer::{Informer, Notification},
 };
-use gitplane_workqueue::{Backoff, WorkQueue};
+use gitplane_workqueue::{
+    Backoff, WorkQueue,
+    runner::{self, Reconcile, Requeue},
+};
 use k8s_openapi::api::core::v1::{Node, Pod, PodCondition};
 use serde_json::Value;
 use std::{
@@ -22,9 +25,9 @@ use std::{
     sync::Arc,
     time::Duration,
 };
-use tokio::sync::broadcast::{self, error::RecvError, error::TryRecvError};
 
 type PodId = (String, String);
+type Queue = WorkQueue<PodId, Reason>;
 
 /// kube-scheduler's podInitialBackoff and podMaxBackoff.
 const BACKOFF: Backoff = Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(10) };
@@ -35,7 +38,7 @@ pub const MAX_UNSCHEDULABLE_STAY: Duration = Duration::from_secs(60);
 
 /// Why a Pod is tried (again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Reason {
+pub enum Reason {
     /// An unbound Pod was created or changed.
     PodChanged,
     /// Every Pod again: start-up, or events were missed.
@@ -58,8 +61,9 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     informer: Informer,
     profile: Profile,
-    /// Pods waiting for a node: due now, backing off, or parked unschedulable.
-    queue: WorkQueue<PodId, Reason>,
+    /// The nodes as the Pods scheduled since the queue was last idle left them: a batch of
+    /// thousands of Pods must not rebuild it per Pod.
+    nodes: Option<Vec<NodeInfo>>,
     /// The queued Pods that fit nowhere at their last attempt: a cluster event wakes them.
     unschedulable: HashSet<PodId>,
     /// Bindings written but not yet seen in the cache: counted on their node meanwhile.
@@ -93,7 +97,7 @@ impl Scheduler {
         Scheduler {
             informer,
             profile,
-            queue: WorkQueue::new(BACKOFF).named("scheduler"),
+            nodes: None,
             unschedulable: HashSet::new(),
             assumed: HashMap::new(),
             events: Recorder::spawn(store.clone(), Source::component("default-scheduler")),
@@ -101,88 +105,18 @@ impl Scheduler {
         }
     }
 
-    pub async fn run(mut self) {
-        let mut notifications = self.informer.subscribe();
+    pub async fn run(self) {
+        let notifications = self.informer.subscribe();
         self.informer.wait_synced().await;
-        self.requeue_all();
-        loop {
-            self.schedule_pending().await;
-            let due = self.queue.due();
-            tokio::select! {
-                n = notifications.recv() => match n {
-                    Ok(n) => self.observe(n),
-                    Err(RecvError::Lagged(_)) => self.requeue_all(),
-                    Err(RecvError::Closed) => return,
-                },
-                _ = due => {}
-            }
-            if !self.observe_pending(&mut notifications) {
-                return;
-            }
-        }
-    }
-
-    /// Observes the notifications already received; `false` once the informer is gone.
-    fn observe_pending(&mut self, notifications: &mut broadcast::Receiver<Notification>) -> bool {
-        loop {
-            match notifications.try_recv() {
-                Ok(n) => self.observe(n),
-                Err(TryRecvError::Lagged(_)) => self.requeue_all(),
-                Err(TryRecvError::Empty) => return true,
-                Err(TryRecvError::Closed) => return false,
-            }
-        }
-    }
-
-    fn requeue_all(&mut self) {
-        self.unschedulable.clear();
-        let pods = self.informer.cache().list(&kind_of::<Pod>(), None);
-        for pod in pods.iter().filter(|p| needs_node(p)) {
-            if let Ok(key) = ObjectKey::from_value(pod) {
-                self.queue.add_after_backoff((key.namespace, key.name), Reason::Resync);
-            }
-        }
+        // Pods waiting for a node: due now, backing off, or parked unschedulable.
+        let queue = WorkQueue::new(BACKOFF).named("scheduler");
+        runner::run(self, queue, notifications).await;
     }
 
     /// Tries the unschedulable Pods again, each once its backoff is over.
-    fn wake(&mut self, reason: Reason) {
+    fn wake(&mut self, queue: &mut Queue, reason: Reason) {
         for pod_id in self.unschedulable.drain() {
-            self.queue.add_after_backoff(pod_id, reason);
-        }
-    }
-
-    fn observe(&mut self, notification: Notification) {
-        let event = match notification {
-            Notification::Resync => return self.requeue_all(),
-            Notification::Changed(event) => event,
-        };
-        if event.key.kind == kind_of::<Node>() {
-            return self.wake(Reason::NodeChanged);
-        }
-        if event.key.kind != kind_of::<Pod>() {
-            return;
-        }
-        let pod_id = (event.key.namespace.clone(), event.key.name.clone());
-        let pod = &*event.object;
-        if event.event_type == EventType::Deleted {
-            self.queue.remove(&pod_id);
-            self.unschedulable.remove(&pod_id);
-            let assumed = self.assumed.remove(&pod_id).is_some();
-            if assumed || holds_room(pod) {
-                self.wake(Reason::PodDeleted);
-            }
-        } else if needs_node(pod) {
-            // A queued Pod keeps its place, its backoff or its wait for a cluster event.
-            if !self.queue.contains(&pod_id) {
-                self.queue.add(pod_id, Reason::PodChanged);
-            }
-        } else {
-            self.assumed.remove(&pod_id);
-            self.queue.remove(&pod_id);
-            self.unschedulable.remove(&pod_id);
-            if node_name(pod).is_some() && is_terminal(pod) {
-                self.wake(Reason::PodFinished);
-            }
+            queue.add_after_backoff(pod_id, reason);
         }
     }
 
@@ -213,64 +147,6 @@ impl Scheduler {
         nodes
     }
 
-    async fn schedule_pending(&mut self) {
-        // One snapshot per batch, kept current with the Pods this batch binds: a batch of
-        // thousands of Pods must not rebuild it per Pod.
-        let mut nodes: Option<Vec<NodeInfo>> = None;
-        while let Some((pod_id, reason)) = self.queue.pop() {
-            self.unschedulable.remove(&pod_id);
-            if self.assumed.contains_key(&pod_id) {
-                continue;
-            }
-            let value = self.informer.cache().get(&ObjectKey::of::<Pod>(&pod_id.0, &pod_id.1));
-            let Some(pod) = value.filter(|v| needs_node(v)).and_then(|v| from_value::<Pod>(Value::clone(&v)).ok())
-            else {
-                self.queue.forget(&pod_id);
-                continue;
-            };
-            let started = std::time::Instant::now();
-            let name = format!("{}/{}", pod_id.0, pod_id.1);
-            let snapshot = nodes.get_or_insert_with(|| self.snapshot());
-            match self.profile.schedule(&pod, snapshot) {
-                Ok(node) => match self.bind(&pod, &node).await {
-                    Ok(()) => {
-                        crate::metrics::attempt("scheduled", started.elapsed());
-                        tracing::info!(pod = %name, %node, ?reason, elapsed = ?started.elapsed(), "bound");
-                        let message = format!("Successfully assigned {name} to {node}");
-                        self.events.event(reference(&pod), NORMAL, "Scheduled", &message);
-                        if let Some(info) = nodes.iter_mut().flatten().find(|n| n.name() == node) {
-                            info.add_pod(&pod);
-                        }
-                        self.queue.forget(&pod_id);
-                        self.assumed.insert(pod_id, (node, pod));
-                    }
-                    Err(e) => {
-                        crate::metrics::attempt("error", started.elapsed());
-                        let backoff = self.queue.add_with_backoff(pod_id, Reason::BindFailed);
-                        if e.is_conflict() {
-                            // Our cache was behind a concurrent writer.
-                            tracing::debug!(error = %e, pod = %name, ?backoff, "binding conflicted, retrying");
-                        } else {
-                            tracing::warn!(error = %e, pod = %name, %node, ?backoff, "binding failed, retrying");
-                        }
-                    }
-                },
-                Err(unschedulable) => {
-                    crate::metrics::attempt("unschedulable", started.elapsed());
-                    tracing::info!(pod = %name, reason = %unschedulable, "unschedulable");
-                    self.events.event(reference(&pod), WARNING, "FailedScheduling", &unschedulable.to_string());
-                    if let Err(e) = self.mark_unschedulable(&pod, &unschedulable.to_string()).await {
-                        tracing::debug!(error = %e, pod = %name, "recording unschedulable failed");
-                    }
-                    // Parked until a cluster event (no sooner than its backoff) or the longest stay.
-                    self.queue.record_failure(&pod_id);
-                    self.queue.add_after(pod_id.clone(), Reason::UnschedulableTimeout, MAX_UNSCHEDULABLE_STAY);
-                    self.unschedulable.insert(pod_id);
-                }
-            }
-        }
-    }
-
     /// Writes `spec.nodeName` (compare-and-swap on the Pod's resourceVersion) and the
     /// PodScheduled condition in one transaction.
     async fn bind(&self, pod: &Pod, node: &str) -> gitplane_store::Result<()> {
@@ -292,6 +168,115 @@ impl Scheduler {
         }
         self.store.txn(vec![Op::UpdateStatus(to_value(&status))]).await?;
         Ok(())
+    }
+}
+
+impl Reconcile for Scheduler {
+    type Key = PodId;
+    type Reason = Reason;
+    type Notification = Notification;
+
+    fn resync(&mut self, queue: &mut Queue) {
+        self.unschedulable.clear();
+        let pods = self.informer.cache().list(&kind_of::<Pod>(), None);
+        for pod in pods.iter().filter(|p| needs_node(p)) {
+            if let Ok(key) = ObjectKey::from_value(pod) {
+                queue.add_after_backoff((key.namespace, key.name), Reason::Resync);
+            }
+        }
+    }
+
+    fn observe(&mut self, notification: Notification, queue: &mut Queue) {
+        let event = match notification {
+            Notification::Resync => return self.resync(queue),
+            Notification::Changed(event) => event,
+        };
+        if event.key.kind == kind_of::<Node>() {
+            return self.wake(queue, Reason::NodeChanged);
+        }
+        if event.key.kind != kind_of::<Pod>() {
+            return;
+        }
+        let pod_id = (event.key.namespace.clone(), event.key.name.clone());
+        let pod = &*event.object;
+        if event.event_type == EventType::Deleted {
+            queue.remove(&pod_id);
+            self.unschedulable.remove(&pod_id);
+            let assumed = self.assumed.remove(&pod_id).is_some();
+            if assumed || holds_room(pod) {
+                self.wake(queue, Reason::PodDeleted);
+            }
+        } else if needs_node(pod) {
+            // A queued Pod keeps its place, its backoff or its wait for a cluster event.
+            if !queue.contains(&pod_id) {
+                queue.add(pod_id, Reason::PodChanged);
+            }
+        } else {
+            self.assumed.remove(&pod_id);
+            queue.remove(&pod_id);
+            self.unschedulable.remove(&pod_id);
+            if node_name(pod).is_some() && is_terminal(pod) {
+                self.wake(queue, Reason::PodFinished);
+            }
+        }
+    }
+
+    async fn reconcile(&mut self, pod_id: PodId, reason: Reason, queue: &Queue) -> Requeue<Reason> {
+        self.unschedulable.remove(&pod_id);
+        if self.assumed.contains_key(&pod_id) {
+            return Requeue::Done;
+        }
+        let value = self.informer.cache().get(&ObjectKey::of::<Pod>(&pod_id.0, &pod_id.1));
+        let Some(pod) = value.filter(|v| needs_node(v)).and_then(|v| from_value::<Pod>(Value::clone(&v)).ok()) else {
+            return Requeue::Done;
+        };
+        let started = std::time::Instant::now();
+        let name = format!("{}/{}", pod_id.0, pod_id.1);
+        let mut nodes = self.nodes.take().unwrap_or_else(|| self.snapshot());
+        let requeue = match self.profile.schedule(&pod, &nodes) {
+            Ok(node) => match self.bind(&pod, &node).await {
+                Ok(()) => {
+                    crate::metrics::attempt("scheduled", started.elapsed());
+                    tracing::info!(pod = %name, %node, ?reason, elapsed = ?started.elapsed(), "bound");
+                    let message = format!("Successfully assigned {name} to {node}");
+                    self.events.event(reference(&pod), NORMAL, "Scheduled", &message);
+                    if let Some(info) = nodes.iter_mut().find(|n| n.name() == node) {
+                        info.add_pod(&pod);
+                    }
+                    self.assumed.insert(pod_id, (node, pod));
+                    Requeue::Done
+                }
+                Err(e) => {
+                    crate::metrics::attempt("error", started.elapsed());
+                    let backoff = queue.next_backoff(&pod_id);
+                    if e.is_conflict() {
+                        // Our cache was behind a concurrent writer.
+                        tracing::debug!(error = %e, pod = %name, ?backoff, "binding conflicted, retrying");
+                    } else {
+                        tracing::warn!(error = %e, pod = %name, %node, ?backoff, "binding failed, retrying");
+                    }
+                    Requeue::Backoff(Reason::BindFailed)
+                }
+            },
+            Err(unschedulable) => {
+                crate::metrics::attempt("unschedulable", started.elapsed());
+                tracing::info!(pod = %name, reason = %unschedulable, "unschedulable");
+                self.events.event(reference(&pod), WARNING, "FailedScheduling", &unschedulable.to_string());
+                if let Err(e) = self.mark_unschedulable(&pod, &unschedulable.to_string()).await {
+                    tracing::debug!(error = %e, pod = %name, "recording unschedulable failed");
+                }
+                // Parked until a cluster event (no sooner than its backoff) or the longest stay.
+                self.unschedulable.insert(pod_id);
+                Requeue::Park(MAX_UNSCHEDULABLE_STAY, Reason::UnschedulableTimeout)
+            }
+        };
+        self.nodes = Some(nodes);
+        requeue
+    }
+
+    /// The batch is over: the next one starts from the cache again.
+    fn idle(&mut self) {
+        self.nodes = None;
     }
 }
 

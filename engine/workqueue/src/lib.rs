@@ -14,6 +14,10 @@
 //! state: a key queued while it is processed simply runs again. Time is tokio's, so tests drive
 //! the queue with a paused clock instead of sleeping. A queue given a name
 //! ([`WorkQueue::named`]) exports client-go's `workqueue_depth` and `workqueue_adds_total`.
+//!
+//! [`runner`] is the loop around it that the controllers and the scheduler share.
+
+pub mod runner;
 
 use gitplane_metrics::{Counter, Family, Gauge};
 use std::{
@@ -208,6 +212,11 @@ impl<K: Clone + Eq + Hash, R: Reason> WorkQueue<K, R> {
         let delay = self.backoff.delay(count);
         self.failures.insert(key.clone(), Failures { count, until: Instant::now() + delay });
         delay
+    }
+
+    /// The backoff the next failure of `key` gets.
+    pub fn next_backoff(&self, key: &K) -> Duration {
+        self.backoff.delay(self.failures.get(key).map_or(0, |f| f.count).saturating_add(1))
     }
 
     /// Queues `key` for when the backoff of its last failure ends, or now if it has none.

@@ -1,0 +1,232 @@
+//! The one loop runner, as kube-runtime's `Controller` serves every reconciler: notifications
+//! queue keys, due keys are reconciled one at a time, and each reconcile says what happens to its
+//! key next ([`Requeue`]), failures backing off per key. The controllers and the scheduler run
+//! on it; the loop stops once the notifications end (the informer is gone).
+
+use crate::{Reason, WorkQueue};
+use std::{future::Future, hash::Hash, time::Duration};
+use tokio::sync::broadcast::{
+    self,
+    error::{RecvError, TryRecvError},
+};
+
+/// What happens to a key after its reconcile: kube-runtime's `Action` and error policy in one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Requeue<R> {
+    /// Done: its failures are forgotten, and nothing runs it again until a change queues it.
+    Done,
+    /// Done, and run again after this long (sooner if a change queues it).
+    After(Duration, R),
+    /// Failed: run again once the key's backoff, which grows with each failure, ends.
+    Backoff(R),
+    /// Failed in a way that heals by itself (a lost compare-and-swap): run again after this long,
+    /// without growing the backoff.
+    RetryAfter(Duration, R),
+    /// Failed and counted, then left for a change to queue it, or this long at most.
+    Park(Duration, R),
+}
+
+/// Applies `requeue` to `key` in `queue`.
+pub fn settle<K: Clone + Eq + Hash, R: Reason>(queue: &mut WorkQueue<K, R>, key: K, requeue: Requeue<R>) {
+    match requeue {
+        Requeue::Done => queue.forget(&key),
+        Requeue::After(after, reason) => {
+            queue.forget(&key);
+            queue.add_after(key, reason, after);
+        }
+        Requeue::Backoff(reason) => {
+            queue.add_with_backoff(key, reason);
+        }
+        Requeue::RetryAfter(after, reason) => queue.add_after(key, reason, after),
+        Requeue::Park(after, reason) => {
+            queue.record_failure(&key);
+            queue.add_after(key, reason, after);
+        }
+    }
+}
+
+/// A control loop's logic: which keys a notification concerns, and the reconcile of one key.
+pub trait Reconcile: Send {
+    type Key: Clone + Eq + Hash + Send;
+    type Reason: Reason + Send;
+    type Notification: Clone + Send;
+
+    /// Queues every key: at start-up, and when notifications were missed.
+    fn resync(&mut self, queue: &mut WorkQueue<Self::Key, Self::Reason>);
+
+    /// Queues the keys `notification` concerns.
+    fn observe(&mut self, notification: Self::Notification, queue: &mut WorkQueue<Self::Key, Self::Reason>);
+
+    /// Brings `key` to what it should be; `queue` tells what a failure would back off
+    /// ([`WorkQueue::next_backoff`]).
+    fn reconcile(
+        &mut self,
+        key: Self::Key,
+        reason: Self::Reason,
+        queue: &WorkQueue<Self::Key, Self::Reason>,
+    ) -> impl Future<Output = Requeue<Self::Reason>> + Send;
+
+    /// No key is due any more: the batch of reconciles that ran since the last call is over.
+    fn idle(&mut self) {}
+}
+
+/// Runs `handler` over `queue` until `notifications` end. Every key is queued first (call it
+/// once the notifications' source is synced); notifications already received are observed
+/// before each reconcile, so a change or a deletion is seen before its key runs.
+pub async fn run<H: Reconcile>(
+    mut handler: H,
+    mut queue: WorkQueue<H::Key, H::Reason>,
+    mut notifications: broadcast::Receiver<H::Notification>,
+) {
+    handler.resync(&mut queue);
+    loop {
+        loop {
+            match notifications.try_recv() {
+                Ok(n) => handler.observe(n, &mut queue),
+                Err(TryRecvError::Lagged(_)) => handler.resync(&mut queue),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Closed) => return,
+            }
+        }
+        if let Some((key, reason)) = queue.pop() {
+            let requeue = handler.reconcile(key.clone(), reason, &queue).await;
+            settle(&mut queue, key, requeue);
+            continue;
+        }
+        handler.idle();
+        let due = queue.due();
+        tokio::select! {
+            n = notifications.recv() => match n {
+                Ok(n) => handler.observe(n, &mut queue),
+                Err(RecvError::Lagged(_)) => handler.resync(&mut queue),
+                Err(RecvError::Closed) => return,
+            },
+            () = due => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backoff;
+    use std::sync::{Arc, Mutex};
+    use tokio::time::{Instant, advance};
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Why {
+        Resync,
+        Changed,
+        Requeued,
+        Failed,
+    }
+
+    impl Reason for Why {}
+
+    const BACKOFF: Backoff = Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(1) };
+
+    /// Keys are numbers; the notification `n` changes key `n`. Each reconcile is recorded with
+    /// its time since the start, and answers with the next of `answers` (then `Done`).
+    struct Fake {
+        keys: Vec<u32>,
+        answers: Vec<Requeue<Why>>,
+        seen: Arc<Mutex<Vec<(u32, Why, Duration)>>>,
+        idles: Arc<Mutex<u32>>,
+        start: Instant,
+    }
+
+    impl Reconcile for Fake {
+        type Key = u32;
+        type Reason = Why;
+        type Notification = u32;
+
+        fn resync(&mut self, queue: &mut WorkQueue<u32, Why>) {
+            for key in &self.keys {
+                queue.add(*key, Why::Resync);
+            }
+        }
+
+        fn observe(&mut self, notification: u32, queue: &mut WorkQueue<u32, Why>) {
+            queue.add(notification, Why::Changed);
+        }
+
+        async fn reconcile(&mut self, key: u32, reason: Why, _: &WorkQueue<u32, Why>) -> Requeue<Why> {
+            self.seen.lock().unwrap().push((key, reason, self.start.elapsed()));
+            if self.answers.is_empty() { Requeue::Done } else { self.answers.remove(0) }
+        }
+
+        fn idle(&mut self) {
+            *self.idles.lock().unwrap() += 1;
+        }
+    }
+
+    type Seen = Arc<Mutex<Vec<(u32, Why, Duration)>>>;
+
+    fn fake(keys: &[u32], answers: Vec<Requeue<Why>>) -> (Fake, Seen, Arc<Mutex<u32>>) {
+        let seen = Seen::default();
+        let idles = Arc::new(Mutex::new(0));
+        let fake =
+            Fake { keys: keys.to_vec(), answers, seen: seen.clone(), idles: idles.clone(), start: Instant::now() };
+        (fake, seen, idles)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_resyncs_first_then_runs_each_changed_key_once_and_stops_when_notifications_end() {
+        let (handler, seen, idles) = fake(&[1, 2], Vec::new());
+        let (tx, rx) = broadcast::channel(16);
+        let loop_ = tokio::spawn(run(handler, WorkQueue::new(BACKOFF), rx));
+        tokio::task::yield_now().await;
+        for n in [3, 3, 1] {
+            tx.send(n).unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(tx);
+        loop_.await.unwrap();
+        let seen: Vec<_> = seen.lock().unwrap().iter().map(|(k, r, _)| (*k, *r)).collect();
+        assert_eq!(seen, [(1, Why::Resync), (2, Why::Resync), (3, Why::Changed), (1, Why::Changed)]);
+        assert!(*idles.lock().unwrap() >= 1, "idle once nothing was due");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_failures_back_off_per_key_and_a_requeue_runs_after_its_delay() {
+        let answers = vec![
+            Requeue::Backoff(Why::Failed),
+            Requeue::Backoff(Why::Failed),
+            Requeue::After(Duration::from_secs(5), Why::Requeued),
+        ];
+        let (handler, seen, _) = fake(&[7], answers);
+        let (tx, rx) = broadcast::channel(16);
+        let loop_ = tokio::spawn(run(handler, WorkQueue::new(BACKOFF), rx));
+        // The paused clock jumps from timer to timer, letting the loop run at each.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        drop(tx);
+        loop_.await.unwrap();
+        let seen = seen.lock().unwrap().clone();
+        let at = |ms: u64| Duration::from_millis(ms);
+        assert_eq!(
+            seen,
+            [
+                (7, Why::Resync, at(0)),
+                (7, Why::Failed, at(100)),
+                (7, Why::Failed, at(300)),
+                (7, Why::Requeued, at(5300))
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_settle_retries_without_counting_and_parks_counting() {
+        let mut queue: WorkQueue<u32, Why> = WorkQueue::new(BACKOFF);
+        settle(&mut queue, 1, Requeue::RetryAfter(Duration::from_millis(50), Why::Failed));
+        assert_eq!(queue.next_due(), Some(Instant::now() + Duration::from_millis(50)));
+        assert_eq!(queue.next_backoff(&1), Duration::from_millis(100), "a retry does not count");
+        advance(Duration::from_millis(50)).await;
+        assert_eq!(queue.pop(), Some((1, Why::Failed)));
+        settle(&mut queue, 1, Requeue::Park(Duration::from_secs(60), Why::Failed));
+        assert_eq!(queue.next_due(), Some(Instant::now() + Duration::from_secs(60)));
+        assert_eq!(queue.next_backoff(&1), Duration::from_millis(200), "a park counts");
+        settle(&mut queue, 1, Requeue::Done);
+        assert_eq!(queue.next_backoff(&1), Duration::from_millis(100), "done forgets");
+    }
+}
