@@ -188,7 +188,7 @@ impl<R: Reconciler> Controller<R> {
     }
 
     pub async fn run(self) {
-        let notifications = self.ctx.informer.subscribe();
+        let notifications = self.ctx.informer.notifications();
         self.ctx.informer.wait_synced().await;
         let queue = WorkQueue::new(ERROR_BACKOFF).named(self.reconciler.name());
         runner::run(self, queue, notifications).await;
@@ -200,15 +200,15 @@ impl<R: Reconciler> Reconcile for Controller<R> {
     type Reason = ReconcileReason;
     type Notification = Notification;
 
-    fn resync(&mut self, queue: &mut Queue) {
+    async fn resync(&mut self, queue: &mut Queue) {
         for key in self.reconciler.all_keys(self.ctx.cache()) {
             queue.add(key, ReconcileReason::Resync);
         }
     }
 
-    fn observe(&mut self, notification: Notification, queue: &mut Queue) {
+    async fn observe(&mut self, notification: Notification, queue: &mut Queue) {
         match notification {
-            Notification::Resync => self.resync(queue),
+            Notification::Resync => self.resync(queue).await,
             Notification::Changed(event) => {
                 for key in self.reconciler.keys_for(&event, self.ctx.cache()) {
                     let reason = if key == event.key {

@@ -106,7 +106,7 @@ impl Scheduler {
     }
 
     pub async fn run(self) {
-        let notifications = self.informer.subscribe();
+        let notifications = self.informer.notifications();
         self.informer.wait_synced().await;
         // Pods waiting for a node: due now, backing off, or parked unschedulable.
         let queue = WorkQueue::new(BACKOFF).named("scheduler");
@@ -176,7 +176,7 @@ impl Reconcile for Scheduler {
     type Reason = Reason;
     type Notification = Notification;
 
-    fn resync(&mut self, queue: &mut Queue) {
+    async fn resync(&mut self, queue: &mut Queue) {
         self.unschedulable.clear();
         let pods = self.informer.cache().list(&kind_of::<Pod>(), None);
         for pod in pods.iter().filter(|p| needs_node(p)) {
@@ -186,9 +186,9 @@ impl Reconcile for Scheduler {
         }
     }
 
-    fn observe(&mut self, notification: Notification, queue: &mut Queue) {
+    async fn observe(&mut self, notification: Notification, queue: &mut Queue) {
         let event = match notification {
-            Notification::Resync => return self.resync(queue),
+            Notification::Resync => return self.resync(queue).await,
             Notification::Changed(event) => event,
         };
         if event.key.kind == kind_of::<Node>() {

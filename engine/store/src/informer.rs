@@ -221,6 +221,18 @@ impl Informer {
         self.0.notifications.subscribe()
     }
 
+    /// [`Informer::subscribe`] as a stream, which ends with the informer; notifications missed
+    /// by a slow subscriber become one `Resync`.
+    pub fn notifications(&self) -> impl futures::Stream<Item = Notification> + Send + 'static {
+        futures::stream::unfold(self.subscribe(), |mut notifications| async move {
+            match notifications.recv().await {
+                Ok(n) => Some((n, notifications)),
+                Err(broadcast::error::RecvError::Lagged(_)) => Some((Notification::Resync, notifications)),
+                Err(broadcast::error::RecvError::Closed) => None,
+            }
+        })
+    }
+
     /// The revision the cache has reached (0 until the first list of every kind is in).
     pub fn revision(&self) -> Revision {
         *self.0.revision.borrow()

@@ -1,14 +1,11 @@
 //! The one loop runner, as kube-runtime's `Controller` serves every reconciler: notifications
 //! queue keys, due keys are reconciled one at a time, and each reconcile says what happens to its
-//! key next ([`Requeue`]), failures backing off per key. The controllers and the scheduler run
-//! on it; the loop stops once the notifications end (the informer is gone).
+//! key next ([`Requeue`]), failures backing off per key. The controllers, the scheduler and the
+//! source controller run on it; the loop stops once the notifications end (the informer is gone).
 
 use crate::{Reason, WorkQueue};
+use futures::{FutureExt, Stream, StreamExt};
 use std::{future::Future, hash::Hash, time::Duration};
-use tokio::sync::broadcast::{
-    self,
-    error::{RecvError, TryRecvError},
-};
 
 /// What happens to a key after its reconcile: kube-runtime's `Action` and error policy in one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,13 +47,17 @@ pub fn settle<K: Clone + Eq + Hash, R: Reason>(queue: &mut WorkQueue<K, R>, key:
 pub trait Reconcile: Send {
     type Key: Clone + Eq + Hash + Send;
     type Reason: Reason + Send;
-    type Notification: Clone + Send;
+    type Notification: Send;
 
-    /// Queues every key: at start-up, and when notifications were missed.
-    fn resync(&mut self, queue: &mut WorkQueue<Self::Key, Self::Reason>);
+    /// Queues every key at start-up.
+    fn resync(&mut self, queue: &mut WorkQueue<Self::Key, Self::Reason>) -> impl Future<Output = ()> + Send;
 
-    /// Queues the keys `notification` concerns.
-    fn observe(&mut self, notification: Self::Notification, queue: &mut WorkQueue<Self::Key, Self::Reason>);
+    /// Queues the keys `notification` concerns (every key when it says notifications were missed).
+    fn observe(
+        &mut self,
+        notification: Self::Notification,
+        queue: &mut WorkQueue<Self::Key, Self::Reason>,
+    ) -> impl Future<Output = ()> + Send;
 
     /// Brings `key` to what it should be; `queue` tells what a failure would back off
     /// ([`WorkQueue::next_backoff`]).
@@ -77,16 +78,15 @@ pub trait Reconcile: Send {
 pub async fn run<H: Reconcile>(
     mut handler: H,
     mut queue: WorkQueue<H::Key, H::Reason>,
-    mut notifications: broadcast::Receiver<H::Notification>,
+    notifications: impl Stream<Item = H::Notification>,
 ) {
-    handler.resync(&mut queue);
+    let mut notifications = std::pin::pin!(notifications);
+    handler.resync(&mut queue).await;
     loop {
-        loop {
-            match notifications.try_recv() {
-                Ok(n) => handler.observe(n, &mut queue),
-                Err(TryRecvError::Lagged(_)) => handler.resync(&mut queue),
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Closed) => return,
+        while let Some(received) = notifications.next().now_or_never() {
+            match received {
+                Some(n) => handler.observe(n, &mut queue).await,
+                None => return,
             }
         }
         if let Some((key, reason)) = queue.pop() {
@@ -97,10 +97,9 @@ pub async fn run<H: Reconcile>(
         handler.idle();
         let due = queue.due();
         tokio::select! {
-            n = notifications.recv() => match n {
-                Ok(n) => handler.observe(n, &mut queue),
-                Err(RecvError::Lagged(_)) => handler.resync(&mut queue),
-                Err(RecvError::Closed) => return,
+            n = notifications.next() => match n {
+                Some(n) => handler.observe(n, &mut queue).await,
+                None => return,
             },
             () = due => {}
         }
@@ -112,6 +111,7 @@ mod tests {
     use super::*;
     use crate::Backoff;
     use std::sync::{Arc, Mutex};
+    use tokio::sync::mpsc;
     use tokio::time::{Instant, advance};
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,17 +120,22 @@ mod tests {
         Changed,
         Requeued,
         Failed,
+        Pushed,
     }
 
     impl Reason for Why {}
 
     const BACKOFF: Backoff = Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(1) };
 
-    /// Keys are numbers; the notification `n` changes key `n`. Each reconcile is recorded with
-    /// its time since the start, and answers with the next of `answers` (then `Done`).
+    type Note = (u32, Why);
+
+    /// Keys are numbers; the notification `(n, why)` queues key `n`, first if `why` is `Pushed`.
+    /// Each reconcile is recorded with its time since the start, and answers with the next of
+    /// `answers` (then `Done`); the reconcile of `during.0` sends the notification `during.1`.
     struct Fake {
         keys: Vec<u32>,
         answers: Vec<Requeue<Why>>,
+        during: Option<(u32, Note, mpsc::UnboundedSender<Note>)>,
         seen: Arc<Mutex<Vec<(u32, Why, Duration)>>>,
         idles: Arc<Mutex<u32>>,
         start: Instant,
@@ -139,20 +144,31 @@ mod tests {
     impl Reconcile for Fake {
         type Key = u32;
         type Reason = Why;
-        type Notification = u32;
+        type Notification = Note;
 
-        fn resync(&mut self, queue: &mut WorkQueue<u32, Why>) {
+        async fn resync(&mut self, queue: &mut WorkQueue<u32, Why>) {
             for key in &self.keys {
                 queue.add(*key, Why::Resync);
             }
         }
 
-        fn observe(&mut self, notification: u32, queue: &mut WorkQueue<u32, Why>) {
-            queue.add(notification, Why::Changed);
+        async fn observe(&mut self, (key, why): Note, queue: &mut WorkQueue<u32, Why>) {
+            // Observing may wait (a push's diff): the next reconcile waits for it.
+            tokio::task::yield_now().await;
+            if why == Why::Pushed {
+                queue.add_first(key, why);
+            } else {
+                queue.add(key, why);
+            }
         }
 
         async fn reconcile(&mut self, key: u32, reason: Why, _: &WorkQueue<u32, Why>) -> Requeue<Why> {
             self.seen.lock().unwrap().push((key, reason, self.start.elapsed()));
+            if self.during.as_ref().is_some_and(|(k, _, _)| *k == key)
+                && let Some((_, notification, tx)) = self.during.take()
+            {
+                tx.send(notification).unwrap();
+            }
             if self.answers.is_empty() { Requeue::Done } else { self.answers.remove(0) }
         }
 
@@ -166,19 +182,31 @@ mod tests {
     fn fake(keys: &[u32], answers: Vec<Requeue<Why>>) -> (Fake, Seen, Arc<Mutex<u32>>) {
         let seen = Seen::default();
         let idles = Arc::new(Mutex::new(0));
-        let fake =
-            Fake { keys: keys.to_vec(), answers, seen: seen.clone(), idles: idles.clone(), start: Instant::now() };
+        let fake = Fake {
+            keys: keys.to_vec(),
+            answers,
+            during: None,
+            seen: seen.clone(),
+            idles: idles.clone(),
+            start: Instant::now(),
+        };
         (fake, seen, idles)
+    }
+
+    /// Notifications that end once every sender is dropped.
+    fn channel() -> (mpsc::UnboundedSender<Note>, impl Stream<Item = Note>) {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        (tx, futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
     }
 
     #[tokio::test(start_paused = true)]
     async fn t10_resyncs_first_then_runs_each_changed_key_once_and_stops_when_notifications_end() {
         let (handler, seen, idles) = fake(&[1, 2], Vec::new());
-        let (tx, rx) = broadcast::channel(16);
+        let (tx, rx) = channel();
         let loop_ = tokio::spawn(run(handler, WorkQueue::new(BACKOFF), rx));
         tokio::task::yield_now().await;
         for n in [3, 3, 1] {
-            tx.send(n).unwrap();
+            tx.send((n, Why::Changed)).unwrap();
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
         drop(tx);
@@ -196,7 +224,7 @@ mod tests {
             Requeue::After(Duration::from_secs(5), Why::Requeued),
         ];
         let (handler, seen, _) = fake(&[7], answers);
-        let (tx, rx) = broadcast::channel(16);
+        let (tx, rx) = channel();
         let loop_ = tokio::spawn(run(handler, WorkQueue::new(BACKOFF), rx));
         // The paused clock jumps from timer to timer, letting the loop run at each.
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -213,6 +241,19 @@ mod tests {
                 (7, Why::Requeued, at(5300))
             ]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_a_notification_received_during_a_burst_is_observed_before_the_next_reconcile() {
+        let (mut handler, seen, _) = fake(&[1, 2, 3], Vec::new());
+        let (tx, rx) = channel();
+        handler.during = Some((1, (9, Why::Pushed), tx.clone()));
+        let loop_ = tokio::spawn(run(handler, WorkQueue::new(BACKOFF), rx));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        drop(tx);
+        loop_.await.unwrap();
+        let seen: Vec<_> = seen.lock().unwrap().iter().map(|(k, r, _)| (*k, *r)).collect();
+        assert_eq!(seen, [(1, Why::Resync), (9, Why::Pushed), (2, Why::Resync), (3, Why::Resync)]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -18,6 +18,7 @@ pub mod reach;
 pub mod verdict;
 
 use crate::mirror::{self, MirrorStatus, Mirrors, is_url};
+use futures::{Stream, StreamExt, stream};
 use gitplane_api::events::{NORMAL, Source, WARNING};
 use gitplane_api::health::{self, Health};
 use gitplane_api::{
@@ -31,7 +32,10 @@ use gitplane_store::{
     events::Recorder,
     informer::{Cache, Informer, Notification},
 };
-use gitplane_workqueue::{Backoff, WorkQueue};
+use gitplane_workqueue::{
+    Backoff, WorkQueue,
+    runner::{self, Reconcile, Requeue},
+};
 use k8s_openapi::api::{
     apps::v1::ReplicaSet,
     core::v1::{Namespace, Node, ObjectReference},
@@ -42,9 +46,13 @@ use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     path::{Path, PathBuf},
     sync::Arc,
+    task::Poll,
     time::{Duration, Instant},
 };
-use tokio::sync::{broadcast::error::RecvError, mpsc};
+use tokio::sync::{
+    broadcast::{self, error::RecvError},
+    mpsc,
+};
 
 /// A warning about one object of a commit, and the reason of its Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,8 +151,8 @@ struct SyncOutcome {
 }
 
 /// `first` and every path already waiting in the channel.
-fn drain(pushed: &mut mpsc::UnboundedReceiver<PathBuf>, first: Option<PathBuf>) -> HashSet<PathBuf> {
-    let mut paths: HashSet<PathBuf> = first.into_iter().collect();
+fn drain(pushed: &mut mpsc::UnboundedReceiver<PathBuf>, first: PathBuf) -> HashSet<PathBuf> {
+    let mut paths = HashSet::from([first]);
     while let Ok(p) = pushed.try_recv() {
         paths.insert(p);
     }
@@ -321,238 +329,22 @@ impl SourceController {
 
     /// Runs over `informer`, which caches at least [`watched_kinds`].
     pub async fn run(self, informer: Informer) {
-        let mut notifications = informer.subscribe();
+        let notifications = informer.notifications();
         informer.wait_synced().await;
-        let cache = informer.cache().clone();
-        let (pushed_tx, mut pushed) = mpsc::unbounded_channel::<PathBuf>();
-        let mut watchers: HashMap<PathBuf, notify::RecommendedWatcher> = HashMap::new();
-        let mut queue = Queue::new(Backoff { initial: RETRY_MIN, max: RETRY_MAX }).named("source");
-        let mut unhealthy: BTreeSet<ObjectKey> = BTreeSet::new();
-        let mut generations: HashMap<ObjectKey, Option<i64>> = HashMap::new();
-        // When each Application's branch moved and its commit is not applied yet.
-        let mut moved: HashMap<ObjectKey, Instant> = HashMap::new();
-        let mut resync = tokio::time::interval(self.resync);
-        let mut health_tick = tokio::time::interval(HEALTH_DEBOUNCE);
-        let mut fetched = self.repos.mirrors.changes();
-        let mut registry = Registry::default();
-        // Read every Application again and reconcile each (at the start, after missed events,
-        // and on the periodic resync).
-        let mut rebuild = true;
-        // An Application's repository changed (or one came or went): follow the repositories.
-        let mut follow = false;
-        loop {
-            if std::mem::take(&mut rebuild) {
-                let apps = cache.list(&kind_of::<Application>(), None);
-                registry = Registry::of(&apps);
-                // Each is reconciled now, so the generations seen are these: their next status
-                // write is no spec change. One not seen before has its health assessed.
-                for app in &apps {
-                    if let Ok(key) = ObjectKey::from_value(app) {
-                        if generations.insert(key.clone(), app["metadata"]["generation"].as_i64()).is_none() {
-                            unhealthy.insert(key.clone());
-                        }
-                        queue.add(key, Reason::Reconcile);
-                    }
-                }
-                follow = true;
-            }
-            if std::mem::take(&mut follow) {
-                self.follow_repositories(&mut registry, &mut watchers, &pushed_tx).await;
-            }
-            while let Some((key, reason)) = queue.pop() {
-                // From the store, not the cache: the cache may not show our last status write
-                // yet, and the status says which commit was already handled.
-                match Api::<Application>::new(self.store.clone()).get(&key.namespace, &key.name).await {
-                    Ok(Some(app)) => {
-                        let started = Instant::now();
-                        let outcome = self.sync(&app, reason, &informer).await;
-                        crate::metrics::sync(&key.namespace, &key.name, outcome.result, started.elapsed());
-                        if !outcome.retry
-                            && let Some(at) = moved.remove(&key)
-                            && outcome.result == "Synced"
-                        {
-                            crate::metrics::applied(&key.namespace, &key.name, at);
-                        }
-                        if outcome.assess_health {
-                            unhealthy.insert(key.clone());
-                        }
-                        if outcome.retry {
-                            let delay = queue.add_with_backoff(key.clone(), Reason::Commit);
-                            tracing::info!(application = %key, ?delay, "retrying after a failure that may heal by itself");
-                        } else {
-                            queue.forget(&key);
-                        }
-                    }
-                    Ok(None) => {
-                        moved.remove(&key);
-                        queue.remove(&key);
-                    }
-                    Err(e) => {
-                        tracing::warn!(application = %key, error = %e, "reading the Application failed");
-                        queue.add_with_backoff(key, reason);
-                    }
-                }
-                // A push during a burst of syncs (a resync, another push) is queued now, so
-                // what it changed goes next rather than after the burst.
-                let paths = drain(&mut pushed, None);
-                if !paths.is_empty() {
-                    self.queue_pushed(paths, &registry, &cache, &mut queue, &mut moved).await;
-                }
-            }
-            tokio::select! {
-                n = notifications.recv() => match n {
-                    Ok(Notification::Changed(e)) => {
-                        follow |= self.observe(&e, &cache, &mut registry, &mut queue, &mut unhealthy, &mut generations);
-                    }
-                    Ok(Notification::Resync) | Err(RecvError::Lagged(_)) => {
-                        // Events were missed: no inventory can vouch for the store any more.
-                        self.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut().for_each(apply::Inventory::distrust);
-                        rebuild = true;
-                    }
-                    Err(RecvError::Closed) => return,
-                },
-                Some(path) = pushed.recv() => {
-                    let paths = drain(&mut pushed, Some(path));
-                    self.queue_pushed(paths, &registry, &cache, &mut queue, &mut moved).await;
-                }
-                Ok(url) = fetched.recv() => {
-                    for key in registry.by_repo.get(&url).into_iter().flatten() {
-                        moved.entry(key.clone()).or_insert_with(Instant::now);
-                        queue.add(key.clone(), Reason::Commit);
-                    }
-                }
-                // Hosted repositories may have been removed or made meanwhile.
-                _ = resync.tick() => rebuild = true,
-                _ = health_tick.tick(), if !unhealthy.is_empty() => {
-                    for key in std::mem::take(&mut unhealthy) {
-                        self.assess_health(&key, &cache).await;
-                    }
-                }
-                () = queue.due() => {}
-            }
-        }
-    }
-
-    /// Queues every Application of the pushed repositories: first those whose directory the
-    /// push changed ([`push::changed`]), then the rest, which only record the new revision.
-    async fn queue_pushed(
-        &self,
-        paths: HashSet<PathBuf>,
-        registry: &Registry,
-        cache: &Cache,
-        queue: &mut Queue,
-        moved: &mut HashMap<ObjectKey, Instant>,
-    ) {
-        for path in paths {
-            let started = Instant::now();
-            let keys: Vec<ObjectKey> = registry.by_path(&path).cloned().collect();
-            let apps: Vec<push::Following> =
-                keys.iter().filter_map(|k| push::Following::of(k.clone(), &*cache.get(k)?)).collect();
-            let changed = {
-                let path = path.clone();
-                tokio::task::spawn_blocking(move || push::changed(&path, &apps)).await.unwrap_or_default()
-            };
-            tracing::debug!(repo = %path.display(), applications = keys.len(), changed = changed.len(),
-                took = ?started.elapsed(), "a push's Applications queued");
-            for key in keys {
-                moved.entry(key.clone()).or_insert_with(Instant::now);
-                if changed.contains(&key) {
-                    queue.add_first(key, Reason::Commit);
-                } else {
-                    queue.add(key, Reason::Commit);
-                }
-            }
-        }
-    }
-
-    /// Watches the refs of every hosted repository an Application names (and no other), and
-    /// stops mirroring remote ones no Application names any more.
-    async fn follow_repositories(
-        &self,
-        registry: &mut Registry,
-        watchers: &mut HashMap<PathBuf, notify::RecommendedWatcher>,
-        pushed: &mpsc::UnboundedSender<PathBuf>,
-    ) {
-        registry.paths.retain(|_, repo| registry.by_repo.contains_key(repo));
-        for repo in registry.by_repo.keys().filter(|r| !is_url(r)).cloned().collect::<Vec<_>>() {
-            if let Ok(Some(path)) = self.repos.path_blocking(&repo).await {
-                if !watchers.contains_key(&path)
-                    && let Some(w) = watch_refs(&path, pushed.clone())
-                {
-                    watchers.insert(path.clone(), w);
-                }
-                registry.paths.insert(path, repo);
-            }
-        }
-        watchers.retain(|path, _| registry.paths.contains_key(path));
-        for url in self.repos.mirrors.tracked() {
-            if !registry.by_repo.contains_key(&url) {
-                self.repos.mirrors.untrack(&url);
-            }
-        }
-    }
-
-    /// Maps a change to the Applications it concerns and keeps `registry`; `true` when an
-    /// Application's repository changed (or one came or went).
-    fn observe(
-        &self,
-        event: &gitplane_store::Event,
-        cache: &Cache,
-        registry: &mut Registry,
-        queue: &mut Queue,
-        unhealthy: &mut BTreeSet<ObjectKey>,
-        generations: &mut HashMap<ObjectKey, Option<i64>>,
-    ) -> bool {
-        if event.key.kind == kind_of::<Application>() {
-            // Our own status writes need no sync; spec changes bump the generation.
-            let generation = event.object["metadata"]["generation"].as_i64();
-            let deleted = event.event_type == EventType::Deleted;
-            if deleted {
-                self.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
-                self.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
-            }
-            if deleted {
-                queue.remove(&event.key);
-            } else if generations.insert(event.key.clone(), generation) != Some(generation) {
-                // A new spec may change the verdict on the same commit: plan it again.
-                queue.add(event.key.clone(), Reason::Reconcile);
-                unhealthy.insert(event.key.clone());
-            }
-            // Applications that depend on this one may go now (read as JSON: nothing decoded).
-            for app in cache.list(&event.key.kind, Some(&event.key.namespace)) {
-                let names = app["spec"]["dependsOn"].as_array();
-                if names.is_some_and(|n| n.iter().any(|n| n.as_str() == Some(event.key.name.as_str())))
-                    && let Ok(key) = ObjectKey::from_value(&app)
-                {
-                    queue.add(key, Reason::Commit);
-                }
-            }
-            return if deleted { registry.remove(&event.key) } else { registry.set(event.key.clone(), &event.object) };
-        }
-        // Whoever wrote it (an inventory skips its own writes): by key, as the write may also
-        // have changed the inventory annotation.
-        let revision = (event.event_type != EventType::Deleted).then(|| resource_version(&event.object)).flatten();
-        for inventory in self.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut() {
-            inventory.touched(&event.key, revision);
-        }
-        if let Some(owner) =
-            event.object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str().and_then(owner_key)
-        {
-            let changed_outside =
-                event.event_type == EventType::Deleted || apply::drifted(&event.object, &self.record_key);
-            if changed_outside {
-                queue.add(owner.clone(), Reason::Reconcile);
-            }
-            // Other kinds are healthy once they exist: a ConfigMap's change changes no health.
-            if event.event_type == EventType::Deleted || health::assessed(&event.key.kind) {
-                unhealthy.insert(owner);
-            }
-        } else if matches!(event.key.kind.as_str(), "Pod" | "ReplicaSet.apps") {
-            // Pods and ReplicaSets carry no inventory annotation: assess the Applications of
-            // that namespace's workloads.
-            unhealthy.extend(registry.by_namespace.get(&event.key.namespace).into_iter().flatten().cloned());
-        }
-        false
+        let (pushed_tx, pushed) = mpsc::unbounded_channel::<PathBuf>();
+        let inputs = inputs(notifications, pushed, self.repos.mirrors.changes(), self.resync);
+        let queue = Queue::new(Backoff { initial: RETRY_MIN, max: RETRY_MAX }).named("source");
+        let handler = SourceLoop {
+            source: self,
+            informer,
+            pushed: pushed_tx,
+            watchers: HashMap::new(),
+            registry: Registry::default(),
+            unhealthy: BTreeSet::new(),
+            generations: HashMap::new(),
+            moved: HashMap::new(),
+        };
+        runner::run(handler, queue, inputs).await;
     }
 
     /// One sync of one Application; the outcome goes to its status, Events and the log. Whether
@@ -882,6 +674,278 @@ impl SourceController {
     /// Records an Event about `involved` (its uid from the cache, so `kubectl describe` finds it).
     fn record_event(&self, involved: &ObjectKey, cache: &Cache, event_type: &str, reason: &str, message: &str) {
         self.events.event(reference(involved, cache), event_type, reason, message);
+    }
+}
+
+/// What the source controller's loop observes.
+enum Input {
+    /// A change in the cache, or its `Resync` when changes were missed.
+    Informer(Notification),
+    /// The refs of these hosted repositories moved: every path waiting when the first came.
+    Pushed(HashSet<PathBuf>),
+    /// A mirror's fetch moved the branches of this URL.
+    Fetched(String),
+    /// The periodic resync.
+    Resync,
+    /// The health debounce tick.
+    Health,
+}
+
+/// The loop's inputs as one stream, which ends with the informer's notifications.
+fn inputs(
+    informer: impl Stream<Item = Notification> + Send + 'static,
+    pushed: mpsc::UnboundedReceiver<PathBuf>,
+    fetched: broadcast::Receiver<String>,
+    resync: Duration,
+) -> impl Stream<Item = Input> + Send {
+    let pushed = stream::unfold(pushed, |mut pushed| async move {
+        let first = pushed.recv().await?;
+        Some((Input::Pushed(drain(&mut pushed, first)), pushed))
+    });
+    let fetched = stream::unfold(fetched, |mut fetched| async move {
+        loop {
+            match fetched.recv().await {
+                Ok(url) => return Some((Input::Fetched(url), fetched)),
+                // The periodic resync reads every branch again.
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    });
+    // The first resync is the runner's, at the start.
+    let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
+    let mut health = tokio::time::interval(HEALTH_DEBOUNCE);
+    let mut others = stream::select_all([
+        pushed.boxed(),
+        fetched.boxed(),
+        stream::poll_fn(move |cx| resync.poll_tick(cx).map(|_| Some(Input::Resync))).boxed(),
+        stream::poll_fn(move |cx| health.poll_tick(cx).map(|_| Some(Input::Health))).boxed(),
+    ]);
+    let mut informer = informer.map(Input::Informer).boxed();
+    // The ticks never end, so only the informer ends the stream.
+    stream::poll_fn(move |cx| match informer.poll_next_unpin(cx) {
+        Poll::Pending => others.poll_next_unpin(cx),
+        ready => ready,
+    })
+}
+
+/// The source controller on the loop runner, with what its loop keeps.
+struct SourceLoop {
+    source: SourceController,
+    informer: Informer,
+    /// Where the watchers of hosted repositories send their paths.
+    pushed: mpsc::UnboundedSender<PathBuf>,
+    watchers: HashMap<PathBuf, notify::RecommendedWatcher>,
+    registry: Registry,
+    /// Applications whose health is assessed on the next health tick.
+    unhealthy: BTreeSet<ObjectKey>,
+    generations: HashMap<ObjectKey, Option<i64>>,
+    /// When each Application's branch moved and its commit is not applied yet.
+    moved: HashMap<ObjectKey, Instant>,
+}
+
+impl Reconcile for SourceLoop {
+    type Key = ObjectKey;
+    type Reason = Reason;
+    type Notification = Input;
+
+    async fn resync(&mut self, queue: &mut Queue) {
+        self.rebuild(queue).await;
+    }
+
+    async fn observe(&mut self, input: Input, queue: &mut Queue) {
+        match input {
+            Input::Informer(Notification::Changed(e)) => {
+                if self.observe_change(&e, queue) {
+                    self.follow_repositories().await;
+                }
+            }
+            Input::Informer(Notification::Resync) => {
+                // Events were missed: no inventory can vouch for the store any more.
+                let inventories = &self.source.inventories;
+                inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut().for_each(apply::Inventory::distrust);
+                self.rebuild(queue).await;
+            }
+            // A push during a burst of syncs (a resync, another push) is queued before the next
+            // sync, so what it changed goes next rather than after the burst.
+            Input::Pushed(paths) => self.queue_pushed(paths, queue).await,
+            Input::Fetched(url) => {
+                for key in self.registry.by_repo.get(&url).into_iter().flatten() {
+                    self.moved.entry(key.clone()).or_insert_with(Instant::now);
+                    queue.add(key.clone(), Reason::Commit);
+                }
+            }
+            // Hosted repositories may have been removed or made meanwhile.
+            Input::Resync => self.rebuild(queue).await,
+            Input::Health => {
+                for key in std::mem::take(&mut self.unhealthy) {
+                    self.source.assess_health(&key, self.informer.cache()).await;
+                }
+            }
+        }
+    }
+
+    async fn reconcile(&mut self, key: ObjectKey, reason: Reason, queue: &Queue) -> Requeue<Reason> {
+        // From the store, not the cache: the cache may not show our last status write yet, and
+        // the status says which commit was already handled.
+        match Api::<Application>::new(self.source.store.clone()).get(&key.namespace, &key.name).await {
+            Ok(Some(app)) => {
+                let started = Instant::now();
+                let outcome = self.source.sync(&app, reason, &self.informer).await;
+                crate::metrics::sync(&key.namespace, &key.name, outcome.result, started.elapsed());
+                if !outcome.retry
+                    && let Some(at) = self.moved.remove(&key)
+                    && outcome.result == "Synced"
+                {
+                    crate::metrics::applied(&key.namespace, &key.name, at);
+                }
+                if outcome.assess_health {
+                    self.unhealthy.insert(key.clone());
+                }
+                if outcome.retry {
+                    let delay = queue.next_backoff(&key);
+                    tracing::info!(application = %key, ?delay, "retrying after a failure that may heal by itself");
+                    Requeue::Backoff(Reason::Commit)
+                } else {
+                    Requeue::Done
+                }
+            }
+            // Deleted meanwhile: its entry was popped, and `Done` forgets its failures.
+            Ok(None) => {
+                self.moved.remove(&key);
+                Requeue::Done
+            }
+            Err(e) => {
+                tracing::warn!(application = %key, error = %e, "reading the Application failed");
+                Requeue::Backoff(reason)
+            }
+        }
+    }
+}
+
+impl SourceLoop {
+    /// Reads every Application again and queues each for a reconcile (at the start, after
+    /// missed events, and on the periodic resync), then follows their repositories.
+    async fn rebuild(&mut self, queue: &mut Queue) {
+        let apps = self.informer.cache().list(&kind_of::<Application>(), None);
+        self.registry = Registry::of(&apps);
+        // Each is reconciled now, so the generations seen are these: their next status write is
+        // no spec change. One not seen before has its health assessed.
+        for app in &apps {
+            if let Ok(key) = ObjectKey::from_value(app) {
+                if self.generations.insert(key.clone(), app["metadata"]["generation"].as_i64()).is_none() {
+                    self.unhealthy.insert(key.clone());
+                }
+                queue.add(key, Reason::Reconcile);
+            }
+        }
+        self.follow_repositories().await;
+    }
+
+    /// Queues every Application of the pushed repositories: first those whose directory the
+    /// push changed ([`push::changed`]), then the rest, which only record the new revision.
+    async fn queue_pushed(&mut self, paths: HashSet<PathBuf>, queue: &mut Queue) {
+        let cache = self.informer.cache();
+        for path in paths {
+            let started = Instant::now();
+            let keys: Vec<ObjectKey> = self.registry.by_path(&path).cloned().collect();
+            let apps: Vec<push::Following> =
+                keys.iter().filter_map(|k| push::Following::of(k.clone(), &*cache.get(k)?)).collect();
+            let changed = {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || push::changed(&path, &apps)).await.unwrap_or_default()
+            };
+            tracing::debug!(repo = %path.display(), applications = keys.len(), changed = changed.len(),
+                took = ?started.elapsed(), "a push's Applications queued");
+            for key in keys {
+                self.moved.entry(key.clone()).or_insert_with(Instant::now);
+                if changed.contains(&key) {
+                    queue.add_first(key, Reason::Commit);
+                } else {
+                    queue.add(key, Reason::Commit);
+                }
+            }
+        }
+    }
+
+    /// Watches the refs of every hosted repository an Application names (and no other), and
+    /// stops mirroring remote ones no Application names any more.
+    async fn follow_repositories(&mut self) {
+        let SourceLoop { source, registry, watchers, pushed, .. } = self;
+        registry.paths.retain(|_, repo| registry.by_repo.contains_key(repo));
+        for repo in registry.by_repo.keys().filter(|r| !is_url(r)).cloned().collect::<Vec<_>>() {
+            if let Ok(Some(path)) = source.repos.path_blocking(&repo).await {
+                if !watchers.contains_key(&path)
+                    && let Some(w) = watch_refs(&path, pushed.clone())
+                {
+                    watchers.insert(path.clone(), w);
+                }
+                registry.paths.insert(path, repo);
+            }
+        }
+        watchers.retain(|path, _| registry.paths.contains_key(path));
+        for url in source.repos.mirrors.tracked() {
+            if !registry.by_repo.contains_key(&url) {
+                source.repos.mirrors.untrack(&url);
+            }
+        }
+    }
+
+    /// Maps a change to the Applications it concerns and keeps `registry`; `true` when an
+    /// Application's repository changed (or one came or went).
+    fn observe_change(&mut self, event: &gitplane_store::Event, queue: &mut Queue) -> bool {
+        let SourceLoop { source, informer, registry, unhealthy, generations, .. } = self;
+        let cache = informer.cache();
+        if event.key.kind == kind_of::<Application>() {
+            // Our own status writes need no sync; spec changes bump the generation.
+            let generation = event.object["metadata"]["generation"].as_i64();
+            let deleted = event.event_type == EventType::Deleted;
+            if deleted {
+                source.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
+                source.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
+            }
+            if deleted {
+                queue.remove(&event.key);
+            } else if generations.insert(event.key.clone(), generation) != Some(generation) {
+                // A new spec may change the verdict on the same commit: plan it again.
+                queue.add(event.key.clone(), Reason::Reconcile);
+                unhealthy.insert(event.key.clone());
+            }
+            // Applications that depend on this one may go now (read as JSON: nothing decoded).
+            for app in cache.list(&event.key.kind, Some(&event.key.namespace)) {
+                let names = app["spec"]["dependsOn"].as_array();
+                if names.is_some_and(|n| n.iter().any(|n| n.as_str() == Some(event.key.name.as_str())))
+                    && let Ok(key) = ObjectKey::from_value(&app)
+                {
+                    queue.add(key, Reason::Commit);
+                }
+            }
+            return if deleted { registry.remove(&event.key) } else { registry.set(event.key.clone(), &event.object) };
+        }
+        // Whoever wrote it (an inventory skips its own writes): by key, as the write may also
+        // have changed the inventory annotation.
+        let revision = (event.event_type != EventType::Deleted).then(|| resource_version(&event.object)).flatten();
+        for inventory in source.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut() {
+            inventory.touched(&event.key, revision);
+        }
+        if let Some(owner) =
+            event.object["metadata"]["annotations"][APPLICATION_ANNOTATION].as_str().and_then(owner_key)
+        {
+            let changed_outside =
+                event.event_type == EventType::Deleted || apply::drifted(&event.object, &source.record_key);
+            if changed_outside {
+                queue.add(owner.clone(), Reason::Reconcile);
+            }
+            // Other kinds are healthy once they exist: a ConfigMap's change changes no health.
+            if event.event_type == EventType::Deleted || health::assessed(&event.key.kind) {
+                unhealthy.insert(owner);
+            }
+        } else if matches!(event.key.kind.as_str(), "Pod" | "ReplicaSet.apps") {
+            // Pods and ReplicaSets carry no inventory annotation: assess the Applications of
+            // that namespace's workloads.
+            unhealthy.extend(registry.by_namespace.get(&event.key.namespace).into_iter().flatten().cloned());
+        }
+        false
     }
 }
 
