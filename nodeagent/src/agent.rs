@@ -4,11 +4,13 @@
 
 use crate::{
     certificate::{self, KeyAndCertificate},
-    controlplane::{RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
+    controlplane::{ControlPlaneError, Credentials, RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
     kubelet::{
         cri::Cri,
         logs::rotate::{self, LogRotation},
-        node, pleg,
+        node,
+        node_status::{self, NodeStatusConfig},
+        pleg,
         pod_workers::{PodWorkers, PodWorkersConfig},
         podconfig::PodConfig,
         prober::Prober,
@@ -29,8 +31,7 @@ use crate::{
     },
     supervisor::{AtStop, Supervisor, TaskError},
 };
-use gitplane_proto::node::{HeartbeatRequest, RegisterRequest, RegisterResponse, UpdateNodeStatusRequest};
-use serde_json::Value;
+use gitplane_proto::node::{RegisterRequest, RegisterResponse};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 use tokio::sync::{Notify, watch};
 use tonic::Code;
@@ -131,24 +132,10 @@ impl AgentConfig {
 pub enum AgentError {
     #[error("container runtime at {socket}: {source}")]
     Runtime { socket: PathBuf, source: crate::kubelet::cri::CriError },
-    #[error("control plane address {server:?}: {source}")]
-    Server { server: String, source: tonic::transport::Error },
-    #[error("no control plane address given")]
-    NoServers,
-    #[error(
-        "control plane address {server:?} is HTTPS: give the cluster CA's certificate \
-         (--certificate-authority; it is <data-dir>/ca.crt on a control-plane replica)"
-    )]
-    NoCertificateAuthority { server: String },
     #[error("the cluster CA's certificate {file}: {why}")]
     BadCertificateAuthority { file: PathBuf, why: String },
-    #[error(
-        "no way to join: {file} holds no node credential and no join token was given \
-         (--join-token-file; the token is <data-dir>/join-token on a control-plane replica)"
-    )]
-    NoCredential { file: PathBuf },
-    #[error("the token in {file} is not usable: {why}")]
-    BadToken { file: PathBuf, why: String },
+    #[error(transparent)]
+    ControlPlane(#[from] ControlPlaneError),
     #[error("the node's certificates: {0}")]
     Certificate(String),
     #[error(transparent)]
@@ -284,20 +271,21 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     // After lost heartbeats the control plane may have marked the node Unknown: the whole status
     // is sent again.
     let resend_status = Arc::new(Notify::new());
+    let status_cfg = NodeStatusConfig {
+        node_name: cfg.node_name.clone(),
+        node: cfg.node.clone(),
+        heartbeat: cfg.heartbeat,
+        node_status_period: cfg.node_status_period,
+    };
     tasks.restarting("heartbeat", AtStop::Abort, {
-        let (cfg, client, resend_status) = (cfg.clone(), client.clone(), resend_status.clone());
-        move |_| heartbeat(cfg.clone(), client.clone(), resend_status.clone())
+        let (status_cfg, client, resend_status) = (status_cfg.clone(), client.clone(), resend_status.clone());
+        move |_| node_status::heartbeat(status_cfg.clone(), client.clone(), resend_status.clone())
     });
     tasks.restarting("node status", AtStop::Abort, {
-        let (cfg, client, runtime) = (cfg.clone(), client.clone(), runtime.clone());
+        let (client, runtime) = (client.clone(), runtime.clone());
         move |_| {
-            report_node_status(
-                cfg.clone(),
-                client.clone(),
-                runtime.clone(),
-                runtime_states.clone(),
-                resend_status.clone(),
-            )
+            let (cfg, states, resend) = (status_cfg.clone(), runtime_states.clone(), resend_status.clone());
+            node_status::report(cfg, client.clone(), runtime.clone(), states, resend)
         }
     });
     // Services, EndpointSlices and Nodes, for the node's networking.
@@ -504,9 +492,10 @@ async fn register(
     let files = certificate::Files::next_to(&cfg.credential_file);
     let tls_only = cfg.servers.iter().all(|s| s.starts_with("https://"));
     let mut identity = ca.filter(|_| tls_only).and_then(|ca| certificate::load_client(&files.client, ca));
+    let credentials = Credentials { join_token: cfg.join_token.clone(), credential_file: cfg.credential_file.clone() };
     let token = match identity {
         Some(_) => Token::none(),
-        None => Token::load(cfg)?,
+        None => Token::load(&credentials)?,
     };
     let mut client = Servers::new(&cfg.servers, token.clone(), ca, identity.as_ref())?;
     let (key, csr) = certificate::request(&cfg.node_name).map_err(|e| AgentError::Certificate(e.to_string()))?;
@@ -532,7 +521,7 @@ async fn register(
             Err(status) if matches!(status.code(), Code::Unauthenticated | Code::PermissionDenied) => {
                 // A credential or certificate from another cluster (or a rotated key): join
                 // again, if we can.
-                let fallback = token.fall_back_to_join(cfg);
+                let fallback = token.fall_back_to_join(&credentials);
                 if identity.take().is_some() {
                     client = Servers::new(&cfg.servers, token.clone(), ca, None)?;
                 }
@@ -589,86 +578,4 @@ fn keep(
         }
     }
     Ok((client, serving))
-}
-
-/// Renews the Lease every period; after renewals failed, `recovered` asks for the node's status
-/// to be sent again.
-async fn heartbeat(cfg: AgentConfig, client: Servers, recovered: Arc<Notify>) {
-    let mut tick = tokio::time::interval(cfg.heartbeat);
-    let mut failing = false;
-    loop {
-        tick.tick().await;
-        let request = HeartbeatRequest { node_name: cfg.node_name.clone() };
-        let (server, mut c) = client.get();
-        match c.heartbeat(request).await {
-            Ok(_) if failing => {
-                failing = false;
-                recovered.notify_one();
-            }
-            Ok(_) => {}
-            Err(status) => {
-                tracing::warn!(error = %status.message(), "lease renewal failed");
-                client.failed(server);
-                failing = true;
-            }
-        }
-    }
-}
-
-/// Sends the node's own status when it changes: pressure conditions, allocatable, images, and
-/// the Ready condition of the runtime's state, at once when that changes. `resend` sends it
-/// again even if unchanged.
-async fn report_node_status(
-    cfg: AgentConfig,
-    client: Servers,
-    runtime: Arc<RuntimeManager>,
-    mut runtime_state: watch::Receiver<RuntimeState>,
-    resend: Arc<Notify>,
-) {
-    let mut tick = tokio::time::interval(cfg.node_status_period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sent: Option<Value> = None;
-    let mut conditions: Vec<k8s_openapi::api::core::v1::NodeCondition> = Vec::new();
-    // A runtime that is down lists no images: the node keeps the last list.
-    let mut images = Vec::new();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            changed = runtime_state.changed() => if changed.is_err() { return },
-            _ = resend.notified() => sent = None,
-        }
-        match runtime.images().await {
-            Ok(listed) => images = listed,
-            Err(error) => tracing::debug!(%error, "listing images for the node status failed"),
-        }
-        let signals = node::host_signals(&cfg.node.nodefs);
-        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
-        let mut status = node::status(&cfg.node, &signals, &conditions, images.clone(), now.clone());
-        let previous = conditions.iter().find(|c| c.type_ == "Ready");
-        let ready = runtime_state::ready_condition(&runtime_state.borrow_and_update(), previous, now);
-        status.conditions.get_or_insert_with(Vec::new).push(ready);
-        let value = serde_json::to_value(&status).unwrap_or_default();
-        if sent.as_ref() == Some(&value) {
-            continue;
-        }
-        for c in status.conditions.iter().flatten() {
-            let bad = if c.type_ == "Ready" { c.status != "True" } else { c.status == "True" };
-            if bad {
-                tracing::warn!(condition = %c.type_, status = %c.status, message = ?c.message, "node condition");
-            }
-        }
-        let request =
-            UpdateNodeStatusRequest { node_name: cfg.node_name.clone(), status: value.to_string().into_bytes() };
-        let (server, mut c) = client.get();
-        match c.update_node_status(request).await {
-            Ok(_) => {
-                conditions = status.conditions.unwrap_or_default();
-                sent = Some(value);
-            }
-            Err(status) => {
-                tracing::warn!(error = %status.message(), "node status update failed");
-                client.failed(server);
-            }
-        }
-    }
 }

@@ -3,6 +3,7 @@
 
 use crate::{
     agent::{self, AgentConfig, AgentError},
+    controlplane::ControlPlaneError,
     kubelet::logs::rotate::LogRotation,
     kubelet::node::{self, pressure::EvictionHard},
     network::cidr::Ipv4Cidr,
@@ -162,7 +163,7 @@ impl AgentArgs {
         }
         if let Some(file) = self.join_token_file {
             let token = std::fs::read_to_string(&file)
-                .map_err(|e| AgentError::BadToken { file: file.clone(), why: format!("reading it: {e}") })?;
+                .map_err(|e| ControlPlaneError::BadToken { file: file.clone(), why: format!("reading it: {e}") })?;
             cfg.join_token = Some(token.trim().to_owned());
         }
         Ok(cfg)

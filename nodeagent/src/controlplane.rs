@@ -2,13 +2,10 @@
 //! next when one fails), the client certificate its calls present over TLS, and the token they
 //! carry otherwise.
 
-use crate::{
-    agent::{AgentConfig, AgentError},
-    certificate::KeyAndCertificate,
-};
+use crate::certificate::KeyAndCertificate;
 use gitplane_proto::node::{ObjectEvent, PodEvent, node_service_client::NodeServiceClient};
 use std::{
-    path::Path,
+    path::{Path, PathBuf},
     sync::{Arc, PoisonError, RwLock},
     time::Duration,
 };
@@ -19,6 +16,36 @@ use tonic::{
     service::{Interceptor, interceptor::InterceptedService},
     transport::{Certificate, Channel, ClientTlsConfig, Identity},
 };
+
+/// Why the control plane cannot be called.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlPlaneError {
+    #[error("control plane address {server:?}: {source}")]
+    Server { server: String, source: tonic::transport::Error },
+    #[error("no control plane address given")]
+    NoServers,
+    #[error(
+        "control plane address {server:?} is HTTPS: give the cluster CA's certificate \
+         (--certificate-authority; it is <data-dir>/ca.crt on a control-plane replica)"
+    )]
+    NoCertificateAuthority { server: String },
+    #[error(
+        "no way to join: {file} holds no node credential and no join token was given \
+         (--join-token-file; the token is <data-dir>/join-token on a control-plane replica)"
+    )]
+    NoCredential { file: PathBuf },
+    #[error("the token in {file} is not usable: {why}")]
+    BadToken { file: PathBuf, why: String },
+}
+
+/// How the node authenticates before it holds a client certificate.
+#[derive(Clone, Debug)]
+pub(crate) struct Credentials {
+    /// The cluster's join token, for the first registration (or after losing the credential).
+    pub join_token: Option<String>,
+    /// Where the node credential is kept once registration returned it.
+    pub credential_file: PathBuf,
+}
 
 /// Retry delays for calls to the control plane.
 pub(crate) const RETRY_MIN: Duration = Duration::from_millis(200);
@@ -39,23 +66,25 @@ pub(crate) async fn sleep_or_shutdown(delay: &mut Duration, shutdown: &mut watch
 #[derive(Clone)]
 pub(crate) struct Token(Arc<RwLock<Option<MetadataValue<Ascii>>>>);
 
-fn bearer(token: &str, file: &Path) -> Result<MetadataValue<Ascii>, AgentError> {
+fn bearer(token: &str, file: &Path) -> Result<MetadataValue<Ascii>, ControlPlaneError> {
     format!("Bearer {}", token.trim())
         .parse()
-        .map_err(|_| AgentError::BadToken { file: file.to_owned(), why: "not printable ASCII".into() })
+        .map_err(|_| ControlPlaneError::BadToken { file: file.to_owned(), why: "not printable ASCII".into() })
 }
 
 impl Token {
     /// The kept credential, else the join token.
-    pub(crate) fn load(cfg: &AgentConfig) -> Result<Token, AgentError> {
+    pub(crate) fn load(cfg: &Credentials) -> Result<Token, ControlPlaneError> {
         let kept = match std::fs::read_to_string(&cfg.credential_file) {
             Ok(text) => Some(text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(AgentError::BadToken { file: cfg.credential_file.clone(), why: e.to_string() }),
+            Err(e) => {
+                return Err(ControlPlaneError::BadToken { file: cfg.credential_file.clone(), why: e.to_string() });
+            }
         };
         let token = kept
             .or_else(|| cfg.join_token.clone())
-            .ok_or_else(|| AgentError::NoCredential { file: cfg.credential_file.clone() })?;
+            .ok_or_else(|| ControlPlaneError::NoCredential { file: cfg.credential_file.clone() })?;
         Ok(Token(Arc::new(RwLock::new(Some(bearer(&token, &cfg.credential_file)?)))))
     }
 
@@ -70,7 +99,7 @@ impl Token {
     }
 
     /// Uses `credential` from now on and keeps it in `file` (written aside, then renamed).
-    pub(crate) fn keep(&self, credential: &str, file: &Path) -> Result<(), AgentError> {
+    pub(crate) fn keep(&self, credential: &str, file: &Path) -> Result<(), ControlPlaneError> {
         let value = bearer(credential, file)?;
         let write = || -> std::io::Result<()> {
             use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
@@ -84,14 +113,14 @@ impl Token {
             out.sync_all()?;
             std::fs::rename(&aside, file)
         };
-        write().map_err(|e| AgentError::BadToken { file: file.to_owned(), why: format!("writing it: {e}") })?;
+        write().map_err(|e| ControlPlaneError::BadToken { file: file.to_owned(), why: format!("writing it: {e}") })?;
         *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(value);
         Ok(())
     }
 
     /// Presents the join token again (when the control plane refused the credential); whether
     /// there is one.
-    pub(crate) fn fall_back_to_join(&self, cfg: &AgentConfig) -> bool {
+    pub(crate) fn fall_back_to_join(&self, cfg: &Credentials) -> bool {
         let Some(value) = cfg.join_token.as_deref().and_then(|t| bearer(t, &cfg.credential_file).ok()) else {
             return false;
         };
@@ -129,20 +158,21 @@ fn clients(
     token: &Token,
     ca: Option<&str>,
     identity: Option<&KeyAndCertificate>,
-) -> Result<Vec<Client>, AgentError> {
+) -> Result<Vec<Client>, ControlPlaneError> {
     servers
         .iter()
         .map(|server| {
             let mut endpoint = tonic::transport::Endpoint::from_shared(server.clone())
-                .map_err(|source| AgentError::Server { server: server.clone(), source })?;
+                .map_err(|source| ControlPlaneError::Server { server: server.clone(), source })?;
             if server.starts_with("https://") {
-                let ca = ca.ok_or_else(|| AgentError::NoCertificateAuthority { server: server.clone() })?;
+                let ca = ca.ok_or_else(|| ControlPlaneError::NoCertificateAuthority { server: server.clone() })?;
                 let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
                 if let Some(identity) = identity {
                     tls = tls.identity(Identity::from_pem(&identity.certificate, &identity.key));
                 }
-                endpoint =
-                    endpoint.tls_config(tls).map_err(|source| AgentError::Server { server: server.clone(), source })?;
+                endpoint = endpoint
+                    .tls_config(tls)
+                    .map_err(|source| ControlPlaneError::Server { server: server.clone(), source })?;
             }
             let channel = endpoint
                 .connect_timeout(Duration::from_secs(5))
@@ -162,9 +192,9 @@ impl Servers {
         token: Token,
         ca: Option<&str>,
         identity: Option<&KeyAndCertificate>,
-    ) -> Result<Servers, AgentError> {
+    ) -> Result<Servers, ControlPlaneError> {
         if servers.is_empty() {
-            return Err(AgentError::NoServers);
+            return Err(ControlPlaneError::NoServers);
         }
         let clients = clients(servers, &token, ca, identity)?;
         Ok(Servers {
@@ -179,7 +209,7 @@ impl Servers {
     /// Shows `identity` on every call from now on. Calls and streams under way keep their
     /// connections (a TLS session is authenticated once, at its handshake); later calls open
     /// new ones, and a stream opens its next one when it reconnects.
-    pub(crate) fn present(&self, identity: &KeyAndCertificate) -> Result<(), AgentError> {
+    pub(crate) fn present(&self, identity: &KeyAndCertificate) -> Result<(), ControlPlaneError> {
         let clients = clients(&self.addresses, &self.token, self.ca.as_deref(), Some(identity))?;
         *self.clients.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(clients);
         Ok(())
@@ -294,13 +324,14 @@ mod tests {
 
     #[tokio::test]
     async fn an_https_server_needs_the_cluster_ca() {
-        let mut cfg = AgentConfig::new(vec![], "n1", "/nonexistent".into());
-        cfg.join_token = Some("join-0123456789abcdef".into());
-        cfg.credential_file = "/nonexistent/node-credential".into();
+        let cfg = Credentials {
+            join_token: Some("join-0123456789abcdef".into()),
+            credential_file: "/nonexistent/node-credential".into(),
+        };
         let token = Token::load(&cfg).unwrap();
         let https = ["https://192.0.2.1:8080".to_owned()];
         let refused = Servers::new(&https, token.clone(), None, None).map(|_| ()).unwrap_err();
-        assert!(matches!(refused, AgentError::NoCertificateAuthority { .. }), "{refused}");
+        assert!(matches!(refused, ControlPlaneError::NoCertificateAuthority { .. }), "{refused}");
         assert!(refused.to_string().contains("--certificate-authority"), "{refused}");
         let ca = "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n";
         assert!(Servers::new(&https, token.clone(), Some(ca), None).is_ok());

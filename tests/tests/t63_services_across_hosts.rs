@@ -284,11 +284,14 @@ fn pods(cluster: &LocalCluster) -> Result<Vec<RunningPod>> {
     cluster.running_pods("app=whoami")
 }
 
-/// Pod names that answered `url` from inside `client`, over `requests` requests.
+/// Pod names that answered `url` from inside `client`, over `requests` requests. An empty
+/// answer (a request cut short) fails the batch as a refused one does: the caller polls again.
 fn answers(cluster: &LocalCluster, client: &RunningPod, url: &str, requests: usize) -> Result<BTreeSet<String>> {
     let mut seen = BTreeSet::new();
     for _ in 0..requests {
-        seen.insert(cluster.fetch(&client.node, &client.container, url)?.trim().to_owned());
+        let answer = cluster.fetch(&client.node, &client.container, url)?.trim().to_owned();
+        ensure!(!answer.is_empty(), "{url} answered with an empty body");
+        seen.insert(answer);
     }
     Ok(seen)
 }

@@ -7,6 +7,7 @@ pub mod cri;
 pub mod images;
 pub mod logs;
 pub mod node;
+pub mod node_status;
 pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;

@@ -8,15 +8,16 @@
 pub mod actions;
 pub mod calls;
 mod cgroups;
+pub mod config;
 pub mod env;
 pub mod failures;
+pub mod fields;
 pub mod spec;
 pub mod status;
 pub mod volumes;
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -25,7 +26,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tonic::Code;
 
 pub use actions::{ContainerRunState, PodActions, RuntimeContainer, RuntimePod, RuntimeSandbox, compute_pod_actions};
-pub use spec::{SpecError, container_config, sandbox_config};
+pub use config::RuntimeConfig;
+pub use fields::SpecError;
+pub use spec::{container_config, sandbox_config};
 pub use status::{Waiting, pod_status};
 
 use crate::events::Recorder;
@@ -34,53 +37,6 @@ use crate::kubelet::prober::{PodProbes, kill_unhealthy};
 use failures::Failures;
 use gitplane_api::events::{NORMAL, WARNING};
 use spec::{LABEL_POD_UID, image_pull_policy, pod_cgroup, pod_key, pod_log_directory, pod_spec, pod_uid};
-
-/// How this node runs pods.
-#[derive(Clone, Debug)]
-pub struct RuntimeConfig {
-    /// The cgroupfs parent of every pod's cgroup (`<parent>/pod<uid>`), e.g. `/gitplane`.
-    pub cgroup_parent: String,
-    /// Container logs: `<pod_log_dir>/<namespace>_<name>_<uid>/<container>/<attempt>.log`.
-    pub pod_log_dir: PathBuf,
-    /// Per-pod data on the node (emptyDir volumes): `<pod_dir>/<uid>/volumes/…`.
-    pub pod_dir: PathBuf,
-    /// The node's address, reported as hostIP.
-    pub node_ip: Option<String>,
-    /// Cluster DNS servers for `dnsPolicy: ClusterFirst`; empty: the node's resolv.conf.
-    pub cluster_dns: Vec<String>,
-    pub cluster_domain: String,
-    /// The node's resolv.conf (`dnsPolicy: Default` and the search path's tail); unknown:
-    /// the runtime copies the node's file for Pods that use it unchanged.
-    pub host_dns: Option<crate::network::dns::ResolvConf>,
-    /// The node's memory, for the oom_score_adj of Burstable containers (and the memory limit
-    /// `resourceFieldRef` gives a container without one).
-    pub node_memory_bytes: Option<u64>,
-    /// The node's allocatable CPU in millicores: the CPU limit `resourceFieldRef` gives a
-    /// container without one.
-    pub node_cpu_milli: Option<u64>,
-    /// A pull that takes longer fails with ErrImagePull rather than holding the pod.
-    pub image_pull_timeout: Duration,
-    /// The longest any other CRI call may take (plus the grace period for StopContainer).
-    pub cri_timeout: Duration,
-}
-
-impl Default for RuntimeConfig {
-    fn default() -> Self {
-        RuntimeConfig {
-            cgroup_parent: "/gitplane".into(),
-            pod_log_dir: PathBuf::from("/var/log/gitplane/pods"),
-            pod_dir: PathBuf::from("/var/lib/gitplane/pods"),
-            node_ip: None,
-            cluster_dns: Vec::new(),
-            cluster_domain: "cluster.local".into(),
-            host_dns: None,
-            node_memory_bytes: None,
-            node_cpu_milli: None,
-            image_pull_timeout: Duration::from_secs(60),
-            cri_timeout: Duration::from_secs(120),
-        }
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
@@ -310,7 +266,7 @@ impl RuntimeManager {
     pub async fn kill_pod(&self, uid: &str, grace: Duration) -> Result<(), RuntimeError> {
         let key = format!("uid {uid}");
         // The uid names directories that are removed below.
-        spec::safe_name("uid", uid).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
+        fields::safe_name("uid", uid).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
         let selector = HashMap::from([(LABEL_POD_UID.to_string(), uid.to_string())]);
         let req = pb::ListContainersRequest {
             filter: Some(pb::ContainerFilter { label_selector: selector.clone(), ..Default::default() }),
@@ -382,7 +338,7 @@ impl RuntimeManager {
             return Ok(orphans);
         }
         let running: HashSet<String> = self.pod_uids().await?.into_iter().collect();
-        orphans.retain(|uid| !running.contains(uid) && spec::safe_name("uid", uid).is_ok());
+        orphans.retain(|uid| !running.contains(uid) && fields::safe_name("uid", uid).is_ok());
         let cgroups: Vec<String> = orphans.iter().map(|uid| pod_cgroup(&self.cfg, uid)).collect();
         tokio::task::spawn_blocking(move || {
             for cgroup in cgroups {

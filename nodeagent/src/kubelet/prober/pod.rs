@@ -10,9 +10,10 @@ use k8s_openapi::api::core::v1::{Container, ContainerStatus, Pod};
 
 use super::results::{ProbeResult, ProbeType, Results};
 use super::worker::started;
-use crate::kubelet::runtime::actions::{ContainerRunState, PodActions, RuntimePod, restart_allowed_at};
+use crate::kubelet::runtime::actions::{
+    CONTAINER_ID_PREFIX, ContainerRunState, PodActions, RuntimePod, restart_allowed_at,
+};
 use crate::kubelet::runtime::spec::restart_policy;
-use crate::kubelet::runtime::status::CONTAINER_ID_PREFIX;
 
 /// A Pod's probes at one moment: which probes each container has, and their results. The
 /// runtime manager reads it while it syncs the Pod.

@@ -7,6 +7,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::spec::{container_hash, restart_policy};
 
+/// The runtime prefix of container IDs in pod status (`containerd://<id>`).
+pub const CONTAINER_ID_PREFIX: &str = "containerd://";
+
 /// One pod sandbox as the runtime reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuntimeSandbox {

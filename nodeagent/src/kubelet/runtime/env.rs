@@ -10,8 +10,8 @@ use std::sync::Arc;
 use gitplane_api::quantity::{parse_milli, parse_units};
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, ResourceFieldSelector, Secret};
 
-use super::RuntimeConfig;
-use super::spec::{SpecError, expand, field_value, pod_namespace};
+use super::config::RuntimeConfig;
+use super::fields::{SpecError, expand, field_value, pod_namespace};
 
 /// Where the runtime reads the ConfigMaps and Secrets its Pods reference.
 pub trait ConfigSource: Send + Sync {

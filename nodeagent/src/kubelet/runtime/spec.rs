@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use gitplane_api::quantity::{parse_milli, parse_units};
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodSpec};
 
-use super::RuntimeConfig;
+use super::config::RuntimeConfig;
+use super::fields::{SpecError, expand, pod_namespace, safe_name};
 use crate::kubelet::cri::pb;
 
 /// Labels kubelet puts on sandboxes and containers; they are how pods are found again in the
@@ -26,55 +27,14 @@ pub const ANNOTATION_PRE_STOP: &str = "io.kubernetes.container.preStopHandler";
 /// The crash-loop back-off waited before this run (seconds): the next one doubles it.
 pub const ANNOTATION_RESTART_BACKOFF: &str = "gitplane.io/crash-loop-back-off-seconds";
 
-/// Why a container's config cannot be made: shown as waiting reason
-/// `CreateContainerConfigError` with this message, as kubelet does.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SpecError {
-    #[error("pod has no metadata.uid")]
-    MissingUid,
-    #[error("{what} {value:?} cannot name a file on the node (empty, \"/\", \".\" or \"..\")")]
-    UnsafeName { what: &'static str, value: String },
-    #[error("pod has no spec")]
-    MissingSpec,
-    #[error("container {container:?} has no image")]
-    MissingImage { container: String },
-    #[error("{field}: {value:?} is not a quantity")]
-    InvalidQuantity { field: String, value: String },
-    #[error("{what} is not supported by this node yet")]
-    Unsupported { what: String },
-    #[error(
-        "volume {volume:?}: {kind} volumes are not supported by this node yet (emptyDir, hostPath, configMap, secret \
-         and downwardAPI are)"
-    )]
-    UnsupportedVolume { volume: String, kind: String },
-    #[error("container {container:?}: volumeMount {volume:?} names no volume of the pod")]
-    UnknownVolume { container: String, volume: String },
-    #[error("container {container:?} must run as non-root (runAsNonRoot) but would run as root")]
-    RunsAsRoot { container: String },
-    /// A ConfigMap or Secret (or a key of one) that the container's environment reads.
-    #[error("{message}")]
-    MissingConfig { message: String },
-}
-
 /// The identity kubelet gives a pod in logs and errors: `namespace/name`.
 pub fn pod_key(pod: &Pod) -> String {
     format!("{}/{}", pod_namespace(pod), pod.metadata.name.as_deref().unwrap_or(""))
 }
 
-pub fn pod_namespace(pod: &Pod) -> &str {
-    pod.metadata.namespace.as_deref().unwrap_or("default")
-}
-
 pub fn pod_uid(pod: &Pod) -> Result<&str, SpecError> {
     let uid = pod.metadata.uid.as_deref().filter(|u| !u.is_empty()).ok_or(SpecError::MissingUid)?;
     safe_name("metadata.uid", uid)
-}
-
-/// Names that become path components on the node (uid, namespace, pod, container, volume) come
-/// from outside: refuse anything that could leave the directory it is joined to.
-pub fn safe_name<'a>(what: &'static str, value: &'a str) -> Result<&'a str, SpecError> {
-    let unsafe_name = value.is_empty() || value == "." || value == ".." || value.contains(['/', '\0']);
-    if unsafe_name { Err(SpecError::UnsafeName { what, value: value.to_string() }) } else { Ok(value) }
 }
 
 pub fn pod_spec(pod: &Pod) -> Result<&PodSpec, SpecError> {
@@ -302,63 +262,6 @@ pub fn container_config(
         }),
     };
     Ok(ContainerPlan { config, host_dirs })
-}
-
-/// The downward API fields an environment variable may reference.
-pub(super) fn field_value(pod: &Pod, path: &str, cfg: &RuntimeConfig, pod_ips: &[String]) -> Option<String> {
-    let meta = &pod.metadata;
-    let spec = pod.spec.as_ref();
-    let from_map = |map: &Option<BTreeMap<String, String>>, key: &str| map.as_ref()?.get(key).cloned();
-    if let Some(key) = path.strip_prefix("metadata.labels['").and_then(|k| k.strip_suffix("']")) {
-        return Some(from_map(&meta.labels, key).unwrap_or_default());
-    }
-    if let Some(key) = path.strip_prefix("metadata.annotations['").and_then(|k| k.strip_suffix("']")) {
-        return Some(from_map(&meta.annotations, key).unwrap_or_default());
-    }
-    Some(match path {
-        "metadata.name" => meta.name.clone().unwrap_or_default(),
-        "metadata.namespace" => pod_namespace(pod).to_string(),
-        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
-        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
-        "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()).unwrap_or_default(),
-        "status.podIP" => pod_ips.first().cloned().unwrap_or_default(),
-        "status.podIPs" => pod_ips.join(","),
-        "status.hostIP" | "status.hostIPs" => cfg.node_ip.clone().unwrap_or_default(),
-        _ => return None,
-    })
-}
-
-/// Kubernetes' `$(VAR)` expansion: defined variables are replaced, undefined references are
-/// kept verbatim, and `$$` escapes a `$`.
-pub fn expand<'a>(input: &str, lookup: impl Fn(&str) -> Option<&'a str>) -> String {
-    let mut out = String::with_capacity(input.len());
-    let mut rest = input;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        if let Some(tail) = after.strip_prefix('$') {
-            out.push('$');
-            rest = tail;
-        } else if let Some(inner) = after.strip_prefix('(')
-            && let Some(close) = inner.find(')')
-        {
-            let name = &inner[..close];
-            match lookup(name) {
-                Some(value) => out.push_str(value),
-                None => {
-                    out.push_str("$(");
-                    out.push_str(name);
-                    out.push(')');
-                }
-            }
-            rest = &inner[close + 1..];
-        } else {
-            out.push('$');
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 fn mounts(

@@ -10,12 +10,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::actions::{ContainerRunState, RuntimeContainer, RuntimePod, restart_backoff, should_restart};
+use super::actions::{
+    CONTAINER_ID_PREFIX, ContainerRunState, RuntimeContainer, RuntimePod, restart_backoff, should_restart,
+};
 use super::spec::{qos_class, restart_policy};
 use crate::kubelet::prober::PodProbes;
-
-/// The runtime prefix of container IDs in pod status (`containerd://<id>`).
-pub const CONTAINER_ID_PREFIX: &str = "containerd://";
 
 /// Why a container that has no run yet is waiting (image pull failed, bad config, ...).
 #[derive(Clone, Debug, PartialEq, Eq)]

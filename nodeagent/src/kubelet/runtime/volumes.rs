@@ -17,9 +17,9 @@ use std::time::SystemTime;
 use gitplane_api::quantity::parse_units;
 use k8s_openapi::api::core::v1::{Pod, Volume};
 
-use super::RuntimeConfig;
+use super::config::RuntimeConfig;
 use super::env::ConfigSource;
-use super::spec::{SpecError, pod_namespace, safe_name};
+use super::fields::{SpecError, pod_namespace, safe_name};
 
 const CONFIG_MAP: &str = "kubernetes.io~configmap";
 const SECRET: &str = "kubernetes.io~secret";

@@ -17,6 +17,7 @@
 //! [`HANDSHAKE_TIMEOUT`] for the handshake and 10 s to send a request head.
 
 pub mod auth;
+mod reply;
 pub mod slots;
 pub mod streaming;
 
@@ -28,13 +29,14 @@ use crate::{
 };
 use bytes::Bytes;
 use gitplane_kubelet::{query_pairs, streaming::Kind};
-use http_body_util::{BodyExt as _, Full, StreamBody, combinators::BoxBody};
+use http_body_util::{BodyExt as _, Full, StreamBody};
 use hyper::{
     Request, Response, StatusCode,
     body::{Frame, Incoming},
 };
 use hyper_util::rt::{TokioIo, TokioTimer};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use reply::{Body, text};
 pub use slots::{MAX_CONNECTIONS, MAX_UNVERIFIED_PER_CLIENT};
 use std::{convert::Infallible, future::Future, sync::Arc, time::Duration};
 use tokio::sync::{Semaphore, mpsc};
@@ -46,8 +48,6 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a connection may go without sending a complete request head (idle between
 /// requests, too: hyper runs the timer from the end of the previous answer).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
-
-type Body = BoxBody<Bytes, Infallible>;
 
 /// What the endpoint needs: the runtime, and its TLS (none: it answers no one).
 #[derive(Clone)]
@@ -87,15 +87,15 @@ impl KubeletServer {
         match segments.as_slice() {
             ["exec", namespace, pod, uid, container] if streams => {
                 let target = streaming::Target { namespace, pod, uid, container: Some(container) };
-                return self.stream(request, Kind::Exec, target).await;
+                return self.streams().stream(request, Kind::Exec, target).await;
             }
             ["attach", namespace, pod, uid, container] if streams => {
                 let target = streaming::Target { namespace, pod, uid, container: Some(container) };
-                return self.stream(request, Kind::Attach, target).await;
+                return self.streams().stream(request, Kind::Attach, target).await;
             }
             ["portForward", namespace, pod, uid] if streams => {
                 let target = streaming::Target { namespace, pod, uid, container: None };
-                return self.stream(request, Kind::PortForward, target).await;
+                return self.streams().stream(request, Kind::PortForward, target).await;
             }
             _ if request.method() != hyper::Method::GET => {
                 return text(StatusCode::METHOD_NOT_ALLOWED, "only GET, and POST for streams");
@@ -121,6 +121,10 @@ impl KubeletServer {
             Err(message) => return text(StatusCode::BAD_REQUEST, &message),
         };
         self.container_logs(namespace, pod, container, id, options).await
+    }
+
+    fn streams(&self) -> streaming::Streams<'_> {
+        streaming::Streams { cri: &self.cri, open: &self.streams }
     }
 
     async fn summary(&self) -> Response<Body> {
@@ -262,13 +266,6 @@ pub fn advertise(node: &mut k8s_openapi::api::core::v1::Node, port: u16) {
     use k8s_openapi::api::core::v1::{DaemonEndpoint, NodeDaemonEndpoints};
     let endpoints = NodeDaemonEndpoints { kubelet_endpoint: Some(DaemonEndpoint { port: i32::from(port) }) };
     node.status.get_or_insert_with(Default::default).daemon_endpoints = Some(endpoints);
-}
-
-fn text(code: StatusCode, message: &str) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from(message.to_owned())).boxed());
-    *response.status_mut() = code;
-    response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("text/plain"));
-    response
 }
 
 /// The container id and the options of a `/containerLogs` request, or why it is bad.

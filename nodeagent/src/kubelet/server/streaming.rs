@@ -2,22 +2,29 @@
 //! and `/portForward` handlers): the container (or the Pod's sandbox) found, the runtime asked
 //! for a streaming URL, and the request proxied there with [`gitplane_kubelet::streaming`].
 
-use super::{Body, text};
-use crate::{
-    kubelet::cri::pb,
-    kubelet::runtime::spec::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID},
+use super::reply::{Body, text};
+use crate::kubelet::{
+    cri::{Cri, pb},
+    runtime::spec::{LABEL_CONTAINER_NAME, LABEL_POD_NAME, LABEL_POD_NAMESPACE, LABEL_POD_UID},
 };
 use gitplane_kubelet::streaming::{Kind, RESPONSE_TIMEOUT, StreamOptions, is_upgrade, options, proxy};
 use http_body_util::{BodyExt as _, Full};
 use hyper::{Request, Response, StatusCode};
-use std::{collections::HashMap, net::SocketAddr};
+use std::{collections::HashMap, net::SocketAddr, sync::Arc};
+use tokio::sync::Semaphore;
 
 /// Streams one node serves at once; more are refused with 429.
 pub const MAX_STREAMS: usize = 64;
 
-/// The node's side: finds the container (or the Pod's sandbox), asks the runtime for a
-/// streaming URL and proxies the request there.
-impl super::KubeletServer {
+/// The node's side of streams: the runtime, and the streams open ([`MAX_STREAMS`] at most).
+pub(super) struct Streams<'a> {
+    pub cri: &'a Cri,
+    pub open: &'a Arc<Semaphore>,
+}
+
+/// Finds the container (or the Pod's sandbox), asks the runtime for a streaming URL and proxies
+/// the request there.
+impl Streams<'_> {
     pub(super) async fn stream<B>(&self, mut request: Request<B>, kind: Kind, target: Target<'_>) -> Response<Body> {
         let query = gitplane_kubelet::query_pairs(request.uri().query().unwrap_or(""));
         let options = match options(kind, &query) {
@@ -27,7 +34,7 @@ impl super::KubeletServer {
         if !is_upgrade(request.headers()) {
             return text(StatusCode::BAD_REQUEST, "Upgrade request required");
         }
-        let Ok(slot) = self.streams.clone().try_acquire_owned() else {
+        let Ok(slot) = self.open.clone().try_acquire_owned() else {
             return text(StatusCode::TOO_MANY_REQUESTS, &format!("this node serves {MAX_STREAMS} streams at once"));
         };
         let url = match self.runtime_url(kind, &target, &options).await {

@@ -16,9 +16,10 @@ pub mod node_local;
 pub mod records;
 pub mod resolv;
 pub mod server;
+mod state;
 
 use std::io;
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -27,26 +28,7 @@ pub use forward::{ConfigMapError, Forwarding};
 pub use records::{Lookup, RecordsError, Zone, ZoneConfig};
 pub use resolv::{PodDns, ResolvConf, pod_dns};
 pub use server::{Listeners, Server, ServerConfig};
-
-/// The zone and the forwarding table under one lock: a query reads both at once, and an
-/// update holds the lock only while it changes one Service.
-pub(crate) struct State {
-    pub(crate) zone: Zone,
-    pub(crate) forwarding: Forwarding,
-}
-
-pub(crate) struct Shared(RwLock<State>);
-
-impl Shared {
-    // A panic while updating leaves the zone consistent per Service, so serving goes on.
-    pub(crate) fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn write(&self) -> RwLockWriteGuard<'_, State> {
-        self.0.write().unwrap_or_else(PoisonError::into_inner)
-    }
-}
+use state::{Shared, State};
 
 /// The node's cluster DNS: cheap to clone, shared by the watch that updates it and the
 /// servers that answer from it.
@@ -56,7 +38,7 @@ pub struct Dns(Arc<Shared>);
 impl Dns {
     pub fn new(zone: ZoneConfig, forwarding: Forwarding) -> Result<Dns, RecordsError> {
         let state = State { zone: Zone::new(zone)?, forwarding };
-        Ok(Dns(Arc::new(Shared(RwLock::new(state)))))
+        Ok(Dns(Arc::new(Shared::new(state))))
     }
 
     /// Adds or replaces a Service; visible to the next query.

@@ -15,8 +15,8 @@ use ipnet::IpNet;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use super::Shared;
 use super::message::{Outcome, Pending, Recursion, Transport, respond};
+use super::state::Shared;
 
 /// Limits and sizes of a server.
 #[derive(Clone, Debug)]

@@ -10,6 +10,7 @@
 
 pub mod limits;
 pub mod proxy;
+pub mod sni;
 pub mod tls;
 mod tunnel;
 

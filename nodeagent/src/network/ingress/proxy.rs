@@ -14,7 +14,7 @@
 use super::{
     Routes,
     limits::{HANDSHAKE_TIMEOUT, Limits, MAX_HEADER_BYTES, MAX_HEADERS, Share, Shares},
-    tls,
+    sni,
     tunnel::{self, Ended, tunnel},
 };
 use bytes::{Bytes, BytesMut};
@@ -165,7 +165,7 @@ impl Proxy {
 
     /// Serves HTTPS on `listener` until `shutdown`.
     pub async fn serve_https(self: Arc<Self>, listener: TcpListener, shutdown: watch::Receiver<bool>) {
-        let config = match tls::server_config(self.routes.clone()) {
+        let config = match sni::server_config(self.routes.clone()) {
             Ok(config) => config,
             Err(error) => return tracing::error!(%error, "the Ingress HTTPS listener cannot start"),
         };

@@ -1,18 +1,14 @@
 //! TLS for Ingresses: the certificate of each `spec.tls` host, from its `kubernetes.io/tls`
 //! Secret, picked by the client's SNI. A Secret that does not hold a usable certificate and
 //! matching key is reported and its hosts are left without TLS (the handshake is refused), while
-//! every other host keeps its certificate.
+//! every other host keeps its certificate. [`super::sni`] picks them during the handshake.
 
-use super::Routes;
 use gitplane_api::{
     ObjectKey,
     ingress::{Problem, RouteTable, certified_key},
 };
 use k8s_openapi::api::core::v1::Secret;
-use rustls::{
-    server::{ClientHello, ResolvesServerCert},
-    sign::CertifiedKey,
-};
+use rustls::sign::CertifiedKey;
 use std::{
     collections::{BTreeMap, HashMap},
     sync::Arc,
@@ -68,37 +64,4 @@ impl CertificateCache {
         self.parsed = used;
         (out, problems)
     }
-}
-
-/// Picks the certificate for the client's server name from the current routes.
-#[derive(Debug)]
-pub struct Resolver(pub Arc<Routes>);
-
-impl std::fmt::Debug for Routes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Routes").finish_non_exhaustive()
-    }
-}
-
-impl ResolvesServerCert for Resolver {
-    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let name = hello.server_name()?.to_ascii_lowercase();
-        let snapshot = self.0.load();
-        let certificates = &snapshot.certificates;
-        certificates.get(&name).cloned().or_else(|| {
-            let (_, suffix) = name.split_once('.')?;
-            certificates.get(&format!("*.{suffix}")).cloned()
-        })
-    }
-}
-
-/// The server configuration of the HTTPS listener: HTTP/1.1 over TLS 1.2 or 1.3.
-pub fn server_config(routes: Arc<Routes>) -> Result<rustls::ServerConfig, rustls::Error> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(Resolver(routes)));
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
 }

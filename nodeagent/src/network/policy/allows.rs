@@ -6,8 +6,24 @@
 //! pieces around one address are found without a scan; wider ones (ipBlocks, "every address")
 //! are few and kept apart.
 
-use super::desired::{Allow, Ports};
 use std::collections::BTreeMap;
+
+/// The ports an allow covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Ports {
+    /// Every protocol, every port.
+    All,
+    /// `first..=last` of one protocol.
+    Range { protocol: u8, first: u16, last: u16 },
+}
+
+/// Traffic with a peer in `first..=last` (addresses as numbers) on `ports` is allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Allow {
+    pub first: u32,
+    pub last: u32,
+    pub ports: Ports,
+}
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Allows {

@@ -23,7 +23,7 @@
 //! changed policy selects, is computed afresh ([`Policies::pod_rules`]).
 //! [`Policies::take_changes`] says which local Pods' allows changed, and at which addresses.
 
-use super::allows::Allows;
+use super::allows::{Allow, Allows, Ports};
 use gitplane_api::labels::{self as selector, Labels};
 use k8s_openapi::api::{core::v1::Pod, networking::v1::NetworkPolicy};
 use k8s_openapi::apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString};
@@ -97,23 +97,6 @@ fn protocol(name: Option<&str>) -> Option<u8> {
         "SCTP" => Some(SCTP),
         _ => None,
     }
-}
-
-/// The ports an allow covers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Ports {
-    /// Every protocol, every port.
-    All,
-    /// `first..=last` of one protocol.
-    Range { protocol: u8, first: u16, last: u16 },
-}
-
-/// Traffic with a peer in `first..=last` (addresses as numbers) on `ports` is allowed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Allow {
-    pub first: u32,
-    pub last: u32,
-    pub ports: Ports,
 }
 
 /// What one local Pod may receive and send. `None`: not isolated for that direction.

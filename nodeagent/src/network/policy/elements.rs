@@ -14,7 +14,8 @@
 //! [`update`] recomputes those alone.
 
 use super::allows::Allows;
-use super::desired::{Ports, SCTP, TCP, UDP};
+use super::allows::Ports;
+use super::desired::{SCTP, TCP, UDP};
 use std::collections::BTreeMap;
 
 /// One set element (bounds inclusive).
@@ -164,7 +165,7 @@ pub fn update(old: &[Element], allows: &Allows, changed: &[(u32, u32)]) -> (Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::network::policy::desired::Allow;
+    use crate::network::policy::allows::Allow;
     use crate::network::policy::random::Random;
 
     fn allow(first: u32, last: u32, ports: Ports) -> Allow {

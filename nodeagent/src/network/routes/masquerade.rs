@@ -2,8 +2,10 @@
 //! (`ip gitplane-nat`, rendered from `templates/nft-masquerade.nft.j2`), in place of the bridge
 //! plugin's `ipMasq`, which would masquerade traffic to other nodes' Pods too.
 
-use super::PodNetworkConfig;
-use crate::network::netfilter::{self, CommandError};
+use crate::network::{
+    cidr::Ipv4Cidr,
+    netfilter::{self, CommandError},
+};
 use minijinja::context;
 
 /// The agent's nftables table (the Service proxy has its own).
@@ -29,9 +31,18 @@ impl From<CommandError> for MasqueradeError {
     }
 }
 
+/// The ranges the masquerade is made of.
+#[derive(Clone, Copy, Debug)]
+pub struct Ranges {
+    /// This node's podCIDR.
+    pub pod_cidr: Ipv4Cidr,
+    pub cluster_cidr: Ipv4Cidr,
+    pub service_cidr: Ipv4Cidr,
+}
+
 /// The rule set: Pods of this node going anywhere but the cluster's Pod and Service ranges leave
 /// with the node's address.
-pub fn render(cfg: &PodNetworkConfig) -> String {
+pub fn render(cfg: &Ranges) -> String {
     let ctx = context! {
         table => TABLE,
         pod_cidr => cfg.pod_cidr.to_string(),
@@ -43,7 +54,7 @@ pub fn render(cfg: &PodNetworkConfig) -> String {
 }
 
 /// Replaces the table with [`render`]'s, in one nftables transaction.
-pub async fn apply(cfg: &PodNetworkConfig) -> Result<(), MasqueradeError> {
+pub async fn apply(cfg: &Ranges) -> Result<(), MasqueradeError> {
     nft(render(cfg)).await
 }
 
@@ -63,8 +74,7 @@ mod tests {
 
     #[test]
     fn only_traffic_leaving_the_cluster_ranges_is_masqueraded() {
-        let cfg = PodNetworkConfig {
-            node_name: "n1".into(),
+        let cfg = Ranges {
             pod_cidr: "10.244.3.0/24".parse().unwrap(),
             cluster_cidr: "10.244.0.0/16".parse().unwrap(),
             service_cidr: "10.96.0.0/12".parse().unwrap(),

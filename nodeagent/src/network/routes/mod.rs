@@ -44,6 +44,12 @@ pub struct PodNetworkConfig {
     pub service_cidr: Ipv4Cidr,
 }
 
+impl PodNetworkConfig {
+    fn masquerade(&self) -> masquerade::Ranges {
+        masquerade::Ranges { pod_cidr: self.pod_cidr, cluster_cidr: self.cluster_cidr, service_cidr: self.service_cidr }
+    }
+}
+
 /// A route to one node's Pods.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRoute {
@@ -228,16 +234,6 @@ pub struct PodNetwork<T> {
     table: T,
 }
 
-impl PodNetwork<netlink::Netlink> {
-    /// Programs the masquerade and opens the routing table: what a node cannot run Pods without,
-    /// so a failure here stops the agent with the reason.
-    pub async fn start(cfg: PodNetworkConfig) -> Result<Self, StartError> {
-        masquerade::apply(&cfg).await?;
-        let table = netlink::Netlink::connect()?;
-        Ok(PodNetwork { cfg, table })
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
@@ -288,7 +284,7 @@ impl<T: RouteTable> PodNetwork<T> {
                 Wake::Idle => {}
                 Wake::Sync | Wake::Resync => {
                     if matches!(wake, Wake::Resync)
-                        && let Err(error) = masquerade::apply(&self.cfg).await
+                        && let Err(error) = masquerade::apply(&self.cfg.masquerade()).await
                     {
                         tracing::warn!(%error, "putting the masquerade back failed");
                     }

@@ -2,7 +2,10 @@
 //! routes in the main table with protocol [`RTPROT_GITPLANE`], in the network namespace the
 //! agent runs in.
 
-use super::{Installed, Ipv4Cidr, RTPROT_GITPLANE, RouteError, RouteOp, RouteTable};
+use super::{
+    Installed, Ipv4Cidr, PodNetwork, PodNetworkConfig, RTPROT_GITPLANE, RouteError, RouteOp, RouteTable, StartError,
+    masquerade,
+};
 use futures::TryStreamExt as _;
 use rtnetlink::{
     Handle, RouteMessageBuilder,
@@ -93,6 +96,16 @@ impl RouteTable for Netlink {
             RouteOp::Delete(r) => routes.del(message(r.dst, r.gateway, r.priority)).execute().await,
         };
         result.map_err(|e| RouteError::Apply { op: op.clone(), source: io_error(e) })
+    }
+}
+
+impl PodNetwork<Netlink> {
+    /// Programs the masquerade and opens the routing table: what a node cannot run Pods without,
+    /// so a failure here stops the agent with the reason.
+    pub async fn start(cfg: PodNetworkConfig) -> Result<Self, StartError> {
+        masquerade::apply(&cfg.masquerade()).await?;
+        let table = Netlink::connect()?;
+        Ok(PodNetwork::new(cfg, table))
     }
 }
 

@@ -7,9 +7,9 @@ use k8s_openapi::api::core::v1::{
 use std::collections::BTreeMap;
 
 use super::atomic_writer::{FileProjection, Payload, check_path};
-use crate::kubelet::runtime::RuntimeConfig;
+use crate::kubelet::runtime::config::RuntimeConfig;
 use crate::kubelet::runtime::env::resource_value;
-use crate::kubelet::runtime::spec::pod_namespace;
+use crate::kubelet::runtime::fields::pod_namespace;
 
 /// The API's default file mode of these volumes.
 pub const DEFAULT_MODE: i32 = 0o644;
