@@ -50,6 +50,7 @@ use std::{
     time::{Duration, Instant},
 };
 use tokio::sync::{
+    Notify,
     broadcast::{self, error::RecvError},
     mpsc,
 };
@@ -332,7 +333,8 @@ impl SourceController {
         let notifications = informer.notifications();
         informer.wait_synced().await;
         let (pushed_tx, pushed) = mpsc::unbounded_channel::<PathBuf>();
-        let inputs = inputs(notifications, pushed, self.repos.mirrors.changes(), self.resync);
+        let health_due = Arc::new(Notify::new());
+        let inputs = inputs(notifications, pushed, self.repos.mirrors.changes(), self.resync, health_due.clone());
         let queue = Queue::new(Backoff { initial: RETRY_MIN, max: RETRY_MAX }).named("source");
         let handler = SourceLoop {
             source: self,
@@ -341,6 +343,7 @@ impl SourceController {
             watchers: HashMap::new(),
             registry: Registry::default(),
             unhealthy: BTreeSet::new(),
+            health_due,
             generations: HashMap::new(),
             moved: HashMap::new(),
         };
@@ -687,7 +690,7 @@ enum Input {
     Fetched(String),
     /// The periodic resync.
     Resync,
-    /// The health debounce tick.
+    /// The health debounce: some Application waits for its health to be assessed.
     Health,
 }
 
@@ -697,6 +700,7 @@ fn inputs(
     pushed: mpsc::UnboundedReceiver<PathBuf>,
     fetched: broadcast::Receiver<String>,
     resync: Duration,
+    health_due: Arc<Notify>,
 ) -> impl Stream<Item = Input> + Send {
     let pushed = stream::unfold(pushed, |mut pushed| async move {
         let first = pushed.recv().await?;
@@ -714,12 +718,17 @@ fn inputs(
     });
     // The first resync is the runner's, at the start.
     let mut resync = tokio::time::interval_at(tokio::time::Instant::now() + resync, resync);
-    let mut health = tokio::time::interval(HEALTH_DEBOUNCE);
+    // Only while some health waits to be assessed: an idle loop sleeps.
+    let health = stream::unfold(health_due, |due| async move {
+        due.notified().await;
+        tokio::time::sleep(HEALTH_DEBOUNCE).await;
+        Some((Input::Health, due))
+    });
     let mut others = stream::select_all([
         pushed.boxed(),
         fetched.boxed(),
         stream::poll_fn(move |cx| resync.poll_tick(cx).map(|_| Some(Input::Resync))).boxed(),
-        stream::poll_fn(move |cx| health.poll_tick(cx).map(|_| Some(Input::Health))).boxed(),
+        health.boxed(),
     ]);
     let mut informer = informer.map(Input::Informer).boxed();
     // The ticks never end, so only the informer ends the stream.
@@ -739,6 +748,8 @@ struct SourceLoop {
     registry: Registry,
     /// Applications whose health is assessed on the next health tick.
     unhealthy: BTreeSet<ObjectKey>,
+    /// Wakes the health tick once `unhealthy` holds some.
+    health_due: Arc<Notify>,
     generations: HashMap<ObjectKey, Option<i64>>,
     /// When each Application's branch moved and its commit is not applied yet.
     moved: HashMap<ObjectKey, Instant>,
@@ -751,6 +762,7 @@ impl Reconcile for SourceLoop {
 
     async fn resync(&mut self, queue: &mut Queue) {
         self.rebuild(queue).await;
+        self.arm_health();
     }
 
     async fn observe(&mut self, input: Input, queue: &mut Queue) {
@@ -783,6 +795,7 @@ impl Reconcile for SourceLoop {
                 }
             }
         }
+        self.arm_health();
     }
 
     async fn reconcile(&mut self, key: ObjectKey, reason: Reason, queue: &Queue) -> Requeue<Reason> {
@@ -801,6 +814,7 @@ impl Reconcile for SourceLoop {
                 }
                 if outcome.assess_health {
                     self.unhealthy.insert(key.clone());
+                    self.arm_health();
                 }
                 if outcome.retry {
                     let delay = queue.next_backoff(&key);
@@ -824,6 +838,13 @@ impl Reconcile for SourceLoop {
 }
 
 impl SourceLoop {
+    /// Starts the health debounce if some Application waits for its health.
+    fn arm_health(&self) {
+        if !self.unhealthy.is_empty() {
+            self.health_due.notify_one();
+        }
+    }
+
     /// Reads every Application again and queues each for a reconcile (at the start, after
     /// missed events, and on the periodic resync), then follows their repositories.
     async fn rebuild(&mut self, queue: &mut Queue) {
