@@ -434,19 +434,65 @@ fn summary(paint: Paint, apps: &[Value], nodes: &[Value], pods: &[Value]) -> Str
     out
 }
 
+/// Shows what `--wait` waits for: on a terminal one line rewritten in place, elsewhere a line
+/// each time it changes. Returns what was shown.
+fn waiting(tty: bool, started: Instant, what: &str, shown: &str) -> String {
+    let line = format!("waiting ({} s): {what}", started.elapsed().as_secs());
+    if tty {
+        let cut: String = line.chars().take(160).collect();
+        eprint!("\r\x1b[K{cut}");
+    } else if what != shown {
+        eprintln!("{line}");
+    }
+    what.to_owned()
+}
+
+/// Whether `error` says the cluster is not there yet: its kubeconfig not written, its listener
+/// refusing or dropping connections. Anything else (a token refused, a bad file) ends `--wait`.
+fn not_yet(error: &anyhow::Error) -> bool {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset, NotFound};
+    error.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| matches!(e.kind(), NotFound | ConnectionRefused | ConnectionReset | ConnectionAborted))
+    })
+}
+
 /// Branch heads fetched concurrently by `--wait`.
 const HEADS_AT_ONCE: usize = 16;
 
 /// `gitplane status`.
 pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
-    let api = Api::new(&args)?;
     let tty = std::io::stdout().is_terminal();
     let paint = Paint(tty && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()));
     let started = Instant::now();
     let mut shown = String::new();
+    // `gitplane up & gitplane status --wait`: the kubeconfig appears with the replica.
+    let api = loop {
+        match Api::new(&args) {
+            Err(e) if args.wait && started.elapsed() < args.timeout && not_yet(&e) => {
+                shown = waiting(tty, started, &format!("{e:#}"), &shown);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            api => break api?,
+        }
+    };
     let outcome = loop {
-        let apps = api.list("/apis/gitplane.io/v1/applications").await?;
-        let nodes = api.list("/api/v1/nodes").await?;
+        let listed = async {
+            Ok::<_, anyhow::Error>((
+                api.list("/apis/gitplane.io/v1/applications").await?,
+                api.list("/api/v1/nodes").await?,
+            ))
+        };
+        let (apps, nodes) = match listed.await {
+            Ok(listed) => listed,
+            // Not answering yet (starting, or restarting): part of what `--wait` waits for.
+            Err(e) if args.wait && started.elapsed() < args.timeout && not_yet(&e) => {
+                shown = waiting(tty, started, &format!("{e:#}"), &shown);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         if !args.wait {
             break (apps, nodes, Verdict::Done);
         }
@@ -456,15 +502,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<()> {
             futures::stream::iter(&apps).map(|app| api.head(app)).buffered(HEADS_AT_ONCE).collect().await;
         match verdict(&apps, &heads, &nodes) {
             Verdict::Waiting(what) if started.elapsed() < args.timeout => {
-                let line = format!("waiting ({} s): {what}", started.elapsed().as_secs());
-                if tty {
-                    let width = 160;
-                    let cut: String = line.chars().take(width).collect();
-                    eprint!("\r\x1b[K{cut}");
-                } else if what != shown {
-                    eprintln!("{line}");
-                }
-                shown = what;
+                shown = waiting(tty, started, &what, &shown);
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             Verdict::Waiting(what) => {
@@ -500,6 +538,17 @@ mod tests {
         json!({"metadata": {"namespace": "gitplane-system", "name": "demo"},
                "status": {"sync": {"status": sync, "errors": errors, "attemptedRevision": "0123456789abcdef"},
                           "health": {"status": health}}})
+    }
+
+    #[test]
+    fn only_a_cluster_not_there_yet_is_waited_for() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(not_yet(&anyhow::Error::new(refused).context("connecting to 127.0.0.1:8080")));
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(not_yet(&anyhow::Error::new(missing).context("reading /tmp/x/kubeconfig")));
+        assert!(!not_yet(&anyhow::anyhow!("/api/v1/nodes: 401 Unauthorized: Unauthorized")));
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(!not_yet(&anyhow::Error::new(denied).context("reading /tmp/x/kubeconfig")));
     }
 
     #[test]

@@ -29,3 +29,19 @@ fn unknown_commands_and_flags_are_refused_with_usage() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--no-such-flag") && stderr.contains("Usage"), "{stderr}");
 }
+
+#[test]
+fn status_wait_waits_for_a_kubeconfig_that_is_not_there_yet_and_status_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("kubeconfig");
+    let out = gitplane().args(["status", "--kubeconfig"]).arg(&missing).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+    let started = std::time::Instant::now();
+    let out = gitplane().args(["status", "--wait", "--timeout", "2s", "--kubeconfig"]).arg(&missing).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("waiting (") && stderr.contains(&missing.display().to_string()), "{stderr}");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(2), "--wait gave up before its timeout");
+}
