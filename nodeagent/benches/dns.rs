@@ -1,4 +1,4 @@
-//! Cluster DNS next to unbound, on loopback, with dnsperf as the load (issue 12, "Measured").
+//! Cluster DNS next to unbound, on loopback, with dnsperf as the load.
 //!
 //! `cargo bench -p gitplane-nodeagent --bench dns [-- --seconds 10 --rounds 3]`
 //!

@@ -1,4 +1,4 @@
-//! NetworkPolicy benchmark (issue 15, "Measured"): prints one Markdown table.
+//! NetworkPolicy benchmark: prints one Markdown table.
 //!
 //! `cargo bench -p gitplane-nodeagent --bench policy` (root; well under a minute). Every nft
 //! measurement runs in a fresh network namespace this process makes and removes. Options:

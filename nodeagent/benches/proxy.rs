@@ -1,4 +1,4 @@
-//! Rule programming benchmark (issue 12, "Measured"): prints one Markdown table.
+//! Rule programming benchmark: prints one Markdown table.
 //!
 //! `cargo bench -p gitplane-nodeagent --bench proxy` (root; about two minutes). Every
 //! measurement runs in a fresh network namespace this process makes and removes. Options:
