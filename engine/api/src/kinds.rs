@@ -2,10 +2,11 @@
 
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
+    apps::v1::{DaemonSet, Deployment, ReplicaSet},
     batch::v1::Job,
-    core::v1::{ConfigMap, Namespace, Pod, Secret, Service},
+    core::v1::{ConfigMap, Namespace, Pod, ReplicationController, Secret, Service},
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
+    policy::v1::PodDisruptionBudget,
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -58,10 +59,13 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
+        KindInfo::of::<DaemonSet>(true),
+        KindInfo::of::<ReplicationController>(true),
         KindInfo::of::<Job>(true),
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
+        KindInfo::of::<PodDisruptionBudget>(true),
         KindInfo::of::<crate::Application>(true),
     ]
 });

@@ -75,8 +75,16 @@ const RESOURCES: &[Resource] = &[
     Resource { group: "", version: "v1", plural: "events", kind: "Event", namespaced: true },
     Resource { group: "", version: "v1", plural: "nodes", kind: "Node", namespaced: false },
     Resource { group: "", version: "v1", plural: "namespaces", kind: "Namespace", namespaced: false },
+    Resource {
+        group: "",
+        version: "v1",
+        plural: "replicationcontrollers",
+        kind: "ReplicationController",
+        namespaced: true,
+    },
     Resource { group: "apps", version: "v1", plural: "deployments", kind: "Deployment", namespaced: true },
     Resource { group: "apps", version: "v1", plural: "replicasets", kind: "ReplicaSet", namespaced: true },
+    Resource { group: "apps", version: "v1", plural: "daemonsets", kind: "DaemonSet", namespaced: true },
     Resource { group: "batch", version: "v1", plural: "jobs", kind: "Job", namespaced: true },
     Resource {
         group: "discovery.k8s.io",
@@ -93,6 +101,13 @@ const RESOURCES: &[Resource] = &[
         namespaced: true,
     },
     Resource { group: "coordination.k8s.io", version: "v1", plural: "leases", kind: "Lease", namespaced: true },
+    Resource {
+        group: "policy",
+        version: "v1",
+        plural: "poddisruptionbudgets",
+        kind: "PodDisruptionBudget",
+        namespaced: true,
+    },
     Resource { group: "networking.k8s.io", version: "v1", plural: "ingresses", kind: "Ingress", namespaced: true },
     Resource {
         group: "networking.k8s.io",

@@ -117,6 +117,32 @@ fn columns(kind: &str) -> Vec<Value> {
             .into_iter()
             .chain(workload)
             .collect(),
+        "ReplicationController" => {
+            [("Name", S, 0), ("Desired", I, 0), ("Current", I, 0), ("Ready", I, 0), ("Age", S, 0)]
+                .into_iter()
+                .chain(workload)
+                .collect()
+        }
+        "PodDisruptionBudget" => vec![
+            ("Name", S, 0),
+            ("Min Available", S, 0),
+            ("Max Unavailable", S, 0),
+            ("Allowed Disruptions", I, 0),
+            ("Age", S, 0),
+        ],
+        "DaemonSet" => [
+            ("Name", S, 0),
+            ("Desired", I, 0),
+            ("Current", I, 0),
+            ("Ready", I, 0),
+            ("Up-to-date", I, 0),
+            ("Available", I, 0),
+            ("Node Selector", S, 0),
+            ("Age", S, 0),
+        ]
+        .into_iter()
+        .chain(workload)
+        .collect(),
         "Job" => [("Name", S, 0), ("Status", S, 0), ("Completions", S, 0), ("Duration", S, 0), ("Age", S, 0)]
             .into_iter()
             .chain(workload)
@@ -371,6 +397,47 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
                 cell(spec["replicas"].as_i64().unwrap_or(1)),
                 cell(int(&status["replicas"])),
                 cell(int(&status["readyReplicas"])),
+                age,
+            ];
+            row.extend(workload(spec));
+            row
+        }
+        "ReplicationController" => {
+            let mut row = vec![
+                name,
+                cell(spec["replicas"].as_i64().unwrap_or(1)),
+                cell(int(&status["replicas"])),
+                cell(int(&status["readyReplicas"])),
+                age,
+            ];
+            let [containers, images, _] = workload(spec);
+            row.extend([containers, images, cell(labels(&spec["selector"]))]);
+            row
+        }
+        "PodDisruptionBudget" => {
+            // An IntOrString as kubectl prints it: the number or the percentage, else N/A.
+            let bound = |v: &Value| match v {
+                Value::Number(n) => n.to_string(),
+                Value::String(s) => s.clone(),
+                _ => "N/A".to_owned(),
+            };
+            vec![
+                name,
+                cell(bound(&spec["minAvailable"])),
+                cell(bound(&spec["maxUnavailable"])),
+                cell(int(&status["disruptionsAllowed"])),
+                age,
+            ]
+        }
+        "DaemonSet" => {
+            let mut row = vec![
+                name,
+                cell(int(&status["desiredNumberScheduled"])),
+                cell(int(&status["currentNumberScheduled"])),
+                cell(int(&status["numberReady"])),
+                cell(int(&status["updatedNumberScheduled"])),
+                cell(int(&status["numberAvailable"])),
+                cell(labels(&spec["template"]["spec"]["nodeSelector"])),
                 age,
             ];
             row.extend(workload(spec));
@@ -997,6 +1064,53 @@ mod tests {
     }
 
     #[test]
+    fn replication_controllers_and_disruption_budgets() {
+        let rc = json!({"metadata": {"name": "nginx"}, "spec": {"replicas": 3, "selector": {"app": "nginx"},
+                        "template": {"spec": {"containers": [{"name": "nginx", "image": "nginx"}]}}},
+                        "status": {"replicas": 3, "readyReplicas": 2}});
+        let t = table("ReplicationController", &[rc], "1", now());
+        assert_eq!(names(&t), ["Name", "Desired", "Current", "Ready", "Age", "Containers", "Images", "Selector"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["nginx", 3, 3, 2, "<unknown>", "nginx", "nginx", "app=nginx"]));
+        let pdb =
+            json!({"metadata": {"name": "web"}, "spec": {"minAvailable": "50%"}, "status": {"disruptionsAllowed": 1}});
+        let t = table("PodDisruptionBudget", &[pdb], "1", now());
+        assert_eq!(names(&t), ["Name", "Min Available", "Max Unavailable", "Allowed Disruptions", "Age"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["web", "50%", "N/A", 1, "<unknown>"]));
+    }
+
+    #[test]
+    fn daemon_sets_show_their_nodes_counts_and_node_selector() {
+        let template =
+            json!({"spec": {"nodeSelector": {"disk": "ssd"}, "containers": [{"name": "agent", "image": "a:1"}]}});
+        let ds = json!({"metadata": {"name": "agent"}, "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": template},
+                        "status": {"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2,
+                                   "updatedNumberScheduled": 1, "numberAvailable": 2}});
+        let t = table("DaemonSet", &[ds], "1", now());
+        assert_eq!(
+            names(&t),
+            [
+                "Name",
+                "Desired",
+                "Current",
+                "Ready",
+                "Up-to-date",
+                "Available",
+                "Node Selector",
+                "Age",
+                "Containers",
+                "Images",
+                "Selector"
+            ]
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["agent", 3, 3, 2, 1, 2, "disk=ssd", "<unknown>", "agent", "a:1", "app=agent"])
+        );
+        let everywhere = json!({"metadata": {"name": "all"}, "spec": {"template": {"spec": {}}}});
+        assert_eq!(table("DaemonSet", &[everywhere], "1", now())["rows"][0]["cells"][6], "<none>");
+    }
+
+    #[test]
     fn jobs_show_status_completions_and_duration() {
         let job = |status: Value| {
             json!({"metadata": {"name": "migrate"}, "spec": {"completions": 2, "template": {"spec": {"containers": [{"name": "m", "image": "busybox"}]}},
@@ -1140,6 +1254,9 @@ mod tests {
             "Namespace",
             "Deployment",
             "ReplicaSet",
+            "DaemonSet",
+            "ReplicationController",
+            "PodDisruptionBudget",
             "Job",
             "EndpointSlice",
             "Lease",

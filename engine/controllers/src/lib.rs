@@ -8,7 +8,9 @@
 //! compare-and-swap on every object read. After a write a controller waits for the cache to reach
 //! its commit, so the next reconcile never acts on a state older than its own writes.
 
+pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod garbage_collector;
 pub mod ingress;
@@ -19,28 +21,34 @@ pub mod node_lifecycle;
 pub mod owner;
 pub mod plan;
 pub mod replicaset;
+pub mod replication;
 pub mod runtime;
 pub mod taint_eviction;
 
 pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
 
 use gitplane_store::{Store, informer::Informer};
+use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::ReplicationController};
 use std::sync::Arc;
 
 /// The group kinds the controllers need in the informer cache.
 pub fn watched_kinds() -> Vec<String> {
     use gitplane_api::object::kind_of;
     use k8s_openapi::api::{
-        apps::v1::{Deployment, ReplicaSet},
+        apps::v1::{DaemonSet, Deployment},
         batch::v1::Job,
         coordination::v1::Lease,
         core::v1::{Endpoints, Node, Pod, Service},
         discovery::v1::EndpointSlice,
         networking::v1::{Ingress, IngressClass},
+        policy::v1::PodDisruptionBudget,
     };
     vec![
         kind_of::<Deployment>(),
         kind_of::<ReplicaSet>(),
+        kind_of::<DaemonSet>(),
+        kind_of::<ReplicationController>(),
+        kind_of::<PodDisruptionBudget>(),
         kind_of::<Job>(),
         kind_of::<Pod>(),
         kind_of::<Node>(),
@@ -79,7 +87,12 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
     let ctx = Context::new(store, informer);
     let mut tasks = vec![
         tokio::spawn(Controller::new(deployment::DeploymentController, ctx.clone()).run()),
-        tokio::spawn(Controller::new(replicaset::ReplicaSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(replicaset::ReplicaSetController::<ReplicaSet>::default(), ctx.clone()).run()),
+        tokio::spawn(
+            Controller::new(replicaset::ReplicaSetController::<ReplicationController>::default(), ctx.clone()).run(),
+        ),
+        tokio::spawn(Controller::new(disruption::DisruptionController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(daemonset::DaemonSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),

@@ -1,6 +1,6 @@
 //! Taint eviction controller (upstream's NoExecuteTaintManager): the Pods on a node with a
 //! NoExecute taint they do not tolerate (and have not finished) are evicted (deleted, so their controllers make them
-//! anew where they can run) at once; those that tolerate it with `tolerationSeconds` once that
+//! anew where they can run, within their PodDisruptionBudgets: `crate::disruption::evict`) at once; those that tolerate it with `tolerationSeconds` once that
 //! much time has passed since the taint came (its `timeAdded`).
 //!
 //! A Pod that says nothing about `node.kubernetes.io/not-ready` or `unreachable` NoExecute is
@@ -10,9 +10,13 @@
 //! than written into the Pods, so that the replicas, which must store the same objects, do not
 //! depend on each one's flags.
 
+use crate::disruption::{Evicted, evict};
 use crate::{Action, Context, ReconcileError, Reconciler};
 use gitplane_api::taints::{NO_EXECUTE, NOT_READY, UNREACHABLE, tolerates};
-use gitplane_api::{events::NORMAL, object::kind_of};
+use gitplane_api::{
+    events::{NORMAL, WARNING},
+    object::kind_of,
+};
 use gitplane_store::{Event, EventType, ObjectKey, informer::Cache};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -91,6 +95,9 @@ fn implied(tolerations: &[Toleration], taint: &Taint, defaults: DefaultToleratio
     (!said).then_some(seconds)
 }
 
+/// How soon an eviction a PodDisruptionBudget refused is tried again.
+const BUDGET_RETRY: Duration = Duration::from_secs(5);
+
 pub struct TaintEvictionController {
     pub defaults: DefaultTolerations,
 }
@@ -156,10 +163,17 @@ impl Reconciler for TaintEvictionController {
             ctx.event("taint-eviction-controller", pod, NORMAL, "TaintManagerEviction", &message);
         }
         // Each Pod on its own: one that changed meanwhile is looked at again, not the others.
+        // An eviction its PodDisruptionBudget does not allow yet waits and is tried again.
         for pod in evicted {
-            match ctx.apply(vec![crate::plan::Op::Delete(pod)]).await {
-                Err(e) if e.is_conflict() || e.is_not_found() => next = Some(now),
-                other => drop(other?),
+            match evict(ctx, &pod).await {
+                Ok(Evicted::Yes) => {}
+                Ok(Evicted::Refused(why)) => {
+                    ctx.event("taint-eviction-controller", &pod, WARNING, "DisruptionBudget", &why);
+                    let retry = now + SignedDuration::try_from(BUDGET_RETRY).unwrap_or_default();
+                    next = Some(next.map_or(retry, |n| n.min(retry)));
+                }
+                Err(ReconcileError::Store(e)) if e.is_conflict() || e.is_not_found() => next = Some(now),
+                Err(e) => return Err(e),
             }
         }
         Ok(match next {

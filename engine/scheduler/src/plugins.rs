@@ -2,11 +2,13 @@
 
 use crate::framework::{FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin};
 use crate::resources::Resources;
-use gitplane_api::taints::tolerates;
+use gitplane_api::nodeaffinity::required_matches;
+use gitplane_api::taints::{NO_SCHEDULE, UNSCHEDULABLE, tolerates};
 use k8s_openapi::api::core::v1::{Pod, Taint};
 use std::collections::HashMap;
 
-/// Only nodes whose Ready condition is True and that are not cordoned.
+/// Only nodes whose Ready condition is True and that are not cordoned, unless the Pod tolerates
+/// the `node.kubernetes.io/unschedulable` taint (upstream's NodeUnschedulable: daemon Pods do).
 pub struct NodeReady;
 
 impl FilterPlugin for NodeReady {
@@ -14,8 +16,12 @@ impl FilterPlugin for NodeReady {
         "NodeReady"
     }
 
-    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
-        if node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
+        let cordon = Taint { key: UNSCHEDULABLE.into(), effect: NO_SCHEDULE.into(), ..Default::default() };
+        let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
+        if node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+            && !tolerations.iter().any(|t| tolerates(t, &cordon))
+        {
             return Err(vec!["node(s) were unschedulable".into()]);
         }
         let ready = node
@@ -29,17 +35,18 @@ impl FilterPlugin for NodeReady {
     }
 }
 
-/// `spec.nodeSelector` must match the node's labels.
-pub struct NodeSelector;
+/// `spec.nodeSelector` and the required node affinity (label expressions, and the
+/// `metadata.name` field a DaemonSet pins its Pods with) must match the node.
+pub struct NodeAffinity;
 
-impl FilterPlugin for NodeSelector {
+impl FilterPlugin for NodeAffinity {
     fn name(&self) -> &'static str {
-        "NodeSelector"
+        "NodeAffinity"
     }
 
     fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
-        let Some(selector) = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()) else { return Ok(()) };
-        if selector.iter().all(|(k, v)| node.label(k) == Some(v.as_str())) {
+        let Some(spec) = pod.spec.as_ref() else { return Ok(()) };
+        if required_matches(spec, &node.node) {
             Ok(())
         } else {
             Err(vec!["node(s) didn't match Pod's node affinity/selector".into()])
@@ -265,7 +272,7 @@ pub enum Plugin {
 pub fn registry(name: &str) -> Option<Plugin> {
     Some(match name {
         "NodeReady" => Plugin::Filter(Box::new(NodeReady)),
-        "NodeSelector" => Plugin::Filter(Box::new(NodeSelector)),
+        "NodeAffinity" => Plugin::Filter(Box::new(NodeAffinity)),
         "NodeResourcesFit" => Plugin::Filter(Box::new(NodeResourcesFit)),
         "TaintToleration" => Plugin::FilterAndScore(Box::new(TaintToleration), Box::new(TaintToleration)),
         "ImageLocality" => Plugin::Score(Box::new(ImageLocality)),
@@ -299,7 +306,7 @@ impl Default for Profile {
     fn default() -> Self {
         Profile::from_names(&[
             ("NodeReady", 1),
-            ("NodeSelector", 1),
+            ("NodeAffinity", 1),
             ("NodeResourcesFit", 1),
             ("TaintToleration", 3),
             ("PodTopologySpread", 2),
@@ -381,6 +388,30 @@ mod tests {
         p.spec.as_mut().unwrap().node_selector = Some([("disk".to_owned(), "hdd".to_owned())].into());
         let err = Profile::default().schedule(&p, &[node("a", "1", "1Gi", true)]).unwrap_err();
         assert!(err.to_string().contains("node affinity/selector"));
+    }
+
+    /// A daemon Pod pinned to its node by name lands there and nowhere else, and only if the
+    /// node fits it otherwise; it may land on a cordoned node, as it tolerates that.
+    #[test]
+    fn a_pod_pinned_by_name_lands_only_on_its_node() {
+        let mut p = pod("100m", "64Mi");
+        gitplane_api::nodeaffinity::pin_to_node(p.spec.as_mut().unwrap(), "b");
+        let nodes = [node("a", "4", "8Gi", true), node("b", "4", "8Gi", true)];
+        assert_eq!(Profile::default().schedule(&p, &nodes), Ok("b".into()));
+        let err = Profile::default().schedule(&p, &nodes[..1]).unwrap_err();
+        assert_eq!(err.to_string(), "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector.");
+        let small = [node("a", "4", "8Gi", true), node("b", "50m", "8Gi", true)];
+        let err = Profile::default().schedule(&p, &small).unwrap_err();
+        assert!(err.to_string().contains("1 Insufficient cpu"), "{err}");
+        let mut cordoned = node("b", "4", "8Gi", true);
+        cordoned.node.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
+        let cordoned = [cordoned];
+        assert!(Profile::default().schedule(&p, &cordoned).is_err());
+        p.spec.as_mut().unwrap().tolerations = Some(
+            serde_json::from_value(json!([{"key": UNSCHEDULABLE, "operator": "Exists", "effect": "NoSchedule"}]))
+                .unwrap(),
+        );
+        assert_eq!(Profile::default().schedule(&p, &cordoned), Ok("b".into()));
     }
 
     fn tainted(name: &str, taints: serde_json::Value) -> NodeInfo {

@@ -5,6 +5,7 @@ mod config_refs;
 mod ingress;
 mod network_policy;
 mod pod;
+mod removed;
 mod service;
 
 pub(crate) use config_refs::missing_keys;
@@ -243,6 +244,9 @@ impl Validator {
     }
 
     fn unknown_kind(&self, api_version: &str, kind: &str) -> Problem {
+        if let Some(message) = removed::message(api_version, kind) {
+            return Problem::at("/apiVersion", message);
+        }
         if let Some(Kind { info, .. }) = self.kinds.iter().find(|k| k.info.kind == kind) {
             return Problem::at(
                 "/apiVersion",
@@ -757,13 +761,26 @@ spec:
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
                    Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
-                   Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
-                   NetworkPolicy (networking.k8s.io/v1), Application (gitplane.io/v1)"],
+                   DaemonSet (apps/v1), ReplicationController (v1), Job (batch/v1), Ingress (networking.k8s.io/v1), \
+                   IngressClass (networking.k8s.io/v1), NetworkPolicy (networking.k8s.io/v1), PodDisruptionBudget (policy/v1), \
+                   Application (gitplane.io/v1)"],
+            ),
+            (
+                "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget\nmetadata: {name: web}\n".into(),
+                &[
+                    "deploy.yaml:1: PodDisruptionBudget web: /apiVersion: no matches for kind \"PodDisruptionBudget\" in \
+                   version \"policy/v1beta1\"; use policy/v1 (policy/v1beta1 PodDisruptionBudget was removed in Kubernetes 1.25)",
+                ],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
+                &["deploy.yaml:1: Deployment web: /apiVersion: no matches for kind \"Deployment\" in version \
+                   \"extensions/v1beta1\"; use apps/v1 (extensions/v1beta1 Deployment was removed in Kubernetes 1.16)"],
+            ),
+            (
+                "apiVersion: apps/v1beta3\nkind: Deployment\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:1: Deployment web: /apiVersion: Deployment is accepted as apiVersion apps/v1, \
-                   not extensions/v1beta1: set apiVersion: apps/v1"],
+                   not apps/v1beta3: set apiVersion: apps/v1"],
             ),
             (
                 "# no kind\nmetadata: {name: web}\n".into(),

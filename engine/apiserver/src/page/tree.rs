@@ -1,6 +1,6 @@
 //! An Application's resource tree, as the page draws it: Deployment -> ReplicaSet -> Pods by
 //! ownerReferences, Service -> EndpointSlices (by `kubernetes.io/service-name`) -> Pods (by the
-//! endpoints' targetRef), Job -> Pods by ownerReferences; every other object the Application
+//! endpoints' targetRef), DaemonSet, ReplicationController and Job -> Pods by ownerReferences; every other object the Application
 //! applied is a leaf. Health comes from the source's own rules, so the page and the
 //! Application's status agree.
 
@@ -79,8 +79,12 @@ pub fn build(objects: &Objects) -> Vec<Node> {
                     let (health, message) = health::deployment(object);
                     node(object, kind, health, message, replica_sets)
                 }
-                "Job" => {
-                    let (health, message) = health::job(object);
+                "DaemonSet" | "ReplicationController" | "Job" => {
+                    let (health, message) = match kind {
+                        "Job" => health::job(object),
+                        "DaemonSet" => health::daemon_set(object),
+                        _ => (Health::Healthy, String::new()),
+                    };
                     node(object, kind, health, message, owned_by(&objects.pods, uid).map(pod_node).collect())
                 }
                 "Pod" => pod_node(object),
@@ -129,7 +133,7 @@ pub fn build(objects: &Objects) -> Vec<Node> {
 /// Workloads first, then Services, then the rest by kind.
 fn rank(kind: &str) -> (u8, &str) {
     match kind {
-        "Deployment" => (0, ""),
+        "Deployment" | "DaemonSet" | "ReplicationController" => (0, ""),
         "Job" => (1, ""),
         "Pod" => (2, ""),
         "Service" => (3, ""),
@@ -162,15 +166,17 @@ mod tests {
             "spec": {"selector": {"app": "web"}}});
         let job = json!({"kind": "Job", "metadata": {"namespace": "default", "name": "once", "uid": "j1"}});
         let config = json!({"kind": "ConfigMap", "metadata": {"namespace": "default", "name": "settings"}});
+        let daemons = json!({"kind": "DaemonSet", "metadata": {"namespace": "default", "name": "agent", "uid": "ds1"}});
         let slice = json!({"kind": "EndpointSlice", "metadata": {"namespace": "default", "name": "web-x",
             "labels": {"kubernetes.io/service-name": "web"}},
             "endpoints": [{"conditions": {"ready": true}, "targetRef": {"kind": "Pod", "name": "web-a-1"}}]});
         let objects = Objects {
-            applied: vec![config, service, job, deployment],
+            applied: vec![config, service, job, daemons, deployment],
             replica_sets: vec![owned("ReplicaSet", "web-a", "r1", "d1"), owned("ReplicaSet", "other", "r2", "x")],
             pods: vec![
                 ready_pod("web-a-1", "p1", "r1"),
                 ready_pod("once-1", "p2", "j1"),
+                ready_pod("agent-1", "p4", "ds1"),
                 ready_pod("stray", "p3", "z"),
             ],
             endpoint_slices: vec![slice],
@@ -191,13 +197,14 @@ mod tests {
         assert_eq!(
             shape,
             vec![
+                ("DaemonSet", "agent", vec![("agent-1", vec![])]),
                 ("Deployment", "web", vec![("web-a", vec!["web-a-1"])]),
                 ("Job", "once", vec![("once-1", vec![])]),
                 ("Service", "web", vec![("web-x", vec!["web-a-1"])]),
                 ("ConfigMap", "settings", vec![]),
             ]
         );
-        assert_eq!(tree[2].health, Health::Healthy);
-        assert_eq!(tree[0].children[0].children[0].health, Health::Healthy);
+        assert_eq!(tree[3].health, Health::Healthy);
+        assert_eq!(tree[1].children[0].children[0].health, Health::Healthy);
     }
 }

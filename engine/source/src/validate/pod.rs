@@ -1,5 +1,5 @@
 //! What gitplane's node agent can run of a Pod (a bare Pod, or the template of a Deployment,
-//! ReplicaSet or Job): a field it would ignore, or fail on when the Pod starts, is rejected at
+//! ReplicaSet, DaemonSet, ReplicationController or Job): a field it would ignore, or fail on when the Pod starts, is rejected at
 //! commit time instead, so that what is Synced can run.
 //!
 //! [`UNSUPPORTED`] is the one list of such fields. When the agent learns one, its row goes.
@@ -13,7 +13,7 @@ use serde_json::Value;
 pub(super) fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
     match kind {
         "Pod" => Some("/spec"),
-        "Deployment" | "ReplicaSet" | "Job" => Some("/spec/template/spec"),
+        "Deployment" | "ReplicaSet" | "DaemonSet" | "ReplicationController" | "Job" => Some("/spec/template/spec"),
         _ => None,
     }
 }
