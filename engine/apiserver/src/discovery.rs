@@ -57,6 +57,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "statefulsets" => &["sts"],
         "ingresses" => &["ing"],
         "networkpolicies" => &["netpol"],
         // As Argo CD names its Applications.
@@ -68,7 +69,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
 /// The `all` category holds the workloads and Services, as in Kubernetes (`kubectl get all`).
 fn categories(r: &Resource) -> &'static [&'static str] {
     match r.plural {
-        "pods" | "services" | "deployments" | "replicasets" | "jobs" => &["all"],
+        "pods" | "services" | "deployments" | "replicasets" | "statefulsets" | "jobs" => &["all"],
         _ => &[],
     }
 }
