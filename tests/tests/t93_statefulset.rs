@@ -1,9 +1,9 @@
 //! The Kubernetes documentation's StatefulSet basics tutorial, on `gitplane up --nodes 3`: its
 //! `web` StatefulSet and headless `nginx` Service as published, pushed to Git. web-0 is Running
 //! and Ready before web-1 is created; each Pod's hostname is its name and its /etc/hosts names
-//! it `web-N.nginx.default.svc.cluster.local`; `web-0.nginx` resolves from a client Pod to
-//! web-0's address; kubectl prints the set as upstream's; scaling up adds web-2 and scaling
-//! down removes the highest ordinals first; a rolling update with a partition replaces only the
+//! it `web-N.nginx.default.svc.cluster.local`; cluster DNS answers that name, and `web-0.nginx`
+//! (through the search path) reaches web-0 from a client Pod; kubectl prints the set as
+//! upstream's; scaling up adds web-2 and scaling down removes the highest ordinals first; a rolling update with a partition replaces only the
 //! Pods at or above it, and without one every Pod, the status naming both revisions.
 
 use anyhow::{Context, Result, ensure};
@@ -69,10 +69,17 @@ fn local(published: &str) -> String {
     set.replace("registry.k8s.io/nginx-slim:0.21", "gitplane.local/httpd:1")
 }
 
-/// The tutorial's set with `replicas`, a RollingUpdate `partition` and a template `revision`
-/// (an annotation, standing for the tutorial's image change).
+/// The tutorial's set with `replicas`, a RollingUpdate `partition` and, from revision 2 on, a
+/// template changed by an annotation (standing for the tutorial's image change).
 fn web(replicas: u32, partition: u32, revision: u32) -> String {
-    local(PUBLISHED)
+    let published = local(PUBLISHED);
+    if revision < 2 {
+        return published.replace(
+            "  replicas: 2\n",
+            &format!("  replicas: {replicas}\n  updateStrategy:\n    type: RollingUpdate\n    rollingUpdate:\n      partition: {partition}\n"),
+        );
+    }
+    published
         .replace(
             "  replicas: 2\n",
             &format!("  replicas: {replicas}\n  updateStrategy:\n    type: RollingUpdate\n    rollingUpdate:\n      partition: {partition}\n"),
@@ -170,16 +177,6 @@ fn set_events(cluster: &LocalCluster) -> Result<Vec<String>> {
     Ok(events.into_iter().map(|(_, message)| message).collect())
 }
 
-/// The Pods the controller deleted, in order.
-fn deletions(cluster: &LocalCluster) -> Result<Vec<String>> {
-    Ok(set_events(cluster)?
-        .iter()
-        .filter_map(|m| {
-            m.strip_prefix("delete Pod ")?.strip_suffix(" in StatefulSet web successful").map(str::to_owned)
-        })
-        .collect())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t93_statefulset_basics() -> Result<()> {
     require_root()?;
@@ -206,11 +203,16 @@ async fn t93_statefulset_basics() -> Result<()> {
         web1_created >= ready_since,
         "web-1 was created at {web1_created}, before web-0 was Ready at {ready_since}"
     );
-    let events = set_events(&cluster)?;
-    let created: Vec<&String> = events.iter().filter(|m| m.starts_with("create Pod")).collect();
+    // Events are written in batches: wait for both.
+    let created = || -> Option<Vec<String>> {
+        let events = set_events(&cluster).ok()?;
+        let created: Vec<String> = events.into_iter().filter(|m| m.starts_with("create Pod")).collect();
+        (created.len() >= 2).then_some(created)
+    };
+    let created = tokio::task::block_in_place(|| wait_for(DEADLINE, created)).context("two create Pod Events")?;
     ensure!(
         created == ["create Pod web-0 in StatefulSet web successful", "create Pod web-1 in StatefulSet web successful"],
-        "{events:?}"
+        "{created:?}"
     );
     let table = kubectl(&cluster, &["get", "statefulset", "-o", "wide"])?;
     println!("{table}");
@@ -231,14 +233,24 @@ async fn t93_statefulset_basics() -> Result<()> {
         wait_for(DEADLINE, || cluster.running_pods("").ok()?.into_iter().find(|p| p.name == "client"))
     })
     .context("the client Pod never ran")?;
+    // busybox's nslookup ignores the search path: the short name as a program resolves it.
+    let ip = web0.ip.to_string();
     let lookup = |name: &str| cluster.exec(&client.node, &client.container, &["/bin/busybox", "nslookup", name]);
-    for name in ["web-0.nginx", "web-0.nginx.default.svc.cluster.local"] {
-        let answer = tokio::task::block_in_place(|| {
-            wait_for(DEADLINE, || lookup(name).ok().filter(|out| out.contains(&web0.ip.to_string())))
-        })
-        .with_context(|| format!("nslookup {name} never gave {}: {:?}", web0.ip, lookup(name)))?;
-        println!("nslookup {name}:\n{answer}");
-    }
+    let fetch = |url: &str| {
+        let script = format!("/bin/busybox wget -O /dev/null {url} 2>&1");
+        cluster.exec(&client.node, &client.container, &["/bin/busybox", "sh", "-c", &script])
+    };
+    let fqdn = "web-0.nginx.default.svc.cluster.local";
+    let answer =
+        tokio::task::block_in_place(|| wait_for(DEADLINE, || lookup(fqdn).ok().filter(|out| out.contains(&ip))))
+            .with_context(|| format!("nslookup {fqdn} never gave {ip}: {:?}", lookup(fqdn)))?;
+    println!("nslookup {fqdn}:\n{answer}");
+    let connecting = format!("Connecting to web-0.nginx ({ip}:80)");
+    let fetched = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || fetch("http://web-0.nginx/").ok().filter(|out| out.contains(&connecting)))
+    })
+    .with_context(|| format!("wget http://web-0.nginx/ never connected to {ip}: {:?}", fetch("http://web-0.nginx/")))?;
+    println!("wget http://web-0.nginx/:\n{fetched}");
 
     // Scale up to 3, then down to 1: web-2 goes before web-1.
     work.write("nginx.yaml", &web(3, 0, 1))?;
@@ -246,9 +258,24 @@ async fn t93_statefulset_basics() -> Result<()> {
     settled(&cluster, &["web-0", "web-1", "web-2"])?;
     work.write("nginx.yaml", &web(1, 0, 1))?;
     work.commit_and_push("web: 1 replica")?;
+    // The deletions may fall in one batch of Events: the Pods seen on the way down tell the
+    // order instead. web-1 never goes while web-2 is still there.
+    let mut seen: Vec<Vec<String>> = Vec::new();
+    let down = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || {
+            let now = names(&pods(&cluster).ok()?);
+            if seen.last() != Some(&now) {
+                seen.push(now.clone());
+            }
+            (now == ["web-0"]).then_some(())
+        })
+    });
+    ensure!(down.is_some(), "web never came down to web-0: {seen:?}");
+    ensure!(
+        !seen.iter().any(|pods| pods.contains(&"web-2".to_owned()) && !pods.contains(&"web-1".to_owned())),
+        "web-1 went before web-2: {seen:?}"
+    );
     settled(&cluster, &["web-0"])?;
-    let deleted = deletions(&cluster)?;
-    ensure!(deleted == ["web-2", "web-1"], "scale down order: {deleted:?}");
 
     // A rolling update with partition 2 of 3 replaces web-2 only; partition 0 then the rest,
     // from the highest ordinal down, and the update revision becomes the current one.
@@ -277,24 +304,28 @@ async fn t93_statefulset_basics() -> Result<()> {
 
     work.write("nginx.yaml", &web(3, 0, 2))?;
     work.commit_and_push("web: partition 0")?;
-    let rolled = || -> Option<()> {
-        let status = set(&cluster).ok()?["status"].clone();
-        let all_updated = revisions(&cluster).ok()?.iter().all(|(_, r)| *r == update);
-        (all_updated
-            && status["currentRevision"] == update.as_str()
-            && status["updatedReplicas"] == 3
-            && status["readyReplicas"] == 3)
-            .then_some(())
-    };
-    tokio::task::block_in_place(|| wait_for(DEADLINE, rolled)).with_context(|| {
-        format!(
-            "the rollout never finished: {:?} {}",
-            revisions(&cluster),
-            set(&cluster).map(|s| s["status"].clone()).unwrap_or_default()
-        )
-    })?;
-    let deleted = deletions(&cluster)?;
-    ensure!(deleted[2..] == ["web-2", "web-1", "web-0"], "update order: {deleted:?}");
+    // From the highest ordinal down: the Pods at the update revision are always the highest.
+    let mut seen: Vec<Vec<(String, String)>> = Vec::new();
+    let rolled = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || {
+            let now = revisions(&cluster).ok()?;
+            if seen.last() != Some(&now) {
+                seen.push(now.clone());
+            }
+            let status = set(&cluster).ok()?["status"].clone();
+            let all_updated = now.len() == 3 && now.iter().all(|(_, r)| *r == update);
+            (all_updated
+                && status["currentRevision"] == update.as_str()
+                && status["updatedReplicas"] == 3
+                && status["readyReplicas"] == 3)
+                .then_some(())
+        })
+    });
+    ensure!(rolled.is_some(), "the rollout never finished: {seen:?}");
+    for pods in &seen {
+        let updated: Vec<bool> = pods.iter().map(|(_, r)| *r == update).collect();
+        ensure!(updated.windows(2).all(|w| !w[0] || w[1]), "a lower ordinal was updated first: {seen:?}");
+    }
     let status = kubectl(&cluster, &["rollout", "status", "statefulset/web", "--timeout=60s"])?;
     println!("{status}");
     tokio::task::block_in_place(|| cluster.stop(Duration::from_secs(120)))?;
