@@ -16,7 +16,7 @@
 use crate::{
     AppSource, Head, Limits, LoadError, Manifest, ManifestError, SourceError,
     git::Candidate,
-    manifest,
+    kustomize, manifest,
     template::{self, Values},
     validate::{self, Accepted, Validator},
 };
@@ -47,6 +47,16 @@ pub struct SourceCache {
     /// The Application's repository, kept open: opening one reads its config and the user's
     /// and system's Git config, and lists its packs, on every sync otherwise.
     repository: Option<(PathBuf, git2::Repository)>,
+    /// The last kustomize build, by the digest of every file it read: a commit that changes
+    /// none of them does not run kustomize again.
+    pub(crate) kustomized: Option<([u8; 32], kustomize::Build)>,
+}
+
+impl SourceCache {
+    /// Counts a kustomize build.
+    pub(crate) fn kustomize_built(&mut self) {
+        self.stats.kustomize_builds += 1;
+    }
 }
 
 /// Counters of the work loads did and avoided, and the time it took, since the cache was made.
@@ -59,6 +69,8 @@ pub struct CacheStats {
     pub processed: u64,
     /// Templates rendered.
     pub rendered: u64,
+    /// kustomize builds run (a kustomization whose files did not change is not built again).
+    pub kustomize_builds: u64,
     /// Documents validated.
     pub validated: u64,
     /// Blobs (or files on disk) read, values files included.
@@ -103,6 +115,7 @@ impl CacheStats {
         self.hits += other.hits;
         self.processed += other.processed;
         self.rendered += other.rendered;
+        self.kustomize_builds += other.kustomize_builds;
         self.validated += other.validated;
         self.read += other.read;
         self.walking += other.walking;
@@ -157,6 +170,7 @@ impl SourceCache {
         self.settings = None;
         self.files.clear();
         self.values.clear();
+        self.kustomized = None;
     }
 
     /// The sizes of the `candidates` (sorted by path) whose blob the cache read already: a blob
