@@ -32,7 +32,13 @@ impl Health {
 pub fn assessed(kind: &str) -> bool {
     matches!(
         kind,
-        "Deployment.apps" | "ReplicaSet.apps" | "StatefulSet.apps" | "Job.batch" | "Pod" | "Service" | "PersistentVolumeClaim"
+        "Deployment.apps"
+            | "ReplicaSet.apps"
+            | "StatefulSet.apps"
+            | "Job.batch"
+            | "Pod"
+            | "Service"
+            | "PersistentVolumeClaim"
     )
 }
 
