@@ -4,14 +4,19 @@
 //! it `web-N.nginx.default.svc.cluster.local`; cluster DNS answers that name, and `web-0.nginx`
 //! (through the search path) reaches web-0 from a client Pod; kubectl prints the set as
 //! upstream's; scaling up adds web-2 and scaling down removes the highest ordinals first; a rolling update with a partition replaces only the
-//! Pods at or above it, and without one every Pod, the status naming both revisions.
+//! Pods at or above it, and without one every Pod, the status naming both revisions. Images
+//! come from the test kit's registry (stand-ins of the published nginx-slim).
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, manifests::shell_pod, require_root, wait_for};
+use gitplane_testkit::registry::{self, Registry, StandIn};
 use serde_json::Value;
 use std::{process::Command, time::Duration};
 
 const DEADLINE: Duration = Duration::from_secs(180);
+const NGINX_SLIM: &str = "registry.k8s.io/nginx-slim:0.21";
+/// The image the tutorial's rolling update sets.
+const NGINX_SLIM_NEXT: &str = "registry.k8s.io/nginx-slim:0.24";
 
 /// `content/en/examples/application/web/web.yaml` of kubernetes/website, as the tutorial
 /// publishes it.
@@ -63,31 +68,22 @@ spec:
           storage: 1Gi
 "#;
 
-/// The node's own httpd image in place of nginx-slim, and no claims (no storage here).
+/// The published set without its claims (no storage here yet).
 fn local(published: &str) -> String {
     let (set, _claims) = published.split_once("        volumeMounts:").expect("the published set mounts www");
-    set.replace("registry.k8s.io/nginx-slim:0.21", "gitplane.local/httpd:1")
+    set.to_owned()
 }
 
-/// The tutorial's set with `replicas`, a RollingUpdate `partition` and, from revision 2 on, a
-/// template changed by an annotation (standing for the tutorial's image change).
+/// The tutorial's set with `replicas`, a RollingUpdate `partition`, and from revision 2 on the
+/// image the tutorial's rolling update sets.
 fn web(replicas: u32, partition: u32, revision: u32) -> String {
-    let published = local(PUBLISHED);
-    if revision < 2 {
-        return published.replace(
-            "  replicas: 2\n",
-            &format!("  replicas: {replicas}\n  updateStrategy:\n    type: RollingUpdate\n    rollingUpdate:\n      partition: {partition}\n"),
-        );
-    }
-    published
-        .replace(
-            "  replicas: 2\n",
-            &format!("  replicas: {replicas}\n  updateStrategy:\n    type: RollingUpdate\n    rollingUpdate:\n      partition: {partition}\n"),
-        )
-        .replace(
-            "    metadata:\n      labels:\n        app: nginx\n",
-            &format!("    metadata:\n      labels:\n        app: nginx\n      annotations:\n        revision: \"{revision}\"\n"),
-        )
+    let set = local(PUBLISHED).replace(
+        "  replicas: 2\n",
+        &format!(
+            "  replicas: {replicas}\n  updateStrategy:\n    type: RollingUpdate\n    rollingUpdate:\n      partition: {partition}\n"
+        ),
+    );
+    if revision < 2 { set } else { set.replace(NGINX_SLIM, NGINX_SLIM_NEXT) }
 }
 
 fn kubectl(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
@@ -180,8 +176,18 @@ fn set_events(cluster: &LocalCluster) -> Result<Vec<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn t93_statefulset_basics() -> Result<()> {
     require_root()?;
-    let cluster = tokio::task::block_in_place(|| LocalCluster::up("gp93", 3))?;
     let work_dir = tempfile::tempdir()?;
+    let mirror = registry::address(5000);
+    let file = registry::write_registries_file(work_dir.path(), mirror, &[mirror])?;
+    let cluster =
+        tokio::task::block_in_place(|| LocalCluster::up_with("gp93", 3, &["--registries", &file.to_string_lossy()]))?;
+    let registry = tokio::task::block_in_place(|| -> Result<Registry> {
+        let registry = Registry::start(&work_dir.path().join("mirror"), &cluster, mirror, None)?;
+        for image in [NGINX_SLIM, NGINX_SLIM_NEXT] {
+            registry.push_stand_in(image, &StandIn::nginx())?;
+        }
+        Ok(registry)
+    })?;
     let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
     work.remove("web.yaml")?;
     work.write("client.yaml", &shell_pod("client", "exec /bin/busybox sleep 3600"))?;
@@ -284,7 +290,7 @@ async fn t93_statefulset_basics() -> Result<()> {
     settled(&cluster, &["web-0", "web-1", "web-2"])?;
     let before = set(&cluster)?["status"]["currentRevision"].as_str().unwrap_or("").to_owned();
     work.write("nginx.yaml", &web(3, 2, 2))?;
-    work.commit_and_push("web: revision 2 from partition 2")?;
+    work.commit_and_push("web: nginx-slim:0.24 from partition 2")?;
     let partitioned = || -> Option<(String, Vec<(String, String)>)> {
         let status = set(&cluster).ok()?["status"].clone();
         let update = status["updateRevision"].as_str()?.to_owned();
@@ -328,6 +334,7 @@ async fn t93_statefulset_basics() -> Result<()> {
     }
     let status = kubectl(&cluster, &["rollout", "status", "statefulset/web", "--timeout=60s"])?;
     println!("{status}");
+    drop(registry);
     tokio::task::block_in_place(|| cluster.stop(Duration::from_secs(120)))?;
     Ok(())
 }
