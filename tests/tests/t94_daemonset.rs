@@ -1,6 +1,7 @@
 //! The Kubernetes documentation's DaemonSet (`fluentd-elasticsearch`, as published on
 //! kubernetes.io/docs/concepts/workloads/controllers/daemonset) on the real
-//! `gitplane up --nodes 3`: a Pod on each node, placed by the scheduler through the node
+//! `gitplane up --nodes 3`, its image a stand-in served by the test kit's registry: a Pod on
+//! each node, placed by the scheduler through the node
 //! affinity the controller pins it with; a template change rolls them over one node at a time
 //! (maxUnavailable 1, the default); PodDisruptionBudgets over a ReplicationController and a
 //! Deployment count what they allow; a fourth node that joins gets a daemon Pod too.
@@ -10,6 +11,7 @@
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
+use gitplane_testkit::registry::{self, Registry, StandIn};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -64,9 +66,16 @@ spec:
           path: /var/log
 ";
 
-const PUBLISHED_IMAGE: &str = "quay.io/fluentd_elasticsearch/fluentd:v5.0.1";
-/// What runs in its place: no registry serves the published image here.
-const LOCAL_IMAGE: &str = "gitplane.local/httpd:1";
+/// fluentd's stand-in: a process that runs until it is asked to stop.
+fn fluentd() -> StandIn {
+    let script = "#!/bin/sh\n# fluentd's stand-in: runs until asked to stop.\n\
+                  trap 'exit 0' TERM INT\nwhile :; do /bin/busybox sleep 1 & wait $!; done\n";
+    StandIn {
+        entrypoint: vec!["fluentd".into()],
+        scripts: vec![("fluentd".into(), script.into())],
+        ..StandIn::default()
+    }
+}
 
 /// A ReplicationController of three and a Deployment of two, each under a budget.
 const BUDGETED: &str = "apiVersion: v1
@@ -187,11 +196,15 @@ fn status(cluster: &LocalCluster) -> Result<Value> {
 #[test]
 fn t94_the_documented_daemonset_runs_on_every_node_and_rolls_one_node_at_a_time() -> Result<()> {
     require_root()?;
-    let mut cluster = LocalCluster::up("gp94", 3)?;
-    let work_dir = tempfile::tempdir()?;
-    let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
+    let dir = tempfile::tempdir()?;
+    let mirror = registry::address(5000);
+    let file = registry::write_registries_file(dir.path(), mirror, &[])?;
+    let mut cluster = LocalCluster::up_with("gp94", 3, &["--registries", &file.to_string_lossy()])?;
+    let registry = Registry::start(&dir.path().join("mirror"), &cluster, mirror, None)?;
+    registry.push_stand_in("quay.io/fluentd_elasticsearch/fluentd:v5.0.1", &fluentd())?;
+    let work = Worktree::clone(cluster.demo_repo(), dir.path().join("demo"))?;
     work.remove("web.yaml")?;
-    work.write("fluentd.yaml", &FLUENTD.replace(PUBLISHED_IMAGE, LOCAL_IMAGE))?;
+    work.write("fluentd.yaml", FLUENTD)?;
     work.commit_and_push("the documentation's fluentd-elasticsearch DaemonSet")?;
 
     // A Pod on each of the three nodes.
@@ -207,7 +220,7 @@ fn t94_the_documented_daemonset_runs_on_every_node_and_rolls_one_node_at_a_time(
     ensure!(counted.is_some(), "the DaemonSet's status never counted 3 nodes:\n{}", explain(&cluster));
 
     // A template change rolls over: never more than one node without a ready Pod.
-    let restarted = FLUENTD.replace(PUBLISHED_IMAGE, LOCAL_IMAGE).replace(
+    let restarted = FLUENTD.replace(
         "        name: fluentd-elasticsearch\n    spec:",
         "        name: fluentd-elasticsearch\n      annotations:\n        kubectl.kubernetes.io/restartedAt: \"2026-01-01T00:00:00Z\"\n    spec:",
     );
@@ -264,6 +277,7 @@ fn t94_the_documented_daemonset_runs_on_every_node_and_rolls_one_node_at_a_time(
     });
     ensure!(per_node.values().all(|n| *n == 1), "{per_node:?}");
 
+    drop(registry);
     cluster.stop_within(Duration::from_secs(30))?;
     Ok(())
 }

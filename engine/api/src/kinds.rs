@@ -2,11 +2,14 @@
 
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
-    apps::v1::{DaemonSet, Deployment, ReplicaSet},
+    apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet},
     batch::v1::Job,
-    core::v1::{ConfigMap, Namespace, Pod, ReplicationController, Secret, Service},
+    core::v1::{
+        ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Secret, Service,
+    },
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
     policy::v1::PodDisruptionBudget,
+    storage::v1::StorageClass,
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -59,6 +62,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
+        KindInfo::of::<StatefulSet>(true),
         KindInfo::of::<DaemonSet>(true),
         KindInfo::of::<ReplicationController>(true),
         KindInfo::of::<Job>(true),
@@ -66,6 +70,9 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
         KindInfo::of::<PodDisruptionBudget>(true),
+        KindInfo::of::<PersistentVolumeClaim>(true),
+        KindInfo::of::<PersistentVolume>(false),
+        KindInfo::of::<StorageClass>(false),
         KindInfo::of::<crate::Application>(true),
     ]
 });

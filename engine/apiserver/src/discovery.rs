@@ -57,11 +57,15 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "statefulsets" => &["sts"],
         "daemonsets" => &["ds"],
         "replicationcontrollers" => &["rc"],
         "poddisruptionbudgets" => &["pdb"],
         "ingresses" => &["ing"],
         "networkpolicies" => &["netpol"],
+        "persistentvolumeclaims" => &["pvc"],
+        "persistentvolumes" => &["pv"],
+        "storageclasses" => &["sc"],
         // As Argo CD names its Applications.
         "applications" => &["app"],
         _ => &[],
@@ -71,9 +75,14 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
 /// The `all` category holds the workloads and Services, as in Kubernetes (`kubectl get all`).
 fn categories(r: &Resource) -> &'static [&'static str] {
     match r.plural {
-        "pods" | "services" | "deployments" | "replicasets" | "daemonsets" | "replicationcontrollers" | "jobs" => {
-            &["all"]
-        }
+        "pods"
+        | "services"
+        | "deployments"
+        | "replicasets"
+        | "statefulsets"
+        | "daemonsets"
+        | "replicationcontrollers"
+        | "jobs" => &["all"],
         _ => &[],
     }
 }
@@ -83,7 +92,8 @@ fn categories(r: &Resource) -> &'static [&'static str] {
 fn subresources(r: &Resource) -> &'static [&'static str] {
     match r.plural {
         "pods" => &["attach", "exec", "log", "portforward", "status"],
-        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses" => &[],
+        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses"
+        | "storageclasses" => &[],
         _ => &["status"],
     }
 }
@@ -331,6 +341,8 @@ mod tests {
             ("namespaces", "ns"),
             ("nodes", "no"),
             ("events", "ev"),
+            ("persistentvolumeclaims", "pvc"),
+            ("persistentvolumes", "pv"),
         ] {
             assert_eq!(resource(&core, plural)["shortNames"][0], short, "{plural}");
         }
@@ -348,6 +360,7 @@ mod tests {
                 "networking.k8s.io",
                 "coordination.k8s.io",
                 "policy",
+                "storage.k8s.io",
                 "gitplane.io",
                 "metrics.k8s.io"
             ]
@@ -355,6 +368,7 @@ mod tests {
         assert_eq!(resource(&groups, "daemonsets")["shortNames"], json!(["ds"]));
         assert_eq!(resource(&groups, "poddisruptionbudgets")["shortNames"], json!(["pdb"]));
         assert_eq!(resource(&groups, "networkpolicies")["shortNames"], json!(["netpol"]));
+        assert_eq!(resource(&groups, "storageclasses")["shortNames"], json!(["sc"]));
         let deployments = resource(&groups, "deployments");
         assert_eq!((&deployments["shortNames"], &deployments["categories"]), (&json!(["deploy"]), &json!(["all"])));
         assert_eq!(deployments["responseKind"], json!({"group": "apps", "version": "v1", "kind": "Deployment"}));
@@ -367,8 +381,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 8);
-        assert_eq!(list["groups"][7]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 9);
+        assert_eq!(list["groups"][8]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();

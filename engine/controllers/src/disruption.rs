@@ -154,7 +154,7 @@ fn current_budget(cache: &Cache, pdb: &PodDisruptionBudget) -> Result<Budget, Re
 /// now; `None` when no budget covers them. What rollouts cap their deletions of available Pods
 /// by.
 pub fn disruptions_allowed(cache: &Cache, pods: &[Pod]) -> Option<i32> {
-    let Some(namespace) = pods.first().and_then(|p| p.metadata.namespace.clone()) else { return None };
+    let namespace = pods.first()?.metadata.namespace.clone()?;
     let budgets: Vec<PodDisruptionBudget> = cache.list_typed(Some(&namespace));
     budgets
         .iter()

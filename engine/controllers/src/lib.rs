@@ -23,6 +23,7 @@ pub mod plan;
 pub mod replicaset;
 pub mod replication;
 pub mod runtime;
+pub mod statefulset;
 pub mod taint_eviction;
 
 pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
@@ -35,10 +36,10 @@ use std::sync::Arc;
 pub fn watched_kinds() -> Vec<String> {
     use gitplane_api::object::kind_of;
     use k8s_openapi::api::{
-        apps::v1::{DaemonSet, Deployment},
+        apps::v1::{ControllerRevision, DaemonSet, Deployment, StatefulSet},
         batch::v1::Job,
         coordination::v1::Lease,
-        core::v1::{Endpoints, Node, Pod, Service},
+        core::v1::{Endpoints, Node, PersistentVolumeClaim, Pod, Service},
         discovery::v1::EndpointSlice,
         networking::v1::{Ingress, IngressClass},
         policy::v1::PodDisruptionBudget,
@@ -46,6 +47,9 @@ pub fn watched_kinds() -> Vec<String> {
     vec![
         kind_of::<Deployment>(),
         kind_of::<ReplicaSet>(),
+        kind_of::<StatefulSet>(),
+        kind_of::<ControllerRevision>(),
+        kind_of::<PersistentVolumeClaim>(),
         kind_of::<DaemonSet>(),
         kind_of::<ReplicationController>(),
         kind_of::<PodDisruptionBudget>(),
@@ -93,6 +97,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
         ),
         tokio::spawn(Controller::new(disruption::DisruptionController, ctx.clone()).run()),
         tokio::spawn(Controller::new(daemonset::DaemonSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(statefulset::StatefulSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),
