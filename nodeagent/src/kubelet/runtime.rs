@@ -12,6 +12,7 @@ pub mod config;
 pub mod env;
 pub mod failures;
 pub mod fields;
+pub mod hosts;
 pub mod spec;
 pub mod status;
 pub mod volumes;
@@ -534,6 +535,14 @@ impl RuntimeManager {
                 source,
             })?;
         }
+        if let Some((path, file)) = &plan.hosts_file {
+            let content = file.content(|| std::fs::read_to_string(hosts::NODE_HOSTS).unwrap_or_default());
+            write_hosts_file(path, &content).map_err(|source| RuntimeError::Io {
+                pod: key.into(),
+                what: format!("writing {}", path.display()),
+                source,
+            })?;
+        }
         plan.config.annotations.insert(spec::ANNOTATION_RESTART_BACKOFF.into(), run.backoff.as_secs().to_string());
         let req = pb::CreateContainerRequest {
             pod_sandbox_id: sandbox.id.clone(),
@@ -781,6 +790,16 @@ fn ignore_not_found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, Run
         Err(RuntimeError::Cri { source, .. }) if source.code() == Code::NotFound => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// The Pod's hosts file, mode 0644 as the kubelet leaves it.
+fn write_hosts_file(path: &std::path::Path, content: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, content)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
 }
 
 fn remove_dir_all(path: &std::path::Path) -> std::io::Result<()> {

@@ -157,12 +157,7 @@ pub fn sandbox_config(pod: &Pod, cfg: &RuntimeConfig, attempt: u32) -> Result<pb
         .flatten()
         .map(|s| (s.name.clone(), s.value.clone()))
         .collect();
-    let hostname = if spec.host_network == Some(true) {
-        String::new()
-    } else {
-        let base = spec.hostname.clone().unwrap_or_else(|| name.clone());
-        base.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_string()
-    };
+    let hostname = if spec.host_network == Some(true) { String::new() } else { pod_hostname(pod) };
 
     Ok(pb::PodSandboxConfig {
         metadata: Some(pb::PodSandboxMetadata { name, uid: uid.into(), namespace, attempt }),
@@ -190,12 +185,20 @@ pub fn sandbox_config(pod: &Pod, cfg: &RuntimeConfig, attempt: u32) -> Result<pb
     })
 }
 
+/// The Pod's hostname: `spec.hostname`, else its name, at most 63 characters.
+fn pod_hostname(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref();
+    let base = spec.and_then(|s| s.hostname.clone()).or_else(|| pod.metadata.name.clone()).unwrap_or_default();
+    base.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_string()
+}
+
 /// What CreateContainer needs for one container, plus the host directories (emptyDir volumes,
-/// the container's log directory) that must exist first.
+/// the container's log directory) that must exist first and the Pod's hosts file to write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ContainerPlan {
     pub config: pb::ContainerConfig,
     pub host_dirs: Vec<PathBuf>,
+    pub hosts_file: Option<(PathBuf, super::hosts::EtcHosts)>,
 }
 
 /// The container config for the `attempt`-th run of `container`. `pod_ips` come from the
@@ -224,7 +227,18 @@ pub fn container_config(
     let command = expand_all(&container.command);
     let args = expand_all(&container.args);
 
-    let (mounts, mut host_dirs) = mounts(pod, container, cfg, uid)?;
+    let (mut mounts, mut host_dirs) = mounts(pod, container, cfg, uid)?;
+    let hosts_file = super::hosts::mounted_on(container, pod_ips).then(|| {
+        let path = super::hosts::path(cfg, uid);
+        mounts.push(pb::Mount {
+            container_path: super::hosts::CONTAINER_PATH.into(),
+            host_path: path.to_string_lossy().into_owned(),
+            readonly: false,
+            selinux_relabel: false,
+            propagation: pb::MountPropagation::PropagationPrivate as i32,
+        });
+        (path, super::hosts::hosts_file(pod, pod_ips, &pod_hostname(pod)))
+    });
     let log_dir = pod_log_directory(cfg, pod)?;
     host_dirs.push(log_dir.join(&container.name));
 
@@ -261,7 +275,7 @@ pub fn container_config(
             security_context: Some(container_security_context(spec, container)?),
         }),
     };
-    Ok(ContainerPlan { config, host_dirs })
+    Ok(ContainerPlan { config, host_dirs, hosts_file })
 }
 
 fn mounts(
