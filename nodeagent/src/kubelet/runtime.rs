@@ -638,7 +638,15 @@ impl RuntimeManager {
 
         let started = Instant::now();
         self.events.pod(pod, NORMAL, "Pulling", &format!("Pulling image {image:?}"));
-        let req = pb::PullImageRequest { image: Some(spec), auth: None, sandbox_config: Some(sandbox_config.clone()) };
+        let auth = self.cfg.registries.auth_for(&image).map(|a| pb::AuthConfig {
+            username: a.username,
+            password: a.password,
+            auth: a.auth,
+            server_address: a.server_address,
+            identity_token: a.identity_token,
+            registry_token: String::new(),
+        });
+        let req = pb::PullImageRequest { image: Some(spec), auth, sandbox_config: Some(sandbox_config.clone()) };
         let timeout = self.cfg.image_pull_timeout;
         let error = match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
             Ok(pulled) => {
@@ -792,14 +800,17 @@ fn ignore_not_found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, Run
     }
 }
 
-/// The Pod's hosts file, mode 0644 as the kubelet leaves it.
-fn write_hosts_file(path: &std::path::Path, content: &str) -> std::io::Result<()> {
+/// Writes the managed hosts file whole (a container that starts reads it complete), mode 0644
+/// as the kubelet leaves it.
+fn write_hosts_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(path, content)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+    let partial = path.with_extension("tmp");
+    std::fs::write(&partial, text)?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&partial, path)
 }
 
 fn remove_dir_all(path: &std::path::Path) -> std::io::Result<()> {

@@ -47,8 +47,10 @@ pub fn mounted_on(container: &Container, pod_ips: &[String]) -> bool {
         && !container.volume_mounts.iter().flatten().any(|m| m.mount_path.trim_end_matches('/') == CONTAINER_PATH)
 }
 
-/// The Pod's hosts file: `hostname` is the sandbox's (the Pod's hostname or name).
-pub fn hosts_file(pod: &Pod, pod_ips: &[String], hostname: &str) -> EtcHosts {
+/// The Pod's hosts file: `hostname` is the sandbox's (the Pod's hostname or name); with a
+/// subdomain, each IP names the Pod fully qualified first
+/// (`web-0.nginx.default.svc.cluster.local web-0`).
+pub fn hosts_file(pod: &Pod, pod_ips: &[String], hostname: &str, cluster_domain: &str) -> EtcHosts {
     let spec = pod.spec.as_ref();
     let aliases = aliases(spec.and_then(|s| s.host_aliases.as_deref()).unwrap_or_default());
     if spec.and_then(|s| s.host_network) == Some(true) {
@@ -63,8 +65,16 @@ pub fn hosts_file(pod: &Pod, pod_ips: &[String], hostname: &str) -> EtcHosts {
          fe00::1\tip6-allnodes\n\
          fe00::2\tip6-allrouters\n",
     );
+    let subdomain = spec.and_then(|s| s.subdomain.as_deref()).filter(|s| !s.is_empty());
     for ip in pod_ips {
-        content.push_str(&format!("{ip}\t{hostname}\n"));
+        match subdomain {
+            Some(subdomain) => {
+                let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+                let domain = cluster_domain.trim_end_matches('.');
+                content.push_str(&format!("{ip}\t{hostname}.{subdomain}.{namespace}.svc.{domain}\t{hostname}\n"));
+            }
+            None => content.push_str(&format!("{ip}\t{hostname}\n")),
+        }
     }
     content.push_str(&aliases);
     EtcHosts::Managed(content)
@@ -109,7 +119,7 @@ mod tests {
                     .to_owned(),
             ),
         ] {
-            let file = hosts_file(&pod(spec.clone()), &["10.244.1.5".into()], "web");
+            let file = hosts_file(&pod(spec.clone()), &["10.244.1.5".into()], "web", "cluster.local");
             assert_eq!(file.content(|| "127.0.0.1 node\n".into()), expected, "{spec}");
         }
     }

@@ -237,7 +237,7 @@ pub fn container_config(
             selinux_relabel: false,
             propagation: pb::MountPropagation::PropagationPrivate as i32,
         });
-        (path, super::hosts::hosts_file(pod, pod_ips, &pod_hostname(pod)))
+        (path, super::hosts::hosts_file(pod, pod_ips, &pod_hostname(pod), &cfg.cluster_domain))
     });
     let log_dir = pod_log_directory(cfg, pod)?;
     host_dirs.push(log_dir.join(&container.name));
@@ -543,6 +543,23 @@ mod tests {
         let dns = sandbox_config(&custom, &cfg(), 0).expect("config").dns_config.expect("dns");
         assert_eq!(dns.servers, ["1.2.3.4"]);
         assert_eq!(dns.options, ["ndots:2", "edns0"]);
+    }
+
+    #[test]
+    fn the_hosts_file_is_mounted_from_the_pods_directory() {
+        let ips = ["10.244.1.5".to_owned()];
+        let member =
+            pod(json!({"hostname": "web-0", "subdomain": "nginx", "containers": [{"name": "c", "image": "i:1"}]}));
+        let plan = container_config(&member, &member.spec.as_ref().unwrap().containers[0], &cfg(), 0, &ips, &NoConfig)
+            .unwrap();
+        let mount = plan.config.mounts.iter().find(|m| m.container_path == "/etc/hosts").unwrap();
+        assert_eq!(mount.host_path, "/pods/u-1/etc-hosts");
+        let (path, file) = plan.hosts_file.unwrap();
+        assert_eq!(path, PathBuf::from("/pods/u-1/etc-hosts"));
+        let text = file.content(String::new);
+        assert!(text.ends_with("\n10.244.1.5\tweb-0.nginx.shop.svc.cluster.local\tweb-0\n"), "{text}");
+        let none = container_config(&member, &member.spec.as_ref().unwrap().containers[0], &cfg(), 0, &[], &NoConfig);
+        assert_eq!(none.unwrap().hosts_file, None, "no address yet");
     }
 
     #[test]
