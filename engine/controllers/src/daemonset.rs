@@ -559,6 +559,8 @@ mod tests {
     }
 
     type Pods = fn(&DaemonSet) -> Vec<Pod>;
+    /// (what, updateStrategy, nodes, the DaemonSet's Pods, disruptions allowed, the plan in words)
+    type Case = (&'static str, Value, Vec<Node>, Pods, Option<i32>, &'static [&'static str]);
 
     #[test]
     fn plan_table() {
@@ -566,7 +568,7 @@ mod tests {
         let on_delete = json!({"type": "OnDelete"});
         let default = json!({});
         #[rustfmt::skip]
-        let cases: Vec<(&str, Value, Vec<Node>, Pods, Option<i32>, &[&str])> = vec![
+        let cases: Vec<Case> = vec![
             ("a Pod for every node", default.clone(), three.clone(), |_| vec![], None,
              &["create on a", "create on b", "create on c"]),
             ("a node that joins gets one", default.clone(), three.clone(),
