@@ -24,10 +24,10 @@ use git2::Oid;
 use serde_json::Value;
 use std::{
     borrow::Cow,
-    collections::{HashMap, HashSet, hash_map::RandomState},
+    collections::{HashMap, HashSet, VecDeque, hash_map::RandomState},
     hash::BuildHasher,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, LazyLock, Mutex},
     time::{Duration, Instant},
 };
 
@@ -47,15 +47,32 @@ pub struct SourceCache {
     /// The Application's repository, kept open: opening one reads its config and the user's
     /// and system's Git config, and lists its packs, on every sync otherwise.
     repository: Option<(PathBuf, git2::Repository)>,
-    /// The last kustomize build, by the digest of every file it read: a commit that changes
-    /// none of them does not run kustomize again.
-    pub(crate) kustomized: Option<([u8; 32], kustomize::Build)>,
 }
 
+/// kustomize builds kept for every load in this process, by the digest of every file a build
+/// read: the push's verdict and the sync that follows build once, and a commit that changes
+/// none of those files does not run kustomize. The newest first, bounded in count and bytes.
+static BUILDS: LazyLock<Mutex<Builds>> = LazyLock::new(Default::default);
+type Builds = VecDeque<([u8; 32], kustomize::Build)>;
+const MAX_BUILDS: usize = 32;
+const MAX_BUILD_BYTES: u64 = 64 << 20;
+
 impl SourceCache {
-    /// Counts a kustomize build.
-    pub(crate) fn kustomize_built(&mut self) {
+    /// The kustomize build of inputs with digest `key`, if one is kept.
+    pub(crate) fn kustomized(&self, key: &[u8; 32]) -> Option<kustomize::Build> {
+        let builds = BUILDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        builds.iter().find(|(k, _)| k == key).map(|(_, build)| build.clone())
+    }
+
+    /// Keeps a kustomize build just made from inputs with digest `key`.
+    pub(crate) fn keep_kustomized(&mut self, key: [u8; 32], build: kustomize::Build) {
         self.stats.kustomize_builds += 1;
+        let mut builds = BUILDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        builds.push_front((key, build));
+        let size = |b: &kustomize::Build| b.as_ref().map_or(0, |r| r.bytes());
+        while builds.len() > MAX_BUILDS || builds.iter().map(|(_, b)| size(b)).sum::<u64>() > MAX_BUILD_BYTES {
+            builds.pop_back();
+        }
     }
 }
 
@@ -170,7 +187,6 @@ impl SourceCache {
         self.settings = None;
         self.files.clear();
         self.values.clear();
-        self.kustomized = None;
     }
 
     /// The sizes of the `candidates` (sorted by path) whose blob the cache read already: a blob

@@ -183,6 +183,11 @@ pub(crate) struct Rendered {
 }
 
 impl Rendered {
+    /// The bytes its files hold.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.content.len() as u64).sum()
+    }
+
     /// The line in Git of `line` of the rendered `file`.
     pub(crate) fn line_in_git(&self, file: &str, line: usize) -> Option<usize> {
         let starts = self.lines.get(file)?;

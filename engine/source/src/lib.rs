@@ -314,29 +314,26 @@ fn load_kustomization(
         digest.update(blob.as_bytes());
     }
     let key: [u8; 32] = digest.finalize().into();
-    let rendered = match &cache.kustomized {
-        Some((cached, rendered)) if *cached == key => rendered.clone(),
-        _ => {
+    let rendered = match cache.kustomized(&key) {
+        Some(kept) => kept,
+        None => {
             let mut contents = Vec::with_capacity(files.len());
             for (i, (path, _)) in files.iter().enumerate() {
                 contents.push((path.clone(), read(i)?));
             }
             let source = |path: &str| contents.iter().find(|(p, _)| p == path).map(|(_, c)| c.clone());
-            let rendered = kustomize::build(dir, root_file, &contents, limits)
+            let built = kustomize::build(dir, root_file, &contents, limits)
                 .map_err(|e| vec![*e])
                 .and_then(|output| kustomize::split(&output, dir, root_file, &source, limits))
                 .map(Arc::new);
-            cache.kustomized = Some((key, rendered.clone()));
-            cache.kustomize_built();
-            rendered
+            cache.keep_kustomized(key, built.clone());
+            built
         }
     };
     let rendered = rendered.map_err(LoadError::Invalid)?;
     // The rendered files are what is validated: values files and templates are not kustomize's.
     let app = AppSource { path: dir.to_owned(), values_files: Vec::new(), values: BTreeMap::new(), ..app.clone() };
-    let kept = std::mem::take(&mut cache.kustomized);
     let loaded = load_files(&rendered.files, &app, validator, limits, cache);
-    cache.kustomized = kept;
     let in_git = |file: &str, line: usize| rendered.line_in_git(file, line).unwrap_or(line);
     match loaded {
         Ok(manifests) => Ok(manifests
