@@ -13,6 +13,16 @@ pub fn apply(object: &mut Value) {
     if (api_version.as_str(), kind.as_str()) == ("v1", "Secret") {
         set(object.as_object_mut(), "type", json!("Opaque"));
     }
+    if (api_version.as_str(), kind.as_str()) == ("storage.k8s.io/v1", "StorageClass") {
+        set(object.as_object_mut(), "reclaimPolicy", json!("Delete"));
+        set(object.as_object_mut(), "volumeBindingMode", json!("Immediate"));
+    }
+    if let ("v1", "PersistentVolumeClaim" | "PersistentVolume") = (api_version.as_str(), kind.as_str())
+        && let Some(object) = object.as_object_mut()
+    {
+        // A new claim or volume waits to be bound; an update keeps the stored status anyway.
+        set(Some(entry(object, "status")), "phase", json!("Pending"));
+    }
     let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else { return };
     match (api_version.as_str(), kind.as_str()) {
         ("v1", "Pod") => pod_spec(spec),
@@ -45,6 +55,12 @@ pub fn apply(object: &mut Value) {
             template(spec);
         }
         ("v1", "Service") => service_spec(spec),
+        ("v1", "PersistentVolumeClaim") => set(Some(spec), "volumeMode", json!("Filesystem")),
+        ("v1", "PersistentVolume") => {
+            set(Some(spec), "persistentVolumeReclaimPolicy", json!("Retain"));
+            set(Some(spec), "volumeMode", json!("Filesystem"));
+            set(spec.get_mut("hostPath").and_then(Value::as_object_mut), "type", json!(""));
+        }
         ("networking.k8s.io/v1", "NetworkPolicy") => {
             if spec.get("policyTypes").is_none() {
                 let mut types = vec![json!("Ingress")];
@@ -210,5 +226,36 @@ mod tests {
         apply(&mut p);
         assert_eq!(p["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
         assert_eq!(p["spec"]["egress"][0]["ports"][0]["protocol"], "TCP");
+    }
+
+    #[test]
+    fn claims_volumes_and_classes() {
+        let cases = [
+            (
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "spec": {"accessModes": ["ReadWriteOnce"]}}),
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}),
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "PersistentVolume", "spec": {"hostPath": {"path": "/data"}}}),
+                json!({"apiVersion": "v1", "kind": "PersistentVolume", "spec": {"hostPath": {"path": "/data", "type": ""},
+                    "persistentVolumeReclaimPolicy": "Retain", "volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}),
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "PersistentVolume", "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                    "volumeMode": "Block"}, "status": {"phase": "Bound"}}),
+                json!({"apiVersion": "v1", "kind": "PersistentVolume", "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                    "volumeMode": "Block"}, "status": {"phase": "Bound"}}),
+            ),
+            (
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "x"}),
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "x",
+                    "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}),
+            ),
+        ];
+        for (mut object, want) in cases {
+            apply(&mut object);
+            assert_eq!(object, want);
+        }
     }
 }

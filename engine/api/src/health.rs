@@ -1,6 +1,6 @@
 //! Health of what an Application applied, per kind, as Argo CD assesses it: a Deployment or a
 //! ReplicaSet by its rollout, a Pod by its readiness, a Service by its ready endpoints, a Job by
-//! its outcome. The Application's health is the worst of its objects'.
+//! its outcome, a PersistentVolumeClaim by its phase. The Application's health is the worst of its objects'.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -29,7 +29,7 @@ impl Health {
 /// Whether objects of `kind` (`Kind.group`) have a health rule: the others are healthy once
 /// they exist.
 pub fn assessed(kind: &str) -> bool {
-    matches!(kind, "Deployment.apps" | "ReplicaSet.apps" | "Job.batch" | "Pod" | "Service")
+    matches!(kind, "Deployment.apps" | "ReplicaSet.apps" | "Job.batch" | "Pod" | "Service" | "PersistentVolumeClaim")
 }
 
 /// The health of `object`, of kind `kind` (`Deployment`, …); kinds without a rule are healthy.
@@ -40,6 +40,7 @@ pub fn of(kind: &str, object: &Value, pods: &Pods<'_>) -> (Health, String) {
         "Job" => job(object),
         "Pod" => pod(object),
         "Service" => service(object, pods),
+        "PersistentVolumeClaim" => persistent_volume_claim(object),
         _ => (Health::Healthy, String::new()),
     }
 }
@@ -160,6 +161,16 @@ pub fn job(j: &Value) -> (Health, String) {
     }
 }
 
+/// A claim: healthy once Bound, degraded once Lost, progressing while Pending (a
+/// WaitForFirstConsumer claim waits there for its first Pod).
+pub fn persistent_volume_claim(c: &Value) -> (Health, String) {
+    match c["status"]["phase"].as_str() {
+        Some("Bound") => (Health::Healthy, String::new()),
+        Some("Lost") => (Health::Degraded, "the bound volume is gone".into()),
+        _ => (Health::Progressing, "waiting for a volume to be bound".into()),
+    }
+}
+
 /// Pods by (namespace, label, value), so a Service finds the Pods it selects without a scan
 /// of every Pod: thousands of Services over thousands of Pods stay cheap.
 pub struct Pods<'a> {
@@ -229,6 +240,16 @@ mod tests {
         let mut terminating = running(true);
         terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:30Z");
         assert_eq!(pod(&terminating), (Health::Progressing, "Pending deletion".into()));
+    }
+
+    #[test]
+    fn claims() {
+        let c = |phase: &str| json!({"status": {"phase": phase}});
+        for (phase, health) in
+            [("Bound", Health::Healthy), ("Pending", Health::Progressing), ("Lost", Health::Degraded)]
+        {
+            assert_eq!(persistent_volume_claim(&c(phase)).0, health, "{phase}");
+        }
     }
 
     #[test]

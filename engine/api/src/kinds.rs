@@ -4,8 +4,9 @@ use crate::schema::strict_schema;
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
     batch::v1::Job,
-    core::v1::{ConfigMap, Namespace, Pod, Secret, Service},
+    core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service},
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
+    storage::v1::StorageClass,
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -62,6 +63,9 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
+        KindInfo::of::<PersistentVolumeClaim>(true),
+        KindInfo::of::<PersistentVolume>(false),
+        KindInfo::of::<StorageClass>(false),
         KindInfo::of::<crate::Application>(true),
     ]
 });

@@ -101,6 +101,21 @@ const RESOURCES: &[Resource] = &[
         kind: "IngressClass",
         namespaced: false,
     },
+    Resource {
+        group: "",
+        version: "v1",
+        plural: "persistentvolumeclaims",
+        kind: "PersistentVolumeClaim",
+        namespaced: true,
+    },
+    Resource { group: "", version: "v1", plural: "persistentvolumes", kind: "PersistentVolume", namespaced: false },
+    Resource {
+        group: "storage.k8s.io",
+        version: "v1",
+        plural: "storageclasses",
+        kind: "StorageClass",
+        namespaced: false,
+    },
     Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },
 ];
 

@@ -6,6 +6,7 @@ mod ingress;
 mod network_policy;
 mod pod;
 mod service;
+mod storage;
 
 pub(crate) use config_refs::missing_keys;
 pub(crate) use service::unknown_target_ports;
@@ -498,6 +499,9 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
         "Ingress" => ingress::problems(value),
         "IngressClass" => ingress::class_problems(value),
         "NetworkPolicy" => network_policy::problems(value),
+        "PersistentVolumeClaim" => storage::claim_problems(value),
+        "PersistentVolume" => storage::volume_problems(value),
+        "StorageClass" => storage::class_problems(value),
         "ConfigMap" => kube_dns_problems(value, default_namespace),
         _ => Vec::new(),
     };
@@ -758,7 +762,8 @@ spec:
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
                    Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
                    Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
-                   NetworkPolicy (networking.k8s.io/v1), Application (gitplane.io/v1)"],
+                   NetworkPolicy (networking.k8s.io/v1), PersistentVolumeClaim (v1), PersistentVolume (v1), \
+                   StorageClass (storage.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
@@ -1208,6 +1213,71 @@ spec: {}
         );
         expected.sort();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn t10_claims_volumes_and_classes_are_validated_as_kube_apiserver_does() {
+        let good = "\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: task-pv-volume}
+spec: {capacity: {storage: 10Gi}, accessModes: [ReadWriteOnce], storageClassName: manual, hostPath: {path: /mnt/data}}
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: fast}
+provisioner: gitplane.io/local-path
+volumeBindingMode: WaitForFirstConsumer
+";
+        assert!(check(&[("s.yaml", good)]).is_ok(), "{:?}", check(&[("s.yaml", good)]));
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "kind: PersistentVolumeClaim\nspec: {accessModes: [ReadWriteAll], resources: {requests: {storage: 0}}}",
+                &[
+                    "/spec/accessModes/0: Unsupported value: \"ReadWriteAll\": supported values: \"ReadWriteOnce\", \
+                     \"ReadOnlyMany\", \"ReadWriteMany\", \"ReadWriteOncePod\"",
+                    "/spec/resources/requests/storage: 0 is not a positive quantity: write e.g. 1Gi",
+                ],
+            ),
+            (
+                "kind: PersistentVolumeClaim\nspec: {}",
+                &[
+                    "/spec/accessModes: at least 1 access mode is required: ReadWriteOnce for one node's Pods",
+                    "/spec/resources/requests/storage: a storage request is required, e.g. 1Gi",
+                ],
+            ),
+            (
+                "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], nfs: {server: s, path: /x}}",
+                &[
+                    "/spec/nfs: gitplane's nodes cannot mount a nfs volume: use hostPath or local (a directory on the node)",
+                ],
+            ),
+            (
+                "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], local: {path: data}}",
+                &[
+                    "/spec/local/path: \"data\" must be an absolute path",
+                    "/spec/nodeAffinity: a local volume requires node affinity: set nodeAffinity.required to the node \
+                     that holds the directory",
+                ],
+            ),
+            (
+                "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce]}",
+                &["/spec: a volume needs a source: set hostPath or local (the path on the node)"],
+            ),
+        ];
+        for (yaml, want) in cases {
+            let yaml = format!("apiVersion: v1\nmetadata: {{name: x}}\n{yaml}\n");
+            let got: Vec<String> = errors(&[("s.yaml", &yaml)])
+                .into_iter()
+                .map(|e| e.split_once(" x: ").map_or(e.clone(), |(_, rest)| rest.to_owned()))
+                .collect();
+            assert_eq!(got, *want, "{yaml}");
+        }
     }
 
     #[test]

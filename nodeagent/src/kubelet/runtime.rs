@@ -629,7 +629,15 @@ impl RuntimeManager {
 
         let started = Instant::now();
         self.events.pod(pod, NORMAL, "Pulling", &format!("Pulling image {image:?}"));
-        let req = pb::PullImageRequest { image: Some(spec), auth: None, sandbox_config: Some(sandbox_config.clone()) };
+        let auth = self.cfg.registries.auth_for(&image).map(|a| pb::AuthConfig {
+            username: a.username,
+            password: a.password,
+            auth: a.auth,
+            server_address: a.server_address,
+            identity_token: a.identity_token,
+            registry_token: String::new(),
+        });
+        let req = pb::PullImageRequest { image: Some(spec), auth, sandbox_config: Some(sandbox_config.clone()) };
         let timeout = self.cfg.image_pull_timeout;
         let error = match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
             Ok(pulled) => {

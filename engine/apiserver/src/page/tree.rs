@@ -1,6 +1,7 @@
 //! An Application's resource tree, as the page draws it: Deployment -> ReplicaSet -> Pods by
 //! ownerReferences, Service -> EndpointSlices (by `kubernetes.io/service-name`) -> Pods (by the
-//! endpoints' targetRef), Job -> Pods by ownerReferences; every other object the Application
+//! endpoints' targetRef), Job -> Pods by ownerReferences, a PersistentVolumeClaim with its
+//! phase's health; every other object the Application
 //! applied is a leaf. Health comes from the source's own rules, so the page and the
 //! Application's status agree.
 
@@ -84,6 +85,10 @@ pub fn build(objects: &Objects) -> Vec<Node> {
                     node(object, kind, health, message, owned_by(&objects.pods, uid).map(pod_node).collect())
                 }
                 "Pod" => pod_node(object),
+                "PersistentVolumeClaim" => {
+                    let (health, message) = health::persistent_volume_claim(object);
+                    node(object, kind, health, message, Vec::new())
+                }
                 "Service" => {
                     let namespace = meta(object, "namespace");
                     let slices: Vec<Node> = objects

@@ -135,9 +135,9 @@ fn deleted_at(pod: &Value) -> Result<(Timestamp, Timestamp)> {
 }
 
 #[test]
-fn t91_pods_terminate_gracefully() -> Result<()> {
+fn t92_pods_terminate_gracefully() -> Result<()> {
     require_root()?;
-    let cluster = LocalCluster::up("gp91", 1)?;
+    let cluster = LocalCluster::up("gp92", 1)?;
     let work_dir = tempfile::tempdir()?;
     let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
     work.remove("web.yaml")?;
