@@ -17,6 +17,7 @@ pub mod loadbalancer;
 pub mod names;
 pub mod node_lifecycle;
 pub mod owner;
+pub mod persistent_volume;
 pub mod plan;
 pub mod replicaset;
 pub mod runtime;
@@ -34,9 +35,10 @@ pub fn watched_kinds() -> Vec<String> {
         apps::v1::{Deployment, ReplicaSet},
         batch::v1::Job,
         coordination::v1::Lease,
-        core::v1::{Endpoints, Node, Pod, Service},
+        core::v1::{Endpoints, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service},
         discovery::v1::EndpointSlice,
         networking::v1::{Ingress, IngressClass},
+        storage::v1::StorageClass,
     };
     vec![
         kind_of::<Deployment>(),
@@ -50,6 +52,9 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<Endpoints>(),
         kind_of::<Ingress>(),
         kind_of::<IngressClass>(),
+        kind_of::<PersistentVolumeClaim>(),
+        kind_of::<PersistentVolume>(),
+        kind_of::<StorageClass>(),
     ]
 }
 
@@ -98,6 +103,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             .run(),
         ),
         tokio::spawn(Controller::new(ingress::IngressController::default(), ctx.clone()).run()),
+        tokio::spawn(Controller::new(persistent_volume::PersistentVolumeController, ctx.clone()).run()),
     ];
     if let Some(pool) = settings.load_balancer_pool {
         tasks.push(tokio::spawn(Controller::new(loadbalancer::LoadBalancerController::new(pool), ctx).run()));

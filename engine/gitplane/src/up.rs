@@ -280,6 +280,7 @@ async fn run_node(
         ..RuntimeConfig::default()
     };
     cfg.node.nodefs = data_dir.join("pods");
+    cfg.node.local_path_dir = data_dir.join("storage");
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut agent = tokio::spawn(agent::run(cfg, stopped));
 

@@ -83,6 +83,9 @@ pub trait ScorePlugin: Send + Sync {
 pub enum ScheduleError {
     #[error("0/{total} nodes are available: {}.", join_reasons(reasons))]
     Unschedulable { total: usize, reasons: BTreeMap<String, usize> },
+    /// A PreFilter found the Pod unschedulable on every node (VolumeBinding's unbound claims).
+    #[error("0/{total} nodes are available: {reason}.")]
+    PreFilter { total: usize, reason: String },
     #[error("unknown scheduler plugin {0:?}")]
     UnknownPlugin(String),
 }
@@ -117,11 +120,27 @@ impl Profile {
     /// Picks the best feasible node: the highest weighted score, ties to the lowest name so the
     /// result is deterministic.
     pub fn schedule(&self, pod: &Pod, nodes: &[NodeInfo]) -> Result<String, ScheduleError> {
+        self.place(pod, nodes, None)
+    }
+
+    /// [`Profile::schedule`] with a filter made for this Pod after its PreFilter (what its
+    /// volumes ask of the node), run after the profile's own.
+    pub fn schedule_with(
+        &self,
+        pod: &Pod,
+        nodes: &[NodeInfo],
+        extra: &dyn FilterPlugin,
+    ) -> Result<String, ScheduleError> {
+        self.place(pod, nodes, Some(extra))
+    }
+
+    fn place(&self, pod: &Pod, nodes: &[NodeInfo], extra: Option<&dyn FilterPlugin>) -> Result<String, ScheduleError> {
         let (request, score_request) = (pod_requests(pod), pod_score_requests(pod));
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         let mut feasible: Vec<&NodeInfo> = Vec::with_capacity(nodes.len());
+        let filters = self.filters.iter().map(|f| &**f).chain(extra);
         for node in nodes {
-            match self.filters.iter().find_map(|f| f.filter(pod, &request, node).err()) {
+            match filters.clone().find_map(|f| f.filter(pod, &request, node).err()) {
                 Some(unfit) => unfit.into_iter().for_each(|reason| *reasons.entry(reason).or_default() += 1),
                 None => feasible.push(node),
             }

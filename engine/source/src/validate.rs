@@ -913,7 +913,8 @@ spec:
                 15,
                 "/volumes/2/projected".into(),
                 format!(
-                    "a projected volume {not_yet} (it supports emptyDir, hostPath, configMap, secret, downwardAPI)"
+                    "a projected volume {not_yet} (it supports emptyDir, hostPath, configMap, secret, downwardAPI, \
+                     persistentVolumeClaim)"
                 ),
             ),
             (

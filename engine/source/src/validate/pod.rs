@@ -71,7 +71,11 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("securityContext/seccompProfile/type", Values(&["\"Unconfined\""]), "securityContext.seccompProfile.type"),
     row("securityContext/appArmorProfile/type", Values(&["\"Unconfined\""]), "securityContext.appArmorProfile.type"),
     row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
-    row("volumes/*", Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI"]), "a {key} volume"),
+    row(
+        "volumes/*",
+        Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "persistentVolumeClaim"]),
+        "a {key} volume",
+    ),
     row("volumes/*/emptyDir/medium", Values(&["\"\"", "\"Memory\""]), "emptyDir.medium"),
     row("volumes/*/hostPath/type", Values(&["\"\""]), "hostPath.type"),
     row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),
