@@ -2,7 +2,7 @@
 
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
+    apps::v1::{Deployment, ReplicaSet, StatefulSet},
     batch::v1::Job,
     core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service},
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
@@ -59,6 +59,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
+        KindInfo::of::<StatefulSet>(true),
         KindInfo::of::<Job>(true),
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),

@@ -4,7 +4,7 @@
 //! carries `x-kubernetes-group-version-kind`, which `kubectl explain` looks kinds up by.
 
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
+    apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
     batch::v1::Job,
     coordination::v1::Lease,
     core::v1::{
@@ -131,6 +131,8 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Namespace>();
     b.add::<Deployment>();
     b.add::<ReplicaSet>();
+    b.add::<StatefulSet>();
+    b.add::<ControllerRevision>();
     b.add::<Job>();
     b.add::<EndpointSlice>();
     b.add::<Lease>();
@@ -218,7 +220,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 20);
+            assert_eq!(d.roots.len(), 22);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some("v1")));

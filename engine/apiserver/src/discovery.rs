@@ -57,6 +57,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "statefulsets" => &["sts"],
         "ingresses" => &["ing"],
         "networkpolicies" => &["netpol"],
         "persistentvolumeclaims" => &["pvc"],
@@ -71,7 +72,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
 /// The `all` category holds the workloads and Services, as in Kubernetes (`kubectl get all`).
 fn categories(r: &Resource) -> &'static [&'static str] {
     match r.plural {
-        "pods" | "services" | "deployments" | "replicasets" | "jobs" => &["all"],
+        "pods" | "services" | "deployments" | "replicasets" | "statefulsets" | "jobs" => &["all"],
         _ => &[],
     }
 }

@@ -77,6 +77,14 @@ const RESOURCES: &[Resource] = &[
     Resource { group: "", version: "v1", plural: "namespaces", kind: "Namespace", namespaced: false },
     Resource { group: "apps", version: "v1", plural: "deployments", kind: "Deployment", namespaced: true },
     Resource { group: "apps", version: "v1", plural: "replicasets", kind: "ReplicaSet", namespaced: true },
+    Resource { group: "apps", version: "v1", plural: "statefulsets", kind: "StatefulSet", namespaced: true },
+    Resource {
+        group: "apps",
+        version: "v1",
+        plural: "controllerrevisions",
+        kind: "ControllerRevision",
+        namespaced: true,
+    },
     Resource { group: "batch", version: "v1", plural: "jobs", kind: "Job", namespaced: true },
     Resource {
         group: "discovery.k8s.io",

@@ -117,6 +117,8 @@ fn columns(kind: &str) -> Vec<Value> {
             .into_iter()
             .chain(workload)
             .collect(),
+        // As kubectl prints a StatefulSet: no selector column.
+        "StatefulSet" => vec![("Name", S, 0), ("Ready", S, 0), ("Age", S, 0), ("Containers", S, 1), ("Images", S, 1)],
         "Job" => [("Name", S, 0), ("Status", S, 0), ("Completions", S, 0), ("Duration", S, 0), ("Age", S, 0)]
             .into_iter()
             .chain(workload)
@@ -150,6 +152,7 @@ fn columns(kind: &str) -> Vec<Value> {
         "ConfigMap" => vec![("Name", S, 0), ("Data", I, 0), ("Age", S, 0)],
         "Secret" => vec![("Name", S, 0), ("Type", S, 0), ("Data", I, 0), ("Age", S, 0)],
         "Lease" => vec![("Name", S, 0), ("Holder", S, 0), ("Age", S, 0)],
+        "ControllerRevision" => vec![("Name", S, 0), ("Controller", S, 0), ("Revision", I, 0), ("Age", S, 0)],
         "Ingress" => {
             vec![("Name", S, 0), ("Class", S, 0), ("Hosts", S, 0), ("Address", S, 0), ("Ports", S, 0), ("Age", S, 0)]
         }
@@ -408,6 +411,11 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
             row.extend(workload(spec));
             row
         }
+        "StatefulSet" => {
+            let want = spec["replicas"].as_i64().unwrap_or(1);
+            let [containers, images, _] = workload(spec);
+            vec![name, cell(format!("{}/{want}", int(&status["readyReplicas"]))), age, containers, images]
+        }
         "Job" => {
             let state = if condition_true(status, "Complete") {
                 "Complete"
@@ -568,6 +576,18 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
             vec![name, cell(o["type"].as_str().unwrap_or("Opaque")), cell(data), age]
         }
         "Lease" => vec![name, cell(spec["holderIdentity"].as_str().unwrap_or("<unknown>")), age],
+        "ControllerRevision" => {
+            // As kubectl: `statefulset.apps/web`, the controller owner's kind and group.
+            let controller = array(&o["metadata"]["ownerReferences"])
+                .find(|r| r["controller"] == true)
+                .map(|r| {
+                    let group =
+                        text(&r["apiVersion"]).rsplit_once('/').map(|(g, _)| format!(".{g}")).unwrap_or_default();
+                    format!("{}{group}/{}", text(&r["kind"]).to_lowercase(), text(&r["name"]))
+                })
+                .unwrap_or_else(|| "<none>".into());
+            vec![name, cell(controller), cell(int(&o["revision"])), age]
+        }
         "NetworkPolicy" => vec![name, cell(selector(&spec["podSelector"])), age],
         "PersistentVolumeClaim" => {
             // Capacity and access modes are the bound volume's, shown once a volume is named.
@@ -1115,6 +1135,15 @@ mod tests {
             t["rows"][0]["cells"],
             json!(["web-5d4f", 3, 3, 1, "<unknown>", "web,log", "httpd:1,busybox", "app=web"])
         );
+        let sts = json!({"metadata": {"name": "web"}, "spec": {"replicas": 2, "template": template}, "status": {"readyReplicas": 1}});
+        let t = table("StatefulSet", &[sts], "1", now());
+        assert_eq!(names(&t), ["Name", "Ready", "Age", "Containers", "Images"]);
+        assert_eq!(wide(&t), ["Containers", "Images"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["web", "1/2", "<unknown>", "web,log", "httpd:1,busybox"]));
+        let revision = json!({"metadata": {"name": "web-7bd9f5c8d6", "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s1", "controller": true}]}, "revision": 2});
+        let t = table("ControllerRevision", &[revision], "1", now());
+        assert_eq!(t["rows"][0]["cells"], json!(["web-7bd9f5c8d6", "statefulset.apps/web", 2, "<unknown>"]));
     }
 
     #[test]
@@ -1336,6 +1365,8 @@ mod tests {
             "Namespace",
             "Deployment",
             "ReplicaSet",
+            "StatefulSet",
+            "ControllerRevision",
             "Job",
             "EndpointSlice",
             "Lease",

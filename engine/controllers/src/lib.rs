@@ -21,6 +21,7 @@ pub mod persistent_volume;
 pub mod plan;
 pub mod replicaset;
 pub mod runtime;
+pub mod statefulset;
 pub mod taint_eviction;
 
 pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
@@ -32,7 +33,7 @@ use std::sync::Arc;
 pub fn watched_kinds() -> Vec<String> {
     use gitplane_api::object::kind_of;
     use k8s_openapi::api::{
-        apps::v1::{Deployment, ReplicaSet},
+        apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
         batch::v1::Job,
         coordination::v1::Lease,
         core::v1::{Endpoints, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service},
@@ -43,6 +44,9 @@ pub fn watched_kinds() -> Vec<String> {
     vec![
         kind_of::<Deployment>(),
         kind_of::<ReplicaSet>(),
+        kind_of::<StatefulSet>(),
+        kind_of::<ControllerRevision>(),
+        kind_of::<PersistentVolumeClaim>(),
         kind_of::<Job>(),
         kind_of::<Pod>(),
         kind_of::<Node>(),
@@ -52,7 +56,6 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<Endpoints>(),
         kind_of::<Ingress>(),
         kind_of::<IngressClass>(),
-        kind_of::<PersistentVolumeClaim>(),
         kind_of::<PersistentVolume>(),
         kind_of::<StorageClass>(),
     ]
@@ -85,6 +88,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
     let mut tasks = vec![
         tokio::spawn(Controller::new(deployment::DeploymentController, ctx.clone()).run()),
         tokio::spawn(Controller::new(replicaset::ReplicaSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(statefulset::StatefulSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),

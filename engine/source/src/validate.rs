@@ -495,6 +495,7 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
                 ),
             )],
         },
+        "StatefulSet" => stateful_set_problems(value),
         "Secret" => secret_problems(value),
         "Ingress" => ingress::problems(value),
         "IngressClass" => ingress::class_problems(value),
@@ -508,7 +509,60 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
     if let Some(at) = pod::pod_spec_pointer(&info.kind)
         && let Some(spec) = value.pointer(at)
     {
-        problems.extend(pod::problems(spec, at));
+        // A StatefulSet's claim templates are volumes of its Pods.
+        let claims: Vec<&str> = value["spec"]["volumeClaimTemplates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["metadata"]["name"].as_str())
+            .collect();
+        problems.extend(pod::problems(spec, at, &claims));
+    }
+    problems
+}
+
+/// What the API server refuses of a StatefulSet beyond its schema: the policies' values, a
+/// negative partition or first ordinal, Pods that may end, a claim template without a name.
+fn stateful_set_problems(value: &Value) -> Vec<Problem> {
+    let spec = &value["spec"];
+    let mut problems = Vec::new();
+    let one_of = |pointer: &str, allowed: &[&str], problems: &mut Vec<Problem>| {
+        if let Some(v) = spec.pointer(pointer).and_then(Value::as_str)
+            && !allowed.contains(&v)
+        {
+            problems.push(Problem::at(
+                format!("/spec{pointer}"),
+                format!("{v:?} is not one of {}: use one of them", allowed.join(", ")),
+            ));
+        }
+    };
+    one_of("/podManagementPolicy", &["OrderedReady", "Parallel"], &mut problems);
+    one_of("/updateStrategy/type", &["RollingUpdate", "OnDelete"], &mut problems);
+    one_of("/persistentVolumeClaimRetentionPolicy/whenDeleted", &["Retain", "Delete"], &mut problems);
+    one_of("/persistentVolumeClaimRetentionPolicy/whenScaled", &["Retain", "Delete"], &mut problems);
+    if spec["updateStrategy"]["type"] == "OnDelete" && !spec["updateStrategy"]["rollingUpdate"].is_null() {
+        problems.push(Problem::at("/spec/updateStrategy/rollingUpdate", "only for type RollingUpdate: remove it"));
+    }
+    for pointer in ["/replicas", "/updateStrategy/rollingUpdate/partition", "/ordinals/start", "/minReadySeconds"] {
+        if spec.pointer(pointer).and_then(Value::as_i64).is_some_and(|n| n < 0) {
+            problems.push(Problem::at(format!("/spec{pointer}"), "must not be negative"));
+        }
+    }
+    if let Some(policy) = spec["template"]["spec"]["restartPolicy"].as_str()
+        && policy != "Always"
+    {
+        problems.push(Problem::at(
+            "/spec/template/spec/restartPolicy",
+            format!("a StatefulSet's Pods run until deleted: set restartPolicy to Always (it is {policy:?})"),
+        ));
+    }
+    for (i, claim) in spec["volumeClaimTemplates"].as_array().into_iter().flatten().enumerate() {
+        if claim["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+            problems.push(Problem::at(
+                format!("/spec/volumeClaimTemplates/{i}/metadata/name"),
+                "a claim template needs a name: its claims are <name>-<set>-<ordinal>",
+            ));
+        }
     }
     problems
 }
@@ -760,7 +814,7 @@ spec:
             (
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
-                   Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
+                   Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
                    Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
                    NetworkPolicy (networking.k8s.io/v1), PersistentVolumeClaim (v1), PersistentVolume (v1), \
                    StorageClass (storage.k8s.io/v1), Application (gitplane.io/v1)"],
@@ -987,6 +1041,29 @@ spec:
     }
 
     #[test]
+    fn t10_stateful_sets_as_the_api_server_judges_them() {
+        let published = "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: web\nspec:\n  serviceName: \"nginx\"\n  \
+                         replicas: 2\n  selector:\n    matchLabels:\n      app: nginx\n  template:\n    metadata:\n      labels:\n        \
+                         app: nginx\n    spec:\n      containers:\n      - name: nginx\n        image: registry.k8s.io/nginx-slim:0.21\n        \
+                         volumeMounts:\n        - name: www\n          mountPath: /usr/share/nginx/html\n  volumeClaimTemplates:\n  \
+                         - metadata:\n      name: www\n    spec:\n      accessModes: [ \"ReadWriteOnce\" ]\n";
+        assert!(check(&[("web.yaml", published)]).is_ok(), "a claim template is a volume of the Pods");
+        let bad = "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db}\nspec:\n  podManagementPolicy: Random\n  \
+                   updateStrategy: {type: RollingUpdate, rollingUpdate: {partition: -1}}\n  selector: {matchLabels: {a: b}}\n  \
+                   template:\n    metadata: {labels: {a: b}}\n    spec:\n      restartPolicy: Never\n      subdomain: Db_0\n      \
+                   containers: [{name: c, image: i}]\n";
+        assert_eq!(
+            errors(&[("db.yaml", bad)]),
+            [
+                "db.yaml:5: StatefulSet db: /spec/podManagementPolicy: \"Random\" is not one of OrderedReady, Parallel: use one of them",
+                "db.yaml:6: StatefulSet db: /spec/updateStrategy/rollingUpdate/partition: must not be negative",
+                "db.yaml:11: StatefulSet db: /spec/template/spec/restartPolicy: a StatefulSet's Pods run until deleted: set restartPolicy to Always (it is \"Never\")",
+                "db.yaml:12: StatefulSet db: /spec/template/spec/subdomain: subdomain \"Db_0\" is not a DNS label: at most 63 lower case letters, digits or '-', starting and ending with a letter or digit, e.g. 'web-0'",
+            ]
+        );
+    }
+
+    #[test]
     fn t10_pod_fields_the_node_agent_runs_pass() {
         let pod = "\
 apiVersion: v1
@@ -997,6 +1074,7 @@ spec:
   enableServiceLinks: false
   os: {name: linux}
   hostname: p1
+  subdomain: db
   securityContext: {runAsUser: 1000, runAsNonRoot: true, sysctls: [{name: net.core.somaxconn, value: \"1024\"}]}
   volumes:
     - {name: scratch, emptyDir: {}}
