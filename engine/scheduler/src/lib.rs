@@ -7,12 +7,14 @@
 //! `spec.nodeName` and its `PodScheduled` condition, and the selected node on the claims that
 //! wait for it; [`metrics`] are kube-scheduler's attempt counts and latencies.
 
+pub mod config;
 pub mod framework;
 pub mod metrics;
 pub mod plugins;
 pub mod resources;
 pub mod scheduler;
+pub mod terms;
 pub mod volume_binding;
 
-pub use framework::{NodeInfo, Profile, ScheduleError};
+pub use framework::{Cluster, NamespaceLabels, NodeInfo, Profile, ScheduleError};
 pub use scheduler::Scheduler;

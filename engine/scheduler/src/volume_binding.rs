@@ -5,7 +5,7 @@
 //! ([`Volumes`]); the loop writes the chosen node on each delayed claim
 //! (`volume.kubernetes.io/selected-node`) with the binding, as its PreBind does. Pure.
 
-use crate::framework::{FilterPlugin, NodeInfo};
+use crate::framework::{CycleState, FilterPlugin, NodeInfo};
 use crate::resources::Resources;
 use gitplane_api::volumes::{self, NO_PROVISIONER};
 use k8s_openapi::api::{
@@ -88,7 +88,7 @@ impl FilterPlugin for PodVolumes {
         "VolumeBinding"
     }
 
-    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
+    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo, _: &CycleState) -> Result<(), Vec<String>> {
         if self.bound.iter().any(|v| !volumes::node_affinity_admits(v, &node.node)) {
             return Err(vec![NODE_CONFLICT.into()]);
         }
@@ -190,7 +190,7 @@ mod tests {
             let p = pod(claims);
             let got = match pre_filter(&p, &snapshot) {
                 Err(reason) => Err(crate::framework::ScheduleError::PreFilter { total: nodes.len(), reason }),
-                Ok(volumes) => profile.schedule_with(&p, &nodes, &volumes),
+                Ok(volumes) => profile.schedule_with(&p, &nodes, &Default::default(), &volumes),
             };
             let got = got.map_err(|e| e.to_string());
             assert_eq!(got.as_deref().map_err(String::as_str), want.map(|n| n), "{claims:?}");

@@ -9,6 +9,7 @@
 //! carries the tmpfs. [`tear_down`] unmounts them before the Pod's directory is removed.
 
 pub mod atomic_writer;
+pub mod host_path;
 pub mod projection;
 
 use std::path::{Path, PathBuf};
@@ -78,7 +79,7 @@ pub fn claim_volume(namespace: &str, name: &str, objects: &dyn ConfigSource) -> 
     Err(format!("persistentvolume \"{volume_name}\" has neither hostPath nor local: this node mounts only those"))
 }
 
-/// Whether the pod has a volume this module sets up.
+/// Whether the pod has a volume this module sets up (or, for a typed hostPath, checks).
 pub fn has_volumes(pod: &Pod) -> bool {
     pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
         v.persistent_volume_claim.is_some()
@@ -86,6 +87,7 @@ pub fn has_volumes(pod: &Pod) -> bool {
             || v.secret.is_some()
             || v.downward_api.is_some()
             || v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() == Some("Memory"))
+            || v.host_path.as_ref().is_some_and(|h| h.type_.as_deref().is_some_and(|t| !t.is_empty()))
     })
 }
 
@@ -105,6 +107,10 @@ pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSou
             } else if !bound.path.is_dir() {
                 return Err(fail(format!("{} is not a directory on this node", bound.path.display())));
             }
+            continue;
+        }
+        if let Some(host) = &volume.host_path {
+            host_path::check(Path::new(&host.path), host.type_.as_deref().unwrap_or_default()).map_err(fail)?;
             continue;
         }
         if let Some(empty) = volume.empty_dir.as_ref().filter(|e| e.medium.as_deref() == Some("Memory")) {
