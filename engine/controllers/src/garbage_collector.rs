@@ -3,7 +3,7 @@
 use crate::{Action, Context, ReconcileError, Reconciler};
 use gitplane_api::object::{group_kind, kind_of, resource_version};
 use gitplane_store::{Event, EventType, ObjectKey, Op, informer::Cache};
-use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{apps::v1::ReplicaSet, batch::v1::Job, core::v1::Pod, discovery::v1::EndpointSlice};
 use serde_json::Value;
 use std::sync::LazyLock;
 
@@ -16,8 +16,8 @@ pub struct GarbageCollector;
 static COLLECTED: LazyLock<Vec<String>> = LazyLock::new(crate::watched_kinds);
 
 /// The kinds that have owners in gitplane.
-fn dependent_kinds() -> [String; 3] {
-    [kind_of::<ReplicaSet>(), kind_of::<Pod>(), kind_of::<EndpointSlice>()]
+fn dependent_kinds() -> [String; 4] {
+    [kind_of::<ReplicaSet>(), kind_of::<Job>(), kind_of::<Pod>(), kind_of::<EndpointSlice>()]
 }
 
 fn owner_refs(object: &Value) -> impl Iterator<Item = &Value> {

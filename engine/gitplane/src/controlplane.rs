@@ -47,6 +47,8 @@ pub struct ControllerArgs {
 impl ControllerArgs {
     pub fn settings(&self) -> gitplane_controllers::Settings {
         gitplane_controllers::Settings {
+            // The replica wires the nodes' kubelets in.
+            pod_metrics: None,
             load_balancer_pool: self.load_balancer_pool,
             node_monitor_grace_period: self.node_monitor_grace_period,
             default_tolerations: DefaultTolerations {
