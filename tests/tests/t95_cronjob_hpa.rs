@@ -156,7 +156,7 @@ fn kubectl(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
 fn push(work: &Worktree, dir: &Path, message: &str) -> Result<String> {
     work.commit(message)?;
     let out = Command::new("git").arg("-C").arg(dir).args(["push", "origin", "HEAD:main"]).output()?;
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     ensure!(out.status.success(), "git push: {text}");
     Ok(text)
 }
@@ -194,7 +194,9 @@ fn t95_cronjobs_run_on_schedule_and_the_hpa_walkthrough_scales() -> Result<()> {
     let cluster = LocalCluster::up("gp95", 1)?;
     let work_dir = tempfile::tempdir()?;
     let dir = work_dir.path().join("demo");
-    let work = Worktree::clone(cluster.demo_repo(), dir.clone())?;
+    // Over HTTP with the Git token, as a user pushes: each push gets its verdict.
+    let token = std::fs::read_to_string(cluster.data_dir.join("git-token"))?.trim().to_owned();
+    let work = Worktree::clone(format!("http://git:{token}@{}/git/demo.git", cluster.listen), dir.clone())?;
     work.remove("web.yaml")?;
     work.write("hello.yaml", CRON_JOB)?;
     work.write("php-apache.yaml", &php_apache("", ""))?;
