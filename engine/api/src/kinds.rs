@@ -2,11 +2,12 @@
 
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
+    apps::v1::{Deployment, ReplicaSet, StatefulSet},
     autoscaling::{v1, v2},
     batch::v1::{CronJob, Job},
-    core::v1::{ConfigMap, Namespace, Pod, Secret, Service},
+    core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service},
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
+    storage::v1::StorageClass,
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -68,6 +69,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
+        KindInfo::of::<StatefulSet>(true),
         KindInfo::of::<Job>(true),
         KindInfo::of::<CronJob>(true),
         KindInfo::of::<v2::HorizontalPodAutoscaler>(true),
@@ -76,6 +78,9 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
+        KindInfo::of::<PersistentVolumeClaim>(true),
+        KindInfo::of::<PersistentVolume>(false),
+        KindInfo::of::<StorageClass>(false),
         KindInfo::of::<crate::Application>(true),
     ]
 });

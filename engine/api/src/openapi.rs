@@ -4,13 +4,16 @@
 //! carries `x-kubernetes-group-version-kind`, which `kubectl explain` looks kinds up by.
 
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
+    apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
     autoscaling::v2::HorizontalPodAutoscaler,
     batch::v1::{CronJob, Job},
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service},
+    core::v1::{
+        ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service,
+    },
     discovery::v1::EndpointSlice,
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
+    storage::v1::StorageClass,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_core::Resource;
@@ -129,6 +132,8 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Namespace>();
     b.add::<Deployment>();
     b.add::<ReplicaSet>();
+    b.add::<StatefulSet>();
+    b.add::<ControllerRevision>();
     b.add::<Job>();
     b.add::<CronJob>();
     b.add::<HorizontalPodAutoscaler>();
@@ -137,6 +142,9 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Ingress>();
     b.add::<IngressClass>();
     b.add::<NetworkPolicy>();
+    b.add::<PersistentVolumeClaim>();
+    b.add::<PersistentVolume>();
+    b.add::<StorageClass>();
     b.add::<crate::Application>();
     let metadata = b.generator.subschema_for::<ObjectMeta>().to_value();
     let mut schemas = b.generator.take_definitions(true);
@@ -215,7 +223,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 19);
+            assert_eq!(d.roots.len(), 24);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some(&*root.version)));

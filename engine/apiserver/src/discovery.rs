@@ -59,8 +59,12 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "replicasets" => &["rs"],
         "cronjobs" => &["cj"],
         "horizontalpodautoscalers" => &["hpa"],
+        "statefulsets" => &["sts"],
         "ingresses" => &["ing"],
         "networkpolicies" => &["netpol"],
+        "persistentvolumeclaims" => &["pvc"],
+        "persistentvolumes" => &["pv"],
+        "storageclasses" => &["sc"],
         // As Argo CD names its Applications.
         "applications" => &["app"],
         _ => &[],
@@ -70,9 +74,14 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
 /// The `all` category holds the workloads and Services, as in Kubernetes (`kubectl get all`).
 fn categories(r: &Resource) -> &'static [&'static str] {
     match r.plural {
-        "pods" | "services" | "deployments" | "replicasets" | "jobs" | "cronjobs" | "horizontalpodautoscalers" => {
-            &["all"]
-        }
+        "pods"
+        | "services"
+        | "deployments"
+        | "replicasets"
+        | "statefulsets"
+        | "jobs"
+        | "cronjobs"
+        | "horizontalpodautoscalers" => &["all"],
         _ => &[],
     }
 }
@@ -82,7 +91,8 @@ fn categories(r: &Resource) -> &'static [&'static str] {
 fn subresources(r: &Resource) -> &'static [&'static str] {
     match r.plural {
         "pods" => &["attach", "exec", "log", "portforward", "status"],
-        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses" => &[],
+        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses"
+        | "storageclasses" => &[],
         _ => &["status"],
     }
 }
@@ -330,6 +340,8 @@ mod tests {
             ("namespaces", "ns"),
             ("nodes", "no"),
             ("events", "ev"),
+            ("persistentvolumeclaims", "pvc"),
+            ("persistentvolumes", "pv"),
         ] {
             assert_eq!(resource(&core, plural)["shortNames"][0], short, "{plural}");
         }
@@ -347,11 +359,13 @@ mod tests {
                 "discovery.k8s.io",
                 "networking.k8s.io",
                 "coordination.k8s.io",
+                "storage.k8s.io",
                 "gitplane.io",
                 "metrics.k8s.io"
             ]
         );
         assert_eq!(resource(&groups, "networkpolicies")["shortNames"], json!(["netpol"]));
+        assert_eq!(resource(&groups, "storageclasses")["shortNames"], json!(["sc"]));
         let deployments = resource(&groups, "deployments");
         assert_eq!((&deployments["shortNames"], &deployments["categories"]), (&json!(["deploy"]), &json!(["all"])));
         assert_eq!(deployments["responseKind"], json!({"group": "apps", "version": "v1", "kind": "Deployment"}));
@@ -364,8 +378,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 8);
-        assert_eq!(list["groups"][7]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 9);
+        assert_eq!(list["groups"][8]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();
