@@ -116,7 +116,7 @@ impl Replica {
         git: GitServing,
         push_hint: String,
         service_ranges: ServiceRanges,
-        controllers: gitplane_controllers::Settings,
+        controllers: controlplane::LoopSettings,
         event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
         replica_addresses: Vec<std::net::IpAddr>,
@@ -126,7 +126,7 @@ impl Replica {
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
         let kubelet = KubeletClient::new(tls.ca.kubelet_client_config(&tls.certificate)?, nodes_netns);
         let mut controllers = controllers;
-        controllers.pod_metrics =
+        controllers.controllers.pod_metrics =
             Some(Arc::new(crate::pod_metrics::KubeletPodMetrics { store: shared.clone(), kubelet: kubelet.clone() }));
         if let Some(pool) = &service_ranges.external_ips
             && let Some(ip) =
@@ -140,7 +140,7 @@ impl Replica {
         let reserved = gitplane_nodeservice::addresses::Reserved {
             replicas: replica_addresses,
             services: (service_ranges.network, service_ranges.prefix),
-            load_balancers: controllers.load_balancer_pool,
+            load_balancers: controllers.controllers.load_balancer_pool,
         };
         let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone(), reserved).into_server();
         let grpc =

@@ -926,6 +926,74 @@ spec:
         assert_eq!(errors(&[("job.yaml", &job(""))]).len(), 1, "unset means Always");
     }
 
+    /// What the agent runs since: hostAliases, typed hostPath volumes, HTTPS probes, requests of
+    /// ephemeral storage and extended resources.
+    #[test]
+    fn host_aliases_host_path_types_and_https_probes_are_accepted() {
+        let pod = |volume_type: &str| {
+            format!(
+                "\
+apiVersion: v1
+kind: Pod
+metadata: {{name: p}}
+spec:
+  hostAliases: [{{ip: 10.1.2.3, hostnames: [foo.local]}}]
+  volumes: [{{name: run, hostPath: {{path: /run/app, type: {volume_type}}}}}]
+  containers:
+    - name: web
+      image: i
+      readinessProbe: {{httpGet: {{port: 443, scheme: HTTPS}}}}
+      volumeMounts: [{{name: run, mountPath: /run/app}}]
+      resources:
+        requests: {{ephemeral-storage: 1Gi, nvidia.com/gpu: 1}}
+        limits: {{nvidia.com/gpu: 1}}
+"
+            )
+        };
+        for volume_type in
+            ["DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice", "\"\""]
+        {
+            assert!(check(&[("pod.yaml", &pod(volume_type))]).is_ok(), "{volume_type}");
+        }
+        assert_eq!(
+            errors(&[("pod.yaml", &pod("Pipe"))]),
+            ["pod.yaml:6: Pod p: /spec/volumes/0/hostPath/type: \"Pipe\" is not a hostPath type: use one of \
+              DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice, BlockDevice, or \"\" for no check"]
+        );
+        let extended = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  containers:
+    - name: web
+      image: i
+      resources:
+        requests: {example.com/foo: 1, nvidia.com/gpu: 500m, hugepages-2Mi: 1Mi}
+        limits: {example.com/foo: 2}
+";
+        let at = "pod.yaml:{}: Pod p: /spec/containers/0/resources/";
+        let mut got = errors(&[("pod.yaml", extended)]);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                format!(
+                    "{}requests/example.com~1foo: example.com/foo cannot be overcommitted: set limits.example.com/foo to the same count as the request",
+                    at.replace("{}", "9")
+                ),
+                format!(
+                    "{}requests/hugepages-2Mi: resource hugepages-2Mi is not supported by gitplane's node agent yet (it supports cpu, memory, ephemeral-storage requests and extended resources such as example.com/foo)",
+                    at.replace("{}", "9")
+                ),
+                format!(
+                    "{}requests/nvidia.com~1gpu: \"500m\" is not a whole number of nvidia.com/gpu: use a whole count",
+                    at.replace("{}", "9")
+                ),
+            ]
+        );
+    }
+
     #[test]
     fn t10_cron_jobs_are_validated_as_kube_apiserver_does() {
         let cron_job = |name: &str, spec: &str, policy: &str| {
@@ -1084,7 +1152,10 @@ spec:
             (
                 27,
                 "/containers/0/resources/limits/ephemeral-storage".into(),
-                format!("resource ephemeral-storage {not_yet} (it supports cpu, memory)"),
+                format!(
+                    "a limit of ephemeral-storage {not_yet} (no eviction over it): set it as \
+                     requests.ephemeral-storage instead, which scheduling counts"
+                ),
             ),
             (
                 30,
@@ -1265,7 +1336,7 @@ spec:
     - name: side
       image: i
       livenessProbe: {tcpSocket: {port: 0}, failureThreshold: 3}
-      readinessProbe: {httpGet: {port: 443, scheme: HTTPS}}
+      readinessProbe: {httpGet: {port: 443, scheme: SPDY}}
       startupProbe: {exec: {command: []}}
 ";
         let at = "pod.yaml:{}: Pod p: /spec/containers/";
@@ -1303,11 +1374,7 @@ spec:
                 "terminationGracePeriodSeconds must be greater than 0 (it is 0): set a positive number, or remove it for the Pod's",
             ),
             (14, "1/livenessProbe/tcpSocket/port", "0 is not a port number: use one from 1 to 65535"),
-            (
-                15,
-                "1/readinessProbe/httpGet/scheme",
-                "scheme \"HTTPS\" is not supported by gitplane's node agent yet: probe over HTTP, or use a tcpSocket probe",
-            ),
+            (15, "1/readinessProbe/httpGet/scheme", "scheme \"SPDY\" is not a probe scheme: use HTTP or HTTPS"),
             (16, "1/startupProbe/exec/command", "exec needs a command: set exec.command, e.g. [cat, /tmp/healthy]"),
         ];
         let mut expected: Vec<String> = expected
