@@ -482,6 +482,24 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
     problems
 }
 
+/// The one aggregated API gitplane accepts is the resource metrics API, which it serves itself
+/// (metrics-server's manifests declare it); any other would name an API nothing serves.
+fn api_service_problems(value: &Value) -> Vec<Problem> {
+    const METRICS: &str = "v1beta1.metrics.k8s.io";
+    let name = value["metadata"]["name"].as_str().unwrap_or("");
+    let (group, version) = (value["spec"]["group"].as_str(), value["spec"]["version"].as_str());
+    if name == METRICS && group == Some("metrics.k8s.io") && version == Some("v1beta1") {
+        return Vec::new();
+    }
+    vec![Problem::at(
+        "/metadata/name",
+        format!(
+            "only the APIService {METRICS} (group metrics.k8s.io, version v1beta1) is accepted: gitplane serves that \
+             API itself and aggregates no other; remove this APIService (it is {name:?})"
+        ),
+    )]
+}
+
 /// What the API server refuses of a kind beyond its schema, and what gitplane's node agent
 /// cannot run of a Pod.
 fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec<Problem> {
@@ -500,6 +518,7 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
         "PersistentVolumeClaim" => storage::claim_problems(value),
         "PersistentVolume" => storage::volume_problems(value),
         "StorageClass" => storage::class_problems(value),
+        "APIService" => api_service_problems(value),
         "ConfigMap" => kube_dns_problems(value, default_namespace),
         _ => Vec::new(),
     };
@@ -730,6 +749,19 @@ fn is_label(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn t10_only_the_metrics_api_service_is_accepted() {
+        let service = |name: &str, group: &str| {
+            json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": name},
+                   "spec": {"group": group, "version": "v1beta1", "service": {"name": "metrics-server", "namespace": "kube-system"}}})
+        };
+        assert!(api_service_problems(&service("v1beta1.metrics.k8s.io", "metrics.k8s.io")).is_empty());
+        let refused = api_service_problems(&service("v1beta1.custom.metrics.k8s.io", "custom.metrics.k8s.io"));
+        assert_eq!(refused.len(), 1);
+        assert!(refused[0].message.starts_with("only the APIService v1beta1.metrics.k8s.io"), "{}", refused[0].message);
+    }
+
     use crate::{Limits, ManifestFile, load};
     use serde_json::json;
     use std::sync::LazyLock;
@@ -832,7 +864,7 @@ spec:
                    Job (batch/v1), CronJob (batch/v1), HorizontalPodAutoscaler (autoscaling/v2), \
                    HorizontalPodAutoscaler (autoscaling/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
                    NetworkPolicy (networking.k8s.io/v1), PersistentVolumeClaim (v1), PersistentVolume (v1), \
-                   StorageClass (storage.k8s.io/v1), Application (gitplane.io/v1)"],
+                   StorageClass (storage.k8s.io/v1), APIService (apiregistration.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
