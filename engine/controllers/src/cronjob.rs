@@ -312,8 +312,9 @@ impl Reconciler for CronJobController {
         };
         let uid = cron_job.metadata.uid.clone().unwrap_or_default();
         let jobs = ctx.cache().list_typed_where::<Job>(Some(&key.namespace), |j| is_controlled_by(j, &uid));
-        let plan = plan(&cron_job, &jobs, Timestamp::now());
-        let mut ops: Vec<gitplane_store::Op> = plan.ops.into_iter().map(Op::into_store_op).collect();
+        let now = Timestamp::now();
+        let plan = plan(&cron_job, &jobs, now);
+        let mut ops: Vec<gitplane_store::Op> = plan.ops.into_iter().filter_map(|op| op.into_store_op(now)).collect();
         if cron_job.status.as_ref().unwrap_or(&CronJobStatus::default()) != &plan.status {
             let mut updated = cron_job.clone();
             updated.status = Some(plan.status);
