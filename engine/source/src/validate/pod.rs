@@ -55,7 +55,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("automountServiceAccountToken", Values(&["false"]), "automountServiceAccountToken (no token is mounted)"),
     row("enableServiceLinks", Values(&["false"]), "enableServiceLinks (no Service variables are set)"),
     row("hostUsers", Values(&["true"]), "hostUsers (user namespaces)"),
-    row("imagePullSecrets", Nothing, "imagePullSecrets"),
     row("os/name", Values(&["\"linux\""]), "os.name"),
     row("overhead", Nothing, "overhead"),
     row("readinessGates", Nothing, "readinessGates"),
