@@ -227,7 +227,7 @@ pub fn container_config(
     let command = expand_all(&container.command);
     let args = expand_all(&container.args);
 
-    let (mut mounts, mut host_dirs) = mounts(pod, container, cfg, uid)?;
+    let (mut mounts, mut host_dirs) = mounts(pod, container, cfg, uid, objects)?;
     let hosts_file = super::hosts::mounted_on(container, pod_ips).then(|| {
         let path = super::hosts::path(cfg, uid);
         mounts.push(pb::Mount {
@@ -283,6 +283,7 @@ fn mounts(
     container: &Container,
     cfg: &RuntimeConfig,
     uid: &str,
+    objects: &dyn super::env::ConfigSource,
 ) -> Result<(Vec<pb::Mount>, Vec<PathBuf>), SpecError> {
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
     let mut mounts = Vec::new();
@@ -291,6 +292,7 @@ fn mounts(
         let volume = volumes.into_iter().flatten().find(|v| v.name == mount.name).ok_or_else(|| {
             SpecError::UnknownVolume { container: container.name.clone(), volume: mount.name.clone() }
         })?;
+        let mut read_only = mount.read_only.unwrap_or(false);
         let mut host_path = if let Some(host) = &volume.host_path {
             PathBuf::from(&host.path)
         } else if volume.empty_dir.is_some() {
@@ -299,6 +301,11 @@ fn mounts(
             dir
         } else if let Some(dir) = super::volumes::host_path(cfg, uid, volume)? {
             dir
+        } else if let Some(claim) = &volume.persistent_volume_claim {
+            let bound = super::volumes::claim_volume(pod_namespace(pod), &claim.claim_name, objects)
+                .map_err(|why| SpecError::UnboundClaim { volume: volume.name.clone(), why })?;
+            read_only |= claim.read_only.unwrap_or(false);
+            bound.path
         } else {
             // The volume source is the one field besides the name.
             let kind = serde_json::to_value(volume)
@@ -324,7 +331,7 @@ fn mounts(
         mounts.push(pb::Mount {
             container_path: mount.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
-            readonly: mount.read_only.unwrap_or(false),
+            readonly: read_only,
             selinux_relabel: false,
             propagation: propagation as i32,
         });
