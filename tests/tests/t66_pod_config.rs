@@ -3,7 +3,8 @@
 //! on a tmpfs) and its labels through a downwardAPI volume; a push that changes the ConfigMap and
 //! the Secret changes the files inside the running container, without a restart; a Pod whose
 //! volume names a ConfigMap that does not exist waits with a message naming it, and starts by
-//! itself once the ConfigMap is pushed.
+//! itself once the ConfigMap is pushed; the Pod's /etc/hosts is the kubelet's managed file with
+//! its hostAliases.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, require_root, wait_for};
@@ -48,6 +49,10 @@ metadata:
     tier: web
 spec:
   terminationGracePeriodSeconds: 1
+  securityContext:
+    seccompProfile: {{type: RuntimeDefault}}
+  hostAliases:
+    - {{ip: 10.1.2.3, hostnames: [foo.local, bar.local]}}
   containers:
     - name: reader{SLEEPER}
       env:
@@ -139,6 +144,16 @@ async fn t66_config_maps_and_secrets_reach_containers_and_update_in_place() -> R
         .with_context(|| format!("reader is not Running: {:?}\n{}", pod(&cluster, "reader"), cluster.log_text()))?;
 
     // Env: valueFrom, resourceFieldRef and envFrom (with its prefix).
+    let hosts = read(&cluster, &reader, "/etc/hosts")?;
+    let ip = pod(&cluster, "reader")?["status"]["podIP"].as_str().unwrap_or_default().to_owned();
+    for line in [
+        "# Kubernetes-managed hosts file.",
+        "127.0.0.1\tlocalhost",
+        &format!("{ip}\treader"),
+        "10.1.2.3\tfoo.local\tbar.local",
+    ] {
+        ensure!(hosts.lines().any(|l| l == line), "/etc/hosts lacks {line:?}:\n{hosts}");
+    }
     let env = cluster.exec(&reader.node, &reader.container, &["/bin/busybox", "env"])?;
     for expected in ["MODE=fast", "PASSWORD=hunter2", "CFG_mode=fast", "CFG_greeting=hello", "MEMORY_MI=32"] {
         ensure!(env.lines().any(|l| l == expected), "{expected} is not in the environment:\n{env}");
@@ -156,6 +171,9 @@ async fn t66_config_maps_and_secrets_reach_containers_and_update_in_place() -> R
         mounts.lines().any(|l| l.split(' ').nth(1) == Some("/etc/secret") && l.split(' ').nth(2) == Some("tmpfs")),
         "the secret volume is not a tmpfs:\n{mounts}"
     );
+    // containerd's default seccomp profile, from the Pod's securityContext (mode 2: filter).
+    let status = read(&cluster, &reader, "/proc/self/status")?;
+    ensure!(status.lines().any(|l| l == "Seccomp:\t2"), "RuntimeDefault is not applied:\n{status}");
     let labels = read(&cluster, &reader, "/etc/podinfo/labels")?;
     ensure!(labels == "app=\"reader\"\ntier=\"web\"", "downwardAPI labels: {labels:?}");
 

@@ -3,7 +3,8 @@
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
     apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet},
-    batch::v1::Job,
+    autoscaling::{v1, v2},
+    batch::v1::{CronJob, Job},
     core::v1::{
         ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Secret, Service,
     },
@@ -11,6 +12,7 @@ use k8s_openapi::api::{
     policy::v1::PodDisruptionBudget,
     storage::v1::StorageClass,
 };
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube_core::Resource;
 use schemars::JsonSchema;
 use serde_json::Value;
@@ -23,6 +25,9 @@ pub struct KindInfo {
     /// The resource name on the API paths (`deployments`).
     pub plural: String,
     pub namespaced: bool,
+    /// Whether objects are stored (and served) in this version; false for a version converted
+    /// to another as it is read from Git.
+    pub stored: bool,
     schema: fn() -> Value,
 }
 
@@ -33,8 +38,14 @@ impl KindInfo {
             kind: K::kind(&()).into_owned(),
             plural: K::plural(&()).into_owned(),
             namespaced,
+            stored: true,
             schema: strict_schema::<K>,
         }
+    }
+
+    /// A version read from Git and stored as another.
+    fn converted(self) -> Self {
+        KindInfo { stored: false, ..self }
     }
 
     /// `Deployment.apps`, the kind part of a store key.
@@ -66,6 +77,10 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<DaemonSet>(true),
         KindInfo::of::<ReplicationController>(true),
         KindInfo::of::<Job>(true),
+        KindInfo::of::<CronJob>(true),
+        KindInfo::of::<v2::HorizontalPodAutoscaler>(true),
+        // Converted to autoscaling/v2 as it is read from Git: the store holds one version.
+        KindInfo::of::<v1::HorizontalPodAutoscaler>(true).converted(),
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
@@ -73,6 +88,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<PersistentVolumeClaim>(true),
         KindInfo::of::<PersistentVolume>(false),
         KindInfo::of::<StorageClass>(false),
+        KindInfo::of::<APIService>(false),
         KindInfo::of::<crate::Application>(true),
     ]
 });
@@ -80,6 +96,11 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
 /// Every kind accepted from Git.
 pub fn accepted() -> &'static [KindInfo] {
     &ACCEPTED
+}
+
+/// The accepted kinds in the version the store holds: one per group kind.
+pub fn stored() -> impl Iterator<Item = &'static KindInfo> {
+    ACCEPTED.iter().filter(|k| k.stored)
 }
 
 /// The accepted kind with this apiVersion and kind, if any.

@@ -5,6 +5,7 @@
 //! contract can link it.
 
 pub mod application;
+pub mod cron;
 pub mod defaults;
 pub mod events;
 pub mod health;
@@ -20,6 +21,7 @@ pub mod podrefs;
 pub mod quantity;
 pub mod schema;
 pub mod taints;
+pub mod volumes;
 
 pub use application::{
     Application, ApplicationSpec, ApplicationStatus, HealthStatus, ResourceHealth, RevisionHistory, SyncChanges,

@@ -5,7 +5,8 @@
 
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet},
-    batch::v1::Job,
+    autoscaling::v2::HorizontalPodAutoscaler,
+    batch::v1::{CronJob, Job},
     coordination::v1::Lease,
     core::v1::{
         ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
@@ -17,6 +18,7 @@ use k8s_openapi::api::{
     storage::v1::StorageClass,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube_core::Resource;
 use schemars::{
     JsonSchema,
@@ -138,6 +140,8 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<DaemonSet>();
     b.add::<ReplicationController>();
     b.add::<Job>();
+    b.add::<CronJob>();
+    b.add::<HorizontalPodAutoscaler>();
     b.add::<EndpointSlice>();
     b.add::<Lease>();
     b.add::<Ingress>();
@@ -147,6 +151,7 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<PersistentVolumeClaim>();
     b.add::<PersistentVolume>();
     b.add::<StorageClass>();
+    b.add::<APIService>();
     b.add::<crate::Application>();
     let metadata = b.generator.subschema_for::<ObjectMeta>().to_value();
     let mut schemas = b.generator.take_definitions(true);
@@ -225,10 +230,10 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 25);
+            assert_eq!(d.roots.len(), 28);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
-                assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some("v1")));
+                assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some(&*root.version)));
             }
             let deployment = &d.schemas["io.k8s.api.apps.v1.Deployment"];
             assert_eq!(deployment["x-kubernetes-group-version-kind"][0]["group"], "apps");

@@ -57,6 +57,8 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "cronjobs" => &["cj"],
+        "horizontalpodautoscalers" => &["hpa"],
         "statefulsets" => &["sts"],
         "daemonsets" => &["ds"],
         "replicationcontrollers" => &["rc"],
@@ -82,7 +84,9 @@ fn categories(r: &Resource) -> &'static [&'static str] {
         | "statefulsets"
         | "daemonsets"
         | "replicationcontrollers"
-        | "jobs" => &["all"],
+        | "jobs"
+        | "cronjobs"
+        | "horizontalpodautoscalers" => &["all"],
         _ => &[],
     }
 }
@@ -356,11 +360,13 @@ mod tests {
             [
                 "apps",
                 "batch",
+                "autoscaling",
                 "discovery.k8s.io",
                 "networking.k8s.io",
                 "coordination.k8s.io",
                 "policy",
                 "storage.k8s.io",
+                "apiregistration.k8s.io",
                 "gitplane.io",
                 "metrics.k8s.io"
             ]
@@ -381,8 +387,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 9);
-        assert_eq!(list["groups"][8]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 11);
+        assert_eq!(list["groups"][10]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();

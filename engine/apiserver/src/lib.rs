@@ -31,7 +31,7 @@ mod openapi;
 mod owner;
 pub mod page;
 mod proxy;
-mod resource_metrics;
+pub mod resource_metrics;
 mod resource_version;
 mod table;
 mod watch;
@@ -94,6 +94,14 @@ const RESOURCES: &[Resource] = &[
         namespaced: true,
     },
     Resource { group: "batch", version: "v1", plural: "jobs", kind: "Job", namespaced: true },
+    Resource { group: "batch", version: "v1", plural: "cronjobs", kind: "CronJob", namespaced: true },
+    Resource {
+        group: "autoscaling",
+        version: "v2",
+        plural: "horizontalpodautoscalers",
+        kind: "HorizontalPodAutoscaler",
+        namespaced: true,
+    },
     Resource {
         group: "discovery.k8s.io",
         version: "v1",
@@ -137,6 +145,13 @@ const RESOURCES: &[Resource] = &[
         version: "v1",
         plural: "storageclasses",
         kind: "StorageClass",
+        namespaced: false,
+    },
+    Resource {
+        group: "apiregistration.k8s.io",
+        version: "v1",
+        plural: "apiservices",
+        kind: "APIService",
         namespaced: false,
     },
     Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },

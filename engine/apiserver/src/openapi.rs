@@ -162,11 +162,13 @@ mod tests {
                 "api/v1",
                 "apis/apps/v1",
                 "apis/batch/v1",
+                "apis/autoscaling/v2",
                 "apis/discovery.k8s.io/v1",
                 "apis/networking.k8s.io/v1",
                 "apis/coordination.k8s.io/v1",
                 "apis/policy/v1",
                 "apis/storage.k8s.io/v1",
+                "apis/apiregistration.k8s.io/v1",
                 "apis/gitplane.io/v1"
             ]
         );

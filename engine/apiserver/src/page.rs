@@ -228,7 +228,7 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 fn badge(state: &str) -> String {
     let class = match state {
         "Healthy" | "Synced" | "Running" | "Succeeded" | "Ready" | "True" | "Normal" => "ok",
-        "Progressing" | "OutOfSync" | "Pending" | "Unknown" => "busy",
+        "Progressing" | "OutOfSync" | "Pending" | "Unknown" | "Terminating" => "busy",
         "" => "none",
         _ => "bad",
     };
@@ -479,7 +479,7 @@ async fn application(
     let cache = informer.cache();
     let revision = informer.revision();
     // Everything it applied, of any kind and in any namespace (its annotation names it); the
-    // ReplicaSets, Pods and EndpointSlices under them from those namespaces.
+    // ReplicaSets, Jobs, Pods and EndpointSlices under them from those namespaces.
     let mut objects = tree::Objects::default();
     let mut namespaces: BTreeSet<String> = BTreeSet::from([target.clone()]);
     for (key, object) in cache.owned_by(&owner) {
@@ -493,6 +493,7 @@ async fn application(
     for ns in &namespaces {
         for (kind, into) in [
             ("ReplicaSet.apps", &mut objects.replica_sets),
+            ("Job.batch", &mut objects.jobs),
             ("Pod", &mut objects.pods),
             ("EndpointSlice.discovery.k8s.io", &mut objects.endpoint_slices),
         ] {
@@ -679,11 +680,13 @@ async fn pod(
     let _ = write!(
         body,
         "<dl class=\"facts\"><dt>Namespace</dt><dd>{}</dd><dt>Health</dt><dd>{} <span class=\"muted\">{}</span></dd>\
-         <dt>Phase</dt><dd>{}</dd><dt>Ready</dt><dd>{}</dd><dt>Restarts</dt><dd>{}</dd><dt>Node</dt><dd>{}</dd><dt>IP</dt><dd>{}</dd></dl>",
+         <dt>Phase</dt><dd>{}</dd><dt>Status</dt><dd>{}</dd><dt>Ready</dt><dd>{}</dd><dt>Restarts</dt><dd>{}</dd>\
+         <dt>Node</dt><dd>{}</dd><dt>IP</dt><dd>{}</dd></dl>",
         esc(&namespace),
         badge(health.as_str()),
         esc(&message),
         badge(str_at(&pod, "/status/phase")),
+        badge(&cell(2)),
         esc(&cell(1)),
         esc(&cell(3)),
         esc(str_at(&pod, "/spec/nodeName")),

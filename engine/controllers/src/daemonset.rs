@@ -15,7 +15,7 @@ use crate::{
     Action, Context, ReconcileError, Reconciler, disruption, names,
     owner::{controller_ref, controllers_of, is_controlled_by},
     plan::Op,
-    replicaset::{is_ready, pod_events},
+    replicaset::{is_ready, is_terminating, pod_events},
     runtime::all_of,
 };
 use gitplane_api::events::NORMAL;
@@ -108,6 +108,7 @@ fn is_updated(pod: &Pod, hash: &str) -> bool {
     pod.metadata.labels.as_ref().and_then(|l| l.get(CONTROLLER_REVISION_HASH)).is_some_and(|h| h == hash)
 }
 
+/// Finished, or terminating: no longer the node's daemon Pod.
 fn is_finished(pod: &Pod) -> bool {
     !crate::replicaset::is_active(pod)
 }
@@ -216,14 +217,18 @@ fn manage(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
     let surge = view.surge_allowed();
     let mut ops = Vec::new();
     for (node, (eligible, pods)) in view.by_node()? {
+        // A terminating Pod is already going: not deleted again, and while it is, the node gets
+        // no new Pod (upstream's `exists`), so two never run there at once.
+        let terminating = pods.iter().any(|p| is_terminating(p));
+        let pods = pods.into_iter().filter(|p| !is_terminating(p));
         if !eligible.should_continue_running {
-            ops.extend(pods.into_iter().map(|p| Op::Delete(p.clone())));
+            ops.extend(pods.map(|p| Op::Delete(p.clone())));
             continue;
         }
-        let (finished, mut running): (Vec<&Pod>, Vec<&Pod>) = pods.into_iter().partition(|p| is_finished(p));
+        let (finished, mut running): (Vec<&Pod>, Vec<&Pod>) = pods.partition(|p| is_finished(p));
         ops.extend(finished.into_iter().map(|p| Op::Delete(p.clone())));
         if running.is_empty() {
-            if eligible.should_run {
+            if eligible.should_run && !terminating {
                 ops.push(Op::Create(new_pod(view.ds, &node, &hash)?));
             }
             continue;
@@ -544,6 +549,13 @@ mod tests {
         pod
     }
 
+    /// `pod`, being deleted.
+    fn terminating(mut pod: Pod) -> Pod {
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::from_second(100).unwrap());
+        pod.metadata.deletion_timestamp = Some(at);
+        pod
+    }
+
     fn describe(ops: &[Op<Pod>]) -> Vec<String> {
         ops.iter()
             .map(|op| match op {
@@ -584,6 +596,16 @@ mod tests {
              |d| { let mut p = pod(d, "pa", "a", true, false, 1); p.status.as_mut().unwrap().phase = Some("Failed".into()); vec![p] },
              None, &["delete pa", "create on a"]),
             ("steady", default.clone(), nodes(&["a"]), |d| vec![pod(d, "pa", "a", true, true, 1)], None, &[]),
+            ("a terminating Pod: no second one on its node until it is gone", default.clone(), nodes(&["a"]),
+             |d| vec![terminating(pod(d, "pa", "a", true, true, 1))], None, &[]),
+            ("a terminating Pod is not deleted again, on a node that should not run it either", default.clone(),
+             vec![node("a", json!({}), json!([{"key": "x", "effect": "NoExecute"}]))],
+             |d| vec![terminating(pod(d, "pa", "a", true, true, 1))], None, &[]),
+            ("rolling: an old Pod terminating is not replaced yet, nor another taken down", default.clone(), three.clone(),
+             |d| vec![terminating(pod(d, "pa", "a", false, true, 1)), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &[]),
+            ("surge: no new Pod beside a terminating one", rolling(json!(1), json!(0)), nodes(&["a"]),
+             |d| vec![terminating(pod(d, "pa", "a", false, true, 1))], None, &[]),
             ("rolling: one old Pod at a time (maxUnavailable 1)", default.clone(), three.clone(),
              |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
              None, &["delete pa"]),

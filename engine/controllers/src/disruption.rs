@@ -10,7 +10,7 @@
 
 use crate::{Action, Context, ReconcileError, Reconciler, plan::Op, runtime::all_of};
 use gitplane_api::labels::{Labels, matches};
-use gitplane_api::object::{kind_of, to_value};
+use gitplane_api::object::{kind_of, revision_of, to_value};
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Node, Pod, ReplicationController};
@@ -34,9 +34,10 @@ pub fn selects(pdb: &PodDisruptionBudget, pod: &Pod) -> bool {
         && matches(selector, pod.metadata.labels.as_ref().unwrap_or(&empty))
 }
 
-/// Ready on a node that is Ready, as the budget counts a Pod healthy: a Pod on a node that
-/// stopped reporting still says Ready, which upstream's node lifecycle controller would have
-/// turned NotReady.
+/// Ready on a node that is Ready and not terminating, as the budget counts a Pod healthy
+/// (upstream's `countHealthyPods`): a Pod on a node that stopped reporting still says Ready,
+/// which upstream's node lifecycle controller would have turned NotReady. A terminating Pod
+/// still counts among the expected ones.
 fn healthy(cache: &Cache, pod: &Pod) -> bool {
     let node_ready = || {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else { return false };
@@ -46,7 +47,7 @@ fn healthy(cache: &Cache, pod: &Pod) -> bool {
                 .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
         })
     };
-    crate::replicaset::is_ready(pod) && node_ready()
+    !crate::replicaset::is_terminating(pod) && crate::replicaset::is_ready(pod) && node_ready()
 }
 
 /// What a budget says of the Pods it selects (upstream's `getExpectedPodCount` and
@@ -201,8 +202,11 @@ pub enum Evicted {
 /// Evicts `pod` as the eviction subresource does: with no budget covering it, it is deleted;
 /// with one, only if its status (observed, up to date) allows a disruption (or the Pod is not
 /// healthy while the budget has its healthy Pods, as `IfHealthyBudget`), and then the deletion
-/// and the budget's one disruption less are one transaction; with more than one, never.
-pub async fn evict(ctx: &Context, pod: &Pod) -> Result<Evicted, ReconcileError> {
+/// and the budget's one disruption less are one transaction; with more than one, never. The
+/// deletion is the API server's (`gitplane_store::deletion`: a bound Pod gracefully), or, when
+/// `forced` (its node is unreachable and cannot stop it), the object's removal at once. A Pod
+/// already terminating is on its way out: nothing is written.
+pub async fn evict(ctx: &Context, pod: &Pod, forced: bool) -> Result<Evicted, ReconcileError> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     let budgets: Vec<PodDisruptionBudget> = ctx
         .cache()
@@ -210,7 +214,8 @@ pub async fn evict(ctx: &Context, pod: &Pod) -> Result<Evicted, ReconcileError> 
         .into_iter()
         .filter(|b| selects(b, pod))
         .collect();
-    let delete = Op::Delete(pod.clone()).into_store_op();
+    let delete = if forced { Some(force_delete(pod)) } else { Op::Delete(pod.clone()).into_store_op(Timestamp::now()) };
+    let Some(delete) = delete else { return Ok(Evicted::Yes) };
     let pdb = match budgets.as_slice() {
         [] => {
             ctx.commit(vec![delete]).await?;
@@ -246,6 +251,13 @@ pub async fn evict(ctx: &Context, pod: &Pod) -> Result<Evicted, ReconcileError> 
     }
     ctx.commit(vec![delete, gitplane_store::Op::UpdateStatus(to_value(&spent))]).await?;
     Ok(Evicted::Yes)
+}
+
+/// The delete of a Pod whatever its state, compare-and-swap on what was read.
+pub(crate) fn force_delete(pod: &Pod) -> gitplane_store::Op {
+    let meta = &pod.metadata;
+    let key = ObjectKey::of::<Pod>(meta.namespace.as_deref().unwrap_or(""), meta.name.as_deref().unwrap_or(""));
+    gitplane_store::Op::Delete { key, revision: revision_of(pod) }
 }
 
 #[async_trait::async_trait]

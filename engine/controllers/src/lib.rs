@@ -8,17 +8,20 @@
 //! compare-and-swap on every object read. After a write a controller waits for the cache to reach
 //! its commit, so the next reconcile never acts on a state older than its own writes.
 
+pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
 pub mod disruption;
 pub mod endpoints;
 pub mod garbage_collector;
+pub mod horizontal;
 pub mod ingress;
 pub mod job;
 pub mod loadbalancer;
 pub mod names;
 pub mod node_lifecycle;
 pub mod owner;
+pub mod persistent_volume;
 pub mod plan;
 pub mod replicaset;
 pub mod replication;
@@ -37,12 +40,14 @@ pub fn watched_kinds() -> Vec<String> {
     use gitplane_api::object::kind_of;
     use k8s_openapi::api::{
         apps::v1::{ControllerRevision, DaemonSet, Deployment, StatefulSet},
-        batch::v1::Job,
+        autoscaling::v2::HorizontalPodAutoscaler,
+        batch::v1::{CronJob, Job},
         coordination::v1::Lease,
-        core::v1::{Endpoints, Node, PersistentVolumeClaim, Pod, Service},
+        core::v1::{Endpoints, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service},
         discovery::v1::EndpointSlice,
         networking::v1::{Ingress, IngressClass},
         policy::v1::PodDisruptionBudget,
+        storage::v1::StorageClass,
     };
     vec![
         kind_of::<Deployment>(),
@@ -54,6 +59,8 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<ReplicationController>(),
         kind_of::<PodDisruptionBudget>(),
         kind_of::<Job>(),
+        kind_of::<CronJob>(),
+        kind_of::<HorizontalPodAutoscaler>(),
         kind_of::<Pod>(),
         kind_of::<Node>(),
         kind_of::<Lease>(),
@@ -62,12 +69,16 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<Endpoints>(),
         kind_of::<Ingress>(),
         kind_of::<IngressClass>(),
+        kind_of::<PersistentVolume>(),
+        kind_of::<StorageClass>(),
     ]
 }
 
 /// What the controllers are configured with.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Settings {
+    /// Where the HorizontalPodAutoscaler controller reads Pod usage; none: it does not run.
+    pub pod_metrics: Option<Arc<dyn horizontal::PodMetrics>>,
     /// Where LoadBalancer Services get their addresses; none: they stay `<pending>`.
     pub load_balancer_pool: Option<loadbalancer::AddressPool>,
     /// How long Pods that say nothing stay on a node that is not ready or unreachable.
@@ -79,6 +90,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            pod_metrics: None,
             load_balancer_pool: None,
             default_tolerations: Default::default(),
             node_monitor_grace_period: node_lifecycle::NodeLifecycleController::default().grace_period,
@@ -99,6 +111,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
         tokio::spawn(Controller::new(daemonset::DaemonSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(statefulset::StatefulSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(cronjob::CronJobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),
         tokio::spawn(
@@ -116,7 +129,12 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             .run(),
         ),
         tokio::spawn(Controller::new(ingress::IngressController::default(), ctx.clone()).run()),
+        tokio::spawn(Controller::new(persistent_volume::PersistentVolumeController, ctx.clone()).run()),
     ];
+    if let Some(metrics) = &settings.pod_metrics {
+        let controller = horizontal::HorizontalController::new(metrics.clone());
+        tasks.push(tokio::spawn(Controller::new(controller, ctx.clone()).run()));
+    }
     if let Some(pool) = settings.load_balancer_pool {
         tasks.push(tokio::spawn(Controller::new(loadbalancer::LoadBalancerController::new(pool), ctx).run()));
     }

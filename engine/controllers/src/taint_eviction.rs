@@ -1,7 +1,11 @@
 //! Taint eviction controller (upstream's NoExecuteTaintManager): the Pods on a node with a
 //! NoExecute taint they do not tolerate (and have not finished) are evicted (deleted, so their controllers make them
-//! anew where they can run, within their PodDisruptionBudgets: `crate::disruption::evict`) at once; those that tolerate it with `tolerationSeconds` once that
-//! much time has passed since the taint came (its `timeAdded`).
+//! anew where they can run, within their PodDisruptionBudgets: `crate::disruption::evict`) at
+//! once; those that tolerate it with `tolerationSeconds` once that much time has passed since the
+//! taint came (its `timeAdded`). An eviction is a graceful delete (the node stops the Pod), except
+//! from an unreachable node, whose agent cannot: there the Pod is removed at once, as are the Pods
+//! already terminating on it (those without asking their budgets, as upstream's eviction does not
+//! for a Pod being deleted).
 //!
 //! A Pod that says nothing about `node.kubernetes.io/not-ready` or `unreachable` NoExecute is
 //! treated as tolerating them for [`DefaultTolerations`] (300 s each, as kube-apiserver's
@@ -10,7 +14,7 @@
 //! than written into the Pods, so that the replicas, which must store the same objects, do not
 //! depend on each one's flags.
 
-use crate::disruption::{Evicted, evict};
+use crate::disruption::{Evicted, evict, force_delete};
 use crate::{Action, Context, ReconcileError, Reconciler};
 use gitplane_api::taints::{NO_EXECUTE, NOT_READY, UNREACHABLE, tolerates};
 use gitplane_api::{
@@ -141,10 +145,20 @@ impl Reconciler for TaintEvictionController {
             p["spec"]["nodeName"].as_str() == Some(key.name.as_str())
                 && !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
         });
+        // An unreachable node's agent cannot stop its Pods and remove them: they go at once
+        // (force-deleted), those already terminating too.
+        let unreachable = taints.iter().any(|t| t.key == UNREACHABLE && t.effect == NO_EXECUTE);
         let now = Timestamp::now();
         let mut next: Option<Timestamp> = None;
         let mut evicted = Vec::new();
+        let mut forgotten = Vec::new();
         for pod in pods {
+            if pod.metadata.deletion_timestamp.is_some() {
+                if unreachable {
+                    forgotten.push(pod);
+                }
+                continue;
+            }
             let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
             match eviction(tolerations, &taints, self.defaults, now) {
                 Eviction::Never => {}
@@ -165,7 +179,7 @@ impl Reconciler for TaintEvictionController {
         // Each Pod on its own: one that changed meanwhile is looked at again, not the others.
         // An eviction its PodDisruptionBudget does not allow yet waits and is tried again.
         for pod in evicted {
-            match evict(ctx, &pod).await {
+            match evict(ctx, &pod, unreachable).await {
                 Ok(Evicted::Yes) => {}
                 Ok(Evicted::Refused(why)) => {
                     ctx.event("taint-eviction-controller", &pod, WARNING, "DisruptionBudget", &why);
@@ -174,6 +188,12 @@ impl Reconciler for TaintEvictionController {
                 }
                 Err(ReconcileError::Store(e)) if e.is_conflict() || e.is_not_found() => next = Some(now),
                 Err(e) => return Err(e),
+            }
+        }
+        for pod in forgotten {
+            match ctx.commit(vec![force_delete(&pod)]).await {
+                Err(e) if e.is_conflict() || e.is_not_found() => next = Some(now),
+                other => drop(other?),
             }
         }
         Ok(match next {

@@ -63,6 +63,8 @@ impl ControllerArgs {
             None => gitplane_scheduler::plugins::DEFAULT_PLUGINS.to_vec(),
         };
         let controllers = gitplane_controllers::Settings {
+            // The replica wires the nodes' kubelets in.
+            pod_metrics: None,
             load_balancer_pool: self.load_balancer_pool,
             node_monitor_grace_period: self.node_monitor_grace_period,
             default_tolerations: DefaultTolerations {
@@ -109,6 +111,9 @@ impl ControlPlane {
             settings;
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
+        }
+        if let Err(e) = bootstrap::storage_class(&store).await {
+            tracing::warn!(error = %e, "creating the default StorageClass failed");
         }
         if let Some(repo) = root
             && let Err(e) = bootstrap::root_application(&store, &repo).await

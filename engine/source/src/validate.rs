@@ -1,7 +1,9 @@
 //! Documents into objects gitplane accepts: known kind, strict schema, Kubernetes names and
 //! scope, no server-managed fields, no duplicates, the namespace defaulted.
 
+mod autoscaling;
 mod config_refs;
+mod cron_job;
 mod ingress;
 mod network_policy;
 mod pod;
@@ -484,21 +486,34 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
     problems
 }
 
+/// The one aggregated API gitplane accepts is the resource metrics API, which it serves itself
+/// (metrics-server's manifests declare it); any other would name an API nothing serves.
+fn api_service_problems(value: &Value) -> Vec<Problem> {
+    const METRICS: &str = "v1beta1.metrics.k8s.io";
+    let name = value["metadata"]["name"].as_str().unwrap_or("");
+    let (group, version) = (value["spec"]["group"].as_str(), value["spec"]["version"].as_str());
+    if name == METRICS && group == Some("metrics.k8s.io") && version == Some("v1beta1") {
+        return Vec::new();
+    }
+    vec![Problem::at(
+        "/metadata/name",
+        format!(
+            "only the APIService {METRICS} (group metrics.k8s.io, version v1beta1) is accepted: gitplane serves that \
+             API itself and aggregates no other; remove this APIService (it is {name:?})"
+        ),
+    )]
+}
+
 /// What the API server refuses of a kind beyond its schema, and what gitplane's node agent
 /// cannot run of a Pod.
 fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec<Problem> {
     let mut problems = match info.kind.as_str() {
-        // A Job's Pods must end; `Always` (the Pod default) would run them forever.
-        "Job" => match value["spec"]["template"]["spec"]["restartPolicy"].as_str() {
-            Some("Never" | "OnFailure") => Vec::new(),
-            other => vec![Problem::at(
-                "/spec/template/spec/restartPolicy",
-                format!(
-                    "a Job's Pods must end: set restartPolicy to Never or OnFailure (it is {})",
-                    other.map_or("not set, which means Always".to_owned(), |p| format!("{p:?}"))
-                ),
-            )],
-        },
+        "Job" => job_restart_policy(value, "/spec/template/spec/restartPolicy").into_iter().collect(),
+        "CronJob" => cron_job::problems(value)
+            .into_iter()
+            .chain(job_restart_policy(value, "/spec/jobTemplate/spec/template/spec/restartPolicy"))
+            .collect(),
+        "HorizontalPodAutoscaler" => autoscaling::problems(value),
         "StatefulSet" => stateful_set_problems(value),
         "Secret" => secret_problems(value),
         "Ingress" => ingress::problems(value),
@@ -507,6 +522,7 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
         "PersistentVolumeClaim" => storage::claim_problems(value),
         "PersistentVolume" => storage::volume_problems(value),
         "StorageClass" => storage::class_problems(value),
+        "APIService" => api_service_problems(value),
         "ConfigMap" => kube_dns_problems(value, default_namespace),
         _ => Vec::new(),
     };
@@ -569,6 +585,20 @@ fn stateful_set_problems(value: &Value) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// A Job's Pods must end; `Always` (the Pod default) would run them forever.
+fn job_restart_policy(value: &Value, at: &str) -> Option<Problem> {
+    match value.pointer(at).and_then(Value::as_str) {
+        Some("Never" | "OnFailure") => None,
+        other => Some(Problem::at(
+            at,
+            format!(
+                "a Job's Pods must end: set restartPolicy to Never or OnFailure (it is {})",
+                other.map_or("not set, which means Always".to_owned(), |p| format!("{p:?}"))
+            ),
+        )),
+    }
 }
 
 /// The cluster DNS ConfigMap, judged by the parser every node agent applies it with: a
@@ -665,6 +695,9 @@ fn normalize(value: &mut Value, info: &KindInfo, default_namespace: &str) -> Res
     {
         merge_string_data(object);
     }
+    if (info.api_version.as_str(), info.kind.as_str()) == ("autoscaling/v1", "HorizontalPodAutoscaler") {
+        autoscaling::to_v2(value);
+    }
     Ok(key)
 }
 
@@ -720,6 +753,19 @@ fn is_label(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn t10_only_the_metrics_api_service_is_accepted() {
+        let service = |name: &str, group: &str| {
+            json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": name},
+                   "spec": {"group": group, "version": "v1beta1", "service": {"name": "metrics-server", "namespace": "kube-system"}}})
+        };
+        assert!(api_service_problems(&service("v1beta1.metrics.k8s.io", "metrics.k8s.io")).is_empty());
+        let refused = api_service_problems(&service("v1beta1.custom.metrics.k8s.io", "custom.metrics.k8s.io"));
+        assert_eq!(refused.len(), 1);
+        assert!(refused[0].message.starts_with("only the APIService v1beta1.metrics.k8s.io"), "{}", refused[0].message);
+    }
+
     use crate::{Limits, ManifestFile, load};
     use serde_json::json;
     use std::sync::LazyLock;
@@ -819,9 +865,11 @@ spec:
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
                    Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
-                   DaemonSet (apps/v1), ReplicationController (v1), Job (batch/v1), Ingress (networking.k8s.io/v1), \
+                   DaemonSet (apps/v1), ReplicationController (v1), Job (batch/v1), CronJob (batch/v1), \
+                   HorizontalPodAutoscaler (autoscaling/v2), HorizontalPodAutoscaler (autoscaling/v1), Ingress (networking.k8s.io/v1), \
                    IngressClass (networking.k8s.io/v1), NetworkPolicy (networking.k8s.io/v1), PodDisruptionBudget (policy/v1), \
-                   PersistentVolumeClaim (v1), PersistentVolume (v1), StorageClass (storage.k8s.io/v1), Application (gitplane.io/v1)"],
+                   PersistentVolumeClaim (v1), PersistentVolume (v1), StorageClass (storage.k8s.io/v1), \
+                   APIService (apiregistration.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget\nmetadata: {name: web}\n".into(),
@@ -996,6 +1044,82 @@ spec:
     }
 
     #[test]
+    fn t10_cron_jobs_are_validated_as_kube_apiserver_does() {
+        let cron_job = |name: &str, spec: &str, policy: &str| {
+            format!(
+                "apiVersion: batch/v1\nkind: CronJob\nmetadata:\n  name: {name}\nspec:\n{spec}  jobTemplate:\n    spec:\n      template:\n        \
+                 spec:\n          restartPolicy: {policy}\n          containers: [{{name: m, image: gitplane.local/busybox:1}}]\n"
+            )
+        };
+        let ok = "  schedule: \"*/5 * * * *\"\n  timeZone: Europe/Berlin\n";
+        assert!(check(&[("cron.yaml", &cron_job("hello", ok, "OnFailure"))]).is_ok());
+        assert!(check(&[("cron.yaml", &cron_job("hello", "  schedule: \"@hourly\"\n", "Never"))]).is_ok());
+        let long = "a".repeat(53);
+        #[rustfmt::skip]
+        let cases: Vec<(String, &str)> = vec![
+            (cron_job("hello", "  schedule: \"61 * * * *\"\n", "Never"),
+             r#"cron.yaml:6: CronJob hello: /spec/schedule: invalid schedule "61 * * * *": end of range (61) above maximum (59): 61 (minute)"#),
+            (cron_job("hello", "  schedule: \"@fortnightly\"\n", "Never"),
+             r#"cron.yaml:6: CronJob hello: /spec/schedule: invalid schedule "@fortnightly": unrecognized descriptor: @fortnightly"#),
+            (cron_job("hello", "  schedule: \"* * * *\"\n", "Never"),
+             r#"cron.yaml:6: CronJob hello: /spec/schedule: invalid schedule "* * * *": expected exactly 5 fields, found 4: * * * *"#),
+            (cron_job("hello", "  schedule: \"@daily\"\n  timeZone: Mars/Olympus\n", "Never"),
+             r#"cron.yaml:7: CronJob hello: /spec/timeZone: unknown time zone "Mars/Olympus": use an IANA name such as Europe/Berlin or Etc/UTC"#),
+            (cron_job("hello", "  schedule: \"@daily\"\n  concurrencyPolicy: Sometimes\n", "Never"),
+             r#"cron.yaml:7: CronJob hello: /spec/concurrencyPolicy: unsupported value "Sometimes": use "Allow", "Forbid" or "Replace""#),
+            (cron_job("hello", "  schedule: \"@daily\"\n  startingDeadlineSeconds: -1\n", "Never"),
+             "cron.yaml:7: CronJob hello: /spec/startingDeadlineSeconds: must be greater than or equal to 0"),
+            (cron_job("hello", "  schedule: \"@daily\"\n", "Always"),
+             r#"cron.yaml:11: CronJob hello: /spec/jobTemplate/spec/template/spec/restartPolicy: a Job's Pods must end: set restartPolicy to Never or OnFailure (it is "Always")"#),
+            (cron_job(&long, "  schedule: \"@daily\"\n", "Never"),
+             "a CronJob's name must be no more than 52 characters (it has 53): shorten it"),
+        ];
+        for (text, want) in cases {
+            let errors = errors(&[("cron.yaml", &text)]);
+            assert!(errors.len() == 1 && errors[0].ends_with(want), "{errors:?}\nwant {want}");
+        }
+    }
+
+    #[test]
+    fn t10_horizontal_pod_autoscalers_are_read_as_autoscaling_v2() {
+        let v1 = "apiVersion: autoscaling/v1\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: php-apache\nspec:\n  \
+                  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: php-apache}\n  minReplicas: 1\n  maxReplicas: 10\n  \
+                  targetCPUUtilizationPercentage: 50\n";
+        let manifests = check(&[("hpa.yaml", v1)]).unwrap();
+        let value = &manifests[0].value;
+        assert_eq!(value["apiVersion"], "autoscaling/v2");
+        assert_eq!(manifests[0].key.kind, "HorizontalPodAutoscaler.autoscaling");
+        assert_eq!(
+            value["spec"]["metrics"],
+            serde_json::json!([{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}}])
+        );
+        assert!(value["spec"].get("targetCPUUtilizationPercentage").is_none());
+        let v2 = |spec: &str| {
+            format!(
+                "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: web\nspec:\n  \
+                 scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: web}}\n{spec}"
+            )
+        };
+        let ok = "  maxReplicas: 5\n  metrics:\n  - type: Resource\n    resource: {name: memory, target: {type: AverageValue, averageValue: 64Mi}}\n";
+        assert!(check(&[("hpa.yaml", &v2(ok))]).is_ok());
+        #[rustfmt::skip]
+        let cases: Vec<(String, &str)> = vec![
+            (v2("  minReplicas: 3\n  maxReplicas: 2\n"),
+             "hpa.yaml:8: HorizontalPodAutoscaler web: /spec/maxReplicas: must be greater than or equal to minReplicas (3) and to 1 (it is 2)"),
+            (v2("  maxReplicas: 5\n  metrics:\n  - type: External\n    external: {metric: {name: queue}, target: {type: Value, value: 1}}\n"),
+             "hpa.yaml:9: HorizontalPodAutoscaler web: /spec/metrics/0/type: External metrics need a custom or external metrics API, which gitplane does not serve: use type Resource (cpu or memory)"),
+            (v2("  maxReplicas: 5\n  metrics:\n  - type: Resource\n    resource: {name: cpu, target: {type: Utilization}}\n"),
+             "hpa.yaml:10: HorizontalPodAutoscaler web: /spec/metrics/0/resource/target/averageUtilization: a Utilization target needs averageUtilization greater than 0"),
+            (v2("  maxReplicas: 5\n").replace("kind: Deployment", "kind: Job").replace("apps/v1", "batch/v1"),
+             "hpa.yaml:6: HorizontalPodAutoscaler web: /spec/scaleTargetRef: Job (batch/v1) has no scale gitplane can set: target a Deployment, StatefulSet or ReplicaSet (apiVersion apps/v1)"),
+        ];
+        for (text, want) in cases {
+            let errors = errors(&[("hpa.yaml", &text)]);
+            assert_eq!(errors, [want], "{text}");
+        }
+    }
+
+    #[test]
     fn t10_pod_fields_the_node_agent_cannot_run_are_refused() {
         let deployment = "\
 apiVersion: apps/v1
@@ -1035,7 +1159,10 @@ spec:
             (
                 10,
                 "/initContainers/0/restartPolicy".to_owned(),
-                format!("a container's restartPolicy {not_yet}: remove it"),
+                format!(
+                    "a native sidecar (an init container with restartPolicy Always) {not_yet}: move this \
+                     container, restartPolicy removed, to spec.containers, where it runs beside the others"
+                ),
             ),
             (
                 14,
@@ -1051,7 +1178,8 @@ spec:
                 15,
                 "/volumes/2/projected".into(),
                 format!(
-                    "a projected volume {not_yet} (it supports emptyDir, hostPath, configMap, secret, downwardAPI)"
+                    "a projected volume {not_yet} (it supports emptyDir, hostPath, configMap, secret, downwardAPI, \
+                     persistentVolumeClaim)"
                 ),
             ),
             (
@@ -1117,11 +1245,11 @@ spec:
                 "job.yaml:8: Job j: /spec/template/spec/enableServiceLinks: enableServiceLinks (no Service variables are set) true {not_yet}: remove it, or set it to false"
             )]
         );
-        let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      securityContext: {seccompProfile: {type: RuntimeDefault}}\n      containers: [{name: c, image: i}]\n";
+        let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      securityContext: {seccompProfile: {type: Localhost, localhostProfile: p.json}}\n      containers: [{name: c, image: i}]\n";
         assert_eq!(
             errors(&[("rs.yaml", rs)]),
             [format!(
-                "rs.yaml:9: ReplicaSet r: /spec/template/spec/securityContext/seccompProfile/type: securityContext.seccompProfile.type \"RuntimeDefault\" {not_yet}: remove it, or set it to \"Unconfined\""
+                "rs.yaml:9: ReplicaSet r: /spec/template/spec/securityContext/seccompProfile/type: securityContext.seccompProfile.type \"Localhost\" {not_yet}: remove it, or set it to \"RuntimeDefault\" or \"Unconfined\""
             )]
         );
     }

@@ -12,6 +12,7 @@
 
 pub mod allocate;
 pub mod apply;
+pub mod autoscale;
 pub mod podsecurity;
 mod push;
 pub mod reach;
@@ -23,12 +24,12 @@ use gitplane_api::events::{NORMAL, Source, WARNING};
 use gitplane_api::health::{self, Health};
 use gitplane_api::{
     Application, ApplicationStatus, HealthStatus, ResourceHealth, RevisionHistory, SyncChanges, SyncStatus,
-    kinds::accepted,
+    kinds::{accepted, stored},
     object::{APPLICATION_ANNOTATION, kind_of, resource_version},
 };
 use gitplane_source::{AppSource, Limits, LoadError, ManifestError, SourceCache, Validator};
 use gitplane_store::{
-    Api, EventType, ObjectKey, Op, Store, StoreError,
+    Api, EventType, ObjectKey, Op, Store, StoreError, deletion,
     events::Recorder,
     informer::{Cache, Informer, Notification},
 };
@@ -188,7 +189,7 @@ fn rfc3339() -> String {
 
 /// The kinds the source reads from the cache: what it applies, and what health looks at.
 pub fn watched_kinds() -> Vec<String> {
-    let mut kinds: Vec<String> = accepted().iter().map(|k| k.group_kind()).collect();
+    let mut kinds: Vec<String> = stored().map(|k| k.group_kind()).collect();
     kinds.push(kind_of::<Node>());
     kinds.push(kind_of::<ReplicaSet>());
     kinds
@@ -593,7 +594,7 @@ impl SourceController {
                 return Ok((plan, false));
             }
             let with_status = updated.is_some();
-            let mut ops = plan.ops.clone();
+            let mut ops = graceful(&plan.ops, informer.cache());
             ops.extend(updated.map(|a| Op::UpdateStatus(gitplane_api::object::to_value(&a))));
             match self.store.txn(ops).await {
                 Ok(committed) => {
@@ -971,6 +972,22 @@ impl SourceLoop {
 }
 
 /// An Event's reference to `involved`, with its uid from `cache`.
+/// The plan's writes as the store takes them: a prune deletes as the API server does
+/// ([`deletion::delete`]: a bare Pod on a node gracefully), from the object the plan was made
+/// against.
+fn graceful(ops: &[Op], cache: &Cache) -> Vec<Op> {
+    let now = now();
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::Delete { key, revision } => match cache.get(key) {
+                Some(current) if resource_version(&current) == *revision => deletion::delete(&current, now),
+                _ => Some(op.clone()),
+            },
+            other => Some(other.clone()),
+        })
+        .collect()
+}
+
 fn reference(involved: &ObjectKey, cache: &Cache) -> ObjectReference {
     let (kind, api_version) = match involved.kind.split_once('.') {
         Some((kind, group)) => (kind.to_owned(), format!("{group}/v1")),
@@ -1141,7 +1158,7 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
 fn app_health(app: &Application, applied: bool, cache: &Cache) -> HealthStatus {
     // Objects in the order of the accepted kinds, then by namespace and name.
     let kinds: HashMap<String, (usize, String)> =
-        accepted().iter().enumerate().map(|(i, k)| (k.group_kind(), (i, k.kind.clone()))).collect();
+        stored().enumerate().map(|(i, k)| (k.group_kind(), (i, k.kind.clone()))).collect();
     let mut owned: Vec<(usize, &str, ObjectKey, Arc<Value>)> = cache
         .owned_by(&app_id(app))
         .into_iter()
