@@ -239,7 +239,8 @@ async fn t93_statefulset_basics() -> Result<()> {
     let ip = web0.ip.to_string();
     let lookup = |name: &str| cluster.exec(&client.node, &client.container, &["/bin/busybox", "nslookup", name]);
     let fetch = |url: &str| {
-        let script = format!("/bin/busybox wget -O /dev/null {url} 2>&1");
+        // Before the tutorial writes its page, the volume is empty and the answer a 404.
+        let script = format!("/bin/busybox wget -O /dev/null {url} 2>&1; true");
         cluster.exec(&client.node, &client.container, &["/bin/busybox", "sh", "-c", &script])
     };
     let fqdn = "web-0.nginx.default.svc.cluster.local";
