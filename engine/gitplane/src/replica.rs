@@ -116,7 +116,7 @@ impl Replica {
         git: GitServing,
         push_hint: String,
         service_ranges: ServiceRanges,
-        controllers: gitplane_controllers::Settings,
+        controllers: controlplane::LoopSettings,
         event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
         replica_addresses: Vec<std::net::IpAddr>,
@@ -137,7 +137,7 @@ impl Replica {
         let reserved = gitplane_nodeservice::addresses::Reserved {
             replicas: replica_addresses,
             services: (service_ranges.network, service_ranges.prefix),
-            load_balancers: controllers.load_balancer_pool,
+            load_balancers: controllers.controllers.load_balancer_pool,
         };
         let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone(), reserved).into_server();
         let grpc =

@@ -199,7 +199,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         git,
         hint,
         ranges,
-        args.controllers.settings(),
+        args.controllers.settings()?,
         args.event_ttl,
         None,
         replica_addresses,

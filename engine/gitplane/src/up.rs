@@ -184,7 +184,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         git,
         repo_url.clone(),
         ranges,
-        args.controllers.settings(),
+        args.controllers.settings()?,
         args.event_ttl,
         nodes_netns,
         names.iter().filter_map(|n| n.parse().ok()).collect(),

@@ -53,7 +53,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
     row("automountServiceAccountToken", Values(&["false"]), "automountServiceAccountToken (no token is mounted)"),
     row("enableServiceLinks", Values(&["false"]), "enableServiceLinks (no Service variables are set)"),
-    row("hostAliases", Nothing, "hostAliases"),
     row("hostUsers", Values(&["true"]), "hostUsers (user namespaces)"),
     row("imagePullSecrets", Nothing, "imagePullSecrets"),
     row("os/name", Values(&["\"linux\""]), "os.name"),
@@ -72,7 +71,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
     row("volumes/*", Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI"]), "a {key} volume"),
     row("volumes/*/emptyDir/medium", Values(&["\"\"", "\"Memory\""]), "emptyDir.medium"),
-    row("volumes/*/hostPath/type", Values(&["\"\""]), "hostPath.type"),
     row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),
     row("containers/*/lifecycle", Keys(&["postStart", "preStop"]), "lifecycle.{key}"),
     row("containers/*/lifecycle/postStart", Keys(&["exec"]), "a postStart {key} hook"),
@@ -80,8 +78,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("containers/*/resizePolicy", Nothing, "resizePolicy"),
     row("containers/*/restartPolicy", Nothing, "a container's restartPolicy"),
     row("containers/*/resources/claims", Nothing, "resources.claims"),
-    row("containers/*/resources/limits", Keys(&["cpu", "memory"]), "resource {key}"),
-    row("containers/*/resources/requests", Keys(&["cpu", "memory"]), "resource {key}"),
     row("containers/*/securityContext/procMount", Values(&["\"Default\""]), "securityContext.procMount"),
     row("containers/*/securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
     row(
@@ -140,6 +136,7 @@ pub(super) fn problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> 
     }
     problems.extend(mount_problems(spec, at, claims));
     problems.extend(quantity_problems(spec, at));
+    problems.extend(resource_name_problems(spec, at));
     problems.extend(lifecycle_problems(spec, at));
     problems.extend(probe_problems(spec, at));
     problems.extend(volume_problems(spec, at));
@@ -220,6 +217,10 @@ fn path_problem(pointer: String, value: &Value) -> Option<Problem> {
     Some(Problem::at(pointer, format!("path {path:?} {why}: files stay inside their volume")))
 }
 
+/// The values of a hostPath volume's `type` (the API server's).
+const HOST_PATH_TYPES: [&str; 8] =
+    ["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"];
+
 /// The resources a `resourceFieldRef` may name on this node.
 const RESOURCE_FIELDS: [&str; 4] = ["limits.cpu", "limits.memory", "requests.cpu", "requests.memory"];
 
@@ -287,6 +288,19 @@ fn volume_problems(spec: &Value, at: &str) -> Vec<Problem> {
                     ));
                 }
             }
+        }
+    }
+    for (pointer, type_) in matches(spec, at.to_owned(), &["volumes", "*", "hostPath", "type"]) {
+        if let Some(type_) = type_.as_str()
+            && !HOST_PATH_TYPES.contains(&type_)
+        {
+            problems.push(Problem::at(
+                pointer,
+                format!(
+                    "{type_:?} is not a hostPath type: use one of {}, or \"\" for no check",
+                    HOST_PATH_TYPES[1..].join(", ")
+                ),
+            ));
         }
     }
     for (pointer, size) in matches(spec, at.to_owned(), &["volumes", "*", "emptyDir", "sizeLimit"]) {
@@ -399,6 +413,67 @@ fn mount_problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> {
                 format!("{pointer}/subPath"),
                 format!("{sub:?} must be a relative path inside the volume, without '..'"),
             ));
+        }
+    }
+    problems
+}
+
+/// An extended resource's name: `<domain>/<name>` outside Kubernetes' own domain.
+fn is_extended_resource(name: &str) -> bool {
+    name.split_once('/').is_some_and(|(domain, short)| {
+        domain.contains('.') && !short.is_empty() && domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io")
+    })
+}
+
+/// Resources the node cannot give or count, and extended resources as the API server checks
+/// them: whole counts, limits set and equal to requests (they cannot be overcommitted).
+fn resource_name_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let quantity = |v: &Value| match v {
+        Value::String(s) => parse_milli(s),
+        Value::Number(n) => parse_milli(&n.to_string()),
+        _ => None,
+    };
+    for containers in ["containers", "initContainers"] {
+        for (pointer, resources) in matches(spec, at.to_owned(), &[containers, "*", "resources"]) {
+            for list in ["limits", "requests"] {
+                for (name, value) in resources[list].as_object().into_iter().flatten() {
+                    let here = format!("{pointer}/{list}/{}", escape(name));
+                    if ["cpu", "memory"].contains(&name.as_str()) || (name == "ephemeral-storage" && list == "requests")
+                    {
+                        continue;
+                    }
+                    if name == "ephemeral-storage" {
+                        problems.push(Problem::at(
+                            here,
+                            format!(
+                                "a limit of ephemeral-storage {NOT_YET} (no eviction over it): set it as \
+                                 requests.ephemeral-storage instead, which scheduling counts"
+                            ),
+                        ));
+                    } else if !is_extended_resource(name) {
+                        problems.push(Problem::at(
+                            here,
+                            format!(
+                                "resource {name} {NOT_YET} (it supports cpu, memory, ephemeral-storage requests \
+                                 and extended resources such as example.com/foo)"
+                            ),
+                        ));
+                    } else if quantity(value).is_some_and(|m| m % 1000 != 0) {
+                        problems.push(Problem::at(
+                            here,
+                            format!("{value} is not a whole number of {name}: use a whole count"),
+                        ));
+                    } else if list == "requests" && quantity(value) != quantity(&resources["limits"][name]) {
+                        problems.push(Problem::at(
+                            here,
+                            format!(
+                                "{name} cannot be overcommitted: set limits.{name} to the same count as the request"
+                            ),
+                        ));
+                    }
+                }
+            }
         }
     }
     problems
@@ -523,11 +598,11 @@ fn probe_problems(spec: &Value, at: &str) -> Vec<Problem> {
                 }
             }
             if let Some(scheme) = probe["httpGet"]["scheme"].as_str()
-                && scheme != "HTTP"
+                && !["HTTP", "HTTPS"].contains(&scheme)
             {
                 problems.push(Problem::at(
                     format!("{here}/httpGet/scheme"),
-                    format!("scheme {scheme:?} {NOT_YET}: probe over HTTP, or use a tcpSocket probe"),
+                    format!("scheme {scheme:?} is not a probe scheme: use HTTP or HTTPS"),
                 ));
             }
             if probe["exec"].is_object() && probe["exec"]["command"].as_array().is_none_or(Vec::is_empty) {
