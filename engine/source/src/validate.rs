@@ -1051,7 +1051,10 @@ spec:
             (
                 10,
                 "/initContainers/0/restartPolicy".to_owned(),
-                format!("a container's restartPolicy {not_yet}: remove it"),
+                format!(
+                    "a native sidecar (an init container with restartPolicy Always) {not_yet}: move this \
+                     container, restartPolicy removed, to spec.containers, where it runs beside the others"
+                ),
             ),
             (
                 14,

@@ -11,7 +11,7 @@ use crate::{
     endpoints::pods::is_terminating,
     owner::controller_ref,
     plan::Op,
-    replicaset::{is_active, is_ready, phase},
+    replicaset::{is_active, is_finished, is_ready, phase},
 };
 use k8s_openapi::api::{
     apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus},
@@ -285,10 +285,11 @@ pub fn plan(
             }
             Some(pod) => {
                 sync_claims(set, pod, false, claims, &mut writes);
-                if !is_active(pod) {
+                if is_finished(pod) && !is_terminating(pod) {
                     // A finished Pod is replaced: deleted now, made again in the next sync.
                     writes.pods.push(Op::Delete((*pod).clone()));
                 } else {
+                    // A terminating one is waited for: its name is taken until it is gone.
                     healthy[i] = is_healthy(pod);
                 }
                 if ordered && !healthy[i] {

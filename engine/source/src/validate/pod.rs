@@ -46,8 +46,8 @@ const fn row(path: &'static str, allowed: Allowed, what: &'static str) -> Unsupp
 
 /// Every Pod field gitplane's node agent does not support yet (scheduling fields are the
 /// scheduler's and not listed). Fields not listed are carried out as Kubernetes does. Rows under
-/// `containers/` hold for `initContainers/` too (so sidecars, init containers with a
-/// restartPolicy, stay refused).
+/// `containers/` hold for `initContainers/` too; a container's `restartPolicy` (native sidecars)
+/// is checked by [`restart_policy_problems`].
 const UNSUPPORTED: &[Unsupported] = &[
     row("ephemeralContainers", Nothing, "ephemeralContainers"),
     row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
@@ -76,7 +76,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("containers/*/lifecycle/postStart", Keys(&["exec"]), "a postStart {key} hook"),
     row("containers/*/lifecycle/preStop", Keys(&["exec"]), "a preStop {key} hook"),
     row("containers/*/resizePolicy", Nothing, "resizePolicy"),
-    row("containers/*/restartPolicy", Nothing, "a container's restartPolicy"),
     row("containers/*/resources/claims", Nothing, "resources.claims"),
     row("containers/*/securityContext/procMount", Values(&["\"Default\""]), "securityContext.procMount"),
     row("containers/*/securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
@@ -137,6 +136,7 @@ pub(super) fn problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> 
     problems.extend(mount_problems(spec, at, claims));
     problems.extend(quantity_problems(spec, at));
     problems.extend(resource_name_problems(spec, at));
+    problems.extend(restart_policy_problems(spec, at));
     problems.extend(lifecycle_problems(spec, at));
     problems.extend(probe_problems(spec, at));
     problems.extend(volume_problems(spec, at));
@@ -169,6 +169,40 @@ fn identity_problems(spec: &Value, at: &str) -> Vec<Problem> {
         .collect()
 }
 
+/// A container's `restartPolicy`: the API server allows it on init containers only, as `Always`
+/// (a native sidecar), which the agent does not run yet; the sidecar keeps working as one more
+/// of the Pod's containers.
+fn restart_policy_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (pointer, policy) in matches(spec, at.to_owned(), &["containers", "*", "restartPolicy"]) {
+        if !policy.is_null() {
+            problems.push(Problem::at(
+                pointer,
+                "restartPolicy is for init containers only (the Pod's restartPolicy applies here): remove it",
+            ));
+        }
+    }
+    for (pointer, policy) in matches(spec, at.to_owned(), &["initContainers", "*", "restartPolicy"]) {
+        match policy.as_str() {
+            None if policy.is_null() => {}
+            Some("Always") => problems.push(Problem::at(
+                pointer,
+                format!(
+                    "a native sidecar (an init container with restartPolicy Always) {NOT_YET}: \
+                     move this container, restartPolicy removed, to spec.containers, where it runs beside the others"
+                ),
+            )),
+            _ => problems.push(Problem::at(
+                pointer,
+                format!(
+                    "restartPolicy {policy} is not allowed on an init container: set Always (a sidecar) or remove it"
+                ),
+            )),
+        }
+    }
+    problems
+}
+
 /// What the API server refuses of the Pod's lifecycle: a negative grace period, and hooks or
 /// probes on an init container (it runs to completion; only sidecars may have them).
 fn lifecycle_problems(spec: &Value, at: &str) -> Vec<Problem> {
@@ -182,7 +216,10 @@ fn lifecycle_problems(spec: &Value, at: &str) -> Vec<Problem> {
     }
     for field in ["lifecycle", "livenessProbe", "readinessProbe", "startupProbe"] {
         for (pointer, value) in matches(spec, at.to_owned(), &["initContainers", "*", field]) {
-            if !is_empty(value) {
+            // A sidecar may have them; it is refused on its own with what to do.
+            let container = pointer.rsplit_once('/').and_then(|(c, _)| c.strip_prefix(at)).unwrap_or_default();
+            let sidecar = spec.pointer(container).is_some_and(|c| c["restartPolicy"] == "Always");
+            if !is_empty(value) && !sidecar {
                 problems.push(Problem::at(pointer, format!("{field} is not allowed in an init container: remove it")));
             }
         }
