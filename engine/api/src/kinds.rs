@@ -4,8 +4,9 @@ use crate::schema::strict_schema;
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
     batch::v1::Job,
-    core::v1::{ConfigMap, Namespace, Pod, Secret, Service},
+    core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount},
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -54,6 +55,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Namespace>(false),
         KindInfo::of::<ConfigMap>(true),
         KindInfo::of::<Secret>(true),
+        KindInfo::of::<ServiceAccount>(true),
         KindInfo::of::<Pod>(true),
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
@@ -62,6 +64,10 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
+        KindInfo::of::<Role>(true),
+        KindInfo::of::<ClusterRole>(false),
+        KindInfo::of::<RoleBinding>(true),
+        KindInfo::of::<ClusterRoleBinding>(false),
         KindInfo::of::<crate::Application>(true),
     ]
 });

@@ -7,9 +7,10 @@ use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet},
     batch::v1::Job,
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service},
+    core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount},
     discovery::v1::EndpointSlice,
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_core::Resource;
@@ -123,6 +124,7 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Endpoints>();
     b.add::<ConfigMap>();
     b.add::<Secret>();
+    b.add::<ServiceAccount>();
     b.add::<Event>();
     b.add::<Node>();
     b.add::<Namespace>();
@@ -134,6 +136,10 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Ingress>();
     b.add::<IngressClass>();
     b.add::<NetworkPolicy>();
+    b.add::<Role>();
+    b.add::<ClusterRole>();
+    b.add::<RoleBinding>();
+    b.add::<ClusterRoleBinding>();
     b.add::<crate::Application>();
     let metadata = b.generator.subschema_for::<ObjectMeta>().to_value();
     let mut schemas = b.generator.take_definitions(true);
@@ -212,7 +218,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 17);
+            assert_eq!(d.roots.len(), 22);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some("v1")));

@@ -52,6 +52,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "services" => &["svc"],
         "endpoints" => &["ep"],
         "configmaps" => &["cm"],
+        "serviceaccounts" => &["sa"],
         "events" => &["ev"],
         "nodes" => &["no"],
         "namespaces" => &["ns"],
@@ -342,6 +343,7 @@ mod tests {
                 "discovery.k8s.io",
                 "networking.k8s.io",
                 "coordination.k8s.io",
+                "rbac.authorization.k8s.io",
                 "gitplane.io",
                 "metrics.k8s.io"
             ]
@@ -359,8 +361,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 7);
-        assert_eq!(list["groups"][6]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 8);
+        assert_eq!(list["groups"][7]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();

@@ -165,6 +165,7 @@ mod tests {
                 "apis/discovery.k8s.io/v1",
                 "apis/networking.k8s.io/v1",
                 "apis/coordination.k8s.io/v1",
+                "apis/rbac.authorization.k8s.io/v1",
                 "apis/gitplane.io/v1"
             ]
         );

@@ -8,11 +8,13 @@
 //! compare-and-swap on every object read. After a write a controller waits for the cache to reach
 //! its commit, so the next reconcile never acts on a state older than its own writes.
 
+pub mod bootstrap_roles;
 pub mod deployment;
 pub mod endpoints;
 pub mod garbage_collector;
 pub mod ingress;
 pub mod job;
+pub mod kubernetes_service;
 pub mod loadbalancer;
 pub mod names;
 pub mod node_lifecycle;
@@ -20,6 +22,7 @@ pub mod owner;
 pub mod plan;
 pub mod replicaset;
 pub mod runtime;
+pub mod serviceaccounts;
 pub mod taint_eviction;
 
 pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
@@ -38,6 +41,7 @@ pub fn watched_kinds() -> Vec<String> {
         discovery::v1::EndpointSlice,
         networking::v1::{Ingress, IngressClass},
     };
+    // Namespaces, ServiceAccounts and ConfigMaps are accepted from Git: the source watches them.
     vec![
         kind_of::<Deployment>(),
         kind_of::<ReplicaSet>(),
@@ -62,6 +66,10 @@ pub struct Settings {
     pub default_tolerations: taint_eviction::DefaultTolerations,
     /// How long a node may go without renewing its Lease before it is Ready=Unknown.
     pub node_monitor_grace_period: std::time::Duration,
+    /// The cluster CA (PEM) every namespace's `kube-root-ca.crt` holds.
+    pub root_ca: Option<String>,
+    /// Where the `kubernetes` Service points.
+    pub api_endpoints: kubernetes_service::ApiEndpoints,
 }
 
 impl Default for Settings {
@@ -70,6 +78,8 @@ impl Default for Settings {
             load_balancer_pool: None,
             default_tolerations: Default::default(),
             node_monitor_grace_period: node_lifecycle::NodeLifecycleController::default().grace_period,
+            root_ca: None,
+            api_endpoints: Default::default(),
         }
     }
 }
@@ -98,6 +108,21 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             .run(),
         ),
         tokio::spawn(Controller::new(ingress::IngressController::default(), ctx.clone()).run()),
+        tokio::spawn(Controller::new(bootstrap_roles::BootstrapRolesController, ctx.clone()).run()),
+        tokio::spawn(
+            Controller::new(
+                serviceaccounts::ServiceAccountsController { root_ca: settings.root_ca.clone() },
+                ctx.clone(),
+            )
+            .run(),
+        ),
+        tokio::spawn(
+            Controller::new(
+                kubernetes_service::KubernetesServiceController { endpoints: settings.api_endpoints.clone() },
+                ctx.clone(),
+            )
+            .run(),
+        ),
     ];
     if let Some(pool) = settings.load_balancer_pool {
         tasks.push(tokio::spawn(Controller::new(loadbalancer::LoadBalancerController::new(pool), ctx).run()));

@@ -756,9 +756,11 @@ spec:
             (
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
-                   Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
+                   Namespace (v1), ConfigMap (v1), Secret (v1), ServiceAccount (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
                    Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
-                   NetworkPolicy (networking.k8s.io/v1), Application (gitplane.io/v1)"],
+                   NetworkPolicy (networking.k8s.io/v1), Role (rbac.authorization.k8s.io/v1), \
+                   ClusterRole (rbac.authorization.k8s.io/v1), RoleBinding (rbac.authorization.k8s.io/v1), \
+                   ClusterRoleBinding (rbac.authorization.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
@@ -869,7 +871,7 @@ spec:
         - {name: scratch, emptyDir: {}}
         - name: settings
           configMap: {name: settings, defaultMode: 1000, items: [{key: a, path: ../a}]}
-        - {name: tokens, projected: {sources: []}}
+        - {name: tokens, projected: {sources: [{clusterTrustBundle: {signerName: example.com/x, path: b}}]}}
       containers:
         - name: web
           image: httpd
@@ -906,9 +908,10 @@ spec:
             ),
             (
                 15,
-                "/volumes/2/projected".into(),
+                "/volumes/2/projected/sources/0/clusterTrustBundle".into(),
                 format!(
-                    "a projected volume {not_yet} (it supports emptyDir, hostPath, configMap, secret, downwardAPI)"
+                    "a projected clusterTrustBundle source {not_yet} (it supports configMap, secret, downwardAPI, \
+                     serviceAccountToken)"
                 ),
             ),
             (

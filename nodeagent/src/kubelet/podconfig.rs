@@ -6,6 +6,7 @@
 
 use crate::controlplane::{Client, Follower, Servers, follow};
 use crate::kubelet::runtime::env::ConfigSource;
+use crate::kubelet::token_manager::{TokenManager, Wake};
 use gitplane_api::podrefs::{ConfigKind, ConfigRef, config_refs};
 use gitplane_proto::node::{EventType, ObjectEvent, WatchPodConfigRequest};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -61,9 +62,11 @@ impl Objects {
 /// What a Pod references, and its worker's wake-up.
 type Interest = (BTreeSet<ConfigRef>, Arc<Notify>);
 
-/// The followed objects, the revision the stream reached, and who to wake on a change.
+/// The followed objects, the revision the stream reached, and who to wake on a change; and the
+/// Pods' ServiceAccount tokens, where the control plane gives them.
 pub struct PodConfig {
     objects: RwLock<Objects>,
+    tokens: std::sync::OnceLock<TokenManager>,
     revision: watch::Sender<i64>,
     /// pod uid -> (what it references, its worker's wake-up).
     interested: Mutex<HashMap<String, Interest>>,
@@ -71,7 +74,12 @@ pub struct PodConfig {
 
 impl Default for PodConfig {
     fn default() -> Self {
-        PodConfig { objects: RwLock::default(), revision: watch::channel(0).0, interested: Mutex::default() }
+        PodConfig {
+            objects: RwLock::default(),
+            tokens: std::sync::OnceLock::new(),
+            revision: watch::channel(0).0,
+            interested: Mutex::default(),
+        }
     }
 }
 
@@ -85,9 +93,31 @@ impl ConfigSource for PodConfig {
         let objects = self.objects.read().unwrap_or_else(PoisonError::into_inner);
         objects.secrets.get(&(namespace.to_owned(), name.to_owned())).cloned()
     }
+
+    fn service_account_token(&self, pod: &Pod, audience: &str, expiration_seconds: i64) -> Result<String, String> {
+        match self.tokens.get() {
+            Some(tokens) => tokens.get(pod, audience, expiration_seconds),
+            None => Err("this node is given no ServiceAccount tokens".into()),
+        }
+    }
 }
 
 impl PodConfig {
+    /// From now on, Pods' ServiceAccount tokens are asked of `servers`; a token that arrives
+    /// wakes its Pod's worker.
+    pub(crate) fn request_tokens_from(self: &Arc<Self>, servers: Servers) {
+        let config = Arc::downgrade(self);
+        let wake: Wake = Arc::new(move |uid: &str| {
+            if let Some(config) = config.upgrade() {
+                let interested = config.interested.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some((_, wake)) = interested.get(uid) {
+                    wake.notify_one();
+                }
+            }
+        });
+        let _ = self.tokens.set(TokenManager::new(servers, wake));
+    }
+
     /// Pod `uid`'s worker is woken by `wake` when an object `pod` references changes.
     pub fn register(&self, uid: &str, pod: &Pod, wake: Arc<Notify>) {
         let refs = config_refs(pod);

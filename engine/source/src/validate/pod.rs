@@ -51,7 +51,6 @@ const fn row(path: &'static str, allowed: Allowed, what: &'static str) -> Unsupp
 const UNSUPPORTED: &[Unsupported] = &[
     row("ephemeralContainers", Nothing, "ephemeralContainers"),
     row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
-    row("automountServiceAccountToken", Values(&["false"]), "automountServiceAccountToken (no token is mounted)"),
     row("enableServiceLinks", Values(&["false"]), "enableServiceLinks (no Service variables are set)"),
     row("hostAliases", Nothing, "hostAliases"),
     row("hostUsers", Values(&["true"]), "hostUsers (user namespaces)"),
@@ -71,7 +70,16 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("securityContext/seccompProfile/type", Values(&["\"Unconfined\""]), "securityContext.seccompProfile.type"),
     row("securityContext/appArmorProfile/type", Values(&["\"Unconfined\""]), "securityContext.appArmorProfile.type"),
     row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
-    row("volumes/*", Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI"]), "a {key} volume"),
+    row(
+        "volumes/*",
+        Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "projected"]),
+        "a {key} volume",
+    ),
+    row(
+        "volumes/*/projected/sources/*",
+        Keys(&["configMap", "secret", "downwardAPI", "serviceAccountToken"]),
+        "a projected {key} source",
+    ),
     row("volumes/*/emptyDir/medium", Values(&["\"\"", "\"Memory\""]), "emptyDir.medium"),
     row("volumes/*/hostPath/type", Values(&["\"\""]), "hostPath.type"),
     row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),

@@ -24,8 +24,8 @@ pub enum SpecError {
     #[error("{what} is not supported by this node yet")]
     Unsupported { what: String },
     #[error(
-        "volume {volume:?}: {kind} volumes are not supported by this node yet (emptyDir, hostPath, configMap, secret \
-         and downwardAPI are)"
+        "volume {volume:?}: {kind} volumes are not supported by this node yet (emptyDir, hostPath, configMap, secret, \
+         downwardAPI and projected are)"
     )]
     UnsupportedVolume { volume: String, kind: String },
     #[error("container {container:?}: volumeMount {volume:?} names no volume of the pod")]
