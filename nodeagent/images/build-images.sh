@@ -2,6 +2,9 @@
 # Builds gitplane's two images from the host's static busybox as OCI image-layout tarballs:
 #   OUT_DIR/pause.tar  gitplane.local/pause:1  (pod sandbox: sleeps until SIGTERM/SIGINT, then exits 0)
 #   OUT_DIR/httpd.tar  gitplane.local/httpd:1  (busybox httpd serving /www on port 80)
+# With STAND_IN_NAME set, builds only OUT_DIR/stand-in.tar instead: every applet by name, the
+# files of the directory STAND_IN_ROOT on top, and the image config's Entrypoint and the rest
+# from STAND_IN_ENTRYPOINT (JSON) and STAND_IN_CONFIG (more JSON members, each led by a comma).
 # No registry is reachable, so the node builds what it runs. Output is reproducible (fixed mtimes,
 # sorted entries, numeric owner 0, no timestamps in JSON), so image digests stay stable.
 # Needs only sh, tar (GNU), sha256sum, stat, printf: import with `ctr -n k8s.io images import`.
@@ -99,26 +102,17 @@ make_rootfs() {
     chmod 0644 "$1/etc/passwd" "$1/etc/group"
 }
 
-# The sandbox init: PID 1 ignores signals it has no handler for, so trap them; `wait` also
-# reaps any orphan reparented to it.
-PAUSE=$WORK/rootfs-pause
-make_rootfs "$PAUSE"
-build_image gitplane.local/pause:1 pause.tar "$PAUSE" \
-    '["/bin/busybox","sh","-c","trap \"exit 0\" TERM INT; while :; do /bin/busybox sleep 2147483647 & wait $!; done"]' ''
-
-# httpd runs in the foreground under a sh that turns SIGTERM into a prompt, clean exit.
-HTTPD=$WORK/rootfs-httpd
-make_rootfs "$HTTPD"
-# Every applet by its name (cat, ls, nslookup...), as busybox images have them, for people who
-# `kubectl exec` into it.
-for applet in $("$BUSYBOX" --list); do
-    [ -e "$HTTPD/bin/$applet" ] || ln -s busybox "$HTTPD/bin/$applet"
-done
-# Debian's busybox 1.35 is built without wget's timeout, and its wget crashes on -T: this
-# /bin/wget takes -T / --timeout itself and runs busybox wget under timeout instead. (Inside
-# busybox sh, `wget` is the applet itself, which no file can replace: there, use timeout.)
-rm "$HTTPD/bin/wget"
-cat >"$HTTPD/bin/wget" <<'WGET'
+# link_applets DIR: every applet by its name (cat, ls, nslookup...), as busybox images have
+# them, for people who `kubectl exec` into it.
+link_applets() {
+    for applet in $("$BUSYBOX" --list); do
+        [ -e "$1/bin/$applet" ] || ln -s busybox "$1/bin/$applet"
+    done
+    # Debian's busybox 1.35 is built without wget's timeout, and its wget crashes on -T: this
+    # /bin/wget takes -T / --timeout itself and runs busybox wget under timeout instead. (Inside
+    # busybox sh, `wget` is the applet itself, which no file can replace: there, use timeout.)
+    rm "$1/bin/wget"
+    cat >"$1/bin/wget" <<'WGET'
 #!/bin/busybox sh
 # wget, with -T SECONDS / --timeout=SECONDS run as `timeout` around busybox wget.
 limit=
@@ -139,7 +133,30 @@ if [ -n "$limit" ]; then
 fi
 exec /bin/busybox wget "$@"
 WGET
-chmod 0755 "$HTTPD/bin/wget"
+    chmod 0755 "$1/bin/wget"
+}
+
+# A stand-in for a published image (end-to-end tests push it to a local registry).
+if [ -n "${STAND_IN_NAME:-}" ]; then
+    ROOT=$WORK/rootfs-stand-in
+    make_rootfs "$ROOT"
+    link_applets "$ROOT"
+    cp -R "${STAND_IN_ROOT:?STAND_IN_ROOT is the stand-in's files}/." "$ROOT/"
+    build_image "$STAND_IN_NAME" stand-in.tar "$ROOT" "${STAND_IN_ENTRYPOINT:-null}" "${STAND_IN_CONFIG:-}"
+    exit 0
+fi
+
+# The sandbox init: PID 1 ignores signals it has no handler for, so trap them; `wait` also
+# reaps any orphan reparented to it.
+PAUSE=$WORK/rootfs-pause
+make_rootfs "$PAUSE"
+build_image gitplane.local/pause:1 pause.tar "$PAUSE" \
+    '["/bin/busybox","sh","-c","trap \"exit 0\" TERM INT; while :; do /bin/busybox sleep 2147483647 & wait $!; done"]' ''
+
+# httpd runs in the foreground under a sh that turns SIGTERM into a prompt, clean exit.
+HTTPD=$WORK/rootfs-httpd
+make_rootfs "$HTTPD"
+link_applets "$HTTPD"
 mkdir -p "$HTTPD/www"
 printf '<!doctype html>\n<html><body><h1>gitplane httpd</h1><p>Served by busybox httpd.</p></body></html>\n' >"$HTTPD/www/index.html"
 chmod 0644 "$HTTPD/www/index.html"

@@ -94,6 +94,9 @@ pub struct AgentConfig {
     pub ingress_https_port: u16,
     /// When container logs are rotated, and how many files are kept.
     pub log_rotation: LogRotation,
+    /// containerd's `config_path`, where the registries' `hosts.toml` files are written (when
+    /// `runtime.registries` came from a file).
+    pub registry_config_path: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -124,6 +127,7 @@ impl AgentConfig {
             ingress_http_port: 80,
             ingress_https_port: 443,
             log_rotation: LogRotation::default(),
+            registry_config_path: None,
         }
     }
 }
@@ -150,6 +154,10 @@ pub enum AgentError {
     Dns(String),
     #[error("the kubelet endpoint on {addr}: {source} (another process holds the port? pass --kubelet-port)")]
     KubeletPort { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("the registries file: {0}")]
+    Registries(#[from] crate::kubelet::registries::RegistriesError),
+    #[error("writing the registries' hosts.toml files under {dir}: {source}")]
+    RegistryHosts { dir: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Task(#[from] TaskError),
 }
@@ -160,6 +168,10 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .await
         .map_err(|source| AgentError::Runtime { socket: cfg.containerd_socket.clone(), source })?;
     let runtime_version = format!("{}://{}", version.runtime_name, version.runtime_version);
+    if let Some(dir) = &cfg.registry_config_path {
+        crate::kubelet::containerd::write_registry_hosts(dir, &cfg.runtime.registries)
+            .map_err(|source| AgentError::RegistryHosts { dir: dir.clone(), source })?;
+    }
     let Some(Registered { pod_cidr, client, client_pair, serving, certificate_authority }) =
         register(&cfg, &runtime_version, &mut shutdown).await?
     else {

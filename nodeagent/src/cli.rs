@@ -6,6 +6,7 @@ use crate::{
     controlplane::ControlPlaneError,
     kubelet::logs::rotate::LogRotation,
     kubelet::node::{self, pressure::EvictionHard},
+    kubelet::registries::{Registries, RegistriesError},
     network::cidr::Ipv4Cidr,
     network::proxy,
 };
@@ -110,6 +111,22 @@ pub struct AgentArgs {
     /// containerLogMaxFiles).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(2..))]
     pub container_log_max_files: u16,
+    /// Registry mirrors and credentials for the whole node, k3s' `registries.yaml` format
+    /// (`mirrors: {docker.io: {endpoint: [...]}}`, `configs: {host: {auth: ..., tls: ...}}`).
+    #[arg(long)]
+    pub registries: Option<PathBuf>,
+    /// containerd's `config_path` (its CRI registry setting), where the registries file's
+    /// `<host>/hosts.toml` files are written.
+    #[arg(long, default_value = "/etc/containerd/certs.d")]
+    pub registry_config_path: PathBuf,
+}
+
+/// Reads and checks a registries file (`--registries`).
+pub fn read_registries(file: &std::path::Path) -> Result<Registries, RegistriesError> {
+    let name = file.display().to_string();
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| RegistriesError { file: name.clone(), why: format!("reading it: {e}") })?;
+    Registries::parse(&name, &text)
 }
 
 /// A size as a Kubernetes quantity (`10Mi`, `500k`, `1048576`).
@@ -150,6 +167,10 @@ impl AgentArgs {
         cfg.ingress_https_port = self.ingress_https_port;
         cfg.log_rotation =
             LogRotation { max_size: self.container_log_max_size, max_files: usize::from(self.container_log_max_files) };
+        if let Some(file) = self.registries {
+            cfg.runtime.registries = read_registries(&file)?;
+            cfg.registry_config_path = Some(self.registry_config_path);
+        }
         if let Some(file) = self.certificate_authority {
             let pem = std::fs::read_to_string(&file).map_err(|e| AgentError::BadCertificateAuthority {
                 file: file.clone(),

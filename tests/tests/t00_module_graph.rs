@@ -53,6 +53,7 @@ const PURE: &[&str] = &[
     "nodeagent/src/kubelet/logs/cri_log.rs",
     "nodeagent/src/kubelet/node/pressure.rs",
     "nodeagent/src/kubelet/prober/results.rs",
+    "nodeagent/src/kubelet/registries.rs",
     "nodeagent/src/kubelet/runtime/actions.rs",
     "nodeagent/src/kubelet/runtime/failures.rs",
     "nodeagent/src/kubelet/runtime/spec.rs",

@@ -127,6 +127,43 @@ fn t80_gitops_over_http_templates_webhooks_and_bad_commits() -> Result<()> {
     })?;
     println!("symlink: {}", leak["sync"]["errors"][0]);
 
+    // A kustomization (an overlay on a base, a generated ConfigMap) is built by kustomize; one
+    // with a remote base is refused by the push itself, naming the kustomization.
+    apps.write("kust.yaml", &application("kust", "kust", "  path: overlays/prod\n"))?;
+    apps.commit("a kustomized Application")?;
+    apps.push(&format!("{authenticated}/bootstrap.git"))?;
+    let kust = wait_for(DEADLINE, || {
+        Worktree::clone(format!("{authenticated}/kust.git"), cluster.dir.path().join("kust")).ok()
+    })
+    .context("cloning the kust repository")?;
+    std::fs::create_dir_all(kust.dir.join("base"))?;
+    std::fs::create_dir_all(kust.dir.join("overlays/prod"))?;
+    kust.write("base/kustomization.yaml", "resources: [settings.yaml]\n")?;
+    kust.write(
+        "base/settings.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  tier: base\n",
+    )?;
+    kust.write(
+        "overlays/prod/kustomization.yaml",
+        "namePrefix: prod-\nresources: [../../base]\nconfigMapGenerator:\n- name: flags\n  literals: [debug=false]\n",
+    )?;
+    kust.commit("an overlay on a base")?;
+    kust.push(&format!("{authenticated}/kust.git"))?;
+    let built = wait_for(DEADLINE, || config_map(&cluster, "prod-settings")).context("the overlay's ConfigMap")?;
+    ensure!(built["data"]["tier"] == "base", "built: {built}");
+    let status = wait_app(&cluster, "kust", "synced", |s| s["sync"]["status"] == "Synced")?;
+    ensure!(status["sync"]["changes"]["created"] == 2, "the overlay's ConfigMap and the generated one: {status}");
+    let names =
+        get(&cluster, "/api/v1/namespaces/default/configmaps").map(|l| l["items"].to_string()).unwrap_or_default();
+    ensure!(names.contains("\"prod-flags-"), "the generated ConfigMap, named with its hash: {names}");
+    kust.write("overlays/prod/kustomization.yaml", "resources: [github.com/example/base?ref=v1]\n")?;
+    kust.commit("a remote base")?;
+    let refused = kust.push(&format!("{authenticated}/kust.git")).unwrap_err().to_string();
+    ensure!(
+        refused.contains("overlays/prod/kustomization.yaml") && refused.contains("remote base"),
+        "the push names the remote base: {refused}"
+    );
+
     // `..` in an Application's path is refused.
     apps.write("escape.yaml", &application("escape", "web", "  path: ../web\n"))?;
     apps.commit("an escaping path")?;

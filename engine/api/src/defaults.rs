@@ -13,6 +13,16 @@ pub fn apply(object: &mut Value) {
     if (api_version.as_str(), kind.as_str()) == ("v1", "Secret") {
         set(object.as_object_mut(), "type", json!("Opaque"));
     }
+    if (api_version.as_str(), kind.as_str()) == ("storage.k8s.io/v1", "StorageClass") {
+        set(object.as_object_mut(), "reclaimPolicy", json!("Delete"));
+        set(object.as_object_mut(), "volumeBindingMode", json!("Immediate"));
+    }
+    if let ("v1", "PersistentVolumeClaim" | "PersistentVolume") = (api_version.as_str(), kind.as_str())
+        && let Some(object) = object.as_object_mut()
+    {
+        // A new claim or volume waits to be bound; an update keeps the stored status anyway.
+        set(Some(entry(object, "status")), "phase", json!("Pending"));
+    }
     let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) else { return };
     match (api_version.as_str(), kind.as_str()) {
         ("v1", "Pod") => pod_spec(spec),
@@ -33,6 +43,27 @@ pub fn apply(object: &mut Value) {
             set(Some(spec), "replicas", json!(1));
             template(spec);
         }
+        ("apps/v1", "StatefulSet") => {
+            set(Some(spec), "replicas", json!(1));
+            set(Some(spec), "podManagementPolicy", json!("OrderedReady"));
+            set(Some(spec), "revisionHistoryLimit", json!(10));
+            let strategy = entry(spec, "updateStrategy");
+            set(Some(strategy), "type", json!("RollingUpdate"));
+            if strategy["type"] == "RollingUpdate" {
+                set(Some(entry(strategy, "rollingUpdate")), "partition", json!(0));
+            }
+            let retention = entry(spec, "persistentVolumeClaimRetentionPolicy");
+            set(Some(retention), "whenDeleted", json!("Retain"));
+            set(Some(retention), "whenScaled", json!("Retain"));
+            for claim in items(spec, "volumeClaimTemplates") {
+                let claim_spec = entry(claim, "spec");
+                set(Some(claim_spec), "volumeMode", json!("Filesystem"));
+                set(Some(claim), "apiVersion", json!("v1"));
+                set(Some(claim), "kind", json!("PersistentVolumeClaim"));
+                set(Some(entry(claim, "status")), "phase", json!("Pending"));
+            }
+            template(spec);
+        }
         ("batch/v1", "Job") => {
             if spec.get("completions").is_none() && spec.get("parallelism").is_none() {
                 spec.insert("completions".into(), json!(1));
@@ -45,6 +76,12 @@ pub fn apply(object: &mut Value) {
             template(spec);
         }
         ("v1", "Service") => service_spec(spec),
+        ("v1", "PersistentVolumeClaim") => set(Some(spec), "volumeMode", json!("Filesystem")),
+        ("v1", "PersistentVolume") => {
+            set(Some(spec), "persistentVolumeReclaimPolicy", json!("Retain"));
+            set(Some(spec), "volumeMode", json!("Filesystem"));
+            set(spec.get_mut("hostPath").and_then(Value::as_object_mut), "type", json!(""));
+        }
         ("networking.k8s.io/v1", "NetworkPolicy") => {
             if spec.get("policyTypes").is_none() {
                 let mut types = vec![json!("Ingress")];
@@ -210,5 +247,62 @@ mod tests {
         apply(&mut p);
         assert_eq!(p["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
         assert_eq!(p["spec"]["egress"][0]["ports"][0]["protocol"], "TCP");
+    }
+
+    #[test]
+    fn a_stateful_set_as_the_api_server_stores_it() {
+        let mut s = json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {"serviceName": "nginx",
+            "template": {"spec": {"containers": [{"name": "nginx", "image": "registry.k8s.io/nginx-slim:0.21"}]}},
+            "volumeClaimTemplates": [{"metadata": {"name": "www"}, "spec": {"accessModes": ["ReadWriteOnce"]}}]}});
+        apply(&mut s);
+        let spec = &s["spec"];
+        assert_eq!((spec["replicas"].as_i64(), spec["revisionHistoryLimit"].as_i64()), (Some(1), Some(10)));
+        assert_eq!(spec["podManagementPolicy"], "OrderedReady");
+        assert_eq!(spec["updateStrategy"], json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}));
+        assert_eq!(
+            spec["persistentVolumeClaimRetentionPolicy"],
+            json!({"whenDeleted": "Retain", "whenScaled": "Retain"})
+        );
+        let claim = &spec["volumeClaimTemplates"][0];
+        assert_eq!(
+            (claim["spec"]["volumeMode"].as_str(), claim["status"]["phase"].as_str()),
+            (Some("Filesystem"), Some("Pending"))
+        );
+        assert_eq!(spec["template"]["spec"]["restartPolicy"], "Always");
+        let mut on_delete =
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "spec": {"updateStrategy": {"type": "OnDelete"}}});
+        apply(&mut on_delete);
+        assert_eq!(on_delete["spec"]["updateStrategy"], json!({"type": "OnDelete"}));
+    }
+
+    #[test]
+    fn claims_volumes_and_classes() {
+        let cases = [
+            (
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "spec": {"accessModes": ["ReadWriteOnce"]}}),
+                json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}),
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "PersistentVolume", "spec": {"hostPath": {"path": "/data"}}}),
+                json!({"apiVersion": "v1", "kind": "PersistentVolume", "spec": {"hostPath": {"path": "/data", "type": ""},
+                    "persistentVolumeReclaimPolicy": "Retain", "volumeMode": "Filesystem"}, "status": {"phase": "Pending"}}),
+            ),
+            (
+                json!({"apiVersion": "v1", "kind": "PersistentVolume", "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                    "volumeMode": "Block"}, "status": {"phase": "Bound"}}),
+                json!({"apiVersion": "v1", "kind": "PersistentVolume", "spec": {"persistentVolumeReclaimPolicy": "Delete",
+                    "volumeMode": "Block"}, "status": {"phase": "Bound"}}),
+            ),
+            (
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "x"}),
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "x",
+                    "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate"}),
+            ),
+        ];
+        for (mut object, want) in cases {
+            apply(&mut object);
+            assert_eq!(object, want);
+        }
     }
 }

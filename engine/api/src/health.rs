@@ -1,6 +1,7 @@
 //! Health of what an Application applied, per kind, as Argo CD assesses it: a Deployment or a
-//! ReplicaSet by its rollout, a Pod by its readiness, a Service by its ready endpoints, a Job by
-//! its outcome. The Application's health is the worst of its objects'.
+//! ReplicaSet or StatefulSet by its rollout, a Pod by its readiness, a Service by its ready
+//! endpoints, a Job by its outcome, a PersistentVolumeClaim by its phase. The Application's health
+//! is the worst of its objects'.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -29,7 +30,16 @@ impl Health {
 /// Whether objects of `kind` (`Kind.group`) have a health rule: the others are healthy once
 /// they exist.
 pub fn assessed(kind: &str) -> bool {
-    matches!(kind, "Deployment.apps" | "ReplicaSet.apps" | "Job.batch" | "Pod" | "Service")
+    matches!(
+        kind,
+        "Deployment.apps"
+            | "ReplicaSet.apps"
+            | "StatefulSet.apps"
+            | "Job.batch"
+            | "Pod"
+            | "Service"
+            | "PersistentVolumeClaim"
+    )
 }
 
 /// The health of `object`, of kind `kind` (`Deployment`, …); kinds without a rule are healthy.
@@ -37,9 +47,11 @@ pub fn of(kind: &str, object: &Value, pods: &Pods<'_>) -> (Health, String) {
     match kind {
         "Deployment" => deployment(object),
         "ReplicaSet" => replica_set(object),
+        "StatefulSet" => stateful_set(object),
         "Job" => job(object),
         "Pod" => pod(object),
         "Service" => service(object, pods),
+        "PersistentVolumeClaim" => persistent_volume_claim(object),
         _ => (Health::Healthy, String::new()),
     }
 }
@@ -134,6 +146,41 @@ pub fn replica_set(rs: &Value) -> (Health, String) {
     (Health::Healthy, String::new())
 }
 
+/// A StatefulSet, as Argo CD (kubectl's rollout status): progressing until its controller saw
+/// the latest spec and every replica is ready; then a RollingUpdate is healthy once the Pods
+/// above the partition are updated, OnDelete at once.
+pub fn stateful_set(sts: &Value) -> (Health, String) {
+    let generation = sts["metadata"]["generation"].as_i64().unwrap_or(0);
+    let status = &sts["status"];
+    let num = |f: &str| status[f].as_i64().unwrap_or(0);
+    let observed = num("observedGeneration");
+    if observed == 0 || observed < generation {
+        return (Health::Progressing, "Waiting for statefulset spec update to be observed...".into());
+    }
+    let want = sts["spec"]["replicas"].as_i64().unwrap_or(1);
+    let ready = num("readyReplicas");
+    if ready < want {
+        return (Health::Progressing, format!("Waiting for {} pods to be ready...", want - ready));
+    }
+    let strategy = &sts["spec"]["updateStrategy"];
+    match strategy["type"].as_str().unwrap_or("RollingUpdate") {
+        "OnDelete" => (Health::Healthy, format!("statefulset has {ready} ready pods")),
+        _ => {
+            let updated = num("updatedReplicas");
+            let partitioned = want - strategy["rollingUpdate"]["partition"].as_i64().unwrap_or(0);
+            if updated < partitioned {
+                return (
+                    Health::Progressing,
+                    format!(
+                        "Waiting for partitioned roll out to finish: {updated} out of {partitioned} new pods have been updated..."
+                    ),
+                );
+            }
+            (Health::Healthy, format!("partitioned roll out complete: {updated} new pods have been updated..."))
+        }
+    }
+}
+
 /// A Job: healthy once Complete, degraded once Failed, progressing while its Pods run.
 pub fn job(j: &Value) -> (Health, String) {
     let status = &j["status"];
@@ -153,6 +200,16 @@ pub fn job(j: &Value) -> (Health, String) {
             let succeeded = status["succeeded"].as_i64().unwrap_or(0);
             (Health::Progressing, format!("{succeeded} of {completions} completions"))
         }
+    }
+}
+
+/// A claim: healthy once Bound, degraded once Lost, progressing while Pending (a
+/// WaitForFirstConsumer claim waits there for its first Pod).
+pub fn persistent_volume_claim(c: &Value) -> (Health, String) {
+    match c["status"]["phase"].as_str() {
+        Some("Bound") => (Health::Healthy, String::new()),
+        Some("Lost") => (Health::Degraded, "the bound volume is gone".into()),
+        _ => (Health::Progressing, "waiting for a volume to be bound".into()),
     }
 }
 
@@ -225,6 +282,16 @@ mod tests {
     }
 
     #[test]
+    fn claims() {
+        let c = |phase: &str| json!({"status": {"phase": phase}});
+        for (phase, health) in
+            [("Bound", Health::Healthy), ("Pending", Health::Progressing), ("Lost", Health::Degraded)]
+        {
+            assert_eq!(persistent_volume_claim(&c(phase)).0, health, "{phase}");
+        }
+    }
+
+    #[test]
     fn jobs() {
         let j = |conditions: Value| json!({"spec": {"completions": 3}, "status": {"succeeded": 1, "conditions": conditions}});
         assert_eq!(job(&j(json!([]))), (Health::Progressing, "1 of 3 completions".into()));
@@ -276,6 +343,29 @@ mod tests {
         let unobserved =
             json!({"metadata": {"generation": 2}, "spec": {"replicas": 0}, "status": {"observedGeneration": 1}});
         assert_eq!(replica_set(&unobserved).0, Health::Progressing);
+    }
+
+    #[test]
+    fn stateful_sets() {
+        let sts = |observed: i64, ready: i64, updated: i64, strategy: Value| {
+            json!({"metadata": {"generation": 2}, "spec": {"replicas": 3, "updateStrategy": strategy},
+                   "status": {"observedGeneration": observed, "readyReplicas": ready, "updatedReplicas": updated}})
+        };
+        let rolling = |partition: i64| json!({"type": "RollingUpdate", "rollingUpdate": {"partition": partition}});
+        #[rustfmt::skip]
+        let cases = [
+            ("spec not observed", sts(1, 3, 3, rolling(0)), Health::Progressing, "Waiting for statefulset spec update to be observed..."),
+            ("not all ready", sts(2, 1, 3, rolling(0)), Health::Progressing, "Waiting for 2 pods to be ready..."),
+            ("rolling", sts(2, 3, 1, rolling(0)), Health::Progressing,
+             "Waiting for partitioned roll out to finish: 1 out of 3 new pods have been updated..."),
+            ("above the partition done", sts(2, 3, 1, rolling(2)), Health::Healthy,
+             "partitioned roll out complete: 1 new pods have been updated..."),
+            ("OnDelete", sts(2, 3, 0, json!({"type": "OnDelete"})), Health::Healthy, "statefulset has 3 ready pods"),
+        ];
+        assert!(assessed("StatefulSet.apps"));
+        for (what, object, health, message) in cases {
+            assert_eq!(of("StatefulSet", &object, &Pods::new(&[])), (health, message.to_owned()), "{what}");
+        }
     }
 
     #[test]

@@ -2,11 +2,12 @@
 
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
+    apps::v1::{Deployment, ReplicaSet, StatefulSet},
     batch::v1::Job,
-    core::v1::{ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount},
+    core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount},
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+    storage::v1::StorageClass,
 };
 use kube_core::Resource;
 use schemars::JsonSchema;
@@ -60,6 +61,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
+        KindInfo::of::<StatefulSet>(true),
         KindInfo::of::<Job>(true),
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
@@ -68,6 +70,9 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<ClusterRole>(false),
         KindInfo::of::<RoleBinding>(true),
         KindInfo::of::<ClusterRoleBinding>(false),
+        KindInfo::of::<PersistentVolumeClaim>(true),
+        KindInfo::of::<PersistentVolume>(false),
+        KindInfo::of::<StorageClass>(false),
         KindInfo::of::<crate::Application>(true),
     ]
 });

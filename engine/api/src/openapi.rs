@@ -4,13 +4,17 @@
 //! carries `x-kubernetes-group-version-kind`, which `kubectl explain` looks kinds up by.
 
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet},
+    apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
     batch::v1::Job,
     coordination::v1::Lease,
-    core::v1::{ConfigMap, Endpoints, Event, Namespace, Node, Pod, Secret, Service, ServiceAccount},
+    core::v1::{
+        ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service,
+        ServiceAccount,
+    },
     discovery::v1::EndpointSlice,
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
+    storage::v1::StorageClass,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_core::Resource;
@@ -130,6 +134,8 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Namespace>();
     b.add::<Deployment>();
     b.add::<ReplicaSet>();
+    b.add::<StatefulSet>();
+    b.add::<ControllerRevision>();
     b.add::<Job>();
     b.add::<EndpointSlice>();
     b.add::<Lease>();
@@ -140,6 +146,9 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<ClusterRole>();
     b.add::<RoleBinding>();
     b.add::<ClusterRoleBinding>();
+    b.add::<PersistentVolumeClaim>();
+    b.add::<PersistentVolume>();
+    b.add::<StorageClass>();
     b.add::<crate::Application>();
     let metadata = b.generator.subschema_for::<ObjectMeta>().to_value();
     let mut schemas = b.generator.take_definitions(true);
@@ -218,7 +227,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 22);
+            assert_eq!(d.roots.len(), 27);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some("v1")));

@@ -58,8 +58,12 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "statefulsets" => &["sts"],
         "ingresses" => &["ing"],
         "networkpolicies" => &["netpol"],
+        "persistentvolumeclaims" => &["pvc"],
+        "persistentvolumes" => &["pv"],
+        "storageclasses" => &["sc"],
         // As Argo CD names its Applications.
         "applications" => &["app"],
         _ => &[],
@@ -69,7 +73,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
 /// The `all` category holds the workloads and Services, as in Kubernetes (`kubectl get all`).
 fn categories(r: &Resource) -> &'static [&'static str] {
     match r.plural {
-        "pods" | "services" | "deployments" | "replicasets" | "jobs" => &["all"],
+        "pods" | "services" | "deployments" | "replicasets" | "statefulsets" | "jobs" => &["all"],
         _ => &[],
     }
 }
@@ -79,7 +83,8 @@ fn categories(r: &Resource) -> &'static [&'static str] {
 fn subresources(r: &Resource) -> &'static [&'static str] {
     match r.plural {
         "pods" => &["attach", "exec", "log", "portforward", "status"],
-        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses" => &[],
+        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses"
+        | "storageclasses" => &[],
         _ => &["status"],
     }
 }
@@ -327,6 +332,8 @@ mod tests {
             ("namespaces", "ns"),
             ("nodes", "no"),
             ("events", "ev"),
+            ("persistentvolumeclaims", "pvc"),
+            ("persistentvolumes", "pv"),
         ] {
             assert_eq!(resource(&core, plural)["shortNames"][0], short, "{plural}");
         }
@@ -344,11 +351,13 @@ mod tests {
                 "networking.k8s.io",
                 "coordination.k8s.io",
                 "rbac.authorization.k8s.io",
+                "storage.k8s.io",
                 "gitplane.io",
                 "metrics.k8s.io"
             ]
         );
         assert_eq!(resource(&groups, "networkpolicies")["shortNames"], json!(["netpol"]));
+        assert_eq!(resource(&groups, "storageclasses")["shortNames"], json!(["sc"]));
         let deployments = resource(&groups, "deployments");
         assert_eq!((&deployments["shortNames"], &deployments["categories"]), (&json!(["deploy"]), &json!(["all"])));
         assert_eq!(deployments["responseKind"], json!({"group": "apps", "version": "v1", "kind": "Deployment"}));

@@ -117,6 +117,8 @@ fn columns(kind: &str) -> Vec<Value> {
             .into_iter()
             .chain(workload)
             .collect(),
+        // As kubectl prints a StatefulSet: no selector column.
+        "StatefulSet" => vec![("Name", S, 0), ("Ready", S, 0), ("Age", S, 0), ("Containers", S, 1), ("Images", S, 1)],
         "Job" => [("Name", S, 0), ("Status", S, 0), ("Completions", S, 0), ("Duration", S, 0), ("Age", S, 0)]
             .into_iter()
             .chain(workload)
@@ -160,11 +162,44 @@ fn columns(kind: &str) -> Vec<Value> {
             ("ServiceAccounts", S, 1),
         ],
         "Lease" => vec![("Name", S, 0), ("Holder", S, 0), ("Age", S, 0)],
+        "ControllerRevision" => vec![("Name", S, 0), ("Controller", S, 0), ("Revision", I, 0), ("Age", S, 0)],
         "Ingress" => {
             vec![("Name", S, 0), ("Class", S, 0), ("Hosts", S, 0), ("Address", S, 0), ("Ports", S, 0), ("Age", S, 0)]
         }
         "IngressClass" => vec![("Name", S, 0), ("Controller", S, 0), ("Parameters", S, 0), ("Age", S, 0)],
         "NetworkPolicy" => vec![("Name", S, 0), ("Pod-Selector", S, 0), ("Age", S, 0)],
+        "PersistentVolumeClaim" => vec![
+            ("Name", S, 0),
+            ("Status", S, 0),
+            ("Volume", S, 0),
+            ("Capacity", S, 0),
+            ("Access Modes", S, 0),
+            ("StorageClass", S, 0),
+            ("VolumeAttributesClass", S, 0),
+            ("Age", S, 0),
+            ("VolumeMode", S, 1),
+        ],
+        "PersistentVolume" => vec![
+            ("Name", S, 0),
+            ("Capacity", S, 0),
+            ("Access Modes", S, 0),
+            ("Reclaim Policy", S, 0),
+            ("Status", S, 0),
+            ("Claim", S, 0),
+            ("StorageClass", S, 0),
+            ("VolumeAttributesClass", S, 0),
+            ("Reason", S, 0),
+            ("Age", S, 0),
+            ("VolumeMode", S, 1),
+        ],
+        "StorageClass" => vec![
+            ("Name", S, 0),
+            ("Provisioner", S, 0),
+            ("ReclaimPolicy", S, 0),
+            ("VolumeBindingMode", S, 0),
+            ("AllowVolumeExpansion", S, 0),
+            ("Age", S, 0),
+        ],
         "Event" => vec![
             ("Last Seen", S, 0),
             ("Type", S, 0),
@@ -386,6 +421,11 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
             row.extend(workload(spec));
             row
         }
+        "StatefulSet" => {
+            let want = spec["replicas"].as_i64().unwrap_or(1);
+            let [containers, images, _] = workload(spec);
+            vec![name, cell(format!("{}/{want}", int(&status["readyReplicas"]))), age, containers, images]
+        }
         "Job" => {
             let state = if condition_true(status, "Complete") {
                 "Complete"
@@ -569,7 +609,80 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
             vec![name, cell(role), age, subjects("User"), subjects("Group"), subjects("ServiceAccount")]
         }
         "Lease" => vec![name, cell(spec["holderIdentity"].as_str().unwrap_or("<unknown>")), age],
+        "ControllerRevision" => {
+            // As kubectl: `statefulset.apps/web`, the controller owner's kind and group.
+            let controller = array(&o["metadata"]["ownerReferences"])
+                .find(|r| r["controller"] == true)
+                .map(|r| {
+                    let group =
+                        text(&r["apiVersion"]).rsplit_once('/').map(|(g, _)| format!(".{g}")).unwrap_or_default();
+                    format!("{}{group}/{}", text(&r["kind"]).to_lowercase(), text(&r["name"]))
+                })
+                .unwrap_or_else(|| "<none>".into());
+            vec![name, cell(controller), cell(int(&o["revision"])), age]
+        }
         "NetworkPolicy" => vec![name, cell(selector(&spec["podSelector"])), age],
+        "PersistentVolumeClaim" => {
+            // Capacity and access modes are the bound volume's, shown once a volume is named.
+            let bound = spec["volumeName"].as_str().is_some_and(|v| !v.is_empty());
+            let (capacity, modes) = match bound {
+                true => (text(&status["capacity"]["storage"]), access_modes(&status["accessModes"])),
+                false => (String::new(), String::new()),
+            };
+            let class = o["metadata"]["annotations"][BETA_STORAGE_CLASS]
+                .as_str()
+                .map_or_else(|| text(&spec["storageClassName"]), str::to_owned);
+            vec![
+                name,
+                cell(terminating_or(o, &status["phase"])),
+                cell(text(&spec["volumeName"])),
+                cell(capacity),
+                cell(modes),
+                cell(class),
+                cell(or_unset(&spec["volumeAttributesClassName"])),
+                age,
+                cell(or_unset(&spec["volumeMode"])),
+            ]
+        }
+        "PersistentVolume" => {
+            let claim = &spec["claimRef"];
+            let claim = match claim.is_object() {
+                true => format!("{}/{}", text(&claim["namespace"]), text(&claim["name"])),
+                false => String::new(),
+            };
+            let class = o["metadata"]["annotations"][BETA_STORAGE_CLASS]
+                .as_str()
+                .map_or_else(|| text(&spec["storageClassName"]), str::to_owned);
+            vec![
+                name,
+                cell(text(&spec["capacity"]["storage"])),
+                cell(access_modes(&spec["accessModes"])),
+                cell(text(&spec["persistentVolumeReclaimPolicy"])),
+                cell(terminating_or(o, &status["phase"])),
+                cell(claim),
+                cell(class),
+                cell(or_unset(&spec["volumeAttributesClassName"])),
+                cell(text(&status["reason"])),
+                age,
+                cell(or_unset(&spec["volumeMode"])),
+            ]
+        }
+        "StorageClass" => {
+            let default = o["metadata"]["annotations"][DEFAULT_CLASS] == "true"
+                || o["metadata"]["annotations"][BETA_DEFAULT_CLASS] == "true";
+            let name = match default {
+                true => cell(format!("{} (default)", text(&o["metadata"]["name"]))),
+                false => name,
+            };
+            vec![
+                name,
+                cell(text(&o["provisioner"])),
+                cell(o["reclaimPolicy"].as_str().unwrap_or("Delete")),
+                cell(o["volumeBindingMode"].as_str().unwrap_or("Immediate")),
+                cell(o["allowVolumeExpansion"].as_bool().unwrap_or(false)),
+                age,
+            ]
+        }
         "Application" => {
             let revision = status["sync"]["revision"].as_str().map(|r| r.get(..12).unwrap_or(r)).unwrap_or("<none>");
             vec![
@@ -619,6 +732,34 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
         }
         _ => vec![name, age],
     }
+}
+
+/// The annotation older claims and volumes name their class by, ahead of `storageClassName`.
+const BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
+const DEFAULT_CLASS: &str = "storageclass.kubernetes.io/is-default-class";
+const BETA_DEFAULT_CLASS: &str = "storageclass.beta.kubernetes.io/is-default-class";
+
+/// Access modes as kubectl abbreviates them, in its fixed order (`RWO,ROX`).
+fn access_modes(modes: &Value) -> String {
+    let has = |mode: &str| array(modes).any(|m| m == mode);
+    [("ReadWriteOnce", "RWO"), ("ReadOnlyMany", "ROX"), ("ReadWriteMany", "RWX"), ("ReadWriteOncePod", "RWOP")]
+        .into_iter()
+        .filter(|(mode, _)| has(mode))
+        .map(|(_, short)| short)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A phase, or `Terminating` once the object is being deleted.
+fn terminating_or(o: &Value, phase: &Value) -> String {
+    match o["metadata"]["deletionTimestamp"].is_string() {
+        true => "Terminating".to_owned(),
+        false => text(phase),
+    }
+}
+
+fn or_unset(v: &Value) -> String {
+    v.as_str().unwrap_or("<unset>").to_owned()
 }
 
 fn array(v: &Value) -> impl Iterator<Item = &Value> {
@@ -1027,6 +1168,15 @@ mod tests {
             t["rows"][0]["cells"],
             json!(["web-5d4f", 3, 3, 1, "<unknown>", "web,log", "httpd:1,busybox", "app=web"])
         );
+        let sts = json!({"metadata": {"name": "web"}, "spec": {"replicas": 2, "template": template}, "status": {"readyReplicas": 1}});
+        let t = table("StatefulSet", &[sts], "1", now());
+        assert_eq!(names(&t), ["Name", "Ready", "Age", "Containers", "Images"]);
+        assert_eq!(wide(&t), ["Containers", "Images"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["web", "1/2", "<unknown>", "web,log", "httpd:1,busybox"]));
+        let revision = json!({"metadata": {"name": "web-7bd9f5c8d6", "ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s1", "controller": true}]}, "revision": 2});
+        let t = table("ControllerRevision", &[revision], "1", now());
+        assert_eq!(t["rows"][0]["cells"], json!(["web-7bd9f5c8d6", "statefulset.apps/web", 2, "<unknown>"]));
     }
 
     #[test]
@@ -1135,6 +1285,81 @@ mod tests {
     }
 
     #[test]
+    fn storage_rows_read_like_kubectl() {
+        let claim = |volume: &str| {
+            json!({"metadata": {"name": "data"}, "spec": {"volumeName": volume, "storageClassName": "local-path",
+                "volumeMode": "Filesystem", "resources": {"requests": {"storage": "1Gi"}}},
+                "status": {"phase": if volume.is_empty() { "Pending" } else { "Bound" },
+                    "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany", "ReadWriteOnce"]}})
+        };
+        let volume = json!({"metadata": {"name": "pv-1", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"capacity": {"storage": "5Gi"}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain", "claimRef": {"namespace": "default", "name": "data"}},
+            "status": {"phase": "Bound"}});
+        let class = json!({"metadata": {"name": "local-path",
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "gitplane.io/local-path", "volumeBindingMode": "WaitForFirstConsumer"});
+        let cases: Vec<(&str, Value, Vec<Value>)> = vec![
+            (
+                "PersistentVolumeClaim",
+                claim("pv-1"),
+                vec![
+                    json!("data"),
+                    json!("Bound"),
+                    json!("pv-1"),
+                    json!("1Gi"),
+                    json!("RWO,RWX"),
+                    json!("local-path"),
+                    json!("<unset>"),
+                ],
+            ),
+            (
+                "PersistentVolumeClaim",
+                claim(""),
+                vec![
+                    json!("data"),
+                    json!("Pending"),
+                    json!(""),
+                    json!(""),
+                    json!(""),
+                    json!("local-path"),
+                    json!("<unset>"),
+                ],
+            ),
+            (
+                "PersistentVolume",
+                volume,
+                vec![
+                    json!("pv-1"),
+                    json!("5Gi"),
+                    json!("RWO"),
+                    json!("Retain"),
+                    json!("Terminating"),
+                    json!("default/data"),
+                    json!(""),
+                    json!("<unset>"),
+                    json!(""),
+                ],
+            ),
+            (
+                "StorageClass",
+                class,
+                vec![
+                    json!("local-path (default)"),
+                    json!("gitplane.io/local-path"),
+                    json!("Delete"),
+                    json!("WaitForFirstConsumer"),
+                    json!(false),
+                ],
+            ),
+        ];
+        for (kind, object, want) in cases {
+            let cells = row(kind, object);
+            assert_eq!(cells[..want.len()], want[..], "{kind}");
+        }
+    }
+
+    #[test]
     fn events_show_last_seen_object_and_wide_source_and_count() {
         let event = json!({"metadata": {"name": "web-1.17f0"}, "type": "Normal", "reason": "Scheduled",
                            "involvedObject": {"kind": "Pod", "name": "web-1", "fieldPath": "spec.containers{web}"},
@@ -1189,10 +1414,15 @@ mod tests {
             "Namespace",
             "Deployment",
             "ReplicaSet",
+            "StatefulSet",
+            "ControllerRevision",
             "Job",
             "EndpointSlice",
             "Lease",
             "NetworkPolicy",
+            "PersistentVolumeClaim",
+            "PersistentVolume",
+            "StorageClass",
             "Application",
         ] {
             let t = table(kind, &[json!({"metadata": {"name": "x"}})], "1", now());

@@ -4,6 +4,7 @@
 //! write throughput and latency, leader failover, and watch fan-out. `gitplane-bench source`
 //! measures the GitOps source against the bare YAML parse and `kubectl kustomize`;
 //! `gitplane-bench services` Services across the nodes of `gitplane up --nodes`; `gitplane-bench
+//! statefulset` StatefulSet rollouts against a Deployment's there; `gitplane-bench
 //! podstart` Pod start on one node against bare CRI calls; `gitplane-bench api` reads of the status
 //! API with 150,000 Pods stored. Progress goes to
 //! stderr, one Markdown table to stdout.
@@ -25,6 +26,7 @@ mod podstart;
 mod procs;
 mod services;
 mod source;
+mod statefulset;
 mod up;
 mod watch;
 
@@ -91,6 +93,10 @@ enum Command {
     /// 10,000 manifests, against the same pushes without it, in one run. Prints one Markdown
     /// table.
     PushVerdict(source::PushVerdictArgs),
+    /// StatefulSet rollout on `gitplane up --nodes 3`: from `git push` to every Pod Ready, with
+    /// OrderedReady and Parallel, against a Deployment of as many Pods in the same run. Prints
+    /// one Markdown table.
+    Statefulset(statefulset::StatefulSetArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -196,6 +202,7 @@ fn main() -> Result<()> {
         Command::Services(args) => services::main(args),
         Command::Netpol(args) => netpol::main(args),
         Command::Idle(args) => idle::main(args),
+        Command::Statefulset(args) => statefulset::main(args),
         Command::Podstart(args) => podstart::main(args),
         Command::Api(args) => api::main(args),
         Command::Page(args) => page::main(args),

@@ -3,7 +3,11 @@
 use crate::{Action, Context, ReconcileError, Reconciler};
 use gitplane_api::object::{group_kind, kind_of, resource_version};
 use gitplane_store::{Event, EventType, ObjectKey, Op, informer::Cache};
-use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::Pod, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    apps::v1::{ControllerRevision, ReplicaSet},
+    core::v1::{PersistentVolumeClaim, Pod},
+    discovery::v1::EndpointSlice,
+};
 use serde_json::Value;
 use std::sync::LazyLock;
 
@@ -15,9 +19,16 @@ pub struct GarbageCollector;
 /// bypass.
 static COLLECTED: LazyLock<Vec<String>> = LazyLock::new(crate::watched_kinds);
 
-/// The kinds that have owners in gitplane.
-fn dependent_kinds() -> [String; 3] {
-    [kind_of::<ReplicaSet>(), kind_of::<Pod>(), kind_of::<EndpointSlice>()]
+/// The kinds that have owners in gitplane (a claim: its StatefulSet or Pod, as the set's
+/// retention policy says).
+fn dependent_kinds() -> [String; 5] {
+    [
+        kind_of::<ReplicaSet>(),
+        kind_of::<Pod>(),
+        kind_of::<EndpointSlice>(),
+        kind_of::<ControllerRevision>(),
+        kind_of::<PersistentVolumeClaim>(),
+    ]
 }
 
 fn owner_refs(object: &Value) -> impl Iterator<Item = &Value> {

@@ -23,6 +23,7 @@ pub mod plan;
 pub mod replicaset;
 pub mod runtime;
 pub mod serviceaccounts;
+pub mod statefulset;
 pub mod taint_eviction;
 
 pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
@@ -34,10 +35,10 @@ use std::sync::Arc;
 pub fn watched_kinds() -> Vec<String> {
     use gitplane_api::object::kind_of;
     use k8s_openapi::api::{
-        apps::v1::{Deployment, ReplicaSet},
+        apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
         batch::v1::Job,
         coordination::v1::Lease,
-        core::v1::{Endpoints, Node, Pod, Service},
+        core::v1::{Endpoints, Node, PersistentVolumeClaim, Pod, Service},
         discovery::v1::EndpointSlice,
         networking::v1::{Ingress, IngressClass},
     };
@@ -45,6 +46,9 @@ pub fn watched_kinds() -> Vec<String> {
     vec![
         kind_of::<Deployment>(),
         kind_of::<ReplicaSet>(),
+        kind_of::<StatefulSet>(),
+        kind_of::<ControllerRevision>(),
+        kind_of::<PersistentVolumeClaim>(),
         kind_of::<Job>(),
         kind_of::<Pod>(),
         kind_of::<Node>(),
@@ -90,6 +94,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
     let mut tasks = vec![
         tokio::spawn(Controller::new(deployment::DeploymentController, ctx.clone()).run()),
         tokio::spawn(Controller::new(replicaset::ReplicaSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(statefulset::StatefulSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),

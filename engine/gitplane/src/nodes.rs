@@ -35,7 +35,7 @@ use std::{
 use tokio::{process::Child, sync::watch};
 
 /// The bridge's address, where the nodes reach the control plane.
-pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 29, 0, 1);
+pub use gitplane_testkit::node::GATEWAY;
 const PREFIX: u8 = 24;
 /// How long an agent may take to remove its Pods once asked to stop (it gives itself
 /// `agent::EXIT_DEADLINE`); then it is killed and the host's teardown kills what is left, so a
@@ -152,6 +152,8 @@ pub struct NodesConfig {
     pub kubelet_port: u16,
     pub container_log_max_size: String,
     pub container_log_max_files: u16,
+    /// The registries file every agent is given (`--registries`).
+    pub registries: Option<PathBuf>,
 }
 
 /// One node: its host, containerd and agent.
@@ -310,6 +312,9 @@ fn spawn_agent(cfg: &NodesConfig, node: &Place) -> anyhow::Result<Child> {
         // Its own process group: a Ctrl-C in the terminal reaches `gitplane up`, which stops
         // the agents in order, not every process at once.
         .process_group(0);
+    if let Some(file) = &cfg.registries {
+        agent.arg("--registries").arg(file).arg("--registry-config-path").arg(node.runtime.registry_config_path());
+    }
     let agent = tokio::process::Command::from(agent).spawn().with_context(|| format!("starting {name}'s agent"))?;
     tracing::info!(node = %name, pid = agent.id(), "agent started");
     Ok(agent)

@@ -28,6 +28,7 @@ use gitplane_nodeagent::{
     kubelet::images,
     kubelet::logs::rotate::LogRotation,
     kubelet::node::hostname,
+    kubelet::registries::Registries,
     kubelet::runtime::RuntimeConfig,
     network::cidr::Ipv4Cidr,
     network::proxy,
@@ -110,6 +111,11 @@ pub struct UpArgs {
     /// `<data-dir>/kubeconfig`). Reads from loopback need none.
     #[arg(long)]
     tokens_file: Option<PathBuf>,
+    /// Registry mirrors and credentials for every node, k3s' `registries.yaml` format
+    /// (`mirrors: {docker.io: {endpoint: ["http://..."]}}`, `configs: {host: {auth: ..., tls:
+    /// ...}}`, `"*"` for every registry); see `gitplane agent --registries`.
+    #[arg(long)]
+    registries: Option<PathBuf>,
 }
 
 pub async fn up(args: UpArgs) -> anyhow::Result<()> {
@@ -118,6 +124,11 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         bail!("gitplane up runs containers and programs networking: run it as root (sudo)");
     }
     let data_dir = absolute(&args.data_dir)?;
+    // Checked before anything starts: a typo in it is better told now than by every node.
+    let registries = match &args.registries {
+        Some(file) => Some((absolute(file)?, gitplane_nodeagent::cli::read_registries(file)?)),
+        None => None,
+    };
     gitplane_gitops::bootstrap::private_dir(&data_dir)?;
     let demo_repo = bootstrap::demo_repo(&args.repos_dir)?;
     let bootstrap_repo = bootstrap::bootstrap_repo(&args.repos_dir)?;
@@ -216,16 +227,26 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
             kubelet_port: args.kubelet_port,
             container_log_max_size: args.container_log_max_size.clone(),
             container_log_max_files: args.container_log_max_files,
+            registries: registries.map(|(file, _)| file),
         };
         let result = nodes::run(cfg, network, survivors, banner, stop_signal()).await;
         replica.shutdown().await;
         return result;
     }
 
+    let own_containerd = ContainerdConfig::new(data_dir.join("containerd"));
+    let registries = registries.map(|(_, registries)| {
+        // Another containerd's config_path is its own business: containerd's usual place.
+        let dir = match &args.containerd_socket {
+            Some(_) => PathBuf::from("/etc/containerd/certs.d"),
+            None => own_containerd.registry_config_path(),
+        };
+        (dir, registries)
+    });
     let (runtime, supervising) = match &args.containerd_socket {
         Some(socket) => ((socket.clone(), data_dir.join("cni/net.d")), None),
         None => {
-            let cfg = ContainerdConfig::new(data_dir.join("containerd"));
+            let cfg = own_containerd;
             let containerd = Containerd::start(cfg).await.context("starting containerd")?;
             let runtime = (containerd.socket(), containerd.config().cni_conf_dir.clone());
             let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -233,7 +254,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         }
     };
     let agent = AgentAccess { url: api_url, join_token: credentials.join_token.clone(), ca: security.ca.pem() };
-    let result = run_node(&args, &data_dir, runtime, agent, &banner).await;
+    let result = run_node(&args, &data_dir, runtime, registries, agent, &banner).await;
     if let Some((stop, supervisor)) = supervising {
         let _ = stop.send(true);
         if let Ok(Some(containerd)) = supervisor.await
@@ -259,6 +280,7 @@ async fn run_node(
     args: &UpArgs,
     data_dir: &std::path::Path,
     (socket, cni_conf_dir): (PathBuf, PathBuf),
+    registries: Option<(PathBuf, Registries)>,
     access: AgentAccess,
     banner: &str,
 ) -> anyhow::Result<()> {
@@ -296,6 +318,10 @@ async fn run_node(
         ..RuntimeConfig::default()
     };
     cfg.node.nodefs = data_dir.join("pods");
+    if let Some((dir, registries)) = registries {
+        cfg.registry_config_path = Some(dir);
+        cfg.runtime.registries = registries;
+    }
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut agent = tokio::spawn(agent::run(cfg, stopped));
 

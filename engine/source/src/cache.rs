@@ -16,7 +16,7 @@
 use crate::{
     AppSource, Head, Limits, LoadError, Manifest, ManifestError, SourceError,
     git::Candidate,
-    manifest,
+    kustomize, manifest,
     template::{self, Values},
     validate::{self, Accepted, Validator},
 };
@@ -24,10 +24,10 @@ use git2::Oid;
 use serde_json::Value;
 use std::{
     borrow::Cow,
-    collections::{HashMap, HashSet, hash_map::RandomState},
+    collections::{HashMap, HashSet, VecDeque, hash_map::RandomState},
     hash::BuildHasher,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, LazyLock, Mutex},
     time::{Duration, Instant},
 };
 
@@ -49,6 +49,33 @@ pub struct SourceCache {
     repository: Option<(PathBuf, git2::Repository)>,
 }
 
+/// kustomize builds kept for every load in this process, by the digest of every file a build
+/// read: the push's verdict and the sync that follows build once, and a commit that changes
+/// none of those files does not run kustomize. The newest first, bounded in count and bytes.
+static BUILDS: LazyLock<Mutex<Builds>> = LazyLock::new(Default::default);
+type Builds = VecDeque<([u8; 32], kustomize::Build)>;
+const MAX_BUILDS: usize = 32;
+const MAX_BUILD_BYTES: u64 = 64 << 20;
+
+impl SourceCache {
+    /// The kustomize build of inputs with digest `key`, if one is kept.
+    pub(crate) fn kustomized(&self, key: &[u8; 32]) -> Option<kustomize::Build> {
+        let builds = BUILDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        builds.iter().find(|(k, _)| k == key).map(|(_, build)| build.clone())
+    }
+
+    /// Keeps a kustomize build just made from inputs with digest `key`.
+    pub(crate) fn keep_kustomized(&mut self, key: [u8; 32], build: kustomize::Build) {
+        self.stats.kustomize_builds += 1;
+        let mut builds = BUILDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        builds.push_front((key, build));
+        let size = |b: &kustomize::Build| b.as_ref().map_or(0, |r| r.bytes());
+        while builds.len() > MAX_BUILDS || builds.iter().map(|(_, b)| size(b)).sum::<u64>() > MAX_BUILD_BYTES {
+            builds.pop_back();
+        }
+    }
+}
+
 /// Counters of the work loads did and avoided, and the time it took, since the cache was made.
 /// Times of files processed in parallel are summed over the threads.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,6 +86,8 @@ pub struct CacheStats {
     pub processed: u64,
     /// Templates rendered.
     pub rendered: u64,
+    /// kustomize builds run (a kustomization whose files did not change is not built again).
+    pub kustomize_builds: u64,
     /// Documents validated.
     pub validated: u64,
     /// Blobs (or files on disk) read, values files included.
@@ -103,6 +132,7 @@ impl CacheStats {
         self.hits += other.hits;
         self.processed += other.processed;
         self.rendered += other.rendered;
+        self.kustomize_builds += other.kustomize_builds;
         self.validated += other.validated;
         self.read += other.read;
         self.walking += other.walking;

@@ -150,6 +150,16 @@ impl<'r> Opened<'r> {
 
     /// The manifest files under `dir`, sorted by path, sizes not known yet (zero).
     pub(crate) fn walk(&self, dir: &str, limits: &Limits) -> Result<Vec<Candidate>, SourceError> {
+        self.walk_files(dir, limits, false)
+    }
+
+    /// Every file under `dir` (for a kustomization), or only those named as manifests.
+    pub(crate) fn walk_files(
+        &self,
+        dir: &str,
+        limits: &Limits,
+        every_file: bool,
+    ) -> Result<Vec<Candidate>, SourceError> {
         let dir = normalize_dir(dir)?;
         let commit = self.repository.find_commit(self.commit).map_err(self.git_error(&self.id))?;
         let root = commit.tree().map_err(self.git_error(&format!("the tree of commit {}", self.id)))?;
@@ -178,6 +188,7 @@ impl<'r> Opened<'r> {
             limits,
             entries: 0,
             files: Vec::new(),
+            every_file,
         };
         reader.walk(start)?;
         let mut files = reader.files;
@@ -235,12 +246,20 @@ impl<'r> Opened<'r> {
             limits: &limits,
             entries: 0,
             files: Vec::new(),
+            every_file: false,
         };
         match entry.filemode() {
             MODE_BLOB | MODE_EXECUTABLE => Ok(Some(entry.id())),
             MODE_SYMLINK => reader.follow(path, entry.id()).map(Some),
             _ => Ok(None),
         }
+    }
+
+    /// Whether `dir` is a directory of the commit.
+    pub(crate) fn is_dir(&self, dir: &str) -> bool {
+        let Ok(commit) = self.repository.find_commit(self.commit) else { return false };
+        let Ok(root) = commit.tree() else { return false };
+        dir.is_empty() || root.get_path(Path::new(dir)).is_ok_and(|entry| entry.filemode() == MODE_TREE)
     }
 
     /// The bytes of a file the walk found (and [`Self::sizes`] checked).
@@ -304,6 +323,8 @@ struct TreeReader<'r> {
     limits: &'r Limits,
     entries: usize,
     files: Vec<Candidate>,
+    /// Every file, not only those named as manifests: what a kustomization may read.
+    every_file: bool,
 }
 
 impl TreeReader<'_> {
@@ -342,7 +363,9 @@ impl TreeReader<'_> {
                     continue;
                 }
                 // Submodules (commits), and anything not named as a manifest, are not read.
-                if !is_manifest(bytes) || ![MODE_BLOB, MODE_EXECUTABLE, MODE_SYMLINK].contains(&mode) {
+                if !(self.every_file || is_manifest(bytes))
+                    || ![MODE_BLOB, MODE_EXECUTABLE, MODE_SYMLINK].contains(&mode)
+                {
                     continue;
                 }
                 if !(utf8 && name_utf8) {
@@ -441,6 +464,11 @@ pub(crate) fn read_file_under(root: &Path, path: &str, limits: &Limits) -> Resul
 /// `gitplane validate DIR`. Paths are relative to `dir`; `.git` directories are skipped;
 /// symlinks are followed only to regular files inside `dir`.
 pub fn read_dir(dir: &Path, limits: &Limits) -> Result<Vec<ManifestFile>, SourceError> {
+    read_files(dir, limits, false)
+}
+
+/// [`read_dir`], of every file (for a kustomization) or only of those named as manifests.
+pub(crate) fn read_files(dir: &Path, limits: &Limits, every_file: bool) -> Result<Vec<ManifestFile>, SourceError> {
     let io_error = |path: &Path| {
         let path = path.to_owned();
         move |source| SourceError::Io { path, source }
@@ -476,7 +504,7 @@ pub fn read_dir(dir: &Path, limits: &Limits) -> Result<Vec<ManifestFile>, Source
                 }
                 continue;
             }
-            if !is_manifest(file_name.as_encoded_bytes()) || !(kind.is_file() || kind.is_symlink()) {
+            if !(every_file || is_manifest(file_name.as_encoded_bytes())) || !(kind.is_file() || kind.is_symlink()) {
                 continue;
             }
             if !(utf8 && name_utf8) {

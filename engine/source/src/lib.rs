@@ -6,6 +6,7 @@
 //! - [`git`]: the manifest files under a directory of a branch head, read from the object
 //!   database (never a checkout), or from a plain directory for offline validation;
 //! - [`template`]: `*.yaml.j2` templates rendered with the Application's values (minijinja);
+//! - `kustomize`: a directory with a `kustomization.yaml`, built by kustomize itself;
 //! - [`manifest`]: multi-document YAML into JSON values, with the line of each document;
 //! - [`validate`]: accepted kinds, strict schemas, names, scope, duplicates, defaulted namespace;
 //! - [`cache`]: each file's outcome kept by (path, blob id, values digest), so that a commit
@@ -17,8 +18,8 @@
 //! directory), [`load_files`] (files already read).
 //!
 //! Invariants:
-//! - It never writes anything: not the repository, not the store, not the filesystem. The sync
-//!   loop applies its output.
+//! - It never writes anything: not the repository, not the store, not the filesystem (but for
+//!   the private copy kustomize builds from, removed after). The sync loop applies its output.
 //! - Git content is hostile input: sizes are checked before reading, symlinks never leave the
 //!   synced directory, templates are bounded in output and work, nothing on this path panics on
 //!   input.
@@ -30,6 +31,7 @@
 pub mod cache;
 pub mod error;
 pub mod git;
+mod kustomize;
 mod locate;
 pub mod manifest;
 pub mod template;
@@ -185,6 +187,37 @@ pub fn load_commit_in(
         let started = std::time::Instant::now();
         let opened = git::Opened::new(repository, head);
         let mut candidates = opened.walk(&dir, limits)?;
+        let root_file = match kustomize::root_file(candidates.iter().map(|c| c.path.as_str()), &dir) {
+            Some(file) => Some(file),
+            // The one name kustomize takes that the walk does not list (no .yaml).
+            None => {
+                let file = kustomize::join(&dir, "Kustomization");
+                opened.blob_at(&file)?.map(|_| file)
+            }
+        };
+        if let Some(root_file) = root_file {
+            let mut tree = GitTree { opened: &opened };
+            let dirs = kustomize::plan(&dir, &mut tree, limits).map_err(|e| LoadError::Invalid(vec![*e]))?;
+            let mut files = Vec::new();
+            for d in &dirs {
+                files.extend(opened.walk_files(d, limits, true)?);
+            }
+            files.sort_by(|a, b| a.path.cmp(&b.path));
+            files.dedup_by(|b, a| a.path == b.path);
+            let known = cache.known_sizes(&files);
+            opened.sizes(&mut files, &known, limits)?;
+            let ids: Vec<(String, git2::Oid)> = files.iter().map(|c| (c.path.clone(), c.blob)).collect();
+            return load_kustomization(
+                &root_file,
+                &dir,
+                &ids,
+                &mut |i| opened.read(&files[i]),
+                app,
+                validator,
+                limits,
+                cache,
+            );
+        }
         // Values files the walk did not list (beside the directory, or not named *.yaml).
         for path in app.values_files.iter().filter_map(|file| cache::values_path(&dir, file)) {
             if candidates.binary_search_by(|c| c.path.cmp(&path)).is_err()
@@ -211,6 +244,36 @@ pub fn load_dir(
     cache: &mut SourceCache,
 ) -> Result<Vec<Arc<Manifest>>, LoadError> {
     let dir = git::normalize_dir(&app.path)?;
+    let root_file = kustomize::FILE_NAMES
+        .iter()
+        .find(|name| root.join(&dir).join(name).is_file())
+        .map(|name| kustomize::join(&dir, name));
+    if let Some(root_file) = root_file {
+        let mut tree = DirTree { root, limits };
+        let dirs = kustomize::plan(&dir, &mut tree, limits).map_err(|e| LoadError::Invalid(vec![*e]))?;
+        let mut files = Vec::new();
+        for d in &dirs {
+            for mut file in git::read_files(&root.join(d), limits, true)? {
+                if !d.is_empty() {
+                    file.path = format!("{d}/{}", file.path);
+                }
+                files.push(file);
+            }
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        files.dedup_by(|b, a| a.path == b.path);
+        let ids: Vec<(String, git2::Oid)> = files.iter().map(|f| (f.path.clone(), f.blob)).collect();
+        return load_kustomization(
+            &root_file,
+            &dir,
+            &ids,
+            &mut |i| Ok(files[i].content.clone()),
+            app,
+            validator,
+            limits,
+            cache,
+        );
+    }
     let mut files = read_dir(&root.join(&dir), limits)?;
     if !dir.is_empty() {
         for file in &mut files {
@@ -226,6 +289,105 @@ pub fn load_dir(
         }
     }
     load_files(&files, app, validator, limits, cache)
+}
+
+/// Loads the objects kustomize builds from the kustomization `root_file` in `dir`, given every
+/// file its directories hold (`files`, sorted by path, read by position through `read`): built
+/// once per set of inputs, then validated file by file as any manifest, each object under the
+/// file it came from.
+#[allow(clippy::too_many_arguments)]
+fn load_kustomization(
+    root_file: &str,
+    dir: &str,
+    files: &[(String, git2::Oid)],
+    read: &mut dyn FnMut(usize) -> Result<Vec<u8>, SourceError>,
+    app: &AppSource,
+    validator: &Validator,
+    limits: &Limits,
+    cache: &mut SourceCache,
+) -> Result<Vec<Arc<Manifest>>, LoadError> {
+    use sha2::Digest;
+    let mut digest = sha2::Sha256::new();
+    for (path, blob) in files {
+        digest.update(path.as_bytes());
+        digest.update([0]);
+        digest.update(blob.as_bytes());
+    }
+    let key: [u8; 32] = digest.finalize().into();
+    let rendered = match cache.kustomized(&key) {
+        Some(kept) => kept,
+        None => {
+            let mut contents = Vec::with_capacity(files.len());
+            for (i, (path, _)) in files.iter().enumerate() {
+                contents.push((path.clone(), read(i)?));
+            }
+            let source = |path: &str| contents.iter().find(|(p, _)| p == path).map(|(_, c)| c.clone());
+            let built = kustomize::build(dir, root_file, &contents, limits)
+                .map_err(|e| vec![*e])
+                .and_then(|output| kustomize::split(&output, dir, root_file, &source, limits))
+                .map(Arc::new);
+            cache.keep_kustomized(key, built.clone());
+            built
+        }
+    };
+    let rendered = rendered.map_err(LoadError::Invalid)?;
+    // The rendered files are what is validated: values files and templates are not kustomize's.
+    let app = AppSource { path: dir.to_owned(), values_files: Vec::new(), values: BTreeMap::new(), ..app.clone() };
+    let loaded = load_files(&rendered.files, &app, validator, limits, cache);
+    let in_git = |file: &str, line: usize| rendered.line_in_git(file, line).unwrap_or(line);
+    match loaded {
+        Ok(manifests) => Ok(manifests
+            .into_iter()
+            .map(|m| {
+                let line = in_git(&m.file, m.line);
+                if line == m.line { m } else { Arc::new(Manifest { line, ..(*m).clone() }) }
+            })
+            .collect()),
+        Err(LoadError::Invalid(errors)) => Err(LoadError::Invalid(
+            errors
+                .into_iter()
+                .map(|mut e| {
+                    e.line = e.line.map(|line| in_git(&e.file, line));
+                    (e.column, e.document) = (None, None);
+                    e
+                })
+                .collect(),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// A commit's tree, for [`kustomize::plan`].
+struct GitTree<'o, 'r> {
+    opened: &'o git::Opened<'r>,
+}
+
+impl kustomize::Tree for GitTree<'_, '_> {
+    fn is_dir(&mut self, dir: &str) -> bool {
+        self.opened.is_dir(dir)
+    }
+
+    fn read(&mut self, path: &str) -> Option<Vec<u8>> {
+        let blob = self.opened.blob_at(path).ok()??;
+        let candidate = git::Candidate { path: path.to_owned(), blob, size: 0 };
+        self.opened.read(&candidate).ok()
+    }
+}
+
+/// A directory on disk standing for the repository root, for [`kustomize::plan`].
+struct DirTree<'a> {
+    root: &'a Path,
+    limits: &'a Limits,
+}
+
+impl kustomize::Tree for DirTree<'_> {
+    fn is_dir(&mut self, dir: &str) -> bool {
+        self.root.join(dir).is_dir()
+    }
+
+    fn read(&mut self, path: &str) -> Option<Vec<u8>> {
+        git::read_file_under(self.root, path, self.limits).ok().flatten()
+    }
 }
 
 /// Loads files already read (sorted by path, under `app.path`): renders the templates, parses
@@ -386,6 +548,43 @@ spec:
                 "deploy/z.yaml:2:1: did not find expected node content, while parsing a flow node",
             ]
         );
+    }
+
+    #[test]
+    fn t10_a_kustomization_is_built_by_kustomize_and_errors_name_its_files() {
+        let base = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web}\ndata: {a: '1'}\n";
+        let files = [
+            ("base/kustomization.yaml", "resources: [web.yaml]\n"),
+            ("base/web.yaml", base),
+            ("app/kustomization.yaml", "namePrefix: prod-\nresources: [../base]\n"),
+            ("app/README.md", "not a manifest"),
+        ];
+        let (_tmp, repo) = commit(&files);
+        let app = AppSource { path: "app".into(), default_namespace: "demo".into(), ..AppSource::default() };
+        let mut cache = SourceCache::new();
+        let head = read_head(&repo, "main").unwrap();
+        let manifests = load_commit(&head, &app, &Validator::new(), &Limits::default(), &mut cache).unwrap();
+        let seen: Vec<_> = manifests.iter().map(|m| (m.key.to_string(), m.file.as_str(), m.line)).collect();
+        assert_eq!(seen, [("ConfigMap demo/prod-web".to_owned(), "base/web.yaml", 1)]);
+        load_commit(&head, &app, &Validator::new(), &Limits::default(), &mut cache).unwrap();
+        assert_eq!(cache.stats().kustomize_builds, 1, "an unchanged kustomization is not built again");
+
+        let broken = "# a comment\n".to_owned() + base + "immutable: \"yes\"\n";
+        let (_tmp, repo) = commit(&[files[0], ("base/web.yaml", &broken), files[2]]);
+        let head = read_head(&repo, "main").unwrap();
+        let errors = match load_commit(&head, &app, &Validator::new(), &Limits::default(), &mut cache) {
+            Err(LoadError::Invalid(errors)) => errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(errors, [r#"base/web.yaml:2: ConfigMap prod-web: /immutable: "yes" is not of type "boolean""#]);
+
+        let (_tmp, repo) = commit(&[("app/kustomization.yaml", "resources: [github.com/org/repo/base]\n")]);
+        let head = read_head(&repo, "main").unwrap();
+        let errors = match load_commit(&head, &app, &Validator::new(), &Limits::default(), &mut cache) {
+            Err(LoadError::Invalid(errors)) => errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        assert!(errors[0].starts_with("app/kustomization.yaml:1: /resources/0: "), "{errors:?}");
     }
 
     #[test]

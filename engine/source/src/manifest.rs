@@ -50,6 +50,9 @@ struct Source {
     first_line: usize,
     /// Set when `text` is a template's output.
     map: Option<LineMap>,
+    /// Where this document's value sits in the YAML document: `/items/3` for an item of a
+    /// `kind: List`, empty otherwise.
+    prefix: Arc<str>,
 }
 
 impl Document {
@@ -80,7 +83,7 @@ impl Locator {
     pub(crate) fn lines(&self) -> DocumentLines {
         let index = self.source.as_ref().and_then(|s| {
             let text = s.text.get(s.range.clone())?;
-            Some((LineIndex::new(text), s.first_line - 1, s.map.clone()))
+            Some((LineIndex::new(text), s.first_line - 1, s.map.clone(), Arc::clone(&s.prefix)))
         });
         DocumentLines { index, fallback: self.line }
     }
@@ -99,7 +102,7 @@ impl fmt::Debug for Document {
 
 /// Lines of JSON pointers in one document, in file lines (template lines for rendered text).
 pub(crate) struct DocumentLines {
-    index: Option<(LineIndex, usize, Option<LineMap>)>,
+    index: Option<(LineIndex, usize, Option<LineMap>, Arc<str>)>,
     fallback: usize,
 }
 
@@ -107,7 +110,9 @@ impl DocumentLines {
     pub(crate) fn line_of(&self, pointer: &str) -> usize {
         self.index
             .as_ref()
-            .and_then(|(index, offset, map)| index.line_of(pointer).map(|line| map_line(map.as_ref(), line + offset)))
+            .and_then(|(index, offset, map, prefix)| {
+                index.line_of(&format!("{prefix}{pointer}")).map(|line| map_line(map.as_ref(), line + offset))
+            })
             .unwrap_or(self.fallback)
     }
 }
@@ -216,6 +221,7 @@ pub(crate) fn parse_text(
                 range: chunk.range.clone(),
                 first_line: chunk.first_line,
                 map: map.cloned(),
+                prefix: Arc::from(""),
             };
             let line = map_line(map, chunk.line);
             let document = Document { file: path.to_owned(), index, line, value, source: Some(source) };
@@ -223,33 +229,54 @@ pub(crate) fn parse_text(
             if document.value.is_null() {
                 continue;
             }
-            if let Some(error) = list_error(&document) {
-                parsed.errors.push(error);
-                continue;
+            let documents = match list_items(document) {
+                Ok(documents) => documents,
+                Err(error) => {
+                    parsed.errors.push(*error);
+                    continue;
+                }
+            };
+            for document in documents {
+                if parsed.documents.len() >= max_documents {
+                    parsed.over = Some((document.index, document.line));
+                    return parsed;
+                }
+                parsed.documents.push(document);
             }
-            if parsed.documents.len() >= max_documents {
-                parsed.over = Some((document.index, document.line));
-                return parsed;
-            }
-            parsed.documents.push(document);
         }
     }
     parsed
 }
 
-/// `kind: List` is how `kubectl get -o yaml` writes many objects; gitplane wants one per document.
-fn list_error(document: &Document) -> Option<ManifestError> {
+/// A document, or the items of a `kind: List` (how `kubectl get -o yaml` writes many objects,
+/// and which `kubectl apply` takes): each item is then a document of its own, whose lines are
+/// found under `/items/N`.
+fn list_items(document: Document) -> Result<Vec<Document>, Box<ManifestError>> {
     if document.value.get("kind").and_then(Value::as_str) != Some("List") {
-        return None;
+        return Ok(vec![document]);
     }
-    let mut error = ManifestError::new(
-        &document.file,
-        "kind List is not supported: write each item as its own YAML document, separated by ---",
-    );
-    error.line = Some(document.lines().line_of("/kind"));
-    error.document = Some(document.index);
-    error.path = Some("/kind".into());
-    Some(error)
+    let Some(items) = document.value.get("items").and_then(Value::as_array) else {
+        let mut error = ManifestError::new(
+            &document.file,
+            "a kind List holds its objects in `items`, a list: add them there, or write each object as its own \
+             YAML document, separated by ---",
+        );
+        error.line = Some(document.lines().line_of("/kind"));
+        error.document = Some(document.index);
+        error.path = Some("/items".into());
+        return Err(Box::new(error));
+    };
+    let lines = document.lines();
+    Ok(items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let prefix = format!("/items/{i}");
+            let line = lines.line_of(&prefix);
+            let source = document.source.clone().map(|s| Source { prefix: Arc::from(prefix), ..s });
+            Document { file: document.file.clone(), index: document.index, line, value: item.clone(), source }
+        })
+        .collect())
 }
 
 /// A YAML error at its file position, the positions in the parser's message moved from the
@@ -638,6 +665,28 @@ null
     }
 
     #[test]
+    fn t10_a_list_is_its_items() {
+        let text = "\
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: a}
+- apiVersion: v1
+  kind: ConfigMap
+  metadata:
+    name: b
+";
+        let docs = parse(&[file("list.yaml", text)], &Limits::default()).unwrap();
+        let seen: Vec<_> = docs
+            .iter()
+            .map(|d| (d.index, d.line, d.value["metadata"]["name"].clone(), d.lines().line_of("/metadata/name")))
+            .collect();
+        assert_eq!(seen, [(0, 4, json!("a"), 6), (0, 7, json!("b"), 10)]);
+    }
+
+    #[test]
     fn t10_yaml_errors_name_file_line_and_column() {
         let text = "a: 1\n---\nmetadata:\n  name: x\n labels: {}\n---\nb: [1, 2\n---\nc: 3\nc: 4\n";
         assert_eq!(
@@ -674,7 +723,7 @@ null
     fn t10_invalid_utf8_and_lists_and_all_files() {
         let files = [
             ManifestFile::new("a.yaml", b"a: 1\nb: \xff\n".to_vec()),
-            file("list.yaml", "apiVersion: v1\nkind: List\nitems: []\n"),
+            file("list.yaml", "apiVersion: v1\nkind: List\nitems: {}\n"),
             file("ok.yaml", "a: 1\n"),
             file("z.yaml", "x: [\n"),
         ];
@@ -682,7 +731,7 @@ null
             errors(&files),
             [
                 "a.yaml:2: not valid UTF-8 (at byte 8): save the file as UTF-8",
-                "list.yaml:2: /kind: kind List is not supported: write each item as its own YAML document, separated by ---",
+                "list.yaml:2: /items: a kind List holds its objects in `items`, a list: add them there, or write each object as its own YAML document, separated by ---",
                 "z.yaml:2:1: did not find expected node content, while parsing a flow node",
             ]
         );

@@ -6,6 +6,7 @@ mod ingress;
 mod network_policy;
 mod pod;
 mod service;
+mod storage;
 
 pub(crate) use config_refs::missing_keys;
 pub(crate) use service::unknown_target_ports;
@@ -494,17 +495,74 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
                 ),
             )],
         },
+        "StatefulSet" => stateful_set_problems(value),
         "Secret" => secret_problems(value),
         "Ingress" => ingress::problems(value),
         "IngressClass" => ingress::class_problems(value),
         "NetworkPolicy" => network_policy::problems(value),
+        "PersistentVolumeClaim" => storage::claim_problems(value),
+        "PersistentVolume" => storage::volume_problems(value),
+        "StorageClass" => storage::class_problems(value),
         "ConfigMap" => kube_dns_problems(value, default_namespace),
         _ => Vec::new(),
     };
     if let Some(at) = pod::pod_spec_pointer(&info.kind)
         && let Some(spec) = value.pointer(at)
     {
-        problems.extend(pod::problems(spec, at));
+        // A StatefulSet's claim templates are volumes of its Pods.
+        let claims: Vec<&str> = value["spec"]["volumeClaimTemplates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["metadata"]["name"].as_str())
+            .collect();
+        problems.extend(pod::problems(spec, at, &claims));
+    }
+    problems
+}
+
+/// What the API server refuses of a StatefulSet beyond its schema: the policies' values, a
+/// negative partition or first ordinal, Pods that may end, a claim template without a name.
+fn stateful_set_problems(value: &Value) -> Vec<Problem> {
+    let spec = &value["spec"];
+    let mut problems = Vec::new();
+    let one_of = |pointer: &str, allowed: &[&str], problems: &mut Vec<Problem>| {
+        if let Some(v) = spec.pointer(pointer).and_then(Value::as_str)
+            && !allowed.contains(&v)
+        {
+            problems.push(Problem::at(
+                format!("/spec{pointer}"),
+                format!("{v:?} is not one of {}: use one of them", allowed.join(", ")),
+            ));
+        }
+    };
+    one_of("/podManagementPolicy", &["OrderedReady", "Parallel"], &mut problems);
+    one_of("/updateStrategy/type", &["RollingUpdate", "OnDelete"], &mut problems);
+    one_of("/persistentVolumeClaimRetentionPolicy/whenDeleted", &["Retain", "Delete"], &mut problems);
+    one_of("/persistentVolumeClaimRetentionPolicy/whenScaled", &["Retain", "Delete"], &mut problems);
+    if spec["updateStrategy"]["type"] == "OnDelete" && !spec["updateStrategy"]["rollingUpdate"].is_null() {
+        problems.push(Problem::at("/spec/updateStrategy/rollingUpdate", "only for type RollingUpdate: remove it"));
+    }
+    for pointer in ["/replicas", "/updateStrategy/rollingUpdate/partition", "/ordinals/start", "/minReadySeconds"] {
+        if spec.pointer(pointer).and_then(Value::as_i64).is_some_and(|n| n < 0) {
+            problems.push(Problem::at(format!("/spec{pointer}"), "must not be negative"));
+        }
+    }
+    if let Some(policy) = spec["template"]["spec"]["restartPolicy"].as_str()
+        && policy != "Always"
+    {
+        problems.push(Problem::at(
+            "/spec/template/spec/restartPolicy",
+            format!("a StatefulSet's Pods run until deleted: set restartPolicy to Always (it is {policy:?})"),
+        ));
+    }
+    for (i, claim) in spec["volumeClaimTemplates"].as_array().into_iter().flatten().enumerate() {
+        if claim["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+            problems.push(Problem::at(
+                format!("/spec/volumeClaimTemplates/{i}/metadata/name"),
+                "a claim template needs a name: its claims are <name>-<set>-<ordinal>",
+            ));
+        }
     }
     problems
 }
@@ -756,11 +814,12 @@ spec:
             (
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
-                   Namespace (v1), ConfigMap (v1), Secret (v1), ServiceAccount (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), \
+                   Namespace (v1), ConfigMap (v1), Secret (v1), ServiceAccount (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
                    Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
                    NetworkPolicy (networking.k8s.io/v1), Role (rbac.authorization.k8s.io/v1), \
                    ClusterRole (rbac.authorization.k8s.io/v1), RoleBinding (rbac.authorization.k8s.io/v1), \
-                   ClusterRoleBinding (rbac.authorization.k8s.io/v1), Application (gitplane.io/v1)"],
+                   ClusterRoleBinding (rbac.authorization.k8s.io/v1), PersistentVolumeClaim (v1), PersistentVolume (v1), \
+                   StorageClass (storage.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
@@ -984,6 +1043,29 @@ spec:
     }
 
     #[test]
+    fn t10_stateful_sets_as_the_api_server_judges_them() {
+        let published = "apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: web\nspec:\n  serviceName: \"nginx\"\n  \
+                         replicas: 2\n  selector:\n    matchLabels:\n      app: nginx\n  template:\n    metadata:\n      labels:\n        \
+                         app: nginx\n    spec:\n      containers:\n      - name: nginx\n        image: registry.k8s.io/nginx-slim:0.21\n        \
+                         volumeMounts:\n        - name: www\n          mountPath: /usr/share/nginx/html\n  volumeClaimTemplates:\n  \
+                         - metadata:\n      name: www\n    spec:\n      accessModes: [ \"ReadWriteOnce\" ]\n";
+        assert!(check(&[("web.yaml", published)]).is_ok(), "a claim template is a volume of the Pods");
+        let bad = "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db}\nspec:\n  podManagementPolicy: Random\n  \
+                   updateStrategy: {type: RollingUpdate, rollingUpdate: {partition: -1}}\n  selector: {matchLabels: {a: b}}\n  \
+                   template:\n    metadata: {labels: {a: b}}\n    spec:\n      restartPolicy: Never\n      subdomain: Db_0\n      \
+                   containers: [{name: c, image: i}]\n";
+        assert_eq!(
+            errors(&[("db.yaml", bad)]),
+            [
+                "db.yaml:5: StatefulSet db: /spec/podManagementPolicy: \"Random\" is not one of OrderedReady, Parallel: use one of them",
+                "db.yaml:6: StatefulSet db: /spec/updateStrategy/rollingUpdate/partition: must not be negative",
+                "db.yaml:11: StatefulSet db: /spec/template/spec/restartPolicy: a StatefulSet's Pods run until deleted: set restartPolicy to Always (it is \"Never\")",
+                "db.yaml:12: StatefulSet db: /spec/template/spec/subdomain: subdomain \"Db_0\" is not a DNS label: at most 63 lower case letters, digits or '-', starting and ending with a letter or digit, e.g. 'web-0'",
+            ]
+        );
+    }
+
+    #[test]
     fn t10_pod_fields_the_node_agent_runs_pass() {
         let pod = "\
 apiVersion: v1
@@ -994,6 +1076,7 @@ spec:
   enableServiceLinks: false
   os: {name: linux}
   hostname: p1
+  subdomain: db
   securityContext: {runAsUser: 1000, runAsNonRoot: true, sysctls: [{name: net.core.somaxconn, value: \"1024\"}]}
   volumes:
     - {name: scratch, emptyDir: {}}
@@ -1211,6 +1294,71 @@ spec: {}
         );
         expected.sort();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn t10_claims_volumes_and_classes_are_validated_as_kube_apiserver_does() {
+        let good = "\
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: data}
+spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata: {name: task-pv-volume}
+spec: {capacity: {storage: 10Gi}, accessModes: [ReadWriteOnce], storageClassName: manual, hostPath: {path: /mnt/data}}
+---
+apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: fast}
+provisioner: gitplane.io/local-path
+volumeBindingMode: WaitForFirstConsumer
+";
+        assert!(check(&[("s.yaml", good)]).is_ok(), "{:?}", check(&[("s.yaml", good)]));
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "kind: PersistentVolumeClaim\nspec: {accessModes: [ReadWriteAll], resources: {requests: {storage: 0}}}",
+                &[
+                    "/spec/accessModes/0: Unsupported value: \"ReadWriteAll\": supported values: \"ReadWriteOnce\", \
+                     \"ReadOnlyMany\", \"ReadWriteMany\", \"ReadWriteOncePod\"",
+                    "/spec/resources/requests/storage: 0 is not a positive quantity: write e.g. 1Gi",
+                ],
+            ),
+            (
+                "kind: PersistentVolumeClaim\nspec: {}",
+                &[
+                    "/spec/accessModes: at least 1 access mode is required: ReadWriteOnce for one node's Pods",
+                    "/spec/resources/requests/storage: a storage request is required, e.g. 1Gi",
+                ],
+            ),
+            (
+                "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], nfs: {server: s, path: /x}}",
+                &[
+                    "/spec/nfs: gitplane's nodes cannot mount a nfs volume: use hostPath or local (a directory on the node)",
+                ],
+            ),
+            (
+                "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], local: {path: data}}",
+                &[
+                    "/spec/local/path: \"data\" must be an absolute path",
+                    "/spec/nodeAffinity: a local volume requires node affinity: set nodeAffinity.required to the node \
+                     that holds the directory",
+                ],
+            ),
+            (
+                "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce]}",
+                &["/spec: a volume needs a source: set hostPath or local (the path on the node)"],
+            ),
+        ];
+        for (yaml, want) in cases {
+            let yaml = format!("apiVersion: v1\nmetadata: {{name: x}}\n{yaml}\n");
+            let got: Vec<String> = errors(&[("s.yaml", &yaml)])
+                .into_iter()
+                .map(|e| e.split_once(" x: ").map_or(e.clone(), |(_, rest)| rest.to_owned()))
+                .collect();
+            assert_eq!(got, *want, "{yaml}");
+        }
     }
 
     #[test]

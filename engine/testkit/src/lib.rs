@@ -6,6 +6,8 @@
 //! - [`LocalCluster`]: the real `gitplane up --nodes N` as a child process, killed or stopped
 //!   and started again, its nodes' processes and runtimes looked at, what a stop leaves checked.
 //! - [`replica`]: the command line of a `gitplane server` replica on loopback.
+//! - [`registry`]: a real image registry on a cluster's bridge, holding stand-ins of published
+//!   images built from the host's busybox.
 //! - [`topology`]: bare namespaces on a bridge (no containerd) for the proxy's tests and benches.
 //! - [`http`]: a free loopback port and a minimal HTTP/1.0 GET, from here or from a namespace.
 //!
@@ -13,6 +15,7 @@
 
 pub mod http;
 pub mod node;
+pub mod registry;
 pub mod replica;
 pub mod topology;
 pub mod up;

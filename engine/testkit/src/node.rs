@@ -8,8 +8,13 @@ use gitplane_nodeagent::{
     kubelet::cri::Cri,
     kubelet::images,
 };
+use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The address of the bridge `gitplane up --nodes` wires its nodes to, in the bridge's own
+/// namespace (`<base>-net`): where the nodes reach the control plane, and a test's registry.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(172, 29, 0, 1);
 
 static NAMES_MADE: AtomicU32 = AtomicU32::new(0);
 

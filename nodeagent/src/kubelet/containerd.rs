@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use minijinja::context;
 
 use crate::kubelet::cri::{Cri, CriError};
+use crate::kubelet::registries::Registries;
 use crate::kubelet::restart::Backoff;
 
 /// How often a supervised containerd is checked for having exited.
@@ -72,6 +73,12 @@ impl ContainerdConfig {
         self.dir.join("containerd.log")
     }
 
+    /// containerd's `config_path`: the `hosts.toml` of each registry with mirrors or TLS
+    /// settings, which the node agent writes ([`write_registry_hosts`]).
+    pub fn registry_config_path(&self) -> PathBuf {
+        self.dir.join("certs.d")
+    }
+
     /// The config file's text.
     pub fn render(&self) -> String {
         let ctx = context! {
@@ -80,6 +87,7 @@ impl ContainerdConfig {
             sandbox_image => &self.sandbox_image,
             cni_conf_dir => self.cni_conf_dir.to_string_lossy(),
             cni_bin_dir => self.cni_bin_dir.to_string_lossy(),
+            registry_config_path => self.registry_config_path().to_string_lossy(),
         };
         // The template is embedded and every variable is given: failure is a bug, not input.
         crate::template::render("containerd-config.toml.j2", CONFIG_TEMPLATE, ctx)
@@ -105,6 +113,26 @@ pub enum ContainerdError {
     NotReady { socket: PathBuf, timeout: Duration, last: String, log: PathBuf, tail: String },
     #[error("stopping containerd (pid {pid}): {source}")]
     Stop { pid: u32, source: io::Error },
+}
+
+/// Writes `registries`' `<host>/hosts.toml` files under containerd's `config_path` and removes
+/// those of registries no longer named; containerd reads them at each pull.
+pub fn write_registry_hosts(config_path: &Path, registries: &Registries) -> io::Result<()> {
+    let files = registries.hosts_files();
+    std::fs::create_dir_all(config_path)?;
+    for entry in std::fs::read_dir(config_path)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if !files.iter().any(|(dir, _)| name.to_str() == Some(dir)) {
+            std::fs::remove_dir_all(entry.path())?;
+        }
+    }
+    for (dir, text) in files {
+        let dir = config_path.join(dir);
+        std::fs::create_dir_all(&dir)?;
+        crate::network::cni::write_atomic(&dir.join("hosts.toml"), text.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// A running containerd that this process started. Dropping it without [`Containerd::stop`]
@@ -361,6 +389,7 @@ mod tests {
         assert_eq!(s(&under(&["cni", "bin_dir"])).as_deref(), Some("/usr/lib/cni"));
         assert_eq!(s(&under(&["cni", "conf_dir"])).as_deref(), Some("/var/lib/gp/cni/net.d"));
         assert_eq!(at(&doc, &under(&["cni", "max_conf_num"])).as_integer(), Some(1));
+        assert_eq!(s(&under(&["registry", "config_path"])).as_deref(), Some("/var/lib/gp/containerd/certs.d"));
         assert_eq!(s(&under(&["containerd", "snapshotter"])).as_deref(), Some("overlayfs"));
         let runc = under(&["containerd", "runtimes", "runc"]);
         assert_eq!(s(&[&runc[..], &["runtime_type"]].concat()).as_deref(), Some("io.containerd.runc.v2"));

@@ -15,7 +15,8 @@ use crate::kubelet::cri::{Cri, pb};
 pub const PAUSE_IMAGE: &str = "gitplane.local/pause:1";
 /// busybox httpd serving a page containing `gitplane httpd` on port 80.
 pub const HTTPD_IMAGE: &str = "gitplane.local/httpd:1";
-/// The builder: `sh -s OUT_DIR` writes `OUT_DIR/pause.tar` and `OUT_DIR/httpd.tar`.
+/// The builder: `sh -s OUT_DIR` writes `OUT_DIR/pause.tar` and `OUT_DIR/httpd.tar` (with
+/// `STAND_IN_*` set, the stand-in of a published image that the test kit's registry serves).
 pub const BUILD_SCRIPT: &str = include_str!("../../images/build-images.sh");
 
 /// Each image and the tarball the build script makes for it.

@@ -12,6 +12,7 @@ pub mod pleg;
 pub mod pod_workers;
 pub mod podconfig;
 pub mod prober;
+pub mod registries;
 pub mod restart;
 pub mod runtime;
 pub mod runtime_state;

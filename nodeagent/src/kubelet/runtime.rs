@@ -534,6 +534,13 @@ impl RuntimeManager {
                 source,
             })?;
         }
+        if let Some((path, text)) = &plan.hosts_file {
+            write_hosts_file(path, text).map_err(|source| RuntimeError::Io {
+                pod: key.into(),
+                what: format!("writing {}", path.display()),
+                source,
+            })?;
+        }
         plan.config.annotations.insert(spec::ANNOTATION_RESTART_BACKOFF.into(), run.backoff.as_secs().to_string());
         let req = pb::CreateContainerRequest {
             pod_sandbox_id: sandbox.id.clone(),
@@ -629,7 +636,15 @@ impl RuntimeManager {
 
         let started = Instant::now();
         self.events.pod(pod, NORMAL, "Pulling", &format!("Pulling image {image:?}"));
-        let req = pb::PullImageRequest { image: Some(spec), auth: None, sandbox_config: Some(sandbox_config.clone()) };
+        let auth = self.cfg.registries.auth_for(&image).map(|a| pb::AuthConfig {
+            username: a.username,
+            password: a.password,
+            auth: a.auth,
+            server_address: a.server_address,
+            identity_token: a.identity_token,
+            registry_token: String::new(),
+        });
+        let req = pb::PullImageRequest { image: Some(spec), auth, sandbox_config: Some(sandbox_config.clone()) };
         let timeout = self.cfg.image_pull_timeout;
         let error = match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
             Ok(pulled) => {
@@ -781,6 +796,16 @@ fn ignore_not_found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, Run
         Err(RuntimeError::Cri { source, .. }) if source.code() == Code::NotFound => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Writes the managed hosts file whole (a container that starts reads it complete).
+fn write_hosts_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let partial = path.with_extension("tmp");
+    std::fs::write(&partial, text)?;
+    std::fs::rename(&partial, path)
 }
 
 fn remove_dir_all(path: &std::path::Path) -> std::io::Result<()> {

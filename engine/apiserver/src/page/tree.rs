@@ -1,6 +1,7 @@
 //! An Application's resource tree, as the page draws it: Deployment -> ReplicaSet -> Pods by
 //! ownerReferences, Service -> EndpointSlices (by `kubernetes.io/service-name`) -> Pods (by the
-//! endpoints' targetRef), Job -> Pods by ownerReferences; every other object the Application
+//! endpoints' targetRef), StatefulSet and Job -> Pods by ownerReferences, a PersistentVolumeClaim
+//! with its phase's health; every other object the Application
 //! applied is a leaf. Health comes from the source's own rules, so the page and the
 //! Application's status agree.
 
@@ -79,11 +80,19 @@ pub fn build(objects: &Objects) -> Vec<Node> {
                     let (health, message) = health::deployment(object);
                     node(object, kind, health, message, replica_sets)
                 }
+                "StatefulSet" => {
+                    let (health, message) = health::stateful_set(object);
+                    node(object, kind, health, message, owned_by(&objects.pods, uid).map(pod_node).collect())
+                }
                 "Job" => {
                     let (health, message) = health::job(object);
                     node(object, kind, health, message, owned_by(&objects.pods, uid).map(pod_node).collect())
                 }
                 "Pod" => pod_node(object),
+                "PersistentVolumeClaim" => {
+                    let (health, message) = health::persistent_volume_claim(object);
+                    node(object, kind, health, message, Vec::new())
+                }
                 "Service" => {
                     let namespace = meta(object, "namespace");
                     let slices: Vec<Node> = objects
@@ -130,10 +139,11 @@ pub fn build(objects: &Objects) -> Vec<Node> {
 fn rank(kind: &str) -> (u8, &str) {
     match kind {
         "Deployment" => (0, ""),
-        "Job" => (1, ""),
-        "Pod" => (2, ""),
-        "Service" => (3, ""),
-        other => (4, other),
+        "StatefulSet" => (1, ""),
+        "Job" => (2, ""),
+        "Pod" => (3, ""),
+        "Service" => (4, ""),
+        other => (5, other),
     }
 }
 
@@ -162,16 +172,18 @@ mod tests {
             "spec": {"selector": {"app": "web"}}});
         let job = json!({"kind": "Job", "metadata": {"namespace": "default", "name": "once", "uid": "j1"}});
         let config = json!({"kind": "ConfigMap", "metadata": {"namespace": "default", "name": "settings"}});
+        let stateful = json!({"kind": "StatefulSet", "metadata": {"namespace": "default", "name": "db", "uid": "t1"}});
         let slice = json!({"kind": "EndpointSlice", "metadata": {"namespace": "default", "name": "web-x",
             "labels": {"kubernetes.io/service-name": "web"}},
             "endpoints": [{"conditions": {"ready": true}, "targetRef": {"kind": "Pod", "name": "web-a-1"}}]});
         let objects = Objects {
-            applied: vec![config, service, job, deployment],
+            applied: vec![config, service, job, stateful, deployment],
             replica_sets: vec![owned("ReplicaSet", "web-a", "r1", "d1"), owned("ReplicaSet", "other", "r2", "x")],
             pods: vec![
                 ready_pod("web-a-1", "p1", "r1"),
                 ready_pod("once-1", "p2", "j1"),
                 ready_pod("stray", "p3", "z"),
+                ready_pod("db-0", "p4", "t1"),
             ],
             endpoint_slices: vec![slice],
         };
@@ -192,12 +204,13 @@ mod tests {
             shape,
             vec![
                 ("Deployment", "web", vec![("web-a", vec!["web-a-1"])]),
+                ("StatefulSet", "db", vec![("db-0", vec![])]),
                 ("Job", "once", vec![("once-1", vec![])]),
                 ("Service", "web", vec![("web-x", vec!["web-a-1"])]),
                 ("ConfigMap", "settings", vec![]),
             ]
         );
-        assert_eq!(tree[2].health, Health::Healthy);
+        assert_eq!(tree[3].health, Health::Healthy);
         assert_eq!(tree[0].children[0].children[0].health, Health::Healthy);
     }
 }

@@ -382,7 +382,7 @@ fn desired(m: &Manifest, app: &str, record: &Value) -> Value {
 fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
     match kind {
         "Pod" => Some("/spec"),
-        "Deployment.apps" | "ReplicaSet.apps" | "Job.batch" => Some("/spec/template/spec"),
+        "Deployment.apps" | "ReplicaSet.apps" | "StatefulSet.apps" | "Job.batch" => Some("/spec/template/spec"),
         _ => None,
     }
 }

@@ -1,5 +1,5 @@
 //! What gitplane's node agent can run of a Pod (a bare Pod, or the template of a Deployment,
-//! ReplicaSet or Job): a field it would ignore, or fail on when the Pod starts, is rejected at
+//! ReplicaSet, StatefulSet or Job): a field it would ignore, or fail on when the Pod starts, is rejected at
 //! commit time instead, so that what is Synced can run.
 //!
 //! [`UNSUPPORTED`] is the one list of such fields. When the agent learns one, its row goes.
@@ -13,7 +13,7 @@ use serde_json::Value;
 pub(super) fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
     match kind {
         "Pod" => Some("/spec"),
-        "Deployment" | "ReplicaSet" | "Job" => Some("/spec/template/spec"),
+        "Deployment" | "ReplicaSet" | "StatefulSet" | "Job" => Some("/spec/template/spec"),
         _ => None,
     }
 }
@@ -62,7 +62,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("resources", Nothing, "Pod-level resources"),
     row("runtimeClassName", Nothing, "runtimeClassName"),
     row("setHostnameAsFQDN", Values(&["false"]), "setHostnameAsFQDN"),
-    row("subdomain", Nothing, "subdomain"),
     row("securityContext/fsGroup", Nothing, "securityContext.fsGroup"),
     row("securityContext/fsGroupChangePolicy", Nothing, "securityContext.fsGroupChangePolicy"),
     row("securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
@@ -131,8 +130,9 @@ fn env_field_path_supported(path: &str) -> bool {
 
 const NOT_YET: &str = "is not supported by gitplane's node agent yet";
 
-/// Everything in the Pod spec at `at` (a JSON pointer) that the node agent cannot run as written.
-pub(super) fn problems(spec: &Value, at: &str) -> Vec<Problem> {
+/// Everything in the Pod spec at `at` (a JSON pointer) that the node agent cannot run as written;
+/// `claims` name the volumes a StatefulSet adds from its claim templates.
+pub(super) fn problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> {
     let mut problems = Vec::new();
     for row in UNSUPPORTED {
         let mut segments: Vec<&str> = row.path.split('/').collect();
@@ -146,12 +146,38 @@ pub(super) fn problems(spec: &Value, at: &str) -> Vec<Problem> {
             }
         }
     }
-    problems.extend(mount_problems(spec, at));
+    problems.extend(mount_problems(spec, at, claims));
     problems.extend(quantity_problems(spec, at));
     problems.extend(lifecycle_problems(spec, at));
     problems.extend(probe_problems(spec, at));
     problems.extend(volume_problems(spec, at));
+    problems.extend(identity_problems(spec, at));
     problems
+}
+
+/// `hostname` and `subdomain` are DNS labels, as the API server checks: the Pod is named
+/// `<hostname>.<subdomain>.<namespace>.svc.<domain>` in cluster DNS.
+fn identity_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    ["hostname", "subdomain"]
+        .into_iter()
+        .filter_map(|field| {
+            let value = spec[field].as_str()?;
+            let label = !value.is_empty()
+                && value.len() <= 63
+                && value.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !value.starts_with('-')
+                && !value.ends_with('-');
+            (!label).then(|| {
+                Problem::at(
+                    format!("{at}/{field}"),
+                    format!(
+                        "{field} {value:?} is not a DNS label: at most 63 lower case letters, digits or '-', \
+                         starting and ending with a letter or digit, e.g. 'web-0'"
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// What the API server refuses of the Pod's lifecycle: a negative grace period, and hooks or
@@ -353,9 +379,14 @@ fn check(row: &Unsupported, pointer: String, value: &Value) -> Vec<Problem> {
 
 /// What the API server refuses of volume mounts, and the agent would fail on: a mount of no
 /// volume of the Pod, a subPath that leaves the volume.
-fn mount_problems(spec: &Value, at: &str) -> Vec<Problem> {
-    let volumes: Vec<&str> =
-        spec["volumes"].as_array().into_iter().flatten().filter_map(|v| v["name"].as_str()).collect();
+fn mount_problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> {
+    let volumes: Vec<&str> = spec["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["name"].as_str())
+        .chain(claims.iter().copied())
+        .collect();
     let mut problems = Vec::new();
     let mounts = ["containers", "initContainers"]
         .into_iter()

@@ -32,6 +32,8 @@ pub struct RuntimeConfig {
     pub image_pull_timeout: Duration,
     /// The longest any other CRI call may take (plus the grace period for StopContainer).
     pub cri_timeout: Duration,
+    /// The node's registry mirrors and credentials (`--registries`).
+    pub registries: crate::kubelet::registries::Registries,
 }
 
 impl Default for RuntimeConfig {
@@ -49,6 +51,7 @@ impl Default for RuntimeConfig {
             node_cpu_milli: None,
             image_pull_timeout: Duration::from_secs(60),
             cri_timeout: Duration::from_secs(120),
+            registries: Default::default(),
         }
     }
 }
