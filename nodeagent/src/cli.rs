@@ -77,6 +77,11 @@ pub struct AgentArgs {
     /// Taints the Node gets when it is first registered, `key[=value]:Effect,…`.
     #[arg(long, value_parser = node::parse_taints, default_value = "")]
     pub register_with_taints: ::std::vec::Vec<Taint>,
+    /// Extended resources the node advertises, `nvidia.com/gpu=1,example.com/foo=4` (whole
+    /// counts, in its capacity and allocatable): Pods that request them are scheduled by count.
+    /// The agent only counts them; whatever they name is the node's to provide.
+    #[arg(long, value_parser = node::parse_extended_resources, default_value = "")]
+    pub extended_resources: BTreeMap<String, u64>,
     /// Resources kept back for the system, `cpu=100m,memory=256Mi,ephemeral-storage=1Gi`.
     #[arg(long, default_value = "")]
     pub system_reserved: node::Reserved,
@@ -157,6 +162,7 @@ impl AgentArgs {
             reserved: self.system_reserved + self.kube_reserved,
             eviction_hard: self.eviction_hard,
             nodefs: self.pod_dir.clone(),
+            extended_resources: self.extended_resources,
         };
         cfg.runtime.pod_dir = self.pod_dir;
         cfg.runtime.pod_log_dir = self.pod_log_dir;

@@ -56,6 +56,7 @@ const PURE: &[&str] = &[
     "nodeagent/src/kubelet/registries.rs",
     "nodeagent/src/kubelet/runtime/actions.rs",
     "nodeagent/src/kubelet/runtime/failures.rs",
+    "nodeagent/src/kubelet/runtime/hosts.rs",
     "nodeagent/src/kubelet/runtime/spec.rs",
     "nodeagent/src/kubelet/runtime/status.rs",
     "nodeagent/src/kubelet/runtime/volumes/projection.rs",

@@ -4,7 +4,8 @@
 //!
 //! While containerd is down the node is `Ready=False` (`KubeletNotReady`, "container runtime is
 //! down") within 10 s and tainted `node.kubernetes.io/not-ready` (NoSchedule and NoExecute); a
-//! Pod that tolerates that taint for 2 s is evicted and its replacement is not scheduled there,
+//! Pod that tolerates that taint for 2 s is evicted (Terminating until the runtime is back to stop
+//! it) and its replacement is not scheduled there,
 //! while a Pod that says nothing stays (DefaultTolerationSeconds: 300 s). A Pod bound to the
 //! node meanwhile (by `nodeName`, as no scheduler would) says within seconds why it does not
 //! start: a `FailedCreatePodSandBox` Event and its PodReadyToStartContainers condition. Once
@@ -70,6 +71,7 @@ struct Seen {
     container: String,
     restarts: i64,
     node: String,
+    terminating: bool,
 }
 
 /// The Pods of `app`.
@@ -88,6 +90,7 @@ fn pods(gp: &Gitplane, host: &NetnsHost, app: &str) -> Result<Vec<Seen>> {
                 container: text(&status["containerID"]),
                 restarts: status["restartCount"].as_i64().unwrap_or(0),
                 node: text(&p["spec"]["nodeName"]),
+                terminating: p["metadata"]["deletionTimestamp"].is_string(),
             }
         })
         .collect())
@@ -106,7 +109,8 @@ fn running(gp: &Gitplane, host: &NetnsHost, app: &str) -> Option<(String, String
 
 impl std::fmt::Debug for Seen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} on {:?} ({})", self.name, self.phase, self.node, self.container)
+        let terminating = if self.terminating { ", terminating" } else { "" };
+        write!(f, "{} {} on {:?} ({}){terminating}", self.name, self.phase, self.node, self.container)
     }
 }
 
@@ -167,12 +171,15 @@ async fn t61_a_node_whose_runtime_dies_says_so_and_comes_back() -> Result<()> {
         "{tainted:?}"
     );
 
-    // The Pod that tolerates it for 2 s is evicted; its replacement waits for a node.
+    // The Pod that tolerates it for 2 s is evicted: it stays Terminating, as its node cannot stop
+    // it without a runtime; its replacement waits for a node.
     let replacement = tokio::task::block_in_place(|| {
         wait_for(DEADLINE, || {
             let pods = pods(&gp, &host, "brief").ok()?;
-            let [pod] = pods.as_slice() else { return None };
-            (pod.name != brief && pod.node.is_empty()).then(|| pod.name.clone())
+            let [evicted, pod] = pods.as_slice() else { return None };
+            let (evicted, pod) = if evicted.name == brief { (evicted, pod) } else { (pod, evicted) };
+            (evicted.name == brief && evicted.terminating && !pod.terminating && pod.node.is_empty())
+                .then(|| pod.name.clone())
         })
     })
     .with_context(|| format!("brief was not evicted and replaced: {:?}", pods(&gp, &host, "brief")))?;

@@ -3,7 +3,8 @@
 //! on a tmpfs) and its labels through a downwardAPI volume; a push that changes the ConfigMap and
 //! the Secret changes the files inside the running container, without a restart; a Pod whose
 //! volume names a ConfigMap that does not exist waits with a message naming it, and starts by
-//! itself once the ConfigMap is pushed.
+//! itself once the ConfigMap is pushed; the Pod's /etc/hosts is the kubelet's managed file with
+//! its hostAliases.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, require_root, wait_for};
@@ -48,6 +49,8 @@ metadata:
     tier: web
 spec:
   terminationGracePeriodSeconds: 1
+  hostAliases:
+    - {{ip: 10.1.2.3, hostnames: [foo.local, bar.local]}}
   containers:
     - name: reader{SLEEPER}
       env:
@@ -139,6 +142,16 @@ async fn t66_config_maps_and_secrets_reach_containers_and_update_in_place() -> R
         .with_context(|| format!("reader is not Running: {:?}\n{}", pod(&cluster, "reader"), cluster.log_text()))?;
 
     // Env: valueFrom, resourceFieldRef and envFrom (with its prefix).
+    let hosts = read(&cluster, &reader, "/etc/hosts")?;
+    let ip = pod(&cluster, "reader")?["status"]["podIP"].as_str().unwrap_or_default().to_owned();
+    for line in [
+        "# Kubernetes-managed hosts file.",
+        "127.0.0.1\tlocalhost",
+        &format!("{ip}\treader"),
+        "10.1.2.3\tfoo.local\tbar.local",
+    ] {
+        ensure!(hosts.lines().any(|l| l == line), "/etc/hosts lacks {line:?}:\n{hosts}");
+    }
     let env = cluster.exec(&reader.node, &reader.container, &["/bin/busybox", "env"])?;
     for expected in ["MODE=fast", "PASSWORD=hunter2", "CFG_mode=fast", "CFG_greeting=hello", "MEMORY_MI=32"] {
         ensure!(env.lines().any(|l| l == expected), "{expected} is not in the environment:\n{env}");

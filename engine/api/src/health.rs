@@ -71,9 +71,13 @@ const BROKEN: [&str; 6] = [
     "InvalidImageName",
 ];
 
-/// A Pod: Running and Ready, or Succeeded, is healthy; Failed or stuck on a broken container is
-/// degraded; anything else is progressing.
+/// A Pod: being deleted is progressing (Argo CD's "Pending deletion"); Running and Ready, or
+/// Succeeded, is healthy; Failed or stuck on a broken container is degraded; anything else is
+/// progressing.
 pub fn pod(pod: &Value) -> (Health, String) {
+    if pod["metadata"]["deletionTimestamp"].is_string() {
+        return (Health::Progressing, "Pending deletion".into());
+    }
     let status = &pod["status"];
     let phase = status["phase"].as_str().unwrap_or("Pending");
     let broken = ["initContainerStatuses", "containerStatuses"]
@@ -279,6 +283,9 @@ mod tests {
             {"name": "migrate", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}]}});
         assert_eq!(pod(&init_crashing), (Health::Degraded, "container migrate: CrashLoopBackOff".into()));
         assert_eq!(pod(&json!({"status": {"phase": "Succeeded"}})).0, Health::Healthy);
+        let mut terminating = running(true);
+        terminating["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:30Z");
+        assert_eq!(pod(&terminating), (Health::Progressing, "Pending deletion".into()));
     }
 
     #[test]

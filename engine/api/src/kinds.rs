@@ -9,6 +9,7 @@ use k8s_openapi::api::{
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
     storage::v1::StorageClass,
 };
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube_core::Resource;
 use schemars::JsonSchema;
 use serde_json::Value;
@@ -73,6 +74,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<PersistentVolumeClaim>(true),
         KindInfo::of::<PersistentVolume>(false),
         KindInfo::of::<StorageClass>(false),
+        KindInfo::of::<APIService>(false),
         KindInfo::of::<crate::Application>(true),
     ]
 });

@@ -17,6 +17,7 @@ use k8s_openapi::api::{
     storage::v1::StorageClass,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube_core::Resource;
 use schemars::{
     JsonSchema,
@@ -149,6 +150,7 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<PersistentVolumeClaim>();
     b.add::<PersistentVolume>();
     b.add::<StorageClass>();
+    b.add::<APIService>();
     b.add::<crate::Application>();
     let metadata = b.generator.subschema_for::<ObjectMeta>().to_value();
     let mut schemas = b.generator.take_definitions(true);
@@ -227,7 +229,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 27);
+            assert_eq!(d.roots.len(), 28);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some("v1")));

@@ -139,6 +139,13 @@ const RESOURCES: &[Resource] = &[
         kind: "StorageClass",
         namespaced: false,
     },
+    Resource {
+        group: "apiregistration.k8s.io",
+        version: "v1",
+        plural: "apiservices",
+        kind: "APIService",
+        namespaced: false,
+    },
     Resource { group: "gitplane.io", version: "v1", plural: "applications", kind: "Application", namespaced: true },
 ];
 

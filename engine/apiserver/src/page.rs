@@ -228,7 +228,7 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
 fn badge(state: &str) -> String {
     let class = match state {
         "Healthy" | "Synced" | "Running" | "Succeeded" | "Ready" | "True" | "Normal" => "ok",
-        "Progressing" | "OutOfSync" | "Pending" | "Unknown" => "busy",
+        "Progressing" | "OutOfSync" | "Pending" | "Unknown" | "Terminating" => "busy",
         "" => "none",
         _ => "bad",
     };
@@ -679,11 +679,13 @@ async fn pod(
     let _ = write!(
         body,
         "<dl class=\"facts\"><dt>Namespace</dt><dd>{}</dd><dt>Health</dt><dd>{} <span class=\"muted\">{}</span></dd>\
-         <dt>Phase</dt><dd>{}</dd><dt>Ready</dt><dd>{}</dd><dt>Restarts</dt><dd>{}</dd><dt>Node</dt><dd>{}</dd><dt>IP</dt><dd>{}</dd></dl>",
+         <dt>Phase</dt><dd>{}</dd><dt>Status</dt><dd>{}</dd><dt>Ready</dt><dd>{}</dd><dt>Restarts</dt><dd>{}</dd>\
+         <dt>Node</dt><dd>{}</dd><dt>IP</dt><dd>{}</dd></dl>",
         esc(&namespace),
         badge(health.as_str()),
         esc(&message),
         badge(str_at(&pod, "/status/phase")),
+        badge(&cell(2)),
         esc(&cell(1)),
         esc(&cell(3)),
         esc(str_at(&pod, "/spec/nodeName")),

@@ -167,6 +167,7 @@ fn columns(kind: &str) -> Vec<Value> {
             vec![("Name", S, 0), ("Class", S, 0), ("Hosts", S, 0), ("Address", S, 0), ("Ports", S, 0), ("Age", S, 0)]
         }
         "IngressClass" => vec![("Name", S, 0), ("Controller", S, 0), ("Parameters", S, 0), ("Age", S, 0)],
+        "APIService" => vec![("Name", S, 0), ("Service", S, 0), ("Available", S, 0), ("Age", S, 0)],
         "NetworkPolicy" => vec![("Name", S, 0), ("Pod-Selector", S, 0), ("Age", S, 0)],
         "PersistentVolumeClaim" => vec![
             ("Name", S, 0),
@@ -515,6 +516,15 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
                 None => "<none>".to_owned(),
             };
             vec![name, cell(or_none(&spec["controller"])), cell(parameters), age]
+        }
+        // gitplane answers the one APIService it accepts, metrics.k8s.io, itself.
+        "APIService" => {
+            let service = &spec["service"];
+            let service = match service["name"].as_str() {
+                Some(n) => format!("{}/{n}", service["namespace"].as_str().unwrap_or("")),
+                None => "Local".to_owned(),
+            };
+            vec![name, cell(service), cell("True".to_owned()), age]
         }
         "EndpointSlice" => {
             let ports = array(&o["ports"]).map(|p| match (p["port"].as_i64(), p["name"].as_str()) {

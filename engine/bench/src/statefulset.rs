@@ -65,6 +65,8 @@ async fn run(args: &StatefulSetArgs, gitplane: &Path) -> Result<()> {
     git(tokio::process::Command::new("git").arg("clone").arg("--quiet").arg(up.repos_dir.join("demo.git")).arg(&work))
         .await?;
     std::fs::remove_file(work.join("web.yaml")).context("the demo's web.yaml")?;
+    // Something stays, so that removing a workload is not an empty render (which is refused).
+    std::fs::write(work.join("keep.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: bench-keep\n")?;
     push(&work, "no demo workload").await?;
     wait_for_pods(&up, 0).await?;
 

@@ -89,7 +89,9 @@ impl Rollout<'_> {
     /// Recreate: every old ReplicaSet to zero, then the new one up once their Pods are gone.
     fn recreate(&self) -> Result<Vec<Op<ReplicaSet>>, ReconcileError> {
         let mut ops: Vec<_> = self.old.iter().filter(|rs| replicas(rs) > 0).map(|rs| scaled(rs, 0)).collect();
-        if self.old.iter().any(|rs| status_of(rs).0 > 0) {
+        // Old Pods still terminating count too: Recreate never runs old and new at once.
+        let terminating = |rs: &ReplicaSet| rs.status.as_ref().and_then(|s| s.terminating_replicas).unwrap_or(0);
+        if self.old.iter().any(|rs| status_of(rs).0 > 0 || terminating(rs) > 0) {
             return Ok(ops);
         }
         match self.new {
@@ -439,6 +441,10 @@ mod tests {
              spec(Some(3), Some("Recreate"), None), |d| vec![rs(d, "old", 3, 3, 3, 1)], &["scale old 0"]),
             ("Recreate: the new one waits for the old Pods to be gone",
              spec(Some(3), Some("Recreate"), None), |d| vec![rs(d, "old", 0, 2, 2, 1)], &[]),
+            ("Recreate: ... and for its terminating Pods",
+             spec(Some(3), Some("Recreate"), None),
+             |d| { let mut old = rs(d, "old", 0, 0, 0, 1); old.status.as_mut().unwrap().terminating_replicas = Some(1); vec![old] },
+             &[]),
             ("Recreate: then the new one comes up",
              spec(Some(3), Some("Recreate"), None), |d| vec![rs(d, "old", 0, 0, 0, 1)], &["create 3"]),
             ("Recreate: a scale-up of the new one also waits",
@@ -467,7 +473,8 @@ mod tests {
         let d = spec(Some(3), None, Some(0));
         let owned = [rs(&d, "old", 3, 3, 3, 1), rs(&d, "new", 3, 3, 3, 2)];
         let ops = plan(&d, &owned).unwrap();
-        let gitplane_store::Op::Update(scaled) = ops[0].clone().into_store_op() else { panic!("{ops:?}") };
+        let now = gitplane_api::k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
+        let Some(gitplane_store::Op::Update(scaled)) = ops[0].clone().into_store_op(now) else { panic!("{ops:?}") };
         assert_eq!(scaled["metadata"]["resourceVersion"], "7");
         let new = plan(&d, &[]).unwrap().remove(0);
         let Op::Create(new) = new else { panic!("{new:?}") };

@@ -1,8 +1,9 @@
 //! Garbage collector: deletes objects whose owners are gone (background cascading deletion).
 
 use crate::{Action, Context, ReconcileError, Reconciler};
-use gitplane_api::object::{group_kind, kind_of, resource_version};
-use gitplane_store::{Event, EventType, ObjectKey, Op, informer::Cache};
+use gitplane_api::k8s_openapi::jiff::Timestamp;
+use gitplane_api::object::{group_kind, kind_of};
+use gitplane_store::{Event, EventType, ObjectKey, deletion, informer::Cache};
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, ReplicaSet},
     core::v1::{PersistentVolumeClaim, Pod},
@@ -83,8 +84,8 @@ impl Reconciler for GarbageCollector {
                 return Ok(Action::await_change());
             }
         }
+        let Some(delete) = deletion::delete(&object, Timestamp::now()) else { return Ok(Action::await_change()) };
         tracing::info!("owners are gone, deleting");
-        let delete = Op::Delete { key: key.clone(), revision: resource_version(&object) };
         match ctx.commit(vec![delete]).await {
             Err(e) if e.is_not_found() => Ok(Action::await_change()),
             other => other.map(|_| Action::await_change()).map_err(Into::into),

@@ -33,13 +33,16 @@ pub struct Counts {
 }
 
 impl Counts {
+    /// A terminating Pod that has not finished counts for nothing, as upstream's active Pods
+    /// leave it out: a replacement may start at once.
     pub fn of(pods: &[Pod]) -> Counts {
         let mut counts = Counts::default();
         for pod in pods {
             match phase(pod) {
                 "Succeeded" => counts.succeeded += 1,
                 "Failed" => counts.failed += 1,
-                _ => counts.active += 1,
+                _ if is_active(pod) => counts.active += 1,
+                _ => {}
             }
         }
         counts
@@ -241,20 +244,23 @@ mod tests {
         .unwrap()
     }
 
-    /// Pods named after their phase letter and position: `R0` Running, `S1` Succeeded, `F2` Failed.
+    /// Pods named after their phase letter and position: `R0` Running, `S1` Succeeded, `F2` Failed,
+    /// `T3` Running and terminating.
     fn pods(phases: &str) -> Vec<Pod> {
         phases
             .chars()
             .enumerate()
             .map(|(i, p)| {
                 let phase = match p {
-                    'R' => "Running",
+                    'R' | 'T' => "Running",
                     'S' => "Succeeded",
                     'F' => "Failed",
                     other => panic!("unknown phase {other}"),
                 };
+                let deleted = (p == 'T').then_some("2026-01-01T00:00:00Z");
                 serde_json::from_value(json!({
-                    "metadata": {"name": format!("{p}{i}"), "namespace": "default", "resourceVersion": "4"},
+                    "metadata": {"name": format!("{p}{i}"), "namespace": "default", "resourceVersion": "4",
+                                 "deletionTimestamp": deleted},
                     "spec": {"containers": [{"name": "c", "image": "i"}]},
                     "status": {"phase": phase}
                 }))
@@ -288,6 +294,8 @@ mod tests {
             ("past backoffLimit: failed, what still runs is stopped", job(Some(3), Some(2), Some(1)), "FFR", failed(), vec!["delete R2"]),
             ("at backoffLimit: still running", job(Some(3), Some(2), Some(1)), "FR", Step::Run(1), vec!["create"]),
             ("zero completions are complete at once", job(Some(0), None, None), "", Step::Complete, vec![]),
+            ("a terminating Pod is replaced, not stopped again", job(Some(2), Some(1), None), "T", Step::Run(1), vec!["create"]),
+            ("complete: a terminating Pod is left to its node", job(Some(1), Some(1), None), "ST", Step::Complete, vec![]),
         ];
         for (name, job, phases, step, ops) in cases {
             let (planned, planned_ops) = plan(&job, &pods(phases)).unwrap();

@@ -2,15 +2,16 @@
 //! and every node that is not Ready gets upstream's taints for it (TaintNodesByCondition's
 //! NoSchedule, which keeps new Pods off, and the NoExecute one the taint eviction controller
 //! evicts by): `node.kubernetes.io/not-ready` while its agent says Ready=False (its runtime is
-//! down), `node.kubernetes.io/unreachable` while Ready is Unknown. They go once it is Ready.
+//! down), `node.kubernetes.io/unreachable` while Ready is Unknown. They go once it is Ready. The
+//! Pods of a deleted node are removed.
 
 use crate::{Action, Context, ReconcileError, Reconciler};
-use gitplane_api::object::{NODE_LEASE_NAMESPACE, kind_of, to_value};
+use gitplane_api::object::{NODE_LEASE_NAMESPACE, kind_of, resource_version, to_value};
 use gitplane_api::taints::{NO_EXECUTE, NO_SCHEDULE, NOT_READY, UNREACHABLE};
 use gitplane_store::{Event, ObjectKey, Op, informer::Cache};
 use k8s_openapi::api::{
     coordination::v1::Lease,
-    core::v1::{Node, NodeCondition, Taint},
+    core::v1::{Node, NodeCondition, Pod, Taint},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -69,7 +70,9 @@ impl Reconciler for NodeLifecycleController {
     }
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
-        let Some(node) = ctx.cache().get_typed::<Node>("", &key.name) else { return Ok(Action::await_change()) };
+        let Some(node) = ctx.cache().get_typed::<Node>("", &key.name) else {
+            return remove_orphaned_pods(&key.name, ctx).await;
+        };
         let now = Time(Timestamp::now());
         let ready = ready_status(&node);
         let taints = node.spec.as_ref().and_then(|s| s.taints.clone()).unwrap_or_default();
@@ -113,6 +116,24 @@ impl Reconciler for NodeLifecycleController {
         ctx.commit(vec![Op::UpdateStatus(to_value(&updated))]).await?;
         Ok(Action::await_change())
     }
+}
+
+/// The pod GC's orphan collection: the Pods bound to a Node that was deleted are removed at once,
+/// terminating or not, as no agent is left to stop them and finalize their delete. Reached by
+/// the Node's delete only (a resync never looks at absent nodes).
+async fn remove_orphaned_pods(node: &str, ctx: &Context) -> Result<Action, ReconcileError> {
+    let ops: Vec<Op> = ctx
+        .cache()
+        .list(&kind_of::<Pod>(), None)
+        .iter()
+        .filter(|p| p["spec"]["nodeName"].as_str() == Some(node))
+        .filter_map(|p| ObjectKey::from_value(p).ok().map(|key| Op::Delete { key, revision: resource_version(p) }))
+        .collect();
+    if !ops.is_empty() {
+        tracing::info!(%node, pods = ops.len(), "the node is gone: removing its Pods");
+        ctx.commit(ops).await?;
+    }
+    Ok(Action::await_change())
 }
 
 /// The status of the node's Ready condition, if it has one.

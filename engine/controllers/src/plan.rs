@@ -2,11 +2,8 @@
 //! and the dependents it controls in, [`Op`]s out) that table tests drive directly; the runtime
 //! commits a plan as one transaction ([`crate::Context::apply`]).
 
-use gitplane_api::{
-    kube_core::Resource,
-    object::{revision_of, to_value},
-};
-use gitplane_store::ObjectKey;
+use gitplane_api::{k8s_openapi::jiff::Timestamp, kube_core::Resource, object::to_value};
+use gitplane_store::deletion;
 use serde::Serialize;
 
 /// One write a plan decides on. Updates and deletes carry the object as it was read, so they
@@ -17,20 +14,17 @@ pub enum Op<K> {
     Create(K),
     /// Replaces metadata and spec.
     Update(K),
+    /// Deletes as the API server does ([`deletion::delete`]): a bound Pod gracefully.
     Delete(K),
 }
 
 impl<K: Resource<DynamicType = ()> + Serialize> Op<K> {
-    pub fn into_store_op(self) -> gitplane_store::Op {
+    /// The store's write at `now`; `None` for a delete already under way.
+    pub fn into_store_op(self, now: Timestamp) -> Option<gitplane_store::Op> {
         match self {
-            Op::Create(object) => gitplane_store::Op::Create(to_value(&object)),
-            Op::Update(object) => gitplane_store::Op::Update(to_value(&object)),
-            Op::Delete(object) => {
-                let meta = object.meta();
-                let key =
-                    ObjectKey::of::<K>(meta.namespace.as_deref().unwrap_or(""), meta.name.as_deref().unwrap_or(""));
-                gitplane_store::Op::Delete { key, revision: revision_of(&object) }
-            }
+            Op::Create(object) => Some(gitplane_store::Op::Create(to_value(&object))),
+            Op::Update(object) => Some(gitplane_store::Op::Update(to_value(&object))),
+            Op::Delete(object) => deletion::delete(&to_value(&object), now),
         }
     }
 }

@@ -31,9 +31,20 @@ pub(crate) fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Running or yet to run: not Succeeded or Failed.
+/// Running or yet to run, and not being deleted (upstream's `FilterActivePods`): a terminating
+/// Pod is already on its way out, so its replacement is made at once.
 pub(crate) fn is_active(pod: &Pod) -> bool {
-    !matches!(phase(pod), "Succeeded" | "Failed")
+    !is_finished(pod) && !is_terminating(pod)
+}
+
+/// Succeeded or Failed.
+pub(crate) fn is_finished(pod: &Pod) -> bool {
+    matches!(phase(pod), "Succeeded" | "Failed")
+}
+
+/// Being deleted gracefully: its node is stopping it.
+pub(crate) fn is_terminating(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
 }
 
 /// The order in which surplus Pods go: unscheduled, then pending, then not ready, then newest.
@@ -69,11 +80,12 @@ fn new_pod(rs: &ReplicaSet) -> Result<Pod, ReconcileError> {
 
 /// The writes that bring a ReplicaSet's Pods (`owned`: the ones it controls) to its replicas:
 /// finished Pods deleted, then at most [`BURST`] Pods created or deleted, surplus Pods in
-/// [`deletion_rank`] order.
+/// [`deletion_rank`] order. Terminating Pods count for nothing.
 pub fn plan(rs: &ReplicaSet, owned: &[Pod]) -> Result<Vec<Op<Pod>>, ReconcileError> {
     let desired = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let (mut active, finished): (Vec<&Pod>, Vec<&Pod>) = owned.iter().partition(|p| is_active(p));
-    let mut ops: Vec<Op<Pod>> = finished.into_iter().map(|p| Op::Delete(p.clone())).collect();
+    let mut active: Vec<&Pod> = owned.iter().filter(|p| is_active(p)).collect();
+    let finished = owned.iter().filter(|p| is_finished(p) && !is_terminating(p));
+    let mut ops: Vec<Op<Pod>> = finished.map(|p| Op::Delete(p.clone())).collect();
     let diff = replica_diff(desired, active.len());
     if diff > 0 {
         for _ in 0..diff.min(BURST as i64) {
@@ -86,15 +98,18 @@ pub fn plan(rs: &ReplicaSet, owned: &[Pod]) -> Result<Vec<Op<Pod>>, ReconcileErr
     Ok(ops)
 }
 
-/// The ReplicaSet's status from its active Pods.
+/// The ReplicaSet's status from its active Pods, and how many of its Pods are still
+/// terminating (which a Recreate rollout waits for).
 pub fn status(rs: &ReplicaSet, owned: &[Pod]) -> ReplicaSetStatus {
     let active: Vec<&Pod> = owned.iter().filter(|p| is_active(p)).collect();
     let ready = active.iter().filter(|p| is_ready(p)).count() as i32;
+    let terminating = owned.iter().filter(|p| is_terminating(p)).count() as i32;
     ReplicaSetStatus {
         replicas: active.len() as i32,
         fully_labeled_replicas: Some(active.len() as i32),
         ready_replicas: Some(ready),
         available_replicas: Some(ready),
+        terminating_replicas: (terminating > 0).then_some(terminating),
         observed_generation: rs.metadata.generation,
         ..Default::default()
     }
@@ -176,6 +191,13 @@ mod tests {
         .unwrap()
     }
 
+    /// `pod`, being deleted.
+    fn terminating(mut pod: Pod) -> Pod {
+        let at = k8s_openapi::jiff::Timestamp::from_second(100).unwrap();
+        pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at));
+        pod
+    }
+
     /// A Pod named `name` in `phase` (`-` for none yet), bound to a node or not, ready or not,
     /// created at second `created`.
     fn pod(name: &str, phase: &str, bound: bool, ready: bool, created: i64) -> Pod {
@@ -219,6 +241,13 @@ mod tests {
              vec![pod("done", "Succeeded", true, false, 1), pod("crashed", "Failed", true, false, 2), running("a", 3)],
              vec!["delete done", "delete crashed", "create"]),
             ("negative replicas mean none", Some(-1), vec![running("a", 1)], vec!["delete a"]),
+            ("a terminating Pod counts for nothing: replaced at once", Some(2),
+             vec![running("a", 1), terminating(running("b", 2))], vec!["create"]),
+            ("a terminating Pod is not deleted again", Some(1),
+             vec![running("a", 1), terminating(running("b", 2)), terminating(pod("c", "Failed", true, false, 3))],
+             vec![]),
+            ("scale down skips terminating Pods", Some(1),
+             vec![running("a", 1), running("b", 2), terminating(running("c", 3))], vec!["delete b"]),
         ];
         for (name, replicas, pods, expected) in cases {
             assert_eq!(describe(&plan(&replica_set(replicas), &pods).unwrap()), expected, "{name}");
@@ -239,13 +268,24 @@ mod tests {
 
     #[test]
     fn status_counts_active_and_ready_pods() {
-        let pods = [
-            pod("a", "Running", true, true, 1),
-            pod("b", "Running", true, false, 2),
-            pod("c", "Succeeded", true, false, 3),
+        let (a, b) = (pod("a", "Running", true, true, 1), pod("b", "Running", true, false, 2));
+        let done = pod("c", "Succeeded", true, false, 3);
+        let leaving = terminating(pod("d", "Running", true, true, 4));
+        // (what, Pods, replicas, ready, terminating)
+        #[rustfmt::skip]
+        let cases = [
+            ("active and ready", vec![a.clone(), b.clone(), done], 2, 1, None),
+            ("a terminating Pod is neither replica nor ready", vec![a, b, leaving.clone()], 2, 1, Some(1)),
+            ("only terminating", vec![leaving], 0, 0, Some(1)),
         ];
-        let status = status(&replica_set(Some(2)), &pods);
-        assert_eq!((status.replicas, status.ready_replicas, status.available_replicas), (2, Some(1), Some(1)));
-        assert_eq!(status.observed_generation, Some(2));
+        for (what, pods, replicas, ready, terminating) in cases {
+            let status = status(&replica_set(Some(2)), &pods);
+            assert_eq!(
+                (status.replicas, status.ready_replicas, status.available_replicas, status.terminating_replicas),
+                (replicas, Some(ready), Some(ready), terminating),
+                "{what}"
+            );
+            assert_eq!(status.observed_generation, Some(2));
+        }
     }
 }

@@ -124,7 +124,8 @@ impl Context {
         &self,
         plan: Vec<plan::Op<K>>,
     ) -> Result<Revision, StoreError> {
-        self.commit(plan.into_iter().map(plan::Op::into_store_op).collect()).await
+        let now = gitplane_api::k8s_openapi::jiff::Timestamp::now();
+        self.commit(plan.into_iter().filter_map(|op| op.into_store_op(now)).collect()).await
     }
 
     /// Writes an object's status (compare-and-swap on its resourceVersion) and waits until the

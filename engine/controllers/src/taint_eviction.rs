@@ -1,7 +1,9 @@
 //! Taint eviction controller (upstream's NoExecuteTaintManager): the Pods on a node with a
 //! NoExecute taint they do not tolerate (and have not finished) are evicted (deleted, so their controllers make them
 //! anew where they can run) at once; those that tolerate it with `tolerationSeconds` once that
-//! much time has passed since the taint came (its `timeAdded`).
+//! much time has passed since the taint came (its `timeAdded`). An eviction is a graceful delete
+//! (the node stops the Pod), except from an unreachable node, whose agent cannot: there the Pod
+//! is removed at once, as are the Pods already terminating on it.
 //!
 //! A Pod that says nothing about `node.kubernetes.io/not-ready` or `unreachable` NoExecute is
 //! treated as tolerating them for [`DefaultTolerations`] (300 s each, as kube-apiserver's
@@ -12,8 +14,11 @@
 
 use crate::{Action, Context, ReconcileError, Reconciler};
 use gitplane_api::taints::{NO_EXECUTE, NOT_READY, UNREACHABLE, tolerates};
-use gitplane_api::{events::NORMAL, object::kind_of};
-use gitplane_store::{Event, EventType, ObjectKey, informer::Cache};
+use gitplane_api::{
+    events::NORMAL,
+    object::{kind_of, revision_of},
+};
+use gitplane_store::{Event, EventType, ObjectKey, Op, informer::Cache};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
@@ -134,10 +139,20 @@ impl Reconciler for TaintEvictionController {
             p["spec"]["nodeName"].as_str() == Some(key.name.as_str())
                 && !matches!(p["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
         });
+        // An unreachable node's agent cannot stop its Pods and remove them: they go at once
+        // (force-deleted), those already terminating too.
+        let unreachable = taints.iter().any(|t| t.key == UNREACHABLE && t.effect == NO_EXECUTE);
         let now = Timestamp::now();
         let mut next: Option<Timestamp> = None;
         let mut evicted = Vec::new();
+        let mut forgotten = Vec::new();
         for pod in pods {
+            if pod.metadata.deletion_timestamp.is_some() {
+                if unreachable {
+                    forgotten.push(pod);
+                }
+                continue;
+            }
             let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
             match eviction(tolerations, &taints, self.defaults, now) {
                 Eviction::Never => {}
@@ -156,8 +171,13 @@ impl Reconciler for TaintEvictionController {
             ctx.event("taint-eviction-controller", pod, NORMAL, "TaintManagerEviction", &message);
         }
         // Each Pod on its own: one that changed meanwhile is looked at again, not the others.
-        for pod in evicted {
-            match ctx.apply(vec![crate::plan::Op::Delete(pod)]).await {
+        for pod in evicted.into_iter().chain(forgotten) {
+            let write = if unreachable {
+                ctx.commit(vec![force_delete(&pod)]).await
+            } else {
+                ctx.apply(vec![crate::plan::Op::Delete(pod)]).await
+            };
+            match write {
                 Err(e) if e.is_conflict() || e.is_not_found() => next = Some(now),
                 other => drop(other?),
             }
@@ -169,6 +189,13 @@ impl Reconciler for TaintEvictionController {
             None => Action::await_change(),
         })
     }
+}
+
+/// The delete of a Pod whatever its state, compare-and-swap on what was read.
+fn force_delete(pod: &Pod) -> Op {
+    let meta = &pod.metadata;
+    let key = ObjectKey::of::<Pod>(meta.namespace.as_deref().unwrap_or(""), meta.name.as_deref().unwrap_or(""));
+    Op::Delete { key, revision: revision_of(pod) }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What only the leader runs: the source, the scheduler and the controllers. A replica starts
 //! them when it becomes the acting leader and stops them the moment it is not.
 
+use anyhow::Context as _;
 use gitplane_controllers::{
     kubernetes_service::ApiEndpoints, loadbalancer::AddressPool, taint_eviction::DefaultTolerations,
 };
@@ -44,11 +45,26 @@ pub struct ControllerArgs {
     /// and tainted unreachable (kube-controller-manager's flag of this name).
     #[arg(long, default_value = "40s", value_parser = crate::events::parse_ttl)]
     node_monitor_grace_period: Duration,
+    /// Score weights for the scheduler's plugins: a YAML file modelled on kube-scheduler's
+    /// KubeSchedulerConfiguration, `profiles[0].plugins.score.enabled[{name, weight}]`
+    /// (unlisted plugins keep kube-scheduler's default weights).
+    #[arg(long, value_name = "FILE")]
+    scheduler_config: Option<PathBuf>,
 }
 
 impl ControllerArgs {
-    pub fn settings(&self) -> gitplane_controllers::Settings {
-        gitplane_controllers::Settings {
+    /// The settings, with the scheduler configuration file read and checked.
+    pub fn settings(&self) -> anyhow::Result<LoopSettings> {
+        let scheduler = match &self.scheduler_config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("reading the scheduler configuration {}", path.display()))?;
+                gitplane_scheduler::config::plugins_from_yaml(&path.display().to_string(), &text)
+                    .map_err(anyhow::Error::msg)?
+            }
+            None => gitplane_scheduler::plugins::DEFAULT_PLUGINS.to_vec(),
+        };
+        let controllers = gitplane_controllers::Settings {
             load_balancer_pool: self.load_balancer_pool,
             node_monitor_grace_period: self.node_monitor_grace_period,
             default_tolerations: DefaultTolerations {
@@ -56,8 +72,17 @@ impl ControllerArgs {
                 unreachable: Duration::from_secs(self.default_unreachable_toleration_seconds),
             },
             ..Default::default()
-        }
+        };
+        Ok(LoopSettings { controllers, scheduler })
     }
+}
+
+/// What the controllers and the scheduler run with: the controllers' settings and the
+/// scheduler's plugins with their score weights.
+#[derive(Clone)]
+pub struct LoopSettings {
+    pub controllers: gitplane_controllers::Settings,
+    pub scheduler: Vec<(&'static str, i64)>,
 }
 
 /// Where the `kubernetes` Service points: the first of `candidates` (the listener's address,
@@ -96,7 +121,7 @@ pub struct Settings {
     pub root: Option<String>,
     pub record_key: RecordKey,
     pub service_ranges: ServiceRanges,
-    pub controllers: gitplane_controllers::Settings,
+    pub controllers: LoopSettings,
     /// How long an Event lives after its last occurrence (`--event-ttl`).
     pub event_ttl: Duration,
     /// The replica's informer, shared with its push verdicts.
@@ -126,10 +151,9 @@ impl ControlPlane {
         if let Ok(head) = store.revision().await {
             informer.wait_for(head).await;
         }
-        let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone(), &controllers);
-        tasks.push(tokio::spawn(
-            gitplane_scheduler::Scheduler::new(store.clone(), informer.clone(), Default::default()).run(),
-        ));
+        let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone(), &controllers.controllers);
+        let profile = gitplane_scheduler::Profile::from_names(&controllers.scheduler).unwrap_or_default();
+        tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer.clone(), profile).run()));
         let store_for_events = store.clone();
         let source = SourceController::new(store, repos_dir, mirrors, record_key).with_service_ranges(service_ranges);
         tasks.push(tokio::spawn(source.run(informer)));

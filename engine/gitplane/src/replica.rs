@@ -126,7 +126,7 @@ impl Replica {
         git: GitServing,
         push_hint: String,
         service_ranges: ServiceRanges,
-        controllers: gitplane_controllers::Settings,
+        controllers: controlplane::LoopSettings,
         event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
         replica_addresses: Vec<std::net::IpAddr>,
@@ -148,7 +148,7 @@ impl Replica {
         let reserved = gitplane_nodeservice::addresses::Reserved {
             replicas: replica_addresses,
             services: (service_ranges.network, service_ranges.prefix),
-            load_balancers: controllers.load_balancer_pool,
+            load_balancers: controllers.controllers.load_balancer_pool,
         };
         let key = SigningKey::from_pkcs8(&tokens.key).context("the ServiceAccount token key")?;
         let public_key = key.public_key();

@@ -195,9 +195,9 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let mut git =
         GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref(), args.allow_file_urls)?;
     git.root = args.bootstrap;
-    let mut controllers = args.controllers.settings();
-    controllers.root_ca = Some(security.ca.pem());
-    controllers.api_endpoints =
+    let mut controllers = args.controllers.settings()?;
+    controllers.controllers.root_ca = Some(security.ca.pem());
+    controllers.controllers.api_endpoints =
         controlplane::api_endpoints(&ranges, &[listen].into_iter().chain(own_address).collect::<Vec<_>>());
     let access = security.access.clone();
     let tls = ReplicaTls { ca: security.ca.clone(), certificate };

@@ -178,12 +178,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         data_dir.join("git-token").display(),
         api_url.split_once("://").map_or(api_url.as_str(), |(_, addr)| addr),
     );
-    let mut controllers = args.controllers.settings();
-    controllers.root_ca = Some(security.ca.pem());
+    let mut controllers = args.controllers.settings()?;
+    controllers.controllers.root_ca = Some(security.ca.pem());
     // Pods reach the control plane where the nodes do: the bridge's gateway with --nodes, else
     // the listener's address (the embedded node's Pods cannot reach its loopback).
     let reached = if args.nodes.is_some() { SocketAddr::from((nodes::GATEWAY, port)) } else { args.listen };
-    controllers.api_endpoints = controlplane::api_endpoints(&ranges, &[reached]);
+    controllers.controllers.api_endpoints = controlplane::api_endpoints(&ranges, &[reached]);
     let backend = Backend::raft(config).await?;
     let nodes_netns = node_network.as_ref().map(|(n, _)| n.netns_path());
     let access = security.access.clone();

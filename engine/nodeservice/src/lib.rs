@@ -31,11 +31,11 @@ use gitplane_apiserver::{
     listener::{ClientAddr, Transport},
 };
 use gitplane_proto::node::{
-    CreateEventsRequest, CreateEventsResponse, EventType as WireEventType, HeartbeatRequest, HeartbeatResponse,
-    ObjectEvent, PodEvent, RegisterRequest, RegisterResponse, RenewCertificatesRequest, RenewCertificatesResponse,
-    ServiceAccountTokenRequest, ServiceAccountTokenResponse, UpdateNodeStatusRequest, UpdateNodeStatusResponse,
-    UpdatePodStatusRequest, UpdatePodStatusResponse, WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest,
-    node_service_server,
+    CreateEventsRequest, CreateEventsResponse, DeletePodRequest, DeletePodResponse, EventType as WireEventType,
+    HeartbeatRequest, HeartbeatResponse, ObjectEvent, PodEvent, RegisterRequest, RegisterResponse,
+    RenewCertificatesRequest, RenewCertificatesResponse, ServiceAccountTokenRequest, ServiceAccountTokenResponse,
+    UpdateNodeStatusRequest, UpdateNodeStatusResponse, UpdatePodStatusRequest, UpdatePodStatusResponse,
+    WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest, node_service_server,
 };
 use gitplane_store::{Api, EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
@@ -865,6 +865,45 @@ impl node_service_server::NodeService for NodeService {
         }
         Err(Status::aborted("pod status is contended; retry"))
     }
+
+    async fn delete_pod(&self, request: Request<DeletePodRequest>) -> Result<Response<DeletePodResponse>, Status> {
+        let (own, _) = self.admitted(&request).await?;
+        let req = request.into_inner();
+        let pods = Api::<Pod>::new(self.store.clone());
+        for _ in 0..CAS_ATTEMPTS {
+            let pod = pods.get(&req.namespace, &req.name).await.map_err(store_status)?;
+            let revision = finalizable(pod.as_ref(), &own, &req)?;
+            let key = ObjectKey::of::<Pod>(&req.namespace, &req.name);
+            match self.store.txn(vec![Op::Delete { key, revision }]).await {
+                Err(e) if e.is_conflict() => continue,
+                Err(e) => return Err(store_status(e)),
+                Ok(_) => {
+                    tracing::info!(pod = %format!("{}/{}", req.namespace, req.name), node = %own, "pod deleted by its node");
+                    return Ok(Response::new(DeletePodResponse {}));
+                }
+            }
+        }
+        Err(Status::aborted("the pod is contended; retry"))
+    }
+}
+
+/// NodeRestriction for a node's delete of a Pod: the Pod it stopped (same uid), bound to it, and
+/// already terminating; the revision to delete it at.
+fn finalizable(pod: Option<&Pod>, own: &str, req: &DeletePodRequest) -> Result<Option<i64>, Status> {
+    let name = format!("{}/{}", req.namespace, req.name);
+    let Some(pod) = pod.filter(|p| p.metadata.uid.as_deref() == Some(req.uid.as_str())) else {
+        return Err(Status::not_found(format!("pod {name} with uid {} no longer exists", req.uid)));
+    };
+    // Said the same way whether or not the Pod exists elsewhere: no probing of others' Pods.
+    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(own) {
+        return Err(Status::permission_denied(format!("pod {name} is not bound to node {own}")));
+    }
+    if pod.metadata.deletion_timestamp.is_none() {
+        return Err(Status::permission_denied(format!(
+            "pod {name} is not being deleted: a node removes only the Pods it was asked to stop"
+        )));
+    }
+    Ok(revision_of(pod))
 }
 
 /// A node reports only addresses it has: Pod IPs from its podCIDR (its own address for
@@ -1031,6 +1070,26 @@ mod tests {
         );
         assert_eq!(code(service.update_pod_status(report(&format!("{a_cidr}7"), as_a.clone())).await), tonic::Code::Ok);
 
+        // Deletes: only its own Pods, of the same uid, once they are terminating.
+        let delete = |uid: &str, caller: Caller| {
+            let request = DeletePodRequest { namespace: "default".into(), name: "p".into(), uid: uid.into() };
+            as_caller(request, caller)
+        };
+        assert_eq!(code(service.delete_pod(delete(&uid, as_a.clone())).await), tonic::Code::PermissionDenied);
+        let pods = Api::<Pod>::new(service.store.clone());
+        let mut terminating = pods.get("default", "p").await.unwrap().unwrap();
+        terminating.metadata.deletion_timestamp = Some(Time(Timestamp::now()));
+        pods.update(&terminating).await.unwrap();
+        #[rustfmt::skip]
+        let refused = [
+            (delete(&uid, as_b.clone()), tonic::Code::PermissionDenied, "a Pod bound elsewhere"),
+            (delete("other", as_a.clone()), tonic::Code::NotFound, "another uid"),
+            (delete(&uid, Caller::Joiner), tonic::Code::PermissionDenied, "the join token"),
+        ];
+        for (request, expected, what) in refused {
+            assert_eq!(code(service.delete_pod(request).await), expected, "{what}");
+        }
+
         // Events: about its own Pods and Node only; a batch with one other object is refused whole.
         let event = |kind: &str, name: &str| gitplane_proto::node::NodeEvent {
             involved_object: serde_json::to_vec(
@@ -1056,6 +1115,10 @@ mod tests {
         ] {
             assert_eq!(code(service.create_events(batch).await), tonic::Code::PermissionDenied, "{caller}");
         }
+
+        assert_eq!(code(service.delete_pod(delete(&uid, as_a.clone())).await), tonic::Code::Ok);
+        assert!(pods.get("default", "p").await.unwrap().is_none(), "removed");
+        assert_eq!(code(service.delete_pod(delete(&uid, as_a.clone())).await), tonic::Code::NotFound);
     }
 
     fn csr() -> Vec<u8> {

@@ -1,11 +1,91 @@
 //! The pure scheduling core: filter, then score, then pick. No I/O.
 
-use crate::resources::{Resources, node_allocatable, pod_requests, pod_score_requests};
+use crate::resources::{Resources, is_sidecar, node_allocatable, pod_requests, pod_score_requests};
+use crate::terms::{Term, required_terms, scoring_terms};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use std::{
+    any::Any,
     collections::{BTreeMap, HashMap},
     fmt,
 };
+
+pub use crate::terms::NamespaceLabels;
+
+/// What a scheduling cycle sees of the cluster: every node (not only the feasible ones) and the
+/// namespaces' labels.
+#[derive(Clone, Copy)]
+pub struct Cluster<'a> {
+    pub nodes: &'a [NodeInfo],
+    pub namespaces: &'a NamespaceLabels,
+}
+
+/// A Pod bound to a node, as far as other Pods' placement depends on it: what inter-Pod
+/// affinity and topology spreading match, and its own inter-Pod affinity terms.
+#[derive(Clone, Debug)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    /// Its required anti-affinity terms (which hold for Pods placed after it too).
+    pub required_anti_affinity: Vec<Term>,
+    /// Its terms that weigh on the score of Pods placed after it: preferred affinity and
+    /// anti-affinity, and required affinity with the hard weight.
+    pub scoring: Vec<Term>,
+}
+
+impl PodInfo {
+    pub fn new(pod: &Pod) -> Self {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let affinity = pod.spec.as_ref().and_then(|s| s.affinity.as_ref());
+        let (pod_affinity, anti) =
+            (affinity.and_then(|a| a.pod_affinity.as_ref()), affinity.and_then(|a| a.pod_anti_affinity.as_ref()));
+        let required_anti = anti.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
+        PodInfo {
+            required_anti_affinity: required_terms(required_anti, &namespace, &labels),
+            scoring: scoring_terms(pod_affinity, anti, &namespace, &labels, true),
+            namespace,
+            labels,
+        }
+    }
+}
+
+/// A port of the node a Pod takes (`hostPort`): its address (`0.0.0.0` for all), protocol
+/// and number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostPort {
+    pub ip: String,
+    pub protocol: String,
+    pub port: i32,
+}
+
+impl HostPort {
+    /// Whether two Pods could not both have these ports: same protocol and number on
+    /// overlapping addresses (kube-scheduler's `HostPortInfo.CheckConflict`).
+    pub fn conflicts(&self, other: &HostPort) -> bool {
+        self.port == other.port
+            && self.protocol == other.protocol
+            && (self.ip == other.ip || self.ip == ANY_IP || other.ip == ANY_IP)
+    }
+}
+
+const ANY_IP: &str = "0.0.0.0";
+
+/// The host ports of a Pod's containers and sidecars.
+pub fn host_ports(pod: &Pod) -> Vec<HostPort> {
+    let Some(spec) = pod.spec.as_ref() else { return Vec::new() };
+    let sidecars = spec.init_containers.iter().flatten().filter(|c| is_sidecar(c));
+    spec.containers
+        .iter()
+        .chain(sidecars)
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|p| p.host_port.is_some_and(|h| h > 0))
+        .map(|p| HostPort {
+            ip: p.host_ip.clone().filter(|ip| !ip.is_empty()).unwrap_or_else(|| ANY_IP.into()),
+            protocol: p.protocol.clone().unwrap_or_else(|| "TCP".into()),
+            port: p.host_port.unwrap_or_default(),
+        })
+        .collect()
+}
 
 /// A node as the scheduler sees it: the Node and what its bound Pods already request.
 #[derive(Clone, Debug)]
@@ -18,6 +98,13 @@ pub struct NodeInfo {
     pub score_requested: Resources,
     /// Its Pods by the uid of their controller (ReplicaSet, Job, ...): what spreading counts.
     pub by_controller: HashMap<String, u32>,
+    /// Its Pods, for inter-Pod affinity and topology spreading by label selectors.
+    pub pods: Vec<PodInfo>,
+    /// The host ports its Pods take.
+    pub host_ports: Vec<HostPort>,
+    /// Which of `pods` have inter-Pod affinity or anti-affinity terms (few do; they are what
+    /// other Pods' placement is checked against).
+    pub with_affinity: Vec<usize>,
 }
 
 impl NodeInfo {
@@ -29,6 +116,9 @@ impl NodeInfo {
             requested: Resources::default(),
             score_requested: Resources::default(),
             by_controller: HashMap::new(),
+            pods: Vec::new(),
+            host_ports: Vec::new(),
+            with_affinity: Vec::new(),
         }
     }
 
@@ -43,11 +133,17 @@ impl NodeInfo {
 
     /// Accounts for a Pod bound (or assumed bound) to this node.
     pub fn add_pod(&mut self, pod: &Pod) {
-        self.requested.add(pod_requests(pod));
-        self.score_requested.add(pod_score_requests(pod));
+        self.requested.add(&pod_requests(pod));
+        self.score_requested.add(&pod_score_requests(pod));
         if let Some(uid) = controller_uid(pod) {
             *self.by_controller.entry(uid.to_owned()).or_default() += 1;
         }
+        let info = PodInfo::new(pod);
+        if !info.required_anti_affinity.is_empty() || !info.scoring.is_empty() {
+            self.with_affinity.push(self.pods.len());
+        }
+        self.pods.push(info);
+        self.host_ports.extend(host_ports(pod));
     }
 }
 
@@ -57,11 +153,22 @@ pub fn controller_uid(pod: &Pod) -> Option<&str> {
     owners.iter().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
 }
 
+/// What a plugin's PreFilter computed once for the Pod, handed to its Filter on every node
+/// (kube-scheduler's CycleState entry); each plugin reads back its own type.
+pub type CycleState = Option<Box<dyn Any + Send + Sync>>;
+
 /// Filter: can this pod run on this node at all? `Err` carries the reasons users see
 /// (`Insufficient cpu`, `Insufficient memory`), each counted in the unschedulable message.
 pub trait FilterPlugin: Send + Sync {
     fn name(&self) -> &'static str;
-    fn filter(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> Result<(), Vec<String>>;
+
+    /// PreFilter: what the plugin needs to know of the whole cluster for this Pod, once per
+    /// cycle (nothing unless a plugin says otherwise).
+    fn pre_filter(&self, _pod: &Pod, _cluster: Cluster<'_>) -> CycleState {
+        None
+    }
+
+    fn filter(&self, pod: &Pod, request: &Resources, node: &NodeInfo, state: &CycleState) -> Result<(), Vec<String>>;
 }
 
 /// Score: how good a feasible node is, from 0 to 100. `request` is the Pod's request as scoring
@@ -71,9 +178,9 @@ pub trait ScorePlugin: Send + Sync {
     fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64;
 
     /// The scores of all feasible nodes at once, for plugins that compare nodes with each other
-    /// (the framework's PreScore, Score and NormalizeScore in one): each node on its own unless
-    /// a plugin says otherwise.
-    fn score_all(&self, pod: &Pod, request: &Resources, nodes: &[&NodeInfo]) -> Vec<i64> {
+    /// or count Pods over the cluster (the framework's PreScore, Score and NormalizeScore in
+    /// one): each node on its own unless a plugin says otherwise.
+    fn score_all(&self, pod: &Pod, request: &Resources, nodes: &[&NodeInfo], _cluster: Cluster<'_>) -> Vec<i64> {
         nodes.iter().map(|node| self.score(pod, request, node)).collect()
     }
 }
@@ -91,7 +198,10 @@ fn join_reasons(reasons: &BTreeMap<String, usize>) -> String {
     if reasons.is_empty() {
         return "no nodes are registered".into();
     }
-    reasons.iter().map(|(r, n)| format!("{n} {r}")).collect::<Vec<_>>().join(", ")
+    // Sorted as strings, counts first, as kube-scheduler's FitError sorts them.
+    let mut counted: Vec<String> = reasons.iter().map(|(r, n)| format!("{n} {r}")).collect();
+    counted.sort();
+    counted.join(", ")
 }
 
 /// An ordered set of plugins with score weights (a scheduler profile).
@@ -114,14 +224,28 @@ impl Profile {
         Profile { filters, scores }
     }
 
-    /// Picks the best feasible node: the highest weighted score, ties to the lowest name so the
-    /// result is deterministic.
-    pub fn schedule(&self, pod: &Pod, nodes: &[NodeInfo]) -> Result<String, ScheduleError> {
+    /// The plugins' names and the score weights, in order (what a configuration file made).
+    pub fn plugins(&self) -> (Vec<&'static str>, Vec<(&'static str, i64)>) {
+        (self.filters.iter().map(|p| p.name()).collect(), self.scores.iter().map(|(p, w)| (p.name(), *w)).collect())
+    }
+
+    /// Picks the best feasible node of `nodes`: the highest weighted score, ties to the lowest
+    /// name so the result is deterministic. A node's reasons are those of the first filter it
+    /// fails, as kube-scheduler stops at it.
+    pub fn schedule(
+        &self,
+        pod: &Pod,
+        nodes: &[NodeInfo],
+        namespaces: &NamespaceLabels,
+    ) -> Result<String, ScheduleError> {
+        let cluster = Cluster { nodes, namespaces };
         let (request, score_request) = (pod_requests(pod), pod_score_requests(pod));
+        let states: Vec<CycleState> = self.filters.iter().map(|f| f.pre_filter(pod, cluster)).collect();
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         let mut feasible: Vec<&NodeInfo> = Vec::with_capacity(nodes.len());
         for node in nodes {
-            match self.filters.iter().find_map(|f| f.filter(pod, &request, node).err()) {
+            let mut checks = self.filters.iter().zip(&states);
+            match checks.find_map(|(f, state)| f.filter(pod, &request, node, state).err()) {
                 Some(unfit) => unfit.into_iter().for_each(|reason| *reasons.entry(reason).or_default() += 1),
                 None => feasible.push(node),
             }
@@ -131,7 +255,7 @@ impl Profile {
         }
         let mut totals = vec![0i64; feasible.len()];
         for (plugin, weight) in &self.scores {
-            for (total, score) in totals.iter_mut().zip(plugin.score_all(pod, &score_request, &feasible)) {
+            for (total, score) in totals.iter_mut().zip(plugin.score_all(pod, &score_request, &feasible, cluster)) {
                 *total += weight * score.clamp(0, 100);
             }
         }

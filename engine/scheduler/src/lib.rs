@@ -6,11 +6,13 @@
 //! but a Pod's `spec.nodeName` and its `PodScheduled` condition; [`metrics`] are kube-scheduler's
 //! attempt counts and latencies.
 
+pub mod config;
 pub mod framework;
 pub mod metrics;
 pub mod plugins;
 pub mod resources;
 pub mod scheduler;
+pub mod terms;
 
-pub use framework::{NodeInfo, Profile, ScheduleError};
+pub use framework::{Cluster, NamespaceLabels, NodeInfo, Profile, ScheduleError};
 pub use scheduler::Scheduler;

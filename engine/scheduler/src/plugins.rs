@@ -1,10 +1,19 @@
-//! The built-in plugins and the registry that names them.
+//! The built-in plugins and the registry that names them; the plugins that look beyond one node
+//! and one Pod have modules of their own.
 
-use crate::framework::{FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin};
+pub mod inter_pod_affinity;
+pub mod node_affinity;
+pub mod node_ports;
+pub mod topology_spread;
+
+use crate::framework::{CycleState, FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin};
 use crate::resources::Resources;
 use gitplane_api::taints::tolerates;
+use inter_pod_affinity::InterPodAffinity;
 use k8s_openapi::api::core::v1::{Pod, Taint};
-use std::collections::HashMap;
+use node_affinity::NodeAffinity;
+use node_ports::NodePorts;
+use topology_spread::PodTopologySpread;
 
 /// Only nodes whose Ready condition is True and that are not cordoned.
 pub struct NodeReady;
@@ -14,7 +23,7 @@ impl FilterPlugin for NodeReady {
         "NodeReady"
     }
 
-    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
+    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo, _: &CycleState) -> Result<(), Vec<String>> {
         if node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
             return Err(vec!["node(s) were unschedulable".into()]);
         }
@@ -37,19 +46,19 @@ impl FilterPlugin for NodeSelector {
         "NodeSelector"
     }
 
-    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
+    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo, _: &CycleState) -> Result<(), Vec<String>> {
         let Some(selector) = pod.spec.as_ref().and_then(|s| s.node_selector.as_ref()) else { return Ok(()) };
         if selector.iter().all(|(k, v)| node.label(k) == Some(v.as_str())) {
             Ok(())
         } else {
-            Err(vec!["node(s) didn't match Pod's node affinity/selector".into()])
+            Err(vec![node_affinity::REASON.into()])
         }
     }
 }
 
-/// The node's free CPU, memory and pod slots must cover the pod's requests; a node short of
-/// several is counted under each, as kube-scheduler does (`3 Insufficient cpu, 3 Insufficient
-/// memory`).
+/// The node's free CPU, memory, ephemeral storage, pod slots and extended resources must cover
+/// the pod's requests; a node short of several is counted under each, as kube-scheduler does
+/// (`3 Insufficient cpu, 3 Insufficient memory`).
 pub struct NodeResourcesFit;
 
 impl FilterPlugin for NodeResourcesFit {
@@ -57,14 +66,25 @@ impl FilterPlugin for NodeResourcesFit {
         "NodeResourcesFit"
     }
 
-    fn filter(&self, _: &Pod, request: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
+    fn filter(&self, _: &Pod, request: &Resources, node: &NodeInfo, _: &CycleState) -> Result<(), Vec<String>> {
         let (a, r) = (&node.allocatable, &node.requested);
         let short = [
             (r.pods + request.pods > a.pods, "Too many pods"),
             (request.cpu_milli > 0 && r.cpu_milli + request.cpu_milli > a.cpu_milli, "Insufficient cpu"),
             (request.memory > 0 && r.memory + request.memory > a.memory, "Insufficient memory"),
         ];
-        let reasons: Vec<String> = short.iter().filter(|(s, _)| *s).map(|(_, r)| (*r).to_owned()).collect();
+        let storage =
+            request.ephemeral_storage > 0 && r.ephemeral_storage + request.ephemeral_storage > a.ephemeral_storage;
+        let mut reasons: Vec<String> = short.iter().filter(|(s, _)| *s).map(|(_, r)| (*r).to_owned()).collect();
+        if storage {
+            reasons.push("Insufficient ephemeral-storage".into());
+        }
+        for (name, wanted) in request.extended.iter().filter(|(_, n)| **n > 0) {
+            let has = a.extended.get(name).copied().unwrap_or(0);
+            if r.extended.get(name).copied().unwrap_or(0) + wanted > has {
+                reasons.push(format!("Insufficient {name}"));
+            }
+        }
         if reasons.is_empty() { Ok(()) } else { Err(reasons) }
     }
 }
@@ -125,7 +145,7 @@ impl FilterPlugin for TaintToleration {
         "TaintToleration"
     }
 
-    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> Result<(), Vec<String>> {
+    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo, _: &CycleState) -> Result<(), Vec<String>> {
         match untolerated(pod, node, &["NoSchedule", "NoExecute"]).next() {
             None => Ok(()),
             Some(t) => Err(vec![format!(
@@ -193,67 +213,6 @@ impl ScorePlugin for ImageLocality {
     }
 }
 
-/// kube-scheduler's system default spreading (PodTopologySpread with no constraints of the
-/// Pod's own): `ScheduleAnyway` with maxSkew 3 over `kubernetes.io/hostname` and maxSkew 5 over
-/// `topology.kubernetes.io/zone` where nodes carry it, counting the Pods of the same controller
-/// (upstream counts those its Services' and owners' selectors select; one controller's Pods are
-/// what those select in practice). Scored as upstream: a node's score grows with the matching
-/// Pods in its domain, weighted by log(domains + 2), then normalized across the feasible nodes
-/// so that the emptiest domain scores 100.
-pub struct PodTopologySpread;
-
-/// (topology key, maxSkew) of the system default constraints.
-const DEFAULT_SPREAD: [(&str, i64); 2] = [("kubernetes.io/hostname", 3), ("topology.kubernetes.io/zone", 5)];
-
-impl ScorePlugin for PodTopologySpread {
-    fn name(&self) -> &'static str {
-        "PodTopologySpread"
-    }
-
-    fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
-        self.score_all(pod, request, &[node])[0]
-    }
-
-    fn score_all(&self, pod: &Pod, _: &Resources, nodes: &[&NodeInfo]) -> Vec<i64> {
-        let Some(owner) = crate::framework::controller_uid(pod) else { return vec![100; nodes.len()] };
-        let count = |node: &NodeInfo| f64::from(node.by_controller.get(owner).copied().unwrap_or(0));
-        // Per constraint: the matching Pods of each domain, and the domains' normalizing weight.
-        let mut raw: Vec<Option<f64>> = vec![Some(0.0); nodes.len()];
-        for (key, max_skew) in DEFAULT_SPREAD {
-            let domain = |node: &NodeInfo| match key {
-                "kubernetes.io/hostname" => Some(node.label(key).unwrap_or(node.name()).to_owned()),
-                _ => node.label(key).map(str::to_owned),
-            };
-            let mut in_domain: HashMap<String, f64> = HashMap::new();
-            for node in nodes {
-                if let Some(d) = domain(node) {
-                    *in_domain.entry(d).or_default() += count(node);
-                }
-            }
-            if in_domain.is_empty() {
-                continue;
-            }
-            let weight = (in_domain.len() as f64 + 2.0).ln();
-            for (score, node) in raw.iter_mut().zip(nodes) {
-                // Nodes without the key are not scored, as upstream leaves them out.
-                match domain(node) {
-                    Some(d) => *score = score.map(|s| s + in_domain[&d] * weight + (max_skew - 1) as f64),
-                    None => *score = None,
-                }
-            }
-        }
-        let known = raw.iter().flatten();
-        let (min, max) = known.fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
-        raw.iter()
-            .map(|s| match s {
-                None => 0,
-                Some(_) if max == 0.0 => 100,
-                Some(s) => (100.0 * (max + min - s) / max).round() as i64,
-            })
-            .collect()
-    }
-}
-
 /// Plugins by name, as the profile configuration refers to them.
 pub enum Plugin {
     Filter(Box<dyn FilterPlugin>),
@@ -267,11 +226,14 @@ pub fn registry(name: &str) -> Option<Plugin> {
         "NodeReady" => Plugin::Filter(Box::new(NodeReady)),
         "NodeSelector" => Plugin::Filter(Box::new(NodeSelector)),
         "NodeResourcesFit" => Plugin::Filter(Box::new(NodeResourcesFit)),
+        "NodeAffinity" => Plugin::FilterAndScore(Box::new(NodeAffinity), Box::new(NodeAffinity)),
+        "NodePorts" => Plugin::Filter(Box::new(NodePorts)),
+        "InterPodAffinity" => Plugin::FilterAndScore(Box::new(InterPodAffinity), Box::new(InterPodAffinity)),
         "TaintToleration" => Plugin::FilterAndScore(Box::new(TaintToleration), Box::new(TaintToleration)),
         "ImageLocality" => Plugin::Score(Box::new(ImageLocality)),
         "LeastAllocated" => Plugin::Score(Box::new(LeastAllocated)),
         "BalancedAllocation" => Plugin::Score(Box::new(BalancedAllocation)),
-        "PodTopologySpread" => Plugin::Score(Box::new(PodTopologySpread)),
+        "PodTopologySpread" => Plugin::FilterAndScore(Box::new(PodTopologySpread), Box::new(PodTopologySpread)),
         _ => return None,
     })
 }
@@ -295,28 +257,37 @@ impl Profile {
     }
 }
 
+/// The default profile's plugins in the order they run, with kube-scheduler's default score
+/// weights.
+pub const DEFAULT_PLUGINS: [(&str, i64); 11] = [
+    ("NodeReady", 1),
+    ("NodeSelector", 1),
+    ("NodeAffinity", 2),
+    ("NodePorts", 1),
+    ("NodeResourcesFit", 1),
+    ("TaintToleration", 3),
+    ("PodTopologySpread", 2),
+    ("InterPodAffinity", 2),
+    ("LeastAllocated", 1),
+    ("BalancedAllocation", 1),
+    ("ImageLocality", 1),
+];
+
 impl Default for Profile {
     fn default() -> Self {
-        Profile::from_names(&[
-            ("NodeReady", 1),
-            ("NodeSelector", 1),
-            ("NodeResourcesFit", 1),
-            ("TaintToleration", 3),
-            ("PodTopologySpread", 2),
-            ("LeastAllocated", 1),
-            ("BalancedAllocation", 1),
-            ("ImageLocality", 1),
-        ])
-        .expect("the default plugins are registered")
+        Profile::from_names(&DEFAULT_PLUGINS).expect("the default plugins are registered")
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::framework::NodeInfo;
+    use crate::framework::{Cluster, NamespaceLabels, NodeInfo};
     use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
+    use std::sync::LazyLock;
+
+    static NONE: LazyLock<NamespaceLabels> = LazyLock::new(NamespaceLabels::new);
 
     fn node(name: &str, cpu: &str, memory: &str, ready: bool) -> NodeInfo {
         NodeInfo::new(
@@ -341,7 +312,7 @@ mod tests {
     #[test]
     fn binds_to_a_ready_node_that_fits() {
         let nodes = [node("a", "1", "1Gi", false), node("b", "500m", "1Gi", true), node("c", "4", "8Gi", true)];
-        assert_eq!(Profile::default().schedule(&pod("1", "64Mi"), &nodes), Ok("c".into()));
+        assert_eq!(Profile::default().schedule(&pod("1", "64Mi"), &nodes, &NONE), Ok("c".into()));
     }
 
     #[test]
@@ -349,7 +320,7 @@ mod tests {
         let mut busy = node("a", "4", "8Gi", true);
         busy.add_pod(&pod("3", "6Gi"));
         let nodes = [busy, node("b", "4", "8Gi", true)];
-        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &nodes), Ok("b".into()));
+        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &nodes, &NONE), Ok("b".into()));
     }
 
     #[test]
@@ -358,7 +329,7 @@ mod tests {
         let mut one = node("a", "4", "8Gi", true);
         one.add_pod(&bare());
         let nodes = [one, node("b", "4", "8Gi", true)];
-        assert_eq!(Profile::default().schedule(&bare(), &nodes), Ok("b".into()));
+        assert_eq!(Profile::default().schedule(&bare(), &nodes, &NONE), Ok("b".into()));
     }
 
     #[test]
@@ -366,12 +337,12 @@ mod tests {
         let mut full = node("a", "2", "8Gi", true);
         full.add_pod(&pod("1500m", "1Gi"));
         let nodes = [full, node("b", "4", "64Mi", true), node("c", "4", "8Gi", false)];
-        let err = Profile::default().schedule(&pod("1", "128Mi"), &nodes).unwrap_err();
+        let err = Profile::default().schedule(&pod("1", "128Mi"), &nodes, &NONE).unwrap_err();
         assert_eq!(
             err.to_string(),
             "0/3 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 1 node(s) were not ready."
         );
-        let none = Profile::default().schedule(&pod("1", "1"), &[]).unwrap_err();
+        let none = Profile::default().schedule(&pod("1", "1"), &[], &NONE).unwrap_err();
         assert_eq!(none.to_string(), "0/0 nodes are available: no nodes are registered.");
     }
 
@@ -379,7 +350,7 @@ mod tests {
     fn node_selector_filters() {
         let mut p = pod("0", "0");
         p.spec.as_mut().unwrap().node_selector = Some([("disk".to_owned(), "hdd".to_owned())].into());
-        let err = Profile::default().schedule(&p, &[node("a", "1", "1Gi", true)]).unwrap_err();
+        let err = Profile::default().schedule(&p, &[node("a", "1", "1Gi", true)], &NONE).unwrap_err();
         assert!(err.to_string().contains("node affinity/selector"));
     }
 
@@ -398,7 +369,7 @@ mod tests {
     #[test]
     fn taints_keep_pods_off_unless_tolerated() {
         let nodes = [tainted("a", json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]))];
-        let err = Profile::default().schedule(&pod("100m", "64Mi"), &nodes).unwrap_err();
+        let err = Profile::default().schedule(&pod("100m", "64Mi"), &nodes, &NONE).unwrap_err();
         assert_eq!(err.to_string(), "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: db}.");
         for tolerations in [
             json!([{"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}]),
@@ -406,7 +377,7 @@ mod tests {
             json!([{"operator": "Exists"}]),
         ] {
             assert_eq!(
-                Profile::default().schedule(&tolerating(tolerations.clone()), &nodes),
+                Profile::default().schedule(&tolerating(tolerations.clone()), &nodes, &NONE),
                 Ok("a".into()),
                 "{tolerations}"
             );
@@ -415,16 +386,19 @@ mod tests {
             json!([{"key": "dedicated", "value": "web", "effect": "NoSchedule"}]),
             json!([{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}]),
         ] {
-            assert!(Profile::default().schedule(&tolerating(tolerations.clone()), &nodes).is_err(), "{tolerations}");
+            assert!(
+                Profile::default().schedule(&tolerating(tolerations.clone()), &nodes, &NONE).is_err(),
+                "{tolerations}"
+            );
         }
     }
 
     #[test]
     fn prefer_no_schedule_is_a_preference() {
         let nodes = [tainted("a", json!([{"key": "spot", "effect": "PreferNoSchedule"}])), tainted("b", json!([]))];
-        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &nodes), Ok("b".into()));
+        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &nodes, &NONE), Ok("b".into()));
         let only = [tainted("a", json!([{"key": "spot", "effect": "PreferNoSchedule"}]))];
-        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &only), Ok("a".into()));
+        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &only, &NONE), Ok("a".into()));
     }
 
     #[test]
@@ -440,7 +414,7 @@ mod tests {
         let nodes = [with_images("a", json!([])), with_images("b", big)];
         assert!(ImageLocality.score(&p, &Resources::default(), &nodes[1]) > 30);
         assert_eq!(ImageLocality.score(&p, &Resources::default(), &nodes[0]), 0);
-        assert_eq!(Profile::default().schedule(&p, &nodes), Ok("b".into()));
+        assert_eq!(Profile::default().schedule(&p, &nodes, &NONE), Ok("b".into()));
         assert_eq!(normalized_image("gitplane.local/httpd:1"), "gitplane.local/httpd:1");
         assert_eq!(normalized_image("me/app"), "docker.io/me/app:latest");
     }
@@ -448,7 +422,7 @@ mod tests {
     #[test]
     fn a_node_short_of_several_resources_counts_under_each() {
         let nodes = [node("a", "1", "1Gi", true), node("b", "1", "1Gi", true), node("c", "1", "1Gi", true)];
-        let err = Profile::default().schedule(&pod("2", "2Gi"), &nodes).unwrap_err();
+        let err = Profile::default().schedule(&pod("2", "2Gi"), &nodes, &NONE).unwrap_err();
         assert_eq!(err.to_string(), "0/3 nodes are available: 3 Insufficient cpu, 3 Insufficient memory.");
     }
 
@@ -473,14 +447,14 @@ mod tests {
         let mut placed = Vec::new();
         for _ in 0..3 {
             let pod = replica("rs-1");
-            let name = Profile::default().schedule(&pod, &nodes).unwrap();
+            let name = Profile::default().schedule(&pod, &nodes, &NONE).unwrap();
             nodes.iter_mut().find(|n| n.name() == name).unwrap().add_pod(&pod);
             placed.push(name);
         }
         placed.sort();
         assert_eq!(placed, ["a", "b", "c"]);
         // Another controller's Pods do not count against this one's.
-        assert_eq!(Profile::default().schedule(&replica("rs-2"), &nodes[..2]), Ok("a".into()));
+        assert_eq!(Profile::default().schedule(&replica("rs-2"), &nodes[..2], &NONE), Ok("a".into()));
     }
 
     #[test]
@@ -492,18 +466,103 @@ mod tests {
         };
         let mut nodes = [zoned("a1", "a"), zoned("a2", "a"), zoned("b1", "b")];
         nodes[0].add_pod(&replica("rs-1"));
-        let scores =
-            PodTopologySpread.score_all(&replica("rs-1"), &Resources::default(), &nodes.iter().collect::<Vec<_>>());
+        let scores = PodTopologySpread.score_all(
+            &replica("rs-1"),
+            &Resources::default(),
+            &nodes.iter().collect::<Vec<_>>(),
+            Cluster { nodes: &nodes, namespaces: &NONE },
+        );
         // b1 is in the zone without a replica: the best; a2 shares a1's zone, a1 has one itself.
         assert_eq!(scores[2], 100, "{scores:?}");
         assert!(scores[0] < scores[1] && scores[1] < scores[2], "{scores:?}");
         // Without a controller there is nothing to spread.
-        assert_eq!(PodTopologySpread.score_all(&pod("1", "1"), &Resources::default(), &[&nodes[0]]), [100]);
+        let cluster = Cluster { nodes: &nodes, namespaces: &NONE };
+        assert_eq!(PodTopologySpread.score_all(&pod("1", "1"), &Resources::default(), &[&nodes[0]], cluster), [100]);
     }
 
     #[test]
     fn unknown_plugins_are_named() {
         let err = Profile::from_names(&[("Nope", 1)]).unwrap_err();
         assert_eq!(err.to_string(), "unknown scheduler plugin \"Nope\"");
+    }
+
+    /// kube-scheduler's message for a Pod refused by several plugins: each node counted under
+    /// the first filter it fails.
+    #[test]
+    fn reasons_of_several_plugins_are_counted_per_node() {
+        let mut nodes = [node("a", "4", "8Gi", true), node("b", "4", "8Gi", true), node("c", "4", "8Gi", true)];
+        nodes[0].node.metadata.labels.as_mut().unwrap().insert("disk".into(), "hdd".into());
+        let taken: Pod = serde_json::from_value(json!({"spec": {"containers": [
+            {"name": "c", "ports": [{"containerPort": 80, "hostPort": 8080}]}
+        ]}}))
+        .unwrap();
+        nodes[1].add_pod(&taken);
+        nodes[2].add_pod(&taken);
+        let p: Pod = serde_json::from_value(json!({"spec": {
+            "containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 8080}]}],
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}
+            ]}}}
+        }}))
+        .unwrap();
+        let err = Profile::default().schedule(&p, &nodes, &NONE).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
+             2 node(s) didn't have free ports for the requested pod ports."
+        );
+    }
+
+    #[test]
+    fn ephemeral_storage_and_extended_resources_must_fit() {
+        let with = |name: &str, extra: serde_json::Value| {
+            let mut info = node(name, "4", "8Gi", true);
+            let status = info.node.status.as_mut().unwrap();
+            for (k, v) in extra.as_object().unwrap() {
+                let quantity = k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.as_str().unwrap().into());
+                status.allocatable.as_mut().unwrap().insert(k.clone(), quantity);
+            }
+            NodeInfo::new(info.node)
+        };
+        let nodes = [
+            with("a", json!({"ephemeral-storage": "1Gi"})),
+            with("b", json!({"ephemeral-storage": "10Gi"})),
+            with("c", json!({"ephemeral-storage": "10Gi", "nvidia.com/gpu": "2"})),
+        ];
+        let asking = |resources: serde_json::Value| -> Pod {
+            serde_json::from_value(json!({"spec": {"containers": [{"name": "c", "resources": resources}]}})).unwrap()
+        };
+        for (resources, expected) in [
+            (
+                json!({"requests": {"ephemeral-storage": "2Gi"}}),
+                Err("0/3 nodes are available: 1 Insufficient ephemeral-storage."),
+            ),
+            (json!({"limits": {"nvidia.com/gpu": "2"}}), Ok("c")),
+            (
+                json!({"requests": {"nvidia.com/gpu": "3"}, "limits": {"nvidia.com/gpu": "3"}}),
+                Err("0/3 nodes are available: 3 Insufficient nvidia.com/gpu."),
+            ),
+            (
+                json!({"limits": {"example.com/foo": "1"}}),
+                Err("0/3 nodes are available: 3 Insufficient example.com/foo."),
+            ),
+        ] {
+            let placed = Profile::default().schedule(&asking(resources.clone()), &nodes, &NONE);
+            match expected {
+                Ok(node) => assert_eq!(placed, Ok(node.into()), "{resources}"),
+                Err(message) if message.contains("ephemeral") => {
+                    // a is short of storage; b and c fit, so only a is counted.
+                    assert!(placed.is_ok(), "{resources}");
+                    let only_a = Profile::default().schedule(&asking(resources.clone()), &nodes[..1], &NONE);
+                    assert_eq!(only_a.unwrap_err().to_string(), message.replace("0/3", "0/1"), "{resources}");
+                }
+                Err(message) => assert_eq!(placed.unwrap_err().to_string(), message, "{resources}"),
+            }
+        }
+        // What is bound counts: two GPUs taken leave none.
+        let mut full = nodes[2].clone();
+        full.add_pod(&asking(json!({"limits": {"nvidia.com/gpu": "2"}})));
+        let err = Profile::default().schedule(&asking(json!({"limits": {"nvidia.com/gpu": "1"}})), &[full], &NONE);
+        assert_eq!(err.unwrap_err().to_string(), "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.");
     }
 }

@@ -6,7 +6,7 @@
 //! Node changed, a bound Pod was deleted or finished) or at most [`MAX_UNSCHEDULABLE_STAY`]; a Pod
 //! whose binding fails is retried after a per-Pod backoff. No failure drops a Pod.
 
-use crate::framework::{NodeInfo, Profile};
+use crate::framework::{NamespaceLabels, NodeInfo, Profile};
 use gitplane_api::events::{NORMAL, Source, WARNING, reference};
 use gitplane_api::object::{from_value, kind_of, to_value};
 use gitplane_store::events::Recorder;
@@ -18,7 +18,7 @@ use gitplane_workqueue::{
     Backoff, WorkQueue,
     runner::{self, Reconcile, Requeue},
 };
-use k8s_openapi::api::core::v1::{Node, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodCondition};
 use serde_json::Value;
 use std::{
     collections::{HashMap, HashSet},
@@ -61,9 +61,9 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     informer: Informer,
     profile: Profile,
-    /// The nodes as the Pods scheduled since the queue was last idle left them: a batch of
-    /// thousands of Pods must not rebuild it per Pod.
-    nodes: Option<Vec<NodeInfo>>,
+    /// The nodes as the Pods scheduled since the queue was last idle left them, and the
+    /// namespaces' labels: a batch of thousands of Pods must not rebuild it per Pod.
+    snapshot: Option<(Vec<NodeInfo>, NamespaceLabels)>,
     /// The queued Pods that fit nowhere at their last attempt: a cluster event wakes them.
     unschedulable: HashSet<PodId>,
     /// Bindings written but not yet seen in the cache: counted on their node meanwhile.
@@ -92,12 +92,12 @@ fn holds_room(pod: &Value) -> bool {
 }
 
 impl Scheduler {
-    /// The informer must watch `Pod` and `Node`.
+    /// The informer must watch `Pod`, `Node` and `Namespace` (what `namespaceSelector`s select).
     pub fn new(store: Arc<dyn Store>, informer: Informer, profile: Profile) -> Self {
         Scheduler {
             informer,
             profile,
-            nodes: None,
+            snapshot: None,
             unschedulable: HashSet::new(),
             assumed: HashMap::new(),
             events: Recorder::spawn(store.clone(), Source::component("default-scheduler")),
@@ -120,8 +120,13 @@ impl Scheduler {
         }
     }
 
-    fn snapshot(&self) -> Vec<NodeInfo> {
+    fn snapshot(&self) -> (Vec<NodeInfo>, NamespaceLabels) {
         let cache = self.informer.cache();
+        let namespaces = cache
+            .list_typed::<Namespace>(None)
+            .into_iter()
+            .map(|n| (n.metadata.name.unwrap_or_default(), n.metadata.labels.unwrap_or_default()))
+            .collect();
         let mut nodes: HashMap<String, NodeInfo> = cache
             .list_typed::<Node>(None)
             .into_iter()
@@ -144,7 +149,7 @@ impl Scheduler {
         }
         let mut nodes: Vec<_> = nodes.into_values().collect();
         nodes.sort_by(|a, b| a.name().cmp(b.name()));
-        nodes
+        (nodes, namespaces)
     }
 
     /// Writes `spec.nodeName` (compare-and-swap on the Pod's resourceVersion) and the
@@ -232,8 +237,8 @@ impl Reconcile for Scheduler {
         };
         let started = std::time::Instant::now();
         let name = format!("{}/{}", pod_id.0, pod_id.1);
-        let mut nodes = self.nodes.take().unwrap_or_else(|| self.snapshot());
-        let requeue = match self.profile.schedule(&pod, &nodes) {
+        let (mut nodes, namespaces) = self.snapshot.take().unwrap_or_else(|| self.snapshot());
+        let requeue = match self.profile.schedule(&pod, &nodes, &namespaces) {
             Ok(node) => match self.bind(&pod, &node).await {
                 Ok(()) => {
                     crate::metrics::attempt("scheduled", started.elapsed());
@@ -270,13 +275,13 @@ impl Reconcile for Scheduler {
                 Requeue::Park(MAX_UNSCHEDULABLE_STAY, Reason::UnschedulableTimeout)
             }
         };
-        self.nodes = Some(nodes);
+        self.snapshot = Some((nodes, namespaces));
         requeue
     }
 
     /// The batch is over: the next one starts from the cache again.
     fn idle(&mut self) {
-        self.nodes = None;
+        self.snapshot = None;
     }
 }
 

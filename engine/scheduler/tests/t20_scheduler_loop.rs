@@ -1,6 +1,7 @@
 //! The scheduling loop against a real (SQLite) store: Pods are bound to nodes that fit, Pods
-//! that fit nowhere wait for a change of the cluster, finished Pods free their node, and a Pod
-//! whose binding fails is retried rather than dropped.
+//! that fit nowhere wait for a change of the cluster, finished Pods free their node, a Pod
+//! whose binding fails is retried rather than dropped, and Pods placed by node affinity, host
+//! ports, inter-Pod anti-affinity and topology spread constraints see the Pods bound before them.
 
 use gitplane_scheduler::Scheduler;
 use gitplane_storage::sqlite::SqliteStore;
@@ -55,7 +56,7 @@ impl Cluster {
         if !objects.is_empty() {
             store.txn(objects.into_iter().map(Op::Create).collect()).await.unwrap();
         }
-        let informer = Informer::spawn(store.clone(), vec!["Pod".into(), "Node".into()]);
+        let informer = Informer::spawn(store.clone(), vec!["Pod".into(), "Node".into(), "Namespace".into()]);
         let scheduler = tokio::spawn(Scheduler::new(store.clone(), informer, Default::default()).run());
         Cluster { store, scheduler }
     }
@@ -215,4 +216,116 @@ async fn a_failed_binding_is_retried() {
     // Nothing else is held back by the Pod's failures.
     cluster.store.txn(vec![Op::Create(pod("p2"))]).await.unwrap();
     assert_eq!(cluster.bound("p2").await, "a");
+}
+
+fn zoned(name: &str, zone: &str) -> Value {
+    let mut node = node(name, 110, true);
+    node["metadata"]["labels"] = json!({"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone});
+    node
+}
+
+fn with_spec(name: &str, labels: Value, spec: Value) -> Value {
+    let mut pod = pod(name);
+    pod["metadata"]["labels"] = labels;
+    for (key, value) in spec.as_object().unwrap() {
+        pod["spec"][key] = value.clone();
+    }
+    pod
+}
+
+/// Each plugin over what the loop bound before: the cache and the Pods it assumed bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn t20_plugins_see_the_pods_bound_before() {
+    let objects = vec![
+        zoned("a1", "a"),
+        zoned("a2", "a"),
+        zoned("b1", "b"),
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default", "labels": {"team": "web"}}}),
+    ];
+    let cluster = Cluster::start(sqlite().await, objects).await;
+
+    // Anti-affinity per zone over namespaces selected by label: one per zone, the third waits.
+    let anti = json!({"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+        "labelSelector": {"matchLabels": {"app": "db"}},
+        "namespaceSelector": {"matchLabels": {"team": "web"}},
+        "topologyKey": "topology.kubernetes.io/zone"
+    }]}}});
+    let db = |name: &str| with_spec(name, json!({"app": "db"}), anti.clone());
+    cluster.store.txn(vec![Op::Create(db("db-0")), Op::Create(db("db-1")), Op::Create(db("db-2"))]).await.unwrap();
+    let mut zones = Vec::new();
+    for name in ["db-0", "db-1", "db-2"] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let pod = cluster.pod(name).await;
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() {
+                zones.push(cluster.bound(name).await[..1].to_owned());
+                break;
+            }
+            let unschedulable = pod.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+                c.iter().any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"))
+            });
+            if unschedulable {
+                assert_eq!(
+                    cluster.unschedulable(name).await,
+                    "0/3 nodes are available: 3 node(s) didn't match pod anti-affinity rules."
+                );
+                zones.push("-".into());
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {name}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    zones.sort();
+    assert_eq!(zones, ["-", "a", "b"]);
+
+    // Host ports and node affinity: a2 is the only node left with the port and in zone a.
+    let port = |name: &str, node_affinity: Value| {
+        with_spec(
+            name,
+            json!({}),
+            json!({
+                "containers": [{"name": "c", "image": "gitplane.local/busybox:1",
+                    "ports": [{"containerPort": 80, "hostPort": 8080}]}],
+                "affinity": {"nodeAffinity": node_affinity}
+            }),
+        )
+    };
+    let required_zone_a = json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}
+    ]}});
+    let on = |node: &str| {
+        json!({"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+        ]}})
+    };
+    cluster.store.txn(vec![Op::Create(port("web-0", on("a1")))]).await.unwrap();
+    assert_eq!(cluster.bound("web-0").await, "a1");
+    cluster.store.txn(vec![Op::Create(port("web-1", required_zone_a.clone()))]).await.unwrap();
+    assert_eq!(cluster.bound("web-1").await, "a2");
+    cluster.store.txn(vec![Op::Create(port("web-2", required_zone_a))]).await.unwrap();
+    assert_eq!(
+        cluster.unschedulable("web-2").await,
+        "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
+         2 node(s) didn't have free ports for the requested pod ports."
+    );
+
+    // Topology spread: zone a holds two "spread" Pods, so with maxSkew 1 the next goes to b.
+    let spread = |name: &str| {
+        with_spec(
+            name,
+            json!({"app": "spread"}),
+            json!({"topologySpreadConstraints": [{
+                "maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+                "labelSelector": {"matchLabels": {"app": "spread"}}
+            }]}),
+        )
+    };
+    let mut pinned = spread("spread-0");
+    pinned["spec"]["nodeName"] = json!("a1");
+    let mut second = spread("spread-1");
+    second["spec"]["nodeName"] = json!("a2");
+    cluster.store.txn(vec![Op::Create(pinned), Op::Create(second)]).await.unwrap();
+    cluster.store.txn(vec![Op::Create(spread("spread-2"))]).await.unwrap();
+    assert_eq!(cluster.bound("spread-2").await, "b1");
 }

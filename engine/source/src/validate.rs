@@ -480,6 +480,24 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
     problems
 }
 
+/// The one aggregated API gitplane accepts is the resource metrics API, which it serves itself
+/// (metrics-server's manifests declare it); any other would name an API nothing serves.
+fn api_service_problems(value: &Value) -> Vec<Problem> {
+    const METRICS: &str = "v1beta1.metrics.k8s.io";
+    let name = value["metadata"]["name"].as_str().unwrap_or("");
+    let (group, version) = (value["spec"]["group"].as_str(), value["spec"]["version"].as_str());
+    if name == METRICS && group == Some("metrics.k8s.io") && version == Some("v1beta1") {
+        return Vec::new();
+    }
+    vec![Problem::at(
+        "/metadata/name",
+        format!(
+            "only the APIService {METRICS} (group metrics.k8s.io, version v1beta1) is accepted: gitplane serves that \
+             API itself and aggregates no other; remove this APIService (it is {name:?})"
+        ),
+    )]
+}
+
 /// What the API server refuses of a kind beyond its schema, and what gitplane's node agent
 /// cannot run of a Pod.
 fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec<Problem> {
@@ -503,6 +521,7 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
         "PersistentVolumeClaim" => storage::claim_problems(value),
         "PersistentVolume" => storage::volume_problems(value),
         "StorageClass" => storage::class_problems(value),
+        "APIService" => api_service_problems(value),
         "ConfigMap" => kube_dns_problems(value, default_namespace),
         _ => Vec::new(),
     };
@@ -716,6 +735,19 @@ fn is_label(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn t10_only_the_metrics_api_service_is_accepted() {
+        let service = |name: &str, group: &str| {
+            json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": name},
+                   "spec": {"group": group, "version": "v1beta1", "service": {"name": "metrics-server", "namespace": "kube-system"}}})
+        };
+        assert!(api_service_problems(&service("v1beta1.metrics.k8s.io", "metrics.k8s.io")).is_empty());
+        let refused = api_service_problems(&service("v1beta1.custom.metrics.k8s.io", "custom.metrics.k8s.io"));
+        assert_eq!(refused.len(), 1);
+        assert!(refused[0].message.starts_with("only the APIService v1beta1.metrics.k8s.io"), "{}", refused[0].message);
+    }
+
     use crate::{Limits, ManifestFile, load};
     use serde_json::json;
     use std::sync::LazyLock;
@@ -819,7 +851,7 @@ spec:
                    NetworkPolicy (networking.k8s.io/v1), Role (rbac.authorization.k8s.io/v1), \
                    ClusterRole (rbac.authorization.k8s.io/v1), RoleBinding (rbac.authorization.k8s.io/v1), \
                    ClusterRoleBinding (rbac.authorization.k8s.io/v1), PersistentVolumeClaim (v1), PersistentVolume (v1), \
-                   StorageClass (storage.k8s.io/v1), Application (gitplane.io/v1)"],
+                   StorageClass (storage.k8s.io/v1), APIService (apiregistration.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
@@ -913,6 +945,74 @@ spec:
         assert_eq!(errors(&[("job.yaml", &job(""))]).len(), 1, "unset means Always");
     }
 
+    /// What the agent runs since: hostAliases, typed hostPath volumes, HTTPS probes, requests of
+    /// ephemeral storage and extended resources.
+    #[test]
+    fn host_aliases_host_path_types_and_https_probes_are_accepted() {
+        let pod = |volume_type: &str| {
+            format!(
+                "\
+apiVersion: v1
+kind: Pod
+metadata: {{name: p}}
+spec:
+  hostAliases: [{{ip: 10.1.2.3, hostnames: [foo.local]}}]
+  volumes: [{{name: run, hostPath: {{path: /run/app, type: {volume_type}}}}}]
+  containers:
+    - name: web
+      image: i
+      readinessProbe: {{httpGet: {{port: 443, scheme: HTTPS}}}}
+      volumeMounts: [{{name: run, mountPath: /run/app}}]
+      resources:
+        requests: {{ephemeral-storage: 1Gi, nvidia.com/gpu: 1}}
+        limits: {{nvidia.com/gpu: 1}}
+"
+            )
+        };
+        for volume_type in
+            ["DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice", "\"\""]
+        {
+            assert!(check(&[("pod.yaml", &pod(volume_type))]).is_ok(), "{volume_type}");
+        }
+        assert_eq!(
+            errors(&[("pod.yaml", &pod("Pipe"))]),
+            ["pod.yaml:6: Pod p: /spec/volumes/0/hostPath/type: \"Pipe\" is not a hostPath type: use one of \
+              DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice, BlockDevice, or \"\" for no check"]
+        );
+        let extended = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: p}
+spec:
+  containers:
+    - name: web
+      image: i
+      resources:
+        requests: {example.com/foo: 1, nvidia.com/gpu: 500m, hugepages-2Mi: 1Mi}
+        limits: {example.com/foo: 2}
+";
+        let at = "pod.yaml:{}: Pod p: /spec/containers/0/resources/";
+        let mut got = errors(&[("pod.yaml", extended)]);
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                format!(
+                    "{}requests/example.com~1foo: example.com/foo cannot be overcommitted: set limits.example.com/foo to the same count as the request",
+                    at.replace("{}", "9")
+                ),
+                format!(
+                    "{}requests/hugepages-2Mi: resource hugepages-2Mi is not supported by gitplane's node agent yet (it supports cpu, memory, ephemeral-storage requests and extended resources such as example.com/foo)",
+                    at.replace("{}", "9")
+                ),
+                format!(
+                    "{}requests/nvidia.com~1gpu: \"500m\" is not a whole number of nvidia.com/gpu: use a whole count",
+                    at.replace("{}", "9")
+                ),
+            ]
+        );
+    }
+
     #[test]
     fn t10_pod_fields_the_node_agent_cannot_run_are_refused() {
         let deployment = "\
@@ -953,7 +1053,10 @@ spec:
             (
                 10,
                 "/initContainers/0/restartPolicy".to_owned(),
-                format!("a container's restartPolicy {not_yet}: remove it"),
+                format!(
+                    "a native sidecar (an init container with restartPolicy Always) {not_yet}: move this \
+                     container, restartPolicy removed, to spec.containers, where it runs beside the others"
+                ),
             ),
             (
                 14,
@@ -996,7 +1099,10 @@ spec:
             (
                 27,
                 "/containers/0/resources/limits/ephemeral-storage".into(),
-                format!("resource ephemeral-storage {not_yet} (it supports cpu, memory)"),
+                format!(
+                    "a limit of ephemeral-storage {not_yet} (no eviction over it): set it as \
+                     requests.ephemeral-storage instead, which scheduling counts"
+                ),
             ),
             (
                 30,
@@ -1177,7 +1283,7 @@ spec:
     - name: side
       image: i
       livenessProbe: {tcpSocket: {port: 0}, failureThreshold: 3}
-      readinessProbe: {httpGet: {port: 443, scheme: HTTPS}}
+      readinessProbe: {httpGet: {port: 443, scheme: SPDY}}
       startupProbe: {exec: {command: []}}
 ";
         let at = "pod.yaml:{}: Pod p: /spec/containers/";
@@ -1215,11 +1321,7 @@ spec:
                 "terminationGracePeriodSeconds must be greater than 0 (it is 0): set a positive number, or remove it for the Pod's",
             ),
             (14, "1/livenessProbe/tcpSocket/port", "0 is not a port number: use one from 1 to 65535"),
-            (
-                15,
-                "1/readinessProbe/httpGet/scheme",
-                "scheme \"HTTPS\" is not supported by gitplane's node agent yet: probe over HTTP, or use a tcpSocket probe",
-            ),
+            (15, "1/readinessProbe/httpGet/scheme", "scheme \"SPDY\" is not a probe scheme: use HTTP or HTTPS"),
             (16, "1/startupProbe/exec/command", "exec needs a command: set exec.command, e.g. [cat, /tmp/healthy]"),
         ];
         let mut expected: Vec<String> = expected

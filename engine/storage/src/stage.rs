@@ -10,6 +10,8 @@ use serde_json::{Map, Value};
 
 /// Fields of `metadata` that only the store sets.
 const MANAGED: [&str; 4] = ["resourceVersion", "uid", "creationTimestamp", "generation"];
+/// Fields of `metadata` that a graceful delete sets and no later update takes back.
+const DELETION: [&str; 2] = ["deletionTimestamp", "deletionGracePeriodSeconds"];
 
 fn metadata_mut(value: &mut Value) -> Result<&mut Map<String, Value>> {
     value
@@ -92,6 +94,13 @@ fn copy_managed(old: &Value, new: &mut Value) -> Result<()> {
             None => meta.remove(field),
         };
     }
+    if old["metadata"]["deletionTimestamp"].is_string() {
+        for field in DELETION {
+            if let Some(v) = old_meta.and_then(|m| m.get(field)) {
+                meta.insert(field.into(), v.clone());
+            }
+        }
+    }
     Ok(())
 }
 
@@ -136,6 +145,18 @@ mod tests {
         assert_eq!(scaled["metadata"]["generation"], 2);
         assert_eq!(scaled["metadata"]["uid"], "u-1");
         assert_eq!(scaled["metadata"]["resourceVersion"], "9");
+    }
+
+    #[test]
+    fn a_graceful_delete_is_never_taken_back() {
+        let mut old = create(deployment(1), 7, "u-1".into(), "t").unwrap();
+        let fresh = update(&old, deployment(1), 8).unwrap();
+        assert!(fresh["metadata"].get("deletionTimestamp").is_none());
+        old["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:30Z");
+        old["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+        let rewritten = update(&old, deployment(1), 9).unwrap();
+        assert_eq!(rewritten["metadata"]["deletionTimestamp"], "2026-01-01T00:00:30Z");
+        assert_eq!(rewritten["metadata"]["deletionGracePeriodSeconds"], 30);
     }
 
     #[test]

@@ -14,6 +14,7 @@
 pub mod api;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod deletion;
 mod error;
 pub mod events;
 pub mod informer;

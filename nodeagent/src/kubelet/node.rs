@@ -29,6 +29,8 @@ pub struct NodeConfig {
     pub eviction_hard: EvictionHard,
     /// The file system that holds Pods' data (nodefs): ephemeral storage and DiskPressure.
     pub nodefs: PathBuf,
+    /// `--extended-resources`: counts of resources the node advertises (`nvidia.com/gpu`).
+    pub extended_resources: BTreeMap<String, u64>,
 }
 
 /// Resources kept back from Pods (the kubelet's `--system-reserved` / `--kube-reserved`).
@@ -85,6 +87,27 @@ pub fn parse_labels(text: &str) -> Result<BTreeMap<String, String>, String> {
             Ok((k.to_owned(), v.to_owned()))
         })
         .collect()
+}
+
+/// `domain/name=count` items, comma-separated (`--extended-resources`): names as the API
+/// server allows extended resources (a domain outside kubernetes.io), whole counts.
+pub fn parse_extended_resources(text: &str) -> Result<BTreeMap<String, u64>, String> {
+    let mut resources = BTreeMap::new();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (name, count) =
+            item.split_once('=').ok_or_else(|| format!("{item:?}: expected <domain>/<name>=<count>"))?;
+        let (domain, short) = name.split_once('/').unwrap_or_default();
+        let valid_name = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
+        if !valid_name(domain) || !valid_name(short) || !domain.contains('.') {
+            return Err(format!("{item:?}: name an extended resource as <domain>/<name>, e.g. example.com/foo"));
+        }
+        if domain == "kubernetes.io" || domain.ends_with(".kubernetes.io") {
+            return Err(format!("{item:?}: the kubernetes.io domain is Kubernetes' own; use a domain of yours"));
+        }
+        let count = count.parse().map_err(|_| format!("{item:?}: {count:?} is not a whole count"))?;
+        resources.insert(name.to_owned(), count);
+    }
+    Ok(resources)
 }
 
 /// `key[=value]:Effect` items, comma-separated (`--register-with-taints`).
@@ -231,6 +254,10 @@ pub fn status(
     }
     capacity.insert("pods".to_owned(), Quantity(MAX_PODS.to_string()));
     allocatable.insert("pods".to_owned(), Quantity(MAX_PODS.to_string()));
+    for (name, count) in &cfg.extended_resources {
+        capacity.insert(name.clone(), Quantity(count.to_string()));
+        allocatable.insert(name.clone(), Quantity(count.to_string()));
+    }
     images.sort_by(|a, b| b.size_bytes.cmp(&a.size_bytes).then_with(|| a.names.cmp(&b.names)));
     images.truncate(MAX_IMAGES);
     NodeStatus {
@@ -344,5 +371,25 @@ mod tests {
         assert!(parse_taints(":NoSchedule").is_err());
         let t = parse_taints("gpu:NoExecute").unwrap();
         assert_eq!((t[0].key.as_str(), t[0].value.as_deref(), t[0].effect.as_str()), ("gpu", None, "NoExecute"));
+    }
+
+    #[test]
+    fn extended_resources_are_counted_in_capacity_and_allocatable() {
+        let parsed = parse_extended_resources("nvidia.com/gpu=1, example.com/foo=4").unwrap();
+        assert_eq!(parsed, [("example.com/foo".into(), 4), ("nvidia.com/gpu".into(), 1)].into());
+        for (bad, why) in [
+            ("gpu=1", "<domain>/<name>"),
+            ("nvidia.com/gpu=1.5", "not a whole count"),
+            ("kubernetes.io/foo=1", "Kubernetes' own"),
+            ("nvidia.com/gpu", "expected"),
+        ] {
+            assert!(parse_extended_resources(bad).unwrap_err().contains(why), "{bad}");
+        }
+        let cfg = NodeConfig { extended_resources: parsed, ..Default::default() };
+        let status = status(&cfg, &Signals::default(), &[], Vec::new(), Time(k8s_openapi::jiff::Timestamp::now()));
+        for list in [status.capacity.unwrap(), status.allocatable.unwrap()] {
+            assert_eq!(list["nvidia.com/gpu"].0, "1");
+            assert_eq!(list["example.com/foo"].0, "4");
+        }
     }
 }

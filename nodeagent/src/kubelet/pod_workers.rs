@@ -8,7 +8,7 @@ use super::{
     runtime::RuntimeManager,
 };
 use crate::controlplane::{Client, Follower, Servers};
-use gitplane_proto::node::{EventType, PodEvent, UpdatePodStatusRequest, WatchPodsRequest};
+use gitplane_proto::node::{DeletePodRequest, EventType, PodEvent, UpdatePodStatusRequest, WatchPodsRequest};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::Value;
 use std::{
@@ -244,17 +244,26 @@ fn grace_period(pod: &Pod) -> Duration {
     Duration::from_secs(seconds.max(0) as u64)
 }
 
+/// The grace a Pod being deleted gets: the delete's `deletionGracePeriodSeconds`, else its own.
+fn deletion_grace_period(pod: &Pod) -> Duration {
+    match pod.metadata.deletion_grace_period_seconds {
+        Some(seconds) => Duration::from_secs(seconds.max(0) as u64),
+        None => grace_period(pod),
+    }
+}
+
 /// Kills the pod, retrying with back-off: a runtime call cut off mid-way leaves a container
 /// that containerd is still starting, which cannot be removed until it has started. What is left
-/// after the last attempt, the orphan removal of the agent's next start removes.
-async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration) {
+/// after the last attempt, the orphan removal of the agent's next start removes. `false` when
+/// no attempt succeeded.
+async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration) -> bool {
     const ATTEMPTS: u32 = 5;
     let mut delay = Duration::from_secs(1);
     for attempt in 1..=ATTEMPTS {
         match runtime.kill_pod(uid, grace).await {
             Ok(()) => {
                 tracing::info!(%uid, "pod stopped and removed");
-                return;
+                return true;
             }
             Err(e) => tracing::warn!(%uid, error = %e, attempt, "removing pod failed"),
         }
@@ -263,6 +272,7 @@ async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration) {
             delay *= 2;
         }
     }
+    false
 }
 
 struct PodWorker {
@@ -294,14 +304,16 @@ impl PodWorker {
             let pod = updates.borrow_and_update().clone();
             let Some(pod) = pod else {
                 let grace = last.as_ref().map_or(Duration::from_secs(30), grace_period);
-                for (pod, c) in last.iter().flat_map(|p| p.spec.iter().flat_map(|s| &s.containers).map(move |c| (p, c)))
-                {
-                    let message = format!("Stopping container {}", c.name);
-                    self.runtime.events().pod(pod, gitplane_api::events::NORMAL, "Killing", &message);
+                if let Some(last) = &last {
+                    self.killing(last);
                 }
                 kill(&self.runtime, &self.uid, grace).await;
                 return;
             };
+            if pod.metadata.deletion_timestamp.is_some() {
+                self.terminate(&pod).await;
+                return;
+            }
             // What this version of the Pod references is here before it is read (once per version).
             if last.as_ref().is_none_or(|l| l.metadata.resource_version != pod.metadata.resource_version) {
                 self.config.wait_for(&pod).await;
@@ -371,6 +383,51 @@ impl PodWorker {
                 changed = updates.changed() => if changed.is_err() { return },
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(next_sync) => {}
+            }
+        }
+    }
+
+    /// A `Killing` Event for each of the Pod's containers.
+    fn killing(&self, pod: &Pod) {
+        for c in pod.spec.iter().flat_map(|s| &s.containers) {
+            let message = format!("Stopping container {}", c.name);
+            self.runtime.events().pod(pod, gitplane_api::events::NORMAL, "Killing", &message);
+        }
+    }
+
+    /// The kubelet's graceful termination of a Pod being deleted: its containers stopped
+    /// (preStop hooks, SIGTERM, SIGKILL once the delete's grace period is over), its sandbox
+    /// removed, then the object removed through the node service. Nothing restarts meanwhile.
+    async fn terminate(&self, pod: &Pod) {
+        let grace = deletion_grace_period(pod);
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        tracing::info!(pod = %name, ?grace, "pod is being deleted: stopping it");
+        self.killing(pod);
+        let mut failures = 0;
+        while !kill(&self.runtime, &self.uid, grace).await {
+            failures += 1;
+            tokio::time::sleep(sync_backoff(failures)).await;
+        }
+        let mut failures = 0;
+        loop {
+            let request = DeletePodRequest {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: name.to_owned(),
+                uid: self.uid.clone(),
+            };
+            let (server, mut client) = self.client.get();
+            match client.delete_pod(request).await {
+                Ok(_) => return tracing::info!(pod = %name, "pod stopped and deleted"),
+                Err(s) if s.code() == Code::NotFound => return, // force-deleted meanwhile
+                Err(s) if s.code() == Code::PermissionDenied => {
+                    return tracing::warn!(pod = %name, error = %s.message(), "deleting the pod was refused");
+                }
+                Err(s) => {
+                    failures += 1;
+                    tracing::warn!(pod = %name, error = %s.message(), "deleting the pod failed; retrying");
+                    self.client.failed(server);
+                    tokio::time::sleep(sync_backoff(failures)).await;
+                }
             }
         }
     }
@@ -530,6 +587,26 @@ mod tests {
         let later = t0 + Duration::from_secs(3600);
         let burst = (0..10).filter(|_| budget.take(later).is_ok()).count();
         assert_eq!(burst, WriteBudget::BURST as usize);
+    }
+
+    #[test]
+    fn the_grace_of_a_pod_being_deleted() {
+        let with = |own: Option<i64>, delete: Option<i64>| {
+            let mut p = pod("1", "httpd:1", "Running");
+            p.spec.as_mut().unwrap().termination_grace_period_seconds = own;
+            p.metadata.deletion_grace_period_seconds = delete;
+            deletion_grace_period(&p).as_secs()
+        };
+        #[rustfmt::skip]
+        let cases = [
+            ("the delete's grace", Some(30), Some(5), 5),
+            ("the Pod's own when the delete says none", Some(7), None, 7),
+            ("the default", None, None, 30),
+            ("never negative", None, Some(-1), 0),
+        ];
+        for (what, own, delete, expected) in cases {
+            assert_eq!(with(own, delete), expected, "{what}");
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod grpc;
 pub mod http;
 pub mod pod;
 pub mod results;
+mod tls;
 pub mod worker;
 
 use std::collections::{HashMap, HashSet};
@@ -251,10 +252,13 @@ impl Handler {
                 return Ok(Handler::Exec(exec.command.clone().unwrap_or_default()));
             }
             if let Some(get) = &probe.http_get {
-                if get.scheme.as_deref().is_some_and(|s| s != "HTTP") {
-                    return Err(format!("scheme {:?} is not supported by gitplane's node agent yet", get.scheme));
-                }
+                let https = match get.scheme.as_deref() {
+                    None | Some("HTTP") => false,
+                    Some("HTTPS") => true,
+                    Some(other) => return Err(format!("unsupported scheme {other:?}: use HTTP or HTTPS")),
+                };
                 return Ok(Handler::Http(http::HttpGet {
+                    https,
                     host: get.host.clone().filter(|h| !h.is_empty()),
                     port: resolve_port(&get.port, container)?,
                     path: get.path.clone().unwrap_or_default(),
@@ -451,7 +455,7 @@ mod tests {
     fn handlers_resolve_against_their_container() {
         assert_eq!(
             handler(json!({ "httpGet": { "port": "http", "path": "/ready" } })),
-            r#"Http(HttpGet { host: None, port: 8080, path: "/ready", headers: [] })"#
+            r#"Http(HttpGet { host: None, port: 8080, path: "/ready", headers: [], https: false })"#
         );
         assert_eq!(handler(json!({ "tcpSocket": { "port": 81, "host": "" } })), "Tcp { host: None, port: 81 }");
         assert_eq!(handler(json!({ "tcpSocket": { "port": "9090" } })), "Tcp { host: None, port: 9090 }");
@@ -462,7 +466,11 @@ mod tests {
             r#"Invalid("port nope not found in container web")"#
         );
         assert_eq!(handler(json!({ "tcpSocket": { "port": 70000 } })), r#"Invalid("invalid port number: 70000")"#);
-        assert!(handler(json!({ "httpGet": { "port": 443, "scheme": "HTTPS" } })).contains("not supported"));
+        assert!(handler(json!({ "httpGet": { "port": 443, "scheme": "HTTPS" } })).contains("https: true"));
+        assert_eq!(
+            handler(json!({ "httpGet": { "port": 443, "scheme": "FTP" } })),
+            r#"Invalid("unsupported scheme \"FTP\": use HTTP or HTTPS")"#
+        );
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@ pub mod config;
 pub mod env;
 pub mod failures;
 pub mod fields;
+pub mod hosts;
 pub mod spec;
 pub mod status;
 pub mod volumes;
@@ -534,8 +535,9 @@ impl RuntimeManager {
                 source,
             })?;
         }
-        if let Some((path, text)) = &plan.hosts_file {
-            write_hosts_file(path, text).map_err(|source| RuntimeError::Io {
+        if let Some((path, file)) = &plan.hosts_file {
+            let content = file.content(|| std::fs::read_to_string(hosts::NODE_HOSTS).unwrap_or_default());
+            write_hosts_file(path, &content).map_err(|source| RuntimeError::Io {
                 pod: key.into(),
                 what: format!("writing {}", path.display()),
                 source,
@@ -798,13 +800,16 @@ fn ignore_not_found<T>(result: Result<T, RuntimeError>) -> Result<Option<T>, Run
     }
 }
 
-/// Writes the managed hosts file whole (a container that starts reads it complete).
+/// Writes the managed hosts file whole (a container that starts reads it complete), mode 0644
+/// as the kubelet leaves it.
 fn write_hosts_file(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let partial = path.with_extension("tmp");
     std::fs::write(&partial, text)?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o644))?;
     std::fs::rename(&partial, path)
 }
 

@@ -57,9 +57,7 @@ impl Index {
         if let Some(old) = on.pods.remove(pod)
             && !old.terminal()
         {
-            on.allocated.cpu_milli -= old.requests.cpu_milli;
-            on.allocated.memory -= old.requests.memory;
-            on.allocated.pods -= old.requests.pods;
+            on.allocated.sub(&old.requests);
         }
         if on.pods.is_empty() {
             self.nodes.remove(&node);
@@ -78,7 +76,7 @@ impl Index {
         let summary = PodSummary { phase: pod["status"]["phase"].as_str().unwrap_or("").to_owned(), requests };
         let on = self.nodes.entry(node.clone()).or_default();
         if !summary.terminal() {
-            on.allocated.add(requests);
+            on.allocated.add(&summary.requests);
         }
         on.pods.insert(name.clone(), summary);
         self.node_of.insert(name, node);

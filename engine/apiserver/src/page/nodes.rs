@@ -85,7 +85,7 @@ pub(super) async fn nodes(State(state): State<PageState>, Query(q): Query<PageQu
     for node in &list.items {
         let name = str_at(node, "/metadata/name");
         let (allocated, pods) =
-            index.read(name, |on| on.map_or((Resources::default(), 0), |on| (on.allocated, on.pods.len())));
+            index.read(name, |on| on.map_or((Resources::default(), 0), |on| (on.allocated.clone(), on.pods.len())));
         let _ = write!(
             body,
             "<tr><th scope=\"row\"><a href=\"{href}\">{name}</a></th><td data-label=\"Ready\">{ready}</td>\
@@ -155,7 +155,7 @@ pub(super) async fn node(
     };
     let mut body = String::new();
     state.allocated().read(&name, |on| {
-        let allocated = on.map_or(Resources::default(), |on| on.allocated);
+        let allocated = on.map_or(Resources::default(), |on| on.allocated.clone());
         let _ = write!(
             body,
             "<dl class=\"facts\"><dt>Ready</dt><dd>{}</dd><dt>Kubelet</dt><dd>{}</dd>\

@@ -136,8 +136,12 @@ impl Reconciler for EndpointsController {
             .map(decode)
             .transpose()?;
         let legacy_op = legacy::plan(managed, &pods, endpoints.as_ref());
-        let ops: Vec<gitplane_store::Op> =
-            slice_ops.into_iter().map(Op::into_store_op).chain(legacy_op.map(Op::into_store_op)).collect();
+        let now = gitplane_api::k8s_openapi::jiff::Timestamp::now();
+        let ops: Vec<gitplane_store::Op> = slice_ops
+            .into_iter()
+            .filter_map(|op| op.into_store_op(now))
+            .chain(legacy_op.and_then(|op| op.into_store_op(now)))
+            .collect();
         if !ops.is_empty() {
             tracing::debug!(writes = ops.len(), pods = pods.len(), "syncing endpoints");
             ctx.commit(ops).await?;

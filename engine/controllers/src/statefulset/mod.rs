@@ -99,12 +99,13 @@ impl Reconciler for StatefulSetController {
         if !messages.is_empty() {
             tracing::info!(changes = messages.len(), "syncing Pods");
         }
+        let now = gitplane_api::k8s_openapi::jiff::Timestamp::now();
         let ops = history
             .ops
             .into_iter()
-            .map(Op::into_store_op)
-            .chain(writes.claims.into_iter().map(Op::into_store_op))
-            .chain(writes.pods.into_iter().map(Op::into_store_op))
+            .filter_map(|op| op.into_store_op(now))
+            .chain(writes.claims.into_iter().filter_map(|op| op.into_store_op(now)))
+            .chain(writes.pods.into_iter().filter_map(|op| op.into_store_op(now)))
             .collect();
         ctx.commit(ops).await?;
         for (reason, message) in messages {

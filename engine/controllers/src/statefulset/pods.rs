@@ -11,7 +11,7 @@ use crate::{
     endpoints::pods::is_terminating,
     owner::controller_ref,
     plan::Op,
-    replicaset::{is_active, is_ready, phase},
+    replicaset::{is_active, is_finished, is_ready, phase},
 };
 use k8s_openapi::api::{
     apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus},
@@ -146,9 +146,9 @@ fn deletes_claims(set: &StatefulSet) -> (bool, bool) {
 }
 
 /// The owners a claim of `pod` should have (upstream's `updateClaimOwnerRefForSetAndPod`): the
-/// set when whenDeleted is Delete, the Pod when whenScaled is Delete and the Pod is condemned by
-/// a scale down. The garbage collector deletes a claim once all its owners are gone; owners
-/// that are neither are kept.
+/// Pod alone when whenScaled is Delete and the Pod is condemned by a scale down, else the set
+/// when whenDeleted is Delete. The garbage collector deletes a claim once all its owners are
+/// gone; owners that are neither are kept.
 fn claim_owners(set: &StatefulSet, claim: &PersistentVolumeClaim, pod: &Pod, condemned: bool) -> Vec<OwnerReference> {
     let (when_deleted, when_scaled) = deletes_claims(set);
     let set_uid = set.metadata.uid.as_deref().unwrap_or("");
@@ -165,10 +165,11 @@ fn claim_owners(set: &StatefulSet, claim: &PersistentVolumeClaim, pod: &Pod, con
         })
         .cloned()
         .collect();
-    if when_deleted {
+    let scaled_away = when_scaled && condemned && !pod_uid.is_empty();
+    if when_deleted && !scaled_away {
         owners.push(controller_ref("apps/v1", "StatefulSet", &set.metadata));
     }
-    if when_scaled && condemned && !pod_uid.is_empty() {
+    if scaled_away {
         owners.push(OwnerReference {
             api_version: "v1".into(),
             kind: "Pod".into(),
@@ -284,10 +285,11 @@ pub fn plan(
             }
             Some(pod) => {
                 sync_claims(set, pod, false, claims, &mut writes);
-                if !is_active(pod) {
+                if is_finished(pod) && !is_terminating(pod) {
                     // A finished Pod is replaced: deleted now, made again in the next sync.
                     writes.pods.push(Op::Delete((*pod).clone()));
                 } else {
+                    // A terminating one is waited for: its name is taken until it is gone.
                     healthy[i] = is_healthy(pod);
                 }
                 if ordered && !healthy[i] {
@@ -536,6 +538,10 @@ mod tests {
             ("whenScaled Delete: the condemned Pod owns its claim before it goes",
              set(1, "OrderedReady", rolling(0, json!(1)), json!({"whenDeleted": "Retain", "whenScaled": "Delete"})),
              vec![ready(0), ready(1)], vec![0, 1], vec!["own www-web-1 by [Pod/web-1]", "delete web-1"]),
+            ("both Delete: the condemned Pod alone owns its claim",
+             set(1, "OrderedReady", rolling(0, json!(1)), json!({"whenDeleted": "Delete", "whenScaled": "Delete"})),
+             vec![ready(0), ready(1)], vec![0, 1],
+             vec!["own www-web-0 by [StatefulSet/web]", "own www-web-1 by [Pod/web-1]", "delete web-1"]),
             ("whenDeleted Delete: the set owns every claim",
              set(1, "OrderedReady", rolling(0, json!(1)), json!({"whenDeleted": "Delete", "whenScaled": "Retain"})),
              vec![ready(0)], vec![0], vec!["own www-web-0 by [StatefulSet/web]"]),

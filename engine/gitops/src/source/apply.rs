@@ -17,7 +17,7 @@ use crate::source::{
 };
 use gitplane_api::object::{APPLICATION_ANNOTATION, resource_version};
 use gitplane_source::{Manifest, ManifestError};
-use gitplane_store::{ObjectKey, Op};
+use gitplane_store::{ObjectKey, Op, deletion};
 use hmac::{Hmac, Mac};
 use serde_json::{Map, Value};
 use sha2::Sha256;
@@ -603,8 +603,10 @@ pub fn plan(
     };
     gone.sort_by(|a, b| a.0.cmp(&b.0));
     for (key, current) in gone {
+        // A graceful delete under way (a bare Pod's node is stopping it) is left to finish.
         if policy.prune
             && let Some(current) = current
+            && !deletion::is_terminating(&current)
         {
             plan.ops.push(Op::Delete { revision: resource_version(&current), key: key.clone() });
             plan.pruned += 1;

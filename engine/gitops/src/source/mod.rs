@@ -28,7 +28,7 @@ use gitplane_api::{
 };
 use gitplane_source::{AppSource, Limits, LoadError, ManifestError, SourceCache, Validator};
 use gitplane_store::{
-    Api, EventType, ObjectKey, Op, Store, StoreError,
+    Api, EventType, ObjectKey, Op, Store, StoreError, deletion,
     events::Recorder,
     informer::{Cache, Informer, Notification},
 };
@@ -593,7 +593,7 @@ impl SourceController {
                 return Ok((plan, false));
             }
             let with_status = updated.is_some();
-            let mut ops = plan.ops.clone();
+            let mut ops = graceful(&plan.ops, informer.cache());
             ops.extend(updated.map(|a| Op::UpdateStatus(gitplane_api::object::to_value(&a))));
             match self.store.txn(ops).await {
                 Ok(committed) => {
@@ -971,6 +971,22 @@ impl SourceLoop {
 }
 
 /// An Event's reference to `involved`, with its uid from `cache`.
+/// The plan's writes as the store takes them: a prune deletes as the API server does
+/// ([`deletion::delete`]: a bare Pod on a node gracefully), from the object the plan was made
+/// against.
+fn graceful(ops: &[Op], cache: &Cache) -> Vec<Op> {
+    let now = now();
+    ops.iter()
+        .filter_map(|op| match op {
+            Op::Delete { key, revision } => match cache.get(key) {
+                Some(current) if resource_version(&current) == *revision => deletion::delete(&current, now),
+                _ => Some(op.clone()),
+            },
+            other => Some(other.clone()),
+        })
+        .collect()
+}
+
 fn reference(involved: &ObjectKey, cache: &Cache) -> ObjectReference {
     let (kind, api_version) = match involved.kind.split_once('.') {
         Some((kind, group)) => (kind.to_owned(), format!("{group}/v1")),

@@ -46,13 +46,12 @@ const fn row(path: &'static str, allowed: Allowed, what: &'static str) -> Unsupp
 
 /// Every Pod field gitplane's node agent does not support yet (scheduling fields are the
 /// scheduler's and not listed). Fields not listed are carried out as Kubernetes does. Rows under
-/// `containers/` hold for `initContainers/` too (so sidecars, init containers with a
-/// restartPolicy, stay refused).
+/// `containers/` hold for `initContainers/` too; a container's `restartPolicy` (native sidecars)
+/// is checked by [`restart_policy_problems`].
 const UNSUPPORTED: &[Unsupported] = &[
     row("ephemeralContainers", Nothing, "ephemeralContainers"),
     row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
     row("enableServiceLinks", Values(&["false"]), "enableServiceLinks (no Service variables are set)"),
-    row("hostAliases", Nothing, "hostAliases"),
     row("hostUsers", Values(&["true"]), "hostUsers (user namespaces)"),
     row("imagePullSecrets", Nothing, "imagePullSecrets"),
     row("os/name", Values(&["\"linux\""]), "os.name"),
@@ -80,16 +79,12 @@ const UNSUPPORTED: &[Unsupported] = &[
         "a projected {key} source",
     ),
     row("volumes/*/emptyDir/medium", Values(&["\"\"", "\"Memory\""]), "emptyDir.medium"),
-    row("volumes/*/hostPath/type", Values(&["\"\""]), "hostPath.type"),
     row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),
     row("containers/*/lifecycle", Keys(&["postStart", "preStop"]), "lifecycle.{key}"),
     row("containers/*/lifecycle/postStart", Keys(&["exec"]), "a postStart {key} hook"),
     row("containers/*/lifecycle/preStop", Keys(&["exec"]), "a preStop {key} hook"),
     row("containers/*/resizePolicy", Nothing, "resizePolicy"),
-    row("containers/*/restartPolicy", Nothing, "a container's restartPolicy"),
     row("containers/*/resources/claims", Nothing, "resources.claims"),
-    row("containers/*/resources/limits", Keys(&["cpu", "memory"]), "resource {key}"),
-    row("containers/*/resources/requests", Keys(&["cpu", "memory"]), "resource {key}"),
     row("containers/*/securityContext/procMount", Values(&["\"Default\""]), "securityContext.procMount"),
     row("containers/*/securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
     row(
@@ -148,6 +143,8 @@ pub(super) fn problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> 
     }
     problems.extend(mount_problems(spec, at, claims));
     problems.extend(quantity_problems(spec, at));
+    problems.extend(resource_name_problems(spec, at));
+    problems.extend(restart_policy_problems(spec, at));
     problems.extend(lifecycle_problems(spec, at));
     problems.extend(probe_problems(spec, at));
     problems.extend(volume_problems(spec, at));
@@ -180,6 +177,40 @@ fn identity_problems(spec: &Value, at: &str) -> Vec<Problem> {
         .collect()
 }
 
+/// A container's `restartPolicy`: the API server allows it on init containers only, as `Always`
+/// (a native sidecar), which the agent does not run yet; the sidecar keeps working as one more
+/// of the Pod's containers.
+fn restart_policy_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (pointer, policy) in matches(spec, at.to_owned(), &["containers", "*", "restartPolicy"]) {
+        if !policy.is_null() {
+            problems.push(Problem::at(
+                pointer,
+                "restartPolicy is for init containers only (the Pod's restartPolicy applies here): remove it",
+            ));
+        }
+    }
+    for (pointer, policy) in matches(spec, at.to_owned(), &["initContainers", "*", "restartPolicy"]) {
+        match policy.as_str() {
+            None if policy.is_null() => {}
+            Some("Always") => problems.push(Problem::at(
+                pointer,
+                format!(
+                    "a native sidecar (an init container with restartPolicy Always) {NOT_YET}: \
+                     move this container, restartPolicy removed, to spec.containers, where it runs beside the others"
+                ),
+            )),
+            _ => problems.push(Problem::at(
+                pointer,
+                format!(
+                    "restartPolicy {policy} is not allowed on an init container: set Always (a sidecar) or remove it"
+                ),
+            )),
+        }
+    }
+    problems
+}
+
 /// What the API server refuses of the Pod's lifecycle: a negative grace period, and hooks or
 /// probes on an init container (it runs to completion; only sidecars may have them).
 fn lifecycle_problems(spec: &Value, at: &str) -> Vec<Problem> {
@@ -193,7 +224,10 @@ fn lifecycle_problems(spec: &Value, at: &str) -> Vec<Problem> {
     }
     for field in ["lifecycle", "livenessProbe", "readinessProbe", "startupProbe"] {
         for (pointer, value) in matches(spec, at.to_owned(), &["initContainers", "*", field]) {
-            if !is_empty(value) {
+            // A sidecar may have them; it is refused on its own with what to do.
+            let container = pointer.rsplit_once('/').and_then(|(c, _)| c.strip_prefix(at)).unwrap_or_default();
+            let sidecar = spec.pointer(container).is_some_and(|c| c["restartPolicy"] == "Always");
+            if !is_empty(value) && !sidecar {
                 problems.push(Problem::at(pointer, format!("{field} is not allowed in an init container: remove it")));
             }
         }
@@ -227,6 +261,10 @@ fn path_problem(pointer: String, value: &Value) -> Option<Problem> {
     };
     Some(Problem::at(pointer, format!("path {path:?} {why}: files stay inside their volume")))
 }
+
+/// The values of a hostPath volume's `type` (the API server's).
+const HOST_PATH_TYPES: [&str; 8] =
+    ["", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"];
 
 /// The resources a `resourceFieldRef` may name on this node.
 const RESOURCE_FIELDS: [&str; 4] = ["limits.cpu", "limits.memory", "requests.cpu", "requests.memory"];
@@ -295,6 +333,19 @@ fn volume_problems(spec: &Value, at: &str) -> Vec<Problem> {
                     ));
                 }
             }
+        }
+    }
+    for (pointer, type_) in matches(spec, at.to_owned(), &["volumes", "*", "hostPath", "type"]) {
+        if let Some(type_) = type_.as_str()
+            && !HOST_PATH_TYPES.contains(&type_)
+        {
+            problems.push(Problem::at(
+                pointer,
+                format!(
+                    "{type_:?} is not a hostPath type: use one of {}, or \"\" for no check",
+                    HOST_PATH_TYPES[1..].join(", ")
+                ),
+            ));
         }
     }
     for (pointer, size) in matches(spec, at.to_owned(), &["volumes", "*", "emptyDir", "sizeLimit"]) {
@@ -407,6 +458,67 @@ fn mount_problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> {
                 format!("{pointer}/subPath"),
                 format!("{sub:?} must be a relative path inside the volume, without '..'"),
             ));
+        }
+    }
+    problems
+}
+
+/// An extended resource's name: `<domain>/<name>` outside Kubernetes' own domain.
+fn is_extended_resource(name: &str) -> bool {
+    name.split_once('/').is_some_and(|(domain, short)| {
+        domain.contains('.') && !short.is_empty() && domain != "kubernetes.io" && !domain.ends_with(".kubernetes.io")
+    })
+}
+
+/// Resources the node cannot give or count, and extended resources as the API server checks
+/// them: whole counts, limits set and equal to requests (they cannot be overcommitted).
+fn resource_name_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let quantity = |v: &Value| match v {
+        Value::String(s) => parse_milli(s),
+        Value::Number(n) => parse_milli(&n.to_string()),
+        _ => None,
+    };
+    for containers in ["containers", "initContainers"] {
+        for (pointer, resources) in matches(spec, at.to_owned(), &[containers, "*", "resources"]) {
+            for list in ["limits", "requests"] {
+                for (name, value) in resources[list].as_object().into_iter().flatten() {
+                    let here = format!("{pointer}/{list}/{}", escape(name));
+                    if ["cpu", "memory"].contains(&name.as_str()) || (name == "ephemeral-storage" && list == "requests")
+                    {
+                        continue;
+                    }
+                    if name == "ephemeral-storage" {
+                        problems.push(Problem::at(
+                            here,
+                            format!(
+                                "a limit of ephemeral-storage {NOT_YET} (no eviction over it): set it as \
+                                 requests.ephemeral-storage instead, which scheduling counts"
+                            ),
+                        ));
+                    } else if !is_extended_resource(name) {
+                        problems.push(Problem::at(
+                            here,
+                            format!(
+                                "resource {name} {NOT_YET} (it supports cpu, memory, ephemeral-storage requests \
+                                 and extended resources such as example.com/foo)"
+                            ),
+                        ));
+                    } else if quantity(value).is_some_and(|m| m % 1000 != 0) {
+                        problems.push(Problem::at(
+                            here,
+                            format!("{value} is not a whole number of {name}: use a whole count"),
+                        ));
+                    } else if list == "requests" && quantity(value) != quantity(&resources["limits"][name]) {
+                        problems.push(Problem::at(
+                            here,
+                            format!(
+                                "{name} cannot be overcommitted: set limits.{name} to the same count as the request"
+                            ),
+                        ));
+                    }
+                }
+            }
         }
     }
     problems
@@ -531,11 +643,11 @@ fn probe_problems(spec: &Value, at: &str) -> Vec<Problem> {
                 }
             }
             if let Some(scheme) = probe["httpGet"]["scheme"].as_str()
-                && scheme != "HTTP"
+                && !["HTTP", "HTTPS"].contains(&scheme)
             {
                 problems.push(Problem::at(
                     format!("{here}/httpGet/scheme"),
-                    format!("scheme {scheme:?} {NOT_YET}: probe over HTTP, or use a tcpSocket probe"),
+                    format!("scheme {scheme:?} is not a probe scheme: use HTTP or HTTPS"),
                 ));
             }
             if probe["exec"].is_object() && probe["exec"]["command"].as_array().is_none_or(Vec::is_empty) {

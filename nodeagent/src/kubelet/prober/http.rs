@@ -1,14 +1,15 @@
 //! The kubelet's HTTP probe (`pkg/probe/http`): one GET over HTTP/1.1 on a fresh connection
-//! (the kubelet disables keep-alives), success for a status from 200 to 399. Redirects to the
-//! same host are followed (at most 10); a redirect elsewhere ends the probe as a success, as the
-//! kubelet's `Probe terminated redirects` warning does. Only the response's head is read.
+//! (the kubelet disables keep-alives), over TLS for `scheme: HTTPS` without verifying the
+//! certificate ([`super::tls`]), success for a status from 200 to 399. Redirects to the same host
+//! are followed (at most 10, HTTP or HTTPS); a redirect elsewhere ends the probe as a success, as
+//! the kubelet's `Probe terminated redirects` warning does. Only the response's head is read.
 //!
 //! Hand-written rather than a client crate: a probe needs one request shape and the status line,
 //! and the agent links no HTTP client (hyper is there only as tonic's transport).
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::results::ProbeResult;
@@ -23,6 +24,8 @@ pub struct HttpGet {
     pub path: String,
     /// `httpHeaders`, in order.
     pub headers: Vec<(String, String)>,
+    /// `scheme: HTTPS`.
+    pub https: bool,
 }
 
 /// Where one request goes.
@@ -31,6 +34,7 @@ struct Target {
     host: String,
     port: u16,
     path: String,
+    https: bool,
 }
 
 impl Target {
@@ -43,7 +47,8 @@ impl Target {
     }
 
     fn url(&self) -> String {
-        format!("http://{}{}", self.authority(), self.path)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}{}", self.authority(), self.path)
     }
 }
 
@@ -61,6 +66,7 @@ pub async fn probe(get: &HttpGet, pod_ip: &str, timeout: Duration, buf: &mut Vec
         host: get.host.clone().unwrap_or_else(|| pod_ip.to_owned()),
         port: get.port,
         path: if get.path.is_empty() { "/".into() } else { get.path.clone() },
+        https: get.https,
     };
     if let Some((name, _)) = get.headers.iter().find(|(n, v)| invalid(n) || invalid(v)) {
         return (ProbeResult::Unknown, format!("header {name:?} holds a line break"));
@@ -77,7 +83,7 @@ pub async fn probe(get: &HttpGet, pod_ip: &str, timeout: Duration, buf: &mut Vec
             };
             let Some(next) = redirect(&target, &location) else { return Ok(code) };
             // Go's client keeps a Host override only through a relative redirect.
-            if location.starts_with("http://") || location.starts_with("//") {
+            if location.starts_with("http://") || location.starts_with("https://") || location.starts_with("//") {
                 host_header = None;
             }
             target = next;
@@ -113,14 +119,27 @@ async fn request(
 ) -> Result<(u16, Option<String>), String> {
     let url = target.url();
     let address = target.authority();
-    let mut stream = TcpStream::connect((target.host.as_str(), target.port))
+    let stream = TcpStream::connect((target.host.as_str(), target.port))
         .await
         .map_err(|e| format!("Get {url:?}: dial tcp {address}: connect: {}", os_message(&e)))?;
     let _ = stream.set_nodelay(true);
     buf.clear();
     write_request(buf, target, host_header, headers);
-    stream.write_all(buf).await.map_err(|e| format!("Get {url:?}: {}", os_message(&e)))?;
+    if target.https {
+        let stream = super::tls::connect(&target.host, stream).await.map_err(|e| format!("Get {url:?}: {e}"))?;
+        exchange(stream, &url, buf).await
+    } else {
+        exchange(stream, &url, buf).await
+    }
+}
 
+/// Sends the request in `buf` and reads the response's head back into it.
+async fn exchange(
+    mut stream: impl AsyncRead + AsyncWrite + Unpin,
+    url: &str,
+    buf: &mut Vec<u8>,
+) -> Result<(u16, Option<String>), String> {
+    stream.write_all(buf).await.map_err(|e| format!("Get {url:?}: {}", os_message(&e)))?;
     buf.clear();
     let end = loop {
         if buf.len() >= MAX_HEAD {
@@ -177,15 +196,20 @@ fn location(head: &str) -> Option<&str> {
     })
 }
 
-/// Where a redirect from `current` to `location` goes, if the kubelet follows it: over HTTP,
-/// to the same host name (any port).
+/// Where a redirect from `current` to `location` goes, if the kubelet follows it: over HTTP or
+/// HTTPS, to the same host name (any port).
 fn redirect(current: &Target, location: &str) -> Option<Target> {
     let location = location.split('#').next().unwrap_or_default();
-    if let Some(rest) = location.strip_prefix("http://").or_else(|| location.strip_prefix("//")) {
+    let absolute = match location.split_once("://") {
+        Some(("http", rest)) => Some((rest, false)),
+        Some(("https", rest)) => Some((rest, true)),
+        _ => location.strip_prefix("//").map(|rest| (rest, current.https)),
+    };
+    if let Some((rest, https)) = absolute {
         let split = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, path) = rest.split_at(split);
         let authority = authority.rsplit('@').next().unwrap_or_default();
-        let (host, port) = split_authority(authority)?;
+        let (host, port) = split_authority(authority, if https { 443 } else { 80 })?;
         let path = if path.is_empty() {
             "/".to_owned()
         } else if path.starts_with('?') {
@@ -193,10 +217,10 @@ fn redirect(current: &Target, location: &str) -> Option<Target> {
         } else {
             path.to_owned()
         };
-        return (host.eq_ignore_ascii_case(&current.host)).then(|| Target { host: host.to_owned(), port, path });
+        return (host.eq_ignore_ascii_case(&current.host)).then(|| Target { host: host.to_owned(), port, path, https });
     }
     if location.contains("://") {
-        // Another scheme (https): not followed here, so the 3xx ends the probe.
+        // Another scheme: not followed, so the 3xx ends the probe.
         return None;
     }
     let path = if location.starts_with('/') {
@@ -210,11 +234,11 @@ fn redirect(current: &Target, location: &str) -> Option<Target> {
             format!("{}{location}", if dir.is_empty() { "/" } else { dir })
         }
     };
-    Some(Target { host: current.host.clone(), port: current.port, path })
+    Some(Target { host: current.host.clone(), port: current.port, path, https: current.https })
 }
 
-/// `host`, `host:port`, `[v6]`, `[v6]:port`; the port defaults to 80.
-fn split_authority(authority: &str) -> Option<(&str, u16)> {
+/// `host`, `host:port`, `[v6]`, `[v6]:port`; the port defaults to the scheme's.
+fn split_authority(authority: &str, default_port: u16) -> Option<(&str, u16)> {
     let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
         let (host, after) = rest.split_once(']')?;
         (host, after.strip_prefix(':'))
@@ -226,7 +250,7 @@ fn split_authority(authority: &str) -> Option<(&str, u16)> {
     };
     let port = match port {
         Some(port) => port.parse().ok()?,
-        None => 80,
+        None => default_port,
     };
     (!host.is_empty()).then_some((host, port))
 }
@@ -248,12 +272,16 @@ mod tests {
     use tokio::net::TcpListener;
 
     fn target(path: &str) -> Target {
-        Target { host: "10.244.1.5".into(), port: 8080, path: path.into() }
+        Target { host: "10.244.1.5".into(), port: 8080, path: path.into(), https: false }
     }
 
     #[test]
     fn which_redirects_are_followed() {
-        let t = |host: &str, port: u16, path: &str| Some(Target { host: host.into(), port, path: path.into() });
+        let t = |host: &str, port: u16, path: &str| {
+            Some(Target { host: host.into(), port, path: path.into(), https: false })
+        };
+        let tls =
+            |port: u16, path: &str| Some(Target { host: "10.244.1.5".into(), port, path: path.into(), https: true });
         let from = target("/a/b?x=1");
         let cases = [
             ("/healthz", t("10.244.1.5", 8080, "/healthz")),
@@ -265,13 +293,16 @@ mod tests {
             ("http://user@10.244.1.5:82?q", t("10.244.1.5", 82, "/?q")),
             ("http://10.244.1.6/", None),
             ("http://example.com/", None),
-            ("https://10.244.1.5/", None),
+            ("https://10.244.1.5/", tls(443, "/")),
+            ("https://10.244.1.5:8443/x", tls(8443, "/x")),
+            ("https://example.com/", None),
+            ("ftp://10.244.1.5/", None),
             ("http://10.244.1.5:http/", None),
         ];
         for (location, want) in cases {
             assert_eq!(redirect(&from, location), want, "{location}");
         }
-        assert_eq!(split_authority("[fd00::1]:8080"), Some(("fd00::1", 8080)));
+        assert_eq!(split_authority("[fd00::1]:8080", 80), Some(("fd00::1", 8080)));
     }
 
     #[test]
@@ -321,7 +352,7 @@ mod tests {
     }
 
     fn get(port: u16, path: &str) -> HttpGet {
-        HttpGet { host: None, port, path: path.into(), headers: Vec::new() }
+        HttpGet { host: None, port, path: path.into(), headers: Vec::new(), https: false }
     }
 
     #[tokio::test]

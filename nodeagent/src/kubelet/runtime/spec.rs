@@ -157,12 +157,7 @@ pub fn sandbox_config(pod: &Pod, cfg: &RuntimeConfig, attempt: u32) -> Result<pb
         .flatten()
         .map(|s| (s.name.clone(), s.value.clone()))
         .collect();
-    let hostname = if spec.host_network == Some(true) {
-        String::new()
-    } else {
-        let base = spec.hostname.clone().unwrap_or_else(|| name.clone());
-        base.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_string()
-    };
+    let hostname = if spec.host_network == Some(true) { String::new() } else { pod_hostname(pod) };
 
     Ok(pb::PodSandboxConfig {
         metadata: Some(pb::PodSandboxMetadata { name, uid: uid.into(), namespace, attempt }),
@@ -190,45 +185,20 @@ pub fn sandbox_config(pod: &Pod, cfg: &RuntimeConfig, attempt: u32) -> Result<pb
     })
 }
 
+/// The Pod's hostname: `spec.hostname`, else its name, at most 63 characters.
+fn pod_hostname(pod: &Pod) -> String {
+    let spec = pod.spec.as_ref();
+    let base = spec.and_then(|s| s.hostname.clone()).or_else(|| pod.metadata.name.clone()).unwrap_or_default();
+    base.chars().take(63).collect::<String>().trim_end_matches(['-', '.']).to_string()
+}
+
 /// What CreateContainer needs for one container, plus the host directories (emptyDir volumes,
-/// the container's log directory) that must exist first.
+/// the container's log directory) that must exist first and the Pod's hosts file to write.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ContainerPlan {
     pub config: pb::ContainerConfig,
     pub host_dirs: Vec<PathBuf>,
-    /// The managed `/etc/hosts` to write before the container is created: (path, content).
-    pub hosts_file: Option<(PathBuf, String)>,
-}
-
-/// Where the pod's managed hosts file lives on the node.
-pub fn hosts_file_path(cfg: &RuntimeConfig, uid: &str) -> PathBuf {
-    cfg.pod_dir.join(uid).join("etc-hosts")
-}
-
-/// The kubelet's managed `/etc/hosts` for a pod with these addresses: localhost, then the pod's
-/// address with its hostname, fully qualified first when it has a subdomain
-/// (`web-0.nginx.default.svc.cluster.local web-0`). None on the host's network, or before the
-/// pod has an address.
-pub fn managed_hosts(pod: &Pod, pod_ips: &[String], cluster_domain: &str) -> Option<String> {
-    let spec = pod.spec.as_ref()?;
-    if spec.host_network == Some(true) {
-        return None;
-    }
-    let ip = pod_ips.first()?;
-    let hostname = spec.hostname.clone().unwrap_or_else(|| pod.metadata.name.clone().unwrap_or_default());
-    let mut text = String::from(
-        "# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n\
-         fe00::0\tip6-localnet\nfe00::0\tip6-mcastprefix\nfe00::1\tip6-allnodes\nfe00::2\tip6-allrouters\n",
-    );
-    match spec.subdomain.as_deref().filter(|s| !s.is_empty()) {
-        Some(subdomain) => {
-            let domain = cluster_domain.trim_end_matches('.');
-            let namespace = pod_namespace(pod);
-            text.push_str(&format!("{ip}\t{hostname}.{subdomain}.{namespace}.svc.{domain}\t{hostname}\n"));
-        }
-        None => text.push_str(&format!("{ip}\t{hostname}\n")),
-    }
-    Some(text)
+    pub hosts_file: Option<(PathBuf, super::hosts::EtcHosts)>,
 }
 
 /// The container config for the `attempt`-th run of `container`. `pod_ips` come from the
@@ -258,19 +228,17 @@ pub fn container_config(
     let args = expand_all(&container.args);
 
     let (mut mounts, mut host_dirs) = mounts(pod, container, cfg, uid)?;
-    // The kubelet mounts its hosts file unless the container mounts its own.
-    let hosts_file = managed_hosts(pod, pod_ips, &cfg.cluster_domain)
-        .filter(|_| !mounts.iter().any(|m| m.container_path == "/etc/hosts"))
-        .map(|text| (hosts_file_path(cfg, uid), text));
-    if let Some((path, _)) = &hosts_file {
+    let hosts_file = super::hosts::mounted_on(container, pod_ips).then(|| {
+        let path = super::hosts::path(cfg, uid);
         mounts.push(pb::Mount {
-            container_path: "/etc/hosts".into(),
+            container_path: super::hosts::CONTAINER_PATH.into(),
             host_path: path.to_string_lossy().into_owned(),
             readonly: false,
             selinux_relabel: false,
             propagation: pb::MountPropagation::PropagationPrivate as i32,
         });
-    }
+        (path, super::hosts::hosts_file(pod, pod_ips, &pod_hostname(pod), &cfg.cluster_domain))
+    });
     let log_dir = pod_log_directory(cfg, pod)?;
     host_dirs.push(log_dir.join(&container.name));
 
@@ -578,24 +546,20 @@ mod tests {
     }
 
     #[test]
-    fn the_hosts_file_names_the_pod_by_its_hostname_and_subdomain() {
+    fn the_hosts_file_is_mounted_from_the_pods_directory() {
         let ips = ["10.244.1.5".to_owned()];
-        let plain = pod(json!({"containers": [{"name": "c", "image": "i:1"}]}));
-        let text = managed_hosts(&plain, &ips, "cluster.local").unwrap();
-        assert!(text.starts_with("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n"), "{text}");
-        assert!(text.ends_with("\n10.244.1.5\tweb\n"), "{text}");
         let member =
             pod(json!({"hostname": "web-0", "subdomain": "nginx", "containers": [{"name": "c", "image": "i:1"}]}));
-        let text = managed_hosts(&member, &ips, "cluster.local").unwrap();
-        assert!(text.ends_with("\n10.244.1.5\tweb-0.nginx.shop.svc.cluster.local\tweb-0\n"), "{text}");
-        assert_eq!(managed_hosts(&member, &[], "cluster.local"), None, "no address yet");
-        let host = pod(json!({"hostNetwork": true, "containers": [{"name": "c", "image": "i:1"}]}));
-        assert_eq!(managed_hosts(&host, &ips, "cluster.local"), None);
         let plan = container_config(&member, &member.spec.as_ref().unwrap().containers[0], &cfg(), 0, &ips, &NoConfig)
             .unwrap();
         let mount = plan.config.mounts.iter().find(|m| m.container_path == "/etc/hosts").unwrap();
         assert_eq!(mount.host_path, "/pods/u-1/etc-hosts");
-        assert_eq!(plan.hosts_file.unwrap().0, PathBuf::from("/pods/u-1/etc-hosts"));
+        let (path, file) = plan.hosts_file.unwrap();
+        assert_eq!(path, PathBuf::from("/pods/u-1/etc-hosts"));
+        let text = file.content(String::new);
+        assert!(text.ends_with("\n10.244.1.5\tweb-0.nginx.shop.svc.cluster.local\tweb-0\n"), "{text}");
+        let none = container_config(&member, &member.spec.as_ref().unwrap().containers[0], &cfg(), 0, &[], &NoConfig);
+        assert_eq!(none.unwrap().hosts_file, None, "no address yet");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! carries the tmpfs. [`tear_down`] unmounts them before the Pod's directory is removed.
 
 pub mod atomic_writer;
+pub mod host_path;
 pub mod projection;
 
 use std::path::{Path, PathBuf};
@@ -54,7 +55,7 @@ pub fn host_path(cfg: &RuntimeConfig, uid: &str, volume: &Volume) -> Result<Opti
     Ok(Some(cfg.pod_dir.join(uid).join("volumes").join(plugin).join(name)))
 }
 
-/// Whether the pod has a volume this module sets up.
+/// Whether the pod has a volume this module sets up (or, for a typed hostPath, checks).
 pub fn has_volumes(pod: &Pod) -> bool {
     pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
         v.config_map.is_some()
@@ -62,6 +63,7 @@ pub fn has_volumes(pod: &Pod) -> bool {
             || v.downward_api.is_some()
             || v.projected.is_some()
             || v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() == Some("Memory"))
+            || v.host_path.as_ref().is_some_and(|h| h.type_.as_deref().is_some_and(|t| !t.is_empty()))
     })
 }
 
@@ -74,6 +76,10 @@ pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSou
     for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let fail = |message: String| VolumeError { volume: volume.name.clone(), message };
         let name = safe_name("volume name", &volume.name).map_err(|e| fail(e.to_string()))?;
+        if let Some(host) = &volume.host_path {
+            host_path::check(Path::new(&host.path), host.type_.as_deref().unwrap_or_default()).map_err(fail)?;
+            continue;
+        }
         if let Some(empty) = volume.empty_dir.as_ref().filter(|e| e.medium.as_deref() == Some("Memory")) {
             let dir = cfg.pod_dir.join(uid).join("volumes").join(EMPTY_DIR).join(name);
             let size = match &empty.size_limit {

@@ -1,0 +1,362 @@
+//! PodTopologySpread: Pods spread over topology domains (nodes with the same value of a label).
+//! A Pod's own `topologySpreadConstraints` filter (`DoNotSchedule`: the skew a node would make
+//! must stay within `maxSkew`) and score (`ScheduleAnyway`); a Pod without any gets
+//! kube-scheduler's system defaults, as scores only.
+//!
+//! The system defaults: `ScheduleAnyway` with maxSkew 3 over `kubernetes.io/hostname` and
+//! maxSkew 5 over `topology.kubernetes.io/zone` where nodes carry it, counting the Pods of the
+//! same controller (upstream counts those its Services' and owners' selectors select; one
+//! controller's Pods are what those select in practice). Scored as upstream: a node's score grows
+//! with the matching Pods in its domain, weighted by log(domains + 2), then normalized across the
+//! feasible nodes so that the emptiest domain scores 100.
+
+use super::node_affinity::pod_matches_node;
+use super::untolerated;
+use crate::framework::{Cluster, CycleState, FilterPlugin, NodeInfo, ScorePlugin, controller_uid};
+use crate::resources::Resources;
+use gitplane_api::labels::{Labels, matches};
+use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use std::collections::HashMap;
+
+pub struct PodTopologySpread;
+
+pub const REASON: &str = "node(s) didn't match pod topology spread constraints";
+pub const REASON_MISSING_LABEL: &str = "node(s) didn't match pod topology spread constraints (missing required label)";
+
+const HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// (topology key, maxSkew) of the system default constraints.
+const DEFAULT_SPREAD: [(&str, i64); 2] = [(HOSTNAME, 3), ("topology.kubernetes.io/zone", 5)];
+
+/// One of the Pod's constraints, resolved: its selector with `matchLabelKeys` merged in, and the
+/// API server's defaults (`minDomains` 1, `nodeAffinityPolicy: Honor`, `nodeTaintsPolicy: Ignore`).
+struct Constraint {
+    key: String,
+    max_skew: i64,
+    min_domains: usize,
+    selector: Option<LabelSelector>,
+    honor_affinity: bool,
+    honor_taints: bool,
+    /// The incoming Pod counts itself in the domain it goes to.
+    self_match: i64,
+}
+
+impl Constraint {
+    fn new(c: &TopologySpreadConstraint, pod: &Pod) -> Constraint {
+        let empty = Labels::new();
+        let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+        let mut selector = c.label_selector.clone();
+        if let Some(selector) = selector.as_mut() {
+            let keyed = c.match_label_keys.iter().flatten().filter_map(|k| Some((k, labels.get(k)?)));
+            let extra = keyed.map(|(key, value)| LabelSelectorRequirement {
+                key: key.clone(),
+                operator: "In".into(),
+                values: Some(vec![value.clone()]),
+            });
+            let extra: Vec<_> = extra.collect();
+            if !extra.is_empty() {
+                selector.match_expressions.get_or_insert_with(Vec::new).extend(extra);
+            }
+        }
+        let self_match = i64::from(selector.as_ref().is_some_and(|s| matches(s, labels)));
+        Constraint {
+            key: c.topology_key.clone(),
+            max_skew: i64::from(c.max_skew),
+            min_domains: c.min_domains.map_or(1, |m| usize::try_from(m).unwrap_or(1)),
+            selector,
+            honor_affinity: c.node_affinity_policy.as_deref() != Some("Ignore"),
+            honor_taints: c.node_taints_policy.as_deref() == Some("Honor"),
+            self_match,
+        }
+    }
+
+    /// The node's Pods this constraint counts: in the Pod's namespace, selected by its selector
+    /// (none without one).
+    fn count(&self, namespace: &str, node: &NodeInfo) -> i64 {
+        let Some(selector) = &self.selector else { return 0 };
+        node.pods.iter().filter(|p| p.namespace == namespace && matches(selector, &p.labels)).count() as i64
+    }
+
+    /// Whether the node's Pods count at all (its node inclusion policies).
+    fn includes(&self, pod: &Pod, node: &NodeInfo) -> bool {
+        (!self.honor_affinity || pod_matches_node(pod, node))
+            && (!self.honor_taints || untolerated(pod, node, &["NoSchedule", "NoExecute"]).next().is_none())
+    }
+}
+
+fn constraints(pod: &Pod, when: &str) -> Vec<Constraint> {
+    let all = pod.spec.as_ref().and_then(|s| s.topology_spread_constraints.as_deref()).unwrap_or_default();
+    all.iter().filter(|c| c.when_unsatisfiable == when).map(|c| Constraint::new(c, pod)).collect()
+}
+
+fn namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+fn has_keys(node: &NodeInfo, constraints: &[Constraint]) -> bool {
+    constraints.iter().all(|c| node.label(&c.key).is_some())
+}
+
+/// Per constraint: the matching Pods of each domain among the nodes that count, and the least
+/// of them (0 while fewer domains than `minDomains` exist).
+struct FilterState {
+    constraints: Vec<Constraint>,
+    domains: Vec<HashMap<String, i64>>,
+    min_match: Vec<i64>,
+}
+
+impl FilterPlugin for PodTopologySpread {
+    fn name(&self) -> &'static str {
+        "PodTopologySpread"
+    }
+
+    fn pre_filter(&self, pod: &Pod, cluster: Cluster<'_>) -> CycleState {
+        let constraints = constraints(pod, "DoNotSchedule");
+        if constraints.is_empty() {
+            return None;
+        }
+        let mut domains = vec![HashMap::<String, i64>::new(); constraints.len()];
+        for node in cluster.nodes.iter().filter(|n| has_keys(n, &constraints)) {
+            for (c, counts) in constraints.iter().zip(domains.iter_mut()) {
+                if let Some(value) = node.label(&c.key).filter(|_| c.includes(pod, node)) {
+                    *counts.entry(value.to_owned()).or_default() += c.count(namespace(pod), node);
+                }
+            }
+        }
+        let min_match = constraints
+            .iter()
+            .zip(&domains)
+            .map(
+                |(c, counts)| {
+                    if counts.len() < c.min_domains { 0 } else { counts.values().copied().min().unwrap_or(0) }
+                },
+            )
+            .collect();
+        Some(Box::new(FilterState { constraints, domains, min_match }))
+    }
+
+    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo, state: &CycleState) -> Result<(), Vec<String>> {
+        let Some(state) = state.as_ref().and_then(|s| s.downcast_ref::<FilterState>()) else { return Ok(()) };
+        if !has_keys(node, &state.constraints) {
+            return Err(vec![REASON_MISSING_LABEL.into()]);
+        }
+        for ((c, counts), min) in state.constraints.iter().zip(&state.domains).zip(&state.min_match) {
+            let value = node.label(&c.key).unwrap_or_default();
+            let skew = counts.get(value).copied().unwrap_or(0) + c.self_match - min;
+            if skew > c.max_skew {
+                return Err(vec![REASON.into()]);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ScorePlugin for PodTopologySpread {
+    fn name(&self) -> &'static str {
+        "PodTopologySpread"
+    }
+
+    fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
+        let nodes = std::slice::from_ref(node);
+        self.score_all(pod, request, &[node], Cluster { nodes, namespaces: &Default::default() })[0]
+    }
+
+    fn score_all(&self, pod: &Pod, _: &Resources, nodes: &[&NodeInfo], cluster: Cluster<'_>) -> Vec<i64> {
+        let own = pod.spec.as_ref().and_then(|s| s.topology_spread_constraints.as_ref()).is_some_and(|c| !c.is_empty());
+        if !own {
+            let Some(owner) = controller_uid(pod) else { return vec![100; nodes.len()] };
+            let count = |_: usize, node: &NodeInfo| f64::from(node.by_controller.get(owner).copied().unwrap_or(0));
+            return spread_scores(&DEFAULT_SPREAD.map(|(k, s)| (k.to_owned(), s)), nodes, nodes, default_domain, count);
+        }
+        let constraints = constraints(pod, "ScheduleAnyway");
+        if constraints.is_empty() {
+            return vec![100; nodes.len()];
+        }
+        let counted: Vec<&NodeInfo> = cluster.nodes.iter().filter(|n| has_keys(n, &constraints)).collect();
+        let keys: Vec<(String, i64)> = constraints.iter().map(|c| (c.key.clone(), c.max_skew)).collect();
+        let count = |i: usize, node: &NodeInfo| {
+            let c = &constraints[i];
+            if c.includes(pod, node) { c.count(namespace(pod), node) as f64 } else { 0.0 }
+        };
+        spread_scores(&keys, &counted, nodes, NodeInfo::label, count)
+    }
+}
+
+/// A node's domain for the system defaults: a node without a hostname label is its own.
+fn default_domain<'n>(node: &'n NodeInfo, key: &str) -> Option<&'n str> {
+    match key {
+        HOSTNAME => Some(node.label(key).unwrap_or(node.name())),
+        _ => node.label(key),
+    }
+}
+
+/// upstream's scoring of `ScheduleAnyway` constraints (`constraints`: key and maxSkew): per
+/// constraint, the matching Pods of each domain of the `counted` nodes weighted by log(domains +
+/// 2), plus maxSkew - 1; then normalized over the `scored` nodes so the emptiest scores 100. A
+/// scored node without a constraint's key scores 0, as upstream leaves it out.
+fn spread_scores<'n>(
+    constraints: &[(String, i64)],
+    counted: &[&'n NodeInfo],
+    scored: &[&'n NodeInfo],
+    domain: fn(&'n NodeInfo, &str) -> Option<&'n str>,
+    count: impl Fn(usize, &NodeInfo) -> f64,
+) -> Vec<i64> {
+    let mut raw: Vec<Option<f64>> = vec![Some(0.0); scored.len()];
+    for (i, (key, max_skew)) in constraints.iter().enumerate() {
+        let mut in_domain: HashMap<&str, f64> = HashMap::new();
+        for node in counted {
+            if let Some(d) = domain(node, key) {
+                *in_domain.entry(d).or_default() += count(i, node);
+            }
+        }
+        if in_domain.is_empty() {
+            continue;
+        }
+        let weight = (in_domain.len() as f64 + 2.0).ln();
+        for (score, node) in raw.iter_mut().zip(scored) {
+            match domain(node, key) {
+                Some(d) => {
+                    let matching = in_domain.get(d).copied().unwrap_or(0.0);
+                    *score = score.map(|s| s + matching * weight + (max_skew - 1) as f64);
+                }
+                None => *score = None,
+            }
+        }
+    }
+    let known = raw.iter().flatten();
+    let (min, max) = known.fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
+    raw.iter()
+        .map(|s| match s {
+            None => 0,
+            Some(_) if max == 0.0 => 100,
+            Some(s) => (100.0 * (max + min - s) / max).round() as i64,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::framework::NamespaceLabels;
+    use k8s_openapi::api::core::v1::Node;
+    use serde_json::{Value, json};
+
+    fn node(name: &str, labels: Value) -> NodeInfo {
+        let mut labels = labels;
+        labels["kubernetes.io/hostname"] = json!(name);
+        NodeInfo::new(serde_json::from_value::<Node>(json!({"metadata": {"name": name, "labels": labels}})).unwrap())
+    }
+
+    fn web(constraints: Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "w", "namespace": "shop", "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "c"}], "topologySpreadConstraints": constraints}
+        }))
+        .unwrap()
+    }
+
+    fn constraint(key: &str, max_skew: i32, when: &str, extra: Value) -> Value {
+        let mut c = json!({"maxSkew": max_skew, "topologyKey": key, "whenUnsatisfiable": when,
+            "labelSelector": {"matchLabels": {"app": "web"}}});
+        for (k, v) in extra.as_object().into_iter().flatten() {
+            c[k] = v.clone();
+        }
+        c
+    }
+
+    /// Zone a holds two web Pods (on a1), zone b one (on b1), zone c none; c1 is tainted.
+    fn zones() -> Vec<NodeInfo> {
+        let mut nodes = vec![
+            node("a1", json!({"zone": "a"})),
+            node("b1", json!({"zone": "b"})),
+            node("c1", json!({"zone": "c"})),
+            node("x1", json!({})),
+        ];
+        nodes[2].node.spec =
+            Some(serde_json::from_value(json!({"taints": [{"key": "k", "effect": "NoSchedule"}]})).unwrap());
+        for i in [0, 0, 1] {
+            nodes[i].add_pod(&web(json!([])));
+        }
+        nodes
+    }
+
+    fn fits(p: &Pod, nodes: &[NodeInfo]) -> Vec<Result<(), String>> {
+        let state = PodTopologySpread.pre_filter(p, Cluster { nodes, namespaces: &NamespaceLabels::new() });
+        nodes
+            .iter()
+            .map(|n| PodTopologySpread.filter(p, &Resources::default(), n, &state).map_err(|r| r.join(",")))
+            .collect()
+    }
+
+    #[test]
+    fn do_not_schedule_filters_by_skew() {
+        let (ok, skew, label) = (Ok(()), Err(REASON.to_owned()), Err(REASON_MISSING_LABEL.to_owned()));
+        for (name, constraints, expected) in [
+            // Min 0 (zone c): a would make 3, b 2, c 1.
+            (
+                "maxSkew 1",
+                json!([constraint("zone", 1, "DoNotSchedule", json!({}))]),
+                [skew.clone(), skew.clone(), ok.clone(), label.clone()],
+            ),
+            (
+                "maxSkew 2",
+                json!([constraint("zone", 2, "DoNotSchedule", json!({}))]),
+                [skew.clone(), ok.clone(), ok.clone(), label.clone()],
+            ),
+            // Honouring the taint leaves zone c out: min 1 (zone b).
+            (
+                "nodeTaintsPolicy Honor",
+                json!([constraint("zone", 1, "DoNotSchedule", json!({"nodeTaintsPolicy": "Honor"}))]),
+                [skew.clone(), ok.clone(), ok.clone(), label.clone()],
+            ),
+            // Fewer domains than minDomains: the minimum counts as 0.
+            (
+                "minDomains",
+                json!([constraint("zone", 2, "DoNotSchedule", json!({"nodeTaintsPolicy": "Honor", "minDomains": 3}))]),
+                [skew.clone(), ok.clone(), ok.clone(), label.clone()],
+            ),
+            (
+                "ScheduleAnyway does not filter",
+                json!([constraint("zone", 1, "ScheduleAnyway", json!({}))]),
+                [ok.clone(), ok.clone(), ok.clone(), ok.clone()],
+            ),
+        ] {
+            assert_eq!(fits(&web(constraints), &zones()), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn node_affinity_policy_decides_which_nodes_count() {
+        let mut nodes = zones();
+        nodes.truncate(3);
+        let mut honor = web(json!([constraint("zone", 1, "DoNotSchedule", json!({}))]));
+        // Only zones a and b may hold it: with Honor (the default), min is b's 1.
+        honor.spec.as_mut().unwrap().affinity = serde_json::from_value(json!({"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
+        ]}}}))
+        .unwrap();
+        assert_eq!(fits(&honor, &nodes)[1], Ok(()));
+        let mut ignore = honor.clone();
+        ignore.spec.as_mut().unwrap().topology_spread_constraints.as_mut().unwrap()[0].node_affinity_policy =
+            Some("Ignore".into());
+        assert_eq!(fits(&ignore, &nodes)[1], Err(REASON.to_owned()));
+    }
+
+    #[test]
+    fn schedule_anyway_scores_the_emptiest_domain_best() {
+        let nodes = zones();
+        let p = web(json!([constraint("zone", 1, "ScheduleAnyway", json!({}))]));
+        let refs: Vec<&NodeInfo> = nodes.iter().collect();
+        let scores = PodTopologySpread.score_all(
+            &p,
+            &Resources::default(),
+            &refs,
+            Cluster { nodes: &nodes, namespaces: &NamespaceLabels::new() },
+        );
+        assert_eq!(scores[2], 100, "{scores:?}");
+        assert!(scores[0] < scores[1] && scores[1] < scores[2], "{scores:?}");
+        assert_eq!(scores[3], 0, "a node without the key is not scored: {scores:?}");
+    }
+}
