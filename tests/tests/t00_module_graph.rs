@@ -50,6 +50,7 @@ const PURE: &[&str] = &[
     "engine/gitops/src/source/allocate.rs",
     "engine/gitops/src/source/reach.rs",
     "engine/nodeservice/src/addresses.rs",
+    "nodeagent/src/kubelet/credentialprovider.rs",
     "nodeagent/src/kubelet/logs/cri_log.rs",
     "nodeagent/src/kubelet/node/pressure.rs",
     "nodeagent/src/kubelet/prober/results.rs",

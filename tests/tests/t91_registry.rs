@@ -1,11 +1,13 @@
-//! Images pulled from a real registry, on the real `gitplane up --nodes 1 --registries FILE`:
+//! Images pulled from real registries, on the real `gitplane up --nodes 1 --registries FILE`:
 //! a Deployment exactly as published (`registry.k8s.io/nginx-slim:0.8`) runs the stand-in the
 //! node pulled through its mirror, and an image the registry lacks fails with ErrImagePull and
-//! the registry's reason.
+//! the registry's reason. A registry that requires a password (htpasswd): a Pod whose
+//! imagePullSecrets hold it runs; one whose pull Secret does not exist gets a warning Event,
+//! pulls without it and fails with ErrImagePull and the registry's 401.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, require_root, wait_for};
-use gitplane_testkit::registry::{self, Registry, StandIn};
+use gitplane_testkit::registry::{self, Credentials, Registry, StandIn};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -43,6 +45,26 @@ fn pod_pulling(name: &str, image: &str) -> String {
     )
 }
 
+/// A pull Secret for `registry`, and two Pods of its private image: one with the Secret, one
+/// whose pull Secret does not exist.
+fn private_pods(registry: &str) -> String {
+    let config = format!(r#"{{"auths": {{"{registry}": {{"username": "alice", "password": "s3cret"}}}}}}"#);
+    // Always: an image another Pod pulled is on the node, and IfNotPresent would not ask.
+    let pod = |name: &str, secret: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    app: {name}\nspec:\n  \
+             imagePullSecrets:\n    - name: {secret}\n  containers:\n    - name: app\n      \
+             image: {registry}/private/app:1\n      imagePullPolicy: Always\n"
+        )
+    };
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: regcred\ntype: kubernetes.io/dockerconfigjson\n\
+         stringData:\n  .dockerconfigjson: '{config}'\n---\n{}---\n{}",
+        pod("private", "regcred"),
+        pod("stranger", "absent")
+    )
+}
+
 fn one_running(cluster: &LocalCluster, app: &str) -> Option<RunningPod> {
     cluster.running_pods(&format!("app={app}")).ok()?.into_iter().next()
 }
@@ -66,16 +88,21 @@ fn t91_published_images_come_from_the_registry() -> Result<()> {
     require_root()?;
     let dir = tempfile::tempdir()?;
     let mirror = registry::address(5000);
-    let file = registry::write_registries_file(dir.path(), mirror, &[mirror])?;
+    let private = registry::address(5001);
+    let file = registry::write_registries_file(dir.path(), mirror, &[mirror, private])?;
     let cluster = LocalCluster::up_with("gp91", 1, &["--registries", &file.to_string_lossy()])?;
     let registry = Registry::start(&dir.path().join("mirror"), &cluster, mirror, None)?;
     registry.push_stand_in("registry.k8s.io/nginx-slim:0.8", &StandIn::nginx())?;
+    let alice = Credentials { username: "alice".into(), password: "s3cret".into() };
+    let private_registry = Registry::start(&dir.path().join("private"), &cluster, private, Some(alice))?;
+    private_registry.push_stand_in(&format!("{private}/private/app:1"), &StandIn::nginx())?;
 
     let work = Worktree::clone(cluster.demo_repo(), dir.path().join("demo"))?;
     work.remove("web.yaml")?;
     work.write("nginx.yaml", NGINX)?;
     work.write("missing.yaml", &pod_pulling("missing", &format!("{mirror}/missing/app:1")))?;
-    work.commit_and_push("nginx-slim as published, and an image the registry lacks")?;
+    work.write("private.yaml", &private_pods(&private.to_string()))?;
+    work.commit_and_push("nginx-slim as published, an image the registry lacks, a private image")?;
 
     // The published manifest runs the stand-in, pulled through the mirror.
     let nginx = wait_for(DEADLINE, || one_running(&cluster, "nginx")).with_context(|| {
@@ -95,7 +122,27 @@ fn t91_published_images_come_from_the_registry() -> Result<()> {
     ensure!(reason == "ErrImagePull" || reason == "ImagePullBackOff", "missing waits with {reason}: {message}");
     println!("missing waits: {reason}: {message}");
 
-    drop(registry);
+    // imagePullSecrets: the Secret's credentials reach the registry.
+    wait_for(DEADLINE, || one_running(&cluster, "private")).with_context(|| {
+        format!("private is not Running: {:?}\n{}", pod(&cluster, "private"), private_registry.log())
+    })?;
+    // A pull Secret that does not exist: a warning, then an anonymous pull the registry refuses.
+    let (reason, message) = waiting_with(&cluster, "stranger", "401 Unauthorized")?;
+    ensure!(reason == "ErrImagePull" || reason == "ImagePullBackOff", "stranger waits with {reason}: {message}");
+    println!("stranger waits: {reason}: {message}");
+    let warned = wait_for(DEADLINE, || {
+        let events = cluster.get("/api/v1/namespaces/default/events").ok()?;
+        events["items"].as_array()?.iter().find(|e| e["reason"] == "FailedToRetrieveImagePullSecret").cloned()
+    })
+    .context("no FailedToRetrieveImagePullSecret Event")?;
+    ensure!(
+        warned["type"] == "Warning"
+            && warned["involvedObject"]["name"] == "stranger"
+            && warned["message"].as_str().is_some_and(|m| m.contains("(absent)")),
+        "the Event: {warned}"
+    );
+
+    drop((registry, private_registry));
     let status = cluster.stop(DEADLINE)?;
     ensure!(status.success(), "gitplane up --nodes exited with {status}");
     Ok(())

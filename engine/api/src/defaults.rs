@@ -75,6 +75,37 @@ pub fn apply(object: &mut Value) {
             set(Some(spec), "suspend", json!(false));
             template(spec);
         }
+        ("batch/v1", "CronJob") => {
+            set(Some(spec), "concurrencyPolicy", json!("Allow"));
+            set(Some(spec), "suspend", json!(false));
+            set(Some(spec), "successfulJobsHistoryLimit", json!(3));
+            set(Some(spec), "failedJobsHistoryLimit", json!(1));
+            // Only the Pod template's defaults: a Job's own come when the controller creates it.
+            if let Some(job) =
+                spec.get_mut("jobTemplate").and_then(|t| t.get_mut("spec")).and_then(Value::as_object_mut)
+            {
+                template(job);
+            }
+        }
+        ("autoscaling/v2", "HorizontalPodAutoscaler") => {
+            set(Some(spec), "minReplicas", json!(1));
+            if spec.get("metrics").is_none_or(|m| m.as_array().is_some_and(Vec::is_empty)) {
+                let cpu = json!({"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}});
+                spec.insert("metrics".into(), json!([{"type": "Resource", "resource": cpu}]));
+            }
+            // A behavior that is set gets every rule filled in; none stays none.
+            if let Some(behavior) = spec.get_mut("behavior").and_then(Value::as_object_mut) {
+                let pods_and_percent = json!([{"type": "Pods", "value": 4, "periodSeconds": 15},
+                                              {"type": "Percent", "value": 100, "periodSeconds": 15}]);
+                let percent = json!([{"type": "Percent", "value": 100, "periodSeconds": 15}]);
+                for (direction, window, policies) in [("scaleUp", 0, pods_and_percent), ("scaleDown", 300, percent)] {
+                    let rules = entry(behavior, direction);
+                    set(Some(rules), "stabilizationWindowSeconds", json!(window));
+                    set(Some(rules), "selectPolicy", json!("Max"));
+                    set(Some(rules), "policies", policies);
+                }
+            }
+        }
         ("v1", "Service") => service_spec(spec),
         ("v1", "PersistentVolumeClaim") => set(Some(spec), "volumeMode", json!("Filesystem")),
         ("v1", "PersistentVolume") => {
@@ -236,6 +267,39 @@ mod tests {
         apply(&mut j);
         assert_eq!((j["spec"]["parallelism"].as_i64(), j["spec"].get("completions")), (Some(2), None));
         assert_eq!(j["spec"]["backoffLimit"], 6);
+        let mut c = json!({"apiVersion": "batch/v1", "kind": "CronJob",
+            "spec": {"schedule": "@hourly", "successfulJobsHistoryLimit": 0, "jobTemplate": {"spec": {"template": {"spec": {}}}}}});
+        apply(&mut c);
+        let policy = |f: &str| c["spec"][f].clone();
+        assert_eq!(
+            [
+                policy("concurrencyPolicy"),
+                policy("suspend"),
+                policy("successfulJobsHistoryLimit"),
+                policy("failedJobsHistoryLimit")
+            ],
+            [json!("Allow"), json!(false), json!(0), json!(1)]
+        );
+        let job = &c["spec"]["jobTemplate"]["spec"];
+        assert_eq!(
+            (job["template"]["spec"]["dnsPolicy"].as_str(), job.get("backoffLimit")),
+            (Some("ClusterFirst"), None)
+        );
+        let mut h = json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+            "spec": {"maxReplicas": 5, "behavior": {"scaleDown": {"stabilizationWindowSeconds": 15}}}});
+        apply(&mut h);
+        assert_eq!(h["spec"]["minReplicas"], 1);
+        assert_eq!(h["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"], 80);
+        let behavior = &h["spec"]["behavior"];
+        assert_eq!(
+            (&behavior["scaleDown"]["stabilizationWindowSeconds"], &behavior["scaleUp"]["stabilizationWindowSeconds"]),
+            (&json!(15), &json!(0))
+        );
+        assert_eq!(behavior["scaleUp"]["policies"].as_array().map(Vec::len), Some(2));
+        let mut bare =
+            json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "spec": {"maxReplicas": 5}});
+        apply(&mut bare);
+        assert!(bare["spec"].get("behavior").is_none(), "no behavior: the controller's own defaults");
         let mut d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"strategy": {"type": "Recreate"}}});
         apply(&mut d);
         assert_eq!(d["spec"]["strategy"], json!({"type": "Recreate"}));

@@ -1,7 +1,8 @@
 //! Health of what an Application applied, per kind, as Argo CD assesses it: a Deployment or a
 //! ReplicaSet or StatefulSet by its rollout, a Pod by its readiness, a Service by its ready
-//! endpoints, a Job by its outcome, a PersistentVolumeClaim by its phase. The Application's health
-//! is the worst of its objects'.
+//! endpoints, a Job by its outcome, a CronJob by its last Job's, a HorizontalPodAutoscaler by its
+//! conditions, a PersistentVolumeClaim by its phase. The Application's health is the worst of its
+//! objects'.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -36,6 +37,8 @@ pub fn assessed(kind: &str) -> bool {
             | "ReplicaSet.apps"
             | "StatefulSet.apps"
             | "Job.batch"
+            | "CronJob.batch"
+            | "HorizontalPodAutoscaler.autoscaling"
             | "Pod"
             | "Service"
             | "PersistentVolumeClaim"
@@ -49,6 +52,8 @@ pub fn of(kind: &str, object: &Value, pods: &Pods<'_>) -> (Health, String) {
         "ReplicaSet" => replica_set(object),
         "StatefulSet" => stateful_set(object),
         "Job" => job(object),
+        "CronJob" => cron_job(object),
+        "HorizontalPodAutoscaler" => horizontal_pod_autoscaler(object),
         "Pod" => pod(object),
         "Service" => service(object, pods),
         "PersistentVolumeClaim" => persistent_volume_claim(object),
@@ -207,6 +212,55 @@ pub fn job(j: &Value) -> (Health, String) {
     }
 }
 
+/// A CronJob: degraded when its last scheduled Job has ended without succeeding (as Argo CD's
+/// CronJob check), healthy otherwise: one that waits for its schedule or runs a Job is fine.
+pub fn cron_job(c: &Value) -> (Health, String) {
+    let status = &c["status"];
+    if c["spec"]["suspend"] == true {
+        return (Health::Healthy, "suspended".into());
+    }
+    let active = status["active"].as_array().map_or(0, Vec::len);
+    if active > 0 {
+        return (Health::Healthy, format!("{active} active Job(s)"));
+    }
+    let time = |field: &str| status[field].as_str().and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    match (time("lastScheduleTime"), time("lastSuccessfulTime")) {
+        (Some(scheduled), succeeded) if succeeded.is_none_or(|s| s < scheduled) => {
+            (Health::Degraded, "the last scheduled Job did not succeed".into())
+        }
+        _ => (Health::Healthy, String::new()),
+    }
+}
+
+/// A HorizontalPodAutoscaler, as Argo CD reads its conditions in order: degraded when it cannot
+/// read its target's scale or its metrics, healthy once it scaled or its count is in range,
+/// progressing until then.
+pub fn horizontal_pod_autoscaler(h: &Value) -> (Health, String) {
+    const DEGRADED: [(&str, &str); 4] = [
+        ("AbleToScale", "FailedGetScale"),
+        ("AbleToScale", "FailedUpdateScale"),
+        ("ScalingActive", "FailedGetResourceMetric"),
+        ("ScalingActive", "InvalidSelector"),
+    ];
+    const HEALTHY: [(&str, &str); 4] = [
+        ("AbleToScale", "SucceededRescale"),
+        ("ScalingLimited", "DesiredWithinRange"),
+        ("ScalingLimited", "TooFewReplicas"),
+        ("ScalingLimited", "TooManyReplicas"),
+    ];
+    for c in h["status"]["conditions"].as_array().into_iter().flatten() {
+        let (type_, reason) = (c["type"].as_str().unwrap_or(""), c["reason"].as_str().unwrap_or(""));
+        let message = c["message"].as_str().unwrap_or("").to_owned();
+        if DEGRADED.contains(&(type_, reason)) {
+            return (Health::Degraded, message);
+        }
+        if HEALTHY.contains(&(type_, reason)) {
+            return (Health::Healthy, message);
+        }
+    }
+    (Health::Progressing, "Waiting to Autoscale".into())
+}
+
 /// A claim: healthy once Bound, degraded once Lost, progressing while Pending (a
 /// WaitForFirstConsumer claim waits there for its first Pod).
 pub fn persistent_volume_claim(c: &Value) -> (Health, String) {
@@ -306,6 +360,62 @@ mod tests {
         let failed =
             j(json!([{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "limit"}]));
         assert_eq!(job(&failed), (Health::Degraded, "limit".into()));
+    }
+
+    #[test]
+    fn cron_jobs() {
+        let c = |suspend: bool, status: Value| json!({"spec": {"suspend": suspend}, "status": status});
+        let (t1, t2) = ("2026-01-01T00:01:00Z", "2026-01-01T00:01:05Z");
+        let cases = [
+            ("never scheduled", c(false, json!({})), Health::Healthy),
+            (
+                "last Job succeeded",
+                c(false, json!({"lastScheduleTime": t1, "lastSuccessfulTime": t2})),
+                Health::Healthy,
+            ),
+            (
+                "last Job running",
+                c(false, json!({"lastScheduleTime": t2, "lastSuccessfulTime": t1, "active": [{}]})),
+                Health::Healthy,
+            ),
+            ("last Job failed", c(false, json!({"lastScheduleTime": t2, "lastSuccessfulTime": t1})), Health::Degraded),
+            ("never succeeded", c(false, json!({"lastScheduleTime": t1})), Health::Degraded),
+            ("suspended", c(true, json!({"lastScheduleTime": t1})), Health::Healthy),
+        ];
+        for (name, object, want) in cases {
+            assert_eq!(cron_job(&object).0, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn horizontal_pod_autoscalers() {
+        let h = |conditions: Value| json!({"status": {"conditions": conditions}});
+        let c =
+            |type_: &str, reason: &str| json!({"type": type_, "status": "True", "reason": reason, "message": reason});
+        let cases = [
+            (h(json!([])), Health::Progressing),
+            (
+                h(json!([
+                    c("AbleToScale", "SucceededGetScale"),
+                    c("ScalingActive", "ValidMetricFound"),
+                    c("ScalingLimited", "DesiredWithinRange")
+                ])),
+                Health::Healthy,
+            ),
+            (h(json!([c("AbleToScale", "SucceededRescale")])), Health::Healthy),
+            (
+                h(json!([c("AbleToScale", "SucceededGetScale"), c("ScalingActive", "FailedGetResourceMetric")])),
+                Health::Degraded,
+            ),
+            (h(json!([c("AbleToScale", "FailedGetScale")])), Health::Degraded),
+            (
+                h(json!([c("AbleToScale", "ReadyForNewScale"), c("ScalingLimited", "ScaleUpLimit")])),
+                Health::Progressing,
+            ),
+        ];
+        for (object, want) in cases {
+            assert_eq!(horizontal_pod_autoscaler(&object).0, want, "{object}");
+        }
     }
 
     #[test]

@@ -3,7 +3,8 @@
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
     apps::v1::{Deployment, ReplicaSet, StatefulSet},
-    batch::v1::Job,
+    autoscaling::{v1, v2},
+    batch::v1::{CronJob, Job},
     core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount},
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
     rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
@@ -22,6 +23,9 @@ pub struct KindInfo {
     /// The resource name on the API paths (`deployments`).
     pub plural: String,
     pub namespaced: bool,
+    /// Whether objects are stored (and served) in this version; false for a version converted
+    /// to another as it is read from Git.
+    pub stored: bool,
     schema: fn() -> Value,
 }
 
@@ -32,8 +36,14 @@ impl KindInfo {
             kind: K::kind(&()).into_owned(),
             plural: K::plural(&()).into_owned(),
             namespaced,
+            stored: true,
             schema: strict_schema::<K>,
         }
+    }
+
+    /// A version read from Git and stored as another.
+    fn converted(self) -> Self {
+        KindInfo { stored: false, ..self }
     }
 
     /// `Deployment.apps`, the kind part of a store key.
@@ -64,6 +74,10 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Deployment>(true),
         KindInfo::of::<StatefulSet>(true),
         KindInfo::of::<Job>(true),
+        KindInfo::of::<CronJob>(true),
+        KindInfo::of::<v2::HorizontalPodAutoscaler>(true),
+        // Converted to autoscaling/v2 as it is read from Git: the store holds one version.
+        KindInfo::of::<v1::HorizontalPodAutoscaler>(true).converted(),
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
@@ -82,6 +96,11 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
 /// Every kind accepted from Git.
 pub fn accepted() -> &'static [KindInfo] {
     &ACCEPTED
+}
+
+/// The accepted kinds in the version the store holds: one per group kind.
+pub fn stored() -> impl Iterator<Item = &'static KindInfo> {
+    ACCEPTED.iter().filter(|k| k.stored)
 }
 
 /// The accepted kind with this apiVersion and kind, if any.

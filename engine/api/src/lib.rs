@@ -5,6 +5,7 @@
 //! contract can link it.
 
 pub mod application;
+pub mod cron;
 pub mod defaults;
 pub mod events;
 pub mod health;

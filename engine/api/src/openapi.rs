@@ -5,7 +5,8 @@
 
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
-    batch::v1::Job,
+    autoscaling::v2::HorizontalPodAutoscaler,
+    batch::v1::{CronJob, Job},
     coordination::v1::Lease,
     core::v1::{
         ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service,
@@ -138,6 +139,8 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<StatefulSet>();
     b.add::<ControllerRevision>();
     b.add::<Job>();
+    b.add::<CronJob>();
+    b.add::<HorizontalPodAutoscaler>();
     b.add::<EndpointSlice>();
     b.add::<Lease>();
     b.add::<Ingress>();
@@ -229,10 +232,10 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 28);
+            assert_eq!(d.roots.len(), 30);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
-                assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some("v1")));
+                assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some(&*root.version)));
             }
             let deployment = &d.schemas["io.k8s.api.apps.v1.Deployment"];
             assert_eq!(deployment["x-kubernetes-group-version-kind"][0]["group"], "apps");

@@ -58,6 +58,8 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "namespaces" => &["ns"],
         "deployments" => &["deploy"],
         "replicasets" => &["rs"],
+        "cronjobs" => &["cj"],
+        "horizontalpodautoscalers" => &["hpa"],
         "statefulsets" => &["sts"],
         "ingresses" => &["ing"],
         "networkpolicies" => &["netpol"],
@@ -73,7 +75,14 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
 /// The `all` category holds the workloads and Services, as in Kubernetes (`kubectl get all`).
 fn categories(r: &Resource) -> &'static [&'static str] {
     match r.plural {
-        "pods" | "services" | "deployments" | "replicasets" | "statefulsets" | "jobs" => &["all"],
+        "pods"
+        | "services"
+        | "deployments"
+        | "replicasets"
+        | "statefulsets"
+        | "jobs"
+        | "cronjobs"
+        | "horizontalpodautoscalers" => &["all"],
         _ => &[],
     }
 }
@@ -347,6 +356,7 @@ mod tests {
             [
                 "apps",
                 "batch",
+                "autoscaling",
                 "discovery.k8s.io",
                 "networking.k8s.io",
                 "coordination.k8s.io",
@@ -371,8 +381,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 10);
-        assert_eq!(list["groups"][9]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 11);
+        assert_eq!(list["groups"][10]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();

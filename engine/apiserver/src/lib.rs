@@ -32,7 +32,7 @@ mod owner;
 pub mod page;
 mod proxy;
 pub mod rbac;
-mod resource_metrics;
+pub mod resource_metrics;
 mod resource_version;
 pub mod serviceaccount;
 mod table;
@@ -91,6 +91,14 @@ const RESOURCES: &[Resource] = &[
         namespaced: true,
     },
     Resource { group: "batch", version: "v1", plural: "jobs", kind: "Job", namespaced: true },
+    Resource { group: "batch", version: "v1", plural: "cronjobs", kind: "CronJob", namespaced: true },
+    Resource {
+        group: "autoscaling",
+        version: "v2",
+        plural: "horizontalpodautoscalers",
+        kind: "HorizontalPodAutoscaler",
+        namespaced: true,
+    },
     Resource {
         group: "discovery.k8s.io",
         version: "v1",

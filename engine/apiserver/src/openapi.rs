@@ -162,6 +162,7 @@ mod tests {
                 "api/v1",
                 "apis/apps/v1",
                 "apis/batch/v1",
+                "apis/autoscaling/v2",
                 "apis/discovery.k8s.io/v1",
                 "apis/networking.k8s.io/v1",
                 "apis/coordination.k8s.io/v1",

@@ -479,7 +479,7 @@ async fn application(
     let cache = informer.cache();
     let revision = informer.revision();
     // Everything it applied, of any kind and in any namespace (its annotation names it); the
-    // ReplicaSets, Pods and EndpointSlices under them from those namespaces.
+    // ReplicaSets, Jobs, Pods and EndpointSlices under them from those namespaces.
     let mut objects = tree::Objects::default();
     let mut namespaces: BTreeSet<String> = BTreeSet::from([target.clone()]);
     for (key, object) in cache.owned_by(&owner) {
@@ -493,6 +493,7 @@ async fn application(
     for ns in &namespaces {
         for (kind, into) in [
             ("ReplicaSet.apps", &mut objects.replica_sets),
+            ("Job.batch", &mut objects.jobs),
             ("Pod", &mut objects.pods),
             ("EndpointSlice.discovery.k8s.io", &mut objects.endpoint_slices),
         ] {

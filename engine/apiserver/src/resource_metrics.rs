@@ -140,7 +140,7 @@ async fn list<K: serde::de::DeserializeOwned>(
 }
 
 /// The Summaries of `nodes`, asked concurrently; nodes that do not answer are left out.
-async fn summaries<'a>(kubelet: &KubeletClient, nodes: &'a [Node]) -> Vec<(&'a Node, Summary)> {
+pub async fn summaries<'a>(kubelet: &KubeletClient, nodes: &'a [Node]) -> Vec<(&'a Node, Summary)> {
     let asked = nodes.iter().map(|node| async move {
         let answer = tokio::time::timeout(NODE_TIMEOUT, async {
             let response = kubelet.get(node, "/stats/summary").await.map_err(|e| e.to_string())?;

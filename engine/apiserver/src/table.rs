@@ -123,6 +123,27 @@ fn columns(kind: &str) -> Vec<Value> {
             .into_iter()
             .chain(workload)
             .collect(),
+        "CronJob" => vec![
+            ("Name", S, 0),
+            ("Schedule", S, 0),
+            ("Timezone", S, 0),
+            ("Suspend", "boolean", 0),
+            ("Active", I, 0),
+            ("Last Schedule", S, 0),
+            ("Age", S, 0),
+            ("Containers", S, 1),
+            ("Images", S, 1),
+            ("Selector", S, 1),
+        ],
+        "HorizontalPodAutoscaler" => vec![
+            ("Name", S, 0),
+            ("Reference", S, 0),
+            ("Targets", S, 0),
+            ("MinPods", S, 0),
+            ("MaxPods", I, 0),
+            ("Replicas", I, 0),
+            ("Age", S, 0),
+        ],
         "Service" => vec![
             ("Name", S, 0),
             ("Type", S, 0),
@@ -367,6 +388,38 @@ fn workload(spec: &Value) -> [Cell; 3] {
     [cell(names.join(",")), cell(images.join(",")), cell(selector(&spec["selector"]))]
 }
 
+/// An HPA's metrics as kubectl prints them: `cpu: 250%/50%`, `memory: 32Mi/64Mi`; the first
+/// four, then how many more.
+fn hpa_targets(spec: &Value, status: &Value) -> String {
+    let current = array(&status["currentMetrics"]).collect::<Vec<_>>();
+    let printed: Vec<String> = array(&spec["metrics"])
+        .enumerate()
+        .map(|(i, m)| {
+            let resource = &m["resource"];
+            if m["type"] != "Resource" {
+                return format!("<{}>", text(&m["type"]));
+            }
+            let now = current.get(i).map(|c| &c["resource"]["current"]);
+            let (current, target) = match resource["target"]["averageValue"].as_str() {
+                Some(value) => {
+                    (now.and_then(|c| c["averageValue"].as_str()).unwrap_or("<unknown>").to_owned(), value.to_owned())
+                }
+                None => (
+                    now.and_then(|c| c["averageUtilization"].as_i64())
+                        .map_or("<unknown>".to_owned(), |u| format!("{u}%")),
+                    resource["target"]["averageUtilization"].as_i64().map_or("<auto>".to_owned(), |u| format!("{u}%")),
+                ),
+            };
+            format!("{}: {current}/{target}", text(&resource["name"]))
+        })
+        .collect();
+    match printed.len() {
+        0 => "<none>".into(),
+        n if n > 4 => format!("{} + {} more...", printed[..4].join(", "), n - 4),
+        _ => printed.join(", "),
+    }
+}
+
 fn since(t: &Value) -> Option<Cell> {
     t.as_str().and_then(|t| t.parse::<Timestamp>().ok()).map(Cell::since)
 }
@@ -460,6 +513,40 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
             let mut row = vec![name, cell(state), cell(completions), duration, age];
             row.extend(workload(spec));
             row
+        }
+        "CronJob" => {
+            let suspend = match spec["suspend"].as_bool() {
+                Some(true) => "True",
+                Some(false) => "False",
+                None => "<unset>",
+            };
+            let last = since(&status["lastScheduleTime"]).unwrap_or_else(|| cell("<none>"));
+            let active = status["active"].as_array().map_or(0, Vec::len);
+            let mut row = vec![
+                name,
+                cell(text(&spec["schedule"])),
+                cell(or_none(&spec["timeZone"])),
+                cell(suspend),
+                cell(active),
+                last,
+                age,
+            ];
+            row.extend(workload(&spec["jobTemplate"]["spec"]));
+            row
+        }
+        "HorizontalPodAutoscaler" => {
+            let target = &spec["scaleTargetRef"];
+            let reference = format!("{}/{}", text(&target["kind"]), text(&target["name"]));
+            let min = spec["minReplicas"].as_i64().map_or("<unset>".to_owned(), |m| m.to_string());
+            vec![
+                name,
+                cell(reference),
+                cell(hpa_targets(spec, status)),
+                cell(min),
+                cell(int(&spec["maxReplicas"])),
+                cell(int(&status["currentReplicas"])),
+                age,
+            ]
         }
         "Service" => {
             // As kubectl prints them: `80:30080/TCP` when a nodePort is allocated.
@@ -1187,6 +1274,66 @@ mod tests {
             {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web", "uid": "s1", "controller": true}]}, "revision": 2});
         let t = table("ControllerRevision", &[revision], "1", now());
         assert_eq!(t["rows"][0]["cells"], json!(["web-7bd9f5c8d6", "statefulset.apps/web", 2, "<unknown>"]));
+    }
+
+    #[test]
+    fn cron_jobs_show_schedule_time_zone_suspend_active_and_last_schedule() {
+        let template = json!({"spec": {"template": {"spec": {"containers": [{"name": "hello", "image": "busybox"}]}}}});
+        let cron_job = json!({"metadata": {"name": "hello"}, "spec": {"schedule": "*/1 * * * *", "suspend": false, "jobTemplate": template},
+                              "status": {"active": [{"name": "hello-29000000"}], "lastScheduleTime": "2026-01-01T00:59:00Z"}});
+        let t = table("CronJob", &[cron_job], "1", now());
+        assert_eq!(
+            names(&t),
+            [
+                "Name",
+                "Schedule",
+                "Timezone",
+                "Suspend",
+                "Active",
+                "Last Schedule",
+                "Age",
+                "Containers",
+                "Images",
+                "Selector"
+            ]
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["hello", "*/1 * * * *", "<none>", "False", 1, "60s", "<unknown>", "hello", "busybox", "<none>"])
+        );
+        let never = json!({"metadata": {"name": "tz"}, "spec": {"schedule": "@daily", "timeZone": "Europe/Berlin"}});
+        assert_eq!(
+            row("CronJob", never)[1..6],
+            [json!("@daily"), json!("Europe/Berlin"), json!("<unset>"), json!(0), json!("<none>")]
+        );
+    }
+
+    #[test]
+    fn horizontal_pod_autoscalers_show_reference_targets_and_replicas() {
+        let cpu = json!({"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}});
+        let memory = json!({"type": "Resource", "resource": {"name": "memory", "target": {"type": "AverageValue", "averageValue": "64Mi"}}});
+        let hpa = json!({"metadata": {"name": "php-apache"},
+            "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "php-apache"}, "minReplicas": 1, "maxReplicas": 10, "metrics": [cpu, memory]},
+            "status": {"currentReplicas": 4, "currentMetrics": [{"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": 250}}}]}});
+        let t = table("HorizontalPodAutoscaler", &[hpa], "1", now());
+        assert_eq!(names(&t), ["Name", "Reference", "Targets", "MinPods", "MaxPods", "Replicas", "Age"]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!([
+                "php-apache",
+                "Deployment/php-apache",
+                "cpu: 250%/50%, memory: <unknown>/64Mi",
+                "1",
+                10,
+                4,
+                "<unknown>"
+            ])
+        );
+        let fresh = json!({"metadata": {"name": "h"}, "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "web"}, "maxReplicas": 3}});
+        assert_eq!(
+            row("HorizontalPodAutoscaler", fresh)[2..6],
+            [json!("<none>"), json!("<unset>"), json!(3), json!(0)]
+        );
     }
 
     #[test]

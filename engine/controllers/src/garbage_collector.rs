@@ -6,6 +6,7 @@ use gitplane_api::object::{group_kind, kind_of};
 use gitplane_store::{Event, EventType, ObjectKey, deletion, informer::Cache};
 use k8s_openapi::api::{
     apps::v1::{ControllerRevision, ReplicaSet},
+    batch::v1::Job,
     core::v1::{PersistentVolumeClaim, Pod},
     discovery::v1::EndpointSlice,
 };
@@ -22,9 +23,10 @@ static COLLECTED: LazyLock<Vec<String>> = LazyLock::new(crate::watched_kinds);
 
 /// The kinds that have owners in gitplane (a claim: its StatefulSet or Pod, as the set's
 /// retention policy says).
-fn dependent_kinds() -> [String; 5] {
+fn dependent_kinds() -> [String; 6] {
     [
         kind_of::<ReplicaSet>(),
+        kind_of::<Job>(),
         kind_of::<Pod>(),
         kind_of::<EndpointSlice>(),
         kind_of::<ControllerRevision>(),

@@ -9,9 +9,11 @@
 //! its commit, so the next reconcile never acts on a state older than its own writes.
 
 pub mod bootstrap_roles;
+pub mod cronjob;
 pub mod deployment;
 pub mod endpoints;
 pub mod garbage_collector;
+pub mod horizontal;
 pub mod ingress;
 pub mod job;
 pub mod kubernetes_service;
@@ -36,7 +38,8 @@ pub fn watched_kinds() -> Vec<String> {
     use gitplane_api::object::kind_of;
     use k8s_openapi::api::{
         apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
-        batch::v1::Job,
+        autoscaling::v2::HorizontalPodAutoscaler,
+        batch::v1::{CronJob, Job},
         coordination::v1::Lease,
         core::v1::{Endpoints, Node, PersistentVolumeClaim, Pod, Service},
         discovery::v1::EndpointSlice,
@@ -50,6 +53,8 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<ControllerRevision>(),
         kind_of::<PersistentVolumeClaim>(),
         kind_of::<Job>(),
+        kind_of::<CronJob>(),
+        kind_of::<HorizontalPodAutoscaler>(),
         kind_of::<Pod>(),
         kind_of::<Node>(),
         kind_of::<Lease>(),
@@ -62,8 +67,10 @@ pub fn watched_kinds() -> Vec<String> {
 }
 
 /// What the controllers are configured with.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Settings {
+    /// Where the HorizontalPodAutoscaler controller reads Pod usage; none: it does not run.
+    pub pod_metrics: Option<Arc<dyn horizontal::PodMetrics>>,
     /// Where LoadBalancer Services get their addresses; none: they stay `<pending>`.
     pub load_balancer_pool: Option<loadbalancer::AddressPool>,
     /// How long Pods that say nothing stay on a node that is not ready or unreachable.
@@ -79,6 +86,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            pod_metrics: None,
             load_balancer_pool: None,
             default_tolerations: Default::default(),
             node_monitor_grace_period: node_lifecycle::NodeLifecycleController::default().grace_period,
@@ -96,6 +104,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
         tokio::spawn(Controller::new(replicaset::ReplicaSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(statefulset::StatefulSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(cronjob::CronJobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(garbage_collector::GarbageCollector, ctx.clone()).run()),
         tokio::spawn(Controller::new(endpoints::EndpointsController::default(), ctx.clone()).run()),
         tokio::spawn(
@@ -129,6 +138,10 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             .run(),
         ),
     ];
+    if let Some(metrics) = &settings.pod_metrics {
+        let controller = horizontal::HorizontalController::new(metrics.clone());
+        tasks.push(tokio::spawn(Controller::new(controller, ctx.clone()).run()));
+    }
     if let Some(pool) = settings.load_balancer_pool {
         tasks.push(tokio::spawn(Controller::new(loadbalancer::LoadBalancerController::new(pool), ctx).run()));
     }

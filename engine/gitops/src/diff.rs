@@ -15,7 +15,7 @@ use crate::source::{
     apply::{self, LAST_APPLIED_ANNOTATION, RecordKey},
 };
 use anyhow::{Context as _, bail};
-use gitplane_api::{Application, kinds::accepted, object::APPLICATION_ANNOTATION};
+use gitplane_api::{Application, kinds::stored, object::APPLICATION_ANNOTATION};
 use gitplane_source::{
     AppSource, Limits, LoadError, Manifest, ManifestFile, SourceCache, Validator, manifest::to_yaml, redacted,
     set_value,
@@ -105,7 +105,7 @@ async fn run(args: DiffArgs) -> anyhow::Result<bool> {
 
     // The live cluster, as the plan sees the store.
     let mut live: BTreeMap<ObjectKey, Arc<Value>> = BTreeMap::new();
-    for kind in accepted() {
+    for kind in stored() {
         let path = if kind.api_version == "v1" {
             format!("/api/v1/{}", kind.plural)
         } else {

@@ -65,6 +65,8 @@ impl ControllerArgs {
             None => gitplane_scheduler::plugins::DEFAULT_PLUGINS.to_vec(),
         };
         let controllers = gitplane_controllers::Settings {
+            // The replica wires the nodes' kubelets in.
+            pod_metrics: None,
             load_balancer_pool: self.load_balancer_pool,
             node_monitor_grace_period: self.node_monitor_grace_period,
             default_tolerations: DefaultTolerations {

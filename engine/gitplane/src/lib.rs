@@ -11,6 +11,7 @@ mod events;
 mod kubeconfig;
 mod metrics;
 mod nodes;
+mod pod_metrics;
 mod replica;
 mod security;
 pub mod server;

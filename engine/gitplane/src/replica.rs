@@ -136,6 +136,9 @@ impl Replica {
         let shared: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore(backend.store()));
         let identity = NodeIdentity::new(&credentials.join_token, credentials.node_key());
         let kubelet = KubeletClient::new(tls.ca.kubelet_client_config(&tls.certificate)?, nodes_netns);
+        let mut controllers = controllers;
+        controllers.controllers.pod_metrics =
+            Some(Arc::new(crate::pod_metrics::KubeletPodMetrics { store: shared.clone(), kubelet: kubelet.clone() }));
         if let Some(pool) = &service_ranges.external_ips
             && let Some(ip) =
                 replica_addresses.iter().find(|ip| matches!(ip, std::net::IpAddr::V4(v4) if pool.contains(*v4)))

@@ -1,7 +1,9 @@
 //! Documents into objects gitplane accepts: known kind, strict schema, Kubernetes names and
 //! scope, no server-managed fields, no duplicates, the namespace defaulted.
 
+mod autoscaling;
 mod config_refs;
+mod cron_job;
 mod ingress;
 mod network_policy;
 mod pod;
@@ -502,17 +504,12 @@ fn api_service_problems(value: &Value) -> Vec<Problem> {
 /// cannot run of a Pod.
 fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec<Problem> {
     let mut problems = match info.kind.as_str() {
-        // A Job's Pods must end; `Always` (the Pod default) would run them forever.
-        "Job" => match value["spec"]["template"]["spec"]["restartPolicy"].as_str() {
-            Some("Never" | "OnFailure") => Vec::new(),
-            other => vec![Problem::at(
-                "/spec/template/spec/restartPolicy",
-                format!(
-                    "a Job's Pods must end: set restartPolicy to Never or OnFailure (it is {})",
-                    other.map_or("not set, which means Always".to_owned(), |p| format!("{p:?}"))
-                ),
-            )],
-        },
+        "Job" => job_restart_policy(value, "/spec/template/spec/restartPolicy").into_iter().collect(),
+        "CronJob" => cron_job::problems(value)
+            .into_iter()
+            .chain(job_restart_policy(value, "/spec/jobTemplate/spec/template/spec/restartPolicy"))
+            .collect(),
+        "HorizontalPodAutoscaler" => autoscaling::problems(value),
         "StatefulSet" => stateful_set_problems(value),
         "Secret" => secret_problems(value),
         "Ingress" => ingress::problems(value),
@@ -584,6 +581,20 @@ fn stateful_set_problems(value: &Value) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// A Job's Pods must end; `Always` (the Pod default) would run them forever.
+fn job_restart_policy(value: &Value, at: &str) -> Option<Problem> {
+    match value.pointer(at).and_then(Value::as_str) {
+        Some("Never" | "OnFailure") => None,
+        other => Some(Problem::at(
+            at,
+            format!(
+                "a Job's Pods must end: set restartPolicy to Never or OnFailure (it is {})",
+                other.map_or("not set, which means Always".to_owned(), |p| format!("{p:?}"))
+            ),
+        )),
+    }
 }
 
 /// The cluster DNS ConfigMap, judged by the parser every node agent applies it with: a
@@ -679,6 +690,9 @@ fn normalize(value: &mut Value, info: &KindInfo, default_namespace: &str) -> Res
         && let Some(object) = value.as_object_mut()
     {
         merge_string_data(object);
+    }
+    if (info.api_version.as_str(), info.kind.as_str()) == ("autoscaling/v1", "HorizontalPodAutoscaler") {
+        autoscaling::to_v2(value);
     }
     Ok(key)
 }
@@ -847,7 +861,8 @@ spec:
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
                    Namespace (v1), ConfigMap (v1), Secret (v1), ServiceAccount (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
-                   Job (batch/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
+                   Job (batch/v1), CronJob (batch/v1), HorizontalPodAutoscaler (autoscaling/v2), \
+                   HorizontalPodAutoscaler (autoscaling/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
                    NetworkPolicy (networking.k8s.io/v1), Role (rbac.authorization.k8s.io/v1), \
                    ClusterRole (rbac.authorization.k8s.io/v1), RoleBinding (rbac.authorization.k8s.io/v1), \
                    ClusterRoleBinding (rbac.authorization.k8s.io/v1), PersistentVolumeClaim (v1), PersistentVolume (v1), \
@@ -1011,6 +1026,82 @@ spec:
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn t10_cron_jobs_are_validated_as_kube_apiserver_does() {
+        let cron_job = |name: &str, spec: &str, policy: &str| {
+            format!(
+                "apiVersion: batch/v1\nkind: CronJob\nmetadata:\n  name: {name}\nspec:\n{spec}  jobTemplate:\n    spec:\n      template:\n        \
+                 spec:\n          restartPolicy: {policy}\n          containers: [{{name: m, image: gitplane.local/busybox:1}}]\n"
+            )
+        };
+        let ok = "  schedule: \"*/5 * * * *\"\n  timeZone: Europe/Berlin\n";
+        assert!(check(&[("cron.yaml", &cron_job("hello", ok, "OnFailure"))]).is_ok());
+        assert!(check(&[("cron.yaml", &cron_job("hello", "  schedule: \"@hourly\"\n", "Never"))]).is_ok());
+        let long = "a".repeat(53);
+        #[rustfmt::skip]
+        let cases: Vec<(String, &str)> = vec![
+            (cron_job("hello", "  schedule: \"61 * * * *\"\n", "Never"),
+             r#"cron.yaml:6: CronJob hello: /spec/schedule: invalid schedule "61 * * * *": end of range (61) above maximum (59): 61 (minute)"#),
+            (cron_job("hello", "  schedule: \"@fortnightly\"\n", "Never"),
+             r#"cron.yaml:6: CronJob hello: /spec/schedule: invalid schedule "@fortnightly": unrecognized descriptor: @fortnightly"#),
+            (cron_job("hello", "  schedule: \"* * * *\"\n", "Never"),
+             r#"cron.yaml:6: CronJob hello: /spec/schedule: invalid schedule "* * * *": expected exactly 5 fields, found 4: * * * *"#),
+            (cron_job("hello", "  schedule: \"@daily\"\n  timeZone: Mars/Olympus\n", "Never"),
+             r#"cron.yaml:7: CronJob hello: /spec/timeZone: unknown time zone "Mars/Olympus": use an IANA name such as Europe/Berlin or Etc/UTC"#),
+            (cron_job("hello", "  schedule: \"@daily\"\n  concurrencyPolicy: Sometimes\n", "Never"),
+             r#"cron.yaml:7: CronJob hello: /spec/concurrencyPolicy: unsupported value "Sometimes": use "Allow", "Forbid" or "Replace""#),
+            (cron_job("hello", "  schedule: \"@daily\"\n  startingDeadlineSeconds: -1\n", "Never"),
+             "cron.yaml:7: CronJob hello: /spec/startingDeadlineSeconds: must be greater than or equal to 0"),
+            (cron_job("hello", "  schedule: \"@daily\"\n", "Always"),
+             r#"cron.yaml:11: CronJob hello: /spec/jobTemplate/spec/template/spec/restartPolicy: a Job's Pods must end: set restartPolicy to Never or OnFailure (it is "Always")"#),
+            (cron_job(&long, "  schedule: \"@daily\"\n", "Never"),
+             "a CronJob's name must be no more than 52 characters (it has 53): shorten it"),
+        ];
+        for (text, want) in cases {
+            let errors = errors(&[("cron.yaml", &text)]);
+            assert!(errors.len() == 1 && errors[0].ends_with(want), "{errors:?}\nwant {want}");
+        }
+    }
+
+    #[test]
+    fn t10_horizontal_pod_autoscalers_are_read_as_autoscaling_v2() {
+        let v1 = "apiVersion: autoscaling/v1\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: php-apache\nspec:\n  \
+                  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: php-apache}\n  minReplicas: 1\n  maxReplicas: 10\n  \
+                  targetCPUUtilizationPercentage: 50\n";
+        let manifests = check(&[("hpa.yaml", v1)]).unwrap();
+        let value = &manifests[0].value;
+        assert_eq!(value["apiVersion"], "autoscaling/v2");
+        assert_eq!(manifests[0].key.kind, "HorizontalPodAutoscaler.autoscaling");
+        assert_eq!(
+            value["spec"]["metrics"],
+            serde_json::json!([{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}}])
+        );
+        assert!(value["spec"].get("targetCPUUtilizationPercentage").is_none());
+        let v2 = |spec: &str| {
+            format!(
+                "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n  name: web\nspec:\n  \
+                 scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: web}}\n{spec}"
+            )
+        };
+        let ok = "  maxReplicas: 5\n  metrics:\n  - type: Resource\n    resource: {name: memory, target: {type: AverageValue, averageValue: 64Mi}}\n";
+        assert!(check(&[("hpa.yaml", &v2(ok))]).is_ok());
+        #[rustfmt::skip]
+        let cases: Vec<(String, &str)> = vec![
+            (v2("  minReplicas: 3\n  maxReplicas: 2\n"),
+             "hpa.yaml:8: HorizontalPodAutoscaler web: /spec/maxReplicas: must be greater than or equal to minReplicas (3) and to 1 (it is 2)"),
+            (v2("  maxReplicas: 5\n  metrics:\n  - type: External\n    external: {metric: {name: queue}, target: {type: Value, value: 1}}\n"),
+             "hpa.yaml:9: HorizontalPodAutoscaler web: /spec/metrics/0/type: External metrics need a custom or external metrics API, which gitplane does not serve: use type Resource (cpu or memory)"),
+            (v2("  maxReplicas: 5\n  metrics:\n  - type: Resource\n    resource: {name: cpu, target: {type: Utilization}}\n"),
+             "hpa.yaml:10: HorizontalPodAutoscaler web: /spec/metrics/0/resource/target/averageUtilization: a Utilization target needs averageUtilization greater than 0"),
+            (v2("  maxReplicas: 5\n").replace("kind: Deployment", "kind: Job").replace("apps/v1", "batch/v1"),
+             "hpa.yaml:6: HorizontalPodAutoscaler web: /spec/scaleTargetRef: Job (batch/v1) has no scale gitplane can set: target a Deployment, StatefulSet or ReplicaSet (apiVersion apps/v1)"),
+        ];
+        for (text, want) in cases {
+            let errors = errors(&[("hpa.yaml", &text)]);
+            assert_eq!(errors, [want], "{text}");
+        }
     }
 
     #[test]

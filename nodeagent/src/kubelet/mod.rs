@@ -3,6 +3,7 @@
 //! logs, the node's status and pressure, resource usage and the kubelet endpoint.
 
 pub mod containerd;
+pub mod credentialprovider;
 pub mod cri;
 pub mod images;
 pub mod logs;

@@ -33,8 +33,10 @@ pub use spec::{container_config, sandbox_config};
 pub use status::{Waiting, pod_status};
 
 use crate::events::Recorder;
+use crate::kubelet::credentialprovider::Keyring;
 use crate::kubelet::cri::{Cri, pb};
 use crate::kubelet::prober::{PodProbes, kill_unhealthy};
+use crate::kubelet::registries::AuthConfig;
 use failures::Failures;
 use gitplane_api::events::{NORMAL, WARNING};
 use spec::{LABEL_POD_UID, image_pull_policy, pod_cgroup, pod_key, pod_log_directory, pod_spec, pod_uid};
@@ -636,31 +638,71 @@ impl RuntimeManager {
             return Ok(Err(waiting));
         }
 
+        let fail = |error: String| -> Result<Result<(), Waiting>, RuntimeError> {
+            self.events.pod(pod, WARNING, "Failed", &format!("Failed to pull image {image:?}: {error}"));
+            Ok(Err(self.lock_failures().pull_failed(uid, &container.name, &image, &error, Instant::now())))
+        };
+        // The kubelet's keyring: the Pod's pull Secrets first, then the node's own credentials;
+        // each is tried in turn, and without any the pull is anonymous.
+        let auths = match self.pull_credentials(pod, &image) {
+            Ok(auths) if auths.is_empty() => vec![None],
+            Ok(auths) => auths.into_iter().map(|a| Some(cri_auth(a))).collect(),
+            Err(error) => return fail(error),
+        };
         let started = Instant::now();
         self.events.pod(pod, NORMAL, "Pulling", &format!("Pulling image {image:?}"));
-        let auth = self.cfg.registries.auth_for(&image).map(|a| pb::AuthConfig {
-            username: a.username,
-            password: a.password,
-            auth: a.auth,
-            server_address: a.server_address,
-            identity_token: a.identity_token,
-            registry_token: String::new(),
-        });
-        let req = pb::PullImageRequest { image: Some(spec), auth, sandbox_config: Some(sandbox_config.clone()) };
         let timeout = self.cfg.image_pull_timeout;
-        let error = match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
-            Ok(pulled) => {
-                tracing::info!(pod = %key, image, image_ref = %pulled.image_ref, elapsed = ?started.elapsed(), "pulled image");
-                let message = format!("Successfully pulled image {image:?} in {:?}", started.elapsed());
-                self.events.pod(pod, NORMAL, "Pulled", &message);
-                return Ok(Ok(()));
+        let mut errors = Vec::new();
+        for auth in auths {
+            let req =
+                pb::PullImageRequest { image: Some(spec.clone()), auth, sandbox_config: Some(sandbox_config.clone()) };
+            match self.call(key, "PullImage", Some(timeout), self.cri.images().pull_image(req)).await {
+                Ok(pulled) => {
+                    tracing::info!(pod = %key, image, image_ref = %pulled.image_ref, elapsed = ?started.elapsed(), "pulled image");
+                    let message = format!("Successfully pulled image {image:?} in {:?}", started.elapsed());
+                    self.events.pod(pod, NORMAL, "Pulled", &message);
+                    return Ok(Ok(()));
+                }
+                Err(RuntimeError::Cri { source, .. }) => errors.push(failures::without_source_ports(source.message())),
+                Err(RuntimeError::Timeout { .. }) => {
+                    errors.push(format!("pulling image {image:?} did not finish within {timeout:?}"))
+                }
+                Err(e) => return Err(e),
             }
-            Err(RuntimeError::Cri { source, .. }) => failures::without_source_ports(source.message()),
-            Err(RuntimeError::Timeout { .. }) => format!("pulling image {image:?} did not finish within {timeout:?}"),
-            Err(e) => return Err(e),
+        }
+        // As the kubelet's aggregate error says several.
+        let error = match errors.len() {
+            1 => errors.remove(0),
+            _ => format!("[{}]", errors.join(", ")),
         };
-        self.events.pod(pod, WARNING, "Failed", &format!("Failed to pull image {image:?}: {error}"));
-        Ok(Err(self.lock_failures().pull_failed(uid, &container.name, &image, &error, Instant::now())))
+        fail(error)
+    }
+
+    /// The credentials to pull `image` for `pod` with, in the order to try them: those of its
+    /// image pull Secrets that match the image, then the node's (`--registries`). A Secret that
+    /// is not here is a warning Event and the pull goes on without it, as the kubelet does; one
+    /// whose data is not a Docker config fails the pull.
+    fn pull_credentials(&self, pod: &Pod, image: &str) -> Result<Vec<AuthConfig>, String> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let names = pod.spec.iter().flat_map(|s| s.image_pull_secrets.iter().flatten()).map(|r| r.name.as_str());
+        let (mut secrets, mut missing) = (Vec::new(), Vec::new());
+        for name in names.filter(|n| !n.is_empty()) {
+            match self.objects.secret(namespace, name) {
+                Some(secret) => secrets.push(secret),
+                None => missing.push(name),
+            }
+        }
+        if !missing.is_empty() {
+            let message = format!(
+                "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                missing.join(", ")
+            );
+            self.events.pod(pod, WARNING, "FailedToRetrieveImagePullSecret", &message);
+        }
+        let keyring = Keyring::from_secrets(secrets.iter().map(|s| &**s))?;
+        let mut auths = keyring.lookup(image);
+        auths.extend(self.cfg.registries.auth_for(image));
+        Ok(auths)
     }
 
     fn lock_failures(&self) -> MutexGuard<'_, Failures> {
@@ -833,4 +875,16 @@ fn mem_total(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// CRI's form of a registry credential.
+fn cri_auth(auth: AuthConfig) -> pb::AuthConfig {
+    pb::AuthConfig {
+        username: auth.username,
+        password: auth.password,
+        auth: auth.auth,
+        server_address: auth.server_address,
+        identity_token: auth.identity_token,
+        registry_token: String::new(),
+    }
 }

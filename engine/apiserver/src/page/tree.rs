@@ -1,7 +1,8 @@
 //! An Application's resource tree, as the page draws it: Deployment -> ReplicaSet -> Pods by
 //! ownerReferences, Service -> EndpointSlices (by `kubernetes.io/service-name`) -> Pods (by the
-//! endpoints' targetRef), StatefulSet and Job -> Pods by ownerReferences, a PersistentVolumeClaim
-//! with its phase's health; every other object the Application
+//! endpoints' targetRef), StatefulSet and Job -> Pods and CronJob -> Jobs -> Pods by
+//! ownerReferences, a PersistentVolumeClaim with its phase's health; every other object the
+//! Application
 //! applied is a leaf. Health comes from the source's own rules, so the page and the
 //! Application's status agree.
 
@@ -27,6 +28,7 @@ pub struct Objects {
     /// What the Application applied (its annotation names it), any kind.
     pub applied: Vec<Value>,
     pub replica_sets: Vec<Value>,
+    pub jobs: Vec<Value>,
     pub pods: Vec<Value>,
     pub endpoint_slices: Vec<Value>,
 }
@@ -40,6 +42,11 @@ fn owned_by<'a>(objects: &'a [Value], uid: &str) -> impl Iterator<Item = &'a Val
         !uid.is_empty()
             && o["metadata"]["ownerReferences"].as_array().is_some_and(|refs| refs.iter().any(|r| r["uid"] == uid))
     })
+}
+
+fn job_node(job: &Value, pods: &[Value]) -> Node {
+    let (health, message) = health::job(job);
+    node(job, "Job", health, message, owned_by(pods, meta(job, "uid")).map(pod_node).collect())
 }
 
 fn pod_node(pod: &Value) -> Node {
@@ -84,10 +91,12 @@ pub fn build(objects: &Objects) -> Vec<Node> {
                     let (health, message) = health::stateful_set(object);
                     node(object, kind, health, message, owned_by(&objects.pods, uid).map(pod_node).collect())
                 }
-                "Job" => {
-                    let (health, message) = health::job(object);
-                    node(object, kind, health, message, owned_by(&objects.pods, uid).map(pod_node).collect())
+                "CronJob" => {
+                    let jobs = owned_by(&objects.jobs, uid).map(|job| job_node(job, &objects.pods)).collect();
+                    let (health, message) = health::cron_job(object);
+                    node(object, kind, health, message, jobs)
                 }
+                "Job" => job_node(object, &objects.pods),
                 "Pod" => pod_node(object),
                 "PersistentVolumeClaim" => {
                     let (health, message) = health::persistent_volume_claim(object);
@@ -140,6 +149,7 @@ fn rank(kind: &str) -> (u8, &str) {
     match kind {
         "Deployment" => (0, ""),
         "StatefulSet" => (1, ""),
+        "CronJob" => (1, ""),
         "Job" => (2, ""),
         "Pod" => (3, ""),
         "Service" => (4, ""),
@@ -171,20 +181,23 @@ mod tests {
         let service = json!({"kind": "Service", "metadata": {"namespace": "default", "name": "web", "uid": "s1"},
             "spec": {"selector": {"app": "web"}}});
         let job = json!({"kind": "Job", "metadata": {"namespace": "default", "name": "once", "uid": "j1"}});
+        let cron_job = json!({"kind": "CronJob", "metadata": {"namespace": "default", "name": "nightly", "uid": "c1"}});
         let config = json!({"kind": "ConfigMap", "metadata": {"namespace": "default", "name": "settings"}});
         let stateful = json!({"kind": "StatefulSet", "metadata": {"namespace": "default", "name": "db", "uid": "t1"}});
         let slice = json!({"kind": "EndpointSlice", "metadata": {"namespace": "default", "name": "web-x",
             "labels": {"kubernetes.io/service-name": "web"}},
             "endpoints": [{"conditions": {"ready": true}, "targetRef": {"kind": "Pod", "name": "web-a-1"}}]});
         let objects = Objects {
-            applied: vec![config, service, job, stateful, deployment],
+            applied: vec![config, service, job, stateful, deployment, cron_job],
             replica_sets: vec![owned("ReplicaSet", "web-a", "r1", "d1"), owned("ReplicaSet", "other", "r2", "x")],
             pods: vec![
                 ready_pod("web-a-1", "p1", "r1"),
                 ready_pod("once-1", "p2", "j1"),
                 ready_pod("stray", "p3", "z"),
                 ready_pod("db-0", "p4", "t1"),
+                ready_pod("nightly-29000000-1", "p5", "j2"),
             ],
+            jobs: vec![owned("Job", "nightly-29000000", "j2", "c1")],
             endpoint_slices: vec![slice],
         };
         let tree = build(&objects);
@@ -205,12 +218,13 @@ mod tests {
             vec![
                 ("Deployment", "web", vec![("web-a", vec!["web-a-1"])]),
                 ("StatefulSet", "db", vec![("db-0", vec![])]),
+                ("CronJob", "nightly", vec![("nightly-29000000", vec!["nightly-29000000-1"])]),
                 ("Job", "once", vec![("once-1", vec![])]),
                 ("Service", "web", vec![("web-x", vec!["web-a-1"])]),
                 ("ConfigMap", "settings", vec![]),
             ]
         );
-        assert_eq!(tree[3].health, Health::Healthy);
+        assert_eq!(tree[4].health, Health::Healthy);
         assert_eq!(tree[0].children[0].children[0].health, Health::Healthy);
     }
 }

@@ -383,6 +383,7 @@ fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
     match kind {
         "Pod" => Some("/spec"),
         "Deployment.apps" | "ReplicaSet.apps" | "StatefulSet.apps" | "Job.batch" => Some("/spec/template/spec"),
+        "CronJob.batch" => Some("/spec/jobTemplate/spec/template/spec"),
         _ => None,
     }
 }
@@ -411,6 +412,7 @@ pub fn plan(
     // Built on the first Service that needs it: a commit without Services reads none.
     let mut allocations: Option<Allocations> = None;
     let mut node_ips: Option<Vec<std::net::Ipv4Addr>> = None;
+    let scaled = super::autoscale::scaled(manifests, cluster.stored.list(super::autoscale::HPA), policy.app);
     // Inventory entries that a manifest still names: when that is all of them, nothing left Git.
     let mut named = 0;
     for m in manifests {
@@ -481,8 +483,14 @@ pub fn plan(
             let problems = super::allocate::external_ip_problems(&m.value, cluster.service_ranges, nodes);
             errors.extend(problems.into_iter().map(|(path, message)| error_at(m, &path, message)));
         }
+        // What Git manages of the object: all of it, but the replicas of what an HPA scales.
+        let git = if scaled.contains_key(&m.key) {
+            super::autoscale::without_replicas(&m.value)
+        } else {
+            Cow::Borrowed(&m.value)
+        };
         let Some(current) = cluster.stored.get(&m.key) else {
-            let mut object = desired(m, policy.app, &last_applied_record(&m.value, policy.record_key));
+            let mut object = desired(m, policy.app, &last_applied_record(&git, policy.record_key));
             if is_service
                 && let Err(problems) = services(&mut allocations, manifests, cluster, policy).assign(
                     &m.key,
@@ -518,7 +526,7 @@ pub fn plan(
             ));
             continue;
         }
-        let record = last_applied_record(&m.value, policy.record_key);
+        let record = last_applied_record(&git, policy.record_key);
         let annotation = current["metadata"]["annotations"][LAST_APPLIED_ANNOTATION].as_str();
         // The common case, without a merge: applied as recorded, and every field Git sets as Git
         // has it. The record is Git's object without server fields (the inventory annotation
@@ -542,11 +550,14 @@ pub fn plan(
         }
         let record_text = record.to_string();
         // What the source manages: Git's object with the inventory annotation.
-        let mut managed = without_server_fields(&m.value).into_owned();
+        let mut managed = without_server_fields(&git).into_owned();
         managed["metadata"]["annotations"][APPLICATION_ANNOTATION] = Value::String(policy.app.to_owned());
         let last: Option<Value> = annotation.and_then(|t| serde_json::from_str(t).ok());
         let current_part = without_server_fields(&current);
-        let last_part = last.as_ref().map(without_server_fields);
+        let last_part = last.as_ref().map(without_server_fields).map(|l| match scaled.contains_key(&m.key) {
+            true => Cow::Owned(super::autoscale::without_replicas(&l).into_owned()),
+            false => l,
+        });
         let mut merged = merge(&current_part, last_part.as_deref(), &managed);
         // As the store will write it: with the defaults, compared with what it holds.
         gitplane_api::defaults::apply(&mut merged);
@@ -629,6 +640,7 @@ pub fn plan(
             message,
         }]);
     }
+    plan.warnings.extend(super::autoscale::warnings(manifests, &scaled));
     plan.warnings
         .extend(super::reach::ingress_blocked(manifests, || super::reach::node_ips(&cluster.stored.list("Node"))));
     Ok(plan)
@@ -693,6 +705,58 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_replicas_an_hpa_sets_are_neither_drift_nor_reverted() {
+        let namespaces = HashSet::from(["default".to_owned()]);
+        let nodes = HashSet::new();
+        let policy =
+            Policy { app: "gitplane-system/a", prune: true, allow_empty: false, record_key: &RecordKey::new([1; 32]) };
+        let deployment = |replicas: i64| {
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
+                   "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                            "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}})
+        };
+        let hpa = json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "web", "namespace": "default"},
+                         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "maxReplicas": 10}});
+        let inventory = Inventory::default();
+        let plan_of = |manifests: &[Arc<Manifest>], stored: &BTreeMap<ObjectKey, Arc<Value>>| {
+            let cluster = Cluster {
+                stored,
+                inventory: &inventory,
+                namespaces: &namespaces,
+                nodes: &nodes,
+                service_ranges: &ServiceRanges::default(),
+            };
+            plan(manifests, &cluster, &policy).unwrap()
+        };
+        // Applied without an HPA first: Git's 2 replicas, recorded.
+        let mut stored = BTreeMap::new();
+        let first = plan_of(&[manifest(deployment(2))], &stored);
+        let key = ObjectKey::new("Deployment.apps", "default", "web");
+        stored.insert(key.clone(), Arc::new(stored_after(&first)));
+        // An HPA arrives and scales to 7.
+        let manifests = [manifest(deployment(2)), manifest(hpa)];
+        Arc::make_mut(stored.get_mut(&key).unwrap())["spec"]["replicas"] = json!(7);
+        let next = plan_of(&manifests, &stored);
+        assert!(next.drifted.is_empty(), "{next:?}");
+        let replicas_written = next.ops.iter().any(|op| matches!(op, Op::Update(v) if v["spec"]["replicas"] != 7));
+        assert!(!replicas_written, "the HPA's count stays: {next:?}");
+        assert_eq!(next.warnings.len(), 1, "Git sets replicas too: {:?}", next.warnings);
+        assert!(next.warnings[0].message.contains("the HorizontalPodAutoscaler's count wins"));
+        // Once the record no longer holds replicas, the HPA's next scale changes nothing.
+        for op in &next.ops {
+            if let Op::Update(v) = op {
+                let mut v = v.clone();
+                v["metadata"]["resourceVersion"] = json!("8");
+                stored.insert(ObjectKey::from_value(&v).unwrap(), Arc::new(v));
+            }
+        }
+        Arc::make_mut(stored.get_mut(&key).unwrap())["spec"]["replicas"] = json!(4);
+        let later = plan_of(&manifests, &stored);
+        let touches_web = later.ops.iter().any(|op| op.key().is_ok_and(|k| k == key));
+        assert!(!touches_web && later.drifted.is_empty(), "{later:?}");
     }
 
     #[test]

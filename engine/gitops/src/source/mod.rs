@@ -12,6 +12,7 @@
 
 pub mod allocate;
 pub mod apply;
+pub mod autoscale;
 pub mod podsecurity;
 mod push;
 pub mod reach;
@@ -23,7 +24,7 @@ use gitplane_api::events::{NORMAL, Source, WARNING};
 use gitplane_api::health::{self, Health};
 use gitplane_api::{
     Application, ApplicationStatus, HealthStatus, ResourceHealth, RevisionHistory, SyncChanges, SyncStatus,
-    kinds::accepted,
+    kinds::{accepted, stored},
     object::{APPLICATION_ANNOTATION, kind_of, resource_version},
 };
 use gitplane_source::{AppSource, Limits, LoadError, ManifestError, SourceCache, Validator};
@@ -188,7 +189,7 @@ fn rfc3339() -> String {
 
 /// The kinds the source reads from the cache: what it applies, and what health looks at.
 pub fn watched_kinds() -> Vec<String> {
-    let mut kinds: Vec<String> = accepted().iter().map(|k| k.group_kind()).collect();
+    let mut kinds: Vec<String> = stored().map(|k| k.group_kind()).collect();
     kinds.push(kind_of::<Node>());
     kinds.push(kind_of::<ReplicaSet>());
     kinds
@@ -1157,7 +1158,7 @@ fn watch_refs(repo: &Path, pushed: mpsc::UnboundedSender<PathBuf>) -> Option<not
 fn app_health(app: &Application, applied: bool, cache: &Cache) -> HealthStatus {
     // Objects in the order of the accepted kinds, then by namespace and name.
     let kinds: HashMap<String, (usize, String)> =
-        accepted().iter().enumerate().map(|(i, k)| (k.group_kind(), (i, k.kind.clone()))).collect();
+        stored().enumerate().map(|(i, k)| (k.group_kind(), (i, k.kind.clone()))).collect();
     let mut owned: Vec<(usize, &str, ObjectKey, Arc<Value>)> = cache
         .owned_by(&app_id(app))
         .into_iter()

@@ -103,6 +103,7 @@ fn pod_labels(m: &Manifest) -> Option<(String, Labels)> {
         "Deployment.apps" | "ReplicaSet.apps" | "StatefulSet.apps" | "DaemonSet.apps" | "Job.batch" => {
             &m.value["spec"]["template"]["metadata"]
         }
+        "CronJob.batch" => &m.value["spec"]["jobTemplate"]["spec"]["template"]["metadata"],
         _ => return None,
     };
     let labels: Labels = serde_json::from_value(metadata["labels"].clone()).unwrap_or_default();

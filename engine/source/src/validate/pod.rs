@@ -1,5 +1,5 @@
 //! What gitplane's node agent can run of a Pod (a bare Pod, or the template of a Deployment,
-//! ReplicaSet, StatefulSet or Job): a field it would ignore, or fail on when the Pod starts, is rejected at
+//! ReplicaSet, StatefulSet, Job or CronJob): a field it would ignore, or fail on when the Pod starts, is rejected at
 //! commit time instead, so that what is Synced can run.
 //!
 //! [`UNSUPPORTED`] is the one list of such fields. When the agent learns one, its row goes.
@@ -14,6 +14,7 @@ pub(super) fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
     match kind {
         "Pod" => Some("/spec"),
         "Deployment" | "ReplicaSet" | "StatefulSet" | "Job" => Some("/spec/template/spec"),
+        "CronJob" => Some("/spec/jobTemplate/spec/template/spec"),
         _ => None,
     }
 }
@@ -53,7 +54,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
     row("enableServiceLinks", Values(&["false"]), "enableServiceLinks (no Service variables are set)"),
     row("hostUsers", Values(&["true"]), "hostUsers (user namespaces)"),
-    row("imagePullSecrets", Nothing, "imagePullSecrets"),
     row("os/name", Values(&["\"linux\""]), "os.name"),
     row("overhead", Nothing, "overhead"),
     row("readinessGates", Nothing, "readinessGates"),

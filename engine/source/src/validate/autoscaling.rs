@@ -1,0 +1,91 @@
+//! HorizontalPodAutoscalers: what the API server refuses beyond the schema, what the controller
+//! cannot serve (metrics other than Resource cpu and memory, targets that have no scale), and
+//! autoscaling/v1 read as the autoscaling/v2 object the store holds.
+
+use super::Problem;
+use serde_json::{Value, json};
+
+const SCALABLE: [(&str, &str); 3] = [("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("apps/v1", "ReplicaSet")];
+
+pub(super) fn problems(value: &Value) -> Vec<Problem> {
+    let spec = &value["spec"];
+    let mut problems = Vec::new();
+    let target = &spec["scaleTargetRef"];
+    let (api_version, kind) = (target["apiVersion"].as_str().unwrap_or(""), target["kind"].as_str().unwrap_or(""));
+    if !SCALABLE.contains(&(api_version, kind)) {
+        problems.push(Problem::at(
+            "/spec/scaleTargetRef",
+            format!(
+                "{kind} ({api_version}) has no scale gitplane can set: target a Deployment, StatefulSet or ReplicaSet \
+                 (apiVersion apps/v1)"
+            ),
+        ));
+    }
+    let min = spec["minReplicas"].as_i64().unwrap_or(1);
+    let max = spec["maxReplicas"].as_i64().unwrap_or(0);
+    if min < 1 {
+        problems.push(Problem::at("/spec/minReplicas", "must be greater than or equal to 1"));
+    }
+    if max < min.max(1) {
+        problems.push(Problem::at(
+            "/spec/maxReplicas",
+            format!("must be greater than or equal to minReplicas ({min}) and to 1 (it is {max})"),
+        ));
+    }
+    if let Some(percent) = spec["targetCPUUtilizationPercentage"].as_i64()
+        && percent < 1
+    {
+        problems.push(Problem::at("/spec/targetCPUUtilizationPercentage", "must be greater than 0"));
+    }
+    for (i, metric) in spec["metrics"].as_array().into_iter().flatten().enumerate() {
+        let at = format!("/spec/metrics/{i}");
+        let type_ = metric["type"].as_str().unwrap_or("");
+        if type_ != "Resource" {
+            problems.push(Problem::at(
+                format!("{at}/type"),
+                format!(
+                    "{type_} metrics need a custom or external metrics API, which gitplane does not serve: use type \
+                     Resource (cpu or memory)"
+                ),
+            ));
+            continue;
+        }
+        let resource = &metric["resource"];
+        let name = resource["name"].as_str().unwrap_or("");
+        if !matches!(name, "cpu" | "memory") {
+            problems.push(Problem::at(
+                format!("{at}/resource/name"),
+                format!("{name:?} has no metrics: use cpu or memory"),
+            ));
+        }
+        let target = &resource["target"];
+        match target["type"].as_str().unwrap_or("") {
+            "Utilization" if target["averageUtilization"].as_i64().is_some_and(|u| u > 0) => {}
+            "Utilization" => problems.push(Problem::at(
+                format!("{at}/resource/target/averageUtilization"),
+                "a Utilization target needs averageUtilization greater than 0",
+            )),
+            "AverageValue" if target["averageValue"].is_string() => {}
+            "AverageValue" => problems.push(Problem::at(
+                format!("{at}/resource/target/averageValue"),
+                "an AverageValue target needs averageValue (a quantity, e.g. 200m or 64Mi)",
+            )),
+            other => problems.push(Problem::at(
+                format!("{at}/resource/target/type"),
+                format!("unsupported value {other:?} for a Resource metric: use \"Utilization\" or \"AverageValue\""),
+            )),
+        }
+    }
+    problems
+}
+
+/// An autoscaling/v1 HPA as autoscaling/v2 (the API server's conversion):
+/// `targetCPUUtilizationPercentage` becomes a Resource cpu Utilization metric.
+pub(super) fn to_v2(value: &mut Value) {
+    value["apiVersion"] = json!("autoscaling/v2");
+    let Some(spec) = value.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    if let Some(percent) = spec.remove("targetCPUUtilizationPercentage") {
+        let cpu = json!({"name": "cpu", "target": {"type": "Utilization", "averageUtilization": percent}});
+        spec.insert("metrics".into(), json!([{"type": "Resource", "resource": cpu}]));
+    }
+}
