@@ -114,7 +114,11 @@ impl AgentConfig {
             proxy_backend: proxy::Backend::Nftables,
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             runtime: RuntimeConfig::default(),
-            node: node::NodeConfig { nodefs: PathBuf::from("/var/lib/gitplane/pods"), ..Default::default() },
+            node: node::NodeConfig {
+                nodefs: PathBuf::from("/var/lib/gitplane/pods"),
+                local_path_dir: PathBuf::from("/var/lib/gitplane/storage"),
+                ..Default::default()
+            },
             heartbeat: Duration::from_secs(10),
             node_status_period: Duration::from_secs(10),
             resync: Duration::from_secs(2),
@@ -229,7 +233,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .node_cpu_milli
         .or(u64::try_from(node::cpu_count() * 1000).ok().map(|c| c.saturating_sub(cfg.node.reserved.cpu_milli)));
     // The ConfigMaps and Secrets this node's Pods reference, for env and volumes.
-    let pod_config = Arc::new(PodConfig::default());
+    let pod_config = Arc::new(PodConfig::with_local_path_dir(cfg.node.local_path_dir.clone()));
     pod_config.request_tokens_from(client.clone());
     let events = crate::events::Recorder::spawn(client.clone(), cfg.node_name.clone());
     let prober = Prober::new(cri.clone(), events.clone());

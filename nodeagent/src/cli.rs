@@ -55,6 +55,10 @@ pub struct AgentArgs {
     /// Per-Pod data on this node (emptyDir volumes).
     #[arg(long, default_value = "/var/lib/gitplane/pods")]
     pub pod_dir: PathBuf,
+    /// Where the volumes gitplane.io/local-path provisions on this node live (k3s keeps them
+    /// in /var/lib/rancher/k3s/storage).
+    #[arg(long, default_value = "/var/lib/gitplane/storage")]
+    pub local_path_dir: PathBuf,
     /// Container logs.
     #[arg(long, default_value = "/var/log/gitplane/pods")]
     pub pod_log_dir: PathBuf,
@@ -162,6 +166,7 @@ impl AgentArgs {
             reserved: self.system_reserved + self.kube_reserved,
             eviction_hard: self.eviction_hard,
             nodefs: self.pod_dir.clone(),
+            local_path_dir: self.local_path_dir,
             extended_resources: self.extended_resources,
         };
         cfg.runtime.pod_dir = self.pod_dir;

@@ -49,6 +49,8 @@ metadata:
     tier: web
 spec:
   terminationGracePeriodSeconds: 1
+  securityContext:
+    seccompProfile: {{type: RuntimeDefault}}
   hostAliases:
     - {{ip: 10.1.2.3, hostnames: [foo.local, bar.local]}}
   containers:
@@ -169,6 +171,9 @@ async fn t66_config_maps_and_secrets_reach_containers_and_update_in_place() -> R
         mounts.lines().any(|l| l.split(' ').nth(1) == Some("/etc/secret") && l.split(' ').nth(2) == Some("tmpfs")),
         "the secret volume is not a tmpfs:\n{mounts}"
     );
+    // containerd's default seccomp profile, from the Pod's securityContext (mode 2: filter).
+    let status = read(&cluster, &reader, "/proc/self/status")?;
+    ensure!(status.lines().any(|l| l == "Seccomp:\t2"), "RuntimeDefault is not applied:\n{status}");
     let labels = read(&cluster, &reader, "/etc/podinfo/labels")?;
     ensure!(labels == "app=\"reader\"\ntier=\"web\"", "downwardAPI labels: {labels:?}");
 

@@ -1,9 +1,11 @@
 //! The Kubernetes documentation's StatefulSet basics tutorial, on `gitplane up --nodes 3`: its
 //! `web` StatefulSet and headless `nginx` Service as published, pushed to Git. web-0 is Running
-//! and Ready before web-1 is created; each Pod's hostname is its name and its /etc/hosts names
-//! it `web-N.nginx.default.svc.cluster.local`; cluster DNS answers that name, and `web-0.nginx`
-//! (through the search path) reaches web-0 from a client Pod; kubectl prints the set as
-//! upstream's; scaling up adds web-2 and scaling down removes the highest ordinals first; a rolling update with a partition replaces only the
+//! and Ready before web-1 is created, each with its claim bound by the local provisioner; each
+//! Pod's hostname is its name and its /etc/hosts names it `web-N.nginx.default.svc.cluster.local`;
+//! cluster DNS answers that name, and `web-0.nginx` (through the search path) reaches web-0 from
+//! a client Pod; kubectl prints the set as upstream's; scaling up adds web-2 and scaling down to
+//! none removes the highest ordinals first and keeps the claims, so web-0 comes back serving the
+//! page the tutorial wrote into its volume; a rolling update with a partition replaces only the
 //! Pods at or above it, and without one every Pod, the status naming both revisions. Images
 //! come from the test kit's registry (stand-ins of the published nginx-slim).
 
@@ -68,16 +70,10 @@ spec:
           storage: 1Gi
 "#;
 
-/// The published set without its claims (no storage here yet).
-fn local(published: &str) -> String {
-    let (set, _claims) = published.split_once("        volumeMounts:").expect("the published set mounts www");
-    set.to_owned()
-}
-
 /// The tutorial's set with `replicas`, a RollingUpdate `partition`, and from revision 2 on the
 /// image the tutorial's rolling update sets.
 fn web(replicas: u32, partition: u32, revision: u32) -> String {
-    let set = local(PUBLISHED).replace(
+    let set = PUBLISHED.replace(
         "  replicas: 2\n",
         &format!(
             "  replicas: {replicas}\n  updateStrategy:\n    type: RollingUpdate\n    rollingUpdate:\n      partition: {partition}\n"
@@ -191,7 +187,7 @@ async fn t93_statefulset_basics() -> Result<()> {
     let work = Worktree::clone(cluster.demo_repo(), work_dir.path().join("demo"))?;
     work.remove("web.yaml")?;
     work.write("client.yaml", &shell_pod("client", "exec /bin/busybox sleep 3600"))?;
-    work.write("nginx.yaml", &local(PUBLISHED))?;
+    work.write("nginx.yaml", PUBLISHED)?;
     work.commit_and_push("the StatefulSet basics tutorial's web and nginx")?;
 
     // Created in order: web-1 only once web-0 is Running and Ready.
@@ -243,7 +239,8 @@ async fn t93_statefulset_basics() -> Result<()> {
     let ip = web0.ip.to_string();
     let lookup = |name: &str| cluster.exec(&client.node, &client.container, &["/bin/busybox", "nslookup", name]);
     let fetch = |url: &str| {
-        let script = format!("/bin/busybox wget -O /dev/null {url} 2>&1");
+        // Before the tutorial writes its page, the volume is empty and the answer a 404.
+        let script = format!("/bin/busybox wget -O /dev/null {url} 2>&1; true");
         cluster.exec(&client.node, &client.container, &["/bin/busybox", "sh", "-c", &script])
     };
     let fqdn = "web-0.nginx.default.svc.cluster.local";
@@ -258,14 +255,45 @@ async fn t93_statefulset_basics() -> Result<()> {
     .with_context(|| format!("wget http://web-0.nginx/ never connected to {ip}: {:?}", fetch("http://web-0.nginx/")))?;
     println!("wget http://web-0.nginx/:\n{fetched}");
 
-    // Scale up to 3, then down to 1: web-2 goes before web-1.
+    // Each Pod has its claim, bound by the local provisioner; the tutorial writes each Pod's
+    // hostname into its volume, and web-0.nginx serves it.
+    let bound = || -> Option<Vec<String>> {
+        let list = cluster.get("/api/v1/namespaces/default/persistentvolumeclaims").ok()?;
+        let claims: Vec<String> = list["items"]
+            .as_array()?
+            .iter()
+            .filter(|c| c["status"]["phase"] == "Bound")
+            .filter_map(|c| c["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        (claims.len() >= 2).then_some(claims)
+    };
+    let claims = tokio::task::block_in_place(|| wait_for(DEADLINE, bound)).with_context(|| {
+        format!("the claims were never Bound: {:?}", cluster.get("/api/v1/namespaces/default/persistentvolumeclaims"))
+    })?;
+    ensure!(claims == ["www-web-0", "www-web-1"], "claims: {claims:?}");
+    for name in ["web-0", "web-1"] {
+        let p = pod(&running, name)?;
+        let write = "echo \"$(hostname)\" > /usr/share/nginx/html/index.html";
+        cluster.exec(&p.node, &p.container, &["/bin/sh", "-c", write])?;
+    }
+    let page = |url: &str| {
+        let script = format!("/bin/busybox wget -q -O - {url}");
+        cluster.exec(&client.node, &client.container, &["/bin/busybox", "sh", "-c", &script])
+    };
+    let served = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || page("http://web-0.nginx/").ok().filter(|p| p.trim() == "web-0"))
+    });
+    ensure!(served.is_some(), "web-0.nginx served {:?}", page("http://web-0.nginx/"));
+
+    // Scale up to 3, then down to 0: web-2 goes before web-1, web-1 before web-0, and every
+    // claim stays.
     work.write("nginx.yaml", &web(3, 0, 1))?;
     work.commit_and_push("web: 3 replicas")?;
     settled(&cluster, &["web-0", "web-1", "web-2"])?;
-    work.write("nginx.yaml", &web(1, 0, 1))?;
-    work.commit_and_push("web: 1 replica")?;
+    work.write("nginx.yaml", &web(0, 0, 1))?;
+    work.commit_and_push("web: 0 replicas")?;
     // The deletions may fall in one batch of Events: the Pods seen on the way down tell the
-    // order instead. web-1 never goes while web-2 is still there.
+    // order instead. No Pod goes while a higher one is still there.
     let mut seen: Vec<Vec<String>> = Vec::new();
     let down = tokio::task::block_in_place(|| {
         wait_for(DEADLINE, || {
@@ -273,21 +301,31 @@ async fn t93_statefulset_basics() -> Result<()> {
             if seen.last() != Some(&now) {
                 seen.push(now.clone());
             }
-            (now == ["web-0"]).then_some(())
+            now.is_empty().then_some(())
         })
     });
-    ensure!(down.is_some(), "web never came down to web-0: {seen:?}");
-    ensure!(
-        !seen.iter().any(|pods| pods.contains(&"web-2".to_owned()) && !pods.contains(&"web-1".to_owned())),
-        "web-1 went before web-2: {seen:?}"
-    );
-    settled(&cluster, &["web-0"])?;
+    ensure!(down.is_some(), "web never came down to no Pods: {seen:?}");
+    let in_order = |pods: &Vec<String>| {
+        ["web-0", "web-1", "web-2"]
+            .into_iter()
+            .skip_while(|p| pods.iter().any(|n| n == p))
+            .all(|p| !pods.iter().any(|n| n == p))
+    };
+    ensure!(seen.iter().all(in_order), "a Pod went before a higher one: {seen:?}");
+    settled(&cluster, &[])?;
+    let list = cluster.get("/api/v1/namespaces/default/persistentvolumeclaims")?;
+    ensure!(names(list["items"].as_array().context("claims")?) == ["www-web-0", "www-web-1", "www-web-2"], "{list}");
 
     // A rolling update with partition 2 of 3 replaces web-2 only; partition 0 then the rest,
     // from the highest ordinal down, and the update revision becomes the current one.
     work.write("nginx.yaml", &web(3, 0, 1))?;
     work.commit_and_push("web: 3 replicas again")?;
     settled(&cluster, &["web-0", "web-1", "web-2"])?;
+    // web-0 came back with its claim: what was written before is there.
+    let served = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || page("http://web-0.nginx/").ok().filter(|p| p.trim() == "web-0"))
+    });
+    ensure!(served.is_some(), "web-0 came back without its page: {:?}", page("http://web-0.nginx/"));
     let before = set(&cluster)?["status"]["currentRevision"].as_str().unwrap_or("").to_owned();
     work.write("nginx.yaml", &web(3, 2, 2))?;
     work.commit_and_push("web: nginx-slim:0.24 from partition 2")?;

@@ -20,6 +20,7 @@ pub mod podrefs;
 pub mod quantity;
 pub mod schema;
 pub mod taints;
+pub mod volumes;
 
 pub use application::{
     Application, ApplicationSpec, ApplicationStatus, HealthStatus, ResourceHealth, RevisionHistory, SyncChanges,

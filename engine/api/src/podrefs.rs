@@ -1,15 +1,19 @@
-//! The ConfigMaps and Secrets a Pod reads: the edges of Kubernetes' node authorizer graph
+//! The ConfigMaps, Secrets and PersistentVolumeClaims a Pod reads, and the PersistentVolume a
+//! claim holds: the edges of Kubernetes' node authorizer graph
 //! (`plugin/pkg/auth/authorizer/node/graph_populator.go`). The control plane gives a node exactly
 //! the objects its Pods reference; the node agent waits for the same set before it starts a Pod.
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use std::collections::BTreeSet;
 
-/// The two kinds a Pod may read through its spec.
+/// The kinds a Pod may read through its spec, and the volumes its claims hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ConfigKind {
     ConfigMap,
     Secret,
+    PersistentVolumeClaim,
+    /// Cluster-scoped: its reference's namespace is empty.
+    PersistentVolume,
 }
 
 impl ConfigKind {
@@ -18,6 +22,8 @@ impl ConfigKind {
         match self {
             ConfigKind::ConfigMap => "ConfigMap",
             ConfigKind::Secret => "Secret",
+            ConfigKind::PersistentVolumeClaim => "PersistentVolumeClaim",
+            ConfigKind::PersistentVolume => "PersistentVolume",
         }
     }
 
@@ -25,12 +31,14 @@ impl ConfigKind {
         match kind {
             "ConfigMap" => Some(ConfigKind::ConfigMap),
             "Secret" => Some(ConfigKind::Secret),
+            "PersistentVolumeClaim" => Some(ConfigKind::PersistentVolumeClaim),
+            "PersistentVolume" => Some(ConfigKind::PersistentVolume),
             _ => None,
         }
     }
 }
 
-/// One ConfigMap or Secret, in the Pod's namespace.
+/// One referenced object, in the Pod's namespace (none for a PersistentVolume).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConfigRef {
     pub kind: ConfigKind,
@@ -47,10 +55,10 @@ impl std::fmt::Display for ConfigRef {
 /// The ConfigMap of the cluster CA in every namespace.
 pub const ROOT_CA_CONFIG_MAP: &str = "kube-root-ca.crt";
 
-/// Every ConfigMap and Secret `pod` references: env valueFrom, envFrom, configMap / secret /
-/// projected volumes and imagePullSecrets, of all containers (init and ephemeral included), and
-/// the cluster CA's `kube-root-ca.crt`, which its ServiceAccount token volume projects unless the
-/// Pod turns automounting off.
+/// Every ConfigMap, Secret and PersistentVolumeClaim `pod` references: env valueFrom, envFrom,
+/// configMap / secret / projected / persistentVolumeClaim volumes and imagePullSecrets, of all
+/// containers (init and ephemeral included), and the cluster CA's `kube-root-ca.crt`, which its
+/// ServiceAccount token volume projects unless the Pod turns automounting off.
 pub fn config_refs(pod: &Pod) -> BTreeSet<ConfigRef> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut refs = BTreeSet::new();
@@ -68,8 +76,14 @@ pub fn config_refs(pod: &Pod) -> BTreeSet<ConfigRef> {
     refs
 }
 
+/// The volume a claim holds (its `volumeName`), the node's edge from claim to volume.
+pub fn claim_volume(claim: &serde_json::Value) -> Option<ConfigRef> {
+    let name = claim["spec"]["volumeName"].as_str().filter(|n| !n.is_empty())?;
+    Some(ConfigRef { kind: ConfigKind::PersistentVolume, namespace: String::new(), name: name.to_owned() })
+}
+
 fn spec_refs(spec: &PodSpec, add: &mut impl FnMut(ConfigKind, &str)) {
-    use ConfigKind::{ConfigMap, Secret};
+    use ConfigKind::{ConfigMap, PersistentVolumeClaim, Secret};
     let containers = spec.containers.iter().chain(spec.init_containers.iter().flatten());
     let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| (c.env.as_ref(), c.env_from.as_ref()));
     for (env, env_from) in containers.map(|c: &Container| (c.env.as_ref(), c.env_from.as_ref())).chain(ephemeral) {
@@ -96,6 +110,9 @@ fn spec_refs(spec: &PodSpec, add: &mut impl FnMut(ConfigKind, &str)) {
         }
         if let Some(name) = volume.secret.as_ref().and_then(|s| s.secret_name.as_deref()) {
             add(Secret, name);
+        }
+        if let Some(claim) = &volume.persistent_volume_claim {
+            add(PersistentVolumeClaim, &claim.claim_name);
         }
         for source in volume.projected.iter().flat_map(|p| p.sources.iter().flatten()) {
             if let Some(cm) = &source.config_map {
@@ -130,7 +147,8 @@ mod tests {
                     {"name": "v1", "configMap": {"name": "files"}},
                     {"name": "v2", "secret": {"secretName": "tls"}},
                     {"name": "v3", "projected": {"sources": [{"configMap": {"name": "p-cm"}}, {"secret": {"name": "p-s"}}]}},
-                    {"name": "v4", "emptyDir": {}}
+                    {"name": "v4", "emptyDir": {}},
+                    {"name": "v5", "persistentVolumeClaim": {"claimName": "data"}}
                 ]
             }
         }))
@@ -147,6 +165,7 @@ mod tests {
                 "Secret shop/p-s",
                 "Secret shop/s",
                 "Secret shop/tls",
+                "PersistentVolumeClaim shop/data",
             ]
         );
         assert!(config_refs(&Pod::default()).is_empty());

@@ -21,6 +21,7 @@ pub mod loadbalancer;
 pub mod names;
 pub mod node_lifecycle;
 pub mod owner;
+pub mod persistent_volume;
 pub mod plan;
 pub mod replicaset;
 pub mod runtime;
@@ -41,9 +42,10 @@ pub fn watched_kinds() -> Vec<String> {
         autoscaling::v2::HorizontalPodAutoscaler,
         batch::v1::{CronJob, Job},
         coordination::v1::Lease,
-        core::v1::{Endpoints, Node, PersistentVolumeClaim, Pod, Service},
+        core::v1::{Endpoints, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service},
         discovery::v1::EndpointSlice,
         networking::v1::{Ingress, IngressClass},
+        storage::v1::StorageClass,
     };
     // Namespaces, ServiceAccounts and ConfigMaps are accepted from Git: the source watches them.
     vec![
@@ -63,6 +65,8 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<Endpoints>(),
         kind_of::<Ingress>(),
         kind_of::<IngressClass>(),
+        kind_of::<PersistentVolume>(),
+        kind_of::<StorageClass>(),
     ]
 }
 
@@ -137,6 +141,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             )
             .run(),
         ),
+        tokio::spawn(Controller::new(persistent_volume::PersistentVolumeController, ctx.clone()).run()),
     ];
     if let Some(metrics) = &settings.pod_metrics {
         let controller = horizontal::HorizontalController::new(metrics.clone());

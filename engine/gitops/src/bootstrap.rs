@@ -1,4 +1,4 @@
-//! What `gitplane up` makes on first start: the system namespaces, the demo repository, the
+//! What `gitplane up` makes on first start: the system namespaces, the default StorageClass, the demo repository, the
 //! bootstrap repository holding the demo Application (app-of-apps), and the root Application
 //! that syncs the bootstrap repository. Each step leaves existing state alone.
 
@@ -42,6 +42,30 @@ pub async fn namespaces(store: &Arc<dyn Store>) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+/// The built-in default StorageClass `local-path`, if absent, as k3s deploys its local-storage
+/// add-on at every start: claims that name no class get it, and each of its volumes is a
+/// directory on the node of the claim's first Pod.
+pub async fn storage_class(store: &Arc<dyn Store>) -> Result<(), StoreError> {
+    use gitplane_api::volumes::{DEFAULT_CLASS, LOCAL_PATH_CLASS, LOCAL_PATH_PROVISIONER, WAIT_FOR_FIRST_CONSUMER};
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let api = Api::<StorageClass>::new(store.clone());
+    if api.get("", LOCAL_PATH_CLASS).await?.is_some() {
+        return Ok(());
+    }
+    let class = StorageClass {
+        metadata: ObjectMeta {
+            name: Some(LOCAL_PATH_CLASS.into()),
+            annotations: Some([(DEFAULT_CLASS.to_owned(), "true".to_owned())].into()),
+            ..Default::default()
+        },
+        provisioner: LOCAL_PATH_PROVISIONER.into(),
+        reclaim_policy: Some("Delete".into()),
+        volume_binding_mode: Some(WAIT_FOR_FIRST_CONSUMER.into()),
+        ..Default::default()
+    };
+    ignore_exists(api.create(&class).await)
 }
 
 /// Creates `repos/demo.git` (bare, branch `main`) with the demo manifests, if absent.

@@ -142,6 +142,9 @@ impl ControlPlane {
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
         }
+        if let Err(e) = bootstrap::storage_class(&store).await {
+            tracing::warn!(error = %e, "creating the default StorageClass failed");
+        }
         if let Some(repo) = root
             && let Err(e) = bootstrap::root_application(&store, &repo).await
         {

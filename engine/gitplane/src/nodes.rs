@@ -300,6 +300,8 @@ fn spawn_agent(cfg: &NodesConfig, node: &Place) -> anyhow::Result<Child> {
         .arg(dir.join("pods"))
         .arg("--pod-log-dir")
         .arg(dir.join("pods/logs"))
+        .arg("--local-path-dir")
+        .arg(dir.join("storage"))
         .arg("--join-token-file")
         .arg(cfg.data_dir.join("join-token"))
         .arg("--credential-file")

@@ -318,6 +318,7 @@ async fn run_node(
         ..RuntimeConfig::default()
     };
     cfg.node.nodefs = data_dir.join("pods");
+    cfg.node.local_path_dir = data_dir.join("storage");
     if let Some((dir, registries)) = registries {
         cfg.registry_config_path = Some(dir);
         cfg.runtime.registries = registries;

@@ -26,6 +26,7 @@ use ingress_secrets::TlsReferences;
 use crate::tls::ClusterCa;
 use futures::{Stream, StreamExt};
 use gitplane_api::object::{NODE_LEASE_NAMESPACE, revision_of, to_value};
+use gitplane_api::volumes::LOCAL_PATH_DIR;
 use gitplane_apiserver::{
     kubelet_client::kubelet_address,
     listener::{ClientAddr, Transport},
@@ -248,6 +249,14 @@ impl NodeService {
             };
             let create = ops.len() == 1;
             node.metadata.labels = reported.metadata.labels.clone();
+            // Where the node keeps provisioned volumes is the node's to say, at each start.
+            let local_path_dir = reported.metadata.annotations.as_ref().and_then(|a| a.get(LOCAL_PATH_DIR));
+            if let Some(dir) = local_path_dir {
+                node.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(LOCAL_PATH_DIR.into(), dir.clone());
+            }
             // The mark is the control plane's to set, never the agent's to report.
             if create && let Some(annotations) = node.metadata.annotations.as_mut() {
                 annotations.remove(CERTIFICATES_ANNOTATION);

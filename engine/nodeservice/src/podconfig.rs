@@ -1,14 +1,20 @@
-//! `WatchPodConfig`: the ConfigMaps and Secrets a node may read, which are exactly those its own
-//! Pods reference (Kubernetes' node authorizer, whose graph has an edge from each Pod to what it
-//! references and from the Pod to its node). The reference set is kept per stream from the
-//! node's Pods and recomputed on each of their changes; the stream carries nothing else.
+//! `WatchPodConfig`: the ConfigMaps, Secrets and PersistentVolumeClaims a node may read, which
+//! are exactly those its own Pods reference, and the PersistentVolumes those claims hold
+//! (Kubernetes' node authorizer, whose graph has an edge from each Pod to what it references,
+//! from a claim to its volume and from the Pod to its node). The reference set is kept per
+//! stream from the node's Pods and claims and recomputed on each of their changes. Besides,
+//! the volumes gitplane.io/local-path provisioned on the node itself, whose directories it
+//! holds (and removes once they are deleted). The stream carries nothing else.
+//!
+//! A volume no Pod of the node references any more is not retracted: the node keeps what it
+//! read, and a provisioned volume's deletion must reach it.
 //!
 //! [`References`] is the pure bookkeeping (which objects are referenced, and which revision of
 //! each was sent); [`watch`] is the stream over the store.
 
 use super::{ObjectEventStream, references::ReferenceCounts, store_status};
 use futures::StreamExt;
-use gitplane_api::podrefs::{ConfigKind, ConfigRef, config_refs};
+use gitplane_api::podrefs::{ConfigKind, ConfigRef, claim_volume, config_refs};
 use gitplane_proto::node::{EventType as WireEventType, ObjectEvent};
 use gitplane_store::{Event, EventType, ListOptions, ObjectKey, Store, WatchOptions, WatchStream};
 use k8s_openapi::api::core::v1::Pod;
@@ -22,6 +28,8 @@ use tonic::Status;
 pub(super) struct References {
     /// (namespace, name) of each Pod of the node -> what it references, counted per object.
     pods: ReferenceCounts<(String, String), ConfigRef>,
+    /// (namespace, name) of each referenced claim -> the volume it holds.
+    claims: ReferenceCounts<(String, String), ConfigRef>,
     /// The revision of each referenced object last sent (its write, or its deletion).
     sent: HashMap<ConfigRef, i64>,
 }
@@ -41,10 +49,23 @@ impl References {
         (added, removed)
     }
 
+    /// Claim `claim` (referenced, or `refs` empty: no longer) now holds the volumes `refs`.
+    fn set_claim(&mut self, claim: (String, String), refs: BTreeSet<ConfigRef>) -> (Vec<ConfigRef>, Vec<ConfigRef>) {
+        let (added, removed) = self.claims.set(claim, refs);
+        for r in &removed {
+            self.sent.remove(r);
+        }
+        (added, removed)
+    }
+
+    fn is_referenced(&self, r: &ConfigRef) -> bool {
+        self.pods.is_referenced(r) || self.claims.is_referenced(r)
+    }
+
     /// Whether a write of `r` at `revision` goes out: it is referenced and newer than what was
     /// sent (an object read when it became referenced may be newer than the watch's events).
     pub(super) fn take(&mut self, r: &ConfigRef, revision: i64) -> bool {
-        if !self.pods.is_referenced(r) || self.sent.get(r).is_some_and(|sent| *sent >= revision) {
+        if !self.is_referenced(r) || self.sent.get(r).is_some_and(|sent| *sent >= revision) {
             return false;
         }
         self.sent.insert(r.clone(), revision);
@@ -58,6 +79,24 @@ fn config_ref(key: &ObjectKey) -> Option<ConfigRef> {
         namespace: key.namespace.clone(),
         name: key.name.clone(),
     })
+}
+
+/// A volume gitplane.io/local-path provisioned on `node`: the node holds its directory.
+fn provisioned_on(volume: &Value, node: &str) -> bool {
+    use gitplane_api::volumes::{LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
+    let terms = volume["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"].as_array();
+    volume["metadata"]["annotations"][PROVISIONED_BY] == LOCAL_PATH_PROVISIONER
+        && terms.into_iter().flatten().any(|t| {
+            t["matchExpressions"].as_array().into_iter().flatten().any(|e| {
+                e["key"] == "kubernetes.io/hostname"
+                    && e["operator"] == "In"
+                    && e["values"].as_array().is_some_and(|v| v.iter().any(|v| v == node))
+            })
+        })
+}
+
+fn claim_key(r: &ConfigRef) -> (String, String) {
+    (r.namespace.clone(), r.name.clone())
 }
 
 fn revision_of(object: &Value) -> i64 {
@@ -101,9 +140,15 @@ struct Follow {
 }
 
 impl Follow {
-    /// Sends the objects that became referenced (as read now) and forgets the others.
-    async fn changed(&mut self, revision: i64, added: Vec<ConfigRef>, removed: Vec<ConfigRef>) -> Result<(), Status> {
-        for r in added {
+    /// Sends the objects that became referenced (as read now) and forgets the others; a claim
+    /// brings its volume along, and takes its edge away with it.
+    async fn changed(
+        &mut self,
+        revision: i64,
+        mut added: Vec<ConfigRef>,
+        mut removed: Vec<ConfigRef>,
+    ) -> Result<(), Status> {
+        while let Some(r) = added.pop() {
             let key = ObjectKey::new(r.kind.as_str(), r.namespace.clone(), r.name.clone());
             if let Some(object) = self.store.get(&key).await.map_err(store_status)? {
                 let written = revision_of(&object);
@@ -115,9 +160,21 @@ impl Follow {
                         &object,
                     )));
                 }
+                if r.kind == ConfigKind::PersistentVolumeClaim {
+                    let (more, fewer) = self.refs.set_claim(claim_key(&r), claim_volume(&object).into_iter().collect());
+                    added.extend(more);
+                    removed.extend(fewer);
+                }
             }
         }
         for r in removed {
+            if r.kind == ConfigKind::PersistentVolumeClaim {
+                self.refs.set_claim(claim_key(&r), BTreeSet::new());
+            }
+            // A volume stays: its deletion is what the node must see (see the module's note).
+            if r.kind == ConfigKind::PersistentVolume {
+                continue;
+            }
             let gone = serde_json::json!({
                 "apiVersion": "v1", "kind": r.kind.as_str(),
                 "metadata": {"name": r.name, "namespace": r.namespace},
@@ -148,13 +205,22 @@ impl Follow {
             return Ok(());
         }
         let Some(r) = config_ref(&event.key) else { return Ok(()) };
-        if self.refs.take(&r, event.revision) {
+        let provisioned_here = r.kind == ConfigKind::PersistentVolume && provisioned_on(&event.object, &self.node);
+        if self.refs.take(&r, event.revision) || provisioned_here {
             let kind = match event.event_type {
                 EventType::Added => WireEventType::Added,
                 EventType::Modified => WireEventType::Modified,
                 _ => WireEventType::Deleted,
             };
             self.out.push_back(Ok(super::object_event(kind, event.revision, &event.key.kind, &event.object)));
+        }
+        if r.kind == ConfigKind::PersistentVolumeClaim && self.refs.pods.is_referenced(&r) {
+            let volume = match event.event_type {
+                EventType::Deleted => None,
+                _ => claim_volume(&event.object),
+            };
+            let (added, removed) = self.refs.set_claim(claim_key(&r), volume.into_iter().collect());
+            self.changed(event.revision, added, removed).await?;
         }
         Ok(())
     }
@@ -164,7 +230,10 @@ impl Follow {
 pub(super) async fn watch(store: Arc<dyn Store>, node: String) -> Result<ObjectEventStream, Status> {
     let pods = store.list("Pod", &ListOptions::default()).await.map_err(store_status)?;
     // Its own Node too: the stream ends when the node is removed.
-    let kinds = ["Pod", "ConfigMap", "Secret", "Node"].map(String::from).to_vec();
+    let at_pods = ListOptions { at_revision: Some(pods.revision), ..Default::default() };
+    let volumes = store.list("PersistentVolume", &at_pods).await.map_err(store_status)?;
+    let kinds =
+        ["Pod", "ConfigMap", "Secret", "PersistentVolumeClaim", "PersistentVolume", "Node"].map(String::from).to_vec();
     let options = WatchOptions { kinds: Some(kinds), bookmarks: true };
     let events = store.watch(pods.revision, options).await.map_err(store_status)?;
     let mut follow = Follow { store, node, refs: References::default(), events, out: VecDeque::new(), done: false };
@@ -176,6 +245,9 @@ pub(super) async fn watch(store: Arc<dyn Store>, node: String) -> Result<ObjectE
         }
     }
     follow.changed(pods.revision, added, Vec::new()).await?;
+    for volume in volumes.items.iter().filter(|v| provisioned_on(v, &follow.node)) {
+        follow.out.push_back(Ok(event(WireEventType::Added, pods.revision, "PersistentVolume", volume)));
+    }
     follow.out.push_back(Ok(bookmark(pods.revision)));
     tracing::info!(node = %follow.node, objects = follow.refs.pods.len(), "pod config watch started");
     Ok(Box::pin(futures::stream::unfold(follow, |mut follow| async move {

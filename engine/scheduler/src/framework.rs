@@ -190,6 +190,9 @@ pub trait ScorePlugin: Send + Sync {
 pub enum ScheduleError {
     #[error("0/{total} nodes are available: {}.", join_reasons(reasons))]
     Unschedulable { total: usize, reasons: BTreeMap<String, usize> },
+    /// A PreFilter found the Pod unschedulable on every node (VolumeBinding's unbound claims).
+    #[error("0/{total} nodes are available: {reason}.")]
+    PreFilter { total: usize, reason: String },
     #[error("unknown scheduler plugin {0:?}")]
     UnknownPlugin(String),
 }
@@ -238,13 +241,35 @@ impl Profile {
         nodes: &[NodeInfo],
         namespaces: &NamespaceLabels,
     ) -> Result<String, ScheduleError> {
+        self.place(pod, nodes, namespaces, None)
+    }
+
+    /// [`Profile::schedule`] with a filter made for this Pod after its own PreFilter (what its
+    /// volumes ask of the node), run after the profile's.
+    pub fn schedule_with(
+        &self,
+        pod: &Pod,
+        nodes: &[NodeInfo],
+        namespaces: &NamespaceLabels,
+        extra: &dyn FilterPlugin,
+    ) -> Result<String, ScheduleError> {
+        self.place(pod, nodes, namespaces, Some(extra))
+    }
+
+    fn place(
+        &self,
+        pod: &Pod,
+        nodes: &[NodeInfo],
+        namespaces: &NamespaceLabels,
+        extra: Option<&dyn FilterPlugin>,
+    ) -> Result<String, ScheduleError> {
         let cluster = Cluster { nodes, namespaces };
         let (request, score_request) = (pod_requests(pod), pod_score_requests(pod));
         let states: Vec<CycleState> = self.filters.iter().map(|f| f.pre_filter(pod, cluster)).collect();
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         let mut feasible: Vec<&NodeInfo> = Vec::with_capacity(nodes.len());
         for node in nodes {
-            let mut checks = self.filters.iter().zip(&states);
+            let mut checks = self.filters.iter().map(|f| &**f).zip(&states).chain(extra.map(|f| (f, &None)));
             match checks.find_map(|(f, state)| f.filter(pod, &request, node, state).err()) {
                 Some(unfit) => unfit.into_iter().for_each(|reason| *reasons.entry(reason).or_default() += 1),
                 None => feasible.push(node),

@@ -6,7 +6,8 @@
 //! Node changed, a bound Pod was deleted or finished) or at most [`MAX_UNSCHEDULABLE_STAY`]; a Pod
 //! whose binding fails is retried after a per-Pod backoff. No failure drops a Pod.
 
-use crate::framework::{NamespaceLabels, NodeInfo, Profile};
+use crate::framework::{NamespaceLabels, NodeInfo, Profile, ScheduleError};
+use crate::volume_binding::{self, PodVolumes};
 use gitplane_api::events::{NORMAL, Source, WARNING, reference};
 use gitplane_api::object::{from_value, kind_of, to_value};
 use gitplane_store::events::Recorder;
@@ -18,7 +19,8 @@ use gitplane_workqueue::{
     Backoff, WorkQueue,
     runner::{self, Reconcile, Requeue},
 };
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, PodCondition};
+use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::Value;
 use std::{
     collections::{HashMap, HashSet},
@@ -45,6 +47,8 @@ pub enum Reason {
     Resync,
     /// A Node appeared, changed or left.
     NodeChanged,
+    /// A claim, volume or class changed: an unbound claim may have bound.
+    VolumeChanged,
     /// A Pod that held room on a node was deleted.
     PodDeleted,
     /// A bound Pod Succeeded or Failed, which frees its room.
@@ -152,9 +156,29 @@ impl Scheduler {
         (nodes, namespaces)
     }
 
-    /// Writes `spec.nodeName` (compare-and-swap on the Pod's resourceVersion) and the
-    /// PodScheduled condition in one transaction.
-    async fn bind(&self, pod: &Pod, node: &str) -> gitplane_store::Result<()> {
+    /// The claims, volumes and classes of a Pod that names claims (nothing is read otherwise).
+    fn volumes(&self, pod: &Pod) -> volume_binding::Volumes {
+        if gitplane_api::volumes::pod_claims(pod).next().is_none() {
+            return Default::default();
+        }
+        let cache = self.informer.cache();
+        let namespace = pod.metadata.namespace.as_deref();
+        volume_binding::Volumes {
+            claims: cache
+                .list_typed::<PersistentVolumeClaim>(namespace)
+                .into_iter()
+                .map(|c| {
+                    ((c.metadata.namespace.clone().unwrap_or_default(), c.metadata.name.clone().unwrap_or_default()), c)
+                })
+                .collect(),
+            volumes: cache.list_typed::<PersistentVolume>(None),
+            classes: cache.list_typed::<StorageClass>(None),
+        }
+    }
+
+    /// Writes `spec.nodeName` (compare-and-swap on the Pod's resourceVersion), the PodScheduled
+    /// condition and the selected node of each claim that waited for it, in one transaction.
+    async fn bind(&self, pod: &Pod, node: &str, volumes: &PodVolumes) -> gitplane_store::Result<()> {
         let mut bound = pod.clone();
         if let Some(spec) = bound.spec.as_mut() {
             spec.node_name = Some(node.to_owned());
@@ -162,7 +186,21 @@ impl Scheduler {
         let mut status = bound.clone();
         status.metadata.resource_version = None; // ordered after the CAS above, in the same transaction
         set_scheduled_condition(&mut status, "True", None, None);
-        self.store.txn(vec![Op::Update(to_value(&bound)), Op::UpdateStatus(to_value(&status))]).await?;
+        let mut ops = vec![Op::Update(to_value(&bound)), Op::UpdateStatus(to_value(&status))];
+        for (claim, _) in &volumes.delayed {
+            let annotations = claim.metadata.annotations.as_ref();
+            if annotations.and_then(|a| a.get(gitplane_api::volumes::SELECTED_NODE)).map(String::as_str) == Some(node) {
+                continue;
+            }
+            let mut selected = claim.clone();
+            selected
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(gitplane_api::volumes::SELECTED_NODE.into(), node.into());
+            ops.push(Op::Update(to_value(&selected)));
+        }
+        self.store.txn(ops).await?;
         Ok(())
     }
 
@@ -198,6 +236,11 @@ impl Reconcile for Scheduler {
         };
         if event.key.kind == kind_of::<Node>() {
             return self.wake(queue, Reason::NodeChanged);
+        }
+        let volume_kinds =
+            [kind_of::<PersistentVolumeClaim>(), kind_of::<PersistentVolume>(), kind_of::<StorageClass>()];
+        if volume_kinds.contains(&event.key.kind) {
+            return self.wake(queue, Reason::VolumeChanged);
         }
         if event.key.kind != kind_of::<Pod>() {
             return;
@@ -238,8 +281,14 @@ impl Reconcile for Scheduler {
         let started = std::time::Instant::now();
         let name = format!("{}/{}", pod_id.0, pod_id.1);
         let (mut nodes, namespaces) = self.snapshot.take().unwrap_or_else(|| self.snapshot());
-        let requeue = match self.profile.schedule(&pod, &nodes, &namespaces) {
-            Ok(node) => match self.bind(&pod, &node).await {
+        let volumes = volume_binding::pre_filter(&pod, &self.volumes(&pod));
+        let placed = match &volumes {
+            Ok(volumes) => self.profile.schedule_with(&pod, &nodes, &namespaces, volumes),
+            Err(reason) => Err(ScheduleError::PreFilter { total: nodes.len(), reason: reason.clone() }),
+        };
+        let volumes = volumes.unwrap_or_default();
+        let requeue = match placed {
+            Ok(node) => match self.bind(&pod, &node, &volumes).await {
                 Ok(()) => {
                     crate::metrics::attempt("scheduled", started.elapsed());
                     tracing::info!(pod = %name, %node, ?reason, elapsed = ?started.elapsed(), "bound");

@@ -1230,11 +1230,11 @@ spec:
                 "job.yaml:8: Job j: /spec/template/spec/enableServiceLinks: enableServiceLinks (no Service variables are set) true {not_yet}: remove it, or set it to false"
             )]
         );
-        let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      securityContext: {seccompProfile: {type: RuntimeDefault}}\n      containers: [{name: c, image: i}]\n";
+        let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      securityContext: {seccompProfile: {type: Localhost, localhostProfile: p.json}}\n      containers: [{name: c, image: i}]\n";
         assert_eq!(
             errors(&[("rs.yaml", rs)]),
             [format!(
-                "rs.yaml:9: ReplicaSet r: /spec/template/spec/securityContext/seccompProfile/type: securityContext.seccompProfile.type \"RuntimeDefault\" {not_yet}: remove it, or set it to \"Unconfined\""
+                "rs.yaml:9: ReplicaSet r: /spec/template/spec/securityContext/seccompProfile/type: securityContext.seccompProfile.type \"Localhost\" {not_yet}: remove it, or set it to \"RuntimeDefault\" or \"Unconfined\""
             )]
         );
     }

@@ -5,6 +5,7 @@
 pub mod pressure;
 
 use gitplane_api::quantity::{parse_milli, parse_units};
+use gitplane_api::volumes::LOCAL_PATH_DIR;
 use k8s_openapi::api::core::v1::{
     ContainerImage, Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Taint,
 };
@@ -29,6 +30,9 @@ pub struct NodeConfig {
     pub eviction_hard: EvictionHard,
     /// The file system that holds Pods' data (nodefs): ephemeral storage and DiskPressure.
     pub nodefs: PathBuf,
+    /// Where the volumes gitplane.io/local-path provisions on this node live, reported on the
+    /// Node for the provisioner.
+    pub local_path_dir: PathBuf,
     /// `--extended-resources`: counts of resources the node advertises (`nvidia.com/gpu`).
     pub extended_resources: BTreeMap<String, u64>,
 }
@@ -205,7 +209,12 @@ pub fn describe(name: &str, address: Option<&str>, runtime_version: &str, cfg: &
     status.addresses = Some(addresses);
     status.node_info = Some(node_info(runtime_version));
     Node {
-        metadata: ObjectMeta { name: Some(name.to_owned()), labels: Some(labels), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(labels),
+            annotations: Some([(LOCAL_PATH_DIR.to_owned(), cfg.local_path_dir.to_string_lossy().into_owned())].into()),
+            ..Default::default()
+        },
         spec: Some(NodeSpec { taints: Some(cfg.taints.clone()).filter(|t| !t.is_empty()), ..Default::default() }),
         status: Some(status),
     }
@@ -334,6 +343,7 @@ mod tests {
         let labels = node.metadata.labels.unwrap();
         assert_eq!((labels["kubernetes.io/hostname"].as_str(), labels["disk"].as_str()), ("n1", "ssd"));
         assert_eq!(node.spec.unwrap().taints.unwrap()[0].key, "dedicated");
+        assert!(node.metadata.annotations.unwrap().contains_key(LOCAL_PATH_DIR));
     }
 
     #[test]

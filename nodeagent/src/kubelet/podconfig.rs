@@ -1,17 +1,20 @@
-//! The ConfigMaps and Secrets this node's Pods reference, followed from the control plane's
-//! `WatchPodConfig` (the kubelet's configmap and secret managers, with the watch strategy): the
-//! runtime reads them ([`ConfigSource`]) for env and volumes, and a change wakes the workers of
-//! the Pods that reference the object, which update their volumes in place or start containers
-//! that waited for it.
+//! The ConfigMaps, Secrets and claims this node's Pods reference and the volumes of those
+//! claims, followed from the control plane's `WatchPodConfig` (the kubelet's configmap and
+//! secret managers, with the watch strategy): the runtime reads them ([`ConfigSource`]) for env
+//! and volumes, and a change wakes the workers of the Pods that reference the object, which
+//! update their volumes in place or start containers that waited for it. A deleted volume that
+//! gitplane.io/local-path provisioned under this node's directory has its directory removed
+//! (the provisioner's delete).
 
 use crate::controlplane::{Client, Follower, Servers, follow};
 use crate::kubelet::runtime::env::ConfigSource;
 use crate::kubelet::token_manager::{TokenManager, Wake};
 use gitplane_api::podrefs::{ConfigKind, ConfigRef, config_refs};
 use gitplane_proto::node::{EventType, ObjectEvent, WatchPodConfigRequest};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use std::{
     collections::{BTreeSet, HashMap},
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, PoisonError, RwLock},
     time::Duration,
 };
@@ -26,6 +29,8 @@ pub const ARRIVAL_TIMEOUT: Duration = Duration::from_secs(10);
 struct Objects {
     config_maps: HashMap<(String, String), Arc<ConfigMap>>,
     secrets: HashMap<(String, String), Arc<Secret>>,
+    claims: HashMap<(String, String), Arc<PersistentVolumeClaim>>,
+    volumes: HashMap<String, Arc<PersistentVolume>>,
 }
 
 impl Objects {
@@ -54,6 +59,18 @@ impl Objects {
             (ConfigKind::Secret, true) => {
                 self.secrets.remove(&key);
             }
+            (ConfigKind::PersistentVolumeClaim, false) => {
+                self.claims.insert(key, Arc::new(serde_json::from_value(value)?));
+            }
+            (ConfigKind::PersistentVolumeClaim, true) => {
+                self.claims.remove(&key);
+            }
+            (ConfigKind::PersistentVolume, false) => {
+                self.volumes.insert(key.1, Arc::new(serde_json::from_value(value)?));
+            }
+            (ConfigKind::PersistentVolume, true) => {
+                self.volumes.remove(&key.1);
+            }
         }
         Ok(Some(r))
     }
@@ -70,6 +87,8 @@ pub struct PodConfig {
     revision: watch::Sender<i64>,
     /// pod uid -> (what it references, its worker's wake-up).
     interested: Mutex<HashMap<String, Interest>>,
+    /// Where local-path volumes of this node live (`None`: no directory is ever removed).
+    local_path_dir: Option<PathBuf>,
 }
 
 impl Default for PodConfig {
@@ -79,6 +98,7 @@ impl Default for PodConfig {
             tokens: std::sync::OnceLock::new(),
             revision: watch::channel(0).0,
             interested: Mutex::default(),
+            local_path_dir: None,
         }
     }
 }
@@ -100,9 +120,39 @@ impl ConfigSource for PodConfig {
             None => Err("this node is given no ServiceAccount tokens".into()),
         }
     }
+
+    fn persistent_volume_claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        let objects = self.objects.read().unwrap_or_else(PoisonError::into_inner);
+        objects.claims.get(&(namespace.to_owned(), name.to_owned())).cloned()
+    }
+
+    fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.objects.read().unwrap_or_else(PoisonError::into_inner).volumes.get(name).cloned()
+    }
+}
+
+/// The directory of a deleted volume that local-path provisioned under `dir`, if it is one.
+fn provisioned_dir(event: &ObjectEvent, dir: &Path) -> Option<PathBuf> {
+    use gitplane_api::volumes::{LOCAL_PATH_PROVISIONER, PROVISIONED_BY};
+    if event.r#type != EventType::Deleted as i32 || event.kind != "PersistentVolume" {
+        return None;
+    }
+    let volume: serde_json::Value = serde_json::from_slice(&event.object).ok()?;
+    if volume["metadata"]["annotations"][PROVISIONED_BY] != LOCAL_PATH_PROVISIONER {
+        return None;
+    }
+    let path = PathBuf::from(volume["spec"]["hostPath"]["path"].as_str()?);
+    // Only a directory right under ours: a volume never names another place to remove.
+    (path.parent() == Some(dir) && path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("pvc-")))
+        .then_some(path)
 }
 
 impl PodConfig {
+    /// Removes the directories of provisioned volumes deleted under `dir`.
+    pub fn with_local_path_dir(dir: PathBuf) -> Self {
+        PodConfig { local_path_dir: Some(dir), ..Default::default() }
+    }
+
     /// From now on, Pods' ServiceAccount tokens are asked of `servers`; a token that arrives
     /// wakes its Pod's worker.
     pub(crate) fn request_tokens_from(self: &Arc<Self>, servers: Servers) {
@@ -175,8 +225,19 @@ impl PodConfig {
             }
             return;
         }
+        if let Some(path) = self.local_path_dir.as_deref().and_then(|dir| provisioned_dir(event, dir)) {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => tracing::info!(path = %path.display(), "removed the directory of a deleted volume"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "removing a deleted volume's directory"),
+            }
+        }
         let changed = self.objects.write().unwrap_or_else(PoisonError::into_inner).apply(event);
         match changed {
+            // A volume is reached through claims: wake every Pod that mounts one.
+            Ok(Some(r)) if r.kind == ConfigKind::PersistentVolume => {
+                self.wake(|x| x.kind == ConfigKind::PersistentVolumeClaim)
+            }
             Ok(Some(r)) => self.wake(|x| *x == r),
             Ok(None) => {}
             Err(e) => {

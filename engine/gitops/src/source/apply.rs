@@ -27,6 +27,48 @@ use std::{
     sync::Arc,
 };
 
+/// Whether a prune deletes a claim or a volume, and what the push's plan says of it: a volume
+/// and a bound claim stay unless their volume's reclaim policy is Delete, and a prune that
+/// deletes a bound claim (with its volume and data) is named. Other kinds are deleted quietly.
+fn storage_prune(key: &ObjectKey, current: &Value, stored: &dyn Stored) -> (bool, Option<String>) {
+    let policy =
+        |volume: &Value| volume["spec"]["persistentVolumeReclaimPolicy"].as_str().unwrap_or("Retain").to_owned();
+    match key.kind.as_str() {
+        "PersistentVolume" => match policy(current).as_str() {
+            "Delete" => (true, None),
+            other => (
+                false,
+                Some(format!(
+                    "{key} stays: its reclaim policy is {other}; delete it by hand when its data is no longer needed"
+                )),
+            ),
+        },
+        "PersistentVolumeClaim" => {
+            let Some(volume_name) = current["spec"]["volumeName"].as_str().filter(|v| !v.is_empty()) else {
+                return (true, None);
+            };
+            let volume = stored.get(&ObjectKey::new("PersistentVolume", "", volume_name));
+            match volume.map(|v| policy(&v)).as_deref() {
+                Some("Delete") => (
+                    true,
+                    Some(format!(
+                        "pruning bound claim {key} deletes PersistentVolume {volume_name} and its data (reclaim policy Delete)"
+                    )),
+                ),
+                Some(other) => (
+                    false,
+                    Some(format!(
+                        "bound claim {key} stays: PersistentVolume {volume_name}'s reclaim policy is {other}; delete the \
+                         claim by hand when its data is no longer needed"
+                    )),
+                ),
+                None => (true, None),
+            }
+        }
+        _ => (true, None),
+    }
+}
+
 /// The last configuration the source applied to an object (JSON, secrets digested).
 pub const LAST_APPLIED_ANNOTATION: &str = "gitplane.io/last-applied";
 /// Metadata only the server manages.
@@ -619,8 +661,15 @@ pub fn plan(
             && let Some(current) = current
             && !deletion::is_terminating(&current)
         {
-            plan.ops.push(Op::Delete { revision: resource_version(&current), key: key.clone() });
-            plan.pruned += 1;
+            let (delete, warning) = storage_prune(&key, &current, cluster.stored);
+            if delete {
+                plan.ops.push(Op::Delete { revision: resource_version(&current), key: key.clone() });
+                plan.pruned += 1;
+            }
+            if let Some(message) = warning {
+                let reason = if delete { "PruneDeletesVolume" } else { "PruneKeepsVolume" };
+                plan.warnings.push(Warning { key: key.clone(), reason, message });
+            }
         }
         plan.removed.push(key);
     }
@@ -649,6 +698,33 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pruned_claims_and_volumes_follow_their_reclaim_policy() {
+        let volume =
+            |policy: &str| json!({"kind": "PersistentVolume", "spec": {"persistentVolumeReclaimPolicy": policy}});
+        let claim = |volume: &str| json!({"kind": "PersistentVolumeClaim", "spec": {"volumeName": volume}});
+        let stored: BTreeMap<ObjectKey, Arc<Value>> = [
+            (ObjectKey::new("PersistentVolume", "", "kept"), Arc::new(volume("Retain"))),
+            (ObjectKey::new("PersistentVolume", "", "scratch"), Arc::new(volume("Delete"))),
+        ]
+        .into();
+        let pv = ObjectKey::new("PersistentVolume", "", "kept");
+        let pvc = ObjectKey::new("PersistentVolumeClaim", "default", "data");
+        let cm = ObjectKey::new("ConfigMap", "default", "c");
+        let cases = [
+            (&pv, volume("Retain"), false, true),
+            (&pv, volume("Delete"), true, false),
+            (&pvc, claim("kept"), false, true),
+            (&pvc, claim("scratch"), true, true),
+            (&pvc, claim(""), true, false),
+            (&cm, json!({}), true, false),
+        ];
+        for (key, current, delete, warned) in cases {
+            let (deleted, warning) = storage_prune(key, &current, &stored);
+            assert_eq!((deleted, warning.is_some()), (delete, warned), "{key} {current}");
+        }
+    }
     use serde_json::json;
 
     #[test]

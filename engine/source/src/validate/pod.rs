@@ -65,12 +65,25 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("securityContext/fsGroupChangePolicy", Nothing, "securityContext.fsGroupChangePolicy"),
     row("securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
     row("securityContext/seLinuxChangePolicy", Nothing, "securityContext.seLinuxChangePolicy"),
-    row("securityContext/seccompProfile/type", Values(&["\"Unconfined\""]), "securityContext.seccompProfile.type"),
+    row(
+        "securityContext/seccompProfile/type",
+        Values(&["\"RuntimeDefault\"", "\"Unconfined\""]),
+        "securityContext.seccompProfile.type",
+    ),
     row("securityContext/appArmorProfile/type", Values(&["\"Unconfined\""]), "securityContext.appArmorProfile.type"),
     row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
     row(
         "volumes/*",
-        Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "projected"]),
+        Keys(&[
+            "name",
+            "emptyDir",
+            "hostPath",
+            "configMap",
+            "secret",
+            "downwardAPI",
+            "projected",
+            "persistentVolumeClaim",
+        ]),
         "a {key} volume",
     ),
     row(
@@ -89,7 +102,7 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("containers/*/securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
     row(
         "containers/*/securityContext/seccompProfile/type",
-        Values(&["\"Unconfined\""]),
+        Values(&["\"RuntimeDefault\"", "\"Unconfined\""]),
         "securityContext.seccompProfile.type",
     ),
     row(

@@ -11,12 +11,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use gitplane_api::quantity::{parse_milli, parse_units};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, ResourceFieldSelector, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, ResourceFieldSelector, Secret,
+};
 
 use super::config::RuntimeConfig;
 use super::fields::{SpecError, expand, field_value, pod_namespace};
 
-/// Where the runtime reads the ConfigMaps and Secrets its Pods reference.
+/// Where the runtime reads the ConfigMaps, Secrets and claims its Pods reference, and the
+/// volumes of those claims.
 pub trait ConfigSource: Send + Sync {
     fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>>;
     fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>>;
@@ -24,6 +27,12 @@ pub trait ConfigSource: Send + Sync {
     /// there is none yet.
     fn service_account_token(&self, _pod: &Pod, _audience: &str, _expiration_seconds: i64) -> Result<String, String> {
         Err("this node is given no ServiceAccount tokens".into())
+    }
+    fn persistent_volume_claim(&self, _namespace: &str, _name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+        None
+    }
+    fn persistent_volume(&self, _name: &str) -> Option<Arc<PersistentVolume>> {
+        None
     }
 }
 

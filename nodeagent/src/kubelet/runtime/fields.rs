@@ -23,9 +23,12 @@ pub enum SpecError {
     InvalidQuantity { field: String, value: String },
     #[error("{what} is not supported by this node yet")]
     Unsupported { what: String },
+    /// A persistentVolumeClaim volume whose claim or volume the node does not hold (yet).
+    #[error("volume {volume:?}: {why}")]
+    UnboundClaim { volume: String, why: String },
     #[error(
         "volume {volume:?}: {kind} volumes are not supported by this node yet (emptyDir, hostPath, configMap, secret, \
-         downwardAPI and projected are)"
+         downwardAPI, projected and persistentVolumeClaim are)"
     )]
     UnsupportedVolume { volume: String, kind: String },
     #[error("container {container:?}: volumeMount {volume:?} names no volume of the pod")]

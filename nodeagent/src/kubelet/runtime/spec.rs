@@ -227,7 +227,7 @@ pub fn container_config(
     let command = expand_all(&container.command);
     let args = expand_all(&container.args);
 
-    let (mut mounts, mut host_dirs) = mounts(pod, container, cfg, uid)?;
+    let (mut mounts, mut host_dirs) = mounts(pod, container, cfg, uid, objects)?;
     let hosts_file = super::hosts::mounted_on(container, pod_ips).then(|| {
         let path = super::hosts::path(cfg, uid);
         mounts.push(pb::Mount {
@@ -283,6 +283,7 @@ fn mounts(
     container: &Container,
     cfg: &RuntimeConfig,
     uid: &str,
+    objects: &dyn super::env::ConfigSource,
 ) -> Result<(Vec<pb::Mount>, Vec<PathBuf>), SpecError> {
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
     let mut mounts = Vec::new();
@@ -291,6 +292,7 @@ fn mounts(
         let volume = volumes.into_iter().flatten().find(|v| v.name == mount.name).ok_or_else(|| {
             SpecError::UnknownVolume { container: container.name.clone(), volume: mount.name.clone() }
         })?;
+        let mut read_only = mount.read_only.unwrap_or(false);
         let mut host_path = if let Some(host) = &volume.host_path {
             PathBuf::from(&host.path)
         } else if volume.empty_dir.is_some() {
@@ -299,6 +301,11 @@ fn mounts(
             dir
         } else if let Some(dir) = super::volumes::host_path(cfg, uid, volume)? {
             dir
+        } else if let Some(claim) = &volume.persistent_volume_claim {
+            let bound = super::volumes::claim_volume(pod_namespace(pod), &claim.claim_name, objects)
+                .map_err(|why| SpecError::UnboundClaim { volume: volume.name.clone(), why })?;
+            read_only |= claim.read_only.unwrap_or(false);
+            bound.path
         } else {
             // The volume source is the one field besides the name.
             let kind = serde_json::to_value(volume)
@@ -324,7 +331,7 @@ fn mounts(
         mounts.push(pb::Mount {
             container_path: mount.mount_path.clone(),
             host_path: host_path.to_string_lossy().into_owned(),
-            readonly: mount.read_only.unwrap_or(false),
+            readonly: read_only,
             selinux_relabel: false,
             propagation: propagation as i32,
         });
@@ -446,7 +453,22 @@ fn container_security_context(
         readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
         supplemental_groups: pod_sc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        seccomp: Some(seccomp(spec, container)),
     })
+}
+
+/// The container's seccomp profile, its own or else the Pod's: containerd's default profile for
+/// `RuntimeDefault`, none for `Unconfined` or nothing said (the kubelet's default). Other types
+/// are refused at push time.
+fn seccomp(spec: &PodSpec, container: &Container) -> pb::SecurityProfile {
+    let profile = |sc: Option<&k8s_openapi::api::core::v1::SeccompProfile>| sc.map(|p| p.type_.clone());
+    let own = profile(container.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()));
+    let pod = profile(spec.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()));
+    let profile_type = match own.or(pod).as_deref() {
+        Some("RuntimeDefault") => pb::security_profile::ProfileType::RuntimeDefault,
+        _ => pb::security_profile::ProfileType::Unconfined,
+    };
+    pb::SecurityProfile { profile_type: profile_type.into(), localhost_ref: String::new() }
 }
 
 #[cfg(test)]
@@ -623,6 +645,29 @@ mod tests {
         assert_eq!(config.mounts[0].host_path, scratch.to_string_lossy());
         assert!(config.mounts[1].readonly && config.mounts[1].host_path == "/etc/gp");
         assert_eq!(plan.host_dirs, [scratch, PathBuf::from("/logs/shop_web_u-1/app")]);
+    }
+
+    #[test]
+    fn seccomp_profiles_the_container_or_else_the_pod_sets() {
+        use pb::security_profile::ProfileType::{RuntimeDefault, Unconfined};
+        let cases = [
+            (json!({}), json!({}), Unconfined),
+            (json!({"seccompProfile": {"type": "RuntimeDefault"}}), json!({}), RuntimeDefault),
+            (
+                json!({"seccompProfile": {"type": "RuntimeDefault"}}),
+                json!({"seccompProfile": {"type": "Unconfined"}}),
+                Unconfined,
+            ),
+            (json!({}), json!({"seccompProfile": {"type": "RuntimeDefault"}}), RuntimeDefault),
+        ];
+        for (pod_sc, container_sc, expected) in cases {
+            let pod = pod(json!({
+                "securityContext": pod_sc,
+                "containers": [{ "name": "c", "image": "i:1", "securityContext": container_sc }],
+            }));
+            let spec = pod.spec.as_ref().expect("spec");
+            assert_eq!(seccomp(spec, &spec.containers[0]).profile_type, expected as i32, "{pod_sc} {container_sc}");
+        }
     }
 
     #[test]

@@ -55,10 +55,40 @@ pub fn host_path(cfg: &RuntimeConfig, uid: &str, volume: &Volume) -> Result<Opti
     Ok(Some(cfg.pod_dir.join(uid).join("volumes").join(plugin).join(name)))
 }
 
+/// The directory a claim's volume is, on this node.
+pub struct ClaimVolume {
+    pub path: PathBuf,
+    /// Made if absent (`hostPath.type: DirectoryOrCreate`, as local-path provisions them).
+    pub create: bool,
+}
+
+/// The directory of the volume bound to claim `namespace/name` (its `hostPath` or `local`
+/// path), or why there is none yet.
+pub fn claim_volume(namespace: &str, name: &str, objects: &dyn ConfigSource) -> Result<ClaimVolume, String> {
+    let claim = objects
+        .persistent_volume_claim(namespace, name)
+        .ok_or_else(|| format!("persistentvolumeclaim \"{name}\" not found"))?;
+    let volume_name = claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()).filter(|v| !v.is_empty());
+    let volume_name = volume_name.ok_or_else(|| format!("persistentvolumeclaim \"{name}\" is not bound yet"))?;
+    let volume = objects
+        .persistent_volume(volume_name)
+        .ok_or_else(|| format!("persistentvolume \"{volume_name}\" not found"))?;
+    let spec = volume.spec.as_ref();
+    if let Some(host) = spec.and_then(|s| s.host_path.as_ref()) {
+        let create = host.type_.as_deref() == Some("DirectoryOrCreate");
+        return Ok(ClaimVolume { path: PathBuf::from(&host.path), create });
+    }
+    if let Some(local) = spec.and_then(|s| s.local.as_ref()) {
+        return Ok(ClaimVolume { path: PathBuf::from(&local.path), create: false });
+    }
+    Err(format!("persistentvolume \"{volume_name}\" has neither hostPath nor local: this node mounts only those"))
+}
+
 /// Whether the pod has a volume this module sets up (or, for a typed hostPath, checks).
 pub fn has_volumes(pod: &Pod) -> bool {
     pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
-        v.config_map.is_some()
+        v.persistent_volume_claim.is_some()
+            || v.config_map.is_some()
             || v.secret.is_some()
             || v.downward_api.is_some()
             || v.projected.is_some()
@@ -76,6 +106,15 @@ pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSou
     for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let fail = |message: String| VolumeError { volume: volume.name.clone(), message };
         let name = safe_name("volume name", &volume.name).map_err(|e| fail(e.to_string()))?;
+        if let Some(claim) = &volume.persistent_volume_claim {
+            let bound = claim_volume(namespace, &claim.claim_name, objects).map_err(fail)?;
+            if bound.create && !bound.path.is_dir() {
+                make_shared_dir(&bound.path).map_err(|e| fail(format!("creating {}: {e}", bound.path.display())))?;
+            } else if !bound.path.is_dir() {
+                return Err(fail(format!("{} is not a directory on this node", bound.path.display())));
+            }
+            continue;
+        }
         if let Some(host) = &volume.host_path {
             host_path::check(Path::new(&host.path), host.type_.as_deref().unwrap_or_default()).map_err(fail)?;
             continue;
@@ -136,6 +175,14 @@ fn on_tmpfs(pod: &Pod, volume: &Volume, dir: &Path, mounted: &mut Vec<PathBuf>) 
             "no tmpfs for the volume; its files are on the node's disk");
     }
     Ok(())
+}
+
+/// A provisioned volume's directory: 0777, as local-path-provisioner makes them, so a
+/// container running as any user can write its data.
+fn make_shared_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))
 }
 
 /// Mounts a tmpfs on `dir` unless one is there.
