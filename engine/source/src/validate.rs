@@ -456,6 +456,7 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
             "Namespace" => DnsName::Label,
             // Kubernetes: Service names become DNS labels and must start with a letter.
             "Service" => DnsName::Rfc1035Label,
+            "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => DnsName::PathSegment,
             _ => DnsName::Subdomain,
         };
         if let Err(why) = syntax.check(name) {
@@ -706,6 +707,8 @@ enum DnsName {
     Label,
     /// RFC 1035 label: Service names.
     Rfc1035Label,
+    /// A URL path segment: RBAC names, which Kubernetes lets hold ':' (`system:metrics-server`).
+    PathSegment,
 }
 
 impl DnsName {
@@ -728,6 +731,11 @@ impl DnsName {
                 is_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()),
                 "a DNS-1035 label must consist of lower case alphanumeric characters or '-', \
                  start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name', or 'abc-123')",
+            ),
+            DnsName::PathSegment => (
+                usize::MAX,
+                name != "." && name != ".." && !name.contains(['/', '%']),
+                "may not be '.' or '..' and may not contain '/' or '%'",
             ),
         };
         if name.len() > max {
@@ -910,6 +918,13 @@ spec:
                      RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end \
                      with an alphanumeric character (e.g. 'my-name', or '123-abc')",
                 ],
+            ),
+            (
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: a/b\n\
+                 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}\n"
+                    .into(),
+                &["deploy.yaml:4: ClusterRoleBinding a/b: /metadata/name: \"a/b\" is not a valid ClusterRoleBinding \
+                   name: may not be '.' or '..' and may not contain '/' or '%'"],
             ),
             (
                 format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n", "a".repeat(64)),
