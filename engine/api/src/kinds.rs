@@ -7,9 +7,11 @@ use k8s_openapi::api::{
     batch::v1::{CronJob, Job},
     core::v1::{
         ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Secret, Service,
+        ServiceAccount,
     },
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
     policy::v1::PodDisruptionBudget,
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
     storage::v1::StorageClass,
 };
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
@@ -69,6 +71,7 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Namespace>(false),
         KindInfo::of::<ConfigMap>(true),
         KindInfo::of::<Secret>(true),
+        KindInfo::of::<ServiceAccount>(true),
         KindInfo::of::<Pod>(true),
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
@@ -85,6 +88,10 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
         KindInfo::of::<PodDisruptionBudget>(true),
+        KindInfo::of::<Role>(true),
+        KindInfo::of::<ClusterRole>(false),
+        KindInfo::of::<RoleBinding>(true),
+        KindInfo::of::<ClusterRoleBinding>(false),
         KindInfo::of::<PersistentVolumeClaim>(true),
         KindInfo::of::<PersistentVolume>(false),
         KindInfo::of::<StorageClass>(false),

@@ -52,6 +52,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "services" => &["svc"],
         "endpoints" => &["ep"],
         "configmaps" => &["cm"],
+        "serviceaccounts" => &["sa"],
         "events" => &["ev"],
         "nodes" => &["no"],
         "namespaces" => &["ns"],
@@ -365,6 +366,7 @@ mod tests {
                 "networking.k8s.io",
                 "coordination.k8s.io",
                 "policy",
+                "rbac.authorization.k8s.io",
                 "storage.k8s.io",
                 "apiregistration.k8s.io",
                 "gitplane.io",
@@ -387,8 +389,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 11);
-        assert_eq!(list["groups"][10]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 12);
+        assert_eq!(list["groups"][11]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();

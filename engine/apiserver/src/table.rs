@@ -198,6 +198,16 @@ fn columns(kind: &str) -> Vec<Value> {
         "Namespace" => vec![("Name", S, 0), ("Status", S, 0), ("Age", S, 0)],
         "ConfigMap" => vec![("Name", S, 0), ("Data", I, 0), ("Age", S, 0)],
         "Secret" => vec![("Name", S, 0), ("Type", S, 0), ("Data", I, 0), ("Age", S, 0)],
+        "ServiceAccount" => vec![("Name", S, 0), ("Secrets", I, 0), ("Age", S, 0)],
+        "Role" | "ClusterRole" => vec![("Name", S, 0), ("Created At", S, 0)],
+        "RoleBinding" | "ClusterRoleBinding" => vec![
+            ("Name", S, 0),
+            ("Role", S, 0),
+            ("Age", S, 0),
+            ("Users", S, 1),
+            ("Groups", S, 1),
+            ("ServiceAccounts", S, 1),
+        ],
         "Lease" => vec![("Name", S, 0), ("Holder", S, 0), ("Age", S, 0)],
         "ControllerRevision" => vec![("Name", S, 0), ("Controller", S, 0), ("Revision", I, 0), ("Age", S, 0)],
         "Ingress" => {
@@ -738,6 +748,29 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
         "Secret" => {
             let data = o["data"].as_object().map_or(0, |m| m.len());
             vec![name, cell(o["type"].as_str().unwrap_or("Opaque")), cell(data), age]
+        }
+        "ServiceAccount" => vec![name, cell(o["secrets"].as_array().map_or(0, Vec::len)), age],
+        "Role" | "ClusterRole" => vec![name, cell(o["metadata"]["creationTimestamp"].as_str().unwrap_or(""))],
+        "RoleBinding" | "ClusterRoleBinding" => {
+            let subjects = |kind: &str| {
+                let names: Vec<String> = o["subjects"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| s["kind"] == kind)
+                    .map(|s| match (kind, s["namespace"].as_str()) {
+                        ("ServiceAccount", Some(ns)) => format!("{ns}/{}", s["name"].as_str().unwrap_or("")),
+                        _ => s["name"].as_str().unwrap_or("").to_owned(),
+                    })
+                    .collect();
+                cell(names.join(", "))
+            };
+            let role = format!(
+                "{}/{}",
+                o["roleRef"]["kind"].as_str().unwrap_or(""),
+                o["roleRef"]["name"].as_str().unwrap_or("")
+            );
+            vec![name, cell(role), age, subjects("User"), subjects("Group"), subjects("ServiceAccount")]
         }
         "Lease" => vec![name, cell(spec["holderIdentity"].as_str().unwrap_or("<unknown>")), age],
         "ControllerRevision" => {
@@ -1496,6 +1529,17 @@ mod tests {
         let lease =
             json!({"metadata": {"name": "n1", "namespace": "kube-node-lease"}, "spec": {"holderIdentity": "n1"}});
         assert_eq!(json!(row("Lease", lease)), json!(["n1", "n1", "<unknown>"]));
+        let t = table("ServiceAccount", &[json!({"metadata": {"name": "default"}})], "1", now());
+        assert_eq!(
+            (names(&t), &t["rows"][0]["cells"]),
+            (vec!["Name", "Secrets", "Age"], &json!(["default", 0, "<unknown>"]))
+        );
+        let binding = json!({"metadata": {"name": "readers"}, "roleRef": {"kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "app", "namespace": "shop"}, {"kind": "Group", "name": "ops"}]});
+        assert_eq!(
+            json!(row("RoleBinding", binding)),
+            json!(["readers", "Role/pod-reader", "<unknown>", "", "ops", "shop/app"])
+        );
     }
 
     #[test]
@@ -1631,6 +1675,11 @@ mod tests {
             "Endpoints",
             "ConfigMap",
             "Secret",
+            "ServiceAccount",
+            "Role",
+            "ClusterRole",
+            "RoleBinding",
+            "ClusterRoleBinding",
             "Event",
             "Node",
             "Namespace",

@@ -8,6 +8,7 @@
 //! compare-and-swap on every object read. After a write a controller waits for the cache to reach
 //! its commit, so the next reconcile never acts on a state older than its own writes.
 
+pub mod bootstrap_roles;
 pub mod cronjob;
 pub mod daemonset;
 pub mod deployment;
@@ -17,6 +18,7 @@ pub mod garbage_collector;
 pub mod horizontal;
 pub mod ingress;
 pub mod job;
+pub mod kubernetes_service;
 pub mod loadbalancer;
 pub mod names;
 pub mod node_lifecycle;
@@ -26,6 +28,7 @@ pub mod plan;
 pub mod replicaset;
 pub mod replication;
 pub mod runtime;
+pub mod serviceaccounts;
 pub mod statefulset;
 pub mod taint_eviction;
 
@@ -49,6 +52,7 @@ pub fn watched_kinds() -> Vec<String> {
         policy::v1::PodDisruptionBudget,
         storage::v1::StorageClass,
     };
+    // Namespaces, ServiceAccounts and ConfigMaps are accepted from Git: the source watches them.
     vec![
         kind_of::<Deployment>(),
         kind_of::<ReplicaSet>(),
@@ -85,6 +89,10 @@ pub struct Settings {
     pub default_tolerations: taint_eviction::DefaultTolerations,
     /// How long a node may go without renewing its Lease before it is Ready=Unknown.
     pub node_monitor_grace_period: std::time::Duration,
+    /// The cluster CA (PEM) every namespace's `kube-root-ca.crt` holds.
+    pub root_ca: Option<String>,
+    /// Where the `kubernetes` Service points.
+    pub api_endpoints: kubernetes_service::ApiEndpoints,
 }
 
 impl Default for Settings {
@@ -94,6 +102,8 @@ impl Default for Settings {
             load_balancer_pool: None,
             default_tolerations: Default::default(),
             node_monitor_grace_period: node_lifecycle::NodeLifecycleController::default().grace_period,
+            root_ca: None,
+            api_endpoints: Default::default(),
         }
     }
 }
@@ -129,6 +139,21 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             .run(),
         ),
         tokio::spawn(Controller::new(ingress::IngressController::default(), ctx.clone()).run()),
+        tokio::spawn(Controller::new(bootstrap_roles::BootstrapRolesController, ctx.clone()).run()),
+        tokio::spawn(
+            Controller::new(
+                serviceaccounts::ServiceAccountsController { root_ca: settings.root_ca.clone() },
+                ctx.clone(),
+            )
+            .run(),
+        ),
+        tokio::spawn(
+            Controller::new(
+                kubernetes_service::KubernetesServiceController { endpoints: settings.api_endpoints.clone() },
+                ctx.clone(),
+            )
+            .run(),
+        ),
         tokio::spawn(Controller::new(persistent_volume::PersistentVolumeController, ctx.clone()).run()),
     ];
     if let Some(metrics) = &settings.pod_metrics {

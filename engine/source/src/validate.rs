@@ -460,6 +460,7 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
             "Namespace" => DnsName::Label,
             // Kubernetes: Service names become DNS labels and must start with a letter.
             "Service" => DnsName::Rfc1035Label,
+            "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => DnsName::PathSegment,
             _ => DnsName::Subdomain,
         };
         if let Err(why) = syntax.check(name) {
@@ -710,6 +711,8 @@ enum DnsName {
     Label,
     /// RFC 1035 label: Service names.
     Rfc1035Label,
+    /// A URL path segment: RBAC names, which Kubernetes lets hold ':' (`system:metrics-server`).
+    PathSegment,
 }
 
 impl DnsName {
@@ -732,6 +735,11 @@ impl DnsName {
                 is_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()),
                 "a DNS-1035 label must consist of lower case alphanumeric characters or '-', \
                  start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name', or 'abc-123')",
+            ),
+            DnsName::PathSegment => (
+                usize::MAX,
+                name != "." && name != ".." && !name.contains(['/', '%']),
+                "may not be '.' or '..' and may not contain '/' or '%'",
             ),
         };
         if name.len() > max {
@@ -864,10 +872,12 @@ spec:
             (
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
-                   Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
+                   Namespace (v1), ConfigMap (v1), Secret (v1), ServiceAccount (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
                    DaemonSet (apps/v1), ReplicationController (v1), Job (batch/v1), CronJob (batch/v1), \
                    HorizontalPodAutoscaler (autoscaling/v2), HorizontalPodAutoscaler (autoscaling/v1), Ingress (networking.k8s.io/v1), \
                    IngressClass (networking.k8s.io/v1), NetworkPolicy (networking.k8s.io/v1), PodDisruptionBudget (policy/v1), \
+                   Role (rbac.authorization.k8s.io/v1), ClusterRole (rbac.authorization.k8s.io/v1), RoleBinding (rbac.authorization.k8s.io/v1), \
+                   ClusterRoleBinding (rbac.authorization.k8s.io/v1), \
                    PersistentVolumeClaim (v1), PersistentVolume (v1), StorageClass (storage.k8s.io/v1), \
                    APIService (apiregistration.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
@@ -925,6 +935,13 @@ spec:
                      RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end \
                      with an alphanumeric character (e.g. 'my-name', or '123-abc')",
                 ],
+            ),
+            (
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: a/b\n\
+                 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}\n"
+                    .into(),
+                &["deploy.yaml:4: ClusterRoleBinding a/b: /metadata/name: \"a/b\" is not a valid ClusterRoleBinding \
+                   name: may not be '.' or '..' and may not contain '/' or '%'"],
             ),
             (
                 format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n", "a".repeat(64)),
@@ -1136,7 +1153,7 @@ spec:
         - {name: scratch, emptyDir: {}}
         - name: settings
           configMap: {name: settings, defaultMode: 1000, items: [{key: a, path: ../a}]}
-        - {name: tokens, projected: {sources: []}}
+        - {name: tokens, projected: {sources: [{clusterTrustBundle: {signerName: example.com/x, path: b}}]}}
       containers:
         - name: web
           image: httpd
@@ -1176,10 +1193,10 @@ spec:
             ),
             (
                 15,
-                "/volumes/2/projected".into(),
+                "/volumes/2/projected/sources/0/clusterTrustBundle".into(),
                 format!(
-                    "a projected volume {not_yet} (it supports emptyDir, hostPath, configMap, secret, downwardAPI, \
-                     persistentVolumeClaim)"
+                    "a projected clusterTrustBundle source {not_yet} (it supports configMap, secret, downwardAPI, \
+                     serviceAccountToken)"
                 ),
             ),
             (

@@ -54,7 +54,6 @@ const fn row(path: &'static str, allowed: Allowed, what: &'static str) -> Unsupp
 const UNSUPPORTED: &[Unsupported] = &[
     row("ephemeralContainers", Nothing, "ephemeralContainers"),
     row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
-    row("automountServiceAccountToken", Values(&["false"]), "automountServiceAccountToken (no token is mounted)"),
     row("enableServiceLinks", Values(&["false"]), "enableServiceLinks (no Service variables are set)"),
     row("hostUsers", Values(&["true"]), "hostUsers (user namespaces)"),
     row("os/name", Values(&["\"linux\""]), "os.name"),
@@ -77,8 +76,22 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
     row(
         "volumes/*",
-        Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "persistentVolumeClaim"]),
+        Keys(&[
+            "name",
+            "emptyDir",
+            "hostPath",
+            "configMap",
+            "secret",
+            "downwardAPI",
+            "projected",
+            "persistentVolumeClaim",
+        ]),
         "a {key} volume",
+    ),
+    row(
+        "volumes/*/projected/sources/*",
+        Keys(&["configMap", "secret", "downwardAPI", "serviceAccountToken"]),
+        "a projected {key} source",
     ),
     row("volumes/*/emptyDir/medium", Values(&["\"\"", "\"Memory\""]), "emptyDir.medium"),
     row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),
