@@ -19,4 +19,3 @@ pub mod runtime;
 pub mod runtime_state;
 pub mod server;
 pub mod stats;
-pub mod token_manager;
