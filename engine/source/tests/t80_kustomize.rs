@@ -9,7 +9,9 @@
 //!
 //! Times are wall-clock (kustomize runs as a child process), medians of the rounds.
 
-use git2::{Oid, Repository, Signature};
+mod common;
+
+use common::Repo;
 use gitplane_source::{AppSource, Limits, SourceCache, Validator, load_commit, read_head};
 use std::{
     collections::BTreeMap,
@@ -18,52 +20,6 @@ use std::{
 };
 
 const ROUNDS: usize = 7;
-
-/// A bare repository whose `main` gets one commit of all the files per call.
-struct Repo {
-    _tmp: tempfile::TempDir,
-    path: std::path::PathBuf,
-}
-
-impl Repo {
-    fn new() -> Self {
-        let tmp = tempfile::TempDir::new().unwrap();
-        let path = tmp.path().join("bench.git");
-        Repository::init_bare(&path).unwrap();
-        Repo { _tmp: tmp, path }
-    }
-
-    fn commit(&self, files: &BTreeMap<String, String>) {
-        #[derive(Default)]
-        struct Dir {
-            blobs: BTreeMap<String, Oid>,
-            dirs: BTreeMap<String, Dir>,
-        }
-        fn write(repo: &Repository, dir: &Dir) -> Oid {
-            let mut builder = repo.treebuilder(None).unwrap();
-            for (name, oid) in &dir.blobs {
-                builder.insert(name, *oid, 0o100644).unwrap();
-            }
-            for (name, sub) in &dir.dirs {
-                builder.insert(name, write(repo, sub), 0o040000).unwrap();
-            }
-            builder.write().unwrap()
-        }
-        let repo = Repository::open_bare(&self.path).unwrap();
-        let mut root = Dir::default();
-        for (path, text) in files {
-            let mut parts: Vec<&str> = path.split('/').collect();
-            let name = parts.pop().unwrap();
-            let dir = parts.into_iter().fold(&mut root, |d, p| d.dirs.entry(p.to_owned()).or_default());
-            dir.blobs.insert(name.to_owned(), repo.blob(text.as_bytes()).unwrap());
-        }
-        let tree = repo.find_tree(write(&repo, &root)).unwrap();
-        let sig = Signature::now("t", "t@example.com").unwrap();
-        let parent = repo.find_reference("refs/heads/main").ok().and_then(|r| r.peel_to_commit().ok());
-        let parents: Vec<&git2::Commit> = parent.iter().collect();
-        repo.commit(Some("refs/heads/main"), &sig, &sig, "change", &tree, &parents).unwrap();
-    }
-}
 
 /// A kustomization as its authors keep it: its files, and the Application's path.
 struct Case {
