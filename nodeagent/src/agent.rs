@@ -224,6 +224,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
 
     let mut runtime_cfg = cfg.runtime.clone();
     runtime_cfg.cluster_dns = vec![cluster_dns.to_string()];
+    runtime_cfg.kubernetes_service = Some(cfg.service_cidr.kubernetes_service());
     runtime_cfg.host_dns = Some(host_dns.clone());
     runtime_cfg.node_ip = runtime_cfg.node_ip.or(cfg.node_ip.clone());
     runtime_cfg.node_memory_bytes = runtime_cfg.node_memory_bytes.or_else(node::memory_bytes);
@@ -233,6 +234,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         .or(u64::try_from(node::cpu_count() * 1000).ok().map(|c| c.saturating_sub(cfg.node.reserved.cpu_milli)));
     // The ConfigMaps and Secrets this node's Pods reference, for env and volumes.
     let pod_config = Arc::new(PodConfig::with_local_path_dir(cfg.node.local_path_dir.clone()));
+    pod_config.request_tokens_from(client.clone());
     let events = crate::events::Recorder::spawn(client.clone(), cfg.node_name.clone());
     let prober = Prober::new(cri.clone(), events.clone());
     let runtime = Arc::new(

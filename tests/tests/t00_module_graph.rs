@@ -44,6 +44,7 @@ const PURE: &[&str] = &[
     "engine/api/src/kubedns.rs",
     "engine/api/src/labels.rs",
     "engine/api/src/network.rs",
+    "engine/api/src/nodeaffinity.rs",
     "engine/api/src/quantity.rs",
     "engine/api/src/taints.rs",
     "engine/api/src/volumes.rs",

@@ -284,7 +284,9 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
         let object: serde_json::Value = serde_json::from_slice(&event.object)?;
         listed.push(format!("{} {}", event.kind, object["metadata"]["name"].as_str().unwrap_or_default()));
     }
-    ensure!(listed == ["Secret secret-of-node-a"], "node A's pod config: {listed:?}");
+    // Besides its Secret, every Pod references the cluster CA its token volume projects.
+    listed.sort();
+    ensure!(listed == ["ConfigMap kube-root-ca.crt", "Secret secret-of-node-a"], "node A's pod config: {listed:?}");
     let got = if listed.iter().any(|o| o.ends_with("secret-of-node-b")) { Code::Ok } else { Code::PermissionDenied };
     m.grpc(
         "Node/WatchPodConfig(a Secret only node B's Pod references)",

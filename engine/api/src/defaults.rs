@@ -43,6 +43,36 @@ pub fn apply(object: &mut Value) {
             set(Some(spec), "replicas", json!(1));
             template(spec);
         }
+        ("v1", "ReplicationController") => {
+            set(Some(spec), "replicas", json!(1));
+            // The selector and the labels default to the template's labels.
+            let labels = spec.get("template").map(|t| t["metadata"]["labels"].clone()).filter(Value::is_object);
+            if let Some(labels) = labels {
+                if spec.get("selector").and_then(Value::as_object).is_none_or(Map::is_empty) {
+                    spec.insert("selector".into(), labels.clone());
+                }
+                let metadata = object.get_mut("metadata").and_then(Value::as_object_mut);
+                if let Some(metadata) = metadata
+                    && metadata.get("labels").and_then(Value::as_object).is_none_or(Map::is_empty)
+                {
+                    metadata.insert("labels".into(), labels);
+                }
+            }
+            if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut) {
+                template(spec);
+            }
+        }
+        ("apps/v1", "DaemonSet") => {
+            set(Some(spec), "revisionHistoryLimit", json!(10));
+            let strategy = entry(spec, "updateStrategy");
+            set(Some(strategy), "type", json!("RollingUpdate"));
+            if strategy["type"] == "RollingUpdate" {
+                let rolling = entry(strategy, "rollingUpdate");
+                set(Some(rolling), "maxUnavailable", json!(1));
+                set(Some(rolling), "maxSurge", json!(0));
+            }
+            template(spec);
+        }
         ("apps/v1", "StatefulSet") => {
             set(Some(spec), "replicas", json!(1));
             set(Some(spec), "podManagementPolicy", json!("OrderedReady"));
@@ -303,6 +333,29 @@ mod tests {
         let mut d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"strategy": {"type": "Recreate"}}});
         apply(&mut d);
         assert_eq!(d["spec"]["strategy"], json!({"type": "Recreate"}));
+        let mut ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "spec": {"template": {"spec": {}}}});
+        apply(&mut ds);
+        assert_eq!(
+            (&ds["spec"]["updateStrategy"], &ds["spec"]["revisionHistoryLimit"]),
+            (&json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}), &json!(10))
+        );
+        assert_eq!(ds["spec"]["template"]["spec"]["restartPolicy"], "Always");
+        let mut on_delete =
+            json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "spec": {"updateStrategy": {"type": "OnDelete"}}});
+        apply(&mut on_delete);
+        assert_eq!(on_delete["spec"]["updateStrategy"], json!({"type": "OnDelete"}));
+        let mut rc = json!({"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "nginx"},
+            "spec": {"template": {"metadata": {"labels": {"app": "nginx"}}, "spec": {}}}});
+        apply(&mut rc);
+        assert_eq!((&rc["spec"]["replicas"], &rc["spec"]["selector"]), (&json!(1), &json!({"app": "nginx"})));
+        assert_eq!(rc["metadata"]["labels"], json!({"app": "nginx"}));
+        let mut selected = json!({"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"labels": {"x": "y"}},
+            "spec": {"selector": {"app": "a"}, "template": {"metadata": {"labels": {"app": "a", "v": "1"}}}}});
+        apply(&mut selected);
+        assert_eq!(
+            (&selected["spec"]["selector"], &selected["metadata"]["labels"]),
+            (&json!({"app": "a"}), &json!({"x": "y"}))
+        );
         let mut secret = json!({"apiVersion": "v1", "kind": "Secret", "data": {}});
         apply(&mut secret);
         assert_eq!(secret["type"], "Opaque");

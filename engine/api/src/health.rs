@@ -1,8 +1,8 @@
-//! Health of what an Application applied, per kind, as Argo CD assesses it: a Deployment or a
-//! ReplicaSet or StatefulSet by its rollout, a Pod by its readiness, a Service by its ready
-//! endpoints, a Job by its outcome, a CronJob by its last Job's, a HorizontalPodAutoscaler by its
-//! conditions, a PersistentVolumeClaim by its phase. The Application's health is the worst of its
-//! objects'.
+//! Health of what an Application applied, per kind, as Argo CD assesses it: a Deployment,
+//! ReplicaSet, StatefulSet or DaemonSet by its rollout, a Pod by its readiness, a Service by its
+//! ready endpoints, a Job by its outcome, a CronJob by its last Job's, a HorizontalPodAutoscaler by
+//! its conditions, a PersistentVolumeClaim by its phase. The Application's health is the worst of
+//! its objects'.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -36,6 +36,7 @@ pub fn assessed(kind: &str) -> bool {
         "Deployment.apps"
             | "ReplicaSet.apps"
             | "StatefulSet.apps"
+            | "DaemonSet.apps"
             | "Job.batch"
             | "CronJob.batch"
             | "HorizontalPodAutoscaler.autoscaling"
@@ -50,6 +51,7 @@ pub fn of(kind: &str, object: &Value, pods: &Pods<'_>) -> (Health, String) {
     match kind {
         "Deployment" => deployment(object),
         "ReplicaSet" => replica_set(object),
+        "DaemonSet" => daemon_set(object),
         "StatefulSet" => stateful_set(object),
         "Job" => job(object),
         "CronJob" => cron_job(object),
@@ -151,6 +153,31 @@ pub fn replica_set(rs: &Value) -> (Health, String) {
     let available = status["availableReplicas"].as_i64().unwrap_or(0);
     if available < want {
         return (Health::Progressing, format!("{available} of {want} replicas available"));
+    }
+    (Health::Healthy, String::new())
+}
+
+/// A DaemonSet (Argo CD's rule, kubectl's rollout status): progressing until its controller saw
+/// its latest spec and, under RollingUpdate, every node it should run on has an updated Pod that
+/// is available; an OnDelete DaemonSet is healthy once observed, since only deleting its Pods
+/// updates them.
+pub fn daemon_set(ds: &Value) -> (Health, String) {
+    let generation = ds["metadata"]["generation"].as_i64().unwrap_or(0);
+    let status = &ds["status"];
+    let num = |f: &str| status[f].as_i64().unwrap_or(0);
+    if num("observedGeneration") < generation {
+        return (Health::Progressing, "waiting for the rollout to start".into());
+    }
+    let (desired, updated, available) =
+        (num("desiredNumberScheduled"), num("updatedNumberScheduled"), num("numberAvailable"));
+    if ds["spec"]["updateStrategy"]["type"] == "OnDelete" {
+        return (Health::Healthy, format!("{updated} out of {desired} new pods have been updated"));
+    }
+    if updated < desired {
+        return (Health::Progressing, format!("{updated} out of {desired} new pods have been updated"));
+    }
+    if available < desired {
+        return (Health::Progressing, format!("{available} of {desired} updated pods are available"));
     }
     (Health::Healthy, String::new())
 }
@@ -439,6 +466,27 @@ mod tests {
         assert_eq!(deployment(&stuck).0, Health::Degraded);
         let fresh = json!({"metadata": {"generation": 1}, "spec": {"replicas": 1}});
         assert_eq!(deployment(&fresh).0, Health::Progressing, "no status yet");
+    }
+
+    #[test]
+    fn daemon_sets() {
+        let ds = |strategy: &str, observed: i64, updated: i64, available: i64| {
+            json!({"metadata": {"generation": 2}, "spec": {"updateStrategy": {"type": strategy}},
+                   "status": {"observedGeneration": observed, "desiredNumberScheduled": 3,
+                              "updatedNumberScheduled": updated, "numberAvailable": available}})
+        };
+        assert!(assessed("DaemonSet.apps"));
+        #[rustfmt::skip]
+        let cases = [
+            ("a spec not yet observed", ds("RollingUpdate", 1, 3, 3), Health::Progressing, "waiting for the rollout to start"),
+            ("a rollout under way", ds("RollingUpdate", 2, 1, 3), Health::Progressing, "1 out of 3 new pods have been updated"),
+            ("updated, not yet available", ds("RollingUpdate", 2, 3, 2), Health::Progressing, "2 of 3 updated pods are available"),
+            ("rolled out", ds("RollingUpdate", 2, 3, 3), Health::Healthy, ""),
+            ("OnDelete waits for no one", ds("OnDelete", 2, 1, 3), Health::Healthy, "1 out of 3 new pods have been updated"),
+        ];
+        for (what, object, health, message) in cases {
+            assert_eq!(of("DaemonSet", &object, &Pods::new(&[])), (health, message.to_owned()), "{what}");
+        }
     }
 
     #[test]

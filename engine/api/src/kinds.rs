@@ -2,11 +2,16 @@
 
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
-    apps::v1::{Deployment, ReplicaSet, StatefulSet},
+    apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet},
     autoscaling::{v1, v2},
     batch::v1::{CronJob, Job},
-    core::v1::{ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service},
+    core::v1::{
+        ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Secret, Service,
+        ServiceAccount,
+    },
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
+    policy::v1::PodDisruptionBudget,
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
     storage::v1::StorageClass,
 };
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
@@ -66,11 +71,14 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Namespace>(false),
         KindInfo::of::<ConfigMap>(true),
         KindInfo::of::<Secret>(true),
+        KindInfo::of::<ServiceAccount>(true),
         KindInfo::of::<Pod>(true),
         KindInfo::of::<Service>(true),
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
         KindInfo::of::<StatefulSet>(true),
+        KindInfo::of::<DaemonSet>(true),
+        KindInfo::of::<ReplicationController>(true),
         KindInfo::of::<Job>(true),
         KindInfo::of::<CronJob>(true),
         KindInfo::of::<v2::HorizontalPodAutoscaler>(true),
@@ -79,6 +87,11 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<Ingress>(true),
         KindInfo::of::<IngressClass>(false),
         KindInfo::of::<NetworkPolicy>(true),
+        KindInfo::of::<PodDisruptionBudget>(true),
+        KindInfo::of::<Role>(true),
+        KindInfo::of::<ClusterRole>(false),
+        KindInfo::of::<RoleBinding>(true),
+        KindInfo::of::<ClusterRoleBinding>(false),
         KindInfo::of::<PersistentVolumeClaim>(true),
         KindInfo::of::<PersistentVolume>(false),
         KindInfo::of::<StorageClass>(false),

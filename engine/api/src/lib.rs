@@ -14,6 +14,7 @@ pub mod kinds;
 pub mod kubedns;
 pub mod labels;
 pub mod network;
+pub mod nodeaffinity;
 pub mod object;
 pub mod openapi;
 pub mod podrefs;

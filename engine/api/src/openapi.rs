@@ -4,15 +4,18 @@
 //! carries `x-kubernetes-group-version-kind`, which `kubectl explain` looks kinds up by.
 
 use k8s_openapi::api::{
-    apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
+    apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet},
     autoscaling::v2::HorizontalPodAutoscaler,
     batch::v1::{CronJob, Job},
     coordination::v1::Lease,
     core::v1::{
-        ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service,
+        ConfigMap, Endpoints, Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+        ReplicationController, Secret, Service, ServiceAccount,
     },
     discovery::v1::EndpointSlice,
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
+    policy::v1::PodDisruptionBudget,
+    rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding},
     storage::v1::StorageClass,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -128,6 +131,7 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Endpoints>();
     b.add::<ConfigMap>();
     b.add::<Secret>();
+    b.add::<ServiceAccount>();
     b.add::<Event>();
     b.add::<Node>();
     b.add::<Namespace>();
@@ -135,6 +139,8 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<ReplicaSet>();
     b.add::<StatefulSet>();
     b.add::<ControllerRevision>();
+    b.add::<DaemonSet>();
+    b.add::<ReplicationController>();
     b.add::<Job>();
     b.add::<CronJob>();
     b.add::<HorizontalPodAutoscaler>();
@@ -143,6 +149,11 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<Ingress>();
     b.add::<IngressClass>();
     b.add::<NetworkPolicy>();
+    b.add::<PodDisruptionBudget>();
+    b.add::<Role>();
+    b.add::<ClusterRole>();
+    b.add::<RoleBinding>();
+    b.add::<ClusterRoleBinding>();
     b.add::<PersistentVolumeClaim>();
     b.add::<PersistentVolume>();
     b.add::<StorageClass>();
@@ -225,7 +236,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 25);
+            assert_eq!(d.roots.len(), 33);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some(&*root.version)));

@@ -52,9 +52,13 @@ impl std::fmt::Display for ConfigRef {
     }
 }
 
+/// The ConfigMap of the cluster CA in every namespace.
+pub const ROOT_CA_CONFIG_MAP: &str = "kube-root-ca.crt";
+
 /// Every ConfigMap, Secret and PersistentVolumeClaim `pod` references: env valueFrom, envFrom,
 /// configMap / secret / projected / persistentVolumeClaim volumes and imagePullSecrets, of all
-/// containers (init and ephemeral included).
+/// containers (init and ephemeral included), and the cluster CA's `kube-root-ca.crt`, which its
+/// ServiceAccount token volume projects unless the Pod turns automounting off.
 pub fn config_refs(pod: &Pod) -> BTreeSet<ConfigRef> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
     let mut refs = BTreeSet::new();
@@ -64,6 +68,10 @@ pub fn config_refs(pod: &Pod) -> BTreeSet<ConfigRef> {
                 refs.insert(ConfigRef { kind, namespace: namespace.to_owned(), name: name.to_owned() });
             }
         });
+        if spec.automount_service_account_token != Some(false) {
+            let name = ROOT_CA_CONFIG_MAP.to_owned();
+            refs.insert(ConfigRef { kind: ConfigKind::ConfigMap, namespace: namespace.to_owned(), name });
+        }
     }
     refs
 }
@@ -151,6 +159,7 @@ mod tests {
             [
                 "ConfigMap shop/cm",
                 "ConfigMap shop/files",
+                "ConfigMap shop/kube-root-ca.crt",
                 "ConfigMap shop/p-cm",
                 "Secret shop/init-secret",
                 "Secret shop/p-s",
@@ -160,5 +169,10 @@ mod tests {
             ]
         );
         assert!(config_refs(&Pod::default()).is_empty());
+        let no_token: Pod = serde_json::from_value(
+            serde_json::json!({"spec": {"automountServiceAccountToken": false, "containers": []}}),
+        )
+        .unwrap();
+        assert!(config_refs(&no_token).is_empty(), "no token volume, no CA");
     }
 }

@@ -9,6 +9,13 @@ pub const NOT_READY: &str = "node.kubernetes.io/not-ready";
 /// A node whose Ready condition is Unknown (its agent stopped renewing its Lease).
 pub const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 
+/// A cordoned node (`spec.unschedulable`), as the scheduler's NodeUnschedulable names it.
+pub const UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
+/// Node pressure conditions (TaintNodesByCondition).
+pub const MEMORY_PRESSURE: &str = "node.kubernetes.io/memory-pressure";
+pub const DISK_PRESSURE: &str = "node.kubernetes.io/disk-pressure";
+pub const PID_PRESSURE: &str = "node.kubernetes.io/pid-pressure";
+
 pub const NO_SCHEDULE: &str = "NoSchedule";
 pub const NO_EXECUTE: &str = "NoExecute";
 

@@ -97,6 +97,9 @@ struct Line<'a> {
     #[serde(flatten)]
     request: &'a RequestInfo,
     code: u16,
+    /// Why the authorizer decided as it did (RBAC: the binding that allowed, or that none did).
+    #[serde(rename = "authorizationReason", skip_serializing_if = "str::is_empty")]
+    reason: &'a str,
 }
 
 /// Where the lines go; cheap to clone.
@@ -130,9 +133,21 @@ impl AuditLog {
 
     /// Records one answered request.
     pub fn record(&self, user: &str, source: std::net::IpAddr, request: &RequestInfo, code: u16) {
+        self.record_decision(user, source, request, code, "");
+    }
+
+    /// Records one answered request with the authorizer's reason.
+    pub fn record_decision(
+        &self,
+        user: &str,
+        source: std::net::IpAddr,
+        request: &RequestInfo,
+        code: u16,
+        reason: &str,
+    ) {
         let Some(lines) = &self.lines else { return };
         let time = k8s_openapi::jiff::Timestamp::now().to_string();
-        let line = Line { time, user, source_ip: source.to_string(), request, code };
+        let line = Line { time, user, source_ip: source.to_string(), request, code, reason };
         let Ok(mut text) = serde_json::to_string(&line) else { return };
         text.push('\n');
         if let Err(TrySendError::Full(_)) = lines.try_send(text) {

@@ -11,11 +11,18 @@
 //! the token stops working (what `gitplane token create --ttl` writes). The file is read again
 //! whenever it changes ([`follow`]); one that cannot be used leaves the tokens as they were.
 //!
+//! ServiceAccount tokens ([`crate::serviceaccount`]) authenticate as their ServiceAccount's user
+//! while the Pod they are bound to exists with the same uid ([`ServiceAccountTokens`]); RBAC
+//! decides what they may do.
+//!
 //! Tokens are kept only as SHA-256 digests and compared in constant time with every entry (no
 //! early exit), so neither a token's length nor its position leaks; no error, log line or
 //! answer ever quotes one.
 
+use crate::serviceaccount::{Claims, ISSUER, TokenError, VerifyingKeys};
 use anyhow::{Context as _, bail};
+use gitplane_store::ObjectKey;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use sha2::{Digest as _, Sha256};
 use std::{
@@ -52,11 +59,13 @@ impl Role {
 }
 
 /// Who made a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct User {
     pub name: String,
     pub uid: String,
     pub roles: Vec<Role>,
+    /// The groups RBAC's subjects may name (a ServiceAccount's; static tokens have none).
+    pub groups: Vec<String>,
 }
 
 impl User {
@@ -192,7 +201,7 @@ pub fn parse(text: &str, file: &Path) -> anyhow::Result<Vec<Entry>> {
             })?),
             None => None,
         };
-        let user = User { name: name.to_owned(), uid: uid.to_owned(), roles };
+        let user = User { name: name.to_owned(), uid: uid.to_owned(), roles, groups: Vec::new() };
         entries.push(Entry { token: token.to_owned(), user, expires });
     }
     Ok(entries)
@@ -252,10 +261,89 @@ pub fn load_or_create(path: &Path, first_read_token: &str, create: bool) -> anyh
     }
 }
 
+/// The most verified ServiceAccount tokens remembered, so a client's every request does not pay
+/// for a signature check; past it the memory starts over.
+const VERIFIED_CACHE: usize = 4096;
+
+/// ServiceAccount tokens: signature (this replica's key, else any replica's published one),
+/// issuer, audience and time checked once per token ([`VerifyingKeys::verify`], remembered by
+/// digest), and at every request that the bound Pod
+/// and the ServiceAccount still exist with the uids the token names (as kube-apiserver's
+/// validator looks them up in its informers).
+pub struct ServiceAccountTokens {
+    keys: VerifyingKeys,
+    /// Holds the Pods and ServiceAccounts.
+    objects: gitplane_store::informer::Informer,
+    verified: std::sync::Mutex<std::collections::HashMap<[u8; 32], Arc<Claims>>>,
+}
+
+impl ServiceAccountTokens {
+    pub fn new(keys: VerifyingKeys, objects: gitplane_store::informer::Informer) -> ServiceAccountTokens {
+        ServiceAccountTokens { keys, objects, verified: Default::default() }
+    }
+
+    /// The ServiceAccount's user, or why the token is refused (never quoting it).
+    pub fn authenticate(&self, token: &str) -> Result<Arc<User>, String> {
+        let now = Timestamp::now().as_second();
+        let digest = digest(token);
+        let remembered = self.verified.lock().unwrap_or_else(|e| e.into_inner()).get(&digest).cloned();
+        let claims = match remembered {
+            Some(claims) if now <= claims.exp => claims,
+            Some(_) => return Err(TokenError::Expired.to_string()),
+            None => {
+                let claims = match self.keys.verify(token, ISSUER, now) {
+                    // Another replica's, perhaps: with every published key.
+                    Err(TokenError::Signature) => {
+                        let published = self.objects.cache().get(&ObjectKey::of::<ConfigMap>(
+                            crate::serviceaccount::PUBLISHED_KEYS_NAMESPACE,
+                            crate::serviceaccount::PUBLISHED_KEYS_NAME,
+                        ));
+                        let keys =
+                            self.keys.with(published.as_deref().map(VerifyingKeys::published).unwrap_or_default());
+                        keys.verify(token, ISSUER, now)
+                    }
+                    other => other,
+                };
+                let claims = Arc::new(claims.map_err(|e| e.to_string())?);
+                let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+                if verified.len() >= VERIFIED_CACHE {
+                    verified.clear();
+                }
+                verified.insert(digest, claims.clone());
+                claims
+            }
+        };
+        let bound = &claims.kubernetes;
+        let cache = self.objects.cache();
+        let uid_of = |key: ObjectKey| cache.get(&key).map(|o| o["metadata"]["uid"].as_str().unwrap_or("").to_owned());
+        let pod = uid_of(ObjectKey::of::<Pod>(&bound.namespace, &bound.pod.name));
+        if pod.as_deref() != Some(bound.pod.uid.as_str()) {
+            return Err(format!("the Pod {}/{} it is bound to no longer exists", bound.namespace, bound.pod.name));
+        }
+        let account = uid_of(ObjectKey::of::<ServiceAccount>(&bound.namespace, &bound.serviceaccount.name));
+        if account.as_deref() != Some(bound.serviceaccount.uid.as_str()) {
+            return Err(format!(
+                "the ServiceAccount {}/{} it names no longer exists",
+                bound.namespace, bound.serviceaccount.name
+            ));
+        }
+        Ok(Arc::new(User {
+            name: claims.sub.clone(),
+            uid: bound.serviceaccount.uid.clone(),
+            roles: Vec::new(),
+            groups: crate::serviceaccount::groups(&bound.namespace),
+        }))
+    }
+}
+
 /// How the status API admits requests.
 #[derive(Clone)]
 pub struct ApiAccess {
     pub tokens: Arc<Tokens>,
+    /// ServiceAccount tokens, where the replica issues them.
+    pub service_accounts: Option<Arc<ServiceAccountTokens>>,
+    /// What ServiceAccounts may read (their tokens carry no roles).
+    pub rbac: Option<Arc<crate::rbac::RbacAuthorizer>>,
     /// `gitplane up`: reads from loopback need no token.
     pub anonymous_loopback_reads: bool,
     pub audit: crate::audit::AuditLog,

@@ -24,6 +24,8 @@ use crate::{
     authn::{ApiAccess, Role, User},
     listener::ClientAddr,
     page,
+    rbac::Attributes,
+    serviceaccount::VerifyingKeys,
 };
 use axum::{
     extract::{Request, State},
@@ -85,9 +87,15 @@ pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: 
         return response;
     }
     let user = match token {
+        Some(token) if VerifyingKeys::looks_like_jwt(token) => match &access.service_accounts {
+            Some(accounts) => {
+                accounts.authenticate(token).inspect_err(|why| tracing::debug!(%why, "token refused")).ok()
+            }
+            None => None,
+        },
         Some(token) => access.tokens.authenticate(token),
         None if access.anonymous_loopback_reads && client.0.is_loopback() => {
-            Some(Arc::new(User { name: ANONYMOUS.into(), uid: String::new(), roles: vec![Role::Read] }))
+            Some(Arc::new(User { name: ANONYMOUS.into(), roles: vec![Role::Read], ..User::default() }))
         }
         None => None,
     };
@@ -102,6 +110,7 @@ pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: 
         return response;
     };
     let role = required_role(&info);
+    let mut reason = String::new();
     let writes = !matches!(*request.method(), axum::http::Method::GET | axum::http::Method::HEAD);
     let response = if from_cookie && (role != Role::Read || writes || is_upgrade(&request)) {
         let message = format!(
@@ -114,10 +123,18 @@ pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: 
         // Handlers that act for a person (exec) name them.
         request.extensions_mut().insert(user.clone());
         next.run(request).await
+    } else if is_service_account(&user) && (writes || rbac_reason(&access, &user, &info).is_some()) {
+        // Writes answer 405 as for everyone: Git is the only writer.
+        reason = rbac_reason(&access, &user, &info).map(|why| format!("RBAC: allowed by {why}")).unwrap_or_default();
+        request.extensions_mut().insert(user.clone());
+        next.run(request).await
+    } else if is_service_account(&user) {
+        reason = "RBAC: no binding allows it".into();
+        crate::status(StatusCode::FORBIDDEN, "Forbidden", rbac_forbidden_message(&user, &info))
     } else {
         crate::status(StatusCode::FORBIDDEN, "Forbidden", forbidden_message(&user, &info, role))
     };
-    access.audit.record(&user.name, client.0, &info, response.status().as_u16());
+    access.audit.record_decision(&user.name, client.0, &info, response.status().as_u16(), &reason);
     crate::metrics::request(&info, response.status().as_u16(), started.elapsed());
     response
 }
@@ -160,6 +177,49 @@ fn page_cookie(request: &Request) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
+/// A ServiceAccount's user: RBAC decides what it may do.
+fn is_service_account(user: &User) -> bool {
+    user.roles.is_empty() && user.name.starts_with("system:serviceaccount:")
+}
+
+/// The binding that lets `user` make the request, if any.
+fn rbac_reason(access: &ApiAccess, user: &User, info: &RequestInfo) -> Option<std::sync::Arc<str>> {
+    let rbac = access.rbac.as_ref()?;
+    let attributes = Attributes {
+        verb: &info.verb,
+        resource_request: !info.resource.is_empty(),
+        api_group: &info.api_group,
+        resource: &info.resource,
+        subresource: &info.subresource,
+        namespace: &info.namespace,
+        name: &info.name,
+        path: &info.path,
+    };
+    rbac.allows(&user.name, &user.groups, &attributes)
+}
+
+/// Kube-apiserver's RBAC refusal, word for word.
+fn rbac_forbidden_message(user: &User, info: &RequestInfo) -> String {
+    if info.resource.is_empty() {
+        return format!("forbidden: User {:?} cannot {} path {:?}", user.name, info.verb, info.path);
+    }
+    let resource = if info.subresource.is_empty() {
+        info.resource.clone()
+    } else {
+        format!("{}/{}", info.resource, info.subresource)
+    };
+    let object = if info.name.is_empty() { resource.clone() } else { format!("{resource} {:?}", info.name) };
+    let scope = if info.namespace.is_empty() {
+        " at the cluster scope".to_owned()
+    } else {
+        format!(" in the namespace {:?}", info.namespace)
+    };
+    format!(
+        "{object} is forbidden: User {:?} cannot {} resource {resource:?} in API group {:?}{scope}",
+        user.name, info.verb, info.api_group
+    )
+}
+
 /// Kube-apiserver's wording, with the role that is missing.
 fn forbidden_message(user: &User, info: &RequestInfo, role: Role) -> String {
     let what = if info.resource.is_empty() {
@@ -192,13 +252,19 @@ mod tests {
     const BOTH: &str = "00112233445566778899aabbccddeeff";
 
     fn router(anonymous_loopback_reads: bool) -> Router {
-        let user = |name: &str, roles: Vec<Role>| User { name: name.into(), uid: name.into(), roles };
+        let user = |name: &str, roles: Vec<Role>| User { name: name.into(), uid: name.into(), roles, groups: vec![] };
         let tokens = Tokens::new(&[
             Entry { token: READ.into(), user: user("alice", vec![Role::Read]), expires: None },
             Entry { token: DEBUG.into(), user: user("bob", vec![Role::Debug]), expires: None },
             Entry { token: BOTH.into(), user: user("carol", vec![Role::Read, Role::Debug]), expires: None },
         ]);
-        let access = ApiAccess { tokens: Arc::new(tokens), anonymous_loopback_reads, audit: AuditLog::disabled() };
+        let access = ApiAccess {
+            tokens: Arc::new(tokens),
+            service_accounts: None,
+            rbac: None,
+            anonymous_loopback_reads,
+            audit: AuditLog::disabled(),
+        };
         Router::new()
             .route("/healthz", get(|| async { "ok" }))
             .route("/api/{*path}", get(|| async { "objects" }))

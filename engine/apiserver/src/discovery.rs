@@ -52,6 +52,7 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "services" => &["svc"],
         "endpoints" => &["ep"],
         "configmaps" => &["cm"],
+        "serviceaccounts" => &["sa"],
         "events" => &["ev"],
         "nodes" => &["no"],
         "namespaces" => &["ns"],
@@ -60,6 +61,9 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "cronjobs" => &["cj"],
         "horizontalpodautoscalers" => &["hpa"],
         "statefulsets" => &["sts"],
+        "daemonsets" => &["ds"],
+        "replicationcontrollers" => &["rc"],
+        "poddisruptionbudgets" => &["pdb"],
         "ingresses" => &["ing"],
         "networkpolicies" => &["netpol"],
         "persistentvolumeclaims" => &["pvc"],
@@ -79,6 +83,8 @@ fn categories(r: &Resource) -> &'static [&'static str] {
         | "deployments"
         | "replicasets"
         | "statefulsets"
+        | "daemonsets"
+        | "replicationcontrollers"
         | "jobs"
         | "cronjobs"
         | "horizontalpodautoscalers" => &["all"],
@@ -359,12 +365,16 @@ mod tests {
                 "discovery.k8s.io",
                 "networking.k8s.io",
                 "coordination.k8s.io",
+                "policy",
+                "rbac.authorization.k8s.io",
                 "storage.k8s.io",
                 "apiregistration.k8s.io",
                 "gitplane.io",
                 "metrics.k8s.io"
             ]
         );
+        assert_eq!(resource(&groups, "daemonsets")["shortNames"], json!(["ds"]));
+        assert_eq!(resource(&groups, "poddisruptionbudgets")["shortNames"], json!(["pdb"]));
         assert_eq!(resource(&groups, "networkpolicies")["shortNames"], json!(["netpol"]));
         assert_eq!(resource(&groups, "storageclasses")["shortNames"], json!(["sc"]));
         let deployments = resource(&groups, "deployments");
@@ -379,8 +389,8 @@ mod tests {
         let list = group_list();
         let apps = list["groups"].as_array().unwrap().iter().find(|g| g["name"] == "apps").unwrap();
         assert_eq!(apps["preferredVersion"]["groupVersion"], "apps/v1");
-        assert_eq!(list["groups"].as_array().unwrap().len(), 10);
-        assert_eq!(list["groups"][9]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
+        assert_eq!(list["groups"].as_array().unwrap().len(), 12);
+        assert_eq!(list["groups"][11]["preferredVersion"]["groupVersion"], "metrics.k8s.io/v1beta1");
         assert_eq!(group("batch").unwrap()["versions"][0]["groupVersion"], "batch/v1");
         assert!(group("widgets.example.com").is_none());
         let core = resource_list("", "v1").unwrap();

@@ -245,7 +245,7 @@ mod tests {
     use tower::ServiceExt as _;
 
     fn user() -> Arc<User> {
-        Arc::new(User { name: "alice".into(), uid: "1".into(), roles: vec![Role::Debug] })
+        Arc::new(User { name: "alice".into(), uid: "1".into(), roles: vec![Role::Debug], groups: vec![] })
     }
 
     async fn call(router: &axum::Router, method: Method, uri: &str, headers: &[(&str, &str)]) -> (StatusCode, Value) {

@@ -31,8 +31,10 @@ mod openapi;
 mod owner;
 pub mod page;
 mod proxy;
+pub mod rbac;
 pub mod resource_metrics;
 mod resource_version;
+pub mod serviceaccount;
 mod table;
 mod watch;
 
@@ -66,17 +68,28 @@ struct Resource {
     namespaced: bool,
 }
 
+const RBAC: &str = "rbac.authorization.k8s.io";
+
 const RESOURCES: &[Resource] = &[
     Resource { group: "", version: "v1", plural: "pods", kind: "Pod", namespaced: true },
     Resource { group: "", version: "v1", plural: "services", kind: "Service", namespaced: true },
     Resource { group: "", version: "v1", plural: "endpoints", kind: "Endpoints", namespaced: true },
     Resource { group: "", version: "v1", plural: "configmaps", kind: "ConfigMap", namespaced: true },
     Resource { group: "", version: "v1", plural: "secrets", kind: "Secret", namespaced: true },
+    Resource { group: "", version: "v1", plural: "serviceaccounts", kind: "ServiceAccount", namespaced: true },
     Resource { group: "", version: "v1", plural: "events", kind: "Event", namespaced: true },
     Resource { group: "", version: "v1", plural: "nodes", kind: "Node", namespaced: false },
     Resource { group: "", version: "v1", plural: "namespaces", kind: "Namespace", namespaced: false },
+    Resource {
+        group: "",
+        version: "v1",
+        plural: "replicationcontrollers",
+        kind: "ReplicationController",
+        namespaced: true,
+    },
     Resource { group: "apps", version: "v1", plural: "deployments", kind: "Deployment", namespaced: true },
     Resource { group: "apps", version: "v1", plural: "replicasets", kind: "ReplicaSet", namespaced: true },
+    Resource { group: "apps", version: "v1", plural: "daemonsets", kind: "DaemonSet", namespaced: true },
     Resource { group: "apps", version: "v1", plural: "statefulsets", kind: "StatefulSet", namespaced: true },
     Resource {
         group: "apps",
@@ -109,12 +122,29 @@ const RESOURCES: &[Resource] = &[
         namespaced: true,
     },
     Resource { group: "coordination.k8s.io", version: "v1", plural: "leases", kind: "Lease", namespaced: true },
+    Resource {
+        group: "policy",
+        version: "v1",
+        plural: "poddisruptionbudgets",
+        kind: "PodDisruptionBudget",
+        namespaced: true,
+    },
     Resource { group: "networking.k8s.io", version: "v1", plural: "ingresses", kind: "Ingress", namespaced: true },
     Resource {
         group: "networking.k8s.io",
         version: "v1",
         plural: "ingressclasses",
         kind: "IngressClass",
+        namespaced: false,
+    },
+    Resource { group: RBAC, version: "v1", plural: "roles", kind: "Role", namespaced: true },
+    Resource { group: RBAC, version: "v1", plural: "clusterroles", kind: "ClusterRole", namespaced: false },
+    Resource { group: RBAC, version: "v1", plural: "rolebindings", kind: "RoleBinding", namespaced: true },
+    Resource {
+        group: RBAC,
+        version: "v1",
+        plural: "clusterrolebindings",
+        kind: "ClusterRoleBinding",
         namespaced: false,
     },
     Resource {

@@ -166,6 +166,8 @@ mod tests {
                 "apis/discovery.k8s.io/v1",
                 "apis/networking.k8s.io/v1",
                 "apis/coordination.k8s.io/v1",
+                "apis/policy/v1",
+                "apis/rbac.authorization.k8s.io/v1",
                 "apis/storage.k8s.io/v1",
                 "apis/apiregistration.k8s.io/v1",
                 "apis/gitplane.io/v1"

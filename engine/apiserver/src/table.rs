@@ -117,6 +117,32 @@ fn columns(kind: &str) -> Vec<Value> {
             .into_iter()
             .chain(workload)
             .collect(),
+        "ReplicationController" => {
+            [("Name", S, 0), ("Desired", I, 0), ("Current", I, 0), ("Ready", I, 0), ("Age", S, 0)]
+                .into_iter()
+                .chain(workload)
+                .collect()
+        }
+        "PodDisruptionBudget" => vec![
+            ("Name", S, 0),
+            ("Min Available", S, 0),
+            ("Max Unavailable", S, 0),
+            ("Allowed Disruptions", I, 0),
+            ("Age", S, 0),
+        ],
+        "DaemonSet" => [
+            ("Name", S, 0),
+            ("Desired", I, 0),
+            ("Current", I, 0),
+            ("Ready", I, 0),
+            ("Up-to-date", I, 0),
+            ("Available", I, 0),
+            ("Node Selector", S, 0),
+            ("Age", S, 0),
+        ]
+        .into_iter()
+        .chain(workload)
+        .collect(),
         // As kubectl prints a StatefulSet: no selector column.
         "StatefulSet" => vec![("Name", S, 0), ("Ready", S, 0), ("Age", S, 0), ("Containers", S, 1), ("Images", S, 1)],
         "Job" => [("Name", S, 0), ("Status", S, 0), ("Completions", S, 0), ("Duration", S, 0), ("Age", S, 0)]
@@ -172,6 +198,16 @@ fn columns(kind: &str) -> Vec<Value> {
         "Namespace" => vec![("Name", S, 0), ("Status", S, 0), ("Age", S, 0)],
         "ConfigMap" => vec![("Name", S, 0), ("Data", I, 0), ("Age", S, 0)],
         "Secret" => vec![("Name", S, 0), ("Type", S, 0), ("Data", I, 0), ("Age", S, 0)],
+        "ServiceAccount" => vec![("Name", S, 0), ("Secrets", I, 0), ("Age", S, 0)],
+        "Role" | "ClusterRole" => vec![("Name", S, 0), ("Created At", S, 0)],
+        "RoleBinding" | "ClusterRoleBinding" => vec![
+            ("Name", S, 0),
+            ("Role", S, 0),
+            ("Age", S, 0),
+            ("Users", S, 1),
+            ("Groups", S, 1),
+            ("ServiceAccounts", S, 1),
+        ],
         "Lease" => vec![("Name", S, 0), ("Holder", S, 0), ("Age", S, 0)],
         "ControllerRevision" => vec![("Name", S, 0), ("Controller", S, 0), ("Revision", I, 0), ("Age", S, 0)],
         "Ingress" => {
@@ -465,6 +501,47 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
             row.extend(workload(spec));
             row
         }
+        "ReplicationController" => {
+            let mut row = vec![
+                name,
+                cell(spec["replicas"].as_i64().unwrap_or(1)),
+                cell(int(&status["replicas"])),
+                cell(int(&status["readyReplicas"])),
+                age,
+            ];
+            let [containers, images, _] = workload(spec);
+            row.extend([containers, images, cell(labels(&spec["selector"]))]);
+            row
+        }
+        "PodDisruptionBudget" => {
+            // An IntOrString as kubectl prints it: the number or the percentage, else N/A.
+            let bound = |v: &Value| match v {
+                Value::Number(n) => n.to_string(),
+                Value::String(s) => s.clone(),
+                _ => "N/A".to_owned(),
+            };
+            vec![
+                name,
+                cell(bound(&spec["minAvailable"])),
+                cell(bound(&spec["maxUnavailable"])),
+                cell(int(&status["disruptionsAllowed"])),
+                age,
+            ]
+        }
+        "DaemonSet" => {
+            let mut row = vec![
+                name,
+                cell(int(&status["desiredNumberScheduled"])),
+                cell(int(&status["currentNumberScheduled"])),
+                cell(int(&status["numberReady"])),
+                cell(int(&status["updatedNumberScheduled"])),
+                cell(int(&status["numberAvailable"])),
+                cell(labels(&spec["template"]["spec"]["nodeSelector"])),
+                age,
+            ];
+            row.extend(workload(spec));
+            row
+        }
         "StatefulSet" => {
             let want = spec["replicas"].as_i64().unwrap_or(1);
             let [containers, images, _] = workload(spec);
@@ -671,6 +748,29 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
         "Secret" => {
             let data = o["data"].as_object().map_or(0, |m| m.len());
             vec![name, cell(o["type"].as_str().unwrap_or("Opaque")), cell(data), age]
+        }
+        "ServiceAccount" => vec![name, cell(o["secrets"].as_array().map_or(0, Vec::len)), age],
+        "Role" | "ClusterRole" => vec![name, cell(o["metadata"]["creationTimestamp"].as_str().unwrap_or(""))],
+        "RoleBinding" | "ClusterRoleBinding" => {
+            let subjects = |kind: &str| {
+                let names: Vec<String> = o["subjects"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| s["kind"] == kind)
+                    .map(|s| match (kind, s["namespace"].as_str()) {
+                        ("ServiceAccount", Some(ns)) => format!("{ns}/{}", s["name"].as_str().unwrap_or("")),
+                        _ => s["name"].as_str().unwrap_or("").to_owned(),
+                    })
+                    .collect();
+                cell(names.join(", "))
+            };
+            let role = format!(
+                "{}/{}",
+                o["roleRef"]["kind"].as_str().unwrap_or(""),
+                o["roleRef"]["name"].as_str().unwrap_or("")
+            );
+            vec![name, cell(role), age, subjects("User"), subjects("Group"), subjects("ServiceAccount")]
         }
         "Lease" => vec![name, cell(spec["holderIdentity"].as_str().unwrap_or("<unknown>")), age],
         "ControllerRevision" => {
@@ -1244,6 +1344,53 @@ mod tests {
     }
 
     #[test]
+    fn replication_controllers_and_disruption_budgets() {
+        let rc = json!({"metadata": {"name": "nginx"}, "spec": {"replicas": 3, "selector": {"app": "nginx"},
+                        "template": {"spec": {"containers": [{"name": "nginx", "image": "nginx"}]}}},
+                        "status": {"replicas": 3, "readyReplicas": 2}});
+        let t = table("ReplicationController", &[rc], "1", now());
+        assert_eq!(names(&t), ["Name", "Desired", "Current", "Ready", "Age", "Containers", "Images", "Selector"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["nginx", 3, 3, 2, "<unknown>", "nginx", "nginx", "app=nginx"]));
+        let pdb =
+            json!({"metadata": {"name": "web"}, "spec": {"minAvailable": "50%"}, "status": {"disruptionsAllowed": 1}});
+        let t = table("PodDisruptionBudget", &[pdb], "1", now());
+        assert_eq!(names(&t), ["Name", "Min Available", "Max Unavailable", "Allowed Disruptions", "Age"]);
+        assert_eq!(t["rows"][0]["cells"], json!(["web", "50%", "N/A", 1, "<unknown>"]));
+    }
+
+    #[test]
+    fn daemon_sets_show_their_nodes_counts_and_node_selector() {
+        let template =
+            json!({"spec": {"nodeSelector": {"disk": "ssd"}, "containers": [{"name": "agent", "image": "a:1"}]}});
+        let ds = json!({"metadata": {"name": "agent"}, "spec": {"selector": {"matchLabels": {"app": "agent"}}, "template": template},
+                        "status": {"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2,
+                                   "updatedNumberScheduled": 1, "numberAvailable": 2}});
+        let t = table("DaemonSet", &[ds], "1", now());
+        assert_eq!(
+            names(&t),
+            [
+                "Name",
+                "Desired",
+                "Current",
+                "Ready",
+                "Up-to-date",
+                "Available",
+                "Node Selector",
+                "Age",
+                "Containers",
+                "Images",
+                "Selector"
+            ]
+        );
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!(["agent", 3, 3, 2, 1, 2, "disk=ssd", "<unknown>", "agent", "a:1", "app=agent"])
+        );
+        let everywhere = json!({"metadata": {"name": "all"}, "spec": {"template": {"spec": {}}}});
+        assert_eq!(table("DaemonSet", &[everywhere], "1", now())["rows"][0]["cells"][6], "<none>");
+    }
+
+    #[test]
     fn cron_jobs_show_schedule_time_zone_suspend_active_and_last_schedule() {
         let template = json!({"spec": {"template": {"spec": {"containers": [{"name": "hello", "image": "busybox"}]}}}});
         let cron_job = json!({"metadata": {"name": "hello"}, "spec": {"schedule": "*/1 * * * *", "suspend": false, "jobTemplate": template},
@@ -1382,6 +1529,17 @@ mod tests {
         let lease =
             json!({"metadata": {"name": "n1", "namespace": "kube-node-lease"}, "spec": {"holderIdentity": "n1"}});
         assert_eq!(json!(row("Lease", lease)), json!(["n1", "n1", "<unknown>"]));
+        let t = table("ServiceAccount", &[json!({"metadata": {"name": "default"}})], "1", now());
+        assert_eq!(
+            (names(&t), &t["rows"][0]["cells"]),
+            (vec!["Name", "Secrets", "Age"], &json!(["default", 0, "<unknown>"]))
+        );
+        let binding = json!({"metadata": {"name": "readers"}, "roleRef": {"kind": "Role", "name": "pod-reader"},
+            "subjects": [{"kind": "ServiceAccount", "name": "app", "namespace": "shop"}, {"kind": "Group", "name": "ops"}]});
+        assert_eq!(
+            json!(row("RoleBinding", binding)),
+            json!(["readers", "Role/pod-reader", "<unknown>", "", "ops", "shop/app"])
+        );
     }
 
     #[test]
@@ -1517,11 +1675,19 @@ mod tests {
             "Endpoints",
             "ConfigMap",
             "Secret",
+            "ServiceAccount",
+            "Role",
+            "ClusterRole",
+            "RoleBinding",
+            "ClusterRoleBinding",
             "Event",
             "Node",
             "Namespace",
             "Deployment",
             "ReplicaSet",
+            "DaemonSet",
+            "ReplicationController",
+            "PodDisruptionBudget",
             "StatefulSet",
             "ControllerRevision",
             "Job",

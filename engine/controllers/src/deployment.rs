@@ -6,7 +6,7 @@
 //! brings up the new one when their Pods are gone.
 
 use crate::{
-    Action, Context, ReconcileError, Reconciler, names,
+    Action, Context, ReconcileError, Reconciler, disruption, names,
     owner::{controller_ref, is_controlled_by, owner_keys_for},
     plan::Op,
     runtime::all_of,
@@ -14,6 +14,7 @@ use crate::{
 use gitplane_api::events::NORMAL;
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -56,8 +57,13 @@ fn is_current(rs: &ReplicaSet, hash: &str) -> bool {
 /// The writes that move a Deployment's ReplicaSets (`owned`: the ones it controls) toward its
 /// spec: the ReplicaSet of the current template toward `replicas` and the old ones toward zero,
 /// a step at a time (RollingUpdate) or old ones first (Recreate), and `revisionHistoryLimit`
-/// old ones kept.
-pub fn plan(d: &Deployment, owned: &[ReplicaSet]) -> Result<Vec<Op<ReplicaSet>>, ReconcileError> {
+/// old ones kept. A RollingUpdate takes no more available Pods down than `disruptions_allowed`
+/// (its PodDisruptionBudgets', if any cover its Pods).
+pub fn plan(
+    d: &Deployment,
+    owned: &[ReplicaSet],
+    disruptions_allowed: Option<i32>,
+) -> Result<Vec<Op<ReplicaSet>>, ReconcileError> {
     let spec = d.spec.as_ref().ok_or_else(|| ReconcileError::Invalid("Deployment has no spec".into()))?;
     let desired = desired(d);
     let recreate = spec.strategy.as_ref().and_then(|s| s.type_.as_deref()) == Some("Recreate");
@@ -65,7 +71,7 @@ pub fn plan(d: &Deployment, owned: &[ReplicaSet]) -> Result<Vec<Op<ReplicaSet>>,
     let (new, mut old): (Vec<&ReplicaSet>, Vec<&ReplicaSet>) = owned.iter().partition(|rs| is_current(rs, &hash));
     let new = new.first().copied();
     old.sort_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0));
-    let rollout = Rollout { d, hash: &hash, desired, new, old: &old };
+    let rollout = Rollout { d, hash: &hash, desired, new, old: &old, disruptions_allowed };
     let mut ops = if recreate { rollout.recreate()? } else { rollout.rolling()? };
     // Keep revisionHistoryLimit scaled-down ReplicaSets, oldest deleted first.
     let limit = spec.revision_history_limit.unwrap_or(DEFAULT_HISTORY_LIMIT).max(0) as usize;
@@ -83,6 +89,7 @@ struct Rollout<'a> {
     desired: i32,
     new: Option<&'a ReplicaSet>,
     old: &'a [&'a ReplicaSet],
+    disruptions_allowed: Option<i32>,
 }
 
 impl Rollout<'_> {
@@ -135,9 +142,10 @@ impl Rollout<'_> {
             *to -= unavailable;
             cleanup -= unavailable;
         }
-        // Then available ones, as far as availability stays at min_available.
+        // Then available ones, as far as availability stays at min_available and the
+        // PodDisruptionBudgets allow.
         let available: i32 = old.iter().chain(new.iter()).map(|rs| status_of(rs).2).sum();
-        let mut budget = available - min_available;
+        let mut budget = (available - min_available).min(self.disruptions_allowed.unwrap_or(i32::MAX));
         for to in scaled_down.iter_mut() {
             let down = (*to).min(budget.max(0));
             *to -= down;
@@ -254,7 +262,10 @@ impl Reconciler for DeploymentController {
             cache.list_typed_where::<ReplicaSet>(Some(&key.namespace), |rs| is_controlled_by(rs, &uid))
         };
         let before = owned(ctx.cache());
-        let ops = plan(&d, &before)?;
+        let pods: Vec<Pod> = ctx.cache().list_typed_where(Some(&key.namespace), |p| {
+            before.iter().any(|rs| rs.metadata.uid.as_deref().is_some_and(|uid| is_controlled_by(p, uid)))
+        });
+        let ops = plan(&d, &before, disruption::disruptions_allowed(ctx.cache(), &pods))?;
         let scalings = scaling_messages(&ops, &before);
         ctx.apply(ops).await?;
         for message in scalings {
@@ -365,7 +376,7 @@ mod tests {
     #[test]
     fn a_malformed_percentage_is_the_deployments_error() {
         let d = rolling(3, IntOrString::String("a lot".into()), IntOrString::Int(0));
-        let err = plan(&d, &[]).unwrap_err().to_string();
+        let err = plan(&d, &[], None).unwrap_err().to_string();
         assert!(err.contains("maxSurge \"a lot\" is neither a number nor a percentage"), "{err}");
     }
 
@@ -463,23 +474,42 @@ mod tests {
              &["delete old00"]),
         ];
         for (name, d, owned, expected) in cases {
-            let ops = plan(&d, &owned(&d)).unwrap();
+            let ops = plan(&d, &owned(&d), None).unwrap();
             assert_eq!(describe(&ops), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn rolling_updates_stay_within_the_disruption_budget() {
+        let d = rolling(4, IntOrString::Int(0), IntOrString::Int(2));
+        let owned = |d: &Deployment| vec![rs(d, "old", 4, 4, 4, 1), rs(d, "new", 0, 0, 0, 2)];
+        #[rustfmt::skip]
+        let cases: [(&str, Option<i32>, &[&str]); 4] = [
+            ("no budget: maxUnavailable alone", None, &["scale old 2"]),
+            ("a budget allowing one", Some(1), &["scale old 3"]),
+            ("a budget allowing none", Some(0), &[]),
+            ("a budget allowing more than maxUnavailable", Some(5), &["scale old 2"]),
+        ];
+        for (what, allowed, expected) in cases {
+            assert_eq!(describe(&plan(&d, &owned(&d), allowed).unwrap()), expected, "{what}");
+        }
+        // Unavailable old Pods cost no availability: a budget does not hold them.
+        let broken = vec![rs(&d, "old", 4, 4, 0, 1), rs(&d, "new", 0, 0, 0, 2)];
+        assert_eq!(describe(&plan(&d, &broken, Some(0)).unwrap()), ["scale old 2"]);
     }
 
     #[test]
     fn plan_writes_compare_and_swap_on_what_was_read() {
         let d = spec(Some(3), None, Some(0));
         let owned = [rs(&d, "old", 3, 3, 3, 1), rs(&d, "new", 3, 3, 3, 2)];
-        let ops = plan(&d, &owned).unwrap();
+        let ops = plan(&d, &owned, None).unwrap();
         let now = gitplane_api::k8s_openapi::jiff::Timestamp::UNIX_EPOCH;
         let Some(gitplane_store::Op::Update(scaled)) = ops[0].clone().into_store_op(now) else { panic!("{ops:?}") };
         assert_eq!(scaled["metadata"]["resourceVersion"], "7");
-        let new = plan(&d, &[]).unwrap().remove(0);
+        let new = plan(&d, &[], None).unwrap().remove(0);
         let Op::Create(new) = new else { panic!("{new:?}") };
         assert_eq!(new.metadata.name, Some(format!("web-{}", template_hash(&d))));
-        assert!(plan(&Deployment::default(), &[]).is_err(), "no spec");
+        assert!(plan(&Deployment::default(), &[], None).is_err(), "no spec");
     }
 
     #[test]
@@ -491,7 +521,7 @@ mod tests {
             scaling_messages(&ops, &owned),
             ["Scaled up replica set new from 1 to 3", "Scaled down replica set old from 3 to 0"]
         );
-        let created = plan(&d, &[]).unwrap();
+        let created = plan(&d, &[], None).unwrap();
         assert_eq!(
             scaling_messages(&created, &[]),
             [format!("Scaled up replica set web-{} from 0 to 3", template_hash(&d))]

@@ -8,13 +8,17 @@
 //! compare-and-swap on every object read. After a write a controller waits for the cache to reach
 //! its commit, so the next reconcile never acts on a state older than its own writes.
 
+pub mod bootstrap_roles;
 pub mod cronjob;
+pub mod daemonset;
 pub mod deployment;
+pub mod disruption;
 pub mod endpoints;
 pub mod garbage_collector;
 pub mod horizontal;
 pub mod ingress;
 pub mod job;
+pub mod kubernetes_service;
 pub mod loadbalancer;
 pub mod names;
 pub mod node_lifecycle;
@@ -22,34 +26,42 @@ pub mod owner;
 pub mod persistent_volume;
 pub mod plan;
 pub mod replicaset;
+pub mod replication;
 pub mod runtime;
+pub mod serviceaccounts;
 pub mod statefulset;
 pub mod taint_eviction;
 
 pub use runtime::{Action, Context, Controller, ReconcileError, ReconcileReason, Reconciler};
 
 use gitplane_store::{Store, informer::Informer};
+use k8s_openapi::api::{apps::v1::ReplicaSet, core::v1::ReplicationController};
 use std::sync::Arc;
 
 /// The group kinds the controllers need in the informer cache.
 pub fn watched_kinds() -> Vec<String> {
     use gitplane_api::object::kind_of;
     use k8s_openapi::api::{
-        apps::v1::{ControllerRevision, Deployment, ReplicaSet, StatefulSet},
+        apps::v1::{ControllerRevision, DaemonSet, Deployment, StatefulSet},
         autoscaling::v2::HorizontalPodAutoscaler,
         batch::v1::{CronJob, Job},
         coordination::v1::Lease,
         core::v1::{Endpoints, Node, PersistentVolume, PersistentVolumeClaim, Pod, Service},
         discovery::v1::EndpointSlice,
         networking::v1::{Ingress, IngressClass},
+        policy::v1::PodDisruptionBudget,
         storage::v1::StorageClass,
     };
+    // Namespaces, ServiceAccounts and ConfigMaps are accepted from Git: the source watches them.
     vec![
         kind_of::<Deployment>(),
         kind_of::<ReplicaSet>(),
         kind_of::<StatefulSet>(),
         kind_of::<ControllerRevision>(),
         kind_of::<PersistentVolumeClaim>(),
+        kind_of::<DaemonSet>(),
+        kind_of::<ReplicationController>(),
+        kind_of::<PodDisruptionBudget>(),
         kind_of::<Job>(),
         kind_of::<CronJob>(),
         kind_of::<HorizontalPodAutoscaler>(),
@@ -77,6 +89,10 @@ pub struct Settings {
     pub default_tolerations: taint_eviction::DefaultTolerations,
     /// How long a node may go without renewing its Lease before it is Ready=Unknown.
     pub node_monitor_grace_period: std::time::Duration,
+    /// The cluster CA (PEM) every namespace's `kube-root-ca.crt` holds.
+    pub root_ca: Option<String>,
+    /// Where the `kubernetes` Service points.
+    pub api_endpoints: kubernetes_service::ApiEndpoints,
 }
 
 impl Default for Settings {
@@ -86,6 +102,8 @@ impl Default for Settings {
             load_balancer_pool: None,
             default_tolerations: Default::default(),
             node_monitor_grace_period: node_lifecycle::NodeLifecycleController::default().grace_period,
+            root_ca: None,
+            api_endpoints: Default::default(),
         }
     }
 }
@@ -95,7 +113,12 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
     let ctx = Context::new(store, informer);
     let mut tasks = vec![
         tokio::spawn(Controller::new(deployment::DeploymentController, ctx.clone()).run()),
-        tokio::spawn(Controller::new(replicaset::ReplicaSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(replicaset::ReplicaSetController::<ReplicaSet>::default(), ctx.clone()).run()),
+        tokio::spawn(
+            Controller::new(replicaset::ReplicaSetController::<ReplicationController>::default(), ctx.clone()).run(),
+        ),
+        tokio::spawn(Controller::new(disruption::DisruptionController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(daemonset::DaemonSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(statefulset::StatefulSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(cronjob::CronJobController, ctx.clone()).run()),
@@ -116,6 +139,21 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             .run(),
         ),
         tokio::spawn(Controller::new(ingress::IngressController::default(), ctx.clone()).run()),
+        tokio::spawn(Controller::new(bootstrap_roles::BootstrapRolesController, ctx.clone()).run()),
+        tokio::spawn(
+            Controller::new(
+                serviceaccounts::ServiceAccountsController { root_ca: settings.root_ca.clone() },
+                ctx.clone(),
+            )
+            .run(),
+        ),
+        tokio::spawn(
+            Controller::new(
+                kubernetes_service::KubernetesServiceController { endpoints: settings.api_endpoints.clone() },
+                ctx.clone(),
+            )
+            .run(),
+        ),
         tokio::spawn(Controller::new(persistent_volume::PersistentVolumeController, ctx.clone()).run()),
     ];
     if let Some(metrics) = &settings.pod_metrics {

@@ -1,20 +1,72 @@
 //! ReplicaSet controller: keeps `spec.replicas` Pods of the template alive.
+//!
+//! ReplicationControllers run on the same code, as upstream's replication manager does: a
+//! [`Replicated`] kind is seen as the ReplicaSet it amounts to, planned as one, and its status
+//! written back in its own shape (`crate::replication`).
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, is_controlled_by, owner_keys_for},
+    owner::{controller_ref, controllers_of, is_controlled_by},
     plan::Op,
     runtime::all_of,
 };
-use gitplane_api::events::NORMAL;
+use gitplane_api::{events::NORMAL, kube_core::Resource, object::kind_of};
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::{
     apps::v1::{ReplicaSet, ReplicaSetStatus},
     core::v1::Pod,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde::{Serialize, de::DeserializeOwned};
+use std::marker::PhantomData;
 
-pub struct ReplicaSetController;
+/// A kind that keeps a number of Pods of a template: a ReplicaSet, or what converts to one.
+pub trait Replicated:
+    Resource<DynamicType = ()>
+    + k8s_openapi::Resource
+    + k8s_openapi::Metadata<Ty = ObjectMeta>
+    + Clone
+    + PartialEq
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// The name of its controller, in logs and metrics (`replicaset`).
+    const CONTROLLER: &'static str;
+    /// Its controller as Events name it (`replicaset-controller`).
+    const COMPONENT: &'static str;
+
+    /// The ReplicaSet it amounts to: same metadata, replicas, selector and template.
+    fn as_replica_set(&self) -> ReplicaSet;
+
+    /// Itself with the status the ReplicaSet machinery computed for it.
+    fn with_status(&self, status: ReplicaSetStatus) -> Self;
+}
+
+impl Replicated for ReplicaSet {
+    const CONTROLLER: &'static str = "replicaset";
+    const COMPONENT: &'static str = "replicaset-controller";
+
+    fn as_replica_set(&self) -> ReplicaSet {
+        self.clone()
+    }
+
+    fn with_status(&self, status: ReplicaSetStatus) -> Self {
+        ReplicaSet { status: Some(status), ..self.clone() }
+    }
+}
+
+/// The controller of ReplicaSets, or (`ReplicaSetController<ReplicationController>`) of
+/// ReplicationControllers.
+pub struct ReplicaSetController<K = ReplicaSet>(PhantomData<K>);
+
+impl<K> Default for ReplicaSetController<K> {
+    fn default() -> Self {
+        ReplicaSetController(PhantomData)
+    }
+}
 
 /// Pods created or deleted per transaction, as the upstream controller's burst.
 const BURST: usize = 500;
@@ -59,7 +111,7 @@ pub fn replica_diff(desired: i32, active: usize) -> i64 {
     i64::from(desired.max(0)) - active as i64
 }
 
-fn new_pod(rs: &ReplicaSet) -> Result<Pod, ReconcileError> {
+fn new_pod(rs: &ReplicaSet, owner: &OwnerReference) -> Result<Pod, ReconcileError> {
     let spec = rs.spec.as_ref().ok_or_else(|| ReconcileError::Invalid("ReplicaSet has no spec".into()))?;
     let template =
         spec.template.as_ref().ok_or_else(|| ReconcileError::Invalid("ReplicaSet has no template".into()))?;
@@ -70,7 +122,7 @@ fn new_pod(rs: &ReplicaSet) -> Result<Pod, ReconcileError> {
             namespace: rs.metadata.namespace.clone(),
             labels: template_meta.labels,
             annotations: template_meta.annotations,
-            owner_references: Some(vec![controller_ref("apps/v1", "ReplicaSet", &rs.metadata)]),
+            owner_references: Some(vec![owner.clone()]),
             ..Default::default()
         },
         spec: template.spec.clone(),
@@ -80,8 +132,9 @@ fn new_pod(rs: &ReplicaSet) -> Result<Pod, ReconcileError> {
 
 /// The writes that bring a ReplicaSet's Pods (`owned`: the ones it controls) to its replicas:
 /// finished Pods deleted, then at most [`BURST`] Pods created or deleted, surplus Pods in
-/// [`deletion_rank`] order. Terminating Pods count for nothing.
-pub fn plan(rs: &ReplicaSet, owned: &[Pod]) -> Result<Vec<Op<Pod>>, ReconcileError> {
+/// [`deletion_rank`] order. Terminating Pods count for nothing. New Pods name `owner` as their
+/// controller.
+pub fn plan(rs: &ReplicaSet, owner: &OwnerReference, owned: &[Pod]) -> Result<Vec<Op<Pod>>, ReconcileError> {
     let desired = rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let mut active: Vec<&Pod> = owned.iter().filter(|p| is_active(p)).collect();
     let finished = owned.iter().filter(|p| is_finished(p) && !is_terminating(p));
@@ -89,7 +142,7 @@ pub fn plan(rs: &ReplicaSet, owned: &[Pod]) -> Result<Vec<Op<Pod>>, ReconcileErr
     let diff = replica_diff(desired, active.len());
     if diff > 0 {
         for _ in 0..diff.min(BURST as i64) {
-            ops.push(Op::Create(new_pod(rs)?));
+            ops.push(Op::Create(new_pod(rs, owner)?));
         }
     } else if diff < 0 {
         active.sort_by_key(|p| deletion_rank(p));
@@ -115,29 +168,41 @@ pub fn status(rs: &ReplicaSet, owned: &[Pod]) -> ReplicaSetStatus {
     }
 }
 
+/// The controller reference a Pod of `object` carries.
+fn owner_of<K: Replicated>(object: &K) -> OwnerReference {
+    controller_ref(&<K as Resource>::api_version(&()), &<K as Resource>::kind(&()), object.metadata())
+}
+
 #[async_trait::async_trait]
-impl Reconciler for ReplicaSetController {
+impl<K: Replicated> Reconciler for ReplicaSetController<K> {
     fn name(&self) -> &'static str {
-        "replicaset"
+        K::CONTROLLER
     }
 
     fn keys_for(&self, event: &Event, _: &Cache) -> Vec<ObjectKey> {
-        owner_keys_for::<ReplicaSet, Pod>(event)
+        if event.key.kind == kind_of::<K>() {
+            vec![event.key.clone()]
+        } else if event.key.kind == kind_of::<Pod>() {
+            controllers_of::<K>(event)
+        } else {
+            Vec::new()
+        }
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {
-        all_of::<ReplicaSet>(cache)
+        all_of::<K>(cache)
     }
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
-        let Some(rs) = ctx.cache().get_typed::<ReplicaSet>(&key.namespace, &key.name) else {
+        let Some(object) = ctx.cache().get_typed::<K>(&key.namespace, &key.name) else {
             return Ok(Action::await_change()); // gone: the garbage collector removes its Pods
         };
+        let rs = object.as_replica_set();
         let uid = rs.metadata.uid.clone().unwrap_or_default();
         let owned = |cache: &Cache| -> Vec<Pod> {
             cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid))
         };
-        let ops = plan(&rs, &owned(ctx.cache()))?;
+        let ops = plan(&rs, &owner_of(&object), &owned(ctx.cache()))?;
         let creating = ops.iter().filter(|op| matches!(op, Op::Create(_))).count();
         if !ops.is_empty() {
             tracing::info!(creating, deleting = ops.len() - creating, "scaling");
@@ -145,12 +210,10 @@ impl Reconciler for ReplicaSetController {
         let events = pod_events(&ops);
         ctx.apply(ops).await?;
         for (reason, message) in events {
-            ctx.event("replicaset-controller", &rs, NORMAL, reason, &message);
+            ctx.event(K::COMPONENT, &object, NORMAL, reason, &message);
         }
-        let status = status(&rs, &owned(ctx.cache()));
-        if rs.status.as_ref() != Some(&status) {
-            let mut updated = rs.clone();
-            updated.status = Some(status);
+        let updated = object.with_status(status(&rs, &owned(ctx.cache())));
+        if updated != object {
             ctx.update_status(&updated).await?;
         }
         Ok(Action::await_change())
@@ -250,20 +313,22 @@ mod tests {
              vec![running("a", 1), running("b", 2), terminating(running("c", 3))], vec!["delete b"]),
         ];
         for (name, replicas, pods, expected) in cases {
-            assert_eq!(describe(&plan(&replica_set(replicas), &pods).unwrap()), expected, "{name}");
+            let rs = replica_set(replicas);
+            assert_eq!(describe(&plan(&rs, &owner_of(&rs), &pods).unwrap()), expected, "{name}");
         }
     }
 
     #[test]
     fn plan_creates_pods_of_the_template_at_most_a_burst_at_a_time() {
-        let ops = plan(&replica_set(Some(600)), &[]).unwrap();
+        let (many_wanted, none_wanted) = (replica_set(Some(600)), replica_set(Some(0)));
+        let ops = plan(&many_wanted, &owner_of(&many_wanted), &[]).unwrap();
         assert_eq!(ops.len(), BURST);
         let Op::Create(created) = &ops[0] else { panic!("{ops:?}") };
         assert!(created.metadata.name.as_deref().unwrap().starts_with("web-h-"));
         assert_eq!(created.metadata.labels.as_ref().unwrap()["app"], "web");
         assert_eq!(created.metadata.owner_references.as_ref().unwrap()[0].uid, "rs-1");
         let many: Vec<Pod> = (0..600).map(|i| pod(&format!("p{i}"), "Running", true, true, i)).collect();
-        assert_eq!(plan(&replica_set(Some(0)), &many).unwrap().len(), BURST);
+        assert_eq!(plan(&none_wanted, &owner_of(&none_wanted), &many).unwrap().len(), BURST);
     }
 
     #[test]

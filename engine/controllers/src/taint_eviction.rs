@@ -1,9 +1,11 @@
 //! Taint eviction controller (upstream's NoExecuteTaintManager): the Pods on a node with a
 //! NoExecute taint they do not tolerate (and have not finished) are evicted (deleted, so their controllers make them
-//! anew where they can run) at once; those that tolerate it with `tolerationSeconds` once that
-//! much time has passed since the taint came (its `timeAdded`). An eviction is a graceful delete
-//! (the node stops the Pod), except from an unreachable node, whose agent cannot: there the Pod
-//! is removed at once, as are the Pods already terminating on it.
+//! anew where they can run, within their PodDisruptionBudgets: `crate::disruption::evict`) at
+//! once; those that tolerate it with `tolerationSeconds` once that much time has passed since the
+//! taint came (its `timeAdded`). An eviction is a graceful delete (the node stops the Pod), except
+//! from an unreachable node, whose agent cannot: there the Pod is removed at once, as are the Pods
+//! already terminating on it (those without asking their budgets, as upstream's eviction does not
+//! for a Pod being deleted).
 //!
 //! A Pod that says nothing about `node.kubernetes.io/not-ready` or `unreachable` NoExecute is
 //! treated as tolerating them for [`DefaultTolerations`] (300 s each, as kube-apiserver's
@@ -12,13 +14,14 @@
 //! than written into the Pods, so that the replicas, which must store the same objects, do not
 //! depend on each one's flags.
 
+use crate::disruption::{Evicted, evict, force_delete};
 use crate::{Action, Context, ReconcileError, Reconciler};
 use gitplane_api::taints::{NO_EXECUTE, NOT_READY, UNREACHABLE, tolerates};
 use gitplane_api::{
-    events::NORMAL,
-    object::{kind_of, revision_of},
+    events::{NORMAL, WARNING},
+    object::kind_of,
 };
-use gitplane_store::{Event, EventType, ObjectKey, Op, informer::Cache};
+use gitplane_store::{Event, EventType, ObjectKey, informer::Cache};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
@@ -96,6 +99,9 @@ fn implied(tolerations: &[Toleration], taint: &Taint, defaults: DefaultToleratio
     (!said).then_some(seconds)
 }
 
+/// How soon an eviction a PodDisruptionBudget refused is tried again.
+const BUDGET_RETRY: Duration = Duration::from_secs(5);
+
 pub struct TaintEvictionController {
     pub defaults: DefaultTolerations,
 }
@@ -171,13 +177,21 @@ impl Reconciler for TaintEvictionController {
             ctx.event("taint-eviction-controller", pod, NORMAL, "TaintManagerEviction", &message);
         }
         // Each Pod on its own: one that changed meanwhile is looked at again, not the others.
-        for pod in evicted.into_iter().chain(forgotten) {
-            let write = if unreachable {
-                ctx.commit(vec![force_delete(&pod)]).await
-            } else {
-                ctx.apply(vec![crate::plan::Op::Delete(pod)]).await
-            };
-            match write {
+        // An eviction its PodDisruptionBudget does not allow yet waits and is tried again.
+        for pod in evicted {
+            match evict(ctx, &pod, unreachable).await {
+                Ok(Evicted::Yes) => {}
+                Ok(Evicted::Refused(why)) => {
+                    ctx.event("taint-eviction-controller", &pod, WARNING, "DisruptionBudget", &why);
+                    let retry = now + SignedDuration::try_from(BUDGET_RETRY).unwrap_or_default();
+                    next = Some(next.map_or(retry, |n| n.min(retry)));
+                }
+                Err(ReconcileError::Store(e)) if e.is_conflict() || e.is_not_found() => next = Some(now),
+                Err(e) => return Err(e),
+            }
+        }
+        for pod in forgotten {
+            match ctx.commit(vec![force_delete(&pod)]).await {
                 Err(e) if e.is_conflict() || e.is_not_found() => next = Some(now),
                 other => drop(other?),
             }
@@ -189,13 +203,6 @@ impl Reconciler for TaintEvictionController {
             None => Action::await_change(),
         })
     }
-}
-
-/// The delete of a Pod whatever its state, compare-and-swap on what was read.
-fn force_delete(pod: &Pod) -> Op {
-    let meta = &pod.metadata;
-    let key = ObjectKey::of::<Pod>(meta.namespace.as_deref().unwrap_or(""), meta.name.as_deref().unwrap_or(""));
-    Op::Delete { key, revision: revision_of(pod) }
 }
 
 #[cfg(test)]

@@ -29,13 +29,19 @@ fn ignore_exists<T>(result: Result<T, StoreError>) -> Result<(), StoreError> {
     }
 }
 
-/// `default`, `kube-system`, `kube-node-lease` and `gitplane-system`.
+const KUBE_SYSTEM: &str = "kube-system";
+
+/// `default`, `kube-system`, `kube-node-lease` and `gitplane-system`. `kube-system` enforces
+/// Pod Security's `privileged`, as clusters exempt it: the node daemons that live there (log
+/// shippers, network agents) mount the node's files.
 pub async fn namespaces(store: &Arc<dyn Store>) -> Result<(), StoreError> {
     let api = Api::<Namespace>::new(store.clone());
-    for name in [DEFAULT_NAMESPACE, "kube-system", NODE_LEASE_NAMESPACE, SYSTEM_NAMESPACE] {
+    for name in [DEFAULT_NAMESPACE, KUBE_SYSTEM, NODE_LEASE_NAMESPACE, SYSTEM_NAMESPACE] {
         if api.get("", name).await?.is_none() {
+            let labels = (name == KUBE_SYSTEM)
+                .then(|| [(format!("{}enforce", crate::source::podsecurity::LABEL), "privileged".to_owned())].into());
             let ns = Namespace {
-                metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
+                metadata: ObjectMeta { name: Some(name.into()), labels, ..Default::default() },
                 ..Default::default()
             };
             ignore_exists(api.create(&ns).await)?;

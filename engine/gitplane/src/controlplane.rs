@@ -2,7 +2,9 @@
 //! them when it becomes the acting leader and stops them the moment it is not.
 
 use anyhow::Context as _;
-use gitplane_controllers::{loadbalancer::AddressPool, taint_eviction::DefaultTolerations};
+use gitplane_controllers::{
+    kubernetes_service::ApiEndpoints, loadbalancer::AddressPool, taint_eviction::DefaultTolerations,
+};
 use gitplane_gitops::{
     bootstrap,
     mirror::Mirrors,
@@ -71,6 +73,7 @@ impl ControllerArgs {
                 not_ready: Duration::from_secs(self.default_not_ready_toleration_seconds),
                 unreachable: Duration::from_secs(self.default_unreachable_toleration_seconds),
             },
+            ..Default::default()
         };
         Ok(LoopSettings { controllers, scheduler })
     }
@@ -82,6 +85,33 @@ impl ControllerArgs {
 pub struct LoopSettings {
     pub controllers: gitplane_controllers::Settings,
     pub scheduler: Vec<(&'static str, i64)>,
+}
+
+/// Where the `kubernetes` Service points: the first of `candidates` (the listener's address,
+/// the address nodes reach the control plane on) that a Pod can reach, i.e. IPv4 and neither
+/// loopback nor unspecified (a Pod's loopback is its own); none: the Service has no endpoints.
+/// Several replicas each list their own; the first address is enough, as any replica serves the
+/// same reads.
+pub fn api_endpoints(ranges: &ServiceRanges, candidates: &[std::net::SocketAddr]) -> ApiEndpoints {
+    let addresses = candidates
+        .iter()
+        .filter_map(|a| match a {
+            std::net::SocketAddr::V4(v4) if !v4.ip().is_loopback() && !v4.ip().is_unspecified() => Some(*v4),
+            _ => None,
+        })
+        .take(1)
+        .collect();
+    ApiEndpoints { cluster_ip: Some(ranges.kubernetes()), addresses }
+}
+
+/// The names Pods verify the API server's certificate for: the `kubernetes` Service's.
+pub fn kubernetes_service_names(ranges: &ServiceRanges) -> Vec<String> {
+    let mut names: Vec<String> =
+        ["kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"]
+            .map(String::from)
+            .into();
+    names.push(ranges.kubernetes().to_string());
+    names
 }
 
 /// What the leader-only loops are configured with.

@@ -142,6 +142,28 @@ impl Credentials {
     }
 }
 
+/// The file of this replica's ServiceAccount token signing key.
+pub const SERVICE_ACCOUNT_KEY: &str = "service-account-key";
+
+/// This replica's key for ServiceAccount tokens (PKCS#8, P-256): `<data-dir>/service-account-key`
+/// (base64, mode 0600), made on first start. It never leaves the replica; verifiers need only
+/// its public key.
+pub fn service_account_key(data_dir: &Path) -> anyhow::Result<Vec<u8>> {
+    use base64::{Engine as _, engine::general_purpose::STANDARD};
+    let path = data_dir.join(SERVICE_ACCOUNT_KEY);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => STANDARD.decode(text.trim()).with_context(|| {
+            format!("{} is not the base64 of a PKCS#8 key: remove it to make a new one", path.display())
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = gitplane_apiserver::serviceaccount::SigningKey::generate_pkcs8()?;
+            write_private(&path, &format!("{}\n", STANDARD.encode(&key)))?;
+            Ok(key)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
 fn missing_hint(path: &Path, name: &str) -> String {
     format!(
         "the cluster's {name} ({}): a replica of a cluster of several makes it only on the replica with the \

@@ -5,10 +5,11 @@ use crate::{backend::Backend, controlplane, credentials::Credentials};
 use anyhow::Context as _;
 use axum::{Json, routing::get};
 use gitplane_apiserver::{
-    authz,
+    authn, authz,
     kubelet_client::KubeletClient,
     listener::{self, Transport},
     page,
+    serviceaccount::{SigningKey, VerifyingKeys},
 };
 use gitplane_gitops::{
     githttp,
@@ -20,6 +21,7 @@ use gitplane_gitops::{
 use gitplane_nodeservice::{
     NodeIdentity, NodeService,
     tls::{ClusterCa, ReplicaCertificate},
+    tokens::TokenIssuer,
 };
 use gitplane_store::{Store, informer::SharedInformerFactory};
 use std::{
@@ -95,6 +97,14 @@ async fn require_replica(request: axum::extract::Request, next: axum::middleware
     }
 }
 
+/// How a replica issues and checks ServiceAccount tokens.
+pub struct ServiceAccountTokens {
+    /// This replica's signing key (PKCS#8, `credentials::service_account_key`).
+    pub key: Vec<u8>,
+    /// The longest a token lives (`--service-account-max-token-expiration`); none: as asked.
+    pub max_expiration: Option<Duration>,
+}
+
 pub struct Replica {
     pub backend: Backend,
     tasks: Vec<JoinHandle<()>>,
@@ -120,6 +130,7 @@ impl Replica {
         event_ttl: Duration,
         nodes_netns: Option<PathBuf>,
         replica_addresses: Vec<std::net::IpAddr>,
+        tokens: ServiceAccountTokens,
     ) -> anyhow::Result<Replica> {
         crate::metrics::register();
         let shared: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore(backend.store()));
@@ -142,7 +153,13 @@ impl Replica {
             services: (service_ranges.network, service_ranges.prefix),
             load_balancers: controllers.controllers.load_balancer_pool,
         };
-        let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone(), reserved).into_server();
+        let key = SigningKey::from_pkcs8(&tokens.key).context("the ServiceAccount token key")?;
+        let public_key = key.public_key();
+        let verifying = VerifyingKeys::new([public_key.clone()]);
+        let issuer = Arc::new(TokenIssuer { key, max_expiration: tokens.max_expiration });
+        let nodes = NodeService::new(shared.clone(), identity, tls.ca.clone(), reserved)
+            .with_token_issuer(issuer)
+            .into_server();
         let grpc =
             backend.routes().add_service(nodes).into_axum_router().layer(axum::middleware::from_fn(require_replica));
         let info = backend.clone();
@@ -158,6 +175,10 @@ impl Replica {
                 None
             }
         };
+        let mut access = access;
+        // The Pods and ServiceAccounts tokens are bound to, from this replica's informer.
+        access.service_accounts = Some(Arc::new(authn::ServiceAccountTokens::new(verifying, informers.informer())));
+        access.rbac = Some(Arc::new(gitplane_apiserver::rbac::RbacAuthorizer::new(informers.informer())));
         let secrets = webhook::WebhookSecrets { default: git.webhook_secret.clone(), per_url: HashMap::new() };
         let api = gitplane_apiserver::router(shared.clone(), push_hint, kubelet);
         let page = page::router(shared.clone(), informers.clone(), git.repos_dir.clone(), access.clone());
@@ -198,6 +219,7 @@ impl Replica {
         };
         tasks.push(tokio::spawn(controlplane::run_while_leading(backend.leading(), shared.clone(), settings)));
         tasks.push(tokio::spawn(crate::encryption::reencryptor(backend.clone(), shared.clone())));
+        tasks.push(tokio::spawn(publish_key(shared.clone(), public_key)));
         tasks.push(tokio::spawn(compactor(shared)));
         Ok(Replica { backend, tasks })
     }
@@ -219,6 +241,38 @@ impl Replica {
             task.abort();
         }
         self.backend.shutdown().await;
+    }
+}
+
+/// Adds this replica's public key to the ConfigMap every replica verifies tokens with, retrying
+/// until it is there (the store may have no leader yet).
+async fn publish_key(store: Arc<dyn Store>, public_key: Vec<u8>) {
+    use base64::{Engine as _, engine::general_purpose::STANDARD};
+    use gitplane_apiserver::serviceaccount::{PUBLISHED_KEYS_NAME, PUBLISHED_KEYS_NAMESPACE, key_id};
+    let key = gitplane_store::ObjectKey::new("ConfigMap", PUBLISHED_KEYS_NAMESPACE, PUBLISHED_KEYS_NAME);
+    let (kid, encoded) = (key_id(&public_key), STANDARD.encode(&public_key));
+    let mut retry = Duration::from_millis(200);
+    loop {
+        let op = match store.get(&key).await {
+            Ok(Some(current)) if current["data"][&kid] == encoded.as_str() => return,
+            Ok(Some(mut current)) => {
+                current["data"][&kid] = serde_json::json!(encoded);
+                gitplane_store::Op::Update(current)
+            }
+            Ok(None) => gitplane_store::Op::Create(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": PUBLISHED_KEYS_NAME, "namespace": PUBLISHED_KEYS_NAMESPACE},
+                "data": {kid.clone(): encoded.clone()}})),
+            Err(_) => {
+                tokio::time::sleep(retry).await;
+                continue;
+            }
+        };
+        match store.txn(vec![op]).await {
+            Ok(_) => return,
+            Err(e) => tracing::debug!(error = %e, "publishing the ServiceAccount token key, retrying"),
+        }
+        tokio::time::sleep(retry).await;
+        retry = (retry * 2).min(Duration::from_secs(10));
     }
 }
 

@@ -52,7 +52,7 @@ impl Security {
             .with_context(|| format!("opening the audit log {}", audit_path.display()))?;
         let tokens = Arc::new(authn::Tokens::new(&entries));
         authn::follow(path, &tokens);
-        let access = ApiAccess { tokens, anonymous_loopback_reads, audit };
+        let access = ApiAccess { tokens, service_accounts: None, rbac: None, anonymous_loopback_reads, audit };
         Ok(Security { ca, access, reader, data_dir: data_dir.to_path_buf() })
     }
 

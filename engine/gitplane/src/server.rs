@@ -2,9 +2,10 @@
 
 use crate::{
     backend::Backend,
+    controlplane,
     credentials::{Credentials, Sources},
     encryption::load_keys,
-    replica::{GitServing, Replica, ReplicaTls},
+    replica::{GitServing, Replica, ReplicaTls, ServiceAccountTokens},
     security::{self, Security},
 };
 use anyhow::{Context as _, bail};
@@ -81,6 +82,10 @@ pub struct ServerArgs {
     service_cidr: String,
     #[command(flatten)]
     controllers: crate::controlplane::ControllerArgs,
+    /// The longest a ServiceAccount token the nodes ask for lives (kube-apiserver's flag of this
+    /// name), e.g. 1h; tests shorten it to watch tokens rotate. None: as long as asked.
+    #[arg(long, value_parser = crate::events::parse_ttl)]
+    service_account_max_token_expiration: Option<Duration>,
     /// The addresses Services may list in `spec.externalIPs`, e.g. 198.51.100.0/28. None: every
     /// external IP is refused (Kubernetes' DenyServiceExternalIPs), as any node's own traffic
     /// to such an address would go to the Service's Pods.
@@ -143,6 +148,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let secrets = load_keys(&args.data_dir, args.encryption_key_file.as_deref(), makes_cluster_secrets)?;
     let security = Security::load(&args.data_dir, &credentials, args.tokens_file.as_deref(), false)?;
     let tcp = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
+    let own_address = own.parse::<SocketAddr>().ok();
     let own_host = own.rsplit_once(':').map_or(own.as_str(), |(host, _)| host).to_owned();
     let names = security::serving_names(listen, &[&[own_host][..], &args.tls_san].concat());
     // Every replica's address, and this one's names: no node may take them.
@@ -151,7 +157,10 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         .chain(names.iter().map(String::as_str))
         .filter_map(|host| host.trim_start_matches('[').trim_end_matches(']').parse().ok())
         .collect();
-    let certificate = security.ca.replica_certificate(&names)?;
+    let mut ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
+    ranges.external_ips = args.external_ip_pool;
+    let certificate =
+        security.ca.replica_certificate(&[&names[..], &controlplane::kubernetes_service_names(&ranges)].concat())?;
     let listener = security.listener(tcp, &certificate)?;
     let (chain, key) = certificate.pem();
     let peer_token = PeerToken::new(&credentials.peer_token)
@@ -186,8 +195,10 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
     let mut git =
         GitServing::load(&args.data_dir, args.repos_dir, args.webhook_secret_file.as_deref(), args.allow_file_urls)?;
     git.root = args.bootstrap;
-    let mut ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
-    ranges.external_ips = args.external_ip_pool;
+    let mut controllers = args.controllers.settings()?;
+    controllers.controllers.root_ca = Some(security.ca.pem());
+    controllers.controllers.api_endpoints =
+        controlplane::api_endpoints(&ranges, &[listen].into_iter().chain(own_address).collect::<Vec<_>>());
     let access = security.access.clone();
     let tls = ReplicaTls { ca: security.ca.clone(), certificate };
     let replica = Replica::start(
@@ -199,10 +210,14 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         git,
         hint,
         ranges,
-        args.controllers.settings()?,
+        controllers,
         args.event_ttl,
         None,
         replica_addresses,
+        ServiceAccountTokens {
+            key: crate::credentials::service_account_key(&args.data_dir)?,
+            max_expiration: args.service_account_max_token_expiration,
+        },
     )
     .await?;
     let kubeconfig = kubeconfig.map(|p| p.display().to_string()).unwrap_or_default();

@@ -11,9 +11,10 @@
 
 use crate::{
     backend::Backend,
+    controlplane,
     credentials::{Credentials, Sources},
     nodes,
-    replica::{GitServing, Replica, ReplicaTls},
+    replica::{GitServing, Replica, ReplicaTls, ServiceAccountTokens},
     security::{self, Security},
 };
 use anyhow::{Context as _, bail};
@@ -74,6 +75,10 @@ pub struct UpArgs {
     proxy_mode: proxy::Backend,
     #[command(flatten)]
     controllers: crate::controlplane::ControllerArgs,
+    /// The longest a ServiceAccount token the nodes ask for lives (kube-apiserver's flag of this
+    /// name), e.g. 1h; tests shorten it to watch tokens rotate. None: as long as asked.
+    #[arg(long, value_parser = crate::events::parse_ttl)]
+    service_account_max_token_expiration: Option<Duration>,
     /// The addresses Services may list in `spec.externalIPs`, e.g. 198.51.100.0/28. None: every
     /// external IP is refused (Kubernetes' DenyServiceExternalIPs), as any node's own traffic
     /// to such an address would go to the Service's Pods.
@@ -142,7 +147,10 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}: is another gitplane running? pass --listen", args.listen))?;
     let port = listener.local_addr().context("the listener's address")?.port();
     let names = security::serving_names(args.listen, &[nodes::GATEWAY.to_string()]);
-    let certificate = security.ca.replica_certificate(&names)?;
+    let mut ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
+    ranges.external_ips = args.external_ip_pool;
+    let certificate =
+        security.ca.replica_certificate(&[&names[..], &controlplane::kubernetes_service_names(&ranges)].concat())?;
     let mut listeners = vec![security.listener(listener, &certificate)?];
     let node_base = args.node_name.clone().unwrap_or_else(hostname);
     let node_network = match args.nodes {
@@ -170,8 +178,12 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         data_dir.join("git-token").display(),
         api_url.split_once("://").map_or(api_url.as_str(), |(_, addr)| addr),
     );
-    let mut ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
-    ranges.external_ips = args.external_ip_pool;
+    let mut controllers = args.controllers.settings()?;
+    controllers.controllers.root_ca = Some(security.ca.pem());
+    // Pods reach the control plane where the nodes do: the bridge's gateway with --nodes, else
+    // the listener's address (the embedded node's Pods cannot reach its loopback).
+    let reached = if args.nodes.is_some() { SocketAddr::from((nodes::GATEWAY, port)) } else { args.listen };
+    controllers.controllers.api_endpoints = controlplane::api_endpoints(&ranges, &[reached]);
     let backend = Backend::raft(config).await?;
     let nodes_netns = node_network.as_ref().map(|(n, _)| n.netns_path());
     let access = security.access.clone();
@@ -184,10 +196,14 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
         git,
         repo_url.clone(),
         ranges,
-        args.controllers.settings()?,
+        controllers,
         args.event_ttl,
         nodes_netns,
         names.iter().filter_map(|n| n.parse().ok()).collect(),
+        ServiceAccountTokens {
+            key: crate::credentials::service_account_key(&data_dir)?,
+            max_expiration: args.service_account_max_token_expiration,
+        },
     )
     .await?;
     let kubeconfig = security.write_kubeconfig(args.listen)?;

@@ -16,6 +16,8 @@ pub mod podcidr;
 mod podconfig;
 mod references;
 pub mod tls;
+mod token_volume;
+pub mod tokens;
 
 pub use identity::NodeIdentity;
 use identity::{CERTIFICATES_ANNOTATION, Caller, caller, node_of};
@@ -32,14 +34,14 @@ use gitplane_apiserver::{
 use gitplane_proto::node::{
     CreateEventsRequest, CreateEventsResponse, DeletePodRequest, DeletePodResponse, EventType as WireEventType,
     HeartbeatRequest, HeartbeatResponse, ObjectEvent, PodEvent, RegisterRequest, RegisterResponse,
-    RenewCertificatesRequest, RenewCertificatesResponse, UpdateNodeStatusRequest, UpdateNodeStatusResponse,
-    UpdatePodStatusRequest, UpdatePodStatusResponse, WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest,
-    node_service_server,
+    RenewCertificatesRequest, RenewCertificatesResponse, ServiceAccountTokenRequest, ServiceAccountTokenResponse,
+    UpdateNodeStatusRequest, UpdateNodeStatusResponse, UpdatePodStatusRequest, UpdatePodStatusResponse,
+    WatchNetworkRequest, WatchPodConfigRequest, WatchPodsRequest, node_service_server,
 };
 use gitplane_store::{Api, EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
     coordination::v1::{Lease, LeaseSpec},
-    core::v1::{ConfigMap, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodStatus},
+    core::v1::{ConfigMap, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodStatus, ServiceAccount},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -67,6 +69,8 @@ pub struct NodeService {
     allocating: tokio::sync::Mutex<()>,
     /// The kubelet's Events, from every node this replica serves.
     events: gitplane_store::events::Recorder,
+    /// Signs the Pods' ServiceAccount tokens; none: nodes get none.
+    tokens: Option<Arc<tokens::TokenIssuer>>,
 }
 
 impl NodeService {
@@ -77,7 +81,13 @@ impl NodeService {
         reserved: addresses::Reserved,
     ) -> Self {
         let events = gitplane_store::events::Recorder::spawn(store.clone(), Default::default());
-        NodeService { store, identity, ca, reserved, allocating: tokio::sync::Mutex::new(()), events }
+        NodeService { store, identity, ca, reserved, allocating: tokio::sync::Mutex::new(()), events, tokens: None }
+    }
+
+    /// Nodes get their Pods' ServiceAccount tokens, signed by `issuer`.
+    pub fn with_token_issuer(mut self, issuer: Arc<tokens::TokenIssuer>) -> Self {
+        self.tokens = Some(issuer);
+        self
     }
 
     /// The node a request of a node comes from, if that node may act still ([`identity::admit`]),
@@ -371,6 +381,21 @@ fn pod_event(kind: WireEventType, revision: i64, pod: &serde_json::Value) -> Pod
     PodEvent { r#type: kind as i32, resource_version: revision, pod: serde_json::to_vec(pod).unwrap_or_default() }
 }
 
+/// A Pod as its node receives it: with the ServiceAccount token volume admission would add, where
+/// the cluster issues tokens ([`token_volume`]).
+async fn as_sent(store: &Arc<dyn Store>, pod: &serde_json::Value, mounts_tokens: bool) -> serde_json::Value {
+    let mut pod = pod.clone();
+    if mounts_tokens {
+        let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
+        let key = ObjectKey::of::<ServiceAccount>(&namespace, token_volume::service_account_name(&pod));
+        // Unreadable for now: as if it said nothing; the Pod's next event asks again.
+        let account = store.get(&key).await.ok().flatten();
+        let automount = account.and_then(|a| a["automountServiceAccountToken"].as_bool());
+        token_volume::mount(&mut pod, automount);
+    }
+    pod
+}
+
 fn bound_to(pod: &serde_json::Value, node: &str) -> bool {
     pod["spec"]["nodeName"].as_str() == Some(node)
 }
@@ -611,6 +636,37 @@ impl node_service_server::NodeService for NodeService {
         Ok(Response::new(UpdateNodeStatusResponse {}))
     }
 
+    async fn request_service_account_token(
+        &self,
+        request: Request<ServiceAccountTokenRequest>,
+    ) -> Result<Response<ServiceAccountTokenResponse>, Status> {
+        let (_, node) = self.admitted(&request).await?;
+        let issuer = self.tokens.as_ref().ok_or_else(|| Status::unimplemented("this replica issues no tokens"))?;
+        let req = request.into_inner();
+        let pod = Api::<Pod>::new(self.store.clone()).get(&req.namespace, &req.pod_name).await.map_err(store_status)?;
+        let account = Api::<ServiceAccount>::new(self.store.clone())
+            .get(&req.namespace, &req.service_account)
+            .await
+            .map_err(store_status)?;
+        let asked = tokens::Asked {
+            namespace: &req.namespace,
+            pod_name: &req.pod_name,
+            pod_uid: &req.pod_uid,
+            service_account: &req.service_account,
+            audiences: req.audiences.clone(),
+            expiration_seconds: req.expiration_seconds,
+        };
+        let now = Timestamp::now().as_second();
+        let claims = issuer.claims(&node, &asked, pod.as_ref(), account.as_ref(), now)?;
+        let token = issuer.key.sign(&claims).map_err(|e| Status::internal(e.to_string()))?;
+        tracing::debug!(pod = %format!("{}/{}", req.namespace, req.pod_name), "service account token issued");
+        Ok(Response::new(ServiceAccountTokenResponse {
+            token,
+            expiration_unix_seconds: claims.exp,
+            issued_unix_seconds: claims.iat,
+        }))
+    }
+
     type WatchPodsStream = PodEventStream;
 
     async fn watch_pods(&self, request: Request<WatchPodsRequest>) -> Result<Response<PodEventStream>, Status> {
@@ -620,14 +676,13 @@ impl node_service_server::NodeService for NodeService {
             return Err(Status::permission_denied(format!("node {own} cannot watch the Pods of {node_name}")));
         }
         let mut initial = Vec::new();
+        let mounts_tokens = self.tokens.is_some();
         let from = if resource_version == 0 {
             let list = self.store.list("Pod", &ListOptions::default()).await.map_err(store_status)?;
-            initial.extend(
-                list.items
-                    .iter()
-                    .filter(|p| bound_to(p, &node_name))
-                    .map(|p| Ok(pod_event(WireEventType::Added, list.revision, p))),
-            );
+            for pod in list.items.iter().filter(|p| bound_to(p, &node_name)) {
+                let pod = as_sent(&self.store, pod, mounts_tokens).await;
+                initial.push(Ok(pod_event(WireEventType::Added, list.revision, &pod)));
+            }
             initial.push(Ok(PodEvent {
                 r#type: WireEventType::Bookmark as i32,
                 resource_version: list.revision,
@@ -641,27 +696,33 @@ impl node_service_server::NodeService for NodeService {
         let options = WatchOptions { kinds: Some(vec!["Pod".into(), "Node".into()]), bookmarks: true };
         let events = self.store.watch(from, options).await.map_err(store_status)?;
         let node = node_name.clone();
+        let store = self.store.clone();
         let changes = events.filter_map(move |event| {
-            let result = match event {
-                Err(e) => Some(Err(store_status(e))),
-                Ok(e) if e.key.kind == "Node" => identity::removes(&e, &node).then(|| Err(identity::removed(&node))),
-                // Bookmarks let an agent resume from a recent revision after a reconnect.
-                Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(PodEvent {
-                    r#type: WireEventType::Bookmark as i32,
-                    resource_version: e.revision,
-                    pod: Vec::new(),
-                })),
-                Ok(e) if bound_to(&e.object, &node) => {
-                    let kind = match e.event_type {
-                        EventType::Added => WireEventType::Added,
-                        EventType::Modified => WireEventType::Modified,
-                        _ => WireEventType::Deleted,
-                    };
-                    Some(Ok(pod_event(kind, e.revision, &e.object)))
+            let (node, store) = (node.clone(), store.clone());
+            async move {
+                match event {
+                    Err(e) => Some(Err(store_status(e))),
+                    Ok(e) if e.key.kind == "Node" => {
+                        identity::removes(&e, &node).then(|| Err(identity::removed(&node)))
+                    }
+                    // Bookmarks let an agent resume from a recent revision after a reconnect.
+                    Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(PodEvent {
+                        r#type: WireEventType::Bookmark as i32,
+                        resource_version: e.revision,
+                        pod: Vec::new(),
+                    })),
+                    Ok(e) if bound_to(&e.object, &node) => {
+                        let kind = match e.event_type {
+                            EventType::Added => WireEventType::Added,
+                            EventType::Modified => WireEventType::Modified,
+                            _ => WireEventType::Deleted,
+                        };
+                        let pod = as_sent(&store, &e.object, mounts_tokens).await;
+                        Some(Ok(pod_event(kind, e.revision, &pod)))
+                    }
+                    Ok(_) => None,
                 }
-                Ok(_) => None,
-            };
-            std::future::ready(result)
+            }
         });
         tracing::info!(node = %node_name, from, "pod watch started");
         Ok(Response::new(Box::pin(futures::stream::iter(initial).chain(changes))))

@@ -8,14 +8,15 @@ pub mod topology_spread;
 
 use crate::framework::{CycleState, FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin};
 use crate::resources::Resources;
-use gitplane_api::taints::tolerates;
+use gitplane_api::taints::{NO_SCHEDULE, UNSCHEDULABLE, tolerates};
 use inter_pod_affinity::InterPodAffinity;
 use k8s_openapi::api::core::v1::{Pod, Taint};
 use node_affinity::NodeAffinity;
 use node_ports::NodePorts;
 use topology_spread::PodTopologySpread;
 
-/// Only nodes whose Ready condition is True and that are not cordoned.
+/// Only nodes whose Ready condition is True and that are not cordoned, unless the Pod tolerates
+/// the `node.kubernetes.io/unschedulable` taint (upstream's NodeUnschedulable: daemon Pods do).
 pub struct NodeReady;
 
 impl FilterPlugin for NodeReady {
@@ -23,8 +24,12 @@ impl FilterPlugin for NodeReady {
         "NodeReady"
     }
 
-    fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo, _: &CycleState) -> Result<(), Vec<String>> {
-        if node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+    fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo, _: &CycleState) -> Result<(), Vec<String>> {
+        let cordon = Taint { key: UNSCHEDULABLE.into(), effect: NO_SCHEDULE.into(), ..Default::default() };
+        let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
+        if node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
+            && !tolerations.iter().any(|t| tolerates(t, &cordon))
+        {
             return Err(vec!["node(s) were unschedulable".into()]);
         }
         let ready = node
@@ -352,6 +357,30 @@ mod tests {
         p.spec.as_mut().unwrap().node_selector = Some([("disk".to_owned(), "hdd".to_owned())].into());
         let err = Profile::default().schedule(&p, &[node("a", "1", "1Gi", true)], &NONE).unwrap_err();
         assert!(err.to_string().contains("node affinity/selector"));
+    }
+
+    /// A daemon Pod pinned to its node by name lands there and nowhere else, and only if the
+    /// node fits it otherwise; it may land on a cordoned node, as it tolerates that.
+    #[test]
+    fn a_pod_pinned_by_name_lands_only_on_its_node() {
+        let mut p = pod("100m", "64Mi");
+        gitplane_api::nodeaffinity::pin_to_node(p.spec.as_mut().unwrap(), "b");
+        let nodes = [node("a", "4", "8Gi", true), node("b", "4", "8Gi", true)];
+        assert_eq!(Profile::default().schedule(&p, &nodes, &NONE), Ok("b".into()));
+        let err = Profile::default().schedule(&p, &nodes[..1], &NONE).unwrap_err();
+        assert!(err.to_string().contains("node affinity/selector"), "{err}");
+        let small = [node("a", "4", "8Gi", true), node("b", "50m", "8Gi", true)];
+        let err = Profile::default().schedule(&p, &small, &NONE).unwrap_err();
+        assert!(err.to_string().contains("1 Insufficient cpu"), "{err}");
+        let mut cordoned = node("b", "4", "8Gi", true);
+        cordoned.node.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
+        let cordoned = [cordoned];
+        assert!(Profile::default().schedule(&p, &cordoned, &NONE).is_err());
+        p.spec.as_mut().unwrap().tolerations = Some(
+            serde_json::from_value(json!([{"key": UNSCHEDULABLE, "operator": "Exists", "effect": "NoSchedule"}]))
+                .unwrap(),
+        );
+        assert_eq!(Profile::default().schedule(&p, &cordoned, &NONE), Ok("b".into()));
     }
 
     fn tainted(name: &str, taints: serde_json::Value) -> NodeInfo {

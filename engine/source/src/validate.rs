@@ -7,6 +7,7 @@ mod cron_job;
 mod ingress;
 mod network_policy;
 mod pod;
+mod removed;
 mod service;
 mod storage;
 
@@ -246,6 +247,9 @@ impl Validator {
     }
 
     fn unknown_kind(&self, api_version: &str, kind: &str) -> Problem {
+        if let Some(message) = removed::message(api_version, kind) {
+            return Problem::at("/apiVersion", message);
+        }
         if let Some(Kind { info, .. }) = self.kinds.iter().find(|k| k.info.kind == kind) {
             return Problem::at(
                 "/apiVersion",
@@ -456,6 +460,7 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
             "Namespace" => DnsName::Label,
             // Kubernetes: Service names become DNS labels and must start with a letter.
             "Service" => DnsName::Rfc1035Label,
+            "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => DnsName::PathSegment,
             _ => DnsName::Subdomain,
         };
         if let Err(why) = syntax.check(name) {
@@ -706,6 +711,8 @@ enum DnsName {
     Label,
     /// RFC 1035 label: Service names.
     Rfc1035Label,
+    /// A URL path segment: RBAC names, which Kubernetes lets hold ':' (`system:metrics-server`).
+    PathSegment,
 }
 
 impl DnsName {
@@ -728,6 +735,11 @@ impl DnsName {
                 is_label(name) && name.starts_with(|c: char| c.is_ascii_lowercase()),
                 "a DNS-1035 label must consist of lower case alphanumeric characters or '-', \
                  start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name', or 'abc-123')",
+            ),
+            DnsName::PathSegment => (
+                usize::MAX,
+                name != "." && name != ".." && !name.contains(['/', '%']),
+                "may not be '.' or '..' and may not contain '/' or '%'",
             ),
         };
         if name.len() > max {
@@ -860,16 +872,31 @@ spec:
             (
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
-                   Namespace (v1), ConfigMap (v1), Secret (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
-                   Job (batch/v1), CronJob (batch/v1), HorizontalPodAutoscaler (autoscaling/v2), \
-                   HorizontalPodAutoscaler (autoscaling/v1), Ingress (networking.k8s.io/v1), IngressClass (networking.k8s.io/v1), \
-                   NetworkPolicy (networking.k8s.io/v1), PersistentVolumeClaim (v1), PersistentVolume (v1), \
-                   StorageClass (storage.k8s.io/v1), APIService (apiregistration.k8s.io/v1), Application (gitplane.io/v1)"],
+                   Namespace (v1), ConfigMap (v1), Secret (v1), ServiceAccount (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
+                   DaemonSet (apps/v1), ReplicationController (v1), Job (batch/v1), CronJob (batch/v1), \
+                   HorizontalPodAutoscaler (autoscaling/v2), HorizontalPodAutoscaler (autoscaling/v1), Ingress (networking.k8s.io/v1), \
+                   IngressClass (networking.k8s.io/v1), NetworkPolicy (networking.k8s.io/v1), PodDisruptionBudget (policy/v1), \
+                   Role (rbac.authorization.k8s.io/v1), ClusterRole (rbac.authorization.k8s.io/v1), RoleBinding (rbac.authorization.k8s.io/v1), \
+                   ClusterRoleBinding (rbac.authorization.k8s.io/v1), \
+                   PersistentVolumeClaim (v1), PersistentVolume (v1), StorageClass (storage.k8s.io/v1), \
+                   APIService (apiregistration.k8s.io/v1), Application (gitplane.io/v1)"],
+            ),
+            (
+                "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget\nmetadata: {name: web}\n".into(),
+                &[
+                    "deploy.yaml:1: PodDisruptionBudget web: /apiVersion: no matches for kind \"PodDisruptionBudget\" in \
+                   version \"policy/v1beta1\"; use policy/v1 (policy/v1beta1 PodDisruptionBudget was removed in Kubernetes 1.25)",
+                ],
             ),
             (
                 "apiVersion: extensions/v1beta1\nkind: Deployment\nmetadata: {name: web}\n".into(),
+                &["deploy.yaml:1: Deployment web: /apiVersion: no matches for kind \"Deployment\" in version \
+                   \"extensions/v1beta1\"; use apps/v1 (extensions/v1beta1 Deployment was removed in Kubernetes 1.16)"],
+            ),
+            (
+                "apiVersion: apps/v1beta3\nkind: Deployment\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:1: Deployment web: /apiVersion: Deployment is accepted as apiVersion apps/v1, \
-                   not extensions/v1beta1: set apiVersion: apps/v1"],
+                   not apps/v1beta3: set apiVersion: apps/v1"],
             ),
             (
                 "# no kind\nmetadata: {name: web}\n".into(),
@@ -908,6 +935,13 @@ spec:
                      RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end \
                      with an alphanumeric character (e.g. 'my-name', or '123-abc')",
                 ],
+            ),
+            (
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: a/b\n\
+                 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}\n"
+                    .into(),
+                &["deploy.yaml:4: ClusterRoleBinding a/b: /metadata/name: \"a/b\" is not a valid ClusterRoleBinding \
+                   name: may not be '.' or '..' and may not contain '/' or '%'"],
             ),
             (
                 format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n", "a".repeat(64)),
@@ -1119,7 +1153,7 @@ spec:
         - {name: scratch, emptyDir: {}}
         - name: settings
           configMap: {name: settings, defaultMode: 1000, items: [{key: a, path: ../a}]}
-        - {name: tokens, projected: {sources: []}}
+        - {name: tokens, projected: {sources: [{clusterTrustBundle: {signerName: example.com/x, path: b}}]}}
       containers:
         - name: web
           image: httpd
@@ -1159,10 +1193,10 @@ spec:
             ),
             (
                 15,
-                "/volumes/2/projected".into(),
+                "/volumes/2/projected/sources/0/clusterTrustBundle".into(),
                 format!(
-                    "a projected volume {not_yet} (it supports emptyDir, hostPath, configMap, secret, downwardAPI, \
-                     persistentVolumeClaim)"
+                    "a projected clusterTrustBundle source {not_yet} (it supports configMap, secret, downwardAPI, \
+                     serviceAccountToken)"
                 ),
             ),
             (

@@ -19,3 +19,4 @@ pub mod runtime;
 pub mod runtime_state;
 pub mod server;
 pub mod stats;
+pub mod token_manager;

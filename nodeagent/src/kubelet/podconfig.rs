@@ -8,6 +8,7 @@
 
 use crate::controlplane::{Client, Follower, Servers, follow};
 use crate::kubelet::runtime::env::ConfigSource;
+use crate::kubelet::token_manager::{TokenManager, Wake};
 use gitplane_api::podrefs::{ConfigKind, ConfigRef, config_refs};
 use gitplane_proto::node::{EventType, ObjectEvent, WatchPodConfigRequest};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
@@ -78,9 +79,11 @@ impl Objects {
 /// What a Pod references, and its worker's wake-up.
 type Interest = (BTreeSet<ConfigRef>, Arc<Notify>);
 
-/// The followed objects, the revision the stream reached, and who to wake on a change.
+/// The followed objects, the revision the stream reached, and who to wake on a change; and the
+/// Pods' ServiceAccount tokens, where the control plane gives them.
 pub struct PodConfig {
     objects: RwLock<Objects>,
+    tokens: std::sync::OnceLock<TokenManager>,
     revision: watch::Sender<i64>,
     /// pod uid -> (what it references, its worker's wake-up).
     interested: Mutex<HashMap<String, Interest>>,
@@ -92,6 +95,7 @@ impl Default for PodConfig {
     fn default() -> Self {
         PodConfig {
             objects: RwLock::default(),
+            tokens: std::sync::OnceLock::new(),
             revision: watch::channel(0).0,
             interested: Mutex::default(),
             local_path_dir: None,
@@ -108,6 +112,13 @@ impl ConfigSource for PodConfig {
     fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
         let objects = self.objects.read().unwrap_or_else(PoisonError::into_inner);
         objects.secrets.get(&(namespace.to_owned(), name.to_owned())).cloned()
+    }
+
+    fn service_account_token(&self, pod: &Pod, audience: &str, expiration_seconds: i64) -> Result<String, String> {
+        match self.tokens.get() {
+            Some(tokens) => tokens.get(pod, audience, expiration_seconds),
+            None => Err("this node is given no ServiceAccount tokens".into()),
+        }
     }
 
     fn persistent_volume_claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
@@ -140,6 +151,21 @@ impl PodConfig {
     /// Removes the directories of provisioned volumes deleted under `dir`.
     pub fn with_local_path_dir(dir: PathBuf) -> Self {
         PodConfig { local_path_dir: Some(dir), ..Default::default() }
+    }
+
+    /// From now on, Pods' ServiceAccount tokens are asked of `servers`; a token that arrives
+    /// wakes its Pod's worker.
+    pub(crate) fn request_tokens_from(self: &Arc<Self>, servers: Servers) {
+        let config = Arc::downgrade(self);
+        let wake: Wake = Arc::new(move |uid: &str| {
+            if let Some(config) = config.upgrade() {
+                let interested = config.interested.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some((_, wake)) = interested.get(uid) {
+                    wake.notify_one();
+                }
+            }
+        });
+        let _ = self.tokens.set(TokenManager::new(servers, wake));
     }
 
     /// Pod `uid`'s worker is woken by `wake` when an object `pod` references changes.

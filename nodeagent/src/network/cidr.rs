@@ -45,6 +45,12 @@ impl Ipv4Cidr {
         self.contains(other.addr) || other.contains(self.addr)
     }
 
+    /// The `default/kubernetes` Service's address: the first of the Service range, as the
+    /// control plane keeps it.
+    pub fn kubernetes_service(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.addr).wrapping_add(1))
+    }
+
     /// Cluster DNS's address: the tenth of the Service range, as the control plane keeps it.
     pub fn cluster_dns(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.addr).wrapping_add(10))

@@ -1,8 +1,8 @@
 //! An Application's resource tree, as the page draws it: Deployment -> ReplicaSet -> Pods by
 //! ownerReferences, Service -> EndpointSlices (by `kubernetes.io/service-name`) -> Pods (by the
-//! endpoints' targetRef), StatefulSet and Job -> Pods and CronJob -> Jobs -> Pods by
-//! ownerReferences, a PersistentVolumeClaim with its phase's health; every other object the
-//! Application
+//! endpoints' targetRef), DaemonSet, ReplicationController, StatefulSet and Job -> Pods and
+//! CronJob -> Jobs -> Pods by ownerReferences, a PersistentVolumeClaim with its phase's health;
+//! every other object the Application
 //! applied is a leaf. Health comes from the source's own rules, so the page and the
 //! Application's status agree.
 
@@ -91,6 +91,13 @@ pub fn build(objects: &Objects) -> Vec<Node> {
                     let (health, message) = health::stateful_set(object);
                     node(object, kind, health, message, owned_by(&objects.pods, uid).map(pod_node).collect())
                 }
+                "DaemonSet" | "ReplicationController" => {
+                    let (health, message) = match kind {
+                        "DaemonSet" => health::daemon_set(object),
+                        _ => (Health::Healthy, String::new()),
+                    };
+                    node(object, kind, health, message, owned_by(&objects.pods, uid).map(pod_node).collect())
+                }
                 "CronJob" => {
                     let jobs = owned_by(&objects.jobs, uid).map(|job| job_node(job, &objects.pods)).collect();
                     let (health, message) = health::cron_job(object);
@@ -147,7 +154,7 @@ pub fn build(objects: &Objects) -> Vec<Node> {
 /// Workloads first, then Services, then the rest by kind.
 fn rank(kind: &str) -> (u8, &str) {
     match kind {
-        "Deployment" => (0, ""),
+        "Deployment" | "DaemonSet" | "ReplicationController" => (0, ""),
         "StatefulSet" => (1, ""),
         "CronJob" => (1, ""),
         "Job" => (2, ""),
@@ -183,16 +190,18 @@ mod tests {
         let job = json!({"kind": "Job", "metadata": {"namespace": "default", "name": "once", "uid": "j1"}});
         let cron_job = json!({"kind": "CronJob", "metadata": {"namespace": "default", "name": "nightly", "uid": "c1"}});
         let config = json!({"kind": "ConfigMap", "metadata": {"namespace": "default", "name": "settings"}});
+        let daemons = json!({"kind": "DaemonSet", "metadata": {"namespace": "default", "name": "agent", "uid": "ds1"}});
         let stateful = json!({"kind": "StatefulSet", "metadata": {"namespace": "default", "name": "db", "uid": "t1"}});
         let slice = json!({"kind": "EndpointSlice", "metadata": {"namespace": "default", "name": "web-x",
             "labels": {"kubernetes.io/service-name": "web"}},
             "endpoints": [{"conditions": {"ready": true}, "targetRef": {"kind": "Pod", "name": "web-a-1"}}]});
         let objects = Objects {
-            applied: vec![config, service, job, stateful, deployment, cron_job],
+            applied: vec![config, service, job, stateful, daemons, deployment, cron_job],
             replica_sets: vec![owned("ReplicaSet", "web-a", "r1", "d1"), owned("ReplicaSet", "other", "r2", "x")],
             pods: vec![
                 ready_pod("web-a-1", "p1", "r1"),
                 ready_pod("once-1", "p2", "j1"),
+                ready_pod("agent-1", "p6", "ds1"),
                 ready_pod("stray", "p3", "z"),
                 ready_pod("db-0", "p4", "t1"),
                 ready_pod("nightly-29000000-1", "p5", "j2"),
@@ -216,6 +225,7 @@ mod tests {
         assert_eq!(
             shape,
             vec![
+                ("DaemonSet", "agent", vec![("agent-1", vec![])]),
                 ("Deployment", "web", vec![("web-a", vec!["web-a-1"])]),
                 ("StatefulSet", "db", vec![("db-0", vec![])]),
                 ("CronJob", "nightly", vec![("nightly-29000000", vec!["nightly-29000000-1"])]),
@@ -224,7 +234,7 @@ mod tests {
                 ("ConfigMap", "settings", vec![]),
             ]
         );
-        assert_eq!(tree[4].health, Health::Healthy);
-        assert_eq!(tree[0].children[0].children[0].health, Health::Healthy);
+        assert_eq!(tree[5].health, Health::Healthy);
+        assert_eq!(tree[1].children[0].children[0].health, Health::Healthy);
     }
 }

@@ -2,7 +2,8 @@
 //! them: the API server's allocators, run inside a sync's plan so that a conflict rejects the
 //! commit, with file and line, before anything is written.
 //!
-//! A ClusterIP comes from the Service range (10.96.0.10 is kept for cluster DNS) and a nodePort
+//! A ClusterIP comes from the Service range (10.96.0.1 is kept for the `default/kubernetes`
+//! Service the control plane makes, 10.96.0.10 for cluster DNS) and a nodePort
 //! from 30000-32767 for NodePort and LoadBalancer Services; headless (`clusterIP: None`) and
 //! ExternalName Services get neither. What is allocated is stored with the Service and is not
 //! Git's, so it is not in the last-applied record: the three-way merge keeps the stored
@@ -62,6 +63,12 @@ impl ServiceRanges {
     /// The address cluster DNS answers on: the tenth of the range, as kubeadm makes it.
     pub fn dns(&self) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.network) + 10)
+    }
+
+    /// The address of the `default/kubernetes` Service: the first of the range, as
+    /// kube-apiserver gives it.
+    pub fn kubernetes(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.network) + 1)
     }
 
     /// The first and last addresses Services may get: not the network's, not its broadcast.
@@ -225,6 +232,12 @@ impl Allocations {
                 if ip == ranges.dns() && !(key.namespace == "kube-system" && key.name == "kube-dns") {
                     return Err((path, format!("{ip} is kept for cluster DNS (kube-system/kube-dns): remove it")));
                 }
+                if ip == ranges.kubernetes() && kept != Some(given.as_str()) {
+                    return Err((
+                        path,
+                        format!("{ip} is kept for the API server's Service (default/kubernetes): remove it"),
+                    ));
+                }
                 ip
             }
             (None, Some(kept)) => {
@@ -243,11 +256,12 @@ impl Allocations {
     }
 
     /// The next free address after the last one handed out, wrapping around (so a freed address
-    /// is not reused at once), never DNS's.
+    /// is not reused at once), never DNS's or the API server's.
     fn free_ip(&mut self, ranges: &ServiceRanges) -> Option<Ipv4Addr> {
         let (first, last) = ranges.hosts();
         let start = self.next_ip.clamp(first, last);
-        let free = |ip: &u32| !self.ips.contains_key(&Ipv4Addr::from(*ip)) && Ipv4Addr::from(*ip) != ranges.dns();
+        let kept = [ranges.dns(), ranges.kubernetes()];
+        let free = |ip: &u32| !self.ips.contains_key(&Ipv4Addr::from(*ip)) && !kept.contains(&Ipv4Addr::from(*ip));
         let ip = (start..=last).chain(first..start).find(free)?;
         self.next_ip = ip.saturating_add(1);
         Some(Ipv4Addr::from(ip))
@@ -411,18 +425,19 @@ mod tests {
         let mut allocations = Allocations::default();
         let (a, mut a_svc) = service("a", json!({"ports": [{"port": 80}]}));
         allocations.assign(&a, &mut a_svc, None, &ranges).unwrap();
-        assert_eq!(a_svc["spec"]["clusterIP"], "10.96.0.1");
-        assert_eq!(a_svc["spec"]["clusterIPs"], json!(["10.96.0.1"]));
+        assert_eq!(a_svc["spec"]["clusterIP"], "10.96.0.2");
+        assert_eq!(a_svc["spec"]["clusterIPs"], json!(["10.96.0.2"]));
 
         // Kept when Git leaves it out, on a later sync.
         let (_, mut again) = service("a", json!({"ports": [{"port": 80}]}));
         allocations.assign(&a, &mut again, Some(&a_svc), &ranges).unwrap();
-        assert_eq!(again["spec"]["clusterIP"], "10.96.0.1");
+        assert_eq!(again["spec"]["clusterIP"], "10.96.0.2");
 
-        // A second Service gets the next; DNS's address is never handed out.
+        // A second Service gets the next; DNS's and the API server's addresses are never
+        // handed out.
         let (b, mut b_svc) = service("b", json!({}));
         allocations.assign(&b, &mut b_svc, None, &ranges).unwrap();
-        assert_eq!(b_svc["spec"]["clusterIP"], "10.96.0.2");
+        assert_eq!(b_svc["spec"]["clusterIP"], "10.96.0.3");
         let used: Vec<String> = (0..20)
             .map(|i| {
                 let (k, mut v) = service(&format!("s{i}"), json!({}));
@@ -430,18 +445,20 @@ mod tests {
                 v["spec"]["clusterIP"].as_str().unwrap().to_owned()
             })
             .collect();
-        assert!(!used.contains(&"10.96.0.10".to_owned()));
+        assert!(!used.contains(&"10.96.0.10".to_owned()) && !used.contains(&"10.96.0.1".to_owned()));
 
         let errors = |spec: Value, allocations: &mut Allocations| {
             let (k, mut v) = service("c", spec);
             allocations.assign(&k, &mut v, None, &ranges).unwrap_err()
         };
-        let taken = errors(json!({"clusterIP": "10.96.0.1"}), &mut allocations);
+        let taken = errors(json!({"clusterIP": "10.96.0.2"}), &mut allocations);
         assert!(taken[0].1.contains("Service default/a") && taken[0].0 == "/spec/clusterIP", "{taken:?}");
         let outside = errors(json!({"clusterIP": "192.168.1.1"}), &mut allocations);
         assert!(outside[0].1.contains("outside the Service range 10.96.0.0/12"), "{outside:?}");
         let dns = errors(json!({"clusterIP": "10.96.0.10"}), &mut allocations);
         assert!(dns[0].1.contains("cluster DNS"), "{dns:?}");
+        let api = errors(json!({"clusterIP": "10.96.0.1"}), &mut allocations);
+        assert!(api[0].1.contains("default/kubernetes"), "{api:?}");
         assert!(errors(json!({"clusterIP": "nope"}), &mut allocations)[0].1.contains("not an IPv4"));
 
         // Immutable once allocated; headless and ExternalName get nothing.

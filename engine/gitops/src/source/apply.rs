@@ -424,7 +424,12 @@ fn desired(m: &Manifest, app: &str, record: &Value) -> Value {
 fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
     match kind {
         "Pod" => Some("/spec"),
-        "Deployment.apps" | "ReplicaSet.apps" | "StatefulSet.apps" | "Job.batch" => Some("/spec/template/spec"),
+        "Deployment.apps"
+        | "ReplicaSet.apps"
+        | "StatefulSet.apps"
+        | "DaemonSet.apps"
+        | "ReplicationController"
+        | "Job.batch" => Some("/spec/template/spec"),
         "CronJob.batch" => Some("/spec/jobTemplate/spec/template/spec"),
         _ => None,
     }

@@ -1,5 +1,5 @@
 //! What gitplane's node agent can run of a Pod (a bare Pod, or the template of a Deployment,
-//! ReplicaSet, StatefulSet, Job or CronJob): a field it would ignore, or fail on when the Pod starts, is rejected at
+//! ReplicaSet, StatefulSet, DaemonSet, ReplicationController, Job or CronJob): a field it would ignore, or fail on when the Pod starts, is rejected at
 //! commit time instead, so that what is Synced can run.
 //!
 //! [`UNSUPPORTED`] is the one list of such fields. When the agent learns one, its row goes.
@@ -13,7 +13,9 @@ use serde_json::Value;
 pub(super) fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
     match kind {
         "Pod" => Some("/spec"),
-        "Deployment" | "ReplicaSet" | "StatefulSet" | "Job" => Some("/spec/template/spec"),
+        "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet" | "ReplicationController" | "Job" => {
+            Some("/spec/template/spec")
+        }
         "CronJob" => Some("/spec/jobTemplate/spec/template/spec"),
         _ => None,
     }
@@ -52,7 +54,6 @@ const fn row(path: &'static str, allowed: Allowed, what: &'static str) -> Unsupp
 const UNSUPPORTED: &[Unsupported] = &[
     row("ephemeralContainers", Nothing, "ephemeralContainers"),
     row("activeDeadlineSeconds", Nothing, "activeDeadlineSeconds"),
-    row("automountServiceAccountToken", Values(&["false"]), "automountServiceAccountToken (no token is mounted)"),
     row("enableServiceLinks", Values(&["false"]), "enableServiceLinks (no Service variables are set)"),
     row("hostUsers", Values(&["true"]), "hostUsers (user namespaces)"),
     row("os/name", Values(&["\"linux\""]), "os.name"),
@@ -75,8 +76,22 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
     row(
         "volumes/*",
-        Keys(&["name", "emptyDir", "hostPath", "configMap", "secret", "downwardAPI", "persistentVolumeClaim"]),
+        Keys(&[
+            "name",
+            "emptyDir",
+            "hostPath",
+            "configMap",
+            "secret",
+            "downwardAPI",
+            "projected",
+            "persistentVolumeClaim",
+        ]),
         "a {key} volume",
+    ),
+    row(
+        "volumes/*/projected/sources/*",
+        Keys(&["configMap", "secret", "downwardAPI", "serviceAccountToken"]),
+        "a projected {key} source",
     ),
     row("volumes/*/emptyDir/medium", Values(&["\"\"", "\"Memory\""]), "emptyDir.medium"),
     row("containers/*/env/*/valueFrom/fieldRef/fieldPath", EnvFieldPath, "fieldRef.fieldPath"),

@@ -16,6 +16,9 @@ pub struct RuntimeConfig {
     /// Cluster DNS servers for `dnsPolicy: ClusterFirst`; empty: the node's resolv.conf.
     pub cluster_dns: Vec<String>,
     pub cluster_domain: String,
+    /// The `default/kubernetes` Service's ClusterIP, given to every container as
+    /// `KUBERNETES_SERVICE_HOST`; none: no such variables.
+    pub kubernetes_service: Option<std::net::Ipv4Addr>,
     /// The node's resolv.conf (`dnsPolicy: Default` and the search path's tail); unknown:
     /// the runtime copies the node's file for Pods that use it unchanged.
     pub host_dns: Option<crate::network::dns::ResolvConf>,
@@ -42,6 +45,7 @@ impl Default for RuntimeConfig {
             node_ip: None,
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".into(),
+            kubernetes_service: None,
             host_dns: None,
             node_memory_bytes: None,
             node_cpu_milli: None,

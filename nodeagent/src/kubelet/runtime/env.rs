@@ -2,6 +2,9 @@
 //! sources first (later ones win; keys that are not variable names are skipped), then `env` in
 //! order, each value with `$(VAR)` references to what came before expanded, and valueFrom
 //! resolved: fieldRef (the downward API), resourceFieldRef, configMapKeyRef and secretKeyRef.
+//! The `kubernetes` Service's variables come last, unless the container defines them itself,
+//! and `$(VAR)` may refer to them; they are set whatever `enableServiceLinks` says, as the
+//! kubelet sets the master Service's.
 //! Pure: the ConfigMaps and Secrets come from a [`ConfigSource`].
 
 use std::collections::HashMap;
@@ -20,6 +23,11 @@ use super::fields::{SpecError, expand, field_value, pod_namespace};
 pub trait ConfigSource: Send + Sync {
     fn config_map(&self, namespace: &str, name: &str) -> Option<Arc<ConfigMap>>;
     fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>>;
+    /// The token of `pod`'s ServiceAccount for `audience` (empty: the API server's), or why
+    /// there is none yet.
+    fn service_account_token(&self, _pod: &Pod, _audience: &str, _expiration_seconds: i64) -> Result<String, String> {
+        Err("this node is given no ServiceAccount tokens".into())
+    }
     fn persistent_volume_claim(&self, _namespace: &str, _name: &str) -> Option<Arc<PersistentVolumeClaim>> {
         None
     }
@@ -70,6 +78,24 @@ fn missing_key(kind: &str, namespace: &str, name: &str, key: &str, what: &str) -
     }
 }
 
+/// The variables of the `default/kubernetes` Service at `ip`, port 443 `https`, as the
+/// kubelet's `envvars.FromServices` names them.
+pub fn kubernetes_service_env(ip: std::net::Ipv4Addr) -> Vec<(String, String)> {
+    let url = format!("tcp://{ip}:443");
+    [
+        ("KUBERNETES_SERVICE_HOST", ip.to_string()),
+        ("KUBERNETES_SERVICE_PORT", "443".into()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS", "443".into()),
+        ("KUBERNETES_PORT", url.clone()),
+        ("KUBERNETES_PORT_443_TCP", url),
+        ("KUBERNETES_PORT_443_TCP_PROTO", "tcp".into()),
+        ("KUBERNETES_PORT_443_TCP_PORT", "443".into()),
+        ("KUBERNETES_PORT_443_TCP_ADDR", ip.to_string()),
+    ]
+    .map(|(k, v)| (k.to_owned(), v))
+    .into()
+}
+
 /// The container's environment in order (a later definition of a name replaces its value in
 /// place).
 pub fn environment(
@@ -80,6 +106,7 @@ pub fn environment(
     objects: &dyn ConfigSource,
 ) -> Result<Vec<(String, String)>, SpecError> {
     let namespace = pod_namespace(pod);
+    let service_env = cfg.kubernetes_service.map(kubernetes_service_env).unwrap_or_default();
     let mut envs: Vec<(String, String)> = Vec::new();
     let set =
         |envs: &mut Vec<(String, String)>, name: String, value: String| match envs.iter_mut().find(|(k, _)| *k == name)
@@ -124,7 +151,8 @@ pub fn environment(
         let what = format!("env {:?}", var.name);
         let value = match (&var.value, &var.value_from) {
             (Some(value), _) if !value.is_empty() => {
-                let known: HashMap<&str, &str> = envs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let known: HashMap<&str, &str> =
+                    service_env.iter().chain(&envs).map(|(k, v)| (k.as_str(), v.as_str())).collect();
                 expand(value, |name| known.get(name).copied())
             }
             (_, Some(from)) => {
@@ -177,6 +205,11 @@ pub fn environment(
             _ => String::new(),
         };
         set(&mut envs, var.name.clone(), value);
+    }
+    for (name, value) in service_env {
+        if !envs.iter().any(|(k, _)| *k == name) {
+            envs.push((name, value));
+        }
     }
     Ok(envs)
 }
@@ -331,6 +364,35 @@ mod tests {
                 ("URL", "db://hunter2@fast"),
             ])
         );
+    }
+
+    #[test]
+    fn the_kubernetes_service_comes_last_unless_defined() {
+        let cfg =
+            RuntimeConfig { kubernetes_service: Some(std::net::Ipv4Addr::new(10, 96, 0, 1)), ..Default::default() };
+        let cases = [
+            (json!([]), vec![], "10.96.0.1"),
+            (
+                json!([{"name": "API", "value": "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"}]),
+                vec![("API", "https://10.96.0.1:443")],
+                "10.96.0.1",
+            ),
+            (
+                json!([{"name": "KUBERNETES_SERVICE_HOST", "value": "api.example"}]),
+                vec![("KUBERNETES_SERVICE_HOST", "api.example")],
+                "api.example",
+            ),
+        ];
+        for (env, first, host) in cases {
+            let got = env_of(json!({"name": "c", "image": "i", "env": env}), &cfg).unwrap();
+            assert_eq!(got[..first.len()], pairs(&first)[..], "{env}");
+            let value = |name: &str| got.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str());
+            assert_eq!(value("KUBERNETES_SERVICE_HOST"), Some(host), "{env}");
+            assert_eq!(value("KUBERNETES_PORT_443_TCP"), Some("tcp://10.96.0.1:443"), "{env}");
+            assert_eq!(value("KUBERNETES_SERVICE_PORT_HTTPS"), Some("443"), "{env}");
+            assert_eq!(got.len(), first.len() + 8 - usize::from(host != "10.96.0.1"), "{env}");
+        }
+        assert!(env_of(json!({"name": "c", "image": "i"}), &RuntimeConfig::default()).unwrap().is_empty());
     }
 
     #[test]

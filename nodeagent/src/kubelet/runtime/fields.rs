@@ -28,7 +28,7 @@ pub enum SpecError {
     UnboundClaim { volume: String, why: String },
     #[error(
         "volume {volume:?}: {kind} volumes are not supported by this node yet (emptyDir, hostPath, configMap, secret, \
-         downwardAPI and persistentVolumeClaim are)"
+         downwardAPI, projected and persistentVolumeClaim are)"
     )]
     UnsupportedVolume { volume: String, kind: String },
     #[error("container {container:?}: volumeMount {volume:?} names no volume of the pod")]

@@ -685,7 +685,7 @@ mod tests {
     fn config_errors_name_the_problem() {
         let case = |container: serde_json::Value| {
             let pod = pod(
-                json!({ "volumes": [{ "name": "cm", "projected": { "sources": [] } }], "containers": [container] }),
+                json!({ "volumes": [{ "name": "cm", "nfs": { "server": "s", "path": "/" } }], "containers": [container] }),
             );
             let container = &pod.spec.as_ref().expect("spec").containers[0];
             container_config(&pod, container, &cfg(), 0, &[], &NoConfig).expect_err("must fail").to_string()
@@ -696,7 +696,7 @@ mod tests {
         assert!(secret.starts_with("secret \"shop/s\" not found (env \"PW\" reads its key \"k\")"), "{secret}");
         let volume =
             case(json!({ "name": "c", "image": "i:1", "volumeMounts": [{ "name": "cm", "mountPath": "/x" }] }));
-        assert!(volume.starts_with("volume \"cm\": projected volumes are not supported"), "{volume}");
+        assert!(volume.starts_with("volume \"cm\": nfs volumes are not supported"), "{volume}");
         let unknown =
             case(json!({ "name": "c", "image": "i:1", "volumeMounts": [{ "name": "nope", "mountPath": "/x" }] }));
         assert!(unknown.contains("names no volume"), "{unknown}");

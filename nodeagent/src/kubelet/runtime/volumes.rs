@@ -1,8 +1,9 @@
-//! The kubelet's volume manager for the volumes whose content the node makes: configMap, secret
-//! and downwardAPI (written with the [`atomic_writer`], again on every sync, so a change in Git
-//! reaches running containers in place) and emptyDir with `medium: Memory` (a tmpfs). They live
-//! in `<pod_dir>/<uid>/volumes/<plugin>/<name>`; secret volumes are on a tmpfs too, as the
-//! kubelet keeps Secrets off the node's disk.
+//! The kubelet's volume manager for the volumes whose content the node makes: configMap, secret,
+//! downwardAPI and projected (written with the [`atomic_writer`], again on every sync, so a
+//! change in Git, or a renewed ServiceAccount token, reaches running containers in place) and
+//! emptyDir with `medium: Memory` (a tmpfs). They live in `<pod_dir>/<uid>/volumes/<plugin>/<name>`;
+//! secret and projected volumes are on a tmpfs too, as the kubelet keeps Secrets and tokens off
+//! the node's disk.
 //!
 //! Mounts are made in the agent's mount namespace, which is containerd's (the agent runs in its
 //! node's pinned mount namespace, see `host`), so the bind mount CRI makes of the directory
@@ -25,6 +26,7 @@ use super::fields::{SpecError, pod_namespace, safe_name};
 const CONFIG_MAP: &str = "kubernetes.io~configmap";
 const SECRET: &str = "kubernetes.io~secret";
 const DOWNWARD_API: &str = "kubernetes.io~downward-api";
+const PROJECTED: &str = "kubernetes.io~projected";
 const EMPTY_DIR: &str = "kubernetes.io~empty-dir";
 
 /// Why a volume could not be set up: the kubelet's `MountVolume.SetUp failed` message.
@@ -35,7 +37,8 @@ pub struct VolumeError {
     pub message: String,
 }
 
-/// The node directory of a configMap, secret or downwardAPI volume; `None` for other kinds.
+/// The node directory of a configMap, secret, downwardAPI or projected volume; `None` for other
+/// kinds.
 pub fn host_path(cfg: &RuntimeConfig, uid: &str, volume: &Volume) -> Result<Option<PathBuf>, SpecError> {
     let plugin = if volume.config_map.is_some() {
         CONFIG_MAP
@@ -43,6 +46,8 @@ pub fn host_path(cfg: &RuntimeConfig, uid: &str, volume: &Volume) -> Result<Opti
         SECRET
     } else if volume.downward_api.is_some() {
         DOWNWARD_API
+    } else if volume.projected.is_some() {
+        PROJECTED
     } else {
         return Ok(None);
     };
@@ -86,6 +91,7 @@ pub fn has_volumes(pod: &Pod) -> bool {
             || v.config_map.is_some()
             || v.secret.is_some()
             || v.downward_api.is_some()
+            || v.projected.is_some()
             || v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() == Some("Memory"))
             || v.host_path.as_ref().is_some_and(|h| h.type_.as_deref().is_some_and(|t| !t.is_empty()))
     })
@@ -130,19 +136,14 @@ pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSou
         let payload = if let Some(source) = &volume.config_map {
             projection::config_map(source, objects.config_map(namespace, &source.name).as_deref(), namespace)
         } else if let Some(source) = &volume.secret {
-            if let Err(e) = std::fs::create_dir_all(&dir) {
-                return Err(fail(format!("creating {}: {e}", dir.display())));
-            }
-            let mounted = mounted.get_or_insert_with(mount_points);
-            if let Err(e) = ensure_tmpfs(&dir, None, mounted) {
-                // Still served, from the node's disk: say so rather than fail the Pod.
-                tracing::warn!(pod = ?pod.metadata.name, volume = %volume.name, error = %e,
-                    "no tmpfs for the secret volume; its files are on the node's disk");
-            }
+            on_tmpfs(pod, volume, &dir, mounted.get_or_insert_with(mount_points)).map_err(fail)?;
             let name = source.secret_name.as_deref().unwrap_or_default();
             projection::secret(source, objects.secret(namespace, name).as_deref(), namespace)
         } else if let Some(source) = &volume.downward_api {
             projection::downward_api(source, pod, cfg)
+        } else if let Some(source) = &volume.projected {
+            on_tmpfs(pod, volume, &dir, mounted.get_or_insert_with(mount_points)).map_err(fail)?;
+            projection::projected(source, pod, cfg, objects)
         } else {
             continue;
         };
@@ -161,6 +162,17 @@ pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSou
             }
             tracing::warn!(pod = ?pod.metadata.name, volume = %volume.name, error = %message, "volume kept as it was");
         }
+    }
+    Ok(())
+}
+
+/// Makes `dir` and a tmpfs on it, for files that must stay off the node's disk; without the
+/// tmpfs they are still served, from the disk, and the log says so.
+fn on_tmpfs(pod: &Pod, volume: &Volume, dir: &Path, mounted: &mut Vec<PathBuf>) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    if let Err(e) = ensure_tmpfs(dir, None, mounted) {
+        tracing::warn!(pod = ?pod.metadata.name, volume = %volume.name, error = %e,
+            "no tmpfs for the volume; its files are on the node's disk");
     }
     Ok(())
 }

@@ -1,14 +1,16 @@
-//! What the files of configMap, secret and downwardAPI volumes hold (the kubelet's volume
-//! plugins' `MakePayload` / `CollectData`). Pure.
+//! What the files of configMap, secret, downwardAPI and projected volumes hold (the kubelet's
+//! volume plugins' `MakePayload` / `CollectData`). Pure: objects and tokens come from a
+//! [`ConfigSource`].
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, DownwardAPIVolumeSource, KeyToPath, Pod, Secret, SecretVolumeSource,
+    ConfigMap, ConfigMapVolumeSource, DownwardAPIVolumeSource, KeyToPath, Pod, ProjectedVolumeSource, Secret,
+    SecretVolumeSource,
 };
 use std::collections::BTreeMap;
 
 use super::atomic_writer::{FileProjection, Payload, check_path};
 use crate::kubelet::runtime::config::RuntimeConfig;
-use crate::kubelet::runtime::env::resource_value;
+use crate::kubelet::runtime::env::{ConfigSource, resource_value};
 use crate::kubelet::runtime::fields::pod_namespace;
 
 /// The API's default file mode of these volumes.
@@ -140,6 +142,50 @@ pub fn downward_api(source: &DownwardAPIVolumeSource, pod: &Pod, cfg: &RuntimeCo
             item.path.clone(),
             FileProjection { data: text.into_bytes(), mode: mode(item.mode, source.default_mode)? },
         );
+    }
+    Ok(payload)
+}
+
+/// A projected volume's files: each source's, in order, under the volume's defaultMode. A
+/// serviceAccountToken source is the token of the Pod's ServiceAccount (default an hour).
+pub fn projected(
+    source: &ProjectedVolumeSource,
+    pod: &Pod,
+    cfg: &RuntimeConfig,
+    objects: &dyn ConfigSource,
+) -> Result<Payload, String> {
+    let namespace = pod_namespace(pod);
+    let default_mode = source.default_mode;
+    let mut payload = Payload::new();
+    for (i, projection) in source.sources.iter().flatten().enumerate() {
+        let part = if let Some(cm) = &projection.config_map {
+            let as_volume = ConfigMapVolumeSource {
+                name: cm.name.clone(),
+                items: cm.items.clone(),
+                optional: cm.optional,
+                default_mode,
+            };
+            config_map(&as_volume, objects.config_map(namespace, &cm.name).as_deref(), namespace)?
+        } else if let Some(secret_source) = &projection.secret {
+            let as_volume = SecretVolumeSource {
+                secret_name: Some(secret_source.name.clone()),
+                items: secret_source.items.clone(),
+                optional: secret_source.optional,
+                default_mode,
+            };
+            secret(&as_volume, objects.secret(namespace, &secret_source.name).as_deref(), namespace)?
+        } else if let Some(downward) = &projection.downward_api {
+            downward_api(&DownwardAPIVolumeSource { items: downward.items.clone(), default_mode }, pod, cfg)?
+        } else if let Some(token) = &projection.service_account_token {
+            check_path(&token.path)?;
+            let expiration = token.expiration_seconds.unwrap_or(3607);
+            let audience = token.audience.as_deref().unwrap_or_default();
+            let data = objects.service_account_token(pod, audience, expiration)?.into_bytes();
+            Payload::from([(token.path.clone(), FileProjection { data, mode: mode(None, default_mode)? })])
+        } else {
+            return Err(format!("source {i} of the projected volume is of a kind the node does not project"));
+        };
+        payload.extend(part);
     }
     Ok(payload)
 }

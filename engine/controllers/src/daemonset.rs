@@ -1,0 +1,726 @@
+//! DaemonSet controller: one Pod of the template on every node that should run it.
+//!
+//! As upstream's (`daemon_controller.go`, `update.go`): a node should run a daemon Pod when the
+//! template's nodeSelector, required node affinity and tolerations (plus the tolerations every
+//! daemon Pod gets, [`daemon_tolerations`]) admit it; a Pod already there keeps running while
+//! its NoExecute taints are tolerated. Pods are created pinned to their node by the required
+//! node affinity `metadata.name In [node]` and placed by the scheduler, which binds them only
+//! where they fit. A sync first makes each node hold what it should (create, delete extras,
+//! failed Pods and Pods on nodes that should not run one); only a sync with nothing of that to
+//! do moves a RollingUpdate on: old Pods deleted within maxUnavailable (their replacements come
+//! with the next sync), or with maxSurge a new Pod beside the old one, which goes once the new
+//! one is available. OnDelete leaves old Pods until someone deletes them.
+
+use crate::{
+    Action, Context, ReconcileError, Reconciler, disruption, names,
+    owner::{controller_ref, controllers_of, is_controlled_by},
+    plan::Op,
+    replicaset::{is_ready, is_terminating, pod_events},
+    runtime::all_of,
+};
+use gitplane_api::events::NORMAL;
+use gitplane_api::nodeaffinity::{pin_to_node, required_matches, target_node};
+use gitplane_api::object::kind_of;
+use gitplane_api::taints::{
+    DISK_PRESSURE, MEMORY_PRESSURE, NO_EXECUTE, NO_SCHEDULE, NOT_READY, PID_PRESSURE, UNREACHABLE, UNSCHEDULABLE,
+    tolerates,
+};
+use gitplane_store::{Event, ObjectKey, informer::Cache};
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub struct DaemonSetController;
+
+/// The label that ties a daemon Pod to the template it was made from.
+pub const CONTROLLER_REVISION_HASH: &str = "controller-revision-hash";
+
+/// The tolerations upstream adds to every daemon Pod (`AddOrUpdateDaemonPodTolerations`): a
+/// daemon stays on a node that is not ready or unreachable, and lands on nodes under pressure
+/// or cordoned.
+pub fn daemon_tolerations() -> Vec<Toleration> {
+    let exists = |key: &str, effect: &str| Toleration {
+        key: Some(key.into()),
+        operator: Some("Exists".into()),
+        effect: Some(effect.into()),
+        ..Default::default()
+    };
+    vec![
+        exists(NOT_READY, NO_EXECUTE),
+        exists(UNREACHABLE, NO_EXECUTE),
+        exists(DISK_PRESSURE, NO_SCHEDULE),
+        exists(MEMORY_PRESSURE, NO_SCHEDULE),
+        exists(PID_PRESSURE, NO_SCHEDULE),
+        exists(UNSCHEDULABLE, NO_SCHEDULE),
+    ]
+}
+
+/// The template's Pod spec with the daemon tolerations added where it lacks them.
+fn daemon_pod_spec(ds: &DaemonSet) -> Result<PodSpec, ReconcileError> {
+    let spec = ds.spec.as_ref().ok_or_else(|| ReconcileError::Invalid("DaemonSet has no spec".into()))?;
+    let mut pod =
+        spec.template.spec.clone().ok_or_else(|| ReconcileError::Invalid("DaemonSet has no Pod spec".into()))?;
+    let tolerations = pod.tolerations.get_or_insert_with(Vec::new);
+    for toleration in daemon_tolerations() {
+        if !tolerations.contains(&toleration) {
+            tolerations.push(toleration);
+        }
+    }
+    Ok(pod)
+}
+
+/// Whether a node should run a daemon Pod, and whether one already there may stay
+/// (upstream's `NodeShouldRunDaemonPod`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Eligibility {
+    pub should_run: bool,
+    pub should_continue_running: bool,
+}
+
+/// Eligibility of `node` for daemon Pods of `spec` (the template with [`daemon_tolerations`]):
+/// the template's nodeName, nodeSelector and required node affinity must admit the node, and
+/// every NoSchedule and NoExecute taint be tolerated; a Pod already there may stay while its
+/// NoExecute taints are.
+pub fn eligibility(spec: &PodSpec, node: &Node) -> Eligibility {
+    let name = node.metadata.name.as_deref().unwrap_or_default();
+    let pinned_elsewhere = spec.node_name.as_deref().is_some_and(|n| !n.is_empty() && n != name);
+    if pinned_elsewhere || !required_matches(spec, node) {
+        return Eligibility { should_run: false, should_continue_running: false };
+    }
+    let tolerations = spec.tolerations.as_deref().unwrap_or_default();
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+    let untolerated =
+        |effect: &str| taints.iter().any(|t| t.effect == effect && !tolerations.iter().any(|o| tolerates(o, t)));
+    let stays = !untolerated(NO_EXECUTE);
+    Eligibility { should_run: stays && !untolerated(NO_SCHEDULE), should_continue_running: stays }
+}
+
+/// The hash of the DaemonSet's template, the `controller-revision-hash` of its current Pods.
+pub fn template_hash(ds: &DaemonSet) -> String {
+    names::hash(&ds.spec.as_ref().map(|s| serde_json::to_vec(&s.template).unwrap_or_default()).unwrap_or_default())
+}
+
+fn is_updated(pod: &Pod, hash: &str) -> bool {
+    pod.metadata.labels.as_ref().and_then(|l| l.get(CONTROLLER_REVISION_HASH)).is_some_and(|h| h == hash)
+}
+
+/// Finished, or terminating: no longer the node's daemon Pod.
+fn is_finished(pod: &Pod) -> bool {
+    !crate::replicaset::is_active(pod)
+}
+
+/// Ready for at least `min_ready` (upstream's `IsPodAvailable`): when not yet, the time it will be.
+fn availability(pod: &Pod, min_ready: i32, now: Timestamp) -> Result<(), Option<Timestamp>> {
+    if !is_ready(pod) {
+        return Err(None);
+    }
+    if min_ready <= 0 {
+        return Ok(());
+    }
+    let since = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map_or(now, |t| t.0);
+    let at = since.checked_add(SignedDuration::from_secs(i64::from(min_ready))).unwrap_or(since);
+    if at <= now { Ok(()) } else { Err(Some(at)) }
+}
+
+/// Bound Pods first, then the oldest, then by name (`podByCreationTimestampAndPhase`).
+fn oldest_first(pods: &mut [&Pod]) {
+    pods.sort_by_key(|p| {
+        let unbound = p.spec.as_ref().and_then(|s| s.node_name.as_deref()).is_none_or(str::is_empty);
+        (unbound, p.metadata.creation_timestamp.as_ref().map(|t| t.0), p.metadata.name.clone())
+    });
+}
+
+/// What the controller sees: the DaemonSet, the nodes, its Pods, and the time.
+pub struct View<'a> {
+    pub ds: &'a DaemonSet,
+    pub nodes: &'a [Node],
+    pub owned: &'a [Pod],
+    pub now: Timestamp,
+    /// How many more of its available Pods may be disrupted (its PodDisruptionBudgets'
+    /// `disruptionsAllowed`; `None`: no budget covers them).
+    pub disruptions_allowed: Option<i32>,
+}
+
+impl View<'_> {
+    fn min_ready(&self) -> i32 {
+        self.ds.spec.as_ref().and_then(|s| s.min_ready_seconds).unwrap_or(0)
+    }
+
+    fn available(&self, pod: &Pod) -> bool {
+        availability(pod, self.min_ready(), self.now).is_ok()
+    }
+
+    /// Each node's eligibility and its Pods, by node name; Pods targeting no known node under
+    /// the empty name.
+    fn by_node(&self) -> Result<BTreeMap<String, (Eligibility, Vec<&Pod>)>, ReconcileError> {
+        let spec = daemon_pod_spec(self.ds)?;
+        let gone = Eligibility { should_run: false, should_continue_running: false };
+        let mut nodes: BTreeMap<String, (Eligibility, Vec<&Pod>)> = self
+            .nodes
+            .iter()
+            .map(|n| (n.metadata.name.clone().unwrap_or_default(), (eligibility(&spec, n), Vec::new())))
+            .collect();
+        for pod in self.owned {
+            let node = target_node(pod).filter(|n| nodes.contains_key(*n)).unwrap_or_default().to_owned();
+            nodes.entry(node).or_insert((gone, Vec::new())).1.push(pod);
+        }
+        Ok(nodes)
+    }
+
+    fn surge_allowed(&self) -> bool {
+        let rolling = self.rolling_update();
+        rolling.is_some() && rolling.and_then(|r| r.max_surge.as_ref()).is_some_and(|s| !is_zero(s))
+    }
+
+    fn rolling_update(&self) -> Option<&k8s_openapi::api::apps::v1::RollingUpdateDaemonSet> {
+        let strategy = self.ds.spec.as_ref()?.update_strategy.as_ref();
+        match strategy.and_then(|s| s.type_.as_deref()) {
+            Some("OnDelete") => None,
+            _ => Some(strategy.and_then(|s| s.rolling_update.as_ref()).map_or(&DEFAULT_ROLLING, |r| r)),
+        }
+    }
+}
+
+static DEFAULT_ROLLING: k8s_openapi::api::apps::v1::RollingUpdateDaemonSet =
+    k8s_openapi::api::apps::v1::RollingUpdateDaemonSet { max_surge: None, max_unavailable: None };
+
+fn is_zero(value: &IntOrString) -> bool {
+    match value {
+        IntOrString::Int(n) => *n == 0,
+        IntOrString::String(s) => s.trim_end_matches('%').parse::<i32>().is_ok_and(|n| n == 0),
+    }
+}
+
+/// The writes that bring the DaemonSet's Pods to what its nodes should run, then, if there is
+/// nothing of that to do, one step of its RollingUpdate.
+pub fn plan(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
+    let ops = manage(view)?;
+    if !ops.is_empty() || view.rolling_update().is_none() {
+        return Ok(ops);
+    }
+    rolling_update(view)
+}
+
+/// Each node to what it should hold (upstream's `podsShouldBeOnNode`).
+fn manage(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
+    let hash = template_hash(view.ds);
+    let surge = view.surge_allowed();
+    let mut ops = Vec::new();
+    for (node, (eligible, pods)) in view.by_node()? {
+        // A terminating Pod is already going: not deleted again, and while it is, the node gets
+        // no new Pod (upstream's `exists`), so two never run there at once.
+        let terminating = pods.iter().any(|p| is_terminating(p));
+        let pods = pods.into_iter().filter(|p| !is_terminating(p));
+        if !eligible.should_continue_running {
+            ops.extend(pods.map(|p| Op::Delete(p.clone())));
+            continue;
+        }
+        let (finished, mut running): (Vec<&Pod>, Vec<&Pod>) = pods.partition(|p| is_finished(p));
+        ops.extend(finished.into_iter().map(|p| Op::Delete(p.clone())));
+        if running.is_empty() {
+            if eligible.should_run && !terminating {
+                ops.push(Op::Create(new_pod(view.ds, &node, &hash)?));
+            }
+            continue;
+        }
+        oldest_first(&mut running);
+        if !surge {
+            ops.extend(running[1..].iter().map(|p| Op::Delete((*p).clone())));
+            continue;
+        }
+        // With surge, an old Pod may stay beside the oldest new one until that one is available.
+        let (mut new, mut old): (Option<&Pod>, Option<&Pod>) = (None, None);
+        for pod in running {
+            let slot = if is_updated(pod, &hash) { &mut new } else { &mut old };
+            match slot {
+                None => *slot = Some(pod),
+                Some(_) => ops.push(Op::Delete(pod.clone())),
+            }
+        }
+        if let (Some(new), Some(old)) = (new, old)
+            && (!is_ready(old) || view.available(new))
+        {
+            ops.push(Op::Delete(old.clone()));
+        }
+    }
+    Ok(ops)
+}
+
+/// maxSurge and maxUnavailable as Pod counts of `desired` nodes, both rounded up; both zero
+/// means one may be unavailable (upstream's `updatedDesiredNodeCounts`).
+fn fenceposts(view: &View<'_>, desired: i32) -> Result<(i32, i32), ReconcileError> {
+    let rolling = view.rolling_update();
+    let count = |value: Option<&IntOrString>, default: i32, field: &str| -> Result<i32, ReconcileError> {
+        match value {
+            None => Ok(default),
+            Some(IntOrString::Int(n)) => Ok((*n).max(0)),
+            Some(IntOrString::String(s)) => {
+                let percent = s.strip_suffix('%').and_then(|p| p.parse::<i64>().ok()).ok_or_else(|| {
+                    ReconcileError::Invalid(format!(
+                        "spec.updateStrategy.rollingUpdate.{field} {s:?} is neither a number nor a percentage such as \"10%\""
+                    ))
+                })?;
+                Ok(i32::try_from((percent.max(0) * i64::from(desired) + 99) / 100).unwrap_or(i32::MAX))
+            }
+        }
+    };
+    let surge = count(rolling.and_then(|r| r.max_surge.as_ref()), 0, "maxSurge")?;
+    let unavailable = count(rolling.and_then(|r| r.max_unavailable.as_ref()), 1, "maxUnavailable")?;
+    Ok(if desired > 0 && surge == 0 && unavailable == 0 { (0, 1) } else { (surge, unavailable) })
+}
+
+/// One RollingUpdate step (upstream's `rollingUpdate`), nodes in name order. Without surge: old
+/// Pods that are not available are replaced at once, available ones while fewer than
+/// maxUnavailable nodes lack an available updated Pod. With surge: a new Pod beside an old one
+/// on at most maxSurge nodes at a time (at once where the old one is not available); the old
+/// one goes once the new one is available. Available old Pods are deleted only within the
+/// PodDisruptionBudgets that cover them.
+fn rolling_update(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
+    let hash = template_hash(view.ds);
+    let nodes: Vec<(String, Vec<&Pod>)> =
+        view.by_node()?.into_iter().filter(|(_, (e, _))| e.should_run).map(|(n, (_, pods))| (n, pods)).collect();
+    let desired = i32::try_from(nodes.len()).unwrap_or(i32::MAX);
+    let (max_surge, max_unavailable) = fenceposts(view, desired)?;
+    let mut budget = view.disruptions_allowed.unwrap_or(i32::MAX);
+    let mut ops = Vec::new();
+    if max_surge == 0 {
+        let mut unavailable = 0;
+        let mut candidates = Vec::new();
+        for (_, pods) in &nodes {
+            match updated_and_old(pods, &hash) {
+                None | Some((None, None)) | Some((Some(_), Some(_))) => unavailable += 1,
+                Some((Some(new), None)) => unavailable += i32::from(!view.available(new)),
+                Some((None, Some(old))) if !view.available(old) => ops.push(Op::Delete(old.clone())),
+                Some((None, Some(old))) => candidates.push(old),
+            }
+        }
+        let room = (max_unavailable - unavailable).max(0).min(budget.max(0));
+        ops.extend(candidates.into_iter().take(room as usize).map(|p| Op::Delete(p.clone())));
+        return Ok(ops);
+    }
+    let mut surging = 0;
+    let (mut replace_now, mut candidates) = (Vec::new(), Vec::new());
+    for (node, pods) in &nodes {
+        match updated_and_old(pods, &hash) {
+            None => surging += 1,
+            Some((_, None)) => {}
+            Some((None, Some(old))) if !view.available(old) => replace_now.push(node.as_str()),
+            Some((None, Some(_))) => candidates.push(node.as_str()),
+            Some((Some(new), Some(_))) if !view.available(new) => surging += 1,
+            Some((Some(_), Some(old))) if budget > 0 => {
+                budget -= 1;
+                ops.push(Op::Delete(old.clone()));
+            }
+            Some((Some(_), Some(_))) => {}
+        }
+    }
+    let room = (max_surge - surging).max(0) as usize;
+    for node in replace_now.into_iter().chain(candidates.into_iter().take(room)) {
+        ops.push(Op::Create(new_pod(view.ds, node, &hash)?));
+    }
+    Ok(ops)
+}
+
+/// The node's updated and old Pod (`findUpdatedPodsOnNode`); `None` when it has more than one
+/// of either, which the next sync's clean-up resolves first.
+fn updated_and_old<'a>(pods: &[&'a Pod], hash: &str) -> Option<(Option<&'a Pod>, Option<&'a Pod>)> {
+    let (mut new, mut old) = (None, None);
+    for pod in pods.iter().filter(|p| !is_finished(p)) {
+        let slot = if is_updated(pod, hash) { &mut new } else { &mut old };
+        if slot.replace(*pod).is_some() {
+            return None;
+        }
+    }
+    Some((new, old))
+}
+
+/// A daemon Pod of the template for `node`: the daemon tolerations added, pinned to the node by
+/// its required node affinity, labelled with the template's hash.
+fn new_pod(ds: &DaemonSet, node: &str, hash: &str) -> Result<Pod, ReconcileError> {
+    let mut spec = daemon_pod_spec(ds)?;
+    pin_to_node(&mut spec, node);
+    let template_meta = ds.spec.as_ref().and_then(|s| s.template.metadata.clone()).unwrap_or_default();
+    let mut labels = template_meta.labels.unwrap_or_default();
+    labels.insert(CONTROLLER_REVISION_HASH.into(), hash.into());
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(names::generate(ds.metadata.name.as_deref().unwrap_or("daemon"))),
+            namespace: ds.metadata.namespace.clone(),
+            labels: Some(labels),
+            annotations: template_meta.annotations,
+            owner_references: Some(vec![controller_ref("apps/v1", "DaemonSet", &ds.metadata)]),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+/// The DaemonSet's status (upstream's `updateDaemonSetStatus`): on each node that should run
+/// it, its oldest Pod counted as scheduled, ready, available and updated; Pods on nodes that
+/// should not run one as misscheduled. Also when the next Pod becomes available, if one waits
+/// for minReadySeconds.
+pub fn status(view: &View<'_>) -> Result<(DaemonSetStatus, Option<Timestamp>), ReconcileError> {
+    let hash = template_hash(view.ds);
+    let mut status = DaemonSetStatus { observed_generation: view.ds.metadata.generation, ..Default::default() };
+    let (mut ready, mut available, mut updated) = (0, 0, 0);
+    let mut next: Option<Timestamp> = None;
+    for (node, (eligible, mut pods)) in view.by_node()? {
+        if node.is_empty() {
+            continue;
+        }
+        if !eligible.should_run {
+            status.number_misscheduled += i32::from(!pods.is_empty());
+            continue;
+        }
+        status.desired_number_scheduled += 1;
+        oldest_first(&mut pods);
+        let Some(pod) = pods.first() else { continue };
+        status.current_number_scheduled += 1;
+        match availability(pod, view.min_ready(), view.now) {
+            Ok(()) => (ready, available) = (ready + 1, available + 1),
+            Err(Some(at)) => {
+                ready += 1;
+                next = Some(next.map_or(at, |n| n.min(at)));
+            }
+            Err(None) => {}
+        }
+        updated += i32::from(is_updated(pod, &hash));
+    }
+    status.number_ready = ready;
+    status.number_available = Some(available);
+    status.updated_number_scheduled = Some(updated);
+    status.number_unavailable = Some(status.desired_number_scheduled - available);
+    Ok((status, next))
+}
+
+#[async_trait::async_trait]
+impl Reconciler for DaemonSetController {
+    fn name(&self) -> &'static str {
+        "daemonset"
+    }
+
+    fn keys_for(&self, event: &Event, cache: &Cache) -> Vec<ObjectKey> {
+        if event.key.kind == kind_of::<DaemonSet>() {
+            vec![event.key.clone()]
+        } else if event.key.kind == kind_of::<Pod>() {
+            controllers_of::<DaemonSet>(event)
+        } else if event.key.kind == kind_of::<Node>() {
+            // A node that comes, goes or changes its labels or taints may change where every
+            // DaemonSet runs.
+            all_of::<DaemonSet>(cache)
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {
+        all_of::<DaemonSet>(cache)
+    }
+
+    async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError> {
+        let Some(ds) = ctx.cache().get_typed::<DaemonSet>(&key.namespace, &key.name) else {
+            return Ok(Action::await_change()); // gone: the garbage collector removes its Pods
+        };
+        let uid = ds.metadata.uid.clone().unwrap_or_default();
+        let nodes: Vec<Node> = ctx.cache().list_typed(None);
+        let owned = |cache: &Cache| -> Vec<Pod> {
+            cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid))
+        };
+        let before = owned(ctx.cache());
+        let disruptions_allowed = disruption::disruptions_allowed(ctx.cache(), &before);
+        let view = View { ds: &ds, nodes: &nodes, owned: &before, now: Timestamp::now(), disruptions_allowed };
+        let ops = plan(&view)?;
+        if !ops.is_empty() {
+            let creating = ops.iter().filter(|op| matches!(op, Op::Create(_))).count();
+            tracing::info!(creating, deleting = ops.len() - creating, "syncing daemon Pods");
+        }
+        let events = pod_events(&ops);
+        ctx.apply(ops).await?;
+        for (reason, message) in events {
+            ctx.event("daemonset-controller", &ds, NORMAL, reason, &message);
+        }
+        let after = owned(ctx.cache());
+        let now = Timestamp::now();
+        let view = View { owned: &after, now, ..view };
+        let (status, next) = status(&view)?;
+        if ds.status.as_ref() != Some(&status) {
+            let mut updated = ds.clone();
+            updated.status = Some(status);
+            ctx.update_status(&updated).await?;
+        }
+        Ok(match next {
+            Some(at) => Action::requeue(
+                Duration::try_from(at.duration_since(now)).unwrap_or_default() + Duration::from_millis(100),
+            ),
+            None => Action::await_change(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn node(name: &str, labels: Value, taints: Value) -> Node {
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints}}))
+            .unwrap()
+    }
+
+    fn daemon_set(pod_spec: Value, strategy: Value) -> DaemonSet {
+        let mut pod_spec = pod_spec;
+        pod_spec["containers"] = json!([{"name": "agent", "image": "agent:1"}]);
+        serde_json::from_value(json!({
+            "metadata": {"name": "agent", "namespace": "kube-system", "uid": "ds-1", "generation": 3},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}}, "updateStrategy": strategy,
+                     "template": {"metadata": {"labels": {"app": "agent"}}, "spec": pod_spec}}
+        }))
+        .unwrap()
+    }
+
+    fn rolling(surge: Value, unavailable: Value) -> Value {
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": unavailable}})
+    }
+
+    #[test]
+    fn eligibility_table() {
+        let spec = |pod: Value| daemon_pod_spec(&daemon_set(pod, json!({}))).unwrap();
+        let taint = |key: &str, effect: &str| json!([{"key": key, "effect": effect}]);
+        let (run, stay, off) = ((true, true), (false, true), (false, false));
+        #[rustfmt::skip]
+        let cases = [
+            ("a plain node", spec(json!({})), node("n1", json!({}), json!([])), run),
+            ("nodeSelector matches", spec(json!({"nodeSelector": {"disk": "ssd"}})), node("n1", json!({"disk": "ssd"}), json!([])), run),
+            ("nodeSelector does not", spec(json!({"nodeSelector": {"disk": "ssd"}})), node("n1", json!({"disk": "hdd"}), json!([])), off),
+            ("required node affinity does not",
+             spec(json!({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                 {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["windows"]}]}]}}}})),
+             node("n1", json!({"kubernetes.io/os": "linux"}), json!([])), off),
+            ("the template names another node", spec(json!({"nodeName": "n2"})), node("n1", json!({}), json!([])), off),
+            ("an untolerated NoSchedule taint: none new, the old one stays", spec(json!({})),
+             node("n1", json!({}), taint("dedicated", "NoSchedule")), stay),
+            ("an untolerated NoExecute taint", spec(json!({})), node("n1", json!({}), taint("dedicated", "NoExecute")), off),
+            ("the template tolerates it", spec(json!({"tolerations": [{"key": "dedicated", "operator": "Exists"}]})),
+             node("n1", json!({}), taint("dedicated", "NoExecute")), run),
+            ("a PreferNoSchedule taint is no bar", spec(json!({})), node("n1", json!({}), taint("dedicated", "PreferNoSchedule")), run),
+            ("unreachable: tolerated by every daemon Pod", spec(json!({})), node("n1", json!({}), taint(UNREACHABLE, "NoExecute")), run),
+            ("not ready: stays, none new (its NoSchedule taint is not tolerated)", spec(json!({})),
+             node("n1", json!({}), json!([{"key": NOT_READY, "effect": "NoSchedule"}, {"key": NOT_READY, "effect": "NoExecute"}])), stay),
+            ("memory pressure", spec(json!({})), node("n1", json!({}), taint(MEMORY_PRESSURE, "NoSchedule")), run),
+            ("disk pressure", spec(json!({})), node("n1", json!({}), taint(DISK_PRESSURE, "NoSchedule")), run),
+            ("pid pressure", spec(json!({})), node("n1", json!({}), taint(PID_PRESSURE, "NoSchedule")), run),
+            ("cordoned", spec(json!({})), node("n1", json!({}), taint(UNSCHEDULABLE, "NoSchedule")), run),
+            ("the control plane, as the documentation's fluentd tolerates it",
+             spec(json!({"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}]})),
+             node("cp", json!({}), taint("node-role.kubernetes.io/control-plane", "NoSchedule")), run),
+        ];
+        for (what, spec, node, (should_run, should_continue_running)) in cases {
+            assert_eq!(eligibility(&spec, &node), Eligibility { should_run, should_continue_running }, "{what}");
+        }
+    }
+
+    /// A daemon Pod `name` on `node` (bound), of the current template or an old one, ready or
+    /// not, created at second `created`.
+    fn pod(ds: &DaemonSet, name: &str, node: &str, current: bool, ready: bool, created: i64) -> Pod {
+        let hash = if current { template_hash(ds) } else { "old".to_owned() };
+        let mut pod = new_pod(ds, node, &hash).unwrap();
+        pod.metadata.name = Some(name.into());
+        pod.metadata.resource_version = Some("5".into());
+        pod.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::from_second(created).unwrap()));
+        pod.spec.as_mut().unwrap().node_name = Some(node.into());
+        pod.status = Some(
+            serde_json::from_value(json!({"phase": "Running",
+                "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" },
+                                "lastTransitionTime": "1970-01-01T00:00:00Z"}]}))
+            .unwrap(),
+        );
+        pod
+    }
+
+    /// `pod`, being deleted.
+    fn terminating(mut pod: Pod) -> Pod {
+        let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::from_second(100).unwrap());
+        pod.metadata.deletion_timestamp = Some(at);
+        pod
+    }
+
+    fn describe(ops: &[Op<Pod>]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Create(p) => format!("create on {}", target_node(p).unwrap()),
+                Op::Update(p) => format!("update {}", p.metadata.name.as_deref().unwrap()),
+                Op::Delete(p) => format!("delete {}", p.metadata.name.as_deref().unwrap()),
+            })
+            .collect()
+    }
+
+    fn nodes(names: &[&str]) -> Vec<Node> {
+        names.iter().map(|n| node(n, json!({}), json!([]))).collect()
+    }
+
+    type Pods = fn(&DaemonSet) -> Vec<Pod>;
+    /// (what, updateStrategy, nodes, the DaemonSet's Pods, disruptions allowed, the plan in words)
+    type Case = (&'static str, Value, Vec<Node>, Pods, Option<i32>, &'static [&'static str]);
+
+    #[test]
+    fn plan_table() {
+        let three = nodes(&["a", "b", "c"]);
+        let on_delete = json!({"type": "OnDelete"});
+        let default = json!({});
+        #[rustfmt::skip]
+        let cases: Vec<Case> = vec![
+            ("a Pod for every node", default.clone(), three.clone(), |_| vec![], None,
+             &["create on a", "create on b", "create on c"]),
+            ("a node that joins gets one", default.clone(), three.clone(),
+             |d| vec![pod(d, "pa", "a", true, true, 1), pod(d, "pb", "b", true, true, 1)], None, &["create on c"]),
+            ("a node that left loses it", default.clone(), nodes(&["a"]),
+             |d| vec![pod(d, "pa", "a", true, true, 1), pod(d, "pb", "b", true, true, 1)], None, &["delete pb"]),
+            ("a node that should not run it loses it", default.clone(),
+             vec![node("a", json!({}), json!([])), node("b", json!({}), json!([{"key": "x", "effect": "NoExecute"}]))],
+             |d| vec![pod(d, "pa", "a", true, true, 1), pod(d, "pb", "b", true, true, 1)], None, &["delete pb"]),
+            ("extras go, the oldest stays", default.clone(), nodes(&["a"]),
+             |d| vec![pod(d, "new", "a", true, true, 2), pod(d, "old", "a", true, true, 1)], None, &["delete new"]),
+            ("a failed Pod is replaced", default.clone(), nodes(&["a"]),
+             |d| { let mut p = pod(d, "pa", "a", true, false, 1); p.status.as_mut().unwrap().phase = Some("Failed".into()); vec![p] },
+             None, &["delete pa", "create on a"]),
+            ("steady", default.clone(), nodes(&["a"]), |d| vec![pod(d, "pa", "a", true, true, 1)], None, &[]),
+            ("a terminating Pod: no second one on its node until it is gone", default.clone(), nodes(&["a"]),
+             |d| vec![terminating(pod(d, "pa", "a", true, true, 1))], None, &[]),
+            ("a terminating Pod is not deleted again, on a node that should not run it either", default.clone(),
+             vec![node("a", json!({}), json!([{"key": "x", "effect": "NoExecute"}]))],
+             |d| vec![terminating(pod(d, "pa", "a", true, true, 1))], None, &[]),
+            ("rolling: an old Pod terminating is not replaced yet, nor another taken down", default.clone(), three.clone(),
+             |d| vec![terminating(pod(d, "pa", "a", false, true, 1)), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &[]),
+            ("surge: no new Pod beside a terminating one", rolling(json!(1), json!(0)), nodes(&["a"]),
+             |d| vec![terminating(pod(d, "pa", "a", false, true, 1))], None, &[]),
+            ("rolling: one old Pod at a time (maxUnavailable 1)", default.clone(), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &["delete pa"]),
+            ("rolling: the next waits while an updated Pod is not available", default.clone(), three.clone(),
+             |d| vec![pod(d, "pa", "a", true, false, 2), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &[]),
+            ("rolling: then the next one", default.clone(), three.clone(),
+             |d| vec![pod(d, "pa", "a", true, true, 2), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &["delete pb"]),
+            ("rolling: old Pods that are not available go at once", default.clone(), three.clone(),
+             |d| vec![pod(d, "pa", "a", true, false, 2), pod(d, "pb", "b", false, false, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &["delete pb"]),
+            ("rolling: maxUnavailable 2", rolling(json!(0), json!(2)), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &["delete pa", "delete pb"]),
+            ("rolling: a percentage rounds up (34% of 3 is 2)", rolling(json!(0), json!("34%")), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &["delete pa", "delete pb"]),
+            ("rolling: both zero still let one go", rolling(json!(0), json!(0)), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &["delete pa"]),
+            ("rolling: a PodDisruptionBudget that allows none holds it", rolling(json!(0), json!(2)), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             Some(0), &[]),
+            ("rolling: ... and one that allows one lets one go", rolling(json!(0), json!(2)), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             Some(1), &["delete pa"]),
+            ("surge: a new Pod beside the old one", rolling(json!(1), json!(0)), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &["create on a"]),
+            ("surge: the old one stays while the new one is not available", rolling(json!(1), json!(0)), nodes(&["a", "b"]),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "na", "a", true, false, 2), pod(d, "pb", "b", false, true, 1)],
+             None, &[]),
+            ("surge: then it goes", rolling(json!(1), json!(0)), nodes(&["a", "b"]),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "na", "a", true, true, 2), pod(d, "pb", "b", false, true, 1)],
+             None, &["delete pa"]),
+            ("OnDelete leaves old Pods", on_delete, three.clone(),
+             |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             None, &[]),
+        ];
+        for (what, strategy, nodes, pods, disruptions_allowed, expected) in cases {
+            let ds = daemon_set(json!({}), strategy);
+            let owned = pods(&ds);
+            let view = View { ds: &ds, nodes: &nodes, owned: &owned, now: Timestamp::now(), disruptions_allowed };
+            assert_eq!(describe(&plan(&view).unwrap()), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn daemon_pods_are_pinned_and_tolerate_what_upstream_adds() {
+        let ds = daemon_set(
+            json!({"tolerations": [{"key": NOT_READY, "operator": "Exists", "effect": "NoExecute"}]}),
+            json!({}),
+        );
+        let pod = new_pod(&ds, "n1", "h").unwrap();
+        assert_eq!(target_node(&pod), Some("n1"));
+        assert!(pod.metadata.name.as_deref().unwrap().starts_with("agent-"));
+        assert_eq!(pod.metadata.labels.as_ref().unwrap()[CONTROLLER_REVISION_HASH], "h");
+        assert_eq!(pod.metadata.owner_references.as_ref().unwrap()[0].kind, "DaemonSet");
+        let tolerations = pod.spec.unwrap().tolerations.unwrap();
+        assert_eq!(tolerations.len(), 6, "the template's own is not repeated: {tolerations:?}");
+        assert!(
+            plan(&View {
+                ds: &DaemonSet::default(),
+                nodes: &nodes(&["a"]),
+                owned: &[],
+                now: Timestamp::now(),
+                disruptions_allowed: None
+            })
+            .is_err()
+        );
+        let bad = daemon_set(json!({}), rolling(json!("lots"), json!(0)));
+        let (owned, one) = ([pod_of(&bad)], nodes(&["a"]));
+        let view = View { ds: &bad, nodes: &one, owned: &owned, now: Timestamp::now(), disruptions_allowed: None };
+        assert!(plan(&view).unwrap_err().to_string().contains("maxSurge \"lots\" is neither"));
+    }
+
+    fn pod_of(ds: &DaemonSet) -> Pod {
+        pod(ds, "pa", "a", false, true, 1)
+    }
+
+    #[test]
+    fn status_counts_nodes_as_upstream() {
+        let mut ds = daemon_set(json!({"nodeSelector": {"role": "worker"}}), json!({}));
+        ds.spec.as_mut().unwrap().min_ready_seconds = Some(10);
+        let worker = |n: &str| node(n, json!({"role": "worker"}), json!([]));
+        let nodes = vec![worker("a"), worker("b"), worker("c"), worker("d"), node("e", json!({}), json!([]))];
+        let recent = {
+            let mut p = pod(&ds, "pc", "c", true, true, 3);
+            p.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_transition_time =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::from_second(95).unwrap()));
+            p
+        };
+        let owned = vec![
+            pod(&ds, "pa", "a", true, true, 1),
+            pod(&ds, "pb", "b", false, false, 2),
+            recent,
+            pod(&ds, "pe", "e", true, true, 4),
+        ];
+        let now = Timestamp::from_second(100).unwrap();
+        let view = View { ds: &ds, nodes: &nodes, owned: &owned, now, disruptions_allowed: None };
+        let (status, next) = status(&view).unwrap();
+        assert_eq!(
+            (
+                status.desired_number_scheduled,
+                status.current_number_scheduled,
+                status.number_ready,
+                status.number_available,
+                status.updated_number_scheduled,
+                status.number_misscheduled,
+                status.number_unavailable,
+                status.observed_generation
+            ),
+            (4, 3, 2, Some(1), Some(2), 1, Some(3), Some(3))
+        );
+        assert_eq!(next, Some(Timestamp::from_second(105).unwrap()), "pc becomes available after minReadySeconds");
+    }
+}
