@@ -202,7 +202,7 @@ async fn t50_pod_runs_serves_http_and_is_killed() -> Result<()> {
     // Killing leaves no sandbox and no cgroup.
     for id in [&uid, &nope_uid] {
         let started = Instant::now();
-        runtime.kill_pod(id, Duration::from_secs(5)).await?;
+        runtime.kill_pod(id, Duration::from_secs(5), &[]).await?;
         println!("kill_pod {id} took {:?}", started.elapsed());
         ensure!(sandboxes_of(&cri, id).await?.is_empty(), "sandbox of {id} left");
         let left: Vec<_> = pod_cgroup_dirs(host.cgroup_parent(), id)?.into_iter().filter(|d| d.exists()).collect();

@@ -146,7 +146,7 @@ async fn kill(runtime: &RuntimeManager, cri: &Cri, pod: &Pod, grace: Duration) -
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let started = Instant::now();
     let mut attempt = 1;
-    while let Err(e) = runtime.kill_pod(&uid, grace).await {
+    while let Err(e) = runtime.kill_pod(&uid, grace, &[]).await {
         println!("kill_pod {uid} (attempt {attempt}): {e}");
         ensure!(attempt < 5, "kill_pod {uid} failed {attempt} times: {e}");
         attempt += 1;

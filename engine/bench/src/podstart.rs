@@ -212,7 +212,7 @@ async fn bare(
 async fn kill_all(runtime: &RuntimeManager, pods: &[Pod]) -> Result<()> {
     for pod in pods {
         let uid = pod.metadata.uid.as_deref().context("uid")?;
-        runtime.kill_pod(uid, Duration::from_secs(1)).await?;
+        runtime.kill_pod(uid, Duration::from_secs(1), &[]).await?;
     }
     Ok(())
 }

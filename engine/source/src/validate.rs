@@ -1148,7 +1148,7 @@ spec:
   template:
     metadata: {labels: {app: web}}
     spec:
-      initContainers: [{name: init, image: busybox, restartPolicy: Always}]
+      initContainers: [{name: init, image: busybox, restartPolicy: OnFailure}]
       volumes:
         - {name: scratch, emptyDir: {}}
         - name: settings
@@ -1176,10 +1176,8 @@ spec:
             (
                 10,
                 "/initContainers/0/restartPolicy".to_owned(),
-                format!(
-                    "a native sidecar (an init container with restartPolicy Always) {not_yet}: move this \
-                     container, restartPolicy removed, to spec.containers, where it runs beside the others"
-                ),
+                "restartPolicy \"OnFailure\" is not allowed on an init container: set Always (a sidecar) or remove it"
+                    .to_owned(),
             ),
             (
                 14,
@@ -1356,7 +1354,14 @@ spec:
     fn t10_init_containers_exec_hooks_and_the_grace_period() {
         let pod = |spec: &str| format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n{spec}");
         let runs = pod("  terminationGracePeriodSeconds: 0
-  initContainers: [{name: init, image: i, command: [sh, -c, 'true'], resources: {limits: {memory: 16Mi}}}]
+  initContainers:
+    - {name: init, image: i, command: [sh, -c, 'true'], resources: {limits: {memory: 16Mi}}}
+    - name: sidecar
+      image: i
+      restartPolicy: Always
+      startupProbe: {exec: {command: ['true']}}
+      readinessProbe: {tcpSocket: {port: 80}}
+      lifecycle: {postStart: {exec: {command: ['true']}}, preStop: {exec: {command: [sleep, '1']}}}
   containers:
     - name: c
       image: i

@@ -5,7 +5,10 @@
 use super::{
     podconfig::PodConfig,
     prober::{PodProber, Prober},
-    runtime::RuntimeManager,
+    runtime::{
+        RuntimeManager,
+        spec::{is_sidecar, sidecar_names},
+    },
 };
 use crate::controlplane::{Client, Follower, Servers};
 use gitplane_proto::node::{DeletePodRequest, EventType, PodEvent, UpdatePodStatusRequest, WatchPodsRequest};
@@ -170,7 +173,8 @@ impl PodWorkers {
                 // Never ran here under this agent, but may have under a previous one.
                 let runtime = self.runtime.clone();
                 let uid = uid.to_owned();
-                tokio::spawn(async move { kill(&runtime, &uid, grace_period(&last)).await });
+                let sidecars = sidecar_names(&last);
+                tokio::spawn(async move { kill(&runtime, &uid, grace_period(&last), &sidecars).await });
             }
         }
     }
@@ -189,7 +193,7 @@ impl PodWorkers {
             Ok(uids) => {
                 for uid in uids.into_iter().filter(|u| !listed.contains(u)) {
                     tracing::info!(%uid, "removing orphaned pod");
-                    kill(&self.runtime, &uid, Duration::from_secs(30)).await;
+                    kill(&self.runtime, &uid, Duration::from_secs(30), &[]).await;
                 }
             }
             Err(e) => tracing::warn!(error = %e, "listing pods in the runtime failed"),
@@ -221,7 +225,7 @@ impl PodWorkers {
                 }
             };
             let kills = uids.iter().map(|uid| async move {
-                if let Err(error) = runtime.kill_pod(uid, EXIT_GRACE).await {
+                if let Err(error) = runtime.kill_pod(uid, EXIT_GRACE, &[]).await {
                     tracing::warn!(%uid, %error, "removing the pod failed");
                 }
             });
@@ -252,15 +256,15 @@ fn deletion_grace_period(pod: &Pod) -> Duration {
     }
 }
 
-/// Kills the pod, retrying with back-off: a runtime call cut off mid-way leaves a container
-/// that containerd is still starting, which cannot be removed until it has started. What is left
-/// after the last attempt, the orphan removal of the agent's next start removes. `false` when
-/// no attempt succeeded.
-async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration) -> bool {
+/// Kills the pod (its `sidecars` after its other containers), retrying with back-off: a runtime
+/// call cut off mid-way leaves a container that containerd is still starting, which cannot be
+/// removed until it has started. What is left after the last attempt, the orphan removal of
+/// the agent's next start removes. `false` when no attempt succeeded.
+async fn kill(runtime: &RuntimeManager, uid: &str, grace: Duration, sidecars: &[String]) -> bool {
     const ATTEMPTS: u32 = 5;
     let mut delay = Duration::from_secs(1);
     for attempt in 1..=ATTEMPTS {
-        match runtime.kill_pod(uid, grace).await {
+        match runtime.kill_pod(uid, grace, sidecars).await {
             Ok(()) => {
                 tracing::info!(%uid, "pod stopped and removed");
                 return true;
@@ -307,7 +311,8 @@ impl PodWorker {
                 if let Some(last) = &last {
                     self.killing(last);
                 }
-                kill(&self.runtime, &self.uid, grace).await;
+                let sidecars = last.as_ref().map(sidecar_names).unwrap_or_default();
+                kill(&self.runtime, &self.uid, grace, &sidecars).await;
                 return;
             };
             if pod.metadata.deletion_timestamp.is_some() {
@@ -389,7 +394,9 @@ impl PodWorker {
 
     /// A `Killing` Event for each of the Pod's containers.
     fn killing(&self, pod: &Pod) {
-        for c in pod.spec.iter().flat_map(|s| &s.containers) {
+        // The app containers first, then the sidecars, as they stop.
+        let sidecars = pod.spec.iter().flat_map(|s| s.init_containers.iter().flatten().rev()).filter(|c| is_sidecar(c));
+        for c in pod.spec.iter().flat_map(|s| &s.containers).chain(sidecars) {
             let message = format!("Stopping container {}", c.name);
             self.runtime.events().pod(pod, gitplane_api::events::NORMAL, "Killing", &message);
         }
@@ -404,7 +411,7 @@ impl PodWorker {
         tracing::info!(pod = %name, ?grace, "pod is being deleted: stopping it");
         self.killing(pod);
         let mut failures = 0;
-        while !kill(&self.runtime, &self.uid, grace).await {
+        while !kill(&self.runtime, &self.uid, grace, &sidecar_names(pod)).await {
             failures += 1;
             tokio::time::sleep(sync_backoff(failures)).await;
         }

@@ -31,6 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::events::Recorder;
 use crate::kubelet::cri::{Cri, pb::ExecSyncRequest};
+use crate::kubelet::runtime::spec::is_sidecar;
 use k8s_openapi::api::core::v1::ObjectReference;
 pub use pod::{PodProbes, Unhealthy, kill_unhealthy};
 pub use results::{ProbeResult, ProbeType, Results};
@@ -102,6 +103,8 @@ struct PodState {
     containers: HashMap<String, Seen>,
     /// The containers that have a startup probe.
     startup: HashSet<String>,
+    /// The sidecars: they run again whatever the Pod's restartPolicy.
+    sidecars: HashSet<String>,
     results: Results,
 }
 
@@ -130,8 +133,10 @@ impl PodProber {
     pub fn update(&mut self, pod: &Pod) {
         let spec = pod.spec.as_ref();
         let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+        let init = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
+        let sidecars: Vec<&Container> = init.iter().filter(|c| is_sidecar(c)).collect();
         let mut wanted: HashMap<(String, ProbeType), (&Container, &Probe)> = HashMap::new();
-        for container in containers {
+        for container in containers.iter().chain(sidecars.iter().copied()) {
             let probes = [
                 (ProbeType::Liveness, &container.liveness_probe),
                 (ProbeType::Readiness, &container.readiness_probe),
@@ -148,6 +153,7 @@ impl PodProber {
             state.context.deleting = pod.metadata.deletion_timestamp.is_some();
             state.context.restart_never = spec.and_then(|s| s.restart_policy.as_deref()) == Some("Never");
             state.startup = wanted.keys().filter(|(_, t)| *t == ProbeType::Startup).map(|(n, _)| n.clone()).collect();
+            state.sidecars = sidecars.iter().map(|c| c.name.clone()).collect();
         }
         self.workers.retain(|key, handle| {
             let keep = wanted.get(key).is_some_and(|(_, probe)| **probe == handle.probe);
@@ -188,7 +194,8 @@ impl PodProber {
             let mut state = self.shared.lock();
             state.ip = status.pod_ip.clone().or_else(|| status.host_ip.clone());
             state.context.finished = matches!(status.phase.as_deref(), Some("Succeeded" | "Failed"));
-            for c in status.container_statuses.iter().flatten() {
+            // Init containers too: sidecars are probed.
+            for c in status.container_statuses.iter().chain(&status.init_container_statuses).flatten() {
                 let Some(id) = c.container_id.as_deref().map(pod::bare_id) else {
                     continue;
                 };
@@ -320,8 +327,11 @@ impl ProbeRun {
             let (step, changed, ip) = {
                 let mut state = self.shared.lock();
                 let observed = state.observed(&self.container);
-                let context =
-                    PodContext { has_startup_probe: state.startup.contains(&self.container), ..state.context };
+                let context = PodContext {
+                    has_startup_probe: state.startup.contains(&self.container),
+                    restart_never: state.context.restart_never && !state.sidecars.contains(&self.container),
+                    ..state.context
+                };
                 let (step, changed) = self.worker.before_probe(context, observed.as_ref(), &mut state.results);
                 (step, changed, state.ip.clone())
             };

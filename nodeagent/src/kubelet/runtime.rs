@@ -157,7 +157,8 @@ impl RuntimeManager {
         }
 
         let runtime = self.observe(&key, uid).await?;
-        let mut actions = compute_pod_actions(pod, &runtime, now_nanos());
+        let started = |run: &RuntimeContainer| probes.started(&run.name, &run.id);
+        let mut actions = compute_pod_actions(pod, &runtime, now_nanos(), &started);
         let unhealthy = kill_unhealthy(pod, &runtime, probes, now_nanos(), &mut actions);
         tracing::debug!(pod = %key, ?actions, "sync pod");
         let grace = grace_period(pod);
@@ -173,7 +174,7 @@ impl RuntimeManager {
         for c in &kill {
             self.events.pod(pod, NORMAL, "Killing", &format!("Stopping container {}", c.name));
         }
-        self.stop_containers(&key, &kill, grace).await?;
+        self.stop_in_order(&key, &kill, &spec::sidecar_names(pod), grace).await?;
         for id in &actions.stop_sandboxes {
             self.stop_sandbox(&key, id).await?;
         }
@@ -264,9 +265,10 @@ impl RuntimeManager {
         Ok(status)
     }
 
-    /// Kills the pod: stops its containers (each gets `grace` after SIGTERM), stops and removes
-    /// every sandbox of `uid`, then removes the pod's cgroups, emptyDirs and logs.
-    pub async fn kill_pod(&self, uid: &str, grace: Duration) -> Result<(), RuntimeError> {
+    /// Kills the pod: stops its containers within `grace` after SIGTERM, its `sidecars` (by name,
+    /// in the spec's order) after the others, stops and removes every sandbox of `uid`, then
+    /// removes the pod's cgroups, emptyDirs and logs.
+    pub async fn kill_pod(&self, uid: &str, grace: Duration, sidecars: &[String]) -> Result<(), RuntimeError> {
         let key = format!("uid {uid}");
         // The uid names directories that are removed below.
         fields::safe_name("uid", uid).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
@@ -281,11 +283,12 @@ impl RuntimeManager {
             .filter(|c| c.state != pb::ContainerState::ContainerExited as i32)
             .map(|c| RuntimeContainer {
                 pre_stop: spec::pre_stop_hook(&c.annotations),
+                name: c.metadata.map(|m| m.name).unwrap_or_default(),
                 id: c.id,
                 ..RuntimeContainer::default()
             })
             .collect();
-        self.stop_containers(&key, &alive.iter().collect::<Vec<_>>(), grace).await?;
+        self.stop_in_order(&key, &alive.iter().collect::<Vec<_>>(), sidecars, grace).await?;
 
         let req = pb::ListPodSandboxRequest {
             filter: Some(pb::PodSandboxFilter { label_selector: selector, ..Default::default() }),
@@ -708,6 +711,23 @@ impl RuntimeManager {
     fn lock_failures(&self) -> MutexGuard<'_, Failures> {
         // The map holds no invariant a panicking holder could break; keep going.
         self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Stops `containers` in [`actions::stop_order`]: the sidecars (named in `sidecars`) after
+    /// the others, the last first, all within `grace` (each group gets what is left of it, and
+    /// at least the minimum).
+    async fn stop_in_order(
+        &self,
+        key: &str,
+        containers: &[&RuntimeContainer],
+        sidecars: &[String],
+        grace: Duration,
+    ) -> Result<(), RuntimeError> {
+        let started = Instant::now();
+        for group in actions::stop_order(containers, sidecars) {
+            self.stop_containers(key, &group, grace.saturating_sub(started.elapsed())).await?;
+        }
+        Ok(())
     }
 
     /// kubelet's killContainer, for each container at once: its preStop hook, then SIGTERM and

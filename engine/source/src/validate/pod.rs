@@ -193,8 +193,8 @@ fn identity_problems(spec: &Value, at: &str) -> Vec<Problem> {
 }
 
 /// A container's `restartPolicy`: the API server allows it on init containers only, as `Always`
-/// (a native sidecar), which the agent does not run yet; the sidecar keeps working as one more
-/// of the Pod's containers.
+/// (a native sidecar: started in order among the init containers, kept running beside the app
+/// containers, stopped after them).
 fn restart_policy_problems(spec: &Value, at: &str) -> Vec<Problem> {
     let mut problems = Vec::new();
     for (pointer, policy) in matches(spec, at.to_owned(), &["containers", "*", "restartPolicy"]) {
@@ -206,21 +206,13 @@ fn restart_policy_problems(spec: &Value, at: &str) -> Vec<Problem> {
         }
     }
     for (pointer, policy) in matches(spec, at.to_owned(), &["initContainers", "*", "restartPolicy"]) {
-        match policy.as_str() {
-            None if policy.is_null() => {}
-            Some("Always") => problems.push(Problem::at(
-                pointer,
-                format!(
-                    "a native sidecar (an init container with restartPolicy Always) {NOT_YET}: \
-                     move this container, restartPolicy removed, to spec.containers, where it runs beside the others"
-                ),
-            )),
-            _ => problems.push(Problem::at(
+        if !policy.is_null() && policy != "Always" {
+            problems.push(Problem::at(
                 pointer,
                 format!(
                     "restartPolicy {policy} is not allowed on an init container: set Always (a sidecar) or remove it"
                 ),
-            )),
+            ));
         }
     }
     problems
@@ -239,7 +231,7 @@ fn lifecycle_problems(spec: &Value, at: &str) -> Vec<Problem> {
     }
     for field in ["lifecycle", "livenessProbe", "readinessProbe", "startupProbe"] {
         for (pointer, value) in matches(spec, at.to_owned(), &["initContainers", "*", field]) {
-            // A sidecar may have them; it is refused on its own with what to do.
+            // A sidecar may have them.
             let container = pointer.rsplit_once('/').and_then(|(c, _)| c.strip_prefix(at)).unwrap_or_default();
             let sidecar = spec.pointer(container).is_some_and(|c| c["restartPolicy"] == "Always");
             if !is_empty(value) && !sidecar {

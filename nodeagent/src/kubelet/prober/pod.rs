@@ -13,7 +13,7 @@ use super::worker::started;
 use crate::kubelet::runtime::actions::{
     CONTAINER_ID_PREFIX, ContainerRunState, PodActions, RuntimePod, restart_allowed_at,
 };
-use crate::kubelet::runtime::spec::restart_policy;
+use crate::kubelet::runtime::spec::{is_sidecar, restart_policy};
 
 /// A Pod's probes at one moment: which probes each container has, and their results. The
 /// runtime manager reads it while it syncs the Pod.
@@ -55,6 +55,12 @@ impl PodProbes {
                     None => !self.has(&status.name, ProbeType::Readiness),
                 };
         }
+    }
+
+    /// Whether running container `name`'s run `container_id` has passed its startup probe (at
+    /// once without one).
+    pub fn started(&self, name: &str, container_id: &str) -> bool {
+        started(&self.results, container_id, true, self.has(name, ProbeType::Startup))
     }
 
     /// The probe a container run failed, among those that kill it (liveness, then startup).
@@ -106,9 +112,11 @@ pub fn kill_unhealthy(
         return Vec::new();
     };
     let never = restart_policy(pod) == "Never";
-    let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
+    let spec = pod.spec.as_ref();
+    let containers = spec.map(|s| s.containers.as_slice()).unwrap_or_default();
+    let sidecars = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or_default().iter().filter(|c| is_sidecar(c));
     let mut unhealthy = Vec::new();
-    for container in containers {
+    for container in containers.iter().chain(sidecars) {
         let runs = runtime.runs_of(&container.name);
         let Some(last) = runs.first() else { continue };
         if last.state != ContainerRunState::Running
@@ -121,7 +129,9 @@ pub fn kill_unhealthy(
         // The kubelet's start of the new run goes through the crash-loop back-off, which only
         // a previous run that exited can have started.
         let previous_exit = runs.iter().skip(1).find(|r| r.state == ContainerRunState::Exited);
-        let restart = !never && previous_exit.is_none_or(|previous| now >= restart_allowed_at(previous));
+        // A sidecar restarts whatever the Pod's restartPolicy.
+        let restart = (!never || is_sidecar(container))
+            && previous_exit.is_none_or(|previous| now >= restart_allowed_at(previous));
         if restart {
             actions.start_containers.push((container.name.clone(), last.attempt + 1));
         }
@@ -166,6 +176,9 @@ mod tests {
             "spec": {
                 "restartPolicy": policy,
                 "terminationGracePeriodSeconds": 5,
+                "initContainers": [
+                    { "name": "log", "image": "i:1", "restartPolicy": "Always", "livenessProbe": { "exec": { "command": ["true"] } } },
+                ],
                 "containers": [
                     { "name": "web", "image": "i:1", "livenessProbe": { "tcpSocket": { "port": 80 }, "terminationGracePeriodSeconds": 2 } },
                     { "name": "side", "image": "i:1", "startupProbe": { "exec": { "command": ["true"] } } },
@@ -261,6 +274,14 @@ mod tests {
                 results: vec![("w0", Liveness, Failure)],
                 kills: vec![("w0", Liveness, 2, false)],
                 starts: vec![],
+            },
+            Case {
+                what: "a sidecar restarts under restartPolicy Never",
+                policy: "Never",
+                runs: vec![("l0", "log", 0, Running, 0), ("w0", "web", 0, Running, 0)],
+                results: vec![("l0", Liveness, Failure)],
+                kills: vec![("l0", Liveness, 5, true)],
+                starts: vec![("log", 1)],
             },
             Case {
                 what: "a readiness failure kills nothing",

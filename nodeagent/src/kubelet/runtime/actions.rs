@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use super::spec::{container_hash, restart_policy};
+use super::spec::{container_hash, is_sidecar, restart_policy};
 
 /// The runtime prefix of container IDs in pod status (`containerd://<id>`).
 pub const CONTAINER_ID_PREFIX: &str = "containerd://";
@@ -143,8 +143,15 @@ pub fn restart_allowed_at(previous: &RuntimeContainer) -> i64 {
     previous.finished_at.saturating_add(backoff)
 }
 
-/// Decides what to change so the runtime runs `pod`. `now` is nanoseconds since the epoch.
-pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActions {
+/// Decides what to change so the runtime runs `pod`. `now` is nanoseconds since the epoch;
+/// `started` says whether a running container has passed its startup probe (a sidecar must,
+/// before the next init container starts).
+pub fn compute_pod_actions(
+    pod: &Pod,
+    runtime: &RuntimePod,
+    now: i64,
+    started: &dyn Fn(&RuntimeContainer) -> bool,
+) -> PodActions {
     let mut actions = PodActions::default();
     let policy = restart_policy(pod);
     let containers = pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or_default();
@@ -190,7 +197,9 @@ pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActi
         }
         Some(sandbox) => {
             actions.kill_containers = running_ids(runtime, Some(&sandbox.id));
-            let init = init_step(init_containers, runtime, &sandbox.id, policy, now, &mut actions);
+            let mut init_actions = PodActions::default();
+            let here = InitContext { runtime, sandbox: &sandbox.id, policy, now, started };
+            let init = init_step(init_containers, containers, &here, &mut init_actions);
             let mut finished = init != Init::Running;
             let containers_now = if init == Init::Done { containers } else { &[] };
             for c in containers_now {
@@ -228,6 +237,26 @@ pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActi
                         }
                     }
                 }
+            }
+            if finished {
+                // kubelet's KillPod once the app containers are done: the sidecars stop too
+                // (the last first), and none is restarted.
+                for c in init_containers.iter().rev().filter(|c| is_sidecar(c)) {
+                    let alive = |r: &&&RuntimeContainer| {
+                        r.sandbox_id == sandbox.id
+                            && matches!(r.state, ContainerRunState::Running | ContainerRunState::Created)
+                    };
+                    actions.kill_containers.extend(runtime.runs_of(&c.name).iter().filter(alive).map(|r| r.id.clone()));
+                }
+            } else {
+                // The init containers' changes come first, as they are found in the spec's order.
+                actions.kill_containers.append(&mut init_actions.kill_containers);
+                init_actions.start_created.append(&mut actions.start_created);
+                actions.start_created = init_actions.start_created;
+                init_actions.start_containers.append(&mut actions.start_containers);
+                actions.start_containers = init_actions.start_containers;
+                init_actions.backing_off.append(&mut actions.backing_off);
+                actions.backing_off = init_actions.backing_off;
             }
             // Containers the spec no longer has (kubelet kills unknown containers too).
             for c in &runtime.containers {
@@ -268,7 +297,8 @@ pub fn compute_pod_actions(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActi
 /// Where a pod's init containers are in sandbox `sandbox`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Init {
-    /// Every one succeeded (or there are none): the app containers run.
+    /// Every one succeeded, or has started for a sidecar (or there are none): the app
+    /// containers run.
     Done,
     /// One is starting, running, or waiting to be retried.
     Running,
@@ -276,43 +306,92 @@ enum Init {
     Failed,
 }
 
-/// kubelet's `findNextInitContainerToRun`: init containers run one at a time, in order, each
-/// to success in the current sandbox; a failed one is retried with the crash-loop back-off.
+/// What [`init_step`] reads: the runtime's view of the current sandbox.
+struct InitContext<'a> {
+    runtime: &'a RuntimePod,
+    sandbox: &'a str,
+    policy: &'a str,
+    now: i64,
+    started: &'a dyn Fn(&RuntimeContainer) -> bool,
+}
+
+impl InitContext<'_> {
+    fn ran_here(&self, name: &str) -> bool {
+        self.runtime.runs_of(name).iter().any(|r| r.sandbox_id == self.sandbox)
+    }
+
+    /// The newest run of `name` in the current sandbox.
+    fn last_here(&self, name: &str) -> Option<&RuntimeContainer> {
+        self.runtime.runs_of(name).into_iter().find(|r| r.sandbox_id == self.sandbox)
+    }
+}
+
+/// kubelet's `computeInitContainerActions`: init containers run one at a time, in order, each
+/// to success in the current sandbox (a failed one is retried with the crash-loop back-off); a
+/// sidecar counts once it runs and has passed its startup probe, and is restarted whenever it
+/// exits, whatever the pod's restartPolicy. Once a later container has run here (the pod was
+/// initialized), only sidecars are looked after.
 fn init_step(
     init_containers: &[Container],
-    runtime: &RuntimePod,
-    sandbox: &str,
-    policy: &str,
-    now: i64,
+    containers: &[Container],
+    here: &InitContext,
     actions: &mut PodActions,
 ) -> Init {
-    for c in init_containers {
-        let runs = runtime.runs_of(&c.name);
-        let Some(last) = runs.iter().find(|r| r.sandbox_id == sandbox) else {
-            actions.start_containers.push((c.name.clone(), next_attempt(runtime, &c.name)));
+    for (i, c) in init_containers.iter().enumerate() {
+        let initialized = init_containers[i + 1..].iter().chain(containers).any(|later| here.ran_here(&later.name));
+        let sidecar = is_sidecar(c);
+        if initialized && !sidecar {
+            continue;
+        }
+        let Some(last) = here.last_here(&c.name) else {
+            actions.start_containers.push((c.name.clone(), next_attempt(here.runtime, &c.name)));
+            if initialized {
+                continue;
+            }
             return Init::Running;
         };
-        match last.state {
-            ContainerRunState::Running => return Init::Running,
+        let waiting = match last.state {
+            ContainerRunState::Running if !sidecar => true,
+            ContainerRunState::Running => {
+                if last.hash != container_hash(c) {
+                    actions.kill_containers.push(last.id.clone());
+                    actions.start_containers.push((c.name.clone(), last.attempt + 1));
+                    true
+                } else {
+                    !(here.started)(last)
+                }
+            }
             ContainerRunState::Created => {
                 actions.start_created.push(last.id.clone());
-                return Init::Running;
+                true
             }
-            ContainerRunState::Exited if last.exit_code == 0 => continue,
+            ContainerRunState::Exited if last.exit_code == 0 && !sidecar => false,
             ContainerRunState::Exited | ContainerRunState::Unknown => {
-                if policy == "Never" {
+                if here.policy == "Never" && !sidecar {
                     return Init::Failed;
                 }
-                if now >= restart_allowed_at(last) {
+                if here.now >= restart_allowed_at(last) {
                     actions.start_containers.push((c.name.clone(), last.attempt + 1));
                 } else {
                     actions.backing_off.push(c.name.clone());
                 }
-                return Init::Running;
+                true
             }
+        };
+        if waiting && !initialized {
+            return Init::Running;
         }
     }
     Init::Done
+}
+
+/// How a pod's containers stop (the kubelet's termination with sidecars): every other
+/// container at once, then the sidecars one after the other, the last of the spec first, each
+/// once those before it have stopped. `sidecars` are the sidecars' names in the spec's order.
+pub fn stop_order<'a>(containers: &[&'a RuntimeContainer], sidecars: &[String]) -> Vec<Vec<&'a RuntimeContainer>> {
+    let others: Vec<&RuntimeContainer> = containers.iter().copied().filter(|c| !sidecars.contains(&c.name)).collect();
+    let sidecars = sidecars.iter().rev().map(|name| containers.iter().copied().filter(|c| &c.name == name).collect());
+    std::iter::once(others).chain(sidecars).filter(|group: &Vec<_>| !group.is_empty()).collect()
 }
 
 /// The attempt number of the next run of container `name`.
@@ -338,6 +417,11 @@ mod tests {
 
     const SECOND: i64 = 1_000_000_000;
 
+    /// The actions with every running container started (no startup probes).
+    fn compute(pod: &Pod, runtime: &RuntimePod, now: i64) -> PodActions {
+        compute_pod_actions(pod, runtime, now, &|_| true)
+    }
+
     fn pod(policy: &str) -> Pod {
         serde_json::from_value(json!({
             "metadata": { "name": "web", "uid": "u-1" },
@@ -358,7 +442,10 @@ mod tests {
         state: ContainerRunState,
         exit_code: i32,
     ) -> RuntimeContainer {
-        let spec = pod.spec.as_ref().and_then(|s| s.containers.iter().find(|c| c.name == name));
+        let spec = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.iter().chain(s.init_containers.iter().flatten()).find(|c| c.name == name));
         RuntimeContainer {
             id: id.into(),
             sandbox_id: "s0".into(),
@@ -381,7 +468,7 @@ mod tests {
 
     #[test]
     fn a_new_pod_gets_a_sandbox_and_all_containers() {
-        let actions = compute_pod_actions(&pod("Always"), &RuntimePod::default(), 0);
+        let actions = compute(&pod("Always"), &RuntimePod::default(), 0);
         assert_eq!(actions.create_sandbox, Some(0));
         assert_eq!(actions.start_containers, [("a".to_string(), 0), ("b".to_string(), 0)]);
         assert!(actions.kill_containers.is_empty() && actions.stop_sandboxes.is_empty());
@@ -394,7 +481,7 @@ mod tests {
             sandboxes: vec![sandbox("s0", 0, true)],
             containers: vec![container(&pod, "a0", "a", 0, Running, 0), container(&pod, "b0", "b", 0, Running, 0)],
         };
-        assert_eq!(compute_pod_actions(&pod, &runtime, 200 * SECOND), PodActions::default());
+        assert_eq!(compute(&pod, &runtime, 200 * SECOND), PodActions::default());
     }
 
     #[test]
@@ -407,10 +494,10 @@ mod tests {
             containers: vec![a1, container(&pod, "b0", "b", 0, Running, 0)],
         };
         // The second restart (after a first wait of 10 s) waits 20 s after the exit at 101 s.
-        let early = compute_pod_actions(&pod, &runtime, 110 * SECOND);
+        let early = compute(&pod, &runtime, 110 * SECOND);
         assert_eq!(early.backing_off, ["a"]);
         assert!(early.start_containers.is_empty());
-        let later = compute_pod_actions(&pod, &runtime, 121 * SECOND);
+        let later = compute(&pod, &runtime, 121 * SECOND);
         assert_eq!(later.start_containers, [("a".to_string(), 2)]);
     }
 
@@ -423,7 +510,7 @@ mod tests {
             sandboxes: vec![sandbox("s0", 0, true)],
             containers: vec![stale, container(&pod, "b0", "b", 0, Running, 0)],
         };
-        let actions = compute_pod_actions(&pod, &runtime, 200 * SECOND);
+        let actions = compute(&pod, &runtime, 200 * SECOND);
         assert_eq!(actions.kill_containers, ["a0"]);
         assert_eq!(actions.start_containers, [("a".to_string(), 1)]);
     }
@@ -435,12 +522,12 @@ mod tests {
             sandboxes: vec![sandbox("s0", 0, true)],
             containers: vec![container(&pod, "a0", "a", 0, Exited, 0), container(&pod, "b0", "b", 0, Exited, 3)],
         };
-        let actions = compute_pod_actions(&pod, &runtime, 200 * SECOND);
+        let actions = compute(&pod, &runtime, 200 * SECOND);
         assert_eq!(actions.stop_sandboxes, ["s0"]);
         assert!(actions.start_containers.is_empty());
 
         runtime.sandboxes[0].ready = false;
-        let actions = compute_pod_actions(&pod, &runtime, 200 * SECOND);
+        let actions = compute(&pod, &runtime, 200 * SECOND);
         assert_eq!(actions, PodActions::default(), "a Never pod that ran is not started again");
     }
 
@@ -451,7 +538,7 @@ mod tests {
             sandboxes: vec![sandbox("s0", 0, false)],
             containers: vec![container(&pod, "a0", "a", 0, Exited, 0), container(&pod, "b0", "b", 0, Exited, 2)],
         };
-        let actions = compute_pod_actions(&pod, &runtime, 200 * SECOND);
+        let actions = compute(&pod, &runtime, 200 * SECOND);
         assert_eq!(actions.create_sandbox, Some(1));
         assert_eq!(actions.start_containers, [("b".to_string(), 1)]);
     }
@@ -468,7 +555,7 @@ mod tests {
                 container(&pod, "b0", "b", 0, Created, 0),
             ],
         };
-        let actions = compute_pod_actions(&pod, &runtime, 200 * SECOND);
+        let actions = compute(&pod, &runtime, 200 * SECOND);
         assert_eq!(actions.start_created, ["b0"]);
         assert_eq!(actions.remove_containers, ["a0"], "the newest run and the one before are kept");
     }
@@ -480,7 +567,7 @@ mod tests {
         old.sandbox_id = "s0".into();
         let runtime =
             RuntimePod { sandboxes: vec![sandbox("s0", 0, true), sandbox("s1", 1, true)], containers: vec![old] };
-        let actions = compute_pod_actions(&pod, &runtime, 200 * SECOND);
+        let actions = compute(&pod, &runtime, 200 * SECOND);
         assert_eq!(actions.stop_sandboxes, ["s0"]);
         assert_eq!(actions.kill_containers, ["a0"]);
         assert_eq!(actions.start_containers, [("a".to_string(), 1), ("b".to_string(), 0)]);
@@ -611,14 +698,14 @@ mod tests {
             let containers =
                 c.runs.iter().map(|&(name, attempt, state, code)| run_in(&pod, "s0", name, attempt, state, code));
             let runtime = RuntimePod { sandboxes: vec![sandbox("s0", 0, true)], containers: containers.collect() };
-            let actions = compute_pod_actions(&pod, &runtime, c.now);
+            let actions = compute(&pod, &runtime, c.now);
             assert_eq!(actions.start_containers, c.start, "{}", c.what);
             assert_eq!(actions.backing_off, c.backing_off, "{}", c.what);
             assert_eq!(actions.stop_sandboxes == ["s0"], c.stop_sandbox, "{}", c.what);
         }
 
         // A new pod's sandbox starts with the first init container only.
-        let actions = compute_pod_actions(&init_pod("Always"), &RuntimePod::default(), 0);
+        let actions = compute(&init_pod("Always"), &RuntimePod::default(), 0);
         assert_eq!((actions.create_sandbox, actions.start_containers), (Some(0), start("i1", 0)));
         // A created init container is started; app containers wait.
         let pod = init_pod("Always");
@@ -626,14 +713,14 @@ mod tests {
             sandboxes: vec![sandbox("s0", 0, true)],
             containers: vec![run_in(&pod, "s0", "i1", 0, Created, 0)],
         };
-        let actions = compute_pod_actions(&pod, &runtime, 0);
+        let actions = compute(&pod, &runtime, 0);
         assert_eq!((actions.start_created, actions.start_containers), (vec!["i1-s0-0".to_string()], none.clone()));
         // A failed Never pod gets no new sandbox once its own is stopped.
         let runtime = RuntimePod {
             sandboxes: vec![sandbox("s0", 0, false)],
             containers: vec![run_in(&init_pod("Never"), "s0", "i1", 0, Exited, 1)],
         };
-        assert_eq!(compute_pod_actions(&init_pod("Never"), &runtime, 0), PodActions::default());
+        assert_eq!(compute(&init_pod("Never"), &runtime, 0), PodActions::default());
         // A new sandbox runs the init containers again, even those that succeeded in the old one.
         let pod = init_pod("Always");
         let runtime = RuntimePod {
@@ -644,8 +731,178 @@ mod tests {
                 run_in(&pod, "s0", "a", 0, Exited, 137),
             ],
         };
-        let actions = compute_pod_actions(&pod, &runtime, 200 * SECOND);
+        let actions = compute(&pod, &runtime, 200 * SECOND);
         assert_eq!(actions.start_containers, start("i1", 1));
         assert!(actions.remove_containers.is_empty(), "init runs are kept: {actions:?}");
+    }
+
+    fn sidecar_pod(policy: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "job", "uid": "u-1" },
+            "spec": {
+                "restartPolicy": policy,
+                "initContainers": [
+                    { "name": "i1", "image": "i:1" },
+                    { "name": "side", "image": "i:1", "restartPolicy": "Always" },
+                    { "name": "i2", "image": "i:1" },
+                ],
+                "containers": [{ "name": "a", "image": "i:1" }],
+            },
+        }))
+        .expect("valid pod")
+    }
+
+    #[test]
+    fn sidecars_start_in_order_run_beside_the_app_and_stop_after_it() {
+        struct Case {
+            what: &'static str,
+            policy: &'static str,
+            runs: Vec<(&'static str, ContainerRunState, i32)>,
+            /// Whether the sidecar has passed its startup probe.
+            started: bool,
+            now: i64,
+            start: Vec<&'static str>,
+            backing_off: Vec<&'static str>,
+            kill: Vec<&'static str>,
+            stop_sandbox: bool,
+        }
+        let ok = |name| (name, Exited, 0);
+        let running = |name| (name, Running, 0);
+        let case = |what, policy, runs, start| Case {
+            what,
+            policy,
+            runs,
+            started: true,
+            now: 200 * SECOND,
+            start,
+            backing_off: vec![],
+            kill: vec![],
+            stop_sandbox: false,
+        };
+        let cases = [
+            case("the first init container runs first", "Always", vec![], vec!["i1"]),
+            case("then the sidecar", "Always", vec![ok("i1")], vec!["side"]),
+            case(
+                "the next init container once the sidecar has started",
+                "Always",
+                vec![ok("i1"), running("side")],
+                vec!["i2"],
+            ),
+            Case {
+                started: false,
+                ..case("not before its startup probe passed", "Always", vec![ok("i1"), running("side")], vec![])
+            },
+            case("the app beside the sidecar", "Never", vec![ok("i1"), running("side"), ok("i2")], vec!["a"]),
+            case(
+                "a running pod is left alone",
+                "Never",
+                vec![ok("i1"), running("side"), ok("i2"), running("a")],
+                vec![],
+            ),
+            case(
+                "an exited sidecar restarts under restartPolicy Never",
+                "Never",
+                vec![ok("i1"), ("side", Exited, 0), ok("i2"), running("a")],
+                vec!["side"],
+            ),
+            Case {
+                now: 105 * SECOND,
+                backing_off: vec!["side"],
+                ..case(
+                    "after its crash-loop back-off",
+                    "Always",
+                    vec![ok("i1"), ("side", Exited, 1), ok("i2"), running("a")],
+                    vec![],
+                )
+            },
+            case(
+                "one that exits before the next init container ran restarts first",
+                "Never",
+                vec![ok("i1"), ("side", Exited, 1)],
+                vec!["side"],
+            ),
+            Case {
+                kill: vec!["side"],
+                stop_sandbox: true,
+                ..case(
+                    "the app succeeded: the sidecar stops with the pod",
+                    "Never",
+                    vec![ok("i1"), running("side"), ok("i2"), ok("a")],
+                    vec![],
+                )
+            },
+            Case {
+                stop_sandbox: true,
+                ..case(
+                    "a stopped sidecar of a done pod stays stopped",
+                    "OnFailure",
+                    vec![ok("i1"), ("side", Exited, 137), ok("i2"), ok("a")],
+                    vec![],
+                )
+            },
+            case(
+                "an app that fails under OnFailure restarts beside the sidecar",
+                "OnFailure",
+                vec![ok("i1"), running("side"), ok("i2"), ("a", Exited, 1)],
+                vec!["a"],
+            ),
+            Case {
+                kill: vec!["side"],
+                stop_sandbox: true,
+                ..case(
+                    "an init container that fails under Never stops the sidecar",
+                    "Never",
+                    vec![ok("i1"), running("side"), ("i2", Exited, 1)],
+                    vec![],
+                )
+            },
+        ];
+        for c in cases {
+            let pod = sidecar_pod(c.policy);
+            let runs = c.runs.iter().map(|&(name, state, code)| run_in(&pod, "s0", name, 0, state, code));
+            let runtime = RuntimePod { sandboxes: vec![sandbox("s0", 0, true)], containers: runs.collect() };
+            let actions = compute_pod_actions(&pod, &runtime, c.now, &|_| c.started);
+            let started: Vec<&str> = actions.start_containers.iter().map(|(name, _)| name.as_str()).collect();
+            assert_eq!(started, c.start, "{}", c.what);
+            assert_eq!(actions.backing_off, c.backing_off, "{}", c.what);
+            let killed: Vec<String> = c.kill.iter().map(|name| format!("{name}-s0-0")).collect();
+            assert_eq!(actions.kill_containers, killed, "{}", c.what);
+            assert_eq!(actions.stop_sandboxes == ["s0"], c.stop_sandbox, "{}", c.what);
+        }
+
+        // A sidecar whose spec changed is replaced in place; a new run keeps counting restarts.
+        let pod = sidecar_pod("Always");
+        let mut stale = run_in(&pod, "s0", "side", 2, Running, 0);
+        stale.hash = "old".into();
+        let runtime = RuntimePod {
+            sandboxes: vec![sandbox("s0", 0, true)],
+            containers: vec![run_in(&pod, "s0", "i1", 0, Exited, 0), stale, run_in(&pod, "s0", "i2", 0, Exited, 0)],
+        };
+        let actions = compute(&pod, &runtime, 200 * SECOND);
+        assert_eq!(actions.kill_containers, ["side-s0-2"]);
+        assert_eq!(actions.start_containers, [("side".to_string(), 3), ("a".to_string(), 0)]);
+    }
+
+    #[test]
+    fn sidecars_stop_after_the_other_containers_the_last_first() {
+        let run = |name: &str| RuntimeContainer { id: format!("{name}-0"), name: name.into(), ..Default::default() };
+        let (app, log, proxy, init) = (run("app"), run("log"), run("proxy"), run("init"));
+        let sidecars = vec!["log".to_string(), "proxy".to_string()];
+        let cases = [
+            ("no sidecars: all at once", vec![&app, &init], vec![], vec![vec!["app", "init"]]),
+            (
+                "the app, then the sidecars in reverse",
+                vec![&log, &app, &proxy],
+                sidecars.clone(),
+                vec![vec!["app"], vec!["proxy"], vec!["log"]],
+            ),
+            ("only sidecars left", vec![&log], sidecars.clone(), vec![vec!["log"]]),
+            ("nothing to stop", vec![], sidecars, vec![]),
+        ];
+        for (what, alive, sidecars, expected) in cases {
+            let groups: Vec<Vec<&str>> =
+                stop_order(&alive, &sidecars).iter().map(|g| g.iter().map(|c| c.name.as_str()).collect()).collect();
+            assert_eq!(groups, expected, "{what}");
+        }
     }
 }

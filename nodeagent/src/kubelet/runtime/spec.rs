@@ -46,6 +46,18 @@ pub fn restart_policy(pod: &Pod) -> &str {
     pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()).unwrap_or("Always")
 }
 
+/// A native sidecar: an init container with `restartPolicy: Always`, started in order among the
+/// init containers and kept running beside the app containers.
+pub fn is_sidecar(container: &Container) -> bool {
+    container.restart_policy.as_deref() == Some("Always")
+}
+
+/// The names of the pod's sidecars, in the order of the spec.
+pub fn sidecar_names(pod: &Pod) -> Vec<String> {
+    let init = pod.spec.as_ref().and_then(|s| s.init_containers.as_deref()).unwrap_or_default();
+    init.iter().filter(|c| is_sidecar(c)).map(|c| c.name.clone()).collect()
+}
+
 /// The command of an exec lifecycle hook, the kind the agent runs (validation refuses others).
 pub fn exec_hook(handler: Option<&LifecycleHandler>) -> Option<Vec<String>> {
     handler?.exec.as_ref()?.command.clone().filter(|c| !c.is_empty())

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, HostIP,
-    Pod, PodCondition, PodIP, PodStatus,
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+    HostIP, Pod, PodCondition, PodIP, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use super::actions::{
     CONTAINER_ID_PREFIX, ContainerRunState, RuntimeContainer, RuntimePod, restart_backoff, should_restart,
 };
-use super::spec::{qos_class, restart_policy};
+use super::spec::{is_sidecar, qos_class, restart_policy};
 use crate::kubelet::prober::PodProbes;
 
 /// Why a container that has no run yet is waiting (image pull failed, bad config, ...).
@@ -45,9 +45,10 @@ pub fn pod_status(
         container_status(&c.name, image, &runtime.runs_of(&c.name), waiting.get(&c.name), policy, default_reason)
     };
     let mut statuses: Vec<ContainerStatus> = containers.iter().map(|c| status_of(c, policy)).collect();
+    probes.update_container_statuses(&mut statuses);
     // Init containers run to success: only failures are retried, and a success is ready.
     let init_policy = if policy == "Never" { "Never" } else { "OnFailure" };
-    let init_statuses: Vec<ContainerStatus> = init_containers
+    let mut init_statuses: Vec<ContainerStatus> = init_containers
         .iter()
         .map(|c| {
             let mut status = status_of(c, init_policy);
@@ -55,12 +56,22 @@ pub fn pod_status(
             status
         })
         .collect();
-    probes.update_container_statuses(&mut statuses);
+    // Sidecars run again whenever they exit, until the pod is done: then they are stopped.
+    let sidecar_policy = if pod_done(policy, init_containers, &init_statuses, &statuses) { "Never" } else { "Always" };
+    for (status, c) in init_statuses.iter_mut().zip(init_containers).filter(|(_, c)| is_sidecar(c)) {
+        *status = status_of(c, sidecar_policy);
+        probes.update_container_statuses(std::slice::from_mut(status));
+    }
+    let init: Vec<(&ContainerStatus, bool)> =
+        init_statuses.iter().zip(init_containers).map(|(s, c)| (s, is_sidecar(c))).collect();
 
-    let phase = phase(policy, &init_statuses, &statuses, containers.is_empty());
-    let all_ready = !statuses.is_empty() && statuses.iter().all(|s| s.ready);
+    let phase = phase(policy, &init, &statuses, containers.is_empty());
+    // kubelet's ContainersReady: the sidecars and the app containers, in that order.
+    let counted: Vec<&ContainerStatus> =
+        init.iter().filter(|(_, sidecar)| *sidecar).map(|(s, _)| *s).chain(&statuses).collect();
+    let all_ready = !statuses.is_empty() && counted.iter().all(|s| s.ready);
     let not_ready = |what: &str| {
-        let names: Vec<&str> = statuses.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
+        let names: Vec<&str> = counted.iter().filter(|s| !s.ready).map(|s| s.name.as_str()).collect();
         (!all_ready).then(|| format!("{what} with unready status: [{}]", names.join(" ")))
     };
     let condition = |type_: &str, ok: bool, reason: Option<&str>, message: Option<String>| PodCondition {
@@ -72,7 +83,7 @@ pub fn pod_status(
     };
     let finished = matches!(phase, "Succeeded" | "Failed");
     let ready_reason = if finished { "PodCompleted" } else { "ContainersNotReady" };
-    let (initialized, not_initialized) = initialized(&init_statuses, &statuses, phase);
+    let (initialized, not_initialized) = initialized(&init, &statuses, phase);
     let conditions = vec![
         // The sandbox runs with its network: containers can start (the kubelet's condition).
         condition(READY_TO_START_CONTAINERS, sandbox.is_some(), None, None),
@@ -139,9 +150,25 @@ fn any_started(statuses: &[ContainerStatus]) -> bool {
     statuses.iter().any(|s| s.container_id.is_some())
 }
 
-/// kubelet's Initialized condition: every init container succeeded (or app containers ran).
-fn initialized(init: &[ContainerStatus], statuses: &[ContainerStatus], phase: &str) -> (bool, Option<String>) {
-    let incomplete: Vec<&str> = init.iter().filter(|s| !succeeded(s)).map(|s| s.name.as_str()).collect();
+/// Whether a container has started (and passed its startup probe).
+fn has_started(status: &ContainerStatus) -> bool {
+    status.started == Some(true)
+}
+
+/// Whether the pod's app containers are done for good (kubelet then stops its sidecars): each
+/// has terminated and will not run again, or an init container failed under Never.
+fn pod_done(policy: &str, init: &[Container], init_statuses: &[ContainerStatus], statuses: &[ContainerStatus]) -> bool {
+    let terminated = |s: &ContainerStatus| s.state.as_ref().is_some_and(|s| s.terminated.is_some());
+    let init_failed = init.iter().zip(init_statuses).any(|(c, s)| !is_sidecar(c) && terminated(s) && !succeeded(s));
+    (policy == "Never" && init_failed)
+        || (policy != "Always" && !statuses.is_empty() && statuses.iter().all(terminated))
+}
+
+/// kubelet's Initialized condition: every init container succeeded, every sidecar started (or
+/// app containers ran). `init` pairs each status with whether it is a sidecar's.
+fn initialized(init: &[(&ContainerStatus, bool)], statuses: &[ContainerStatus], phase: &str) -> (bool, Option<String>) {
+    let complete = |(s, sidecar): &&(&ContainerStatus, bool)| if *sidecar { has_started(s) } else { succeeded(s) };
+    let incomplete: Vec<&str> = init.iter().filter(|c| !complete(c)).map(|(s, _)| s.name.as_str()).collect();
     if incomplete.is_empty() || phase == "Succeeded" || any_started(statuses) {
         return (true, None);
     }
@@ -240,16 +267,32 @@ fn go_duration(d: std::time::Duration) -> String {
     if minutes == 0 { format!("{seconds}s") } else { format!("{minutes}m{seconds}s") }
 }
 
-/// kubelet's `getPhase`.
-fn phase(policy: &str, init: &[ContainerStatus], statuses: &[ContainerStatus], no_containers: bool) -> &'static str {
+/// kubelet's `getPhase`. `init` pairs each init container's status with whether it is a
+/// sidecar's: a sidecar that runs counts as running (one not started yet keeps the pod
+/// initializing), one that stopped does not count.
+fn phase(
+    policy: &str,
+    init: &[(&ContainerStatus, bool)],
+    statuses: &[ContainerStatus],
+    no_containers: bool,
+) -> &'static str {
     if no_containers {
         return "Pending";
     }
     let (mut pending_init, mut failed_init) = (0, 0);
-    for s in init {
+    let (mut waiting, mut running, mut stopped, mut succeeded) = (0, 0, 0, 0);
+    for (s, sidecar) in init {
         let state = s.state.as_ref();
         let last = s.last_state.as_ref().and_then(|l| l.terminated.as_ref());
-        if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
+        if *sidecar {
+            if state.and_then(|s| s.running.as_ref()).is_some() {
+                running += 1;
+                pending_init += usize::from(!has_started(s));
+            } else if state.and_then(|s| s.terminated.as_ref()).is_none() && last.is_none() {
+                pending_init += 1;
+                waiting += 1;
+            }
+        } else if let Some(t) = state.and_then(|s| s.terminated.as_ref()) {
             failed_init += usize::from(t.exit_code != 0);
         } else if state.and_then(|s| s.waiting.as_ref()).is_some()
             && let Some(t) = last
@@ -266,7 +309,6 @@ fn phase(policy: &str, init: &[ContainerStatus], statuses: &[ContainerStatus], n
     if pending_init > 0 && !any_started(statuses) {
         return "Pending";
     }
-    let (mut waiting, mut running, mut stopped, mut succeeded) = (0, 0, 0, 0);
     for s in statuses {
         let state = s.state.as_ref();
         if state.and_then(|s| s.running.as_ref()).is_some() {
@@ -596,5 +638,159 @@ mod tests {
             ("Ready", 300),
         ];
         assert_eq!(times, expected.map(|(type_, at)| (type_.to_string(), Some(t(at)))));
+    }
+
+    fn sidecar_pod(policy: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": "job", "uid": "u-1" },
+            "spec": {
+                "restartPolicy": policy,
+                "initContainers": [
+                    { "name": "i1", "image": "i:1" },
+                    { "name": "side", "image": "i:1", "restartPolicy": "Always" },
+                ],
+                "containers": [{ "name": "web", "image": "i:1" }],
+            },
+        }))
+        .expect("valid pod")
+    }
+
+    #[test]
+    fn sidecars_in_the_status() {
+        use crate::kubelet::prober::{ProbeType, Results};
+        use ContainerRunState::{Exited, Running};
+        struct Case {
+            what: &'static str,
+            policy: &'static str,
+            runs: Vec<(&'static str, u32, ContainerRunState, i32)>,
+            /// Whether the sidecar has a readiness probe (that has not succeeded).
+            unready: bool,
+            /// The sidecar's state, started, ready and restartCount.
+            sidecar: (&'static str, bool, bool, i32),
+            phase: &'static str,
+            initialized: &'static str,
+            ready: &'static str,
+        }
+        let case = |what, policy, runs, sidecar, phase, initialized, ready| Case {
+            what,
+            policy,
+            runs,
+            unready: false,
+            sidecar,
+            phase,
+            initialized,
+            ready,
+        };
+        let cases = [
+            case(
+                "nothing ran yet",
+                "Always",
+                vec![],
+                ("waiting PodInitializing", false, false, 0),
+                "Pending",
+                "False containers with incomplete status: [i1 side]",
+                "False containers with unready status: [side web]",
+            ),
+            case(
+                "the sidecar has started: initialized",
+                "Always",
+                vec![("i1", 0, Exited, 0), ("side", 0, Running, 0)],
+                ("running", true, true, 0),
+                "Pending",
+                "True",
+                "False containers with unready status: [web]",
+            ),
+            case(
+                "it runs beside the app: both count for Ready",
+                "Always",
+                vec![("i1", 0, Exited, 0), ("side", 0, Running, 0), ("web", 0, Running, 0)],
+                ("running", true, true, 0),
+                "Running",
+                "True",
+                "True",
+            ),
+            Case {
+                unready: true,
+                ..case(
+                    "an unready sidecar makes the pod unready",
+                    "Always",
+                    vec![("i1", 0, Exited, 0), ("side", 0, Running, 0), ("web", 0, Running, 0)],
+                    ("running", true, false, 0),
+                    "Running",
+                    "True",
+                    "False containers with unready status: [side]",
+                )
+            },
+            case(
+                "one that exited waits to restart under Never, the pod runs on",
+                "Never",
+                vec![("i1", 0, Exited, 0), ("side", 1, Exited, 0), ("web", 0, Running, 0)],
+                ("waiting CrashLoopBackOff", false, false, 1),
+                "Running",
+                "True",
+                "False containers with unready status: [side]",
+            ),
+            case(
+                "the app succeeded, the sidecar still runs: Running",
+                "Never",
+                vec![("i1", 0, Exited, 0), ("side", 0, Running, 0), ("web", 0, Exited, 0)],
+                ("running", true, true, 0),
+                "Running",
+                "True",
+                "False containers with unready status: [web]",
+            ),
+            case(
+                "then it was stopped: the app's exit decides, Succeeded",
+                "Never",
+                vec![("i1", 0, Exited, 0), ("side", 0, Exited, 137), ("web", 0, Exited, 0)],
+                ("terminated Error 137", false, false, 0),
+                "Succeeded",
+                "True",
+                "False containers with unready status: [side web]",
+            ),
+            case(
+                "under OnFailure as well",
+                "OnFailure",
+                vec![("i1", 0, Exited, 0), ("side", 0, Exited, 0), ("web", 0, Exited, 0)],
+                ("terminated Completed 0", false, false, 0),
+                "Succeeded",
+                "True",
+                "False containers with unready status: [side web]",
+            ),
+            case(
+                "a failed app under Never fails the pod, whatever the sidecar's exit",
+                "Never",
+                vec![("i1", 0, Exited, 0), ("side", 0, Exited, 0), ("web", 0, Exited, 2)],
+                ("terminated Completed 0", false, false, 0),
+                "Failed",
+                "True",
+                "False containers with unready status: [side web]",
+            ),
+        ];
+        for c in cases {
+            let runs = c.runs.iter().map(|&(name, attempt, state, code)| RuntimeContainer {
+                name: name.into(),
+                id: format!("{name}-{attempt}"),
+                ..run(attempt, state, code)
+            });
+            let mut runs: Vec<RuntimeContainer> = runs.collect();
+            if c.runs.iter().any(|(name, attempt, ..)| *name == "side" && *attempt == 1) {
+                runs.push(RuntimeContainer { name: "side".into(), id: "side-0".into(), ..run(0, Exited, 0) });
+            }
+            let probed = c.unready.then(|| ("side".to_string(), ProbeType::Readiness));
+            let probes = PodProbes::new(probed, Results::default());
+            let status = pod_status(&sidecar_pod(c.policy), &runtime(runs), &HashMap::new(), None, &probes);
+            let side = &status.init_container_statuses.as_ref().expect("init statuses")[1];
+            let (init, _, phase, initialized) = init_view(&status);
+            let ready = status.conditions.iter().flatten().find(|c| c.type_ == "Ready").expect("Ready");
+            let ready = format!("{} {}", ready.status, ready.message.clone().unwrap_or_default());
+            let got = (
+                (init[1].0.as_str(), side.started == Some(true), side.ready, side.restart_count),
+                phase.as_str(),
+                initialized.as_str(),
+                ready.trim(),
+            );
+            assert_eq!(got, (c.sidecar, c.phase, c.initialized, c.ready), "{}", c.what);
+        }
     }
 }
