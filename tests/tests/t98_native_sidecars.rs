@@ -55,12 +55,12 @@ async fn container_states(cri: &Cri, uid: &str) -> Result<HashMap<String, i32>> 
 }
 
 #[test]
-fn t97_native_sidecars_run_beside_their_containers_and_stop_after_them() -> Result<()> {
+fn t98_native_sidecars_run_beside_their_containers_and_stop_after_them() -> Result<()> {
     require_root()?;
     let dir = tempfile::tempdir()?;
     let mirror = registry::address(5000);
     let file = registry::write_registries_file(dir.path(), mirror, &[])?;
-    let cluster = LocalCluster::up_with("gp97", 1, &["--registries", &file.to_string_lossy()])?;
+    let cluster = LocalCluster::up_with("gp98", 1, &["--registries", &file.to_string_lossy()])?;
     let registry = Registry::start(&dir.path().join("mirror"), &cluster, mirror, None)?;
     registry.push_stand_in("alpine:latest", &StandIn { cmd: vec!["/bin/sh".into()], ..StandIn::default() })?;
     let work = Worktree::clone(cluster.demo_repo(), dir.path().join("demo"))?;
