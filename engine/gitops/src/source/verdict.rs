@@ -422,6 +422,9 @@ impl Verdicts {
                 let started = Instant::now();
                 let mut described = note;
                 describe(&mut described, &plan, view);
+                for line in super::hooks::steps(&manifests).as_ref().map(super::hooks::describe).unwrap_or_default() {
+                    let _ = writeln!(described, "  {line}");
+                }
                 phases.output += started.elapsed();
                 Judged::Plan { plan, described }
             }
