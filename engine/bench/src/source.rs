@@ -59,6 +59,14 @@ pub struct SourceArgs {
     /// Only push-to-applied (no offline rows, no kustomize): to iterate on the server's part.
     #[arg(long)]
     push_only: bool,
+    /// Only the first sync and the controllers' settling after it (no offline rows, no pushes).
+    #[arg(long)]
+    settle_only: bool,
+    /// Hollow Nodes registered before the first sync (Ready, with room for every Pod, a Lease
+    /// that the server's grace period outlasts, no agent): the scheduler binds the Pods instead
+    /// of marking them unschedulable.
+    #[arg(long, default_value_t = 0)]
+    nodes: usize,
     #[arg(long, default_value = "/usr/bin/kubectl")]
     kubectl: PathBuf,
     /// The `gitplane` binary (default: next to this one).
@@ -121,6 +129,14 @@ pub fn main(args: SourceArgs) -> Result<()> {
     }
     eprintln!("generating {} manifests in {}", args.manifests, repo.display());
     let bytes = generate(&repo, args.manifests)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    if args.settle_only {
+        let load_before = crate::up::load_average();
+        let Served { first_sync, settled, .. } = runtime.block_on(serve(&gitplane, &repo, args.nodes))?;
+        println!("{}", settle_header());
+        println!("{}", settle_row(args.manifests, args.nodes, first_sync, &settled, &load_before));
+        return Ok(());
+    }
     let mut rows = Vec::new();
     let steps = if args.push_only {
         &[][..]
@@ -155,11 +171,8 @@ pub fn main(args: SourceArgs) -> Result<()> {
         Some(kustomize(&args.kubectl, &repo)?)
     };
     eprintln!("push-to-applied through gitplane server");
-    let pushed = tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(push_to_applied(
-        &gitplane,
-        &repo,
-        args.rounds,
-    ))?;
+    let load_before = crate::up::load_average();
+    let pushed = runtime.block_on(push_to_applied(&gitplane, &repo, args.rounds, args.nodes))?;
     let judged = Latencies::new(pushed.judged.applied.clone());
     let unjudged = Latencies::new(pushed.unjudged.applied.clone());
 
@@ -232,11 +245,29 @@ pub fn main(args: SourceArgs) -> Result<()> {
         crate::ms(unjudged.quantile(0.99)),
         crate::ms(unjudged.max()),
         pushed.first_sync.as_secs_f64(),
-        pushed.settled.as_secs_f64(),
+        pushed.settled.took.as_secs_f64(),
     );
+    println!("\n{}", settle_header());
+    println!("{}", settle_row(args.manifests, args.nodes, pushed.first_sync, &pushed.settled, &load_before));
     println!();
     print_pushes(&pushed, args.manifests);
     Ok(())
+}
+
+fn settle_header() -> String {
+    "| First sync, then settling | Nodes | First sync | Settled after it | Revisions while settling | Writes/s \
+     | Load average before |\n|---|--:|--:|--:|--:|--:|---|"
+        .to_owned()
+}
+
+fn settle_row(manifests: usize, nodes: usize, first_sync: Duration, settled: &Settled, load: &str) -> String {
+    format!(
+        "| {manifests} manifests, `gitplane server` (1 replica, SQLite) | {nodes} | {:.1} s | {:.1} s | {} | {:.0} | {load} |",
+        first_sync.as_secs_f64(),
+        settled.took.as_secs_f64(),
+        settled.revisions,
+        settled.revisions as f64 / settled.took.as_secs_f64().max(1e-3),
+    )
 }
 
 /// The push-to-applied table: with the verdict and without, and where `git push`'s time went.
@@ -625,7 +656,7 @@ struct Pushed {
     /// From pushing the whole repository to the Application synced at it.
     first_sync: Duration,
     /// From then until the controllers stopped writing.
-    settled: Duration,
+    settled: Settled,
     /// The server's verdicts (their log's `elapsed`), one per judged push.
     verdicts: Latencies,
     /// Syncs of judged pushes that committed the verdict's plan, of all syncs of judged pushes.
@@ -656,14 +687,19 @@ struct Served {
     addr: std::net::SocketAddr,
     token: String,
     first_sync: Duration,
-    settled: Duration,
+    settled: Settled,
 }
 
-/// Starts the server and brings the generated repository to it.
-async fn serve(gitplane: &Path, repo: &Path) -> Result<Served> {
-    let cluster = Gitplane::start(gitplane, 1, &["--bootstrap".into(), "bootstrap".into()]).await?;
+/// Starts the server (with `nodes` hollow Nodes) and brings the generated repository to it.
+async fn serve(gitplane: &Path, repo: &Path, nodes: usize) -> Result<Served> {
+    // Hollow Nodes renew no Lease: the grace period outlasts the run instead.
+    let args = ["--bootstrap", "bootstrap", "--node-monitor-grace-period", "1h"].map(String::from);
+    let cluster = Gitplane::start(gitplane, 1, &args).await?;
     let addr = cluster.addrs[&1];
     let token = std::fs::read_to_string(cluster.dir().join("replica-1/git-token"))?.trim().to_owned();
+    if nodes > 0 {
+        register_hollow_nodes(addr, nodes).await?;
+    }
     let remote = |name: &str| format!("http://git:{token}@{addr}/git/{name}.git");
     let repos = cluster.dir().join("repos");
     procs::wait_for("the bootstrap repository", Duration::from_secs(60), || async {
@@ -704,7 +740,8 @@ async fn serve(gitplane: &Path, repo: &Path) -> Result<Served> {
     let first_sync = started.elapsed();
     eprintln!("first sync of the whole repository: {first_sync:?}");
     // The controllers then make a ReplicaSet and a Pod per Deployment (the Pods stay Pending:
-    // there is no node); the rounds measure a cluster at rest.
+    // no node, or hollow ones that run nothing) and each Service's endpoints; the rounds measure
+    // a cluster at rest.
     let settled = settle(&cluster).await;
     Ok(Served { cluster, addr, token, first_sync, settled })
 }
@@ -714,12 +751,56 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(900);
 /// The window over which [`settle`] measures the rate of writes.
 const SETTLE_WINDOW: Duration = Duration::from_secs(10);
 
+/// Registers `count` Nodes that run nothing (kubemark's hollow nodes, without even a hollow
+/// agent): Ready, room for every Pod of the bench, and a Lease renewed now.
+async fn register_hollow_nodes(addr: std::net::SocketAddr, count: usize) -> Result<()> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
+    let mut client = crate::procs::store_client(channel);
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let mut ops = Vec::new();
+    for i in 0..count {
+        let name = format!("hollow-{i}");
+        let resources = json!({"cpu": "256", "memory": "1Ti", "pods": "10000", "ephemeral-storage": "1Ti"});
+        let node = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {
+                "capacity": resources, "allocatable": resources,
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            },
+        });
+        let lease = json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": "kube-node-lease"},
+            "spec": {"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": now},
+        });
+        ops.extend([Op::Create(node.clone()), Op::UpdateStatus(node), Op::Create(lease)]);
+    }
+    let json = serde_json::to_vec(&ops)?;
+    let reply = client.txn(tonic::Request::new(pb::Payload { json, data: Vec::new() })).await?.into_inner();
+    ensure!(
+        matches!(reply.outcome, Some(pb::txn_reply::Outcome::Committed(_))),
+        "registering {count} hollow Nodes: {:?}",
+        reply.outcome
+    );
+    Ok(())
+}
+
+/// How the store settled: how long until its last write, and how many revisions that took.
+struct Settled {
+    took: Duration,
+    revisions: i64,
+}
+
 /// Waits until the store's writes stop (no new revision for 3 s) or slow to a trickle (under
 /// one a second over [`SETTLE_WINDOW`]: periodic writes never stop, the controllers' burst of
 /// thousands does), printing progress every 10 s; after [`SETTLE_LIMIT`] it goes on anyway and
-/// says so. Returns how long it waited.
-async fn settle(cluster: &Gitplane) -> Duration {
+/// says so. Returns the time until the last write (until the window began, for a trickle) and
+/// the revisions written meanwhile.
+async fn settle(cluster: &Gitplane) -> Settled {
     let started = Instant::now();
+    let first = cluster.status(1).await.map_or(0, |s| s.revision);
     let mut samples: std::collections::VecDeque<(Instant, i64)> = Default::default();
     let (mut last, mut still_since, mut reported) = (-1, Instant::now(), Instant::now());
     loop {
@@ -743,20 +824,21 @@ async fn settle(cluster: &Gitplane) -> Duration {
         let shown = rate.map_or("-".to_owned(), |r| format!("{r:.1}"));
         if still_since.elapsed() >= Duration::from_secs(3) {
             eprintln!("settled after {:.0?}: no write for 3 s, at revision {last}", started.elapsed());
-            break;
+            return Settled { took: still_since - started, revisions: last - first };
         }
         if rate.is_some_and(|r| r < 1.0) {
             eprintln!(
                 "settled after {:.0?}: {shown} writes/s over the last 10 s, at revision {last}",
                 started.elapsed()
             );
-            break;
+            let took = started.elapsed().saturating_sub(SETTLE_WINDOW);
+            return Settled { took, revisions: samples.front().map_or(last, |(_, r)| *r) - first };
         }
         if started.elapsed() >= SETTLE_LIMIT {
             eprintln!(
                 "warning: not settled after {SETTLE_LIMIT:?} ({shown} writes/s, revision {last}): measuring anyway"
             );
-            break;
+            return Settled { took: started.elapsed(), revisions: last - first };
         }
         if reported.elapsed() >= Duration::from_secs(10) {
             eprintln!("settling: {:.0?}, revision {last}, {shown} writes/s", started.elapsed());
@@ -764,14 +846,13 @@ async fn settle(cluster: &Gitplane) -> Duration {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    started.elapsed()
 }
 
 /// One `gitplane server` with a bootstrap repository naming one Application for the generated
 /// repository, which is pushed whole, then changed one file per commit: `rounds` pushes with
 /// the verdict and as many with it turned off, alternating.
-async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize) -> Result<Pushed> {
-    let Served { cluster, addr, token, first_sync, settled } = serve(gitplane, repo).await?;
+async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize, nodes: usize) -> Result<Pushed> {
+    let Served { cluster, addr, token, first_sync, settled } = serve(gitplane, repo, nodes).await?;
     let remote = format!("http://git:{token}@{addr}/git/bench.git");
     let config = cluster.dir().join("repos/bench.git/config");
     let log = cluster.log_path(1);
@@ -955,7 +1036,7 @@ pub fn push_verdict(args: PushVerdictArgs) -> Result<()> {
     generate(&repo, args.manifests)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (with, without, server) = runtime.block_on(async {
-        let Served { cluster, addr, token, .. } = serve(&gitplane, &repo).await?;
+        let Served { cluster, addr, token, .. } = serve(&gitplane, &repo, 0).await?;
         let remote = format!("http://git:{token}@{addr}/git/bench.git");
         let log = cluster.log_path(1);
         let judged_before = server_verdicts(&log).len();

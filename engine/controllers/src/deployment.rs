@@ -245,6 +245,10 @@ impl Reconciler for DeploymentController {
         "deployment"
     }
 
+    fn workers(&self) -> usize {
+        crate::runtime::CONCURRENT_SYNCS
+    }
+
     fn keys_for(&self, event: &Event, _: &Cache) -> Vec<ObjectKey> {
         owner_keys_for::<Deployment, ReplicaSet>(event)
     }

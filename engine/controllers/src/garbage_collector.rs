@@ -44,6 +44,10 @@ impl Reconciler for GarbageCollector {
         "garbage-collector"
     }
 
+    fn workers(&self) -> usize {
+        crate::runtime::CONCURRENT_SYNCS
+    }
+
     fn keys_for(&self, event: &Event, cache: &Cache) -> Vec<ObjectKey> {
         if !COLLECTED.contains(&event.key.kind) {
             return Vec::new();

@@ -179,6 +179,10 @@ impl<K: Replicated> Reconciler for ReplicaSetController<K> {
         K::CONTROLLER
     }
 
+    fn workers(&self) -> usize {
+        crate::runtime::CONCURRENT_SYNCS
+    }
+
     fn keys_for(&self, event: &Event, _: &Cache) -> Vec<ObjectKey> {
         if event.key.kind == kind_of::<K>() {
             vec![event.key.clone()]

@@ -10,11 +10,11 @@ use gitplane_store::{
 };
 use gitplane_workqueue::{
     Backoff, WorkQueue,
-    runner::{self, Reconcile, Requeue},
+    runner::{self, ConcurrentReconcile, Requeue},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
-use std::{fmt, sync::Arc, time::Duration};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 use tracing::Instrument;
 
 /// What to do with a key after a successful reconcile.
@@ -147,6 +147,13 @@ pub trait Reconciler: Send + Sync + 'static {
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey>;
 
     async fn reconcile(&self, key: &ObjectKey, ctx: &Context) -> Result<Action, ReconcileError>;
+
+    /// How many different keys may be reconciled at once (kube-controller-manager's
+    /// `--concurrent-*-syncs`): more than one for a controller whose reconciles of different keys
+    /// write different objects, so their transactions share the store's commits.
+    fn workers(&self) -> usize {
+        1
+    }
 }
 
 /// Every object of kind `K` in the cache: a controller's keys for a full resync.
@@ -157,6 +164,11 @@ pub fn all_of<K: gitplane_api::kube_core::Resource<DynamicType = ()>>(cache: &Ca
         .filter_map(|v| ObjectKey::from_value(v).ok())
         .collect()
 }
+
+/// Workers of the controllers whose reconciles of different keys write different objects
+/// (Deployments, ReplicaSets, Services' endpoints, the garbage collector): enough reconciles in
+/// flight that their transactions fill the store's group commits.
+pub const CONCURRENT_SYNCS: usize = 16;
 
 /// Retries of a failing key: 100 ms, doubling, at most 30 s.
 const ERROR_BACKOFF: Backoff = Backoff { initial: Duration::from_millis(100), max: Duration::from_secs(30) };
@@ -179,24 +191,25 @@ fn requeue(result: &Result<Action, ReconcileError>) -> Requeue<ReconcileReason> 
 
 /// A reconciler with what it reconciles with.
 pub struct Controller<R> {
-    reconciler: R,
+    reconciler: Arc<R>,
     ctx: Context,
 }
 
 impl<R: Reconciler> Controller<R> {
     pub fn new(reconciler: R, ctx: Context) -> Self {
-        Controller { reconciler, ctx }
+        Controller { reconciler: Arc::new(reconciler), ctx }
     }
 
     pub async fn run(self) {
         let notifications = self.ctx.informer.notifications();
         self.ctx.informer.wait_synced().await;
         let queue = WorkQueue::new(ERROR_BACKOFF).named(self.reconciler.name());
-        runner::run(self, queue, notifications).await;
+        let workers = self.reconciler.workers();
+        runner::run_concurrent(self, workers, queue, notifications).await;
     }
 }
 
-impl<R: Reconciler> Reconcile for Controller<R> {
+impl<R: Reconciler> ConcurrentReconcile for Controller<R> {
     type Key = ObjectKey;
     type Reason = ReconcileReason;
     type Notification = Notification;
@@ -223,16 +236,24 @@ impl<R: Reconciler> Reconcile for Controller<R> {
         }
     }
 
-    async fn reconcile(&mut self, key: ObjectKey, reason: ReconcileReason, queue: &Queue) -> Requeue<ReconcileReason> {
-        let span = tracing::info_span!("reconcile", controller = self.reconciler.name(), object = %key, %reason);
-        let result = self.reconciler.reconcile(&key, &self.ctx).instrument(span.clone()).await;
-        let _entered = span.enter();
-        match &result {
-            Err(ReconcileError::Store(e)) if e.is_conflict() => tracing::debug!(error = %e, "conflict, retrying"),
-            Err(e) => tracing::warn!(error = %e, backoff = ?queue.next_backoff(&key), "reconcile failed"),
-            Ok(_) => {}
+    fn reconcile(
+        &self,
+        key: ObjectKey,
+        reason: ReconcileReason,
+        backoff: Duration,
+    ) -> impl Future<Output = Requeue<ReconcileReason>> + Send + 'static {
+        let (reconciler, ctx) = (self.reconciler.clone(), self.ctx.clone());
+        async move {
+            let span = tracing::info_span!("reconcile", controller = reconciler.name(), object = %key, %reason);
+            let result = reconciler.reconcile(&key, &ctx).instrument(span.clone()).await;
+            let _entered = span.enter();
+            match &result {
+                Err(ReconcileError::Store(e)) if e.is_conflict() => tracing::debug!(error = %e, "conflict, retrying"),
+                Err(e) => tracing::warn!(error = %e, ?backoff, "reconcile failed"),
+                Ok(_) => {}
+            }
+            requeue(&result)
         }
-        requeue(&result)
     }
 }
 

@@ -80,9 +80,13 @@ enum SchemasCommand {
     },
 }
 
-/// Logs to stderr and runs a long-lived command on a multi-threaded runtime.
+/// Logs to stderr and runs a long-lived command on a multi-threaded runtime. Colour only on a
+/// terminal: a log file or the journal gets plain text.
 fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
+        .with_ansi(colour)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,sqlx=warn,tower=warn,h2=warn,openraft=warn".into()),

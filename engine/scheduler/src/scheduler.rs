@@ -27,6 +27,7 @@ use std::{
     sync::Arc,
     time::Duration,
 };
+use tokio::sync::Semaphore;
 
 type PodId = (String, String);
 type Queue = WorkQueue<PodId, Reason>;
@@ -37,6 +38,10 @@ const BACKOFF: Backoff = Backoff { initial: Duration::from_secs(1), max: Duratio
 /// change that can make room wakes it sooner, so this only bounds the cost of a missed one;
 /// kube-scheduler waits 5 minutes, gitplane a minute, as a pass over the nodes is cheap.
 pub const MAX_UNSCHEDULABLE_STAY: Duration = Duration::from_secs(60);
+/// Unschedulable Pods' status writes committing at once. The loop goes on to the next Pod
+/// while they commit (nothing it decides depends on them), so a burst of Pods that fit nowhere
+/// shares the store's commits instead of waiting for one each.
+const STATUS_WRITES_IN_FLIGHT: usize = 64;
 
 /// Why a Pod is tried (again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,8 +70,9 @@ pub struct Scheduler {
     store: Arc<dyn Store>,
     informer: Informer,
     profile: Profile,
-    /// The nodes as the Pods scheduled since the queue was last idle left them, and the
-    /// namespaces' labels: a batch of thousands of Pods must not rebuild it per Pod.
+    /// The nodes as the Pods scheduled since it was taken left them, and the namespaces' labels,
+    /// kept until an event other than one of its own bindings showing in the cache could change
+    /// it: Pods that arrive one at a time must not rebuild it (decoding every bound Pod) each.
     snapshot: Option<(Vec<NodeInfo>, NamespaceLabels)>,
     /// The queued Pods that fit nowhere at their last attempt: a cluster event wakes them.
     unschedulable: HashSet<PodId>,
@@ -74,6 +80,8 @@ pub struct Scheduler {
     assumed: HashMap<PodId, (String, Pod)>,
     /// Scheduled and FailedScheduling, as kube-scheduler records them.
     events: Recorder,
+    /// Permits for [`STATUS_WRITES_IN_FLIGHT`].
+    status_writes: Arc<Semaphore>,
 }
 
 fn is_terminal(pod: &Value) -> bool {
@@ -105,6 +113,7 @@ impl Scheduler {
             unschedulable: HashSet::new(),
             assumed: HashMap::new(),
             events: Recorder::spawn(store.clone(), Source::component("default-scheduler")),
+            status_writes: Arc::new(Semaphore::new(STATUS_WRITES_IN_FLIGHT)),
             store,
         }
     }
@@ -204,13 +213,22 @@ impl Scheduler {
         Ok(())
     }
 
-    async fn mark_unschedulable(&self, pod: &Pod, message: &str) -> gitplane_store::Result<()> {
+    /// Writes the PodScheduled=False condition in the background (compare-and-swap on the Pod
+    /// as read, so it never overwrites a binding that came after), waiting only while
+    /// [`STATUS_WRITES_IN_FLIGHT`] are committing.
+    async fn mark_unschedulable(&self, pod: &Pod, name: &str, message: &str) {
         let mut status = pod.clone();
         if !set_scheduled_condition(&mut status, "False", Some("Unschedulable"), Some(message)) {
-            return Ok(());
+            return;
         }
-        self.store.txn(vec![Op::UpdateStatus(to_value(&status))]).await?;
-        Ok(())
+        let Ok(permit) = self.status_writes.clone().acquire_owned().await else { return };
+        let (store, name) = (self.store.clone(), name.to_owned());
+        tokio::spawn(async move {
+            if let Err(e) = store.txn(vec![Op::UpdateStatus(to_value(&status))]).await {
+                tracing::debug!(error = %e, pod = %name, "recording unschedulable failed");
+            }
+            drop(permit);
+        });
     }
 }
 
@@ -221,6 +239,7 @@ impl Reconcile for Scheduler {
 
     async fn resync(&mut self, queue: &mut Queue) {
         self.unschedulable.clear();
+        self.snapshot = None;
         let pods = self.informer.cache().list(&kind_of::<Pod>(), None);
         for pod in pods.iter().filter(|p| needs_node(p)) {
             if let Ok(key) = ObjectKey::from_value(pod) {
@@ -235,7 +254,12 @@ impl Reconcile for Scheduler {
             Notification::Changed(event) => event,
         };
         if event.key.kind == kind_of::<Node>() {
+            self.snapshot = None;
             return self.wake(queue, Reason::NodeChanged);
+        }
+        if event.key.kind == kind_of::<Namespace>() {
+            self.snapshot = None;
+            return;
         }
         let volume_kinds =
             [kind_of::<PersistentVolumeClaim>(), kind_of::<PersistentVolume>(), kind_of::<StorageClass>()];
@@ -252,6 +276,7 @@ impl Reconcile for Scheduler {
             self.unschedulable.remove(&pod_id);
             let assumed = self.assumed.remove(&pod_id).is_some();
             if assumed || holds_room(pod) {
+                self.snapshot = None;
                 self.wake(queue, Reason::PodDeleted);
             }
         } else if needs_node(pod) {
@@ -260,7 +285,11 @@ impl Reconcile for Scheduler {
                 queue.add(pod_id, Reason::PodChanged);
             }
         } else {
-            self.assumed.remove(&pod_id);
+            // A binding of this loop showing in the cache: the snapshot counts it already.
+            let ours = self.assumed.remove(&pod_id).is_some_and(|(node, _)| node_name(pod) == Some(&node));
+            if !ours || !holds_room(pod) {
+                self.snapshot = None;
+            }
             queue.remove(&pod_id);
             self.unschedulable.remove(&pod_id);
             if node_name(pod).is_some() && is_terminal(pod) {
@@ -316,9 +345,7 @@ impl Reconcile for Scheduler {
                 crate::metrics::attempt("unschedulable", started.elapsed());
                 tracing::info!(pod = %name, reason = %unschedulable, "unschedulable");
                 self.events.event(reference(&pod), WARNING, "FailedScheduling", &unschedulable.to_string());
-                if let Err(e) = self.mark_unschedulable(&pod, &unschedulable.to_string()).await {
-                    tracing::debug!(error = %e, pod = %name, "recording unschedulable failed");
-                }
+                self.mark_unschedulable(&pod, &name, &unschedulable.to_string()).await;
                 // Parked until a cluster event (no sooner than its backoff) or the longest stay.
                 self.unschedulable.insert(pod_id);
                 Requeue::Park(MAX_UNSCHEDULABLE_STAY, Reason::UnschedulableTimeout)
@@ -326,11 +353,6 @@ impl Reconcile for Scheduler {
         };
         self.snapshot = Some((nodes, namespaces));
         requeue
-    }
-
-    /// The batch is over: the next one starts from the cache again.
-    fn idle(&mut self) {
-        self.snapshot = None;
     }
 }
 

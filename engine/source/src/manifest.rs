@@ -307,6 +307,14 @@ fn yaml_error(
         error.line = Some(map_line(map, line + first_line - 1));
         error.column = map.is_none().then_some(column);
     }
+    // `{{ x }}` is a YAML flow mapping inside a flow mapping: the parser's message says "map"
+    // where the author wrote a placeholder of some template tool.
+    if map.is_none() && text.contains("{{") {
+        error.message.push_str(
+            ": this document holds `{{ }}` placeholders; name the file *.yaml.j2 to render it as a \
+             minijinja template, or put values in their place",
+        );
+    }
     error
 }
 
@@ -696,6 +704,18 @@ items:
                 "bad.yaml:8:1 (document 3): did not find expected ',' or ']', while parsing a flow sequence at line 7 column 4",
                 "bad.yaml:10:1 (document 4): duplicate key \"c\": keep one of them",
             ]
+        );
+    }
+
+    #[test]
+    fn t10_an_unrendered_template_is_named_so() {
+        let text = "kind: Deployment\nspec:\n  replicas: {{replicas}}\n";
+        let errors = errors(&[file("vitess.yaml", text)]);
+        assert!(errors.len() == 1 && errors[0].starts_with("vitess.yaml:3:"), "{errors:?}");
+        assert!(
+            errors[0].ends_with(
+                "name the file *.yaml.j2 to render it as a minijinja template, or put values in their place"
+            )
         );
     }
 

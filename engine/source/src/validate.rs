@@ -42,8 +42,7 @@ use std::{
 };
 
 /// Fields of `metadata` that the server sets: a value for them in Git is a mistake (often a
-/// `kubectl get -o yaml` pasted into the repository). `null` is accepted and dropped, as
-/// `kubectl create --dry-run -o yaml` writes `creationTimestamp: null`.
+/// `kubectl get -o yaml` pasted into the repository); `null` is no value (`drop_null_fields`).
 const SERVER_MANAGED: [&str; 8] = [
     "resourceVersion",
     "uid",
@@ -68,7 +67,7 @@ pub struct Manifest {
     pub line: usize,
     pub key: ObjectKey,
     /// The object as written, with its namespace defaulted (namespaced kinds) and without
-    /// `status` or null server-managed fields.
+    /// `status` or fields set to `null`.
     pub value: Value,
 }
 
@@ -229,9 +228,7 @@ impl Validator {
         let info = found.info;
         // Status is the server's: Kubernetes ignores it on create and update, and so do we.
         object.remove("status");
-        if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-            metadata.retain(|field, value| !(value.is_null() && SERVER_MANAGED.contains(&field.as_str())));
-        }
+        drop_null_fields(object);
 
         // The compiled validator's yes/no answer is much cheaper than collecting its errors.
         let mut problems = match found.validator.is_valid(value) {
@@ -448,6 +445,28 @@ fn edit_distance(a: &str, b: &str) -> usize {
     rows[a.len()][b.len()]
 }
 
+/// "a" or "an" before a field's name, by its first letter ("an azureDisk volume").
+fn indefinite_article(word: &str) -> &'static str {
+    match word.chars().next() {
+        Some('a' | 'e' | 'i' | 'o' | 'u' | 'A' | 'E' | 'I' | 'O' | 'U') => "an",
+        _ => "a",
+    }
+}
+
+/// A field set to `null` is a field not set: the API server decodes it so (`data: null` in a
+/// published ConfigMap, `creationTimestamp: null` from `kubectl create --dry-run -o yaml`).
+/// Items of lists stay: a `null` item is an error there too.
+fn drop_null_fields(object: &mut Map<String, Value>) {
+    object.retain(|_, value| !value.is_null());
+    for value in object.values_mut() {
+        match value {
+            Value::Object(inner) => drop_null_fields(inner),
+            Value::Array(items) => items.iter_mut().filter_map(Value::as_object_mut).for_each(drop_null_fields),
+            _ => {}
+        }
+    }
+}
+
 /// What the schema cannot say about metadata: name syntax, scope, server-managed fields.
 fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
     let mut problems = Vec::new();
@@ -480,7 +499,7 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
         }
     }
     for field in SERVER_MANAGED {
-        if metadata.get(field).is_some_and(|v| !v.is_null()) {
+        if metadata.contains_key(field) {
             problems.push(Problem::at(format!("/metadata/{field}"), "remove it: the server manages it"));
         }
     }
@@ -1637,6 +1656,8 @@ kind: ConfigMap
 metadata:
   name: a
   creationTimestamp: null
+  labels: {app: null}
+data: null
 status: {}
 ---
 apiVersion: v1
@@ -1651,11 +1672,15 @@ metadata: {name: prod, namespace: \"\"}
         let keys: Vec<_> = manifests.iter().map(|m| (m.key.to_string(), m.index, m.line)).collect();
         assert_eq!(
             keys,
-            [("ConfigMap default/a".into(), 0, 1), ("ConfigMap prod/b".into(), 1, 8), ("Namespace prod".into(), 2, 12)]
+            [
+                ("ConfigMap default/a".into(), 0, 1),
+                ("ConfigMap prod/b".into(), 1, 10),
+                ("Namespace prod".into(), 2, 14)
+            ]
         );
         assert_eq!(
             manifests[0].value,
-            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "default"}})
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "default", "labels": {}}})
         );
         assert_eq!(manifests[2].value["metadata"], json!({"name": "prod"}));
     }

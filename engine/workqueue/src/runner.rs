@@ -1,11 +1,17 @@
 //! The one loop runner, as kube-runtime's `Controller` serves every reconciler: notifications
-//! queue keys, due keys are reconciled one at a time, and each reconcile says what happens to its
-//! key next ([`Requeue`]), failures backing off per key. The controllers, the scheduler and the
+//! queue keys, due keys are reconciled one at a time ([`run`]) or several different keys at once
+//! ([`run_concurrent`], client-go's workers), and each reconcile says what happens to its key
+//! next ([`Requeue`]), failures backing off per key. The controllers, the scheduler and the
 //! source controller run on it; the loop stops once the notifications end (the informer is gone).
 
 use crate::{Reason, WorkQueue};
-use futures::{FutureExt, Stream, StreamExt};
-use std::{future::Future, hash::Hash, time::Duration};
+use futures::{FutureExt, Stream, StreamExt, stream::FuturesUnordered};
+use std::{
+    collections::{HashMap, HashSet},
+    future::Future,
+    hash::Hash,
+    time::Duration,
+};
 
 /// What happens to a key after its reconcile: kube-runtime's `Action` and error policy in one.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,6 +108,90 @@ pub async fn run<H: Reconcile>(
                 None => return,
             },
             () = due => {}
+        }
+    }
+}
+
+/// A control loop whose reconciles of different keys may run at once: each reconcile is a future
+/// of its own that holds what it needs, as client-go's workers share the controller.
+pub trait ConcurrentReconcile: Send {
+    type Key: Clone + Eq + Hash + Send + 'static;
+    type Reason: Reason + Send + 'static;
+    type Notification: Send;
+
+    /// Queues every key at start-up.
+    fn resync(&mut self, queue: &mut WorkQueue<Self::Key, Self::Reason>) -> impl Future<Output = ()> + Send;
+
+    /// Queues the keys `notification` concerns (every key when it says notifications were missed).
+    fn observe(
+        &mut self,
+        notification: Self::Notification,
+        queue: &mut WorkQueue<Self::Key, Self::Reason>,
+    ) -> impl Future<Output = ()> + Send;
+
+    /// Brings `key` to what it should be; `backoff` is what a failure would back off.
+    fn reconcile(
+        &self,
+        key: Self::Key,
+        reason: Self::Reason,
+        backoff: Duration,
+    ) -> impl Future<Output = Requeue<Self::Reason>> + Send + 'static;
+}
+
+/// [`run`] with up to `workers` reconciles of different keys at once. A key is never reconciled
+/// twice at once: one due while it runs waits until it is done, then runs again (client-go's
+/// dirty set). With one worker it is [`run`]: notifications received are observed before each
+/// reconcile starts.
+pub async fn run_concurrent<H: ConcurrentReconcile>(
+    mut handler: H,
+    workers: usize,
+    mut queue: WorkQueue<H::Key, H::Reason>,
+    notifications: impl Stream<Item = H::Notification>,
+) {
+    let workers = workers.max(1);
+    let mut notifications = std::pin::pin!(notifications);
+    let mut running = FuturesUnordered::new();
+    let mut busy: HashSet<H::Key> = HashSet::new();
+    // Keys that came due while they ran, with their reasons.
+    let mut dirty: HashMap<H::Key, H::Reason> = HashMap::new();
+    handler.resync(&mut queue).await;
+    loop {
+        while let Some(received) = notifications.next().now_or_never() {
+            match received {
+                Some(n) => handler.observe(n, &mut queue).await,
+                None => return,
+            }
+        }
+        if running.len() < workers
+            && let Some((key, reason)) = queue.pop()
+        {
+            if busy.contains(&key) {
+                let reason = match dirty.remove(&key) {
+                    Some(earlier) => H::Reason::merge(earlier, reason),
+                    None => reason,
+                };
+                dirty.insert(key, reason);
+            } else {
+                busy.insert(key.clone());
+                let reconcile = handler.reconcile(key.clone(), reason, queue.next_backoff(&key));
+                running.push(reconcile.map(move |requeue| (key, requeue)));
+            }
+            continue;
+        }
+        let due = queue.due();
+        tokio::select! {
+            Some((key, requeue)) = running.next(), if !running.is_empty() => {
+                busy.remove(&key);
+                settle(&mut queue, key.clone(), requeue);
+                if let Some(reason) = dirty.remove(&key) {
+                    queue.add(key, reason);
+                }
+            }
+            n = notifications.next() => match n {
+                Some(n) => handler.observe(n, &mut queue).await,
+                None => return,
+            },
+            () = due, if running.len() < workers => {}
         }
     }
 }
@@ -254,6 +344,103 @@ mod tests {
         loop_.await.unwrap();
         let seen: Vec<_> = seen.lock().unwrap().iter().map(|(k, r, _)| (*k, *r)).collect();
         assert_eq!(seen, [(1, Why::Resync), (9, Why::Pushed), (2, Why::Resync), (3, Why::Resync)]);
+    }
+
+    /// Keys are numbers; each reconcile takes `took`, is recorded with its start, and counts
+    /// the reconciles running at once.
+    struct Slow {
+        keys: Vec<u32>,
+        took: Duration,
+        seen: Seen,
+        /// Running now, and the most ever at once.
+        running: Arc<Mutex<(usize, usize)>>,
+        start: Instant,
+    }
+
+    impl ConcurrentReconcile for Slow {
+        type Key = u32;
+        type Reason = Why;
+        type Notification = Note;
+
+        async fn resync(&mut self, queue: &mut WorkQueue<u32, Why>) {
+            for key in &self.keys {
+                queue.add(*key, Why::Resync);
+            }
+        }
+
+        async fn observe(&mut self, (key, why): Note, queue: &mut WorkQueue<u32, Why>) {
+            queue.add(key, why);
+        }
+
+        fn reconcile(&self, key: u32, reason: Why, _: Duration) -> impl Future<Output = Requeue<Why>> + Send + 'static {
+            let (seen, running, start, took) = (self.seen.clone(), self.running.clone(), self.start, self.took);
+            async move {
+                seen.lock().unwrap().push((key, reason, start.elapsed()));
+                {
+                    let mut running = running.lock().unwrap();
+                    running.0 += 1;
+                    running.1 = running.1.max(running.0);
+                }
+                tokio::time::sleep(took).await;
+                running.lock().unwrap().0 -= 1;
+                Requeue::Done
+            }
+        }
+    }
+
+    /// Runs `keys` on `workers`, each reconcile taking 10 ms, sending `notes` at their times:
+    /// every reconcile (key, reason, start in ms) and the most that ran at once.
+    async fn run_slow(keys: &[u32], workers: usize, notes: &[(u64, Note)]) -> (Vec<(u32, Why, u64)>, usize) {
+        let seen = Seen::default();
+        let running = Arc::new(Mutex::new((0, 0)));
+        let start = Instant::now();
+        let handler = Slow {
+            keys: keys.to_vec(),
+            took: Duration::from_millis(10),
+            seen: seen.clone(),
+            running: running.clone(),
+            start,
+        };
+        let (tx, rx) = channel();
+        let loop_ = tokio::spawn(run_concurrent(handler, workers, WorkQueue::new(BACKOFF), rx));
+        for (at, note) in notes {
+            tokio::time::sleep_until(start + Duration::from_millis(*at)).await;
+            tx.send(*note).unwrap();
+        }
+        tokio::time::sleep_until(start + Duration::from_secs(1)).await;
+        drop(tx);
+        loop_.await.unwrap();
+        let seen = seen.lock().unwrap().iter().map(|(k, r, at)| (*k, *r, at.as_millis() as u64)).collect();
+        let most = running.lock().unwrap().1;
+        (seen, most)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_concurrent_runs_different_keys_at_once_up_to_the_workers() {
+        use Why::Resync;
+        type Case<'a> = (usize, &'a [(u32, Why, u64)], usize);
+        let cases: [Case; 3] = [
+            (1, &[(1, Resync, 0), (2, Resync, 10), (3, Resync, 20), (4, Resync, 30)], 1),
+            (2, &[(1, Resync, 0), (2, Resync, 0), (3, Resync, 10), (4, Resync, 10)], 2),
+            (8, &[(1, Resync, 0), (2, Resync, 0), (3, Resync, 0), (4, Resync, 0)], 4),
+        ];
+        for (workers, want, most) in cases {
+            let (mut seen, ran_at_once) = run_slow(&[1, 2, 3, 4], workers, &[]).await;
+            seen.sort_by_key(|(k, _, at)| (*at, *k));
+            assert_eq!(seen, want, "{workers} workers");
+            assert_eq!(ran_at_once, most, "{workers} workers");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn t10_concurrent_runs_a_key_queued_while_it_runs_once_after_it() {
+        // Key 1 changes twice while its first reconcile runs: one more reconcile, when it is
+        // done, named by the first change; key 2, queued meanwhile, runs at once on a free worker.
+        let notes = [(3, (1, Why::Changed)), (5, (2, Why::Changed)), (7, (1, Why::Pushed))];
+        let (mut seen, most) = run_slow(&[1], 3, &notes).await;
+        seen.sort_by_key(|(k, _, at)| (*at, *k));
+        assert_eq!(seen, [(1, Why::Resync, 0), (2, Why::Changed, 5), (1, Why::Changed, 10)]);
+        assert_eq!(most, 2);
     }
 
     #[tokio::test(start_paused = true)]

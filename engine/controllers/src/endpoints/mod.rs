@@ -63,6 +63,10 @@ impl Reconciler for EndpointsController {
         "endpoints"
     }
 
+    fn workers(&self) -> usize {
+        crate::runtime::CONCURRENT_SYNCS
+    }
+
     fn keys_for(&self, event: &Event, cache: &Cache) -> Vec<ObjectKey> {
         let (kind, namespace) = (&event.key.kind, event.key.namespace.as_str());
         if *kind == kind_of::<Service>() {

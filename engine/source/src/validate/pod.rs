@@ -426,7 +426,7 @@ fn check(row: &Unsupported, pointer: String, value: &Value) -> Vec<Problem> {
                 let others: Vec<_> = allowed.iter().filter(|k| **k != "name").copied().collect();
                 Problem::at(
                     format!("{pointer}/{}", escape(key)),
-                    format!("{} {NOT_YET} (it supports {})", what.replace("{key}", key), others.join(", ")),
+                    format!("{} {NOT_YET} (it supports {})", name_key(what, key), others.join(", ")),
                 )
             })
             .collect(),
@@ -674,4 +674,9 @@ fn probe_problems(spec: &Value, at: &str) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// A row's `what` with its `{key}`, and "a" before it as English says it ("an image volume").
+fn name_key(what: &str, key: &str) -> String {
+    what.replace("a {key}", &format!("{} {key}", super::indefinite_article(key))).replace("{key}", key)
 }

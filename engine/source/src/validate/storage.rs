@@ -56,7 +56,10 @@ pub(super) fn volume_problems(volume: &Value) -> Vec<Problem> {
         }
         [one] if !MOUNTED_SOURCES.contains(one) => problems.push(Problem::at(
             format!("/spec/{one}"),
-            format!("gitplane's nodes cannot mount a {one} volume: use hostPath or local (a directory on the node)"),
+            format!(
+                "gitplane's nodes cannot mount {} {one} volume: use hostPath or local (a directory on the node)",
+                super::indefinite_article(one)
+            ),
         )),
         [_] => {}
         many => problems.push(Problem::at(
