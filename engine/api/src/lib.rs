@@ -9,6 +9,7 @@ pub mod cron;
 pub mod defaults;
 pub mod events;
 pub mod health;
+pub mod hooks;
 pub mod ingress;
 pub mod kinds;
 pub mod kubedns;

@@ -25,6 +25,7 @@ use base64::{
     engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig},
 };
 use gitplane_api::{
+    hooks,
     kinds::{self, KindInfo},
     kubedns,
     object::ObjectKey,
@@ -230,6 +231,11 @@ impl Validator {
         object.remove("status");
         drop_null_fields(object);
 
+        // A hook named by generateName is checked as the name its sync gives it.
+        let generated = hook_generate_name(value);
+        if let Some(prefix) = &generated {
+            value["metadata"]["name"] = Value::String(format!("{prefix}{GENERATED_EXAMPLE}"));
+        }
         // The compiled validator's yes/no answer is much cheaper than collecting its errors.
         let mut problems = match found.validator.is_valid(value) {
             true => Vec::new(),
@@ -240,7 +246,16 @@ impl Validator {
         if !problems.is_empty() {
             return Err(problems);
         }
-        normalize(value, info, default_namespace)
+        let key = normalize(value, info, default_namespace)?;
+        match generated {
+            Some(prefix) => {
+                if let Some(metadata) = value["metadata"].as_object_mut() {
+                    metadata.remove("name");
+                }
+                Ok(ObjectKey::new(key.kind, key.namespace, prefix))
+            }
+            None => Ok(key),
+        }
     }
 
     fn unknown_kind(&self, api_version: &str, kind: &str) -> Problem {
@@ -467,12 +482,35 @@ fn drop_null_fields(object: &mut Map<String, Value>) {
     }
 }
 
-/// What the schema cannot say about metadata: name syntax, scope, server-managed fields.
+/// What stands for the suffix of a generated name while a hook is checked: as long as the
+/// part Argo CD appends (seven characters of the commit, the phase, the time).
+const GENERATED_EXAMPLE: &str = "0123abc-presync-1700000000";
+
+/// The `generateName` of an object that has no name, if it is a hook (only hooks get a name
+/// per sync; anything else without a name is the schema's error).
+fn hook_generate_name(value: &Value) -> Option<String> {
+    let metadata = &value["metadata"];
+    let prefix = metadata["generateName"].as_str().filter(|p| !p.is_empty())?;
+    (metadata.get("name").is_none_or(Value::is_null) && hooks::is_hook(value)).then(|| prefix.to_owned())
+}
+
+/// What the schema cannot say about metadata: name syntax, scope, server-managed fields,
+/// Argo CD's hook and wave annotations.
 fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
     let mut problems = Vec::new();
     let Some(metadata) = value.get("metadata").and_then(Value::as_object) else {
         return problems;
     };
+    for (name, message) in hooks::problems(value) {
+        problems.push(Problem::at(format!("/metadata/annotations/{}", escape(name)), message));
+    }
+    if metadata.get("name").is_none() && metadata.get("generateName").is_some_and(Value::is_string) {
+        problems.push(Problem::at(
+            "/metadata/generateName",
+            "generateName makes a new object at every sync, which only an Argo CD hook \
+             (argocd.argoproj.io/hook) may do: set metadata.name, or make the object a hook",
+        ));
+    }
     let kind = Some(info.kind.as_str());
     if let Some(Value::String(name)) = metadata.get("name") {
         let syntax = match info.kind.as_str() {
@@ -1009,6 +1047,47 @@ spec:
             ]
         );
         assert_eq!(errors(&[("job.yaml", &job(""))]).len(), 1, "unset means Always");
+    }
+
+    #[test]
+    fn t10_argo_cd_hooks_may_be_named_by_generate_name_and_their_annotations_are_checked() {
+        let job = |metadata: &str| {
+            format!(
+                "apiVersion: batch/v1\nkind: Job\nmetadata:\n{metadata}spec:\n  template:\n    spec:\n      \
+                 restartPolicy: Never\n      containers:\n        - {{name: m, image: gitplane.local/busybox:1}}\n"
+            )
+        };
+        let hook = job("  generateName: upgrade-sql-schema-\n  annotations:\n    argocd.argoproj.io/hook: PreSync\n");
+        let manifests = check(&[("job.yaml", &hook)]).unwrap();
+        assert_eq!(manifests[0].key.to_string(), "Job.batch default/upgrade-sql-schema-");
+        assert!(manifests[0].value["metadata"].get("name").is_none(), "the sync names it");
+        let cases = [
+            (
+                job("  generateName: migrate-\n"),
+                vec![
+                    r#"job.yaml:3: Job: /metadata: "name" is a required property"#,
+                    "job.yaml:4: Job: /metadata/generateName: generateName makes a new object at every sync, which only \
+                     an Argo CD hook (argocd.argoproj.io/hook) may do: set metadata.name, or make the object a hook",
+                ],
+            ),
+            (
+                job("  name: m\n  annotations:\n    argocd.argoproj.io/sync-wave: soon\n"),
+                vec![
+                    r#"job.yaml:6: Job m: /metadata/annotations/argocd.argoproj.io~1sync-wave: "soon" is not a wave: write an integer, such as "-1" or "2""#,
+                ],
+            ),
+            (
+                job(
+                    "  name: m\n  annotations:\n    argocd.argoproj.io/hook: Sync\n    argocd.argoproj.io/hook-delete-policy: Never\n",
+                ),
+                vec![
+                    r#"job.yaml:7: Job m: /metadata/annotations/argocd.argoproj.io~1hook-delete-policy: "Never" is not a delete policy: use HookSucceeded, HookFailed or BeforeHookCreation"#,
+                ],
+            ),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(errors(&[("job.yaml", &text)]), expected, "{text}");
+        }
     }
 
     /// What the agent runs since: hostAliases, typed hostPath volumes, HTTPS probes, requests of

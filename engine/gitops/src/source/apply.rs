@@ -15,6 +15,7 @@ use crate::source::{
     allocate::{Allocations, ServiceRanges, carry_over},
     podsecurity,
 };
+use gitplane_api::hooks;
 use gitplane_api::object::{APPLICATION_ANNOTATION, resource_version};
 use gitplane_source::{Manifest, ManifestError};
 use gitplane_store::{ObjectKey, Op, deletion};
@@ -102,6 +103,34 @@ impl Plan {
     /// Objects compared and found as Git wants them.
     pub fn unchanged(&self) -> usize {
         self.unchanged.len()
+    }
+
+    /// Keeps only the writes of the objects `keep` admits, and the prunes only if `prune`: the
+    /// part of a sync's plan that one wave applies.
+    pub fn restrict(&mut self, keep: impl Fn(&ObjectKey) -> bool, prune: bool) {
+        self.ops.retain(|op| match op {
+            Op::Delete { .. } => prune,
+            other => other.key().is_ok_and(|k| keep(&k)),
+        });
+        self.written.retain(|m| keep(&m.key));
+        self.drifted.retain(|k| keep(k));
+        if !prune {
+            // Not deleted yet: the inventory keeps them.
+            self.removed.clear();
+        }
+        self.created = self.ops.iter().filter(|op| matches!(op, Op::Create(_))).count();
+        self.updated = self.ops.iter().filter(|op| matches!(op, Op::Update(_))).count();
+        self.pruned = self.ops.iter().filter(|op| matches!(op, Op::Delete { .. })).count();
+    }
+
+    /// Adds what a later part of the same sync did, for the sync's summary (its warnings are
+    /// this one's: every part plans the whole commit).
+    pub fn absorb(&mut self, later: Plan) {
+        self.ops.extend(later.ops);
+        self.drifted.extend(later.drifted);
+        self.created += later.created;
+        self.updated += later.updated;
+        self.pruned += later.pruned;
     }
 }
 
@@ -446,6 +475,74 @@ fn namespace_labels(manifests: &[Arc<Manifest>], cluster: &Cluster<'_>, name: &s
     }
 }
 
+/// What the cluster refuses of an object beyond its own manifest: a namespace or node that does
+/// not exist, a Pod its namespace's security level forbids (a warning for its `warn` level),
+/// external IPs that are not the cluster's to give.
+fn admit(
+    m: &Manifest,
+    manifests: &[Arc<Manifest>],
+    cluster: &Cluster<'_>,
+    (errors, warnings): (&mut Vec<ManifestError>, &mut Vec<Warning>),
+    node_ips: &mut Option<Vec<std::net::Ipv4Addr>>,
+) {
+    let ns = &m.key.namespace;
+    let defines_namespace = |name: &str| manifests.iter().any(|o| o.key.kind == "Namespace" && o.key.name == name);
+    if !ns.is_empty() && !cluster.namespaces.contains(ns) && !defines_namespace(ns) {
+        errors.push(error_at(
+            m,
+            "/metadata/namespace",
+            format!("namespace {ns:?} does not exist: add a Namespace manifest for it or use an existing namespace"),
+        ));
+    }
+    if let Some(node) = m.value["spec"]["nodeName"].as_str()
+        && m.key.kind == "Pod"
+        && !cluster.nodes.contains(node)
+    {
+        errors.push(error_at(
+            m,
+            "/spec/nodeName",
+            format!("node {node:?} does not exist: remove spec.nodeName and let the scheduler place the Pod"),
+        ));
+    }
+    if let Some(at) = pod_spec_pointer(&m.key.kind)
+        && let Some(spec) = m.value.pointer(at)
+    {
+        let labels = namespace_labels(manifests, cluster, ns);
+        let (enforce, warn) = podsecurity::levels(&labels);
+        for (path, what) in podsecurity::violations(spec, at, enforce) {
+            let message = format!(
+                "{what} is not allowed by the Pod Security Standard {:?}, which namespace {ns} enforces: change \
+                 the field, or label the Namespace's manifest in Git with {}enforce: privileged (such a Pod is \
+                 root on its node)",
+                enforce.as_str(),
+                podsecurity::LABEL
+            );
+            errors.push(error_at(m, &path, message));
+        }
+        if let Some(warn) = warn.filter(|w| *w > enforce) {
+            for (path, what) in podsecurity::violations(spec, at, warn) {
+                warnings.push(Warning {
+                    key: m.key.clone(),
+                    reason: podsecurity::WARNING_REASON,
+                    message: format!(
+                        "{}:{}: {} {path}: {what} would not be allowed by the Pod Security Standard {:?}, \
+                         which namespace {ns} warns about",
+                        m.file,
+                        m.line,
+                        m.key,
+                        warn.as_str()
+                    ),
+                });
+            }
+        }
+    }
+    if m.key.kind == "Service" && m.value["spec"]["externalIPs"].is_array() {
+        let nodes = node_ips.get_or_insert_with(|| super::reach::node_ips(&cluster.stored.list("Node")));
+        let problems = super::allocate::external_ip_problems(&m.value, cluster.service_ranges, nodes);
+        errors.extend(problems.into_iter().map(|(path, message)| error_at(m, &path, message)));
+    }
+}
+
 /// The ops that make the store match `manifests`, or every reason they cannot. Compares only
 /// what the inventory cannot vouch for, unless it is not `complete`: then every object.
 pub fn plan(
@@ -463,6 +560,11 @@ pub fn plan(
     // Inventory entries that a manifest still names: when that is all of them, nothing left Git.
     let mut named = 0;
     for m in manifests {
+        // A hook is no part of the desired state: checked as any object, created by its phase.
+        if hooks::is_hook(&m.value) {
+            admit(m, manifests, cluster, (&mut errors, &mut plan.warnings), &mut node_ips);
+            continue;
+        }
         let entry = inventory.objects.get(&m.key);
         named += usize::from(entry.is_some());
         let applied = entry.filter(|e| e.manifest.as_ref().is_some_and(|last| Arc::ptr_eq(last, m)));
@@ -471,65 +573,8 @@ pub fn plan(
         if !plan.full && trusted.is_some() {
             continue;
         }
-        let ns = &m.key.namespace;
-        let defines_namespace = |name: &str| manifests.iter().any(|o| o.key.kind == "Namespace" && o.key.name == name);
-        if !ns.is_empty() && !cluster.namespaces.contains(ns) && !defines_namespace(ns) {
-            errors.push(error_at(
-                m,
-                "/metadata/namespace",
-                format!(
-                    "namespace {ns:?} does not exist: add a Namespace manifest for it or use an existing namespace"
-                ),
-            ));
-        }
-        if let Some(node) = m.value["spec"]["nodeName"].as_str()
-            && m.key.kind == "Pod"
-            && !cluster.nodes.contains(node)
-        {
-            errors.push(error_at(
-                m,
-                "/spec/nodeName",
-                format!("node {node:?} does not exist: remove spec.nodeName and let the scheduler place the Pod"),
-            ));
-        }
+        admit(m, manifests, cluster, (&mut errors, &mut plan.warnings), &mut node_ips);
         let is_service = m.key.kind == "Service";
-        if let Some(at) = pod_spec_pointer(&m.key.kind)
-            && let Some(spec) = m.value.pointer(at)
-        {
-            let labels = namespace_labels(manifests, cluster, ns);
-            let (enforce, warn) = podsecurity::levels(&labels);
-            for (path, what) in podsecurity::violations(spec, at, enforce) {
-                let message = format!(
-                    "{what} is not allowed by the Pod Security Standard {:?}, which namespace {ns} enforces: change \
-                     the field, or label the Namespace's manifest in Git with {}enforce: privileged (such a Pod is \
-                     root on its node)",
-                    enforce.as_str(),
-                    podsecurity::LABEL
-                );
-                errors.push(error_at(m, &path, message));
-            }
-            if let Some(warn) = warn.filter(|w| *w > enforce) {
-                for (path, what) in podsecurity::violations(spec, at, warn) {
-                    plan.warnings.push(Warning {
-                        key: m.key.clone(),
-                        reason: podsecurity::WARNING_REASON,
-                        message: format!(
-                            "{}:{}: {} {path}: {what} would not be allowed by the Pod Security Standard {:?}, \
-                             which namespace {ns} warns about",
-                            m.file,
-                            m.line,
-                            m.key,
-                            warn.as_str()
-                        ),
-                    });
-                }
-            }
-        }
-        if is_service && m.value["spec"]["externalIPs"].is_array() {
-            let nodes = node_ips.get_or_insert_with(|| super::reach::node_ips(&cluster.stored.list("Node")));
-            let problems = super::allocate::external_ip_problems(&m.value, cluster.service_ranges, nodes);
-            errors.extend(problems.into_iter().map(|(path, message)| error_at(m, &path, message)));
-        }
         // What Git manages of the object: all of it, but the replicas of what an HPA scales.
         let git = if scaled.contains_key(&m.key) {
             super::autoscale::without_replicas(&m.value)

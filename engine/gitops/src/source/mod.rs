@@ -13,10 +13,12 @@
 pub mod allocate;
 pub mod apply;
 pub mod autoscale;
+pub mod hooks;
 pub mod planned;
 pub mod podsecurity;
 mod push;
 pub mod reach;
+mod staged;
 pub mod verdict;
 
 use crate::mirror::{self, MirrorStatus, Mirrors, is_url};
@@ -79,6 +81,8 @@ const HEALTH_DEBOUNCE: Duration = Duration::from_millis(200);
 /// 1 s, doubling, at most 5 minutes.
 const RETRY_MIN: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(300);
+/// How often a sync in steps looks again at the step it waits for.
+const STEP_POLL: Duration = Duration::from_secs(1);
 
 /// Why an Application is queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -112,6 +116,8 @@ pub struct SourceController {
     inventories: std::sync::Mutex<HashMap<ObjectKey, apply::Inventory>>,
     /// The push verdicts' plans of the commits they accepted (see [`planned`]).
     plans: Arc<planned::Plans>,
+    /// How far each sync in steps (hooks, waves) is.
+    staging: std::sync::Mutex<HashMap<ObjectKey, staged::Staging>>,
     /// Synced, SyncFailed, Pruned and DriftCorrected.
     events: Recorder,
 }
@@ -130,6 +136,9 @@ enum SyncError {
     /// Something that may heal by itself (a concurrent writer, a mirror's fetch, the disk).
     #[error("{0}")]
     Transient(String),
+    /// A hook failed, or could not be created.
+    #[error("{0}")]
+    Hook(String),
 }
 
 impl SyncError {
@@ -138,7 +147,7 @@ impl SyncError {
     /// Anything else is retried with back-off.
     fn is_verdict(&self) -> bool {
         match self {
-            SyncError::Invalid(_) | SyncError::Spec(_) => true,
+            SyncError::Invalid(_) | SyncError::Spec(_) | SyncError::Hook(_) => true,
             SyncError::Source(e) => !e.is_transient(),
             SyncError::Store(_) | SyncError::Transient(_) => false,
         }
@@ -151,8 +160,23 @@ struct SyncOutcome {
     assess_health: bool,
     /// It failed for a reason that may heal by itself: retry with back-off.
     retry: bool,
-    /// `Synced` (a commit applied), `Unchanged`, `Waiting` (for dependencies) or `Failed`.
+    /// `Synced` (a commit applied), `Unchanged`, `Waiting` (for dependencies), `Progressing`
+    /// (a sync in steps waits for one) or `Failed`.
     result: &'static str,
+    /// Look again after this long (a sync in steps).
+    again: Option<Duration>,
+}
+
+/// The part of a plan one wave commits: which objects, and whether to prune.
+type Part<'a> = (&'a (dyn Fn(&ObjectKey) -> bool + Sync), bool);
+
+/// What a sync of a commit came to.
+enum Synced {
+    /// Nothing to do.
+    Nothing,
+    Applied(Box<Applied>),
+    /// A sync in steps waits for one of them: why.
+    Stepping(String),
 }
 
 /// `first` and every path already waiting in the channel.
@@ -339,6 +363,7 @@ impl SourceController {
             caches: Default::default(),
             inventories: Default::default(),
             plans: Default::default(),
+            staging: Default::default(),
             events: Recorder::spawn(store.clone(), Source::component("gitplane-source")),
             store,
         }
@@ -382,15 +407,27 @@ impl SourceController {
                 })
                 .await;
             }
-            return SyncOutcome { assess_health: true, retry: false, result: "Waiting" };
+            return SyncOutcome { assess_health: true, retry: false, result: "Waiting", again: None };
         }
         let started = Instant::now();
         let started_at = rfc3339();
         let outcome = self.sync_commit(app, &last, reason, informer, (started, &started_at)).await;
         let elapsed = started.elapsed();
         match outcome {
-            Ok(None) => SyncOutcome { assess_health: false, retry: false, result: "Unchanged" },
-            Ok(Some(applied)) => {
+            Ok(Synced::Nothing) => SyncOutcome { assess_health: false, retry: false, result: "Unchanged", again: None },
+            Ok(Synced::Stepping(why)) => {
+                tracing::debug!(application = %id, %why, "sync in steps");
+                if last.message.as_deref() != Some(why.as_str()) || last.status != "OutOfSync" {
+                    self.update_status(app, |s| {
+                        let sync = s.sync.get_or_insert_with(Default::default);
+                        sync.status = "OutOfSync".into();
+                        sync.message = Some(why.clone());
+                    })
+                    .await;
+                }
+                SyncOutcome { assess_health: true, retry: false, result: "Progressing", again: Some(STEP_POLL) }
+            }
+            Ok(Synced::Applied(applied)) => {
                 tracing::debug!(application = %id, commit = %applied.commit.id, "applied");
                 tracing::info!(application = %id, commit = %applied.commit.id, created = applied.plan.created,
                     updated = applied.plan.updated, pruned = applied.plan.pruned,
@@ -435,7 +472,7 @@ impl SourceController {
                     self.update_status(app, |s| synced(s, commit, plan, health.as_ref(), &started_at, duration)).await;
                 }
                 tracing::debug!(application = %id, commit = %applied.commit.id, "status written");
-                SyncOutcome { assess_health, retry: false, result: "Synced" }
+                SyncOutcome { assess_health, retry: false, result: "Synced", again: None }
             }
             Err((commit, e)) => {
                 let errors: Vec<String> = match &e {
@@ -466,7 +503,7 @@ impl SourceController {
                     sync.duration_ms = Some(elapsed.as_millis() as u64);
                 })
                 .await;
-                SyncOutcome { assess_health: true, retry: !verdict, result: "Failed" }
+                SyncOutcome { assess_health: true, retry: !verdict, result: "Failed", again: None }
             }
         }
     }
@@ -499,9 +536,9 @@ impl SourceController {
         reason: Reason,
         informer: &Informer,
         (started, started_at): (Instant, &str),
-    ) -> Result<Option<Applied>, (Option<String>, SyncError)> {
+    ) -> Result<Synced, (Option<String>, SyncError)> {
         let Some(repo) = self.repos.path_blocking(&app.spec.repo).await.map_err(|e| (None, e))? else {
-            return Ok(None); // the mirror's first fetch is still running; its change will queue us
+            return Ok(Synced::Nothing); // the mirror's first fetch is still running; its change will queue us
         };
         // The Application's cache keeps its repository open and the outcome of every file.
         let key = app_key(app);
@@ -523,7 +560,7 @@ impl SourceController {
         let handled = last.attempted_revision.as_deref() == Some(head.id.as_str());
         if handled && (reason == Reason::Commit || last.status == "Failed") {
             self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key, cache);
-            return Ok(None);
+            return Ok(Synced::Nothing);
         }
         let commit = CommitInfo { id: head.id.clone(), subject: head.subject.clone() };
         let fail = |e: SyncError| (Some(commit.id.clone()), e);
@@ -570,12 +607,25 @@ impl SourceController {
             synced(updated.status.get_or_insert_with(Default::default), &commit, plan, None, started_at, duration);
             Some(updated)
         };
-        let applied = self.apply(app, &manifests, verdict_plan, &mut inventory, informer, &status).await;
+        // Hooks run and waves wait once per commit; a later reconcile of the same commit corrects
+        // drift in one transaction.
+        if !handled && let Some(steps) = hooks::steps(&manifests) {
+            let stepped = self.sync_in_steps(app, &commit.id, &manifests, &steps, &mut inventory, informer).await;
+            self.inventories.lock().unwrap_or_else(|e| e.into_inner()).insert(key, inventory);
+            return match stepped {
+                Ok(staged::Stepped::Waiting(why)) => Ok(Synced::Stepping(why)),
+                Ok(staged::Stepped::Done(plan)) => {
+                    Ok(Synced::Applied(Box::new(Applied { commit, plan, status_written: false, verdict_plan: false })))
+                }
+                Err(e) => Err(fail(e)),
+            };
+        }
+        let applied = self.apply(app, &manifests, verdict_plan, &mut inventory, informer, &status, None).await;
         self.inventories.lock().unwrap_or_else(|e| e.into_inner()).insert(key, inventory);
         match applied {
-            Ok((plan, ..)) if plan.ops.is_empty() && handled => Ok(None),
+            Ok((plan, ..)) if plan.ops.is_empty() && handled => Ok(Synced::Nothing),
             Ok((plan, status_written, verdict_plan)) => {
-                Ok(Some(Applied { commit, plan, status_written, verdict_plan }))
+                Ok(Synced::Applied(Box::new(Applied { commit, plan, status_written, verdict_plan })))
             }
             Err(e) => Err(fail(e)),
         }
@@ -585,9 +635,11 @@ impl SourceController {
     /// Application's new status when `status` gives one for the plan (written over the
     /// Application as the store has it); plans again (in full) when a concurrent writer got in
     /// between; `inventory` follows. Whether the status was written, and whether the verdict's
-    /// plan was committed. `verdict`: the push
-    /// verdict's plan of these manifests and the cache's count of changes it read, committed
-    /// instead of a plan of its own while the cache still reads that count.
+    /// plan was committed. `verdict`: the push verdict's plan of these manifests and the
+    /// cache's count of changes it read, committed instead of a plan of its own while the cache
+    /// still reads that count. With a `part` (which objects, whether to prune), only that part
+    /// of the plan is committed: one wave's.
+    #[allow(clippy::too_many_arguments)]
     async fn apply(
         &self,
         app: &Application,
@@ -596,6 +648,7 @@ impl SourceController {
         inventory: &mut apply::Inventory,
         informer: &Informer,
         status: &(dyn Fn(&apply::Plan, &Application) -> Option<Application> + Sync),
+        part: Option<Part<'_>>,
     ) -> Result<(apply::Plan, bool, bool), SyncError> {
         let id = app_id(app);
         let policy = apply::Policy {
@@ -624,7 +677,11 @@ impl SourceController {
                     nodes: &nodes,
                     service_ranges: &self.service_ranges,
                 };
-                apply::plan(manifests, &cluster, &policy).map_err(SyncError::Invalid)?
+                let mut plan = apply::plan(manifests, &cluster, &policy).map_err(SyncError::Invalid)?;
+                if let Some((keep, prune)) = part {
+                    plan.restrict(keep, prune);
+                }
+                plan
             };
             let updated = current.as_ref().and_then(|current| status(&plan, current));
             if plan.ops.is_empty() && updated.is_none() {
@@ -855,7 +912,9 @@ impl Reconcile for SourceLoop {
                     self.unhealthy.insert(key.clone());
                     self.arm_health();
                 }
-                if outcome.retry {
+                if let Some(again) = outcome.again {
+                    Requeue::After(again, Reason::Commit)
+                } else if outcome.retry {
                     let delay = queue.next_backoff(&key);
                     tracing::info!(application = %key, ?delay, "retrying after a failure that may heal by itself");
                     Requeue::Backoff(Reason::Commit)
@@ -1658,6 +1717,85 @@ mod tests {
         })
         .await;
         loop_.abort();
+    }
+
+    /// A Job hook, in YAML: `metadata` lines, then a Pod that ends.
+    fn hook_job(metadata: &str) -> String {
+        format!(
+            "apiVersion: batch/v1\nkind: Job\nmetadata:\n{metadata}spec:\n  template:\n    spec:\n      \
+             restartPolicy: Never\n      containers:\n        - {{name: m, image: gitplane.local/busybox:1}}\n"
+        )
+    }
+
+    /// Ends the Job whose name starts with `prefix` with condition `outcome`, as the Job
+    /// controller would.
+    async fn end_job(store: &Arc<dyn Store>, prefix: &str, outcome: &str) -> String {
+        use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+        let jobs = Api::<Job>::new(store.clone());
+        let (all, _) = jobs.list(Some("default")).await.unwrap();
+        let mut job = all.into_iter().find(|j| j.metadata.name.as_deref().unwrap().starts_with(prefix)).unwrap();
+        let condition = JobCondition { type_: outcome.into(), status: "True".into(), ..Default::default() };
+        job.status = Some(JobStatus { conditions: Some(vec![condition]), ..Default::default() });
+        jobs.update_status(&job).await.unwrap();
+        job.metadata.name.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hooks_run_at_their_phase_and_waves_wait_for_the_ones_before() {
+        use k8s_openapi::api::batch::v1::Job;
+        let (store, controller, repo) = setup().await;
+        let presync = hook_job(
+            "  generateName: migrate-\n  annotations:\n    argocd.argoproj.io/hook: PreSync\n    \
+             argocd.argoproj.io/hook-delete-policy: HookSucceeded\n",
+        );
+        let postsync = hook_job("  name: smoke\n  annotations:\n    argocd.argoproj.io/hook: PostSync\n");
+        let later = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: later\n  annotations:\n    \
+                     argocd.argoproj.io/sync-wave: \"1\"\ndata: {b: \"2\"}\n";
+        repo.commit(&[("cm.yaml", CM), ("hooks.yaml", &format!("{presync}---\n{postsync}")), ("later.yaml", later)]);
+        let (configmaps, jobs) = (Api::<ConfigMap>::new(store.clone()), Api::<Job>::new(store.clone()));
+        let message = |s: &SyncStatus| s.message.clone().unwrap_or_default();
+
+        // PreSync: the hook runs, nothing of the commit is applied yet.
+        let status = sync(&store, &controller, "a").await;
+        assert_eq!(status.status, "OutOfSync");
+        assert!(message(&status).contains("PreSync wave 0: waiting for hook Job.batch default/migrate-"), "{status:?}");
+        assert!(configmaps.get("default", "settings").await.unwrap().is_none());
+        let migrate = end_job(&store, "migrate-", "Complete").await;
+        assert!(migrate.starts_with("migrate-") && migrate.contains("-presync-"), "{migrate}");
+
+        // Its success deletes it (HookSucceeded); both waves go, then PostSync waits for its hook.
+        let status = sync(&store, &controller, "a").await;
+        assert!(message(&status).contains("PostSync wave 0: waiting for hook Job.batch default/smoke"), "{status:?}");
+        assert!(jobs.get("default", &migrate).await.unwrap().is_none(), "HookSucceeded deletes it");
+        for name in ["settings", "later"] {
+            let cm = configmaps.get("default", name).await.unwrap().unwrap();
+            assert!(!cm.metadata.annotations.unwrap_or_default().contains_key(hooks::HOOK_OF_ANNOTATION));
+        }
+        let smoke = jobs.get("default", "smoke").await.unwrap().unwrap();
+        assert_eq!(smoke.metadata.annotations.unwrap()[hooks::HOOK_OF_ANNOTATION], "gitplane-system/a");
+        end_job(&store, "smoke", "Complete").await;
+        let status = sync(&store, &controller, "a").await;
+        assert_eq!(status.status, "Synced", "{status:?}");
+        assert_eq!(status.changes.map(|c| c.created), Some(2), "hooks are not the desired state");
+        assert!(
+            jobs.get("default", "smoke").await.unwrap().is_some(),
+            "BeforeHookCreation keeps it until the next sync"
+        );
+        // A later sync of the same commit runs no hook again and prunes none.
+        let again = sync(&store, &controller, "a").await;
+        assert_eq!((again.status.as_str(), jobs.list(Some("default")).await.unwrap().0.len()), ("Synced", 1));
+
+        // A failing PreSync hook: the commit is not applied, the sync fails and says why.
+        repo.commit(&[("cm.yaml", &CM.replace("a: \"1\"", "a: \"2\"")), ("hooks.yaml", &presync)]);
+        sync(&store, &controller, "a").await;
+        end_job(&store, "migrate-", "Failed").await;
+        let failed = sync(&store, &controller, "a").await;
+        assert_eq!(failed.status, "Failed", "{failed:?}");
+        assert!(failed.errors[0].contains("PreSync hook Job.batch default/migrate-"), "{failed:?}");
+        assert!(failed.errors[0].contains("nothing of the commit was applied"), "{failed:?}");
+        let settings = configmaps.get("default", "settings").await.unwrap().unwrap();
+        assert_eq!(settings.data.unwrap()["a"], "1");
+        assert!(configmaps.get("default", "later").await.unwrap().is_some(), "nothing pruned");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
