@@ -12,7 +12,7 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler,
-    owner::{controller_ref, is_controlled_by, owner_keys_for},
+    owner::{controller_ref, owner_keys_for},
     plan::Op,
     runtime::all_of,
 };
@@ -311,7 +311,7 @@ impl Reconciler for CronJobController {
             return Ok(Action::await_change()); // gone: the garbage collector removes its Jobs
         };
         let uid = cron_job.metadata.uid.clone().unwrap_or_default();
-        let jobs = ctx.cache().list_typed_where::<Job>(Some(&key.namespace), |j| is_controlled_by(j, &uid));
+        let jobs = ctx.cache().controlled_by::<Job>(&key.namespace, &uid);
         let now = Timestamp::now();
         let plan = plan(&cron_job, &jobs, now);
         let mut ops: Vec<gitplane_store::Op> = plan.ops.into_iter().filter_map(|op| op.into_store_op(now)).collect();

@@ -13,7 +13,7 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, disruption, names,
-    owner::{controller_ref, controllers_of, is_controlled_by},
+    owner::{controller_ref, controllers_of},
     plan::Op,
     replicaset::{is_ready, is_terminating, pod_events},
     runtime::all_of,
@@ -434,9 +434,7 @@ impl Reconciler for DaemonSetController {
         };
         let uid = ds.metadata.uid.clone().unwrap_or_default();
         let nodes: Vec<Node> = ctx.cache().list_typed(None);
-        let owned = |cache: &Cache| -> Vec<Pod> {
-            cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid))
-        };
+        let owned = |cache: &Cache| -> Vec<Pod> { cache.controlled_by::<Pod>(&key.namespace, &uid) };
         let before = owned(ctx.cache());
         let disruptions_allowed = disruption::disruptions_allowed(ctx.cache(), &before);
         let view = View { ds: &ds, nodes: &nodes, owned: &before, now: Timestamp::now(), disruptions_allowed };

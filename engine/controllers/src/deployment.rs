@@ -7,7 +7,7 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, disruption, names,
-    owner::{controller_ref, is_controlled_by, owner_keys_for},
+    owner::{controller_ref, owner_keys_for},
     plan::Op,
     runtime::all_of,
 };
@@ -262,13 +262,14 @@ impl Reconciler for DeploymentController {
             return Ok(Action::await_change());
         };
         let uid = d.metadata.uid.clone().unwrap_or_default();
-        let owned = |cache: &Cache| -> Vec<ReplicaSet> {
-            cache.list_typed_where::<ReplicaSet>(Some(&key.namespace), |rs| is_controlled_by(rs, &uid))
-        };
+        let owned = |cache: &Cache| -> Vec<ReplicaSet> { cache.controlled_by::<ReplicaSet>(&key.namespace, &uid) };
         let before = owned(ctx.cache());
-        let pods: Vec<Pod> = ctx.cache().list_typed_where(Some(&key.namespace), |p| {
-            before.iter().any(|rs| rs.metadata.uid.as_deref().is_some_and(|uid| is_controlled_by(p, uid)))
-        });
+        let mut pods: Vec<Pod> = before
+            .iter()
+            .filter_map(|rs| rs.metadata.uid.as_deref())
+            .flat_map(|uid| ctx.cache().controlled_by::<Pod>(&key.namespace, uid))
+            .collect();
+        pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         let ops = plan(&d, &before, disruption::disruptions_allowed(ctx.cache(), &pods))?;
         let scalings = scaling_messages(&ops, &before);
         ctx.apply(ops).await?;

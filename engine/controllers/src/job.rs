@@ -4,7 +4,7 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, is_controlled_by, owner_keys_for},
+    owner::{controller_ref, owner_keys_for},
     plan::Op,
     replicaset::{is_active, phase},
     runtime::all_of,
@@ -178,7 +178,7 @@ impl Reconciler for JobController {
             return Ok(Action::await_change()); // a finished Job keeps its Pods and its status
         }
         let uid = job.metadata.uid.clone().unwrap_or_default();
-        let owned = |cache: &Cache| cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid));
+        let owned = |cache: &Cache| cache.controlled_by::<Pod>(&key.namespace, &uid);
         let (step, ops) = plan(&job, &owned(ctx.cache()))?;
         let events = crate::replicaset::pod_events(&ops);
         ctx.apply(ops).await?;

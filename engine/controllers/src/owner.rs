@@ -16,14 +16,6 @@ pub fn controller_ref(api_version: &str, kind: &str, owner: &ObjectMeta) -> Owne
     }
 }
 
-/// Whether the object (as JSON) is controlled by the object with this uid: a filter before
-/// decoding.
-pub fn is_controlled_by(object: &serde_json::Value, uid: &str) -> bool {
-    object["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|refs| refs.iter().any(|r| r["controller"] == true && r["uid"] == uid))
-}
-
 /// The objects of kind `K` that control the event's object (its controller owner references of
 /// that kind): what a change of a dependent queues.
 pub fn controllers_of<K: Resource<DynamicType = ()>>(event: &Event) -> Vec<ObjectKey> {

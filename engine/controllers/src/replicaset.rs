@@ -6,7 +6,7 @@
 
 use crate::{
     Action, Context, ReconcileError, Reconciler, names,
-    owner::{controller_ref, controllers_of, is_controlled_by},
+    owner::{controller_ref, controllers_of},
     plan::Op,
     runtime::all_of,
 };
@@ -203,9 +203,7 @@ impl<K: Replicated> Reconciler for ReplicaSetController<K> {
         };
         let rs = object.as_replica_set();
         let uid = rs.metadata.uid.clone().unwrap_or_default();
-        let owned = |cache: &Cache| -> Vec<Pod> {
-            cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid))
-        };
+        let owned = |cache: &Cache| -> Vec<Pod> { cache.controlled_by::<Pod>(&key.namespace, &uid) };
         let ops = plan(&rs, &owner_of(&object), &owned(ctx.cache()))?;
         let creating = ops.iter().filter(|op| matches!(op, Op::Create(_))).count();
         if !ops.is_empty() {

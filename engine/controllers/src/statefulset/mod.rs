@@ -7,12 +7,7 @@
 pub mod pods;
 pub mod revisions;
 
-use crate::{
-    Action, Context, ReconcileError, Reconciler,
-    owner::{controllers_of, is_controlled_by},
-    plan::Op,
-    runtime::all_of,
-};
+use crate::{Action, Context, ReconcileError, Reconciler, owner::controllers_of, plan::Op, runtime::all_of};
 use gitplane_api::{events::NORMAL, object::kind_of};
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::{
@@ -70,11 +65,9 @@ impl Reconciler for StatefulSetController {
             return Ok(Action::await_change()); // gone: the garbage collector removes its Pods
         };
         let uid = set.metadata.uid.clone().unwrap_or_default();
-        let owned_pods =
-            |cache: &Cache| cache.list_typed_where::<Pod>(Some(&key.namespace), |p| is_controlled_by(p, &uid));
+        let owned_pods = |cache: &Cache| cache.controlled_by::<Pod>(&key.namespace, &uid);
         let pods = owned_pods(ctx.cache());
-        let owned_revisions =
-            ctx.cache().list_typed_where::<ControllerRevision>(Some(&key.namespace), |r| is_controlled_by(r, &uid));
+        let owned_revisions = ctx.cache().controlled_by::<ControllerRevision>(&key.namespace, &uid);
         let infix = format!("-{}-", key.name);
         let claims: BTreeMap<String, PersistentVolumeClaim> = ctx
             .cache()

@@ -86,6 +86,29 @@ pub fn steps(manifests: &[Arc<Manifest>]) -> Option<Steps> {
     Some(Steps { steps, on_failure })
 }
 
+/// The steps as lines for the pusher (a push's verdict): what each runs, in order.
+pub fn describe(steps: &Steps) -> Vec<String> {
+    let hook = |m: &Arc<Manifest>| {
+        let generated = if m.value["metadata"]["name"].is_string() { "" } else { "…" };
+        format!("hook {}{generated}", m.key)
+    };
+    let mut lines = vec!["in steps, each once the one before is healthy (Argo CD hooks and sync waves):".to_owned()];
+    for step in &steps.steps {
+        let mut parts: Vec<String> = step.hooks.iter().map(hook).collect();
+        match step.resources.len() {
+            0 => {}
+            1 => parts.insert(0, step.resources[0].to_string()),
+            n => parts.insert(0, format!("{n} objects")),
+        }
+        lines.push(format!("  {} wave {}: {}", step.phase.as_str(), step.wave, parts.join(", ")));
+    }
+    if !steps.on_failure.is_empty() {
+        let hooks: Vec<String> = steps.on_failure.iter().map(hook).collect();
+        lines.push(format!("  if the sync fails, SyncFail: {}", hooks.join(", ")));
+    }
+    lines
+}
+
 /// The name a hook gets in the sync of `commit` started at `started` (Unix seconds): its own,
 /// or for one named by `generateName`, the name Argo CD gives it: the prefix, then the commit's
 /// first seven characters, the phase and the start, so each sync creates its own.
@@ -280,6 +303,29 @@ mod tests {
             );
             assert_eq!(planned.map_or(0, |s| s.on_failure.len()), failing, "{case}");
         }
+    }
+
+    #[test]
+    fn a_verdict_describes_the_steps() {
+        let mut presync = (*manifest("Job", "migrate-", json!({hooks::HOOK: "PreSync"}))).clone();
+        presync.value["metadata"].as_object_mut().unwrap().remove("name");
+        let manifests = [
+            Arc::new(presync),
+            manifest("ConfigMap", "c", json!({})),
+            manifest("Service", "s", json!({})),
+            manifest("ReplicaSet", "web", json!({hooks::SYNC_WAVE: "1"})),
+            manifest("Pod", "alert", json!({hooks::HOOK: "SyncFail"})),
+        ];
+        assert_eq!(
+            describe(&steps(&manifests).unwrap()),
+            [
+                "in steps, each once the one before is healthy (Argo CD hooks and sync waves):",
+                "  PreSync wave 0: hook Job.batch default/migrate-…",
+                "  Sync wave 0: 2 objects",
+                "  Sync wave 1: ReplicaSet.apps default/web",
+                "  if the sync fails, SyncFail: hook Pod default/alert",
+            ]
+        );
     }
 
     #[test]

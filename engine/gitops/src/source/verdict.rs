@@ -443,6 +443,9 @@ impl Verdicts {
                 let started = Instant::now();
                 let mut described = note;
                 describe(&mut described, &plan, view);
+                for line in super::hooks::steps(&manifests).as_ref().map(super::hooks::describe).unwrap_or_default() {
+                    let _ = writeln!(described, "  {line}");
+                }
                 phases.output += started.elapsed();
                 // The sync of this commit commits this plan unless the cache moves first. A plan
                 // against a pending parent's writes is not what the store will hold.
