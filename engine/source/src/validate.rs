@@ -1367,6 +1367,18 @@ spec:
                 "rs.yaml:9: ReplicaSet r: /spec/template/spec/securityContext/seccompProfile/type: securityContext.seccompProfile.type \"Localhost\" {not_yet}: remove it, or set it to \"RuntimeDefault\" or \"Unconfined\""
             )]
         );
+        let groups = "apiVersion: v1\nkind: Pod\nmetadata: {name: g}\nspec:\n  securityContext: {fsGroup: 2000, fsGroupChangePolicy: Sometimes, supplementalGroupsPolicy: Strict}\n  containers: [{name: c, image: i}]\n";
+        assert_eq!(
+            errors(&[("groups.yaml", groups)]),
+            [
+                format!(
+                    "groups.yaml:5: Pod g: /spec/securityContext/fsGroupChangePolicy: securityContext.fsGroupChangePolicy \"Sometimes\" {not_yet}: remove it, or set it to \"Always\" or \"OnRootMismatch\""
+                ),
+                format!(
+                    "groups.yaml:5: Pod g: /spec/securityContext/supplementalGroupsPolicy: securityContext.supplementalGroupsPolicy (containerd 1.6's CRI on the node always adds the groups the image's /etc/group lists) \"Strict\" {not_yet}: remove it, or set it to \"Merge\""
+                ),
+            ]
+        );
     }
 
     #[test]
@@ -1404,7 +1416,14 @@ spec:
   os: {name: linux}
   hostname: p1
   subdomain: db
-  securityContext: {runAsUser: 1000, runAsNonRoot: true, sysctls: [{name: net.core.somaxconn, value: \"1024\"}]}
+  securityContext:
+    runAsUser: 1000
+    runAsNonRoot: true
+    fsGroup: 2000
+    fsGroupChangePolicy: OnRootMismatch
+    supplementalGroups: [3000]
+    supplementalGroupsPolicy: Merge
+    sysctls: [{name: net.core.somaxconn, value: \"1024\"}]
   volumes:
     - {name: scratch, emptyDir: {}}
     - {name: etc, hostPath: {path: /etc/gp}}
