@@ -4,7 +4,10 @@
 //! the Secret changes the files inside the running container, without a restart; a Pod whose
 //! volume names a ConfigMap that does not exist waits with a message naming it, and starts by
 //! itself once the ConfigMap is pushed; the Pod's /etc/hosts is the kubelet's managed file with
-//! its hostAliases.
+//! its hostAliases. A Pod with an `fsGroup`, running as a user that is not root, has the group and
+//! writes into its emptyDir, whose files (and the ConfigMap volume's) belong to that group; a
+//! `runAsNonRoot` Pod on an image that runs as root waits with the kubelet's
+//! CreateContainerConfigError and an Event saying so.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, require_root, wait_for};
@@ -105,6 +108,36 @@ spec:
     - name: late
       configMap:
         name: late-config
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: grouped
+  labels:
+    app: grouped
+spec:
+  terminationGracePeriodSeconds: 1
+  securityContext: {{runAsUser: 1000, runAsGroup: 1000, fsGroup: 2000, fsGroupChangePolicy: OnRootMismatch}}
+  containers:
+    - name: grouped
+      image: gitplane.local/httpd:1
+      command: ["/bin/busybox", "sh", "-c", "echo written > /scratch/file && trap 'exit 0' TERM; while true; do /bin/busybox sleep 1; done"]
+      volumeMounts:
+        - {{name: scratch, mountPath: /scratch}}
+        - {{name: config, mountPath: /etc/config}}
+  volumes:
+    - {{name: scratch, emptyDir: {{}}}}
+    - {{name: config, configMap: {{name: app-config}}}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: nonroot
+spec:
+  terminationGracePeriodSeconds: 1
+  securityContext: {{runAsNonRoot: true}}
+  containers:
+    - name: nonroot{SLEEPER}
 "#
     )
 }
@@ -176,6 +209,43 @@ async fn t66_config_maps_and_secrets_reach_containers_and_update_in_place() -> R
     ensure!(status.lines().any(|l| l == "Seccomp:\t2"), "RuntimeDefault is not applied:\n{status}");
     let labels = read(&cluster, &reader, "/etc/podinfo/labels")?;
     ensure!(labels == "app=\"reader\"\ntier=\"web\"", "downwardAPI labels: {labels:?}");
+
+    // fsGroup: the container's groups, its emptyDir's and ConfigMap volume's files.
+    let grouped = tokio::task::block_in_place(|| wait_for(DEADLINE, || one_running(&cluster, "grouped")))
+        .with_context(|| format!("grouped is not Running: {:?}", pod(&cluster, "grouped")))?;
+    let id = cluster.exec(&grouped.node, &grouped.container, &["/bin/busybox", "id"])?;
+    ensure!(id.contains("uid=1000") && id.contains("gid=1000") && id.contains("2000"), "id: {id}");
+    let stat = |path: &str| -> Result<String> {
+        let out =
+            cluster.exec(&grouped.node, &grouped.container, &["/bin/busybox", "stat", "-L", "-c", "%g %a", path])?;
+        Ok(out.trim().to_owned())
+    };
+    ensure!(read(&cluster, &grouped, "/scratch/file")? == "written", "the emptyDir was not written");
+    ensure!(stat("/scratch")? == "2000 2777", "the emptyDir: {}", stat("/scratch")?);
+    ensure!(stat("/scratch/file")?.starts_with("2000 "), "the written file: {}", stat("/scratch/file")?);
+    ensure!(stat("/etc/config/greeting")? == "2000 644", "the ConfigMap's file: {}", stat("/etc/config/greeting")?);
+    ensure!(read(&cluster, &grouped, "/etc/config/greeting")? == "hello");
+
+    // runAsNonRoot on an image that runs as root: the kubelet's message, in status and an Event.
+    let uid = pod(&cluster, "nonroot")?["metadata"]["uid"].as_str().unwrap_or_default().to_owned();
+    let expected = format!(
+        "container has runAsNonRoot and image will run as root (pod: \"nonroot_default({uid})\", container: nonroot)"
+    );
+    let waiting = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || {
+            let state = pod(&cluster, "nonroot").ok()?["status"]["containerStatuses"][0]["state"]["waiting"].clone();
+            (state["reason"] == "CreateContainerConfigError").then_some(state)
+        })
+    })
+    .with_context(|| format!("nonroot does not wait: {:?}", pod(&cluster, "nonroot")))?;
+    ensure!(waiting["message"] == expected.as_str(), "nonroot's waiting state: {waiting}");
+    let events = cluster.get("/api/v1/namespaces/default/events")?;
+    let said = events["items"].as_array().into_iter().flatten().any(|e| {
+        e["involvedObject"]["name"] == "nonroot"
+            && e["reason"] == "Failed"
+            && e["message"] == format!("Error: {expected}").as_str()
+    });
+    ensure!(said, "no Failed Event for nonroot: {events}");
 
     // A volume that names a missing ConfigMap: the Pod waits, saying which.
     let waiting = tokio::task::block_in_place(|| {

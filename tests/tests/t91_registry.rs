@@ -2,8 +2,9 @@
 //! a Deployment exactly as published (`registry.k8s.io/nginx-slim:0.8`) runs the stand-in the
 //! node pulled through its mirror, and an image the registry lacks fails with ErrImagePull and
 //! the registry's reason. A registry that requires a password (htpasswd): a Pod whose
-//! imagePullSecrets hold it runs; one whose pull Secret does not exist gets a warning Event,
-//! pulls without it and fails with ErrImagePull and the registry's 401.
+//! imagePullSecrets hold it runs, and so does one naming none whose ServiceAccount's hold it;
+//! one whose pull Secret does not exist gets a warning Event, pulls without it and fails with
+//! ErrImagePull and the registry's 401.
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, require_root, wait_for};
@@ -45,23 +46,26 @@ fn pod_pulling(name: &str, image: &str) -> String {
     )
 }
 
-/// A pull Secret for `registry`, and two Pods of its private image: one with the Secret, one
-/// whose pull Secret does not exist.
+/// A pull Secret for `registry`, a ServiceAccount naming it, and three Pods of its private image:
+/// one with the Secret, one of the ServiceAccount without pull Secrets of its own, one whose
+/// pull Secret does not exist.
 fn private_pods(registry: &str) -> String {
     let config = format!(r#"{{"auths": {{"{registry}": {{"username": "alice", "password": "s3cret"}}}}}}"#);
     // Always: an image another Pod pulled is on the node, and IfNotPresent would not ask.
-    let pod = |name: &str, secret: &str| {
+    let pod = |name: &str, pulls_with: &str| {
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    app: {name}\nspec:\n  \
-             imagePullSecrets:\n    - name: {secret}\n  containers:\n    - name: app\n      \
+             {pulls_with}\n  containers:\n    - name: app\n      \
              image: {registry}/private/app:1\n      imagePullPolicy: Always\n"
         )
     };
     format!(
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: regcred\ntype: kubernetes.io/dockerconfigjson\n\
-         stringData:\n  .dockerconfigjson: '{config}'\n---\n{}---\n{}",
-        pod("private", "regcred"),
-        pod("stranger", "absent")
+         stringData:\n  .dockerconfigjson: '{config}'\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata:\n  \
+         name: puller\nimagePullSecrets:\n  - name: regcred\n---\n{}---\n{}---\n{}",
+        pod("private", "imagePullSecrets: [{name: regcred}]"),
+        pod("inherits", "serviceAccountName: puller"),
+        pod("stranger", "imagePullSecrets: [{name: absent}]")
     )
 }
 
@@ -125,6 +129,10 @@ fn t91_published_images_come_from_the_registry() -> Result<()> {
     // imagePullSecrets: the Secret's credentials reach the registry.
     wait_for(DEADLINE, || one_running(&cluster, "private")).with_context(|| {
         format!("private is not Running: {:?}\n{}", pod(&cluster, "private"), private_registry.log())
+    })?;
+    // The ServiceAccount's imagePullSecrets, for a Pod that names none.
+    wait_for(DEADLINE, || one_running(&cluster, "inherits")).with_context(|| {
+        format!("inherits is not Running: {:?}\n{}", pod(&cluster, "inherits"), private_registry.log())
     })?;
     // A pull Secret that does not exist: a warning, then an anonymous pull the registry refuses.
     let (reason, message) = waiting_with(&cluster, "stranger", "401 Unauthorized")?;

@@ -14,6 +14,7 @@ mod ingress_secrets;
 mod nodestatus;
 pub mod podcidr;
 mod podconfig;
+mod pull_secrets;
 mod references;
 pub mod tls;
 mod token_volume;
@@ -381,19 +382,31 @@ fn pod_event(kind: WireEventType, revision: i64, pod: &serde_json::Value) -> Pod
     PodEvent { r#type: kind as i32, resource_version: revision, pod: serde_json::to_vec(pod).unwrap_or_default() }
 }
 
-/// A Pod as its node receives it: with the ServiceAccount token volume admission would add, where
-/// the cluster issues tokens ([`token_volume`]).
+/// A Pod as its node receives it: with what ServiceAccount admission would add, its account's
+/// image pull Secrets ([`pull_secrets`]) and, where the cluster issues tokens, the token volume
+/// ([`token_volume`]).
 async fn as_sent(store: &Arc<dyn Store>, pod: &serde_json::Value, mounts_tokens: bool) -> serde_json::Value {
     let mut pod = pod.clone();
+    if !mounts_tokens && pull_secrets::has_own(&pod) {
+        return pod;
+    }
+    // Unreadable for now: as if it said nothing; the Pod's next event asks again.
+    let account = service_account(store, &pod).await.ok().flatten();
+    pull_secrets::copy(&mut pod, account.as_ref());
     if mounts_tokens {
-        let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default().to_owned();
-        let key = ObjectKey::of::<ServiceAccount>(&namespace, token_volume::service_account_name(&pod));
-        // Unreadable for now: as if it said nothing; the Pod's next event asks again.
-        let account = store.get(&key).await.ok().flatten();
         let automount = account.and_then(|a| a["automountServiceAccountToken"].as_bool());
         token_volume::mount(&mut pod, automount);
     }
     pod
+}
+
+/// The ServiceAccount `pod` runs as, if it exists.
+async fn service_account(
+    store: &Arc<dyn Store>,
+    pod: &serde_json::Value,
+) -> Result<Option<serde_json::Value>, StoreError> {
+    let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+    store.get(&ObjectKey::of::<ServiceAccount>(namespace, token_volume::service_account_name(pod))).await
 }
 
 fn bound_to(pod: &serde_json::Value, node: &str) -> bool {

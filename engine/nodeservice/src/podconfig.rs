@@ -116,12 +116,21 @@ fn bookmark(revision: i64) -> ObjectEvent {
     ObjectEvent { r#type: WireEventType::Bookmark as i32, resource_version: revision, ..Default::default() }
 }
 
-/// What a node's Pod references, or nothing when `pod` is not bound to `node`.
-fn pod_refs(pod: &Value, node: &str) -> BTreeSet<ConfigRef> {
+/// What a node's Pod references (its ServiceAccount's image pull Secrets included, which the
+/// node's copy of the Pod names), or nothing when `pod` is not bound to `node`.
+async fn pod_refs(store: &Arc<dyn Store>, pod: &Value, node: &str) -> Result<BTreeSet<ConfigRef>, Status> {
     if pod["spec"]["nodeName"].as_str() != Some(node) {
-        return BTreeSet::new();
+        return Ok(BTreeSet::new());
     }
-    serde_json::from_value::<Pod>(pod.clone()).map(|p| config_refs(&p)).unwrap_or_default()
+    let mut refs = serde_json::from_value::<Pod>(pod.clone()).map(|p| config_refs(&p)).unwrap_or_default();
+    if !super::pull_secrets::has_own(pod) {
+        let account = super::service_account(store, pod).await.map_err(store_status)?;
+        let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
+        for name in super::pull_secrets::inherited(pod, account.as_ref()) {
+            refs.insert(ConfigRef { kind: ConfigKind::Secret, namespace: namespace.to_owned(), name: name.to_owned() });
+        }
+    }
+    Ok(refs)
 }
 
 fn pod_key(pod: &Value) -> (String, String) {
@@ -194,7 +203,7 @@ impl Follow {
             let refs = if event.event_type == EventType::Deleted {
                 BTreeSet::new()
             } else {
-                pod_refs(&event.object, &self.node)
+                pod_refs(&self.store, &event.object, &self.node).await?
             };
             if !was_ours && refs.is_empty() && event.object["spec"]["nodeName"].as_str() != Some(&self.node) {
                 return Ok(()); // another node's Pod
@@ -239,7 +248,7 @@ pub(super) async fn watch(store: Arc<dyn Store>, node: String) -> Result<ObjectE
     let mut follow = Follow { store, node, refs: References::default(), events, out: VecDeque::new(), done: false };
     let mut added = Vec::new();
     for pod in &pods.items {
-        let refs = pod_refs(pod, &follow.node);
+        let refs = pod_refs(&follow.store, pod, &follow.node).await?;
         if !refs.is_empty() {
             added.extend(follow.refs.set_pod(pod_key(pod), refs).0);
         }
@@ -328,6 +337,10 @@ mod tests {
             object("Secret", "mine"),
             object("Secret", "theirs"),
             object("Secret", "unused"),
+            object("Secret", "registry"),
+            // Its Pods name no image pull Secrets: they take their ServiceAccount's.
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": "default"},
+                   "imagePullSecrets": [{"name": "registry"}]}),
             bound_pod("a1", "a", "mine"),
             bound_pod("b1", "b", "theirs"),
             // Registered nodes: a node's calls are admitted only while its Node exists.
@@ -345,7 +358,11 @@ mod tests {
         let mut stream = service.watch_pod_config(request("a", "a")).await.unwrap().into_inner();
         let mut listed = until_bookmark(&mut stream).await;
         listed.sort();
-        assert_eq!(listed, ["ADDED ConfigMap shared", "ADDED Secret mine"], "not B's Secret, not an unused one");
+        assert_eq!(
+            listed,
+            ["ADDED ConfigMap shared", "ADDED Secret mine", "ADDED Secret registry"],
+            "not B's Secret, not an unused one"
+        );
 
         // Changes: only of referenced objects; a newly bound Pod brings what it references.
         let mut theirs = object("Secret", "theirs");

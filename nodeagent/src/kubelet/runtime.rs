@@ -89,6 +89,8 @@ pub struct RuntimeManager {
     objects: std::sync::Arc<dyn env::ConfigSource>,
     /// Pulling, Pulled, Created, Started, Killing, BackOff, FailedMount, as the kubelet's.
     events: Recorder,
+    /// (pod uid, volume) set up since this process started: the kubelet's mounted volumes.
+    mounted: Mutex<HashSet<(String, String)>>,
 }
 
 impl RuntimeManager {
@@ -104,6 +106,7 @@ impl RuntimeManager {
             calls: calls::CriCalls::default(),
             objects: std::sync::Arc::new(env::NoConfig),
             events: Recorder::disabled(),
+            mounted: Mutex::default(),
         }
     }
 
@@ -142,9 +145,14 @@ impl RuntimeManager {
         let uid = pod_uid(pod).map_err(spec_err)?;
         let spec = pod_spec(pod).map_err(spec_err)?;
         // Volumes before the sandbox, as the kubelet waits for them before it creates one.
-        if volumes::has_volumes(pod)
-            && let Err(e) = volumes::set_up(pod, uid, &self.cfg, &*self.objects)
-        {
+        let set_up = volumes::has_volumes(pod).then(|| {
+            let mounted = |volume: &str| self.lock_mounted().contains(&(uid.to_owned(), volume.to_owned()));
+            volumes::set_up(pod, uid, &self.cfg, &*self.objects, &mounted)
+        });
+        if let Some(Ok(mounting)) = &set_up {
+            self.lock_mounted().extend(mounting.iter().map(|volume| (uid.to_owned(), volume.clone())));
+        }
+        if let Some(Err(e)) = set_up {
             let waiting = Waiting { reason: "ContainerCreating".into(), message: e.to_string() };
             self.events.pod(pod, WARNING, "FailedMount", &waiting.message);
             {
@@ -299,6 +307,7 @@ impl RuntimeManager {
             )?;
         }
         self.lock_failures().forget_pod(uid);
+        self.lock_mounted().retain(|(pod, _)| pod != uid);
 
         let cgroup = pod_cgroup(&self.cfg, uid);
         let io = |what: String| {
@@ -530,6 +539,12 @@ impl RuntimeManager {
             }
             return Ok(());
         }
+        if let Err(e) = self.verify_run_as_non_root(pod, key, container).await? {
+            let message = e.to_string();
+            self.events.pod(pod, WARNING, "Failed", &format!("Error: {message}"));
+            record(Waiting { reason: "CreateContainerConfigError".into(), message });
+            return Ok(());
+        }
         for dir in &plan.host_dirs {
             std::fs::create_dir_all(dir).map_err(|source| RuntimeError::Io {
                 pod: key.into(),
@@ -593,6 +608,29 @@ impl RuntimeManager {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The kubelet's runAsNonRoot check, once the image is here: its user comes from the runtime's
+    /// ImageStatus (the image config's `User`) when the container sets no `runAsUser`.
+    async fn verify_run_as_non_root(
+        &self,
+        pod: &Pod,
+        key: &str,
+        container: &Container,
+    ) -> Result<Result<(), SpecError>, RuntimeError> {
+        let spec = pod_spec(pod).map_err(|source| RuntimeError::Spec { pod: key.into(), source })?;
+        let (mut uid, mut username) = (None, String::new());
+        if spec::needs_image_user(spec, container) {
+            let image = container.image.clone().unwrap_or_default();
+            let spec = pb::ImageSpec { image: image.clone(), user_specified_image: image, ..Default::default() };
+            let req = pb::ImageStatusRequest { image: Some(spec), verbose: false };
+            let status = self.call(key, "ImageStatus", None, self.cri.images().image_status(req)).await?;
+            if let Some(image) = status.image {
+                uid = image.uid.map(|u| u.value);
+                username = image.username;
+            }
+        }
+        Ok(spec::verify_run_as_non_root(pod, container, uid, &username))
     }
 
     /// kubelet's EnsureImageExists: ImageStatus first (PullImage always goes to a registry),
@@ -703,6 +741,10 @@ impl RuntimeManager {
         let mut auths = keyring.lookup(image);
         auths.extend(self.cfg.registries.auth_for(image));
         Ok(auths)
+    }
+
+    fn lock_mounted(&self) -> MutexGuard<'_, HashSet<(String, String)>> {
+        self.mounted.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn lock_failures(&self) -> MutexGuard<'_, Failures> {

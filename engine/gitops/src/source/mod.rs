@@ -983,6 +983,7 @@ impl SourceLoop {
             if deleted {
                 source.caches.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
                 source.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
+                source.staging.lock().unwrap_or_else(|e| e.into_inner()).remove(&event.key);
             }
             if deleted {
                 queue.remove(&event.key);
@@ -1004,6 +1005,15 @@ impl SourceLoop {
         }
         // Whoever wrote it (an inventory skips its own writes): by key, as the write may also
         // have changed the inventory annotation.
+        // A sync in steps waits for its objects and hooks: it looks again at once.
+        let annotations = &event.object["metadata"]["annotations"];
+        let stepping =
+            annotations[APPLICATION_ANNOTATION].as_str().or(hooks::hook_of(&event.object)).and_then(owner_key);
+        if let Some(owner) =
+            stepping.filter(|o| source.staging.lock().unwrap_or_else(|e| e.into_inner()).contains_key(o))
+        {
+            queue.add(owner, Reason::Commit);
+        }
         let revision = (event.event_type != EventType::Deleted).then(|| resource_version(&event.object)).flatten();
         for inventory in source.inventories.lock().unwrap_or_else(|e| e.into_inner()).values_mut() {
             inventory.touched(&event.key, revision);

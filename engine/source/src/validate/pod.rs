@@ -63,8 +63,11 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("resources", Nothing, "Pod-level resources"),
     row("runtimeClassName", Nothing, "runtimeClassName"),
     row("setHostnameAsFQDN", Values(&["false"]), "setHostnameAsFQDN"),
-    row("securityContext/fsGroup", Nothing, "securityContext.fsGroup"),
-    row("securityContext/fsGroupChangePolicy", Nothing, "securityContext.fsGroupChangePolicy"),
+    row(
+        "securityContext/fsGroupChangePolicy",
+        Values(&["\"Always\"", "\"OnRootMismatch\""]),
+        "securityContext.fsGroupChangePolicy",
+    ),
     row("securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
     row("securityContext/seLinuxChangePolicy", Nothing, "securityContext.seLinuxChangePolicy"),
     row(
@@ -73,7 +76,12 @@ const UNSUPPORTED: &[Unsupported] = &[
         "securityContext.seccompProfile.type",
     ),
     row("securityContext/appArmorProfile/type", Values(&["\"Unconfined\""]), "securityContext.appArmorProfile.type"),
-    row("securityContext/supplementalGroupsPolicy", Values(&["\"Merge\""]), "securityContext.supplementalGroupsPolicy"),
+    row(
+        "securityContext/supplementalGroupsPolicy",
+        Values(&["\"Merge\""]),
+        "securityContext.supplementalGroupsPolicy (containerd 1.6's CRI on the node always adds the groups the \
+         image's /etc/group lists)",
+    ),
     row(
         "volumes/*",
         Keys(&[

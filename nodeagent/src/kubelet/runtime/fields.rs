@@ -33,8 +33,16 @@ pub enum SpecError {
     UnsupportedVolume { volume: String, kind: String },
     #[error("container {container:?}: volumeMount {volume:?} names no volume of the pod")]
     UnknownVolume { container: String, volume: String },
-    #[error("container {container:?} must run as non-root (runAsNonRoot) but would run as root")]
-    RunsAsRoot { container: String },
+    /// The kubelet's messages, word for word (`pod` is `name_namespace(uid)`).
+    #[error("container's runAsUser breaks non-root policy (pod: {pod:?}, container: {container})")]
+    RunAsUserRoot { pod: String, container: String },
+    #[error("container has runAsNonRoot and image will run as root (pod: {pod:?}, container: {container})")]
+    ImageRunsAsRoot { pod: String, container: String },
+    #[error(
+        "container has runAsNonRoot and image has non-numeric user ({user}), cannot verify user is non-root (pod: \
+         {pod:?}, container: {container})"
+    )]
+    NonNumericUser { user: String, pod: String, container: String },
     /// A ConfigMap or Secret (or a key of one) that the container's environment reads.
     #[error("{message}")]
     MissingConfig { message: String },

@@ -173,7 +173,7 @@ pub fn sandbox_config(pod: &Pod, cfg: &RuntimeConfig, attempt: u32) -> Result<pb
                 namespace_options: Some(namespace_options(spec)),
                 run_as_user: pod_sc.and_then(|sc| sc.run_as_user).map(|value| pb::Int64Value { value }),
                 run_as_group: pod_sc.and_then(|sc| sc.run_as_group).map(|value| pb::Int64Value { value }),
-                supplemental_groups: pod_sc.and_then(|sc| sc.supplemental_groups.clone()).unwrap_or_default(),
+                supplemental_groups: supplemental_groups(spec),
                 readonly_rootfs: false,
                 privileged: spec
                     .containers
@@ -433,11 +433,6 @@ fn container_security_context(
     let sc = container.security_context.as_ref();
     let run_as_user = sc.and_then(|s| s.run_as_user).or(pod_sc.and_then(|s| s.run_as_user));
     let run_as_group = sc.and_then(|s| s.run_as_group).or(pod_sc.and_then(|s| s.run_as_group));
-    let non_root = sc.and_then(|s| s.run_as_non_root).or(pod_sc.and_then(|s| s.run_as_non_root));
-    // The image's own user is not inspected: without an explicit non-zero UID assume root.
-    if non_root == Some(true) && run_as_user.unwrap_or(0) == 0 {
-        return Err(SpecError::RunsAsRoot { container: container.name.clone() });
-    }
     let capabilities = sc.and_then(|s| s.capabilities.as_ref()).map(|c| pb::Capability {
         add_capabilities: c.add.clone().unwrap_or_default(),
         drop_capabilities: c.drop.clone().unwrap_or_default(),
@@ -451,10 +446,68 @@ fn container_security_context(
         run_as_group: run_as_group.map(|value| pb::Int64Value { value }),
         run_as_username: String::new(),
         readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
-        supplemental_groups: pod_sc.and_then(|s| s.supplemental_groups.clone()).unwrap_or_default(),
+        supplemental_groups: supplemental_groups(spec),
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
         seccomp: Some(seccomp(spec, container)),
     })
+}
+
+/// The Pod's groups every container joins besides its primary one: `fsGroup` first, then
+/// `supplementalGroups`, as the kubelet lists them (the runtime adds the image's own groups:
+/// the `Merge` policy).
+fn supplemental_groups(spec: &PodSpec) -> Vec<i64> {
+    let sc = spec.security_context.as_ref();
+    sc.and_then(|s| s.fs_group)
+        .into_iter()
+        .chain(sc.and_then(|s| s.supplemental_groups.clone()).into_iter().flatten())
+        .collect()
+}
+
+/// Whether the container's user must be checked against its image's (`runAsNonRoot` without a
+/// `runAsUser`): the caller then asks the runtime for the image's user.
+pub fn needs_image_user(spec: &PodSpec, container: &Container) -> bool {
+    let (non_root, run_as_user) = non_root_and_user(spec, container);
+    non_root && run_as_user.is_none()
+}
+
+fn non_root_and_user(spec: &PodSpec, container: &Container) -> (bool, Option<i64>) {
+    let pod_sc = spec.security_context.as_ref();
+    let sc = container.security_context.as_ref();
+    let non_root = sc.and_then(|s| s.run_as_non_root).or(pod_sc.and_then(|s| s.run_as_non_root)) == Some(true);
+    (non_root, sc.and_then(|s| s.run_as_user).or(pod_sc.and_then(|s| s.run_as_user)))
+}
+
+/// The kubelet's `verifyRunAsNonRoot`: with `runAsNonRoot`, the container's `runAsUser`, else
+/// the image's user (`image_uid`, or a `username` that is not a number; neither: root), must
+/// not be root.
+pub fn verify_run_as_non_root(
+    pod: &Pod,
+    container: &Container,
+    image_uid: Option<i64>,
+    username: &str,
+) -> Result<(), SpecError> {
+    let (non_root, run_as_user) = non_root_and_user(pod_spec(pod)?, container);
+    if !non_root {
+        return Ok(());
+    }
+    // format.Pod: name_namespace(uid).
+    let who = format!(
+        "{}_{}({})",
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod_namespace(pod),
+        pod.metadata.uid.as_deref().unwrap_or_default()
+    );
+    let container = container.name.clone();
+    match (run_as_user, image_uid) {
+        (Some(0), _) => Err(SpecError::RunAsUserRoot { pod: who, container }),
+        (Some(_), _) => Ok(()),
+        (None, Some(0)) => Err(SpecError::ImageRunsAsRoot { pod: who, container }),
+        (None, Some(_)) => Ok(()),
+        (None, None) if !username.is_empty() => {
+            Err(SpecError::NonNumericUser { user: username.to_owned(), pod: who, container })
+        }
+        (None, None) => Err(SpecError::ImageRunsAsRoot { pod: who, container }),
+    }
 }
 
 /// The container's seccomp profile, its own or else the Pod's: containerd's default profile for
@@ -671,6 +724,75 @@ mod tests {
     }
 
     #[test]
+    fn fs_group_comes_first_among_the_supplemental_groups() {
+        let cases = [
+            (json!({}), vec![]),
+            (json!({"fsGroup": 2000}), vec![2000]),
+            (json!({"supplementalGroups": [3000, 4000]}), vec![3000, 4000]),
+            (
+                json!({"fsGroup": 2000, "supplementalGroups": [3000], "supplementalGroupsPolicy": "Merge"}),
+                vec![2000, 3000],
+            ),
+        ];
+        for (pod_sc, expected) in cases {
+            let pod = pod(json!({ "securityContext": pod_sc, "containers": [{ "name": "c", "image": "i:1" }] }));
+            let container = &pod.spec.as_ref().expect("spec").containers[0];
+            let plan = container_config(&pod, container, &cfg(), 0, &[], &NoConfig).expect("config");
+            let sc = plan.config.linux.and_then(|l| l.security_context).expect("security context");
+            assert_eq!(sc.supplemental_groups, expected, "{pod_sc}");
+            let sandbox = sandbox_config(&pod, &cfg(), 0).expect("sandbox");
+            let sandbox_sc = sandbox.linux.and_then(|l| l.security_context).expect("sandbox security context");
+            assert_eq!(sandbox_sc.supplemental_groups, expected, "{pod_sc}");
+        }
+    }
+
+    #[test]
+    fn run_as_non_root_is_checked_against_the_image_user() {
+        let pod_ref = "pod: \"web_shop(u-1)\", container: c";
+        let root = format!("container has runAsNonRoot and image will run as root ({pod_ref})");
+        // (Pod's, container's security context, the image's uid, its user name) -> (asks for the
+        // image's user, error)
+        type Case = (serde_json::Value, serde_json::Value, Option<i64>, &'static str, bool, Option<String>);
+        let cases: [Case; 9] = [
+            (json!({}), json!({}), Some(0), "", false, None),
+            (json!({"runAsNonRoot": false}), json!({}), None, "", false, None),
+            (json!({"runAsNonRoot": true}), json!({}), Some(0), "", true, Some(root.clone())),
+            (json!({"runAsNonRoot": true}), json!({}), None, "", true, Some(root.clone())),
+            (json!({"runAsNonRoot": true}), json!({}), Some(65534), "", true, None),
+            (
+                json!({}),
+                json!({"runAsNonRoot": true}),
+                None,
+                "nginx",
+                true,
+                Some(format!(
+                    "container has runAsNonRoot and image has non-numeric user (nginx), cannot verify user is non-root ({pod_ref})"
+                )),
+            ),
+            (json!({"runAsNonRoot": true, "runAsUser": 1000}), json!({}), Some(0), "", false, None),
+            (
+                json!({"runAsNonRoot": true}),
+                json!({"runAsUser": 0}),
+                Some(1000),
+                "",
+                false,
+                Some(format!("container's runAsUser breaks non-root policy ({pod_ref})")),
+            ),
+            (json!({"runAsNonRoot": true}), json!({"runAsNonRoot": false}), Some(0), "", false, None),
+        ];
+        for (pod_sc, container_sc, uid, username, asks_image, expected) in cases {
+            let pod = pod(json!({
+                "securityContext": pod_sc,
+                "containers": [{ "name": "c", "image": "i:1", "securityContext": container_sc }],
+            }));
+            let spec = pod.spec.as_ref().expect("spec");
+            assert_eq!(needs_image_user(spec, &spec.containers[0]), asks_image, "{pod_sc} {container_sc}");
+            let got = verify_run_as_non_root(&pod, &spec.containers[0], uid, username).err().map(|e| e.to_string());
+            assert_eq!(got, expected, "{pod_sc} {container_sc} {uid:?} {username}");
+        }
+    }
+
+    #[test]
     fn best_effort_gets_minimum_shares_and_no_quota() {
         let pod = pod(json!({ "containers": [{ "name": "c", "image": "i:1" }] }));
         let container = &pod.spec.as_ref().expect("spec").containers[0];
@@ -702,8 +824,6 @@ mod tests {
         assert!(unknown.contains("names no volume"), "{unknown}");
         let quantity = case(json!({ "name": "c", "image": "i:1", "resources": { "limits": { "cpu": "lots" } } }));
         assert!(quantity.contains("\"lots\" is not a quantity"), "{quantity}");
-        let root = case(json!({ "name": "c", "image": "i:1", "securityContext": { "runAsNonRoot": true } }));
-        assert!(root.contains("non-root"), "{root}");
         let escape = case(json!({ "name": "..", "image": "i:1" }));
         assert!(escape.contains("cannot name a file"), "{escape}");
         let no_image = case(json!({ "name": "c" }));

@@ -8,9 +8,13 @@
 //! Mounts are made in the agent's mount namespace, which is containerd's (the agent runs in its
 //! node's pinned mount namespace, see `host`), so the bind mount CRI makes of the directory
 //! carries the tmpfs. [`tear_down`] unmounts them before the Pod's directory is removed.
+//!
+//! With a Pod `fsGroup`, the volumes that support ownership management (emptyDir, the content
+//! volumes, claims on `local` volumes; not hostPath) are given to that group ([`ownership`]).
 
 pub mod atomic_writer;
 pub mod host_path;
+pub mod ownership;
 pub mod projection;
 
 use std::path::{Path, PathBuf};
@@ -60,6 +64,8 @@ pub struct ClaimVolume {
     pub path: PathBuf,
     /// Made if absent (`hostPath.type: DirectoryOrCreate`, as local-path provisions them).
     pub create: bool,
+    /// A `local` volume, whose ownership the kubelet manages (a `hostPath` one it leaves alone).
+    pub local: bool,
 }
 
 /// The directory of the volume bound to claim `namespace/name` (its `hostPath` or `local`
@@ -76,10 +82,10 @@ pub fn claim_volume(namespace: &str, name: &str, objects: &dyn ConfigSource) -> 
     let spec = volume.spec.as_ref();
     if let Some(host) = spec.and_then(|s| s.host_path.as_ref()) {
         let create = host.type_.as_deref() == Some("DirectoryOrCreate");
-        return Ok(ClaimVolume { path: PathBuf::from(&host.path), create });
+        return Ok(ClaimVolume { path: PathBuf::from(&host.path), create, local: false });
     }
     if let Some(local) = spec.and_then(|s| s.local.as_ref()) {
-        return Ok(ClaimVolume { path: PathBuf::from(&local.path), create: false });
+        return Ok(ClaimVolume { path: PathBuf::from(&local.path), create: false, local: true });
     }
     Err(format!("persistentvolume \"{volume_name}\" has neither hostPath nor local: this node mounts only those"))
 }
@@ -92,26 +98,50 @@ pub fn has_volumes(pod: &Pod) -> bool {
             || v.secret.is_some()
             || v.downward_api.is_some()
             || v.projected.is_some()
-            || v.empty_dir.as_ref().is_some_and(|e| e.medium.as_deref() == Some("Memory"))
+            || v.empty_dir.is_some()
             || v.host_path.as_ref().is_some_and(|h| h.type_.as_deref().is_some_and(|t| !t.is_empty()))
     })
 }
 
 /// Makes every such volume of `pod` hold what it should now. A volume that fails keeps what it
 /// held (the kubelet does not empty a volume whose ConfigMap went away); the error is returned
-/// only for a volume that was never set up, which the Pod must wait for.
-pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSource) -> Result<(), VolumeError> {
+/// only for a volume that was never set up, which the Pod must wait for. `mounted(volume)` says
+/// whether the volume was set up for this Pod before (in this process); a first set up is the
+/// kubelet's mount, which manages ownership. Returns the volumes set up for the first time.
+pub fn set_up(
+    pod: &Pod,
+    uid: &str,
+    cfg: &RuntimeConfig,
+    objects: &dyn ConfigSource,
+    mounted: &dyn Fn(&str) -> bool,
+) -> Result<Vec<String>, VolumeError> {
     let namespace = pod_namespace(pod);
-    let mut mounted: Option<Vec<PathBuf>> = None;
+    let security = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let fs_group = security.and_then(|s| s.fs_group).and_then(|g| u32::try_from(g).ok());
+    let policy = ownership::ChangePolicy::of(security.and_then(|s| s.fs_group_change_policy.as_deref()));
+    let own = |dir: &Path, policy, read_only| match fs_group {
+        Some(group) => ownership::set_volume_ownership(dir, group, policy, read_only)
+            .map_err(|e| format!("giving {} to fsGroup {group}: {e}", dir.display())),
+        None => Ok(()),
+    };
+    let mut mount_table: Option<Vec<PathBuf>> = None;
+    let mut mounting = Vec::new();
     for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let fail = |message: String| VolumeError { volume: volume.name.clone(), message };
         let name = safe_name("volume name", &volume.name).map_err(|e| fail(e.to_string()))?;
+        let first = !mounted(name);
+        if first {
+            mounting.push(name.to_owned());
+        }
         if let Some(claim) = &volume.persistent_volume_claim {
             let bound = claim_volume(namespace, &claim.claim_name, objects).map_err(fail)?;
             if bound.create && !bound.path.is_dir() {
                 make_shared_dir(&bound.path).map_err(|e| fail(format!("creating {}: {e}", bound.path.display())))?;
             } else if !bound.path.is_dir() {
                 return Err(fail(format!("{} is not a directory on this node", bound.path.display())));
+            }
+            if bound.local && first {
+                own(&bound.path, policy, claim.read_only.unwrap_or(false)).map_err(fail)?;
             }
             continue;
         }
@@ -127,34 +157,49 @@ pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSou
                 }
                 None => None,
             };
-            let mounted = mounted.get_or_insert_with(mount_points);
-            ensure_tmpfs(&dir, size, mounted)
+            ensure_tmpfs(&dir, size, mount_table.get_or_insert_with(mount_points))
                 .map_err(|e| fail(format!("mounting a tmpfs on {}: {e}", dir.display())))?;
+            if first {
+                own(&dir, policy, false).map_err(fail)?;
+            }
+            continue;
+        }
+        if volume.empty_dir.is_some() {
+            let dir = cfg.pod_dir.join(uid).join("volumes").join(EMPTY_DIR).join(name);
+            if !dir.is_dir() {
+                make_shared_dir(&dir).map_err(|e| fail(format!("creating {}: {e}", dir.display())))?;
+            }
+            if first {
+                own(&dir, policy, false).map_err(fail)?;
+            }
             continue;
         }
         let Some(dir) = host_path(cfg, uid, volume).map_err(|e| fail(e.to_string()))? else { continue };
         let payload = if let Some(source) = &volume.config_map {
             projection::config_map(source, objects.config_map(namespace, &source.name).as_deref(), namespace)
         } else if let Some(source) = &volume.secret {
-            on_tmpfs(pod, volume, &dir, mounted.get_or_insert_with(mount_points)).map_err(fail)?;
+            on_tmpfs(pod, volume, &dir, mount_table.get_or_insert_with(mount_points)).map_err(fail)?;
             let name = source.secret_name.as_deref().unwrap_or_default();
             projection::secret(source, objects.secret(namespace, name).as_deref(), namespace)
         } else if let Some(source) = &volume.downward_api {
             projection::downward_api(source, pod, cfg)
         } else if let Some(source) = &volume.projected {
-            on_tmpfs(pod, volume, &dir, mounted.get_or_insert_with(mount_points)).map_err(fail)?;
+            on_tmpfs(pod, volume, &dir, mount_table.get_or_insert_with(mount_points)).map_err(fail)?;
             projection::projected(source, pod, cfg, objects)
         } else {
             continue;
         };
         let result = payload.and_then(|payload| {
-            atomic_writer::write(&dir, &payload, SystemTime::now())
-                .map_err(|e| format!("writing {}: {e}", dir.display()))
-                .map(|changed| {
-                    if changed {
-                        tracing::info!(pod = ?pod.metadata.name, volume = %volume.name, files = payload.len(), "volume written");
-                    }
-                })
+            let changed =
+                atomic_writer::write(&dir, &payload, SystemTime::now()).map_err(|e| format!("writing {}: {e}", dir.display()))?;
+            if changed {
+                tracing::info!(pod = ?pod.metadata.name, volume = %volume.name, files = payload.len(), "volume written");
+            }
+            // As the kubelet, after each write of these read-only volumes, whatever the policy.
+            if first || changed {
+                own(&dir, ownership::ChangePolicy::Always, true)?;
+            }
+            Ok(())
         });
         if let Err(message) = result {
             if !atomic_writer::written(&dir) {
@@ -163,7 +208,7 @@ pub fn set_up(pod: &Pod, uid: &str, cfg: &RuntimeConfig, objects: &dyn ConfigSou
             tracing::warn!(pod = ?pod.metadata.name, volume = %volume.name, error = %message, "volume kept as it was");
         }
     }
-    Ok(())
+    Ok(mounting)
 }
 
 /// Makes `dir` and a tmpfs on it, for files that must stay off the node's disk; without the
@@ -177,8 +222,8 @@ fn on_tmpfs(pod: &Pod, volume: &Volume, dir: &Path, mounted: &mut Vec<PathBuf>) 
     Ok(())
 }
 
-/// A provisioned volume's directory: 0777, as local-path-provisioner makes them, so a
-/// container running as any user can write its data.
+/// A provisioned volume's or an emptyDir's directory: 0777, as local-path-provisioner and the
+/// kubelet make them, so a container running as any user can write its data.
 fn make_shared_dir(dir: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir)?;
