@@ -6,8 +6,8 @@ use k8s_openapi::api::{
     autoscaling::{v1, v2},
     batch::v1::{CronJob, Job},
     core::v1::{
-        ConfigMap, Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ReplicationController, Secret, Service,
-        ServiceAccount,
+        ConfigMap, Endpoints, LimitRange, Namespace, PersistentVolume, PersistentVolumeClaim, Pod,
+        ReplicationController, ResourceQuota, Secret, Service, ServiceAccount,
     },
     networking::v1::{Ingress, IngressClass, NetworkPolicy},
     policy::v1::PodDisruptionBudget,
@@ -74,6 +74,10 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<ServiceAccount>(true),
         KindInfo::of::<Pod>(true),
         KindInfo::of::<Service>(true),
+        // Written by hand only for a Service without a selector (external backends).
+        KindInfo::of::<Endpoints>(true),
+        KindInfo::of::<LimitRange>(true),
+        KindInfo::of::<ResourceQuota>(true),
         KindInfo::of::<ReplicaSet>(true),
         KindInfo::of::<Deployment>(true),
         KindInfo::of::<StatefulSet>(true),

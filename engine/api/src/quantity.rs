@@ -56,6 +56,43 @@ pub fn parse_units(text: &str) -> Option<i128> {
     parse_milli(text).map(|m| (m + 999).div_euclid(1000))
 }
 
+/// `milli` (thousandths) written as the API server writes a quantity back (its canonical
+/// form): binary suffixes when `binary` and the value is a whole multiple of 1024, else the
+/// largest decimal suffix that keeps it whole, `m` for fractions (`1.5` -> `1500m`).
+pub fn format_milli(milli: i128, binary: bool) -> String {
+    if milli % 1000 != 0 {
+        return format!("{milli}m");
+    }
+    let units = milli / 1000;
+    if units == 0 {
+        return "0".into();
+    }
+    if binary {
+        for (suffix, shift) in [("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)] {
+            if units % (1i128 << shift) == 0 {
+                return format!("{}{suffix}", units >> shift);
+            }
+        }
+    }
+    for (suffix, exp) in [("E", 18), ("P", 15), ("T", 12), ("G", 9), ("M", 6), ("k", 3)] {
+        let scale = 10i128.pow(exp);
+        if units % scale == 0 {
+            return format!("{}{suffix}", units / scale);
+        }
+    }
+    units.to_string()
+}
+
+/// Whether a quantity's text uses a binary suffix (`Ki` ... `Ei`).
+pub fn is_binary(text: &str) -> bool {
+    text.trim_end().ends_with('i')
+}
+
+/// A quantity's canonical text (`1.5` -> `1500m`, `1024Mi` -> `1Gi`); unparsable text as is.
+pub fn canonical(text: &str) -> String {
+    parse_milli(text).map_or_else(|| text.to_owned(), |m| format_milli(m, is_binary(text)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +108,23 @@ mod tests {
         assert_eq!(parse_units("1e3"), Some(1000));
         assert_eq!(parse_units("100m"), Some(1));
         assert_eq!(parse_milli("1u"), Some(1));
+    }
+
+    #[test]
+    fn canonical_forms_as_the_api_server_writes_them() {
+        for (text, canonical_text) in [
+            ("1.5", "1500m"),
+            ("800m", "800m"),
+            ("2", "2"),
+            ("1000", "1k"),
+            ("1024Mi", "1Gi"),
+            ("600Mi", "600Mi"),
+            ("500M", "500M"),
+            ("0", "0"),
+            ("1.5Gi", "1536Mi"),
+        ] {
+            assert_eq!(canonical(text), canonical_text, "{text}");
+        }
     }
 
     #[test]

@@ -52,6 +52,8 @@ fn short_names(r: &Resource) -> &'static [&'static str] {
         "services" => &["svc"],
         "endpoints" => &["ep"],
         "configmaps" => &["cm"],
+        "limitranges" => &["limits"],
+        "resourcequotas" => &["quota"],
         "serviceaccounts" => &["sa"],
         "events" => &["ev"],
         "nodes" => &["no"],
@@ -97,8 +99,8 @@ fn categories(r: &Resource) -> &'static [&'static str] {
 fn subresources(r: &Resource) -> &'static [&'static str] {
     match r.plural {
         "pods" => &["attach", "exec", "log", "portforward", "status"],
-        "configmaps" | "secrets" | "endpoints" | "events" | "endpointslices" | "leases" | "ingressclasses"
-        | "storageclasses" => &[],
+        "configmaps" | "secrets" | "endpoints" | "events" | "limitranges" | "endpointslices" | "leases"
+        | "ingressclasses" | "storageclasses" => &[],
         _ => &["status"],
     }
 }

@@ -76,6 +76,8 @@ const RESOURCES: &[Resource] = &[
     Resource { group: "", version: "v1", plural: "endpoints", kind: "Endpoints", namespaced: true },
     Resource { group: "", version: "v1", plural: "configmaps", kind: "ConfigMap", namespaced: true },
     Resource { group: "", version: "v1", plural: "secrets", kind: "Secret", namespaced: true },
+    Resource { group: "", version: "v1", plural: "limitranges", kind: "LimitRange", namespaced: true },
+    Resource { group: "", version: "v1", plural: "resourcequotas", kind: "ResourceQuota", namespaced: true },
     Resource { group: "", version: "v1", plural: "serviceaccounts", kind: "ServiceAccount", namespaced: true },
     Resource { group: "", version: "v1", plural: "events", kind: "Event", namespaced: true },
     Resource { group: "", version: "v1", plural: "nodes", kind: "Node", namespaced: false },

@@ -199,7 +199,8 @@ fn columns(kind: &str) -> Vec<Value> {
         "ConfigMap" => vec![("Name", S, 0), ("Data", I, 0), ("Age", S, 0)],
         "Secret" => vec![("Name", S, 0), ("Type", S, 0), ("Data", I, 0), ("Age", S, 0)],
         "ServiceAccount" => vec![("Name", S, 0), ("Secrets", I, 0), ("Age", S, 0)],
-        "Role" | "ClusterRole" => vec![("Name", S, 0), ("Created At", S, 0)],
+        "Role" | "ClusterRole" | "LimitRange" => vec![("Name", S, 0), ("Created At", S, 0)],
+        "ResourceQuota" => vec![("Name", S, 0), ("Age", S, 0), ("Request", S, 0), ("Limit", S, 0)],
         "RoleBinding" | "ClusterRoleBinding" => vec![
             ("Name", S, 0),
             ("Role", S, 0),
@@ -750,7 +751,13 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
             vec![name, cell(o["type"].as_str().unwrap_or("Opaque")), cell(data), age]
         }
         "ServiceAccount" => vec![name, cell(o["secrets"].as_array().map_or(0, Vec::len)), age],
-        "Role" | "ClusterRole" => vec![name, cell(o["metadata"]["creationTimestamp"].as_str().unwrap_or(""))],
+        "Role" | "ClusterRole" | "LimitRange" => {
+            vec![name, cell(o["metadata"]["creationTimestamp"].as_str().unwrap_or(""))]
+        }
+        "ResourceQuota" => {
+            let (request, limit) = quota_columns(status);
+            vec![name, age, cell(request), cell(limit)]
+        }
         "RoleBinding" | "ClusterRoleBinding" => {
             let subjects = |kind: &str| {
                 let names: Vec<String> = o["subjects"]
@@ -939,6 +946,22 @@ fn at_most_three(items: impl Iterator<Item = String>, empty: &str) -> String {
         1..=3 => items.join(","),
         n => format!("{} + {} more...", items[..3].join(","), n - 3),
     }
+}
+
+/// A ResourceQuota's REQUEST and LIMIT as kubectl prints them: `resource: used/hard` for each
+/// hard resource in name order, the `limits.*` ones under LIMIT.
+fn quota_columns(status: &Value) -> (String, String) {
+    let (mut request, mut limit) = (Vec::new(), Vec::new());
+    let hard = status["hard"].as_object().into_iter().flatten();
+    let mut hard: Vec<(&String, &Value)> = hard.collect();
+    hard.sort_by_key(|(name, _)| *name);
+    for (name, quantity) in hard {
+        let used = status["used"][name.as_str()].as_str().unwrap_or("0");
+        let column =
+            if name.split('.').next() == Some("limits") && name.contains('.') { &mut limit } else { &mut request };
+        column.push(format!("{name}: {used}/{}", text(quantity)));
+    }
+    (request.join(", "), limit.join(", "))
 }
 
 /// The ENDPOINTS of an Endpoints object as kubectl prints it: the ready addresses with each
@@ -1676,6 +1699,8 @@ mod tests {
             "ConfigMap",
             "Secret",
             "ServiceAccount",
+            "LimitRange",
+            "ResourceQuota",
             "Role",
             "ClusterRole",
             "RoleBinding",

@@ -443,6 +443,7 @@ impl Reconciler for DaemonSetController {
             let creating = ops.iter().filter(|op| matches!(op, Op::Create(_))).count();
             tracing::info!(creating, deleting = ops.len() - creating, "syncing daemon Pods");
         }
+        let ops = ctx.admit_pods(ops);
         let events = pod_events(&ops);
         ctx.apply(ops).await?;
         for (reason, message) in events {

@@ -180,6 +180,7 @@ impl Reconciler for JobController {
         let uid = job.metadata.uid.clone().unwrap_or_default();
         let owned = |cache: &Cache| cache.controlled_by::<Pod>(&key.namespace, &uid);
         let (step, ops) = plan(&job, &owned(ctx.cache()))?;
+        let ops = ctx.admit_pods(ops);
         let events = crate::replicaset::pod_events(&ops);
         ctx.apply(ops).await?;
         for (reason, message) in events {

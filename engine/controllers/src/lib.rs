@@ -8,6 +8,7 @@
 //! compare-and-swap on every object read. After a write a controller waits for the cache to reach
 //! its commit, so the next reconcile never acts on a state older than its own writes.
 
+pub mod admission;
 pub mod bootstrap_roles;
 pub mod cronjob;
 pub mod daemonset;
@@ -27,6 +28,7 @@ pub mod persistent_volume;
 pub mod plan;
 pub mod replicaset;
 pub mod replication;
+pub mod resource_quota;
 pub mod runtime;
 pub mod serviceaccounts;
 pub mod statefulset;
@@ -53,7 +55,7 @@ pub fn watched_kinds() -> Vec<String> {
         storage::v1::StorageClass,
     };
     // Namespaces, ServiceAccounts and ConfigMaps are accepted from Git: the source watches them.
-    vec![
+    let mut kinds = vec![
         kind_of::<Deployment>(),
         kind_of::<ReplicaSet>(),
         kind_of::<StatefulSet>(),
@@ -75,7 +77,9 @@ pub fn watched_kinds() -> Vec<String> {
         kind_of::<IngressClass>(),
         kind_of::<PersistentVolume>(),
         kind_of::<StorageClass>(),
-    ]
+    ];
+    kinds.extend(admission::watched_kinds());
+    kinds
 }
 
 /// What the controllers are configured with.
@@ -155,6 +159,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             .run(),
         ),
         tokio::spawn(Controller::new(persistent_volume::PersistentVolumeController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(resource_quota::ResourceQuotaController, ctx.clone()).run()),
     ];
     if let Some(metrics) = &settings.pod_metrics {
         let controller = horizontal::HorizontalController::new(metrics.clone());

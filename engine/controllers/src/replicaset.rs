@@ -209,6 +209,7 @@ impl<K: Replicated> Reconciler for ReplicaSetController<K> {
         if !ops.is_empty() {
             tracing::info!(creating, deleting = ops.len() - creating, "scaling");
         }
+        let ops = ctx.admit_pods(ops);
         let events = pod_events(&ops);
         ctx.apply(ops).await?;
         for (reason, message) in events {

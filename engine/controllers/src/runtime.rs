@@ -1,8 +1,13 @@
 //! Running a reconciler on the work queue's loop runner: the error policy, a span per reconcile.
 
+use crate::admission::{Admission, Refusal};
 use crate::plan;
-use gitplane_api::events::{Record, Source, reference};
-use gitplane_api::{kube_core::Resource, object::to_value};
+use gitplane_api::events::{Record, Source, WARNING, reference};
+use gitplane_api::{
+    k8s_openapi::api::core::v1::Pod,
+    kube_core::Resource,
+    object::{from_value, to_value},
+};
 use gitplane_store::events::Recorder;
 use gitplane_store::{
     Event, ObjectKey, Op, Revision, Store, StoreError,
@@ -109,14 +114,69 @@ impl Context {
         self.informer.cache()
     }
 
-    /// Commits the ops in one transaction and waits until the cache shows them.
+    /// Commits the ops in one transaction, less the creates admission refuses, and waits until
+    /// the cache shows them.
     pub async fn commit(&self, ops: Vec<Op>) -> Result<Revision, StoreError> {
+        let ops = self.admit(ops);
         if ops.is_empty() {
             return Ok(0);
         }
         let revision = self.store.txn(ops).await?.revision;
         self.informer.wait_for(revision).await;
         Ok(revision)
+    }
+
+    /// The ops with their creates as admission stores them; a refused create is left out and
+    /// its controller gets the `FailedCreate` Event.
+    fn admit(&self, ops: Vec<Op>) -> Vec<Op> {
+        let mut admission = Admission::new(self.cache());
+        ops.into_iter()
+            .filter_map(|op| match op {
+                Op::Create(object) => match admission.admit(object) {
+                    Ok(object) => Some(Op::Create(object)),
+                    Err(refusal) => {
+                        self.refused(refusal);
+                        None
+                    }
+                },
+                other => Some(other),
+            })
+            .collect()
+    }
+
+    /// A plan's Pods as admission leaves them, before its controller tells of them.
+    pub fn admit_pods(&self, plan: Vec<plan::Op<Pod>>) -> Vec<plan::Op<Pod>> {
+        let mut admission = Admission::new(self.cache());
+        plan.into_iter()
+            .filter_map(|op| match op {
+                plan::Op::Create(pod) => match admission.admit(to_value(&pod)).map(from_value::<Pod>) {
+                    Ok(Ok(pod)) => Some(plan::Op::Create(pod)),
+                    Ok(Err(_)) => Some(plan::Op::Create(pod)),
+                    Err(refusal) => {
+                        self.refused(refusal);
+                        None
+                    }
+                },
+                other => Some(other),
+            })
+            .collect()
+    }
+
+    fn refused(&self, refusal: Refusal) {
+        tracing::info!(message = %refusal.message, "create refused by admission");
+        let Some(owner) = refusal.owner else { return };
+        let component = match owner.kind.as_deref() {
+            Some("ReplicaSet") => "replicaset-controller",
+            Some("ReplicationController") => "replication-controller",
+            Some("Job") => "job-controller",
+            Some("CronJob") => "cronjob-controller",
+            Some("DaemonSet") => "daemonset-controller",
+            Some("StatefulSet") => "statefulset-controller",
+            Some("Deployment") => "deployment-controller",
+            _ => "controller-manager",
+        };
+        let message = format!("Error creating: {}", refusal.message);
+        self.events.record(Record::new(Source::component(component), *owner, WARNING, "FailedCreate", &message));
     }
 
     /// Commits a plan in one transaction and waits until the cache shows it.

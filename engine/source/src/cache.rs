@@ -350,6 +350,7 @@ pub(crate) fn load<'c>(
     let accepted: Vec<&Accepted> = outcomes.iter().flat_map(|o| o.manifests.iter()).collect();
     let mut across = validate::duplicates(&accepted);
     across.extend(validate::unknown_target_ports(&accepted));
+    across.extend(validate::selected_service_endpoints(&accepted));
     across.extend(validate::missing_keys(&accepted));
     cache.stats.validating += started.elapsed();
     if errors.is_empty() && across.is_empty() {

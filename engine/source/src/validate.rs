@@ -8,11 +8,12 @@ mod ingress;
 mod network_policy;
 mod pod;
 mod removed;
+mod resource_limits;
 mod service;
 mod storage;
 
 pub(crate) use config_refs::missing_keys;
-pub(crate) use service::unknown_target_ports;
+pub(crate) use service::{selected_service_endpoints, unknown_target_ports};
 
 use crate::{
     ManifestError,
@@ -164,6 +165,7 @@ impl Validator {
         let all: Vec<&Accepted> = accepted.iter().collect();
         errors.extend(duplicates(&all).into_iter().map(|(_, error)| error));
         errors.extend(unknown_target_ports(&all).into_iter().map(|(_, error)| error));
+        errors.extend(selected_service_endpoints(&all).into_iter().map(|(_, error)| error));
         errors.extend(missing_keys(&all).into_iter().map(|(_, error)| error));
         if !errors.is_empty() {
             return Err(errors);
@@ -581,6 +583,8 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
         "PersistentVolume" => storage::volume_problems(value),
         "StorageClass" => storage::class_problems(value),
         "APIService" => api_service_problems(value),
+        "LimitRange" => resource_limits::limit_range_problems(value),
+        "ResourceQuota" => resource_limits::resource_quota_problems(value),
         "ConfigMap" => kube_dns_problems(value, default_namespace),
         _ => Vec::new(),
     };
@@ -929,7 +933,7 @@ spec:
             (
                 "apiVersion: v1\nkind: Foo\nmetadata: {name: web}\n".into(),
                 &["deploy.yaml:2: Foo web: /kind: kind Foo (apiVersion v1) is not accepted; accepted kinds: \
-                   Namespace (v1), ConfigMap (v1), Secret (v1), ServiceAccount (v1), Pod (v1), Service (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
+                   Namespace (v1), ConfigMap (v1), Secret (v1), ServiceAccount (v1), Pod (v1), Service (v1), Endpoints (v1), LimitRange (v1), ResourceQuota (v1), ReplicaSet (apps/v1), Deployment (apps/v1), StatefulSet (apps/v1), \
                    DaemonSet (apps/v1), ReplicationController (v1), Job (batch/v1), CronJob (batch/v1), \
                    HorizontalPodAutoscaler (autoscaling/v2), HorizontalPodAutoscaler (autoscaling/v1), Ingress (networking.k8s.io/v1), \
                    IngressClass (networking.k8s.io/v1), NetworkPolicy (networking.k8s.io/v1), PodDisruptionBudget (policy/v1), \
@@ -1017,6 +1021,16 @@ spec:
                 &[
                     "deploy.yaml:5: ConfigMap c: /metadata/uid: remove it: the server manages it",
                     "deploy.yaml:6: ConfigMap c: /metadata/resourceVersion: remove it: the server manages it",
+                ],
+            ),
+            (
+                "apiVersion: v1\nkind: Service\nmetadata: {name: db}\nspec:\n  selector: {app: db}\n  ports: [{port: 5432}]\n---\n\
+                 apiVersion: v1\nkind: Endpoints\nmetadata: {name: db}\nsubsets:\n- addresses: [{ip: 192.0.2.10}]\n  ports: [{port: 5432}]\n"
+                    .into(),
+                &[
+                    "deploy.yaml:11 (document 2): Endpoints db: /subsets: Service db has a selector, so its Endpoints are the selected Pods' \
+                     (Kubernetes' endpoints controller overwrites these addresses): remove this Endpoints, or the Service's \
+                     selector to route to these addresses",
                 ],
             ),
             (

@@ -5,12 +5,14 @@
 //! [`legacy`]; [`pods`] is what a Pod contributes) and commits them in one transaction.
 //!
 //! Services without a selector, and ExternalName Services, get no managed endpoints (any left
-//! from before are removed). EndpointSlices are owned by their Service, so the garbage collector
+//! from before are removed); a selector-less Service's hand-written Endpoints (from Git) is
+//! mirrored into EndpointSlices ([`mirroring`]). EndpointSlices are owned by their Service, so the garbage collector
 //! removes them with it; the Endpoints object has no owner, as upstream, and is deleted here
 //! when its Service goes. Endpoints that came from Git (an Application's annotation) are never
 //! touched.
 
 pub mod legacy;
+pub mod mirroring;
 pub mod pods;
 pub mod slices;
 
@@ -45,10 +47,16 @@ fn services_selecting(cache: &Cache, namespace: &str, label_sets: &[&Value]) -> 
 /// The Service a managed slice (as JSON) belongs to.
 fn service_of_slice(slice: &Value, namespace: &str) -> Option<ObjectKey> {
     let labels = &slice["metadata"]["labels"];
-    if labels[slices::LABEL_MANAGED_BY] != slices::MANAGED_BY {
+    if labels[slices::LABEL_MANAGED_BY] != slices::MANAGED_BY
+        && labels[slices::LABEL_MANAGED_BY] != mirroring::MANAGED_BY
+    {
         return None;
     }
     Some(ObjectKey::of::<Service>(namespace, labels[slices::LABEL_SERVICE_NAME].as_str()?))
+}
+
+fn is_external_name(service: &Service) -> bool {
+    service.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName")
 }
 
 fn decode<K: gitplane_api::kube_core::Resource<DynamicType = ()> + serde::de::DeserializeOwned>(
@@ -140,11 +148,23 @@ impl Reconciler for EndpointsController {
             .map(decode)
             .transpose()?;
         let legacy_op = legacy::plan(managed, &pods, endpoints.as_ref());
+        // A Service without a selector routes to the addresses its Endpoints from Git lists.
+        let written: Option<Endpoints> = cache
+            .get(&ObjectKey::of::<Endpoints>(namespace, &key.name))
+            .filter(|e| !e["metadata"]["annotations"][APPLICATION_ANNOTATION].is_null())
+            .filter(|_| service.as_ref().is_some_and(|s| selector.is_none() && !is_external_name(s)))
+            .as_deref()
+            .map(decode)
+            .transpose()?;
+        let mirrored: Vec<EndpointSlice> =
+            cache.list_typed_where(Some(namespace), |s| mirroring::is_mirrored_for(s, &key.name));
+        let mirror_ops = mirroring::plan(written.as_ref(), &mirrored);
         let now = gitplane_api::k8s_openapi::jiff::Timestamp::now();
         let ops: Vec<gitplane_store::Op> = slice_ops
             .into_iter()
             .filter_map(|op| op.into_store_op(now))
             .chain(legacy_op.and_then(|op| op.into_store_op(now)))
+            .chain(mirror_ops.into_iter().filter_map(|op| op.into_store_op(now)))
             .collect();
         if !ops.is_empty() {
             tracing::debug!(writes = ops.len(), pods = pods.len(), "syncing endpoints");

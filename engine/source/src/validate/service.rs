@@ -68,6 +68,48 @@ pub(crate) fn unknown_target_ports(accepted: &[&Accepted]) -> Vec<(usize, Manife
     errors
 }
 
+/// (position in `accepted`, error) for every Endpoints written for a Service of the commit that
+/// has a selector: Kubernetes' endpoints controller replaces such addresses with the selected
+/// Pods' (and gitplane's leaves them alone, so they would route nowhere). Hand-written Endpoints
+/// are for a Service without a selector.
+pub(crate) fn selected_service_endpoints(accepted: &[&Accepted]) -> Vec<(usize, ManifestError)> {
+    if !accepted.iter().any(|a| a.manifest.key.kind == "Endpoints") {
+        return Vec::new();
+    }
+    let mut errors = Vec::new();
+    for (position, endpoints) in accepted.iter().enumerate().filter(|(_, a)| a.manifest.key.kind == "Endpoints") {
+        let key = &endpoints.manifest.key;
+        let selecting = accepted.iter().any(|a| {
+            a.manifest.key.kind == "Service"
+                && a.manifest.key.namespace == key.namespace
+                && a.manifest.key.name == key.name
+                && a.manifest.value.pointer("/spec/selector").and_then(Value::as_object).is_some_and(|s| !s.is_empty())
+        });
+        if !selecting {
+            continue;
+        }
+        let m = &endpoints.manifest;
+        errors.push((
+            position,
+            ManifestError {
+                file: m.file.clone(),
+                line: Some(endpoints.locator.lines().line_of("/subsets")),
+                column: None,
+                document: Some(m.index),
+                object: object_label(&m.value),
+                path: Some("/subsets".into()),
+                message: format!(
+                    "Service {} has a selector, so its Endpoints are the selected Pods' (Kubernetes' endpoints \
+                     controller overwrites these addresses): remove this Endpoints, or the Service's selector to \
+                     route to these addresses",
+                    key.name
+                ),
+            },
+        ));
+    }
+    errors
+}
+
 /// (namespace, Pod labels, Pod spec) of a Pod or of a workload's Pod template.
 fn pod_template(a: &Accepted) -> Option<(&str, &Value, &Value)> {
     let (key, value) = (&a.manifest.key, &a.manifest.value);
