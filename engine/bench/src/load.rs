@@ -122,6 +122,11 @@ impl Latencies {
         self.0.len()
     }
 
+    /// The samples, sorted.
+    pub fn samples(&self) -> &[Duration] {
+        &self.0
+    }
+
     /// The `q` quantile (nearest rank), `None` when empty.
     pub fn quantile(&self, q: f64) -> Option<Duration> {
         if self.0.is_empty() {

@@ -173,6 +173,8 @@ pub fn main(args: SourceArgs) -> Result<()> {
     eprintln!("push-to-applied through gitplane server");
     let load_before = crate::up::load_average();
     let pushed = runtime.block_on(push_to_applied(&gitplane, &repo, args.rounds, args.nodes))?;
+    let judged = Latencies::new(pushed.judged.applied.clone());
+    let unjudged = Latencies::new(pushed.unjudged.applied.clone());
 
     println!(
         "{} manifests ({} Deployments, Services, ConfigMaps and Secrets each), one per file, {:.1} MiB of YAML; \
@@ -229,23 +231,26 @@ pub fn main(args: SourceArgs) -> Result<()> {
         );
     }
     println!(
-        "| push-to-applied, one-file commit, `gitplane server` (1 replica, SQLite) | {} | p50 {} ms, p99 {} ms, \
-         max {} ms | | | | | {} pushes over HTTP, 0.5 s apart; from `git push` starting to the watch event of the changed \
-         ConfigMap; `git push` alone p50 {} ms; after `git push` returned p50 {} ms, p99 {} ms; first sync of \
-         the whole repository {:.1} s, then {:.0} s until the controllers had made its ReplicaSets and Pods |",
+        "| push-to-applied, one-file commit, `gitplane server` (1 replica, SQLite), verdict on | {} | p50 {} ms, \
+         p99 {} ms, max {} ms | | | | | {} pushes over HTTP, 0.5 s apart, alternating with as many with the verdict \
+         off (p50 {} ms, p99 {} ms, max {} ms); from `git push` starting to the watch event of the changed \
+         ConfigMap; first sync of the whole repository {:.1} s, then {:.0} s until the controllers had made its \
+         ReplicaSets and Pods |",
         args.manifests,
-        crate::ms(pushed.applied.quantile(0.5)),
-        crate::ms(pushed.applied.quantile(0.99)),
-        crate::ms(pushed.applied.max()),
-        pushed.applied.len(),
-        crate::ms(pushed.push.quantile(0.5)),
-        crate::ms(pushed.after_push.quantile(0.5)),
-        crate::ms(pushed.after_push.quantile(0.99)),
+        crate::ms(judged.quantile(0.5)),
+        crate::ms(judged.quantile(0.99)),
+        crate::ms(judged.max()),
+        judged.len(),
+        crate::ms(unjudged.quantile(0.5)),
+        crate::ms(unjudged.quantile(0.99)),
+        crate::ms(unjudged.max()),
         pushed.first_sync.as_secs_f64(),
         pushed.settled.took.as_secs_f64(),
     );
     println!("\n{}", settle_header());
     println!("{}", settle_row(args.manifests, args.nodes, pushed.first_sync, &pushed.settled, &load_before));
+    println!();
+    print_pushes(&pushed, args.manifests);
     Ok(())
 }
 
@@ -263,6 +268,52 @@ fn settle_row(manifests: usize, nodes: usize, first_sync: Duration, settled: &Se
         settled.revisions,
         settled.revisions as f64 / settled.took.as_secs_f64().max(1e-3),
     )
+}
+
+/// The push-to-applied table: with the verdict and without, and where `git push`'s time went.
+fn print_pushes(pushed: &Pushed, manifests: usize) {
+    println!(
+        "Push-to-applied of a one-file commit ({manifests} manifests), {} pushes with the verdict and {} without, \
+         alternating, 0.5 s apart; load average {} before, {} after.\n",
+        pushed.judged.applied.len(),
+        pushed.unjudged.applied.len(),
+        pushed.load.0,
+        pushed.load.1
+    );
+    println!("| | verdict on p50 | p99 | max | verdict off p50 | p99 | max |");
+    println!("|---|--:|--:|--:|--:|--:|--:|");
+    let row = |name: &str, on: Option<&Vec<Duration>>, off: Option<&Vec<Duration>>| {
+        let cells = |samples: Option<&Vec<Duration>>| match samples {
+            Some(samples) => {
+                let l = Latencies::new(samples.clone());
+                format!(
+                    "{} ms | {} ms | {} ms",
+                    crate::ms(l.quantile(0.5)),
+                    crate::ms(l.quantile(0.99)),
+                    crate::ms(l.max())
+                )
+            }
+            None => "– | – | –".to_owned(),
+        };
+        println!("| {name} | {} | {} |", cells(on), cells(off));
+    };
+    let (on, off) = (&pushed.judged, &pushed.unjudged);
+    row("**push-to-applied**", Some(&on.applied), Some(&off.applied));
+    row("`git push`", Some(&on.push), Some(&off.push));
+    row("after `git push` returned, until applied", Some(&on.after_push), Some(&off.after_push));
+    for part in PARTS {
+        row(&format!("`git push` part: {part}"), on.parts.get(part), off.parts.get(part));
+        if part == "POST git-receive-pack" {
+            let verdicts = pushed.verdicts.samples().to_vec();
+            row("&nbsp;&nbsp;of which the verdict in the server (its log's `elapsed`)", Some(&verdicts), None);
+            let hook = pushed.hook.samples().to_vec();
+            row("&nbsp;&nbsp;of which the hook's process (measured alone, no server)", Some(&hook), None);
+        }
+    }
+    println!(
+        "\nSyncs of judged pushes that committed the verdict's plan: {} of {}.",
+        pushed.verdict_plans.0, pushed.verdict_plans.1
+    );
 }
 
 /// Runs one step in a child process: its result and its peak RSS in KiB.
@@ -599,16 +650,34 @@ fn git(dir: &Path, args: &[&str]) -> Result<()> {
 }
 
 struct Pushed {
-    /// From `git push` starting to the changed ConfigMap's watch event.
-    applied: Latencies,
-    /// `git push` alone.
-    push: Latencies,
-    /// From `git push` returning (the ref was updated before) to the watch event.
-    after_push: Latencies,
+    /// Pushes judged by the verdict, and pushes of the same run with it turned off.
+    judged: Pushes,
+    unjudged: Pushes,
     /// From pushing the whole repository to the Application synced at it.
     first_sync: Duration,
     /// From then until the controllers stopped writing.
     settled: Settled,
+    /// The server's verdicts (their log's `elapsed`), one per judged push.
+    verdicts: Latencies,
+    /// Syncs of judged pushes that committed the verdict's plan, of all syncs of judged pushes.
+    verdict_plans: (usize, usize),
+    /// The hook's own process (no server), as git starts it.
+    hook: Latencies,
+    /// Load average before and after the timed pushes.
+    load: (String, String),
+}
+
+/// One kind of timed push.
+#[derive(Default)]
+struct Pushes {
+    /// From `git push` starting to the changed ConfigMap's watch event.
+    applied: Vec<Duration>,
+    /// `git push` alone.
+    push: Vec<Duration>,
+    /// From `git push` returning (the ref was updated before) to the watch event.
+    after_push: Vec<Duration>,
+    /// Where each `git push`'s time went ([`push_parts`]), in the order of [`PARTS`].
+    parts: BTreeMap<&'static str, Vec<Duration>>,
 }
 
 /// A `gitplane server` whose bootstrap repository names one Application (`bench`) for the
@@ -780,26 +849,48 @@ async fn settle(cluster: &Gitplane) -> Settled {
 }
 
 /// One `gitplane server` with a bootstrap repository naming one Application for the generated
-/// repository, which is pushed whole, then changed one file per commit.
+/// repository, which is pushed whole, then changed one file per commit: `rounds` pushes with
+/// the verdict and as many with it turned off, alternating.
 async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize, nodes: usize) -> Result<Pushed> {
     let Served { cluster, addr, token, first_sync, settled } = serve(gitplane, repo, nodes).await?;
-    let remote = |name: &str| format!("http://git:{token}@{addr}/git/{name}.git");
+    let remote = format!("http://git:{token}@{addr}/git/bench.git");
+    let config = cluster.dir().join("repos/bench.git/config");
+    let log = cluster.log_path(1);
+    let judged_before = server_verdicts(&log).len();
+    let synced_before = synced_lines(&log).len();
+    let trace = cluster.dir().join("push.trace");
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
     let mut client = crate::procs::store_client(channel);
     let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
     let request = pb::WatchRequest { from_revision: from, kinds: vec!["ConfigMap".into()], bookmarks: false };
     let mut events = client.watch(request).await?.into_inner();
-    let (mut applied, mut push, mut after_push) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..rounds {
+    let (mut judged, mut unjudged) = (Pushes::default(), Pushes::default());
+    let load_before = crate::up::load_average();
+    eprintln!("timed pushes start; load average {load_before}");
+    for round in 0..2 * rounds {
+        let verdict = round % 2 == 0;
+        let status = Command::new("git")
+            .args(["config", "-f"])
+            .arg(&config)
+            .args(["gitplane.pushVerdicts", if verdict { "true" } else { "false" }])
+            .status()?;
+        ensure!(status.success(), "git config");
         // Pushes are paced, as people push: each one meets a server done with the last one.
         tokio::time::sleep(PUSH_INTERVAL).await;
         let level = format!("round-{round}");
         change_one_file(repo, &level)?;
         git(repo, &["commit", "-q", "-am", &format!("one-file change {round}")])?;
+        let _ = std::fs::remove_file(&trace);
         let started = Instant::now();
-        git(repo, &["push", "-q", &remote("bench"), "main"])?;
+        let output = Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(["push", "-q", &remote, "main"])
+            .env("GIT_TRACE", &trace)
+            .env("GIT_TRACE_CURL", &trace)
+            .output()?;
         let returned = Instant::now();
-        push.push(returned - started);
+        ensure!(output.status.success(), "git push: {}", String::from_utf8_lossy(&output.stderr));
         let seen = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(event) = events.next().await {
                 let event = event?;
@@ -815,16 +906,107 @@ async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize, nodes: usi
             Ok(result) => result?,
             Err(_) => bail!("round {round}: the change was not applied within 30 s\n{}", cluster.logs()),
         }
-        applied.push(started.elapsed());
-        after_push.push(returned.elapsed());
+        let pushes = if verdict { &mut judged } else { &mut unjudged };
+        pushes.applied.push(started.elapsed());
+        pushes.push.push(returned - started);
+        pushes.after_push.push(returned.elapsed());
+        let parts = push_parts(&std::fs::read_to_string(&trace).unwrap_or_default(), returned - started);
+        for (part, took) in parts {
+            pushes.parts.entry(part).or_default().push(took);
+        }
+        if round % 20 == 0 {
+            eprintln!("push {round} of {}: {:.1?}", 2 * rounds, returned - started);
+        }
     }
+    let load_after = crate::up::load_average();
+    eprintln!("timed pushes done; load average {load_after}");
+    let verdicts: Vec<Duration> =
+        server_verdicts(&log).into_iter().skip(judged_before).filter_map(|v| v.get("elapsed").copied()).collect();
+    ensure!(verdicts.len() == rounds, "{} verdicts in the server's log for {rounds} judged pushes", verdicts.len());
+    // Every other sync is of a judged push (the first timed one is).
+    let synced: Vec<bool> = synced_lines(&log).into_iter().skip(synced_before).step_by(2).collect();
+    let verdict_plans = (synced.iter().filter(|reused| **reused).count(), synced.len());
     Ok(Pushed {
-        applied: Latencies::new(applied),
-        push: Latencies::new(push),
-        after_push: Latencies::new(after_push),
+        judged,
+        unjudged,
         first_sync,
         settled,
+        verdicts: Latencies::new(verdicts),
+        verdict_plans,
+        hook: hook_process(gitplane, rounds)?,
+        load: (load_before, load_after),
     })
+}
+
+/// Per `synced` line of the bench Application in the server's log: whether it committed the
+/// push verdict's plan.
+fn synced_lines(log: &Path) -> Vec<bool> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .map(without_ansi)
+        .filter(|l| l.contains(" synced") && l.contains(APP))
+        .map(|l| l.contains("verdict_plan=true"))
+        .collect()
+}
+
+/// The parts [`push_parts`] names, in the order they happen.
+const PARTS: [&str; 7] = [
+    "git's start until its first request",
+    "GET without credentials (401)",
+    "between the requests",
+    "GET info/refs",
+    "making the pack",
+    "POST git-receive-pack",
+    "the rest: process start before git's first trace line, exit",
+];
+
+/// The parts of one `git push` from its `GIT_TRACE` and `GIT_TRACE_CURL` lines (each starts with
+/// the time of day, to the microsecond): git's start until its first request, each HTTP
+/// request from its first header sent to the last byte received, the gaps between them (the
+/// pack is made before the POST), and the rest of `total` (the process's start before its
+/// first trace line, its exit after the last response).
+fn push_parts(trace: &str, total: Duration) -> Vec<(&'static str, Duration)> {
+    let stamp = |line: &str| -> Option<f64> {
+        let time = line.split_whitespace().next()?;
+        let mut fields = time.split(':');
+        let (h, m, s) = (fields.next()?, fields.next()?, fields.next()?);
+        Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
+    };
+    let lines: Vec<(f64, &str)> = trace.lines().filter_map(|l| Some((stamp(l)?, l))).collect();
+    let Some(&(first, _)) = lines.first() else { return Vec::new() };
+    // (name, sent, last received)
+    let mut requests: Vec<(&'static str, f64, f64)> = Vec::new();
+    for &(at, line) in &lines {
+        // Each header is a line of its own; a request starts with its request line.
+        let request = line.split("=> Send header: ").nth(1).filter(|r| r.starts_with("GET ") || r.starts_with("POST "));
+        if let Some(request) = request {
+            let name = if request.starts_with("POST ") { "POST git-receive-pack" } else { "GET info/refs" };
+            requests.push((name, at, at));
+        } else if line.contains("<= Recv")
+            && let Some(last) = requests.last_mut()
+        {
+            last.2 = at;
+            if line.contains("<= Recv header: HTTP/1.1 401") {
+                last.0 = "GET without credentials (401)";
+            }
+        }
+    }
+    let secs = |s: f64| Duration::from_secs_f64(s.max(0.0));
+    let mut parts = Vec::new();
+    let mut at = first;
+    for (i, (name, sent, received)) in requests.iter().enumerate() {
+        let gap = match (i, *name) {
+            (0, _) => "git's start until its first request",
+            (_, "POST git-receive-pack") => "making the pack",
+            _ => "between the requests",
+        };
+        parts.push((gap, secs(sent - at)));
+        parts.push((*name, secs(received - sent)));
+        at = *received;
+    }
+    let traced = secs(at - first);
+    parts.push(("the rest: process start before git's first trace line, exit", total.saturating_sub(traced)));
+    parts
 }
 
 #[derive(clap::Args)]
@@ -912,7 +1094,7 @@ pub fn push_verdict(args: PushVerdictArgs) -> Result<()> {
         ("verdict off (no hook)", &without),
         ("with the verdict", &with),
         ("the verdict inside the server", &server),
-        ("the hook's process alone (`gitplane hook pre-receive`, no server)", &hook),
+        ("the hook's process alone (`pre-receive`, a link to `gitplane`; no server)", &hook),
     ] {
         println!(
             "| {name} | {} | {} ms | {} ms | {} ms |",
@@ -992,18 +1174,16 @@ fn without_ansi(line: &str) -> String {
     out
 }
 
-/// The hook's own process as git starts it (`sh` running the script, which execs `gitplane
-/// hook pre-receive`), without a server to ask: it warns and accepts.
+/// The hook's own process as git starts it (`pre-receive`, a link to the gitplane binary),
+/// without a server to ask: it warns and accepts.
 fn hook_process(gitplane: &Path, rounds: usize) -> Result<Latencies> {
     let dir = tempfile::tempdir()?;
-    let script = dir.path().join("pre-receive");
-    let quoted = gitplane.to_string_lossy().replace('\'', r"'\''");
-    std::fs::write(&script, format!("#!/bin/sh\nexec '{quoted}' hook pre-receive\n"))?;
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    let hook = dir.path().join("pre-receive");
+    std::os::unix::fs::symlink(std::path::absolute(gitplane)?, &hook)?;
     let mut took = Vec::new();
     for _ in 0..rounds {
         let started = Instant::now();
-        let status = Command::new(&script).stdin(Stdio::null()).stderr(Stdio::null()).status()?;
+        let status = Command::new(&hook).stdin(Stdio::null()).stderr(Stdio::null()).status()?;
         took.push(started.elapsed());
         ensure!(status.success(), "the hook failed");
     }

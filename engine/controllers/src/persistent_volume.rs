@@ -351,8 +351,12 @@ impl Reconciler for PersistentVolumeController {
             if let (Some(ns), Some(name)) = (claim["namespace"].as_str(), claim["name"].as_str()) {
                 keys.push(ObjectKey::of::<PersistentVolumeClaim>(ns, name));
             }
-            // A volume that became available may satisfy a waiting claim.
-            keys.extend(pending_claims(cache));
+            // A volume that names no claim may satisfy a waiting one. A volume with a claim is
+            // that claim's alone: waking every pending claim for it (a provisioning of each of
+            // a hundred claims) made the binder's work quadratic.
+            if claim.is_null() {
+                keys.extend(pending_claims(cache));
+            }
             return keys;
         }
         if *kind == kind_of::<StorageClass>()

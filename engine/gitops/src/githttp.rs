@@ -6,7 +6,8 @@
 //! request body streams to its stdin, its headers (`Status:`, `Content-Type:`, …) become the
 //! response's and its stdout streams back as the body. Nothing is buffered whole, so pushes of any
 //! size up to [`MAX_PUSH_BYTES`] pass; gzip'd request bodies (git sends them) are inflated by
-//! http-backend itself. A push is synchronous: when `git push` returns, the branch has moved, and
+//! http-backend itself. A push's ref advertisement is written here without a process
+//! ([`advertise`]) unless the repository's settings change what git would advertise. A push is synchronous: when `git push` returns, the branch has moved, and
 //! the source controller sees it through inotify on `refs/heads`. [`blob`] is a read-only file
 //! view for browsers (`GET /git/<name>.git/blob/<commit>/<path>#L<line>`), under the same rules.
 //!
@@ -38,6 +39,7 @@
 //!   have slots of their own ([`MAX_ANONYMOUS`], [`MAX_ANONYMOUS_PER_CLIENT`] per client address,
 //!   503 at once when full), so no number of anonymous clients can make a push wait.
 
+mod advertise;
 mod blob;
 
 use axum::{
@@ -140,6 +142,8 @@ struct GitState {
     anonymous_per_client: PerClient,
     /// The pre-receive hook that asks for push verdicts; `None`: pushes are not judged.
     hook: Option<Arc<crate::prereceive::Hook>>,
+    /// When each repository's housekeeping last ran ([`maintain`]).
+    maintained: Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
 }
 
 /// The path of `program` in a directory of PATH; the bare name when none has it.
@@ -162,6 +166,7 @@ pub fn router(repos_dir: PathBuf, auth: GitAuth, hook: Option<Arc<crate::prerece
         anonymous: Arc::new(Semaphore::new(MAX_ANONYMOUS)),
         anonymous_per_client: PerClient::new(MAX_ANONYMOUS_PER_CLIENT),
         hook,
+        maintained: Arc::default(),
     };
     Router::new()
         .route("/git/{repo}/info/refs", get(info_refs))
@@ -337,6 +342,13 @@ async fn serve(
     {
         return text(StatusCode::UNSUPPORTED_MEDIA_TYPE, format!("unsupported Content-Encoding {encoding:?}"));
     }
+    // A push's ref advertisement needs no process (unless the repository's settings change it).
+    if let (Call::Advertise { .. }, Service::ReceivePack, Some(_)) = (&call, service, &user) {
+        let protocol = headers.get("git-protocol").and_then(|v| v.to_str().ok());
+        if let Some(body) = advertise::receive_pack(&state.repos_dir.join(&dir_name), protocol) {
+            return advertisement(body);
+        }
+    }
     // Slots are taken only now, after authentication; anonymous reads never wait for one.
     let permit = if user.is_some() {
         match tokio::time::timeout(QUEUE_TIMEOUT, state.processes.clone().acquire_owned()).await {
@@ -382,6 +394,8 @@ async fn serve(
         ("http.getanyfile", "false".into()),
         ("receive.fsckObjects", "true".into()),
         ("receive.maxInputSize", MAX_PUSH_BYTES.to_string()),
+        // Housekeeping runs after the push has answered, not before (`maintain`).
+        ("receive.autogc", "false".into()),
     ];
     // The push verdict: git's pre-receive hook, which asks this replica (unless the repository
     // turned it off).
@@ -427,7 +441,14 @@ async fn serve(
     let kill = Arc::new(Notify::new());
     let label = format!("{} {dir_name}", service.name());
     let reader = Arc::new(Reader::new());
-    tokio::spawn(reap(child, stderr, kill.clone(), reader.clone(), permit, label.clone(), user.clone()));
+    let pushed = (push && method == Method::POST).then(|| (state.clone(), dir_name.clone()));
+    let (reaped_kill, reaped_reader, reaped_label) = (kill.clone(), reader.clone(), label.clone());
+    tokio::spawn(async move {
+        let succeeded = reap(child, stderr, reaped_kill, reaped_reader, permit, reaped_label, user).await;
+        if let (true, Some((state, dir_name))) = (succeeded, pushed) {
+            maintain(&state, &dir_name).await;
+        }
+    });
     // From here on, dropping the guard (the client went away) stops the process group.
     let guard = KillOnDrop(Some(kill.clone()));
     if let (Some(body), Some(stdin)) = (body, stdin) {
@@ -469,6 +490,17 @@ async fn serve(
     *response.status_mut() = head.status;
     response.headers_mut().extend(head.headers);
     response
+}
+
+/// A push's ref advertisement, with the headers `git http-backend` gives it.
+fn advertisement(body: Vec<u8>) -> Response {
+    let headers = [
+        (header::CONTENT_TYPE, "application/x-git-receive-pack-advertisement"),
+        (header::EXPIRES, "Fri, 01 Jan 1980 00:00:00 GMT"),
+        (header::PRAGMA, "no-cache"),
+        (header::CACHE_CONTROL, "no-cache, max-age=0, must-revalidate"),
+    ];
+    (StatusCode::OK, headers, body).into_response()
 }
 
 /// A process slot, held until git exits.
@@ -624,7 +656,7 @@ async fn reap(
     _permit: Slot,
     label: String,
     user: Option<String>,
-) {
+) -> bool {
     let finished = {
         let run = async { tokio::join!(child.wait(), stderr_excerpt(stderr)) };
         tokio::select! {
@@ -639,6 +671,7 @@ async fn reap(
             if label.starts_with(Service::ReceivePack.name()) {
                 tracing::info!(request = %label, user = user.as_deref().unwrap_or("-"), "push received");
             }
+            return true;
         }
         Some((Ok(status), stderr)) => {
             tracing::warn!(request = %label, %status, stderr = %stderr.trim(), "git http-backend failed");
@@ -648,6 +681,42 @@ async fn reap(
             terminate(&mut child).await;
             tracing::info!(request = %label, "stopped git: the client went away, stalled, or ran too long");
         }
+    }
+    false
+}
+
+/// Between two runs of a repository's housekeeping.
+const MAINTENANCE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// git's housekeeping of a repository that was pushed to (`git maintenance run --auto`: packs
+/// loose objects once there are many), at most every [`MAINTENANCE_INTERVAL`]: what
+/// receive-pack would run before answering each push (`receive.autogc`), run after it answered.
+async fn maintain(state: &GitState, dir_name: &str) {
+    {
+        let mut maintained = state.maintained.lock().unwrap_or_else(|e| e.into_inner());
+        if maintained.get(dir_name).is_some_and(|at| at.elapsed() < MAINTENANCE_INTERVAL) {
+            return;
+        }
+        maintained.insert(dir_name.to_owned(), Instant::now());
+    }
+    let run = tokio::process::Command::new(&*state.git)
+        .args(["maintenance", "run", "--auto", "--quiet"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()))
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_DIR", state.repos_dir.join(dir_name))
+        .current_dir(&*state.repos_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    match tokio::time::timeout(MAX_RUN, run).await {
+        Ok(Ok(output)) if output.status.success() => {}
+        Ok(Ok(output)) => tracing::warn!(repository = dir_name, status = %output.status,
+            stderr = %String::from_utf8_lossy(&output.stderr).trim(), "git maintenance failed"),
+        Ok(Err(e)) => tracing::warn!(repository = dir_name, error = %e, "git maintenance did not run"),
+        Err(_) => tracing::warn!(repository = dir_name, "git maintenance ran too long and was stopped"),
     }
 }
 

@@ -1,9 +1,10 @@
 //! The pre-receive hook of hosted repositories: git's own hook, calling back into the replica
 //! that serves the push for its verdict ([`crate::source::verdict`]).
 //!
-//! Each replica writes a private directory, `<data-dir>/hooks` (mode 0700), holding a
-//! `pre-receive` script that runs this very binary (`gitplane hook pre-receive`) and a unix
-//! socket the replica listens on. A replica killed without a chance to clean up leaves them for
+//! Each replica writes a private directory, `<data-dir>/hooks` (mode 0700), holding
+//! `pre-receive`, a symbolic link to this very binary (which runs the hook when started under
+//! that name: no shell between git and the hook, [`invoked_as_hook`]), and a unix socket the
+//! replica listens on. A replica killed without a chance to clean up leaves them for
 //! its next start to reuse, not a directory in `/tmp` per start; a start that finds the socket
 //! answering leaves it alone (another replica runs on this data directory) and judges no push.
 //! `git http-backend` gets `core.hooksPath` pointing there (as
@@ -32,6 +33,8 @@ use std::{
 use subtle::ConstantTimeEq as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
+/// The hook's file name, which git runs: a link to the gitplane binary.
+pub const HOOK_NAME: &str = "pre-receive";
 const SOCKET_ENV: &str = "GITPLANE_VERDICT_SOCKET";
 const SECRET_ENV: &str = "GITPLANE_VERDICT_SECRET";
 /// The largest request a hook may send (ref updates of one push).
@@ -68,10 +71,11 @@ impl Hook {
         std::fs::create_dir_all(dir).with_context(|| format!("making the hook directory {}", dir.display()))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         let exe = std::env::current_exe().context("finding the gitplane binary for the pre-receive hook")?;
-        let quoted = exe.to_string_lossy().replace('\'', r"'\''");
-        let script = dir.join("pre-receive");
-        std::fs::write(&script, format!("#!/bin/sh\nexec '{quoted}' hook pre-receive\n"))?;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o700))?;
+        let hook = dir.join(HOOK_NAME);
+        // A previous start's (or an older version's script).
+        let _ = std::fs::remove_file(&hook);
+        std::os::unix::fs::symlink(&exe, &hook)
+            .with_context(|| format!("linking the pre-receive hook {} to {}", hook.display(), exe.display()))?;
         let socket = dir.join("verdict.sock");
         if std::os::unix::net::UnixStream::connect(&socket).is_ok() {
             anyhow::bail!("{} answers: another gitplane runs on this data directory", socket.display());
@@ -174,8 +178,13 @@ async fn answer(
     Ok(())
 }
 
-/// `gitplane hook pre-receive`, run by git in the repository: asks the replica, prints its
-/// answer, exits 1 to refuse.
+/// Whether this process was started as the hook (`argv[0]` names [`HOOK_NAME`]).
+pub fn invoked_as_hook(arg0: &std::ffi::OsStr) -> bool {
+    Path::new(arg0).file_name().is_some_and(|name| name == HOOK_NAME)
+}
+
+/// The hook (`gitplane hook pre-receive`, or the binary run as [`HOOK_NAME`]), run by git in
+/// the repository: asks the replica, prints its answer, exits 1 to refuse.
 pub fn run_pre_receive() -> anyhow::Result<()> {
     let mut refs = Vec::new();
     for line in std::io::stdin().lock().lines() {

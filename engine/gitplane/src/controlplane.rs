@@ -8,7 +8,7 @@ use gitplane_controllers::{
 use gitplane_gitops::{
     bootstrap,
     mirror::Mirrors,
-    source::{SourceController, allocate::ServiceRanges, apply::RecordKey},
+    source::{SourceController, allocate::ServiceRanges, apply::RecordKey, planned::Plans},
 };
 use gitplane_store::{Store, informer::SharedInformerFactory};
 use std::{path::PathBuf, sync::Arc, time::Duration};
@@ -128,6 +128,8 @@ pub struct Settings {
     pub event_ttl: Duration,
     /// The replica's informer, shared with its push verdicts.
     pub informers: Arc<SharedInformerFactory>,
+    /// The replica's push verdicts' plans, which the source's syncs commit.
+    pub plans: Arc<Plans>,
 }
 
 /// The running leader-only loops; dropping it stops them.
@@ -137,7 +139,7 @@ pub struct ControlPlane {
 
 impl ControlPlane {
     pub async fn start(store: Arc<dyn Store>, settings: Settings) -> ControlPlane {
-        let Settings { repos_dir, mirrors, root, record_key, service_ranges, controllers, event_ttl, informers } =
+        let Settings { repos_dir, mirrors, root, record_key, service_ranges, controllers, event_ttl, informers, plans } =
             settings;
         if let Err(e) = bootstrap::namespaces(&store).await {
             tracing::warn!(error = %e, "creating the system namespaces failed");
@@ -160,7 +162,9 @@ impl ControlPlane {
         let profile = gitplane_scheduler::Profile::from_names(&controllers.scheduler).unwrap_or_default();
         tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer.clone(), profile).run()));
         let store_for_events = store.clone();
-        let source = SourceController::new(store, repos_dir, mirrors, record_key).with_service_ranges(service_ranges);
+        let source = SourceController::new(store, repos_dir, mirrors, record_key)
+            .with_service_ranges(service_ranges)
+            .with_plans(plans);
         tasks.push(tokio::spawn(source.run(informer)));
         tasks.push(tokio::spawn(gitplane_store::events::run_garbage_collector(store_for_events, event_ttl)));
         ControlPlane { tasks }

@@ -97,6 +97,10 @@ fn run(command: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow
 }
 
 fn main() -> anyhow::Result<()> {
+    // git runs the pre-receive hook of hosted repositories as a link to this binary.
+    if std::env::args_os().next().is_some_and(|arg0| prereceive::invoked_as_hook(&arg0)) {
+        return prereceive::run_pre_receive();
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Up(args) => run(up::up(args)),

@@ -168,6 +168,7 @@ impl Replica {
         let informers = Arc::new(SharedInformerFactory::new(shared.clone(), controlplane::watched_kinds()));
         let verdicts =
             Arc::new(Verdicts::new(shared.clone(), informers.clone(), record_key.clone(), service_ranges.clone()));
+        let plans = verdicts.plans();
         let hook = match prereceive::Hook::start(&git.hooks_dir, &git.repos_dir, verdicts) {
             Ok(hook) => Some(Arc::new(hook)),
             Err(e) => {
@@ -216,6 +217,7 @@ impl Replica {
             controllers,
             event_ttl,
             informers,
+            plans,
         };
         tasks.push(tokio::spawn(controlplane::run_while_leading(backend.leading(), shared.clone(), settings)));
         tasks.push(tokio::spawn(crate::encryption::reencryptor(backend.clone(), shared.clone())));

@@ -40,6 +40,8 @@ struct Objects {
     /// The value of the inventory annotation (an Application's `namespace/name`) -> the objects
     /// that carry it: what an Application owns without a scan of every object.
     owned: HashMap<String, BTreeSet<ObjectKey>>,
+    /// Changes applied (events and relists): equal counts, equal contents.
+    changes: u64,
     /// The uid of a controller (an ownerReference with `controller: true`) -> the objects it
     /// controls: a ReplicaSet's Pods without a scan of every Pod of the namespace.
     controlled: HashMap<String, BTreeSet<ObjectKey>>,
@@ -88,6 +90,12 @@ impl Objects {
 }
 
 impl Cache {
+    /// How many changes the cache has applied. Work computed from the cache between two equal
+    /// readings saw one unchanged state, and that state again while it reads the same.
+    pub fn changes(&self) -> u64 {
+        self.objects.read().unwrap_or_else(|e| e.into_inner()).changes
+    }
+
     pub fn get(&self, key: &ObjectKey) -> Option<Arc<Value>> {
         let objects = self.objects.read().unwrap_or_else(|e| e.into_inner());
         objects.by_kind.get(&key.kind)?.get(&(key.namespace.clone(), key.name.clone())).cloned()
@@ -173,6 +181,7 @@ impl Cache {
             EventType::Added | EventType::Modified => of_kind.insert(id, event.object.clone()),
             EventType::Bookmark => return,
         };
+        objects.changes += 1;
         if let Some(old) = old {
             objects.disown(&event.key, &old);
         }
@@ -185,6 +194,7 @@ impl Cache {
         let fresh: Vec<(ObjectKey, Arc<Value>)> =
             items.into_iter().filter_map(|v| Some((ObjectKey::from_value(&v).ok()?, Arc::new(v)))).collect();
         let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+        objects.changes += 1;
         for ((namespace, name), old) in objects.by_kind.remove(kind).unwrap_or_default() {
             objects.disown(&ObjectKey::new(kind.to_owned(), namespace, name), &old);
         }

@@ -76,7 +76,7 @@ pub const LAST_APPLIED_ANNOTATION: &str = "gitplane.io/last-applied";
 const SERVER_FIELDS: [&str; 5] = ["resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"];
 
 /// What a sync will do.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Plan {
     pub ops: Vec<Op>,
     /// Objects whose managed fields were changed outside Git; the ops restore them.

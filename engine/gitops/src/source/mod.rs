@@ -14,6 +14,7 @@ pub mod allocate;
 pub mod apply;
 pub mod autoscale;
 pub mod hooks;
+pub mod planned;
 pub mod podsecurity;
 mod push;
 pub mod reach;
@@ -113,6 +114,8 @@ pub struct SourceController {
     caches: std::sync::Mutex<HashMap<ObjectKey, SourceCache>>,
     /// What each Application owns and applied last (see [`apply::Inventory`]).
     inventories: std::sync::Mutex<HashMap<ObjectKey, apply::Inventory>>,
+    /// The push verdicts' plans of the commits they accepted (see [`planned`]).
+    plans: Arc<planned::Plans>,
     /// How far each sync in steps (hooks, waves) is.
     staging: std::sync::Mutex<HashMap<ObjectKey, staged::Staging>>,
     /// Synced, SyncFailed, Pruned and DriftCorrected.
@@ -332,6 +335,17 @@ impl Registry {
 }
 
 impl SourceController {
+    /// Syncs commit the push verdicts' plans left in `plans` (see [`planned`]).
+    pub fn with_plans(mut self, plans: Arc<planned::Plans>) -> Self {
+        self.plans = plans;
+        self
+    }
+
+    /// How the syncs used the push verdicts' plans.
+    pub fn plan_stats(&self) -> planned::PlanStats {
+        self.plans.stats()
+    }
+
     /// Services get their addresses and nodePorts from `ranges`.
     pub fn with_service_ranges(mut self, ranges: allocate::ServiceRanges) -> Self {
         self.service_ranges = ranges;
@@ -348,6 +362,7 @@ impl SourceController {
             resync: Duration::from_secs(60),
             caches: Default::default(),
             inventories: Default::default(),
+            plans: Default::default(),
             staging: Default::default(),
             events: Recorder::spawn(store.clone(), Source::component("gitplane-source")),
             store,
@@ -416,7 +431,7 @@ impl SourceController {
                 tracing::debug!(application = %id, commit = %applied.commit.id, "applied");
                 tracing::info!(application = %id, commit = %applied.commit.id, created = applied.plan.created,
                     updated = applied.plan.updated, pruned = applied.plan.pruned,
-                    drift = applied.plan.drifted.len(), ?elapsed, "synced");
+                    drift = applied.plan.drifted.len(), verdict_plan = applied.verdict_plan, ?elapsed, "synced");
                 let commit = short(&applied.commit.id);
                 for key in &applied.plan.drifted {
                     let message = format!("{key} was changed outside Git; restored to commit {commit}");
@@ -549,20 +564,31 @@ impl SourceController {
         }
         let commit = CommitInfo { id: head.id.clone(), subject: head.subject.clone() };
         let fail = |e: SyncError| (Some(commit.id.clone()), e);
-        // Only the files that changed since the last load are rendered and validated again.
-        let (source, validator, limits) =
-            (AppSource::from_spec(&app.spec), self.validator.clone(), self.limits.clone());
-        let (loaded, cache) = tokio::task::spawn_blocking(move || {
-            let loaded = gitplane_source::load_commit(&head, &source, &validator, &limits, &mut cache);
-            (loaded, cache)
-        })
-        .await
-        .map_err(|e| fail(SyncError::Transient(format!("loading the commit failed: {e}"))))?;
-        self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), cache);
-        let manifests = loaded.map_err(|e| match e {
-            LoadError::Invalid(errors) => fail(SyncError::Invalid(errors)),
-            LoadError::Source(e) => fail(e.into()),
-        })?;
+        // The push verdict of this commit loaded it (and planned it) already.
+        let verdict = (reason == Reason::Commit).then(|| self.plans.take(&key, &head.id, &app.spec)).flatten();
+        let (manifests, verdict_plan) = match verdict {
+            Some(planned) => {
+                self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), cache);
+                (planned.manifests, Some((planned.plan, planned.changes)))
+            }
+            None => {
+                // Only the files that changed since the last load are rendered and validated again.
+                let (source, validator, limits) =
+                    (AppSource::from_spec(&app.spec), self.validator.clone(), self.limits.clone());
+                let (loaded, cache) = tokio::task::spawn_blocking(move || {
+                    let loaded = gitplane_source::load_commit(&head, &source, &validator, &limits, &mut cache);
+                    (loaded, cache)
+                })
+                .await
+                .map_err(|e| fail(SyncError::Transient(format!("loading the commit failed: {e}"))))?;
+                self.caches.lock().unwrap_or_else(|e| e.into_inner()).insert(key.clone(), cache);
+                let manifests = loaded.map_err(|e| match e {
+                    LoadError::Invalid(errors) => fail(SyncError::Invalid(errors)),
+                    LoadError::Source(e) => fail(e.into()),
+                })?;
+                (manifests, None)
+            }
+        };
         tracing::debug!(application = %app_id(app), commit = %commit.id, manifests = manifests.len(), "commit loaded");
         let mut inventory = self.inventories.lock().unwrap_or_else(|e| e.into_inner()).remove(&key).unwrap_or_default();
         if reason == Reason::Reconcile {
@@ -589,16 +615,18 @@ impl SourceController {
             return match stepped {
                 Ok(staged::Stepped::Waiting(why)) => Ok(Synced::Stepping(why)),
                 Ok(staged::Stepped::Done(plan)) => {
-                    Ok(Synced::Applied(Box::new(Applied { commit, plan, status_written: false })))
+                    Ok(Synced::Applied(Box::new(Applied { commit, plan, status_written: false, verdict_plan: false })))
                 }
                 Err(e) => Err(fail(e)),
             };
         }
-        let applied = self.apply(app, &manifests, &mut inventory, informer, &status, None).await;
+        let applied = self.apply(app, &manifests, verdict_plan, &mut inventory, informer, &status, None).await;
         self.inventories.lock().unwrap_or_else(|e| e.into_inner()).insert(key, inventory);
         match applied {
-            Ok((plan, _)) if plan.ops.is_empty() && handled => Ok(Synced::Nothing),
-            Ok((plan, status_written)) => Ok(Synced::Applied(Box::new(Applied { commit, plan, status_written }))),
+            Ok((plan, ..)) if plan.ops.is_empty() && handled => Ok(Synced::Nothing),
+            Ok((plan, status_written, verdict_plan)) => {
+                Ok(Synced::Applied(Box::new(Applied { commit, plan, status_written, verdict_plan })))
+            }
             Err(e) => Err(fail(e)),
         }
     }
@@ -606,17 +634,22 @@ impl SourceController {
     /// Plans the manifests against the store and commits the plan as one transaction, with the
     /// Application's new status when `status` gives one for the plan (written over the
     /// Application as the store has it); plans again (in full) when a concurrent writer got in
-    /// between; `inventory` follows. Whether the status was written. With a `part` (which
-    /// objects, whether to prune), only that part of the plan is committed: one wave's.
+    /// between; `inventory` follows. Whether the status was written, and whether the verdict's
+    /// plan was committed. `verdict`: the push verdict's plan of these manifests and the
+    /// cache's count of changes it read, committed instead of a plan of its own while the cache
+    /// still reads that count. With a `part` (which objects, whether to prune), only that part
+    /// of the plan is committed: one wave's.
+    #[allow(clippy::too_many_arguments)]
     async fn apply(
         &self,
         app: &Application,
         manifests: &[Arc<gitplane_source::Manifest>],
+        mut verdict: Option<(apply::Plan, u64)>,
         inventory: &mut apply::Inventory,
         informer: &Informer,
         status: &(dyn Fn(&apply::Plan, &Application) -> Option<Application> + Sync),
         part: Option<Part<'_>>,
-    ) -> Result<(apply::Plan, bool), SyncError> {
+    ) -> Result<(apply::Plan, bool, bool), SyncError> {
         let id = app_id(app);
         let policy = apply::Policy {
             app: &id,
@@ -628,7 +661,13 @@ impl SourceController {
         // `None` once the Application is gone: the objects are still written, as before.
         let mut current = Some(app.clone());
         for _ in 0..CONFLICT_RETRIES {
-            let plan = {
+            let reused = verdict
+                .take()
+                .and_then(|(plan, planned_at)| self.plans.reuse(plan, planned_at, informer.cache().changes()));
+            let verdict_plan = reused.is_some();
+            let plan = if let Some(plan) = reused {
+                plan
+            } else {
                 let (namespaces, nodes) = names(informer.cache());
                 let stored = Accepted(informer.cache());
                 let cluster = apply::Cluster {
@@ -647,7 +686,7 @@ impl SourceController {
             let updated = current.as_ref().and_then(|current| status(&plan, current));
             if plan.ops.is_empty() && updated.is_none() {
                 inventory.record(&plan, [], policy.prune);
-                return Ok((plan, false));
+                return Ok((plan, false, verdict_plan));
             }
             let with_status = updated.is_some();
             let mut ops = graceful(&plan.ops, informer.cache());
@@ -659,7 +698,7 @@ impl SourceController {
                     if !plan.ops.is_empty() {
                         informer.wait_for(committed.revision).await;
                     }
-                    return Ok((plan, with_status));
+                    return Ok((plan, with_status, verdict_plan));
                 }
                 Err(e) if e.is_conflict() || e.is_already_exists() || e.is_not_found() => {
                     last_conflict = Some(e.to_string());
@@ -1084,6 +1123,8 @@ struct Applied {
     plan: apply::Plan,
     /// The status went into the objects' transaction.
     status_written: bool,
+    /// The push verdict's plan was committed (see [`planned`]).
+    verdict_plan: bool,
 }
 
 /// Whether a sync that applied `plan` may have changed the Application's health: its sync
@@ -1800,5 +1841,59 @@ mod tests {
         assert_eq!(drift.involved_object.uid, restored.metadata.uid, "kubectl describe matches on the uid");
         assert_eq!(drift.source.and_then(|s| s.component).as_deref(), Some("gitplane-source"));
         loop_.abort();
+    }
+    /// A push judged, then synced: the sync commits the verdict's plan while the cache reads as
+    /// the verdict's plan read it, and plans again when the store moved in between; either way
+    /// a fresh full plan afterwards finds nothing to do.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sync_commits_the_verdicts_plan_unless_the_store_moved() {
+        let (store, controller, repo) = setup().await;
+        let informers = Arc::new(gitplane_store::informer::SharedInformerFactory::new(store.clone(), watched_kinds()));
+        let verdicts = verdict::Verdicts::new(
+            store.clone(),
+            informers.clone(),
+            apply::RecordKey::new([1; 32]),
+            allocate::ServiceRanges::default(),
+        );
+        let controller = controller.with_plans(verdicts.plans());
+        let informer = informers.informer();
+        let apps = Api::<Application>::new(store.clone());
+        apps.create(&app("a")).await.unwrap();
+        let git = git2::Repository::open_bare(repo.dir.path().join("app.git")).unwrap();
+        let sync = |reason: Reason| {
+            let (store, apps, informer, controller) = (&store, &apps, &informer, &controller);
+            async move {
+                informer.wait_for(store.revision().await.unwrap()).await;
+                let current = apps.get("gitplane-system", "a").await.unwrap().unwrap();
+                controller.sync(&current, reason, informer).await.result
+            }
+        };
+        let mut head = repo.commit(&[("cm.yaml", CM)]).parse().unwrap();
+        assert_eq!(sync(Reason::Commit).await, "Synced");
+        let configmaps = Api::<ConfigMap>::new(store.clone());
+        // (value pushed, whether the store moves between the verdict and the sync, stats after)
+        let cases = [("2", false, (1, 1, 0)), ("3", true, (2, 1, 1))];
+        for (value, moved, (kept, reused, replanned)) in cases {
+            // The pushed commit, judged while the branch still points at its parent.
+            let pushed = test_commit(&git, &[("cm.yaml", &CM.replace("\"1\"", &format!("\"{value}\"")))], Some(head));
+            git.reference("refs/heads/main", head, true, "the push is not in yet").unwrap();
+            informer.wait_for(store.revision().await.unwrap()).await;
+            let update = verdict::RefUpdate { old: head, new: pushed, name: "refs/heads/main".into() };
+            let judged = verdicts.judge(&repo.dir.path().join("app.git"), None, &[update]).await;
+            assert!(judged.accept, "{}", judged.output);
+            git.reference("refs/heads/main", pushed, true, "the push").unwrap();
+            head = pushed;
+            if moved {
+                let other = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "other", "namespace": "default"}});
+                configmaps.create(&serde_json::from_value(other).unwrap()).await.unwrap();
+            }
+            assert_eq!(sync(Reason::Commit).await, "Synced", "{value}");
+            let stats = controller.plan_stats();
+            assert_eq!((stats.kept, stats.reused, stats.replanned), (kept, reused, replanned), "{value}");
+            let cm = configmaps.get("default", "settings").await.unwrap().unwrap();
+            assert_eq!(cm.data.unwrap()["a"], value);
+            assert_eq!(sync(Reason::Reconcile).await, "Unchanged", "a fresh plan finds nothing to do ({value})");
+        }
     }
 }

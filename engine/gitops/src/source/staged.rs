@@ -89,8 +89,8 @@ impl SourceController {
                     steps.steps[..=staging.step].iter().flat_map(|s| &s.resources).collect();
                 let last = steps.steps[staging.step + 1..].iter().all(|s| s.resources.is_empty());
                 let keep = |k: &ObjectKey| wanted.contains(k);
-                let (plan, _) =
-                    self.apply(app, manifests, inventory, informer, &|_, _| None, Some((&keep, last))).await?;
+                let (plan, ..) =
+                    self.apply(app, manifests, None, inventory, informer, &|_, _| None, Some((&keep, last))).await?;
                 match &mut staging.applied {
                     Some(applied) => applied.absorb(plan),
                     None => staging.applied = Some(plan),

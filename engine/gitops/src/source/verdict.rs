@@ -31,9 +31,18 @@
 //! events have been applied up to the Application's own last write (the informer's own lag,
 //! not a sync's), so the inventory agrees with the cache it plans against.
 //!
+//! An accepted plan against the stored objects (not a pending parent's) is left for the sync of
+//! the commit ([`super::planned`]), which commits it if the cache has not moved since.
+//!
 //! Every verdict logs where its time went ([`Phases`]).
 
-use super::{Accepted, allocate::ServiceRanges, app_id, app_key, apply, names, owner_key, reference};
+use super::{
+    Accepted,
+    allocate::ServiceRanges,
+    app_id, app_key, apply, names, owner_key,
+    planned::{Planned, Plans},
+    reference,
+};
 use gitplane_api::events::{Source, WARNING};
 use gitplane_api::object::resource_version;
 use gitplane_api::{Application, object::APPLICATION_ANNOTATION};
@@ -139,6 +148,8 @@ pub struct Verdicts {
     caches: Mutex<HashMap<ObjectKey, SourceCache>>,
     /// Per Application: what the verdicts' plans found stored as Git wants it.
     inventories: Arc<Mutex<HashMap<ObjectKey, apply::Inventory>>>,
+    /// The plans of accepted commits, for their syncs.
+    plans: Arc<Plans>,
     events: Recorder,
 }
 
@@ -169,7 +180,14 @@ impl Verdicts {
             informer: tokio::sync::OnceCell::new(),
             caches: Mutex::default(),
             inventories: Arc::default(),
+            plans: Arc::default(),
         }
+    }
+
+    /// Where the verdicts leave their plans for the syncs that follow (the source controller
+    /// of this replica takes them).
+    pub fn plans(&self) -> Arc<Plans> {
+        self.plans.clone()
     }
 
     async fn informer(&self) -> Option<&Informer> {
@@ -360,6 +378,8 @@ impl Verdicts {
             allow_empty: app.spec.allow_empty,
             record_key: &self.record_key,
         };
+        // Read before anything the plan reads: equal after it, the plan saw one state.
+        let changes = informer.cache().changes();
         let (namespaces, nodes) = names(informer.cache());
         let stored = Accepted(informer.cache());
         let mut inventories = self.inventories.lock().unwrap_or_else(|e| e.into_inner());
@@ -416,6 +436,7 @@ impl Verdicts {
             // recorded: those objects are not stored yet.
             inventory.record(plan, [], false);
         }
+        drop(inventories);
         phases.plan += started.elapsed();
         match planned {
             Ok(plan) => {
@@ -426,6 +447,18 @@ impl Verdicts {
                     let _ = writeln!(described, "  {line}");
                 }
                 phases.output += started.elapsed();
+                // The sync of this commit commits this plan unless the cache moves first. A plan
+                // against a pending parent's writes is not what the store will hold.
+                if after_parent.is_none() && informer.cache().changes() == changes {
+                    let planned = Planned {
+                        commit: update.new.to_string(),
+                        spec: app.spec.clone(),
+                        changes,
+                        manifests: manifests.clone(),
+                        plan: plan.clone(),
+                    };
+                    self.plans.keep(app_key(app), planned);
+                }
                 Judged::Plan { plan, described }
             }
             Err(errors) => Judged::Rejected(lines(&errors)),
