@@ -177,7 +177,11 @@ async fn t66_config_maps_and_secrets_reach_containers_and_update_in_place() -> R
         .with_context(|| format!("reader is not Running: {:?}\n{}", pod(&cluster, "reader"), cluster.log_text()))?;
 
     // Env: valueFrom, resourceFieldRef and envFrom (with its prefix).
-    let hosts = read(&cluster, &reader, "/etc/hosts")?;
+    // `ctr tasks exec` can lose the output of a command that exits at once: read until some came.
+    let hosts = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || read(&cluster, &reader, "/etc/hosts").ok().filter(|hosts| !hosts.is_empty()))
+    })
+    .context("/etc/hosts is empty")?;
     let ip = pod(&cluster, "reader")?["status"]["podIP"].as_str().unwrap_or_default().to_owned();
     for line in [
         "# Kubernetes-managed hosts file.",
@@ -239,13 +243,24 @@ async fn t66_config_maps_and_secrets_reach_containers_and_update_in_place() -> R
     })
     .with_context(|| format!("nonroot does not wait: {:?}", pod(&cluster, "nonroot")))?;
     ensure!(waiting["message"] == expected.as_str(), "nonroot's waiting state: {waiting}");
-    let events = cluster.get("/api/v1/namespaces/default/events")?;
-    let said = events["items"].as_array().into_iter().flatten().any(|e| {
-        e["involvedObject"]["name"] == "nonroot"
-            && e["reason"] == "Failed"
-            && e["message"] == format!("Error: {expected}").as_str()
+    // Events are recorded apart from the status: the Event may come a moment after it.
+    let said = tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || {
+            let events = cluster.get("/api/v1/namespaces/default/events").ok()?;
+            events["items"]
+                .as_array()?
+                .iter()
+                .any(|e| {
+                    e["involvedObject"]["name"] == "nonroot"
+                        && e["reason"] == "Failed"
+                        && e["message"] == format!("Error: {expected}").as_str()
+                })
+                .then_some(())
+        })
     });
-    ensure!(said, "no Failed Event for nonroot: {events}");
+    said.with_context(|| {
+        format!("no Failed Event for nonroot: {:?}", cluster.get("/api/v1/namespaces/default/events"))
+    })?;
 
     // A volume that names a missing ConfigMap: the Pod waits, saying which.
     let waiting = tokio::task::block_in_place(|| {
