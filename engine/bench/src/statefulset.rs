@@ -107,7 +107,7 @@ async fn run(args: &StatefulSetArgs, gitplane: &Path) -> Result<()> {
     // Something stays, so that removing a workload is not an empty render (which is refused).
     std::fs::write(work.join("keep.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: bench-keep\n")?;
     push(&work, "no demo workload").await?;
-    wait_for_pods(&up, 0).await?;
+    wait_for_count(&up, PODS, 0).await?;
 
     let workloads = workloads(args.replicas);
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); workloads.len()];
@@ -140,10 +140,10 @@ async fn run(args: &StatefulSetArgs, gitplane: &Path) -> Result<()> {
             times[i].push(took);
             std::fs::remove_file(work.join("bench.yaml"))?;
             push(&work, "no workload").await?;
-            wait_for_pods(&up, 0).await?;
+            wait_for_count(&up, PODS, 0).await?;
             if *claims {
-                wait_empty(&up, "/api/v1/namespaces/default/persistentvolumeclaims").await?;
-                wait_empty(&up, "/api/v1/persistentvolumes").await?;
+                wait_for_count(&up, "/api/v1/namespaces/default/persistentvolumeclaims", 0).await?;
+                wait_for_count(&up, "/api/v1/persistentvolumes", 0).await?;
             }
         }
     }
@@ -266,22 +266,6 @@ impl ClaimWatch {
     }
 }
 
-/// Waits until the list at `path` is empty.
-async fn wait_empty(up: &Up, path: &str) -> Result<()> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Ok(list) = up.get(path).await
-            && list["items"].as_array().is_some_and(Vec::is_empty)
-        {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!("{path} was not empty within {DEADLINE:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 async fn push(work: &Path, message: &str) -> Result<()> {
     git(git_in(work).args(["add", "--all"])).await?;
     git(git_in(work).args(["commit", "--quiet", "--allow-empty", "-m", message])).await?;
@@ -305,17 +289,20 @@ async fn wait_ready(up: &Up, plural: &str, replicas: u32) -> Result<()> {
     }
 }
 
-/// Waits until `count` Pods labelled `app=bench` exist.
-async fn wait_for_pods(up: &Up, count: usize) -> Result<()> {
+/// The bench's Pods (labelled `app=bench`).
+const PODS: &str = "/api/v1/namespaces/default/pods?labelSelector=app%3Dbench";
+
+/// Waits until the list at `path` holds `count` items.
+async fn wait_for_count(up: &Up, path: &str, count: usize) -> Result<()> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        if let Ok(list) = up.get("/api/v1/namespaces/default/pods?labelSelector=app%3Dbench").await
-            && list["items"].as_array().map_or(0, Vec::len) == count
+        if let Ok(list) = up.get(path).await
+            && list["items"].as_array().map(Vec::len) == Some(count)
         {
             return Ok(());
         }
         if Instant::now() >= deadline {
-            bail!("the bench Pods did not come to {count} within {DEADLINE:?}");
+            bail!("{path} did not come to {count} items within {DEADLINE:?}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
