@@ -4,7 +4,8 @@
 //! Pods wait in one [`WorkQueue`], as kube-scheduler's queues, run by the work queue's loop
 //! runner: a Pod that fits nowhere is parked until a change of the cluster could make room (a
 //! Node changed, a bound Pod was deleted or finished) or at most [`MAX_UNSCHEDULABLE_STAY`]; a Pod
-//! whose binding fails is retried after a per-Pod backoff. No failure drops a Pod.
+//! whose binding fails is retried after a per-Pod backoff, one that lost a compare-and-swap
+//! soon. No failure drops a Pod.
 
 use crate::framework::{NamespaceLabels, NodeInfo, Profile, ScheduleError};
 use crate::volume_binding::{self, PodVolumes};
@@ -34,6 +35,9 @@ type Queue = WorkQueue<PodId, Reason>;
 
 /// kube-scheduler's podInitialBackoff and podMaxBackoff.
 const BACKOFF: Backoff = Backoff { initial: Duration::from_secs(1), max: Duration::from_secs(10) };
+/// A binding that lost its compare-and-swap is tried again after this, without growing the
+/// Pod's backoff.
+const CONFLICT_RETRY: Duration = Duration::from_millis(100);
 /// The longest an unschedulable Pod waits for a cluster event before it is tried again. Every
 /// change that can make room wakes it sooner, so this only bounds the cost of a missed one;
 /// kube-scheduler waits 5 minutes, gitplane a minute, as a pass over the nodes is cheap.
@@ -58,7 +62,7 @@ pub enum Reason {
     PodDeleted,
     /// A bound Pod Succeeded or Failed, which frees its room.
     PodFinished,
-    /// The binding failed; tried again after the Pod's backoff.
+    /// The binding failed; tried again after the Pod's backoff (a conflict: soon).
     BindFailed,
     /// An unschedulable Pod waited [`MAX_UNSCHEDULABLE_STAY`] without a cluster event.
     UnschedulableTimeout,
@@ -331,14 +335,17 @@ impl Reconcile for Scheduler {
                 }
                 Err(e) => {
                     crate::metrics::attempt("error", started.elapsed());
-                    let backoff = queue.next_backoff(&pod_id);
                     if e.is_conflict() {
-                        // Our cache was behind a concurrent writer.
-                        tracing::debug!(error = %e, pod = %name, ?backoff, "binding conflicted, retrying");
+                        // Our cache was behind a concurrent writer (the binder on a claim, a
+                        // controller on the Pod): it heals once the cache catches up, so retry
+                        // soon rather than after the Pod's backoff of a second or more.
+                        tracing::debug!(error = %e, pod = %name, "binding conflicted, retrying");
+                        Requeue::RetryAfter(CONFLICT_RETRY, Reason::BindFailed)
                     } else {
+                        let backoff = queue.next_backoff(&pod_id);
                         tracing::warn!(error = %e, pod = %name, %node, ?backoff, "binding failed, retrying");
+                        Requeue::Backoff(Reason::BindFailed)
                     }
-                    Requeue::Backoff(Reason::BindFailed)
                 }
             },
             Err(unschedulable) => {
