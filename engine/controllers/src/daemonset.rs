@@ -17,7 +17,7 @@ use crate::{
     names,
     owner::{controller_ref, controllers_of},
     plan::Op,
-    replicaset::{is_ready, is_terminating, pod_events},
+    replicaset::{availability, is_ready, is_terminating, pod_events},
     runtime::all_of,
 };
 use gitplane_api::events::{NORMAL, WARNING};
@@ -32,7 +32,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -113,25 +113,6 @@ fn is_updated(pod: &Pod, hash: &str) -> bool {
 /// Finished, or terminating: no longer the node's daemon Pod.
 fn is_finished(pod: &Pod) -> bool {
     !crate::replicaset::is_active(pod)
-}
-
-/// Ready for at least `min_ready` (upstream's `IsPodAvailable`): when not yet, the time it will be.
-fn availability(pod: &Pod, min_ready: i32, now: Timestamp) -> Result<(), Option<Timestamp>> {
-    if !is_ready(pod) {
-        return Err(None);
-    }
-    if min_ready <= 0 {
-        return Ok(());
-    }
-    let since = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map_or(now, |t| t.0);
-    let at = since.checked_add(SignedDuration::from_secs(i64::from(min_ready))).unwrap_or(since);
-    if at <= now { Ok(()) } else { Err(Some(at)) }
 }
 
 /// Bound Pods first, then the oldest, then by name (`podByCreationTimestampAndPhase`).
