@@ -108,17 +108,51 @@ pub struct NodeInfo {
     /// Which of `pods` have inter-Pod affinity or anti-affinity terms (few do; they are what
     /// other Pods' placement is checked against).
     pub with_affinity: Vec<usize>,
+    /// Its Ready condition is True (what NodeReady reads of every node in every cycle).
+    pub ready: bool,
+    /// The sizes of the images the node holds, by each of their names as the runtime names
+    /// them (what ImageLocality looks up).
+    pub images: HashMap<String, i64>,
+}
+
+fn is_ready(node: &Node) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn node_images(node: &Node) -> HashMap<String, i64> {
+    let images = node.status.as_ref().and_then(|s| s.images.as_deref()).unwrap_or_default();
+    let named = images.iter().flat_map(|i| i.names.iter().flatten().map(|n| (n, i.size_bytes.unwrap_or(0))));
+    named.map(|(name, size)| (normalized_image(name), size)).collect()
+}
+
+/// An image reference as the runtime names it: `nginx` -> `docker.io/library/nginx:latest`.
+pub fn normalized_image(image: &str) -> String {
+    let (name, tagged) = match image.rsplit_once('/') {
+        Some((_, last)) => (image.to_owned(), last.contains(':') || last.contains('@')),
+        None => (image.to_owned(), image.contains(':') || image.contains('@')),
+    };
+    let first = name.split('/').next().unwrap_or_default();
+    let has_registry = name.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let name = match (has_registry, name.contains('/')) {
+        (true, _) => name,
+        (false, true) => format!("docker.io/{name}"),
+        (false, false) => format!("docker.io/library/{name}"),
+    };
+    if tagged { name } else { format!("{name}:latest") }
 }
 
 impl NodeInfo {
     /// The node changed (its labels, taints, allocatable, conditions); its Pods stay counted.
     pub fn set_node(&mut self, node: Node) {
         self.allocatable = node_allocatable(&node);
+        self.images = node_images(&node);
+        self.ready = is_ready(&node);
         self.node = node;
     }
 
     pub fn new(node: Node) -> Self {
-        let allocatable = node_allocatable(&node);
+        let (allocatable, images, ready) = (node_allocatable(&node), node_images(&node), is_ready(&node));
         NodeInfo {
             node,
             allocatable,
@@ -128,6 +162,8 @@ impl NodeInfo {
             pods: Vec::new(),
             host_ports: Vec::new(),
             with_affinity: Vec::new(),
+            ready,
+            images,
         }
     }
 
