@@ -189,6 +189,8 @@ impl Scheduler {
         tokio::spawn(async move {
             let result = bind(&*store, &pod, &node, &volumes).await;
             drop(permit);
+            // Measured at the commit, not when the loop gets to the outcome.
+            crate::metrics::attempt(if result.is_ok() { "scheduled" } else { "error" }, started.elapsed());
             let _ = bound.send(Binding { pod_id, pod, node, started, result });
         });
     }
@@ -199,13 +201,11 @@ impl Scheduler {
         let name = format!("{}/{}", pod_id.0, pod_id.1);
         match result {
             Ok(()) => {
-                crate::metrics::attempt("scheduled", started.elapsed());
                 tracing::info!(pod = %name, %node, elapsed = ?started.elapsed(), "bound");
                 let message = format!("Successfully assigned {name} to {node}");
                 self.events.event(reference(&pod), NORMAL, "Scheduled", &message);
             }
             Err(e) => {
-                crate::metrics::attempt("error", started.elapsed());
                 // Still assumed: the cache has not shown it bound, deleted or finished since.
                 if self.assumed.get(&pod_id).is_some_and(|(n, _)| *n == node) {
                     self.assumed.remove(&pod_id);
