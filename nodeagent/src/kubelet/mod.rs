@@ -2,6 +2,7 @@
 //! kubelet runs on it: the runtime manager, the pod workers and the PLEG, the prober, container
 //! logs, the node's status and pressure, resource usage and the kubelet endpoint.
 
+pub mod admission;
 pub mod containerd;
 pub mod credentialprovider;
 pub mod cri;
