@@ -178,7 +178,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
             .map_err(|source| AgentError::RegistryHosts { dir: dir.clone(), source })?;
     }
     let Some(Registered { pod_cidr, client, client_pair, serving, certificate_authority }) =
-        register(&cfg, &runtime_version, &mut shutdown).await?
+        register(&cfg, &runtime_version, None, &mut shutdown).await?
     else {
         return Ok(());
     };
@@ -492,24 +492,26 @@ fn kubelet_ip(cfg: &AgentConfig) -> Result<std::net::IpAddr, AgentError> {
 }
 
 /// What registration gave the node.
-struct Registered {
-    pod_cidr: String,
+pub(crate) struct Registered {
+    pub pod_cidr: String,
     /// The node service's clients from now on (showing the node's new client certificate).
-    client: Servers,
-    client_pair: Option<KeyAndCertificate>,
-    serving: Option<KeyAndCertificate>,
+    pub client: Servers,
+    pub client_pair: Option<KeyAndCertificate>,
+    pub serving: Option<KeyAndCertificate>,
     /// The cluster CA's certificate, as the control plane sent it.
-    certificate_authority: String,
+    pub certificate_authority: String,
 }
 
 /// Registers until it succeeds (`None` when shut down first), with a new key's certificate
 /// signing request, and keeps what it returns: the client and serving certificates, and the
 /// node credential when there is one (registrations over cleartext). The call authenticates
 /// with the kept client certificate if every server is HTTPS, else with the kept credential,
-/// else with the join token, and falls back to the join token when refused.
-async fn register(
+/// else with the join token, and falls back to the join token when refused. Calls go over
+/// `shared` connections where no certificate is shown on them ([`Servers::connect`]).
+pub(crate) async fn register(
     cfg: &AgentConfig,
     runtime_version: &str,
+    shared: Option<&[tonic::transport::Channel]>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<Option<Registered>, AgentError> {
     let ca = cfg.certificate_authority.as_deref();
@@ -521,7 +523,7 @@ async fn register(
         Some(_) => Token::none(),
         None => Token::load(&credentials)?,
     };
-    let mut client = Servers::new(&cfg.servers, token.clone(), ca, identity.as_ref())?;
+    let mut client = Servers::connect(&cfg.servers, token.clone(), ca, identity.as_ref(), shared)?;
     let (key, csr) = certificate::request(&cfg.node_name).map_err(|e| AgentError::Certificate(e.to_string()))?;
     let mut node = node::describe(&cfg.node_name, cfg.node_ip.as_deref(), runtime_version, &cfg.node);
     server::advertise(&mut node, cfg.kubelet_port);
@@ -534,7 +536,7 @@ async fn register(
                 let r = r.into_inner();
                 match keep(cfg, &files, &token, &key, &r) {
                     Ok((client_pair, serving)) => {
-                        let client = Servers::new(&cfg.servers, token, ca, client_pair.as_ref())?;
+                        let client = Servers::connect(&cfg.servers, token, ca, client_pair.as_ref(), shared)?;
                         let certificate_authority = r.certificate_authority;
                         let pod_cidr = r.pod_cidr;
                         return Ok(Some(Registered { pod_cidr, client, client_pair, serving, certificate_authority }));
@@ -547,7 +549,7 @@ async fn register(
                 // again, if we can.
                 let fallback = token.fall_back_to_join(&credentials);
                 if identity.take().is_some() {
-                    client = Servers::new(&cfg.servers, token.clone(), ca, None)?;
+                    client = Servers::connect(&cfg.servers, token.clone(), ca, None, shared)?;
                 }
                 tracing::warn!(
                     server = %cfg.servers[server],

@@ -102,6 +102,13 @@ pub struct AgentArgs {
     /// certificates and key are kept next to it (`kubelet-client.pem`, `kubelet-server.pem`).
     #[arg(long, default_value = "/var/lib/gitplane/node-credential")]
     pub credential_file: PathBuf,
+    /// Runs this many hollow nodes instead of this node (kubemark's hollow kubelet, for scale
+    /// tests): `<node-name>-1` … `<node-name>-N`, each registered with its own key and
+    /// credential (kept in a directory of its name beside --credential-file), renewing its
+    /// Lease and taking the Pods bound to it to Running and Ready without running them. No
+    /// container runtime, network or kubelet endpoint is used.
+    #[arg(long, default_value_t = 0)]
+    pub hollow: usize,
     /// The port of the node's kubelet endpoint, on --node-ip (else loopback), where the
     /// control plane reads container logs (the kubelet's --port).
     #[arg(long, default_value_t = gitplane_kubelet::DEFAULT_PORT)]
@@ -204,12 +211,16 @@ impl AgentArgs {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
+    let hollow = args.hollow;
     let cfg = args.into_config()?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         stop_signal().await;
         let _ = stop.send(true);
     });
+    if hollow > 0 {
+        return crate::hollow::run(cfg, hollow, stopped).await;
+    }
     agent::run(cfg, stopped).await
 }
 

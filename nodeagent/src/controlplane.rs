@@ -152,13 +152,13 @@ pub(crate) struct Servers {
     current: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-/// Clients of `servers`; `https://` ones trust the CA `ca` only and are shown `identity`.
-fn clients(
+/// Connections to `servers`; `https://` ones trust the CA `ca` only and are shown `identity`.
+/// A channel is one HTTP/2 connection that its clones share.
+pub(crate) fn channels(
     servers: &[String],
-    token: &Token,
     ca: Option<&str>,
     identity: Option<&KeyAndCertificate>,
-) -> Result<Vec<Client>, ControlPlaneError> {
+) -> Result<Vec<Channel>, ControlPlaneError> {
     servers
         .iter()
         .map(|server| {
@@ -174,14 +174,27 @@ fn clients(
                     .tls_config(tls)
                     .map_err(|source| ControlPlaneError::Server { server: server.clone(), source })?;
             }
-            let channel = endpoint
+            Ok(endpoint
                 .connect_timeout(Duration::from_secs(5))
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_while_idle(true)
-                .connect_lazy();
-            Ok(NodeServiceClient::with_interceptor(channel, token.clone()))
+                .connect_lazy())
         })
         .collect()
+}
+
+/// Clients of `servers`, showing `identity` to the `https://` ones.
+fn clients(
+    servers: &[String],
+    token: &Token,
+    ca: Option<&str>,
+    identity: Option<&KeyAndCertificate>,
+) -> Result<Vec<Client>, ControlPlaneError> {
+    Ok(with_token(channels(servers, ca, identity)?, token))
+}
+
+fn with_token(channels: Vec<Channel>, token: &Token) -> Vec<Client> {
+    channels.into_iter().map(|channel| NodeServiceClient::with_interceptor(channel, token.clone())).collect()
 }
 
 impl Servers {
@@ -209,6 +222,31 @@ impl Servers {
     /// Shows `identity` on every call from now on. Calls and streams under way keep their
     /// connections (a TLS session is authenticated once, at its handshake); later calls open
     /// new ones, and a stream opens its next one when it reconnects.
+    /// [`Servers::new`], on `shared` connections (one per server, made by [`channels`]
+    /// without an identity) when no server would be shown `identity`: every server is
+    /// cleartext, where the bearer token speaks for the node on each call, or there is no
+    /// identity. A client certificate is presented once per TLS connection, so a node showing
+    /// one has connections of its own.
+    pub(crate) fn connect(
+        servers: &[String],
+        token: Token,
+        ca: Option<&str>,
+        identity: Option<&KeyAndCertificate>,
+        shared: Option<&[Channel]>,
+    ) -> Result<Servers, ControlPlaneError> {
+        let shown = identity.is_some() && servers.iter().any(|s| s.starts_with("https://"));
+        match shared {
+            Some(channels) if !shown && !servers.is_empty() && channels.len() == servers.len() => Ok(Servers {
+                addresses: Arc::new(servers.to_vec()),
+                clients: Arc::new(RwLock::new(Arc::new(with_token(channels.to_vec(), &token)))),
+                token,
+                ca: ca.map(Arc::from),
+                current: Default::default(),
+            }),
+            _ => Servers::new(servers, token, ca, identity),
+        }
+    }
+
     pub(crate) fn present(&self, identity: &KeyAndCertificate) -> Result<(), ControlPlaneError> {
         let clients = clients(&self.addresses, &self.token, self.ca.as_deref(), Some(identity))?;
         *self.clients.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(clients);

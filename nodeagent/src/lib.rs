@@ -4,6 +4,7 @@ mod certificate_manager;
 pub mod cli;
 mod controlplane;
 pub mod events;
+pub mod hollow;
 pub mod host;
 pub mod kubelet;
 pub mod metrics;

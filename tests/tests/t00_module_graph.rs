@@ -55,6 +55,7 @@ const PURE: &[&str] = &[
     "engine/gitops/src/source/reach.rs",
     "engine/nodeservice/src/addresses.rs",
     "engine/scheduler/src/volume_binding.rs",
+    "nodeagent/src/hollow/addresses.rs",
     "nodeagent/src/kubelet/credentialprovider.rs",
     "nodeagent/src/kubelet/eviction/local_storage.rs",
     "nodeagent/src/kubelet/logs/cri_log.rs",

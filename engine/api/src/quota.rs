@@ -91,6 +91,11 @@ fn pod_compute(spec: &Value) -> Usage {
                 *entry = (*entry).max(m);
             }
         }
+        // Pod-level resources replace the containers' sum of the same resource, as upstream's
+        // quota counts them.
+        for (k, v) in spec["resources"][field].as_object().into_iter().flatten() {
+            sum.insert(k.clone(), v.as_str().and_then(parse_milli).unwrap_or(0));
+        }
         for (k, m) in sum {
             if field == "requests" && !k.starts_with("hugepages-") {
                 usage.insert(k.clone(), m);
@@ -258,6 +263,15 @@ mod tests {
              "Pod", "pods", "",
              vec![("count/pods", 1000), ("ephemeral-storage", 1024 * MI), ("limits.ephemeral-storage", 2048 * MI),
                   ("pods", 1000), ("requests.ephemeral-storage", 1024 * MI)]),
+            ("Pod-level requests replace the containers' sum",
+             {
+                 let mut p = pod(json!({"requests": {"cpu": "100m", "memory": "64Mi"}}));
+                 p["spec"]["resources"] = json!({"requests": {"cpu": "1"}});
+                 p
+             },
+             "Pod", "pods", "",
+             vec![("count/pods", 1000), ("cpu", 1000), ("memory", 64 * MI), ("pods", 1000), ("requests.cpu", 1000),
+                  ("requests.memory", 64 * MI)]),
             ("a NodePort Service", json!({"spec": {"type": "NodePort", "ports": [{"port": 80}, {"port": 443}]}}),
              "Service", "services", "",
              vec![("count/services", 1000), ("services", 1000), ("services.nodeports", 2000)]),

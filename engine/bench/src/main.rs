@@ -6,7 +6,8 @@
 //! `gitplane-bench services` Services across the nodes of `gitplane up --nodes`; `gitplane-bench
 //! statefulset` StatefulSet rollouts against a Deployment's there; `gitplane-bench
 //! podstart` Pod start on one node against bare CRI calls; `gitplane-bench api` reads of the status
-//! API with 150,000 Pods stored. Progress goes to
+//! API with 150,000 Pods stored; `gitplane-bench scale` scheduling, rest and a Deployment on
+//! thousands of hollow nodes. Progress goes to
 //! stderr, one Markdown table to stdout.
 
 mod api;
@@ -24,6 +25,7 @@ mod netpol;
 mod page;
 mod podstart;
 mod procs;
+mod scale;
 mod services;
 mod source;
 mod statefulset;
@@ -97,6 +99,11 @@ enum Command {
     /// OrderedReady and Parallel, against a Deployment of as many Pods in the same run. Prints
     /// one Markdown table.
     Statefulset(statefulset::StatefulSetArgs),
+    /// Hollow nodes (`gitplane agent --hollow`) beside one `gitplane server`: SchedulingBasic at
+    /// 500 and 5,000 nodes, the control plane's CPU and RSS while 5,000 nodes renew their
+    /// Leases, and a Deployment of 1,000 replicas from `git push` to Running. Prints one
+    /// Markdown table.
+    Scale(scale::ScaleArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
     SourceStep(source::StepArgs),
@@ -203,6 +210,7 @@ fn main() -> Result<()> {
         Command::Netpol(args) => netpol::main(args),
         Command::Idle(args) => idle::main(args),
         Command::Statefulset(args) => statefulset::main(args),
+        Command::Scale(args) => scale::main(args),
         Command::Podstart(args) => podstart::main(args),
         Command::Api(args) => api::main(args),
         Command::Page(args) => page::main(args),

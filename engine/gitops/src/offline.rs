@@ -86,7 +86,14 @@ fn load(args: &OfflineArgs) -> anyhow::Result<Vec<Arc<Manifest>>> {
     let app = AppSource { path, default_namespace: args.namespace.clone(), values_files, values };
     let loaded = load_dir(&root, &app, &Validator::new(), &Limits::default(), &mut SourceCache::new());
     let errors: Vec<String> = match loaded {
-        Ok(manifests) => return Ok(manifests),
+        Ok(manifests) => {
+            // What the server would accept and change silently, on stderr as the errors.
+            let mut err = std::io::stderr().lock();
+            for warning in manifests.iter().flat_map(|m| &m.warnings) {
+                writeln!(err, "warning: {warning}")?;
+            }
+            return Ok(manifests);
+        }
         Err(LoadError::Invalid(errors)) => errors.iter().map(ToString::to_string).collect(),
         Err(LoadError::Source(e)) => vec![e.to_string()],
     };

@@ -143,6 +143,15 @@ fn requests(pod: &Pod, of_container: impl Fn(Resources) -> Resources) -> Resourc
     }
     total.add(&sidecars);
     total.max(&init_peak);
+    // Pod-level requests replace what the containers add up to, resource by resource
+    // (kube-scheduler's `PodRequests` with PodLevelResources; cpu and memory only).
+    let pod_level = spec.resources.as_ref().and_then(|r| r.requests.as_ref());
+    if let Some(cpu) = amount(pod_level, "cpu", parse_milli) {
+        total.cpu_milli = cpu;
+    }
+    if let Some(memory) = amount(pod_level, "memory", parse_units) {
+        total.memory = memory;
+    }
     total.pods = 1;
     total
 }
@@ -202,6 +211,27 @@ mod tests {
             let pod: Pod =
                 serde_json::from_value(json!({"spec": {"initContainers": init, "containers": containers}})).unwrap();
             assert_eq!(pod_requests(&pod).cpu_milli, cpu, "{:?}", pod.spec);
+        }
+    }
+
+    /// Pod-level requests replace the containers' sum of the same resource, for fitting and
+    /// for scoring alike; a resource the Pod level leaves out is the containers'.
+    #[test]
+    fn pod_level_requests_replace_the_containers_sum() {
+        let containers = json!([
+            {"name": "a", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}},
+            {"name": "b"},
+        ]);
+        for (pod_level, fit, score) in [
+            (json!(null), (100, 64 << 20), (200, (64 << 20) + NON_ZERO_MEMORY)),
+            (json!({"requests": {"cpu": "1"}}), (1000, 64 << 20), (1000, (64 << 20) + NON_ZERO_MEMORY)),
+            (json!({"requests": {"cpu": "500m", "memory": "1Gi"}}), (500, 1 << 30), (500, 1 << 30)),
+        ] {
+            let pod: Pod =
+                serde_json::from_value(json!({"spec": {"resources": pod_level, "containers": containers}})).unwrap();
+            let (requests, scored) = (pod_requests(&pod), pod_score_requests(&pod));
+            assert_eq!((requests.cpu_milli, requests.memory), fit, "{pod_level}");
+            assert_eq!((scored.cpu_milli, scored.memory), score, "{pod_level}");
         }
     }
 

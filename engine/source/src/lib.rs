@@ -340,7 +340,15 @@ fn load_kustomization(
             .into_iter()
             .map(|m| {
                 let line = in_git(&m.file, m.line);
-                if line == m.line { m } else { Arc::new(Manifest { line, ..(*m).clone() }) }
+                if line == m.line && m.warnings.is_empty() {
+                    return m;
+                }
+                let mut m = (*m).clone();
+                m.line = line;
+                for w in &mut m.warnings {
+                    w.line = w.line.map(|l| in_git(&w.file, l));
+                }
+                Arc::new(m)
             })
             .collect()),
         Err(LoadError::Invalid(errors)) => Err(LoadError::Invalid(

@@ -71,6 +71,9 @@ pub struct Manifest {
     /// The object as written, with its namespace defaulted (namespaced kinds) and without
     /// `status` or fields set to `null`.
     pub value: Value,
+    /// What the API server would accept and change silently (a cluster-scoped object's
+    /// namespace, which it clears): shown as warnings, never refused.
+    pub warnings: Vec<ManifestError>,
 }
 
 impl fmt::Debug for Manifest {
@@ -81,6 +84,7 @@ impl fmt::Debug for Manifest {
             .field("line", &self.line)
             .field("key", &self.key)
             .field("value", &crate::redacted(&self.value))
+            .field("warnings", &self.warnings)
             .finish()
     }
 }
@@ -182,42 +186,22 @@ impl Validator {
         default_namespace: &str,
     ) -> Result<(Manifest, Locator), Vec<ManifestError>> {
         match self.check(&mut doc.value, default_namespace) {
-            Ok(key) => {
+            Ok((key, warnings)) => {
+                // Warning path only, as the error path: valid documents index no lines.
+                let warnings = if warnings.is_empty() { Vec::new() } else { located(&doc, warnings) };
                 let locator = doc.locator();
-                let manifest = Manifest { file: doc.file, index: doc.index, line: doc.line, key, value: doc.value };
+                let manifest =
+                    Manifest { file: doc.file, index: doc.index, line: doc.line, key, value: doc.value, warnings };
                 Ok((manifest, locator))
             }
             // Error path only: the label and the lines cost nothing to valid documents.
-            Err(problems) => {
-                let lines = doc.lines();
-                let mut located: Vec<_> = problems
-                    .into_iter()
-                    .map(|p| {
-                        let at = p.at.as_deref().or(p.pointer.as_deref()).unwrap_or("");
-                        (lines.line_of(at), p)
-                    })
-                    .collect();
-                located.sort_by_key(|(line, _)| *line);
-                let object = object_label(&doc.value);
-                Err(located
-                    .into_iter()
-                    .map(|(line, problem)| ManifestError {
-                        file: doc.file.clone(),
-                        line: Some(line),
-                        column: None,
-                        document: Some(doc.index),
-                        object: object.clone(),
-                        path: problem.pointer.filter(|p| !p.is_empty()),
-                        message: problem.message,
-                    })
-                    .collect())
-            }
+            Err(problems) => Err(located(&doc, problems)),
         }
     }
 
-    /// Checks one object and normalizes it (status dropped, namespace defaulted): its key, or
-    /// everything wrong with it.
-    fn check(&self, value: &mut Value, default_namespace: &str) -> Result<ObjectKey, Vec<Problem>> {
+    /// Checks one object and normalizes it (status dropped, namespace defaulted): its key and
+    /// what the API server would change silently, or everything wrong with it.
+    fn check(&self, value: &mut Value, default_namespace: &str) -> Result<(ObjectKey, Vec<Problem>), Vec<Problem>> {
         let Some(object) = value.as_object_mut() else {
             return Err(vec![Problem::whole(not_an_object(value))]);
         };
@@ -248,15 +232,16 @@ impl Validator {
         if !problems.is_empty() {
             return Err(problems);
         }
+        let warnings = ignored_namespace(value, info).into_iter().collect();
         let key = normalize(value, info, default_namespace)?;
         match generated {
             Some(prefix) => {
                 if let Some(metadata) = value["metadata"].as_object_mut() {
                     metadata.remove("name");
                 }
-                Ok(ObjectKey::new(key.kind, key.namespace, prefix))
+                Ok((ObjectKey::new(key.kind, key.namespace, prefix), warnings))
             }
-            None => Ok(key),
+            None => Ok((key, warnings)),
         }
     }
 
@@ -354,6 +339,32 @@ pub(crate) fn duplicates(accepted: &[&Accepted]) -> Vec<(usize, ManifestError)> 
     errors
 }
 
+/// Problems (or warnings) of a document at their lines, in line order.
+fn located(doc: &Document, problems: Vec<Problem>) -> Vec<ManifestError> {
+    let lines = doc.lines();
+    let mut located: Vec<_> = problems
+        .into_iter()
+        .map(|p| {
+            let at = p.at.as_deref().or(p.pointer.as_deref()).unwrap_or("");
+            (lines.line_of(at), p)
+        })
+        .collect();
+    located.sort_by_key(|(line, _)| *line);
+    let object = object_label(&doc.value);
+    located
+        .into_iter()
+        .map(|(line, problem)| ManifestError {
+            file: doc.file.clone(),
+            line: Some(line),
+            column: None,
+            document: Some(doc.index),
+            object: object.clone(),
+            path: problem.pointer.filter(|p| !p.is_empty()),
+            message: problem.message,
+        })
+        .collect()
+}
+
 /// `Deployment web`, as far as the object says.
 fn object_label(value: &Value) -> Option<String> {
     let kind = value.get("kind")?.as_str()?;
@@ -406,10 +417,13 @@ fn schema_problems(validator: &jsonschema::Validator, schema: &Value, value: &Va
                 .and_then(Value::as_object);
             // One error per field, each on its own line.
             for field in unexpected {
-                let mut message = format!("unknown field {field:?}");
-                if let Some(meant) = known.and_then(|known| closest(field, known.keys())) {
-                    message.push_str(&format!(" (did you mean {meant:?}?)"));
-                }
+                let message = match pod::newer_field(field) {
+                    Some(message) => message.to_owned(),
+                    None => match known.and_then(|known| closest(field, known.keys())) {
+                        Some(meant) => format!("unknown field {field:?} (did you mean {meant:?}?)"),
+                        None => format!("unknown field {field:?}"),
+                    },
+                };
                 problems.push(Problem {
                     at: Some(format!("{pointer}/{}", escape(field))),
                     pointer: Some(pointer.clone()),
@@ -527,16 +541,13 @@ fn metadata_problems(value: &Value, info: &KindInfo) -> Vec<Problem> {
             problems.push(Problem::at("/metadata/name", format!("{shown} is not a valid {} name: {why}", info.kind)));
         }
     }
-    if let Some(Value::String(namespace)) = metadata.get("namespace").filter(|ns| !is_empty_namespace(ns)) {
-        if !info.namespaced {
-            problems.push(Problem::at(
-                "/metadata/namespace",
-                format!("{} is cluster-scoped and takes no namespace: remove metadata.namespace", info.kind),
-            ));
-        } else if let Err(why) = DnsName::Label.check(namespace) {
-            let shown = show_value(kind, "/metadata/namespace", &Value::String(namespace.clone()));
-            problems.push(Problem::at("/metadata/namespace", format!("{shown} is not a valid namespace: {why}")));
-        }
+    // A cluster-scoped object's namespace is dropped with a warning (`ignored_namespace`).
+    if let Some(Value::String(namespace)) = metadata.get("namespace").filter(|ns| !is_empty_namespace(ns))
+        && info.namespaced
+        && let Err(why) = DnsName::Label.check(namespace)
+    {
+        let shown = show_value(kind, "/metadata/namespace", &Value::String(namespace.clone()));
+        problems.push(Problem::at("/metadata/namespace", format!("{shown} is not a valid namespace: {why}")));
     }
     for field in SERVER_MANAGED {
         if metadata.contains_key(field) {
@@ -735,13 +746,29 @@ fn is_empty_namespace(namespace: &Value) -> bool {
     namespace.is_null() || namespace.as_str() == Some("")
 }
 
+/// The warning for a cluster-scoped object written with a namespace: the API server clears it
+/// without a word (`rest.BeforeCreate`), and so does [`normalize`]; saying so costs nothing.
+fn ignored_namespace(value: &Value, info: &KindInfo) -> Option<Problem> {
+    let namespace = value["metadata"]["namespace"].as_str().filter(|ns| !ns.is_empty())?;
+    (!info.namespaced).then(|| {
+        Problem::at(
+            "/metadata/namespace",
+            format!(
+                "{} is cluster-scoped: its namespace {namespace:?} is ignored, as the API server ignores it; \
+                 remove metadata.namespace",
+                info.kind
+            ),
+        )
+    })
+}
+
 /// Defaults the namespace and returns the key. Runs on an object that passed its schema and the
 /// metadata checks.
 fn normalize(value: &mut Value, info: &KindInfo, default_namespace: &str) -> Result<ObjectKey, Vec<Problem>> {
     let Some(metadata) = value.get_mut("metadata").and_then(Value::as_object_mut) else {
         return Err(vec![Problem::whole("metadata is missing")]);
     };
-    if metadata.get("namespace").is_some_and(is_empty_namespace) {
+    if !info.namespaced || metadata.get("namespace").is_some_and(is_empty_namespace) {
         metadata.remove("namespace");
     }
     if info.namespaced && !metadata.contains_key("namespace") {
@@ -1011,11 +1038,6 @@ spec:
                    is not a valid Namespace name: must be no more than 63 characters"],
             ),
             (
-                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: prod\n  namespace: default\n".into(),
-                &["deploy.yaml:5: Namespace prod: /metadata/namespace: Namespace is cluster-scoped and takes no \
-                   namespace: remove metadata.namespace"],
-            ),
-            (
                 "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  uid: 1b4e28ba\n  resourceVersion: \"42\"\n"
                     .into(),
                 &[
@@ -1042,6 +1064,95 @@ spec:
         ];
         for (text, expected) in cases {
             assert_eq!(errors(&[("deploy.yaml", &text)]), expected, "{text}");
+        }
+    }
+
+    /// The API server clears a cluster-scoped object's namespace (`rest.BeforeCreate`): so does
+    /// gitplane, saying so.
+    #[test]
+    fn t10_cluster_scoped_objects_lose_their_namespace_with_a_warning() {
+        let cases = [
+            (
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: prod\n  namespace: default\n",
+                "Namespace prod",
+                &["deploy.yaml:5: Namespace prod: /metadata/namespace: Namespace is cluster-scoped: its namespace \
+                   \"default\" is ignored, as the API server ignores it; remove metadata.namespace"][..],
+            ),
+            (
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: reader\n  \
+                 labels: {a: b}\n  namespace: kubernetes-dashboard\nrules: []\n",
+                "ClusterRole.rbac.authorization.k8s.io reader",
+                &["deploy.yaml:6: ClusterRole reader: /metadata/namespace: ClusterRole is cluster-scoped: its \
+                   namespace \"kubernetes-dashboard\" is ignored, as the API server ignores it; remove \
+                   metadata.namespace"],
+            ),
+            ("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: prod\n  namespace: \"\"\n", "Namespace prod", &[]),
+            ("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  namespace: prod\n", "ConfigMap prod/c", &[]),
+        ];
+        for (yaml, key, warnings) in cases {
+            let manifests = check(&[("deploy.yaml", yaml)]).unwrap_or_else(|e| panic!("{yaml}: {e:?}"));
+            let m = &manifests[0];
+            assert_eq!(m.key.to_string(), key);
+            let namespace = m.value["metadata"].get("namespace");
+            assert_eq!(namespace.is_some(), key.contains('/'), "{:?}", m.value);
+            let got: Vec<String> = m.warnings.iter().map(ToString::to_string).collect();
+            assert_eq!(got, warnings);
+        }
+    }
+
+    /// resizePolicy and Pod-level requests are accepted; Pod-level limits, fields of a newer
+    /// Kubernetes and image volumes get one message each, saying what to do instead.
+    #[test]
+    fn t10_resize_policy_pod_level_resources_and_newer_fields() {
+        let container = "{name: c, image: i, resources: {requests: {cpu: 250m, memory: 64Mi}}}";
+        #[rustfmt::skip]
+        let cases: Vec<(String, Vec<String>)> = vec![
+            ("containers: [{name: c, image: i, resizePolicy: [{resourceName: cpu, restartPolicy: NotRequired}, {resourceName: memory, restartPolicy: RestartContainer}]}]".into(), vec![]),
+            (
+                "containers: [{name: c, image: i, resizePolicy: [{resourceName: cpu, restartPolicy: Sometimes}, {resourceName: cpu, restartPolicy: NotRequired}, {resourceName: pods, restartPolicy: NotRequired}]}]".into(),
+                vec![
+                    "/spec/containers/0/resizePolicy/0/restartPolicy: \"Sometimes\" is not a resize restart policy: use NotRequired or RestartContainer".into(),
+                    "/spec/containers/0/resizePolicy/1/resourceName: cpu has a resize policy already: keep one".into(),
+                    "/spec/containers/0/resizePolicy/2/resourceName: \"pods\" cannot be resized: use cpu or memory".into(),
+                ],
+            ),
+            (
+                "initContainers: [{name: i, image: i, resizePolicy: [{resourceName: cpu, restartPolicy: NotRequired}]}]\n  containers: [{name: c, image: i}]".into(),
+                vec!["/spec/initContainers/0/resizePolicy: resizePolicy is not allowed on an init container (only on containers and sidecars): remove it".into()],
+            ),
+            (format!("resources: {{requests: {{cpu: 500m, memory: 128Mi}}}}\n  containers: [{container}, {{name: d, image: i}}]"), vec![]),
+            (
+                format!("resources: {{requests: {{cpu: 400m}}}}\n  initContainers: [{{name: s, image: i, restartPolicy: Always, resources: {{requests: {{cpu: 200m}}}}}}]\n  containers: [{container}]"),
+                vec!["/spec/resources/requests/cpu: the Pod's cpu request \"400m\" is less than its containers' 450m together: raise it, or lower theirs".into()],
+            ),
+            (
+                format!("resources: {{limits: {{cpu: \"1\"}}, requests: {{nvidia.com/gpu: 1}}}}\n  containers: [{container}]"),
+                vec![
+                    "/spec/resources/limits: Pod-level limits are not supported by gitplane's node agent: containerd 1.6's CRI on the nodes enforces limits per container only; set limits on each container instead (Pod-level requests are supported)".into(),
+                    "/spec/resources/requests/nvidia.com~1gpu: Pod-level resources take cpu and memory only: set nvidia.com/gpu on the containers instead".into(),
+                ],
+            ),
+            (
+                "containers: [{name: c, image: i}]\n  initContainers: [{name: w, image: i, restartPolicy: Always, restartPolicyRules: [{action: RestartAllContainers, exitCodes: {operator: In, values: [88]}}]}]".into(),
+                vec!["/spec/initContainers/0: container restart rules (restartPolicyRules, Kubernetes 1.34) are not supported by gitplane: remove them; to start the Pod afresh when a container exits, let the exit fail the Pod (restartPolicy: Never) and run it from a Job or a Deployment, which makes a new Pod".into()],
+            ),
+            (
+                "containers: [{name: c, image: i}]\n  volumes: [{name: cert, projected: {sources: [{podCertificate: {signerName: example.com/x, keyType: ED25519, credentialBundlePath: b.pem}}]}}]".into(),
+                vec!["/spec/volumes/0/projected/sources/0: projected podCertificate sources (Pod certificates, Kubernetes 1.34) are not supported by gitplane: remove it; mount the certificate and key from a Secret of type kubernetes.io/tls instead".into()],
+            ),
+            (
+                "containers: [{name: c, image: i}]\n  volumes: [{name: v, image: {reference: quay.io/crio/artifact:v2, pullPolicy: IfNotPresent}}]".into(),
+                vec!["/spec/volumes/0/image: an image volume is not supported: the nodes' containerd (1.6) has no image volumes; copy the files out of the image into an emptyDir with an init container instead (image: the volume's reference, command: [cp, -a, <dir>/., /out], mounting the emptyDir at /out)".into()],
+            ),
+        ];
+        for (spec, expected) in cases {
+            let pod = format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  {spec}\n");
+            let got = match check(&[("pod.yaml", &pod)]) {
+                Ok(_) => Vec::new(),
+                // Without the `pod.yaml:N: Pod p: ` prefix: the lines are the other tests' concern.
+                Err(errors) => errors.iter().map(|e| e.splitn(3, ": ").nth(2).unwrap_or(e).to_owned()).collect(),
+            };
+            assert_eq!(got, expected, "{pod}");
         }
     }
 

@@ -739,6 +739,11 @@ pub fn plan(
             message,
         }]);
     }
+    // What validation accepted and changed as the API server would (a cluster-scoped object's
+    // namespace): said at every plan, as the autoscaling warnings are.
+    plan.warnings.extend(manifests.iter().flat_map(|m| {
+        m.warnings.iter().map(|w| Warning { key: m.key.clone(), reason: "FieldIgnored", message: w.to_string() })
+    }));
     plan.warnings.extend(super::autoscale::warnings(manifests, &scaled));
     plan.warnings
         .extend(super::reach::ingress_blocked(manifests, || super::reach::node_ips(&cluster.stored.list("Node"))));
@@ -815,7 +820,7 @@ mod tests {
 
     fn manifest(value: Value) -> Arc<Manifest> {
         let key = ObjectKey::from_value(&value).unwrap();
-        Arc::new(Manifest { file: "f.yaml".into(), index: 0, line: 1, key, value })
+        Arc::new(Manifest { file: "f.yaml".into(), index: 0, line: 1, key, value, warnings: Vec::new() })
     }
 
     fn cm(data: Value) -> Value {

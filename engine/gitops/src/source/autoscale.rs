@@ -73,7 +73,7 @@ mod tests {
 
     fn manifest(value: Value, line: usize) -> Arc<Manifest> {
         let key = ObjectKey::from_value(&value).unwrap();
-        Arc::new(Manifest { file: "app.yaml".into(), index: 0, line, key, value })
+        Arc::new(Manifest { file: "app.yaml".into(), index: 0, line, key, value, warnings: Vec::new() })
     }
 
     fn hpa(name: &str, target: &str) -> Value {

@@ -220,6 +220,7 @@ mod tests {
             line: 1,
             key: ObjectKey::new(group_kind, "default", name),
             value,
+            warnings: Vec::new(),
         })
     }
 

@@ -6,8 +6,9 @@
 
 use super::Problem;
 use crate::locate::escape;
-use gitplane_api::quantity::parse_milli;
+use gitplane_api::quantity::{format_milli, parse_milli};
 use serde_json::Value;
+use std::collections::BTreeMap;
 
 /// Where a kind keeps its Pod spec, if it has one.
 pub(super) fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
@@ -60,7 +61,7 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("overhead", Nothing, "overhead"),
     row("readinessGates", Nothing, "readinessGates"),
     row("resourceClaims", Nothing, "resourceClaims"),
-    row("resources", Nothing, "Pod-level resources"),
+    row("resources/claims", Nothing, "Pod-level resources.claims"),
     row("runtimeClassName", Nothing, "runtimeClassName"),
     row("setHostnameAsFQDN", Values(&["false"]), "setHostnameAsFQDN"),
     row(
@@ -106,7 +107,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("containers/*/lifecycle", Keys(&["postStart", "preStop"]), "lifecycle.{key}"),
     row("containers/*/lifecycle/postStart", Keys(&["exec"]), "a postStart {key} hook"),
     row("containers/*/lifecycle/preStop", Keys(&["exec"]), "a preStop {key} hook"),
-    row("containers/*/resizePolicy", Nothing, "resizePolicy"),
     row("containers/*/resources/claims", Nothing, "resources.claims"),
     row("containers/*/securityContext/procMount", Values(&["\"Default\""]), "securityContext.procMount"),
     row("containers/*/securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
@@ -172,6 +172,180 @@ pub(super) fn problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> 
     problems.extend(probe_problems(spec, at));
     problems.extend(volume_problems(spec, at));
     problems.extend(identity_problems(spec, at));
+    problems.extend(pod_resources_problems(spec, at));
+    problems.extend(resize_policy_problems(spec, at));
+    problems
+}
+
+/// Fields of newer Kubernetes releases than the schema's, which gitplane does not carry out:
+/// the schema would call them unknown, as if misspelt. Each gets one message naming the feature
+/// and what to do instead.
+const NEWER_FIELDS: [(&str, &str); 2] = [
+    (
+        "restartPolicyRules",
+        "container restart rules (restartPolicyRules, Kubernetes 1.34) are not supported by gitplane: remove them; \
+         to start the Pod afresh when a container exits, let the exit fail the Pod (restartPolicy: Never) and run \
+         it from a Job or a Deployment, which makes a new Pod",
+    ),
+    (
+        "podCertificate",
+        "projected podCertificate sources (Pod certificates, Kubernetes 1.34) are not supported by gitplane: \
+         remove it; mount the certificate and key from a Secret of type kubernetes.io/tls instead",
+    ),
+];
+
+/// The message for a field of a newer Kubernetes than the schema's, if `field` is one.
+pub(super) fn newer_field(field: &str) -> Option<&'static str> {
+    NEWER_FIELDS.iter().find(|(name, _)| *name == field).map(|(_, message)| *message)
+}
+
+/// What to do instead of a volume type the agent cannot mount, where there is a way.
+const VOLUME_ALTERNATIVES: [(&str, &str); 1] = [(
+    "image",
+    "the nodes' containerd (1.6) has no image volumes; copy the files out of the image into an emptyDir with \
+     an init container instead (image: the volume's reference, command: [cp, -a, <dir>/., /out], mounting the \
+     emptyDir at /out)",
+)];
+
+/// The resources Pod-level resources may name (upstream's, but for hugepages, which gitplane's
+/// nodes do not offer).
+const POD_LEVEL_RESOURCES: [&str; 2] = ["cpu", "memory"];
+
+/// Pod-level resources (`spec.resources`, Kubernetes 1.34): the scheduler counts the requests,
+/// as kube-scheduler does. Limits would be the pod cgroup's, which containerd 1.6's CRI does not
+/// set (it only passes sandbox resources on as annotations) and the agent does not write.
+fn pod_resources_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let resources = &spec["resources"];
+    let mut problems = Vec::new();
+    if resources["limits"].as_object().is_some_and(|l| !l.is_empty()) {
+        problems.push(Problem::at(
+            format!("{at}/resources/limits"),
+            "Pod-level limits are not supported by gitplane's node agent: containerd 1.6's CRI on the nodes \
+             enforces limits per container only; set limits on each container instead (Pod-level requests are \
+             supported)",
+        ));
+    }
+    let Some(requests) = resources["requests"].as_object() else {
+        return problems;
+    };
+    let aggregate = container_requests(spec);
+    for (name, value) in requests {
+        let here = format!("{at}/resources/requests/{}", escape(name));
+        if !POD_LEVEL_RESOURCES.contains(&name.as_str()) {
+            problems.push(Problem::at(
+                here,
+                format!("Pod-level resources take cpu and memory only: set {name} on the containers instead"),
+            ));
+            continue;
+        }
+        let Some(request) = quantity(value) else {
+            problems.push(Problem::at(
+                here,
+                format!("{value} is not a quantity: write e.g. 250m or 0.5 (cpu), 64Mi or 1G (memory)"),
+            ));
+            continue;
+        };
+        if let Some(&sum) = aggregate.get(name.as_str())
+            && request < sum
+        {
+            problems.push(Problem::at(
+                here,
+                format!(
+                    "the Pod's {name} request {value} is less than its containers' {} together: raise it, or \
+                     lower theirs",
+                    format_milli(sum, name == "memory")
+                ),
+            ));
+        }
+    }
+    problems
+}
+
+fn quantity(value: &Value) -> Option<i128> {
+    match value {
+        Value::String(s) => parse_milli(s),
+        Value::Number(n) => parse_milli(&n.to_string()),
+        _ => None,
+    }
+}
+
+/// The containers' cpu and memory requests together, as upstream's validation of Pod-level
+/// resources adds them: the containers and sidecars, or an init container with the sidecars
+/// before it if that is more. A container without a request counts its limit.
+fn container_requests(spec: &Value) -> BTreeMap<&'static str, i128> {
+    let request = |c: &Value, name: &str| {
+        quantity(&c["resources"]["requests"][name]).or_else(|| quantity(&c["resources"]["limits"][name]))
+    };
+    let mut sums = BTreeMap::new();
+    for name in POD_LEVEL_RESOURCES {
+        let (mut total, mut any) = (0, false);
+        for c in spec["containers"].as_array().into_iter().flatten() {
+            any |= request(c, name).is_some();
+            total += request(c, name).unwrap_or(0);
+        }
+        let (mut sidecars, mut peak) = (0, 0);
+        for c in spec["initContainers"].as_array().into_iter().flatten() {
+            any |= request(c, name).is_some();
+            let r = request(c, name).unwrap_or(0);
+            if c["restartPolicy"] == "Always" {
+                sidecars += r;
+                peak = peak.max(sidecars);
+            } else {
+                peak = peak.max(sidecars + r);
+            }
+        }
+        if any {
+            sums.insert(name, (total + sidecars).max(peak));
+        }
+    }
+    sums
+}
+
+/// A container's `resizePolicy` (in-place resize): accepted as the API server accepts it. A
+/// resources change from Git restarts the container whatever the policy says (the node agent
+/// has no in-place resize); see docs/decisions.md.
+fn resize_policy_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for list in ["containers", "initContainers"] {
+        for (pointer, container) in matches(spec, at.to_owned(), &[list, "*"]) {
+            let Some(policies) = container["resizePolicy"].as_array().filter(|p| !p.is_empty()) else {
+                continue;
+            };
+            let here = format!("{pointer}/resizePolicy");
+            if list == "initContainers" && container["restartPolicy"] != "Always" {
+                problems.push(Problem::at(
+                    here,
+                    "resizePolicy is not allowed on an init container (only on containers and sidecars): remove it",
+                ));
+                continue;
+            }
+            let mut seen = Vec::new();
+            for (i, policy) in policies.iter().enumerate() {
+                if let Some(name) = policy["resourceName"].as_str() {
+                    if !POD_LEVEL_RESOURCES.contains(&name) {
+                        problems.push(Problem::at(
+                            format!("{here}/{i}/resourceName"),
+                            format!("{name:?} cannot be resized: use cpu or memory"),
+                        ));
+                    } else if seen.contains(&name) {
+                        problems.push(Problem::at(
+                            format!("{here}/{i}/resourceName"),
+                            format!("{name} has a resize policy already: keep one"),
+                        ));
+                    }
+                    seen.push(name);
+                }
+                if let Some(restart) = policy["restartPolicy"].as_str()
+                    && !["NotRequired", "RestartContainer"].contains(&restart)
+                {
+                    problems.push(Problem::at(
+                        format!("{here}/{i}/restartPolicy"),
+                        format!("{restart:?} is not a resize restart policy: use NotRequired or RestartContainer"),
+                    ));
+                }
+            }
+        }
+    }
     problems
 }
 
@@ -421,13 +595,18 @@ fn check(row: &Unsupported, pointer: String, value: &Value) -> Vec<Problem> {
             .as_object()
             .into_iter()
             .flatten()
-            .filter(|(key, v)| !allowed.contains(&key.as_str()) && !v.is_null())
+            // A field of a newer Kubernetes is the schema's to report, once.
+            .filter(|(key, v)| !allowed.contains(&key.as_str()) && !v.is_null() && newer_field(key).is_none())
             .map(|(key, _)| {
-                let others: Vec<_> = allowed.iter().filter(|k| **k != "name").copied().collect();
-                Problem::at(
-                    format!("{pointer}/{}", escape(key)),
-                    format!("{} {NOT_YET} (it supports {})", name_key(what, key), others.join(", ")),
-                )
+                let at = format!("{pointer}/{}", escape(key));
+                let what = name_key(what, key);
+                match VOLUME_ALTERNATIVES.iter().find(|(k, _)| row.path == "volumes/*" && k == key) {
+                    Some((_, instead)) => Problem::at(at, format!("{what} is not supported: {instead}")),
+                    None => {
+                        let others: Vec<_> = allowed.iter().filter(|k| **k != "name").copied().collect();
+                        Problem::at(at, format!("{what} {NOT_YET} (it supports {})", others.join(", ")))
+                    }
+                }
             })
             .collect(),
         EnvFieldPath => match value.as_str() {

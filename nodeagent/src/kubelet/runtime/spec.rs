@@ -371,9 +371,20 @@ pub fn qos_class(pod: &Pod) -> &'static str {
     };
     let mut any = false;
     let mut guaranteed = true;
-    for c in &spec.containers {
-        let requests = c.resources.as_ref().and_then(|r| r.requests.as_ref());
-        let limits = c.resources.as_ref().and_then(|r| r.limits.as_ref());
+    // Pod-level resources decide the class alone when set (upstream's `GetPodQOS`).
+    let pod_level = spec.resources.as_ref().filter(|r| {
+        let has = |l: Option<&std::collections::BTreeMap<String, _>>| {
+            l.is_some_and(|l| l.contains_key("cpu") || l.contains_key("memory"))
+        };
+        has(r.requests.as_ref()) || has(r.limits.as_ref())
+    });
+    let resources: Vec<_> = match pod_level {
+        Some(r) => vec![Some(r)],
+        None => spec.containers.iter().map(|c| c.resources.as_ref()).collect(),
+    };
+    for r in resources {
+        let requests = r.and_then(|r| r.requests.as_ref());
+        let limits = r.and_then(|r| r.limits.as_ref());
         for name in ["cpu", "memory"] {
             let request = requests.and_then(|r| r.get(name)).and_then(|q| parse_milli(&q.0));
             let limit = limits.and_then(|r| r.get(name)).and_then(|q| parse_milli(&q.0));
@@ -867,6 +878,13 @@ mod tests {
         );
         assert_eq!(qos(json!({ "requests": { "cpu": "100m" } })), "Burstable");
         assert_eq!(qos(json!({})), "BestEffort");
+        // Pod-level resources decide alone.
+        let pod_level = |pod_level: serde_json::Value| {
+            qos_class(&pod(json!({ "resources": pod_level, "containers": [{ "name": "c", "image": "i:1" }] })))
+        };
+        assert_eq!(pod_level(json!({ "requests": { "cpu": "500m" } })), "Burstable");
+        assert_eq!(pod_level(json!({ "limits": { "cpu": "1", "memory": "1Gi" } })), "Guaranteed");
+        assert_eq!(pod_level(json!({})), "BestEffort");
     }
 
     #[test]

@@ -1,0 +1,397 @@
+//! `gitplane-bench scale`: clusters of hollow nodes (`gitplane agent --hollow N`, one process)
+//! beside one `gitplane server` replica on loopback. Rows: scheduler_perf's SchedulingBasic
+//! (unbound Pods created at once, in store transactions of 1,000, to bound: Pods/s, and p50 /
+//! p99 from each Pod's creation to its binding, both seen on the store's watch), per cluster
+//! size; on the largest cluster, the control plane's and the hollow process's CPU and RSS at rest
+//! while every node renews its Lease, and a Deployment pushed to Git until every replica is
+//! Running. The hollow nodes take every bound Pod to Running meanwhile, as kubelets would.
+
+use crate::{
+    procs::{self, Child, Gitplane, READ_TOKEN, StoreClient},
+    up::{git, git_in},
+};
+use anyhow::{Context as _, Result, bail, ensure};
+use futures::StreamExt as _;
+use gitplane_storage::remote::pb;
+use gitplane_store::Op;
+use serde_json::{Value, json};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+#[derive(clap::Args, Clone)]
+pub struct ScaleArgs {
+    /// SchedulingBasic's clusters, `<nodes>x<pods>`, smallest first; the last one also measures
+    /// the cluster at rest and the Deployment.
+    #[arg(long, value_delimiter = ',', default_values = ["500x1000", "5000x10000"])]
+    scheduling: Vec<String>,
+    /// Replicas of the Deployment pushed to Git.
+    #[arg(long, default_value_t = 1000)]
+    replicas: usize,
+    /// How long the largest cluster rests after every node is Ready before its CPU is measured,
+    /// in seconds.
+    #[arg(long, default_value_t = 30)]
+    settle: u64,
+    /// The CPU measurement window at rest, in seconds.
+    #[arg(long, default_value_t = 60)]
+    window: u64,
+    /// The `gitplane` binary (default: next to this one).
+    #[arg(long)]
+    gitplane: Option<PathBuf>,
+}
+
+/// How long registration, scheduling and the Deployment may take on a loaded 2-core machine.
+const DEADLINE: Duration = Duration::from_secs(900);
+/// Pods per store transaction (the whole burst is sent back to back).
+const PODS_PER_TXN: usize = 1000;
+
+pub fn main(args: ScaleArgs) -> Result<()> {
+    let gitplane = procs::prepare(args.gitplane.as_deref(), None)?;
+    ensure!(gitplane.exists(), "no gitplane binary at {}: build it or pass --gitplane", gitplane.display());
+    let sizes = args
+        .scheduling
+        .iter()
+        .map(|s| {
+            let (nodes, pods) = s.split_once('x').context("a size is <nodes>x<pods>, e.g. 500x1000")?;
+            Ok((nodes.parse::<usize>()?, pods.parse::<usize>()?))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    ensure!(!sizes.is_empty(), "no cluster size given");
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(&args, &gitplane, &sizes))
+}
+
+/// One SchedulingBasic measurement.
+struct Scheduling {
+    nodes: usize,
+    pods: usize,
+    registered: Duration,
+    pods_per_second: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+/// The largest cluster at rest, and its Deployment.
+struct Rest {
+    nodes: usize,
+    server_cpu: f64,
+    server_rss_mib: f64,
+    hollow_cpu: f64,
+    hollow_rss_mib: f64,
+    revisions_per_second: f64,
+    node_writes: i64,
+    deployment: Duration,
+}
+
+async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Result<()> {
+    let mut rows = Vec::new();
+    let mut rest = None;
+    for (i, &(nodes, pods)) in sizes.iter().enumerate() {
+        let largest = i + 1 == sizes.len();
+        let mut cluster = Cluster::start(gitplane, nodes).await?;
+        eprintln!("{nodes} hollow nodes Ready after {:.1} s", cluster.registered.as_secs_f64());
+        if largest {
+            rest = Some(cluster.rest(args).await?);
+        }
+        rows.push(cluster.scheduling_basic(pods).await?);
+        cluster.stop();
+    }
+    print_table(args, &rows, rest.as_ref());
+    Ok(())
+}
+
+/// A `gitplane server` and its hollow nodes.
+struct Cluster {
+    // The hollow nodes go before the server they call.
+    hollow: Child,
+    server: Gitplane,
+    nodes: usize,
+    registered: Duration,
+    store: StoreClient,
+}
+
+impl Cluster {
+    async fn start(gitplane: &Path, nodes: usize) -> Result<Cluster> {
+        let server = Gitplane::start(gitplane, 1, &["--bootstrap".into(), "bootstrap".into()]).await?;
+        let addr = server.addrs[&1];
+        let dir = server.dir().join("hollow");
+        std::fs::create_dir_all(&dir)?;
+        let mut command = Command::new(gitplane);
+        command
+            .arg("agent")
+            .arg(format!("--hollow={nodes}"))
+            .arg("--node-name=hollow")
+            .arg(format!("--server=http://{addr}"))
+            .arg("--join-token-file")
+            .arg(server.dir().join("join-token"))
+            .arg("--credential-file")
+            .arg(dir.join("node-credential"))
+            .arg("--pod-dir")
+            .arg(&dir)
+            .env("RUST_LOG", "warn");
+        let started = Instant::now();
+        let hollow = Child::spawn("gitplane agent --hollow", command, &server.dir().join("hollow.log"))?;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
+        let store = procs::store_client(channel);
+        let mut cluster = Cluster { hollow, server, nodes, registered: Duration::ZERO, store };
+        procs::wait_for("every hollow node Ready", DEADLINE, || async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            (cluster.ready_nodes().await.ok()? >= nodes).then_some(())
+        })
+        .await
+        .with_context(|| cluster.logs())?;
+        cluster.registered = started.elapsed();
+        Ok(cluster)
+    }
+
+    fn logs(&self) -> String {
+        let hollow = std::fs::read_to_string(self.server.dir().join("hollow.log")).unwrap_or_default();
+        let tail: Vec<&str> = hollow.lines().rev().take(20).collect();
+        format!("{}--- hollow\n{}", self.server.logs(), tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+    }
+
+    async fn get(&self, path: &str) -> Result<Value> {
+        let addr = self.server.addrs[&1];
+        let body = gitplane_testkit::http_get_async(addr, path, Some(READ_TOKEN), Duration::from_secs(30)).await?;
+        Ok(serde_json::from_str(&body)?)
+    }
+
+    async fn ready_nodes(&self) -> Result<usize> {
+        let list = self.get("/api/v1/nodes").await?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| {
+                n["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            })
+            .count())
+    }
+
+    async fn revision(&mut self) -> Result<i64> {
+        Ok(self.store.revision(pb::Empty {}).await?.into_inner().index as i64)
+    }
+
+    /// The store's watch of Pods from now.
+    async fn watch_pods(&mut self) -> Result<tonic::Streaming<pb::WatchEvent>> {
+        let from = self.revision().await?;
+        let request = pb::WatchRequest { from_revision: from, kinds: vec!["Pod".into()], bookmarks: false };
+        Ok(self.store.watch(request).await?.into_inner())
+    }
+
+    /// `pods` unbound Pods, created back to back, until each is bound.
+    async fn scheduling_basic(&mut self, pods: usize) -> Result<Scheduling> {
+        let mut events = self.watch_pods().await?;
+        let batches: Vec<Vec<Op>> = (0..pods)
+            .map(|i| Op::Create(basic_pod(i)))
+            .collect::<Vec<_>>()
+            .chunks(PODS_PER_TXN)
+            .map(<[Op]>::to_vec)
+            .collect();
+        eprintln!("SchedulingBasic: {pods} Pods on {} nodes", self.nodes);
+        for ops in batches {
+            let json = serde_json::to_vec(&ops)?;
+            let reply = self.store.txn(tonic::Request::new(pb::Payload { json, data: Vec::new() })).await?;
+            ensure!(
+                matches!(reply.into_inner().outcome, Some(pb::txn_reply::Outcome::Committed(_))),
+                "creating the Pods was not committed"
+            );
+        }
+        let (mut created, mut bound) = (HashMap::new(), HashMap::new());
+        let deadline = Instant::now() + DEADLINE;
+        while bound.len() < pods {
+            let event = tokio::time::timeout_at(deadline.into(), events.next())
+                .await
+                .with_context(|| format!("{} of {pods} Pods bound within {DEADLINE:?}", bound.len()))?
+                .context("the store's watch ended")??;
+            let seen = Instant::now();
+            if !event.name.starts_with("basic-") {
+                continue;
+            }
+            created.entry(event.name.clone()).or_insert(seen);
+            let object: Value = serde_json::from_slice(&event.object)?;
+            if object["spec"]["nodeName"].is_string() {
+                bound.entry(event.name).or_insert(seen);
+            }
+        }
+        let first = created.values().min().copied().unwrap_or_else(Instant::now);
+        let last = bound.values().max().copied().unwrap_or(first);
+        let mut latencies: Vec<Duration> = bound.iter().map(|(name, at)| *at - created[name]).collect();
+        latencies.sort();
+        let at = |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1];
+        Ok(Scheduling {
+            nodes: self.nodes,
+            pods,
+            registered: self.registered,
+            pods_per_second: pods as f64 / (last - first).as_secs_f64().max(1e-3),
+            p50: at(0.50),
+            p99: at(0.99),
+        })
+    }
+
+    /// CPU and RSS at rest, then the Deployment.
+    async fn rest(&mut self, args: &ScaleArgs) -> Result<Rest> {
+        eprintln!("at rest: {} s to settle, {} s measured", args.settle, args.window);
+        tokio::time::sleep(Duration::from_secs(args.settle)).await;
+        let (server, hollow) = (self.server.pids(), vec![self.hollow.pid()]);
+        let node_before = self.node_revisions().await?;
+        let (revision, server_cpu, hollow_cpu) =
+            (self.revision().await?, procs::cpu_time(&server), procs::cpu_time(&hollow));
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs(args.window)).await;
+        let window = started.elapsed().as_secs_f64();
+        let server_cpu = (procs::cpu_time(&server) - server_cpu).as_secs_f64() / window;
+        let hollow_cpu = (procs::cpu_time(&hollow) - hollow_cpu).as_secs_f64() / window;
+        let revisions_per_second = (self.revision().await? - revision) as f64 / window;
+        let node_writes = self.node_revisions().await? - node_before;
+        let deployment = self.deployment(args.replicas).await?;
+        Ok(Rest {
+            nodes: self.nodes,
+            server_cpu,
+            server_rss_mib: server.iter().map(|p| rss_mib(*p)).sum(),
+            hollow_cpu,
+            hollow_rss_mib: rss_mib(self.hollow.pid()),
+            revisions_per_second,
+            node_writes,
+            deployment,
+        })
+    }
+
+    /// The sum of the Nodes' resourceVersions: it moves only when a Node is written.
+    async fn node_revisions(&self) -> Result<i64> {
+        let list = self.get("/api/v1/nodes").await?;
+        Ok(list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["metadata"]["resourceVersion"].as_str()?.parse::<i64>().ok())
+            .sum())
+    }
+
+    /// From `git push` of a Deployment of `replicas` to every one of its Pods Running.
+    async fn deployment(&mut self, replicas: usize) -> Result<Duration> {
+        let addr = self.server.addrs[&1];
+        let token = std::fs::read_to_string(self.server.dir().join("replica-1/git-token"))?.trim().to_owned();
+        let remote = |name: &str| format!("http://git:{token}@{addr}/git/{name}.git");
+        let work = self.server.dir().join("work");
+        for (repo, file, content) in
+            [("bootstrap", "scale.yaml", application()), ("scale", "manifests/scale.yaml", deployment(replicas))]
+        {
+            let dir = work.join(repo);
+            std::fs::create_dir_all(dir.join("manifests"))?;
+            std::fs::write(dir.join(file), content)?;
+            git(git_in(&dir).args(["init", "-q", "-b", "main"])).await?;
+            git(git_in(&dir).args(["add", "-A"])).await?;
+            git(git_in(&dir).args(["commit", "-q", "-m", repo])).await?;
+            if repo == "bootstrap" {
+                git(git_in(&dir).args(["push", "-q", "--force", &remote(repo), "main"])).await?;
+                let repos = self.server.dir().join("repos");
+                procs::wait_for("the scale repository", Duration::from_secs(60), || async {
+                    repos.join("scale.git").exists().then_some(())
+                })
+                .await?;
+            }
+        }
+        let mut events = self.watch_pods().await?;
+        eprintln!("a Deployment of {replicas} replicas pushed");
+        let pushed = Instant::now();
+        git(git_in(&work.join("scale")).args(["push", "-q", &remote("scale"), "main"])).await?;
+        let mut running = std::collections::HashSet::new();
+        let deadline = Instant::now() + DEADLINE;
+        while running.len() < replicas {
+            let Ok(event) = tokio::time::timeout_at(deadline.into(), events.next()).await else {
+                bail!("{} of {replicas} Pods Running within {DEADLINE:?}", running.len());
+            };
+            let event = event.context("the store's watch ended")??;
+            let object: Value = serde_json::from_slice(&event.object)?;
+            if object["metadata"]["labels"]["app"] == "scale" && object["status"]["phase"] == "Running" {
+                running.insert(event.name);
+            }
+        }
+        Ok(pushed.elapsed())
+    }
+
+    fn stop(self) {
+        // The hollow process first (field order), then the server.
+        drop(self);
+    }
+}
+
+/// scheduler_perf's default Pod (`pod-default.yaml`): one pause container asking 100m CPU and
+/// 500Mi of memory.
+fn basic_pod(i: usize) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("basic-{i}"), "namespace": "default"},
+        "spec": {"containers": [{
+            "name": "pause", "image": "registry.k8s.io/pause:3.10",
+            "resources": {"requests": {"cpu": "100m", "memory": "500Mi"}, "limits": {"cpu": "100m", "memory": "500Mi"}}
+        }]}
+    })
+}
+
+fn application() -> String {
+    "apiVersion: gitplane.io/v1\nkind: Application\nmetadata:\n  name: scale\n  namespace: gitplane-system\n\
+     spec:\n  repo: scale\n  path: manifests\n  namespace: default\n  prune: true\n"
+        .to_owned()
+}
+
+fn deployment(replicas: usize) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: scale\nspec:\n  replicas: {replicas}\n  \
+         selector:\n    matchLabels:\n      app: scale\n  template:\n    metadata:\n      labels:\n        app: scale\n    \
+         spec:\n      containers:\n        - name: pause\n          image: registry.k8s.io/pause:3.10\n"
+    )
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:")?.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+fn print_table(args: &ScaleArgs, rows: &[Scheduling], rest: Option<&Rest>) {
+    println!("| What | Measured | Goal |");
+    println!("|---|---|---|");
+    for r in rows {
+        println!(
+            "| SchedulingBasic, {} hollow nodes / {} Pods (nodes Ready {:.0} s after start) | {:.0} Pods/s; creation to bound p50 {:.2} s, p99 {:.2} s | |",
+            r.nodes,
+            r.pods,
+            r.registered.as_secs_f64(),
+            r.pods_per_second,
+            r.p50.as_secs_f64(),
+            r.p99.as_secs_f64()
+        );
+    }
+    if let Some(r) = rest {
+        println!(
+            "| Control plane at rest, {} nodes renewing Leases ({} s window) | {:.0}% of one core, {:.0} revisions/s, Node writes {} | < 25% of one core |",
+            r.nodes,
+            args.window,
+            r.server_cpu * 100.0,
+            r.revisions_per_second,
+            r.node_writes
+        );
+        println!("| Control plane RSS, {} nodes | {:.0} MiB | < 2 GiB |", r.nodes, r.server_rss_mib);
+        println!(
+            "| Hollow process, {} nodes | {:.0}% of one core, {:.0} MiB RSS | |",
+            r.nodes,
+            r.hollow_cpu * 100.0,
+            r.hollow_rss_mib
+        );
+        println!(
+            "| Deployment of {} replicas, `git push` to every Pod Running ({} nodes) | {:.1} s | < 5 s |",
+            args.replicas,
+            r.nodes,
+            r.deployment.as_secs_f64()
+        );
+    }
+}
