@@ -56,6 +56,7 @@ const PURE: &[&str] = &[
     "engine/nodeservice/src/addresses.rs",
     "engine/scheduler/src/volume_binding.rs",
     "nodeagent/src/hollow/addresses.rs",
+    "nodeagent/src/kubelet/admission.rs",
     "nodeagent/src/kubelet/credentialprovider.rs",
     "nodeagent/src/kubelet/eviction/local_storage.rs",
     "nodeagent/src/kubelet/logs/cri_log.rs",

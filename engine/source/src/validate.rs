@@ -1476,13 +1476,55 @@ spec:
                 "job.yaml:8: Job j: /spec/template/spec/enableServiceLinks: enableServiceLinks (no Service variables are set) true {not_yet}: remove it, or set it to false"
             )]
         );
-        let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      securityContext: {seccompProfile: {type: Localhost, localhostProfile: p.json}}\n      containers: [{name: c, image: i}]\n";
-        assert_eq!(
-            errors(&[("rs.yaml", rs)]),
-            [format!(
-                "rs.yaml:9: ReplicaSet r: /spec/template/spec/securityContext/seccompProfile/type: securityContext.seccompProfile.type \"Localhost\" {not_yet}: remove it, or set it to \"RuntimeDefault\" or \"Unconfined\""
-            )]
-        );
+        // Seccomp and AppArmor profiles as the API server judges them; the node runs every type.
+        let profiles = |pod_sc: &str, container_sc: &str| {
+            format!(
+                "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {{name: r}}\nspec:\n  selector: {{matchLabels: {{a: b}}}}\n  template:\n    metadata: {{labels: {{a: b}}}}\n    spec:\n      securityContext: {pod_sc}\n      containers: [{{name: c, image: i, securityContext: {container_sc}}}]\n"
+            )
+        };
+        let at = "rs.yaml:9: ReplicaSet r: /spec/template/spec";
+        let cases = [
+            (
+                "{seccompProfile: {type: Localhost, localhostProfile: profiles/audit.json}}",
+                "{appArmorProfile: {type: RuntimeDefault}}",
+                vec![],
+            ),
+            (
+                "{appArmorProfile: {type: Localhost, localhostProfile: k8s-deny-write}}",
+                "{seccompProfile: {type: Unconfined}}",
+                vec![],
+            ),
+            (
+                "{seccompProfile: {type: Localhost, localhostProfile: ../../etc/x.json}}",
+                "{}",
+                vec![format!(
+                    "{at}/securityContext/seccompProfile/localhostProfile: localhostProfile \"../../etc/x.json\" must not contain '..': the profile stays inside the node's seccomp profile directory"
+                )],
+            ),
+            (
+                "{seccompProfile: {type: Localhost}}",
+                "{seccompProfile: {type: RuntimeDefault, localhostProfile: a.json}}",
+                vec![
+                    format!(
+                        "{at}/securityContext/seccompProfile/localhostProfile: localhostProfile \"\" must be set with type Localhost"
+                    ),
+                    format!(
+                        "rs.yaml:10: ReplicaSet r: /spec/template/spec/containers/0/securityContext/seccompProfile/localhostProfile: localhostProfile is for type Localhost only: remove it or set type: Localhost"
+                    ),
+                ],
+            ),
+            (
+                "{appArmorProfile: {type: Enforcing}}",
+                "{}",
+                vec![format!(
+                    "{at}/securityContext/appArmorProfile/type: appArmorProfile.type \"Enforcing\" is not one of RuntimeDefault, Unconfined, Localhost"
+                )],
+            ),
+        ];
+        for (pod_sc, container_sc, expected) in cases {
+            let got = check(&[("rs.yaml", &profiles(pod_sc, container_sc))]).err().unwrap_or_default();
+            assert_eq!(got, expected, "{pod_sc} {container_sc}");
+        }
         let groups = "apiVersion: v1\nkind: Pod\nmetadata: {name: g}\nspec:\n  securityContext: {fsGroup: 2000, fsGroupChangePolicy: Sometimes, supplementalGroupsPolicy: Strict}\n  containers: [{name: c, image: i}]\n";
         assert_eq!(
             errors(&[("groups.yaml", groups)]),

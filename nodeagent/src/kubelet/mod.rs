@@ -3,6 +3,7 @@
 //! logs, the node's status and pressure, local storage eviction, resource usage and the kubelet
 //! endpoint.
 
+pub mod admission;
 pub mod containerd;
 pub mod credentialprovider;
 pub mod cri;

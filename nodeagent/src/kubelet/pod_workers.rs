@@ -3,6 +3,7 @@
 //! ([`super::pleg`]), by its probes and by the ConfigMaps and Secrets it references.
 
 use super::{
+    admission,
     eviction::{
         EVICTION_GRACE, Evictions,
         local_storage::{REASON as EVICTED, evicted_status, is_evicted},
@@ -318,6 +319,9 @@ impl PodWorker {
         // Pod already ran when first seen (adopted by a restarted agent).
         let seen = Instant::now();
         let mut start_recorded = false;
+        if self.rejects(&mut updates).await {
+            return;
+        }
         // Evicted: the Pod never runs again; the worker waits for its deletion.
         let mut evicted = false;
         loop {
@@ -419,6 +423,42 @@ impl PodWorker {
                 changed = updates.changed() => if changed.is_err() { return },
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(next_sync) => {}
+            }
+        }
+    }
+
+    /// The kubelet's admission before the first sync: a Pod the node cannot run as written is
+    /// reported Failed with the reason, once, and never started; its worker then only waits for
+    /// its deletion. Whether the Pod was rejected (the worker is done).
+    async fn rejects(&self, updates: &mut watch::Receiver<Option<Pod>>) -> bool {
+        let Some(pod) = updates.borrow_and_update().clone() else {
+            return false;
+        };
+        if !admission::was_rejected(&pod) {
+            let Err(rejection) = admission::admit(&pod, self.runtime.config().host) else {
+                return false;
+            };
+            let name = pod.metadata.name.as_deref().unwrap_or("");
+            tracing::info!(pod = %name, reason = rejection.reason, message = %rejection.message, "pod rejected");
+            self.runtime.events().pod(&pod, gitplane_api::events::WARNING, rejection.reason, &rejection.message);
+            let mut failures = 0;
+            while !self.report(&pod, &rejection.status(&pod)).await {
+                failures += 1;
+                tokio::time::sleep(sync_backoff(failures)).await;
+            }
+        }
+        loop {
+            let pod = updates.borrow_and_update().clone();
+            match pod {
+                None => return true,
+                Some(pod) if pod.metadata.deletion_timestamp.is_some() => {
+                    self.terminate(&pod).await;
+                    return true;
+                }
+                Some(_) => {}
+            }
+            if updates.changed().await.is_err() {
+                return true;
             }
         }
     }

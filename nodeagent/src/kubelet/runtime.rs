@@ -99,6 +99,9 @@ impl RuntimeManager {
         if cfg.node_memory_bytes.is_none() {
             cfg.node_memory_bytes = tokio::fs::read_to_string("/proc/meminfo").await.ok().and_then(|m| mem_total(&m));
         }
+        // runc's `apparmor.IsEnabled`, as the kubelet asks it.
+        let apparmor = tokio::fs::read_to_string("/sys/module/apparmor/parameters/enabled").await;
+        cfg.host.apparmor = apparmor.is_ok_and(|enabled| enabled.starts_with('Y'));
         RuntimeManager {
             cri,
             cfg,
