@@ -824,6 +824,52 @@ mod tests {
     }
 
     #[test]
+    fn apparmor_profiles_the_container_the_pod_or_the_annotation_sets() {
+        use pb::security_profile::ProfileType::{Localhost, RuntimeDefault, Unconfined};
+        let annotation = |v: &str| json!({ "container.apparmor.security.beta.kubernetes.io/c": v });
+        let cases = [
+            (json!({}), json!({}), json!({}), None),
+            (
+                json!({"appArmorProfile": {"type": "RuntimeDefault"}}),
+                json!({}),
+                json!({}),
+                Some((RuntimeDefault, "", "runtime/default")),
+            ),
+            (
+                json!({"appArmorProfile": {"type": "RuntimeDefault"}}),
+                json!({"appArmorProfile": {"type": "Localhost", "localhostProfile": "k8s-deny-write"}}),
+                json!({}),
+                Some((Localhost, "k8s-deny-write", "localhost/k8s-deny-write")),
+            ),
+            (
+                json!({}),
+                json!({"appArmorProfile": {"type": "Unconfined"}}),
+                annotation("runtime/default"),
+                Some((Unconfined, "", "unconfined")),
+            ),
+            (
+                json!({}),
+                json!({}),
+                annotation("localhost/k8s-deny-write"),
+                Some((Localhost, "k8s-deny-write", "localhost/k8s-deny-write")),
+            ),
+            (json!({}), json!({}), annotation("unconfined"), Some((Unconfined, "", "unconfined"))),
+        ];
+        for (pod_sc, container_sc, annotations, expected) in cases {
+            let mut pod = pod(json!({
+                "securityContext": pod_sc,
+                "containers": [{ "name": "c", "image": "i:1", "securityContext": container_sc }],
+            }));
+            pod.metadata.annotations = serde_json::from_value(annotations.clone()).expect("annotations");
+            let container = &pod.spec.as_ref().expect("spec").containers[0];
+            let got = apparmor(&pod, container);
+            let got = got.as_ref().map(|p| (p.profile_type, p.localhost_ref.as_str(), deprecated_apparmor_profile(p)));
+            let expected = expected.map(|(t, r, old)| (t as i32, r, old.to_owned()));
+            assert_eq!(got, expected, "{pod_sc} {container_sc} {annotations}");
+        }
+    }
+
+    #[test]
     fn fs_group_comes_first_among_the_supplemental_groups() {
         let cases = [
             (json!({}), vec![]),
