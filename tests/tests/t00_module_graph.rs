@@ -58,6 +58,7 @@ const PURE: &[&str] = &[
     "nodeagent/src/hollow/addresses.rs",
     "nodeagent/src/kubelet/admission.rs",
     "nodeagent/src/kubelet/credentialprovider.rs",
+    "nodeagent/src/kubelet/eviction/local_storage.rs",
     "nodeagent/src/kubelet/logs/cri_log.rs",
     "nodeagent/src/kubelet/node/pressure.rs",
     "nodeagent/src/kubelet/prober/results.rs",

@@ -1215,8 +1215,9 @@ spec:
         }
     }
 
-    /// What the agent runs since: hostAliases, typed hostPath volumes, HTTPS probes, requests of
-    /// ephemeral storage and extended resources.
+    /// What the agent runs since: hostAliases, typed hostPath volumes, HTTPS probes, requests and
+    /// limits of ephemeral storage (evicted over them, as emptyDirs over their sizeLimit) and
+    /// extended resources.
     #[test]
     fn host_aliases_host_path_types_and_https_probes_are_accepted() {
         let pod = |volume_type: &str| {
@@ -1227,7 +1228,7 @@ kind: Pod
 metadata: {{name: p}}
 spec:
   hostAliases: [{{ip: 10.1.2.3, hostnames: [foo.local]}}]
-  volumes: [{{name: run, hostPath: {{path: /run/app, type: {volume_type}}}}}]
+  volumes: [{{name: run, hostPath: {{path: /run/app, type: {volume_type}}}}}, {{name: cache, emptyDir: {{sizeLimit: 10Mi}}}}]
   containers:
     - name: web
       image: i
@@ -1235,7 +1236,7 @@ spec:
       volumeMounts: [{{name: run, mountPath: /run/app}}]
       resources:
         requests: {{ephemeral-storage: 1Gi, nvidia.com/gpu: 1}}
-        limits: {{nvidia.com/gpu: 1}}
+        limits: {{ephemeral-storage: 2Gi, nvidia.com/gpu: 1}}
 "
             )
         };
@@ -1272,7 +1273,7 @@ spec:
                     at.replace("{}", "9")
                 ),
                 format!(
-                    "{}requests/hugepages-2Mi: resource hugepages-2Mi is not supported by gitplane's node agent yet (it supports cpu, memory, ephemeral-storage requests and extended resources such as example.com/foo)",
+                    "{}requests/hugepages-2Mi: resource hugepages-2Mi is not supported by gitplane's node agent yet (it supports cpu, memory, ephemeral-storage and extended resources such as example.com/foo)",
                     at.replace("{}", "9")
                 ),
                 format!(
@@ -1439,14 +1440,6 @@ spec:
                 27,
                 "/containers/0/resources/limits/cpu".into(),
                 "\"lots\" is not a quantity: write e.g. 250m or 0.5 (cpu), 64Mi or 1G (memory)".into(),
-            ),
-            (
-                27,
-                "/containers/0/resources/limits/ephemeral-storage".into(),
-                format!(
-                    "a limit of ephemeral-storage {not_yet} (no eviction over it): set it as \
-                     requests.ephemeral-storage instead, which scheduling counts"
-                ),
             ),
             (
                 30,

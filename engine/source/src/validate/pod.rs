@@ -714,23 +714,14 @@ fn resource_name_problems(spec: &Value, at: &str) -> Vec<Problem> {
             for list in ["limits", "requests"] {
                 for (name, value) in resources[list].as_object().into_iter().flatten() {
                     let here = format!("{pointer}/{list}/{}", escape(name));
-                    if ["cpu", "memory"].contains(&name.as_str()) || (name == "ephemeral-storage" && list == "requests")
-                    {
+                    if ["cpu", "memory", "ephemeral-storage"].contains(&name.as_str()) {
                         continue;
                     }
-                    if name == "ephemeral-storage" {
+                    if !is_extended_resource(name) {
                         problems.push(Problem::at(
                             here,
                             format!(
-                                "a limit of ephemeral-storage {NOT_YET} (no eviction over it): set it as \
-                                 requests.ephemeral-storage instead, which scheduling counts"
-                            ),
-                        ));
-                    } else if !is_extended_resource(name) {
-                        problems.push(Problem::at(
-                            here,
-                            format!(
-                                "resource {name} {NOT_YET} (it supports cpu, memory, ephemeral-storage requests \
+                                "resource {name} {NOT_YET} (it supports cpu, memory, ephemeral-storage \
                                  and extended resources such as example.com/foo)"
                             ),
                         ));
