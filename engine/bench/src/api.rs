@@ -334,10 +334,7 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         eprintln!("pushed one commit over HTTP in {:.1} s", pushed.elapsed().as_secs_f64());
         let settled = wait_until_settled(server.pid()).await?;
         eprintln!("server settled after {:.1} s more; server RSS {}", settled.as_secs_f64(), rss(server.pid()));
-        // The server closes a connection idle for longer than its header read timeout.
-        c = Connection::open(&target, procs::READ_TOKEN).await?;
     }
-    let mut sa = Connection::open(&target, &account_token).await?;
 
     let transport = if args.https { "loopback HTTPS/1.1" } else { "loopback HTTP/1.1" };
     println!("| Read ({} Pods, {transport}) | Runs | p50 | p99 | Items | Bytes per LIST | Anchor |", args.pods);
@@ -349,7 +346,9 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         ("LIST cluster-wide, limit=500 pages (JSON), ServiceAccount token (RBAC)", Some(500), "application/json", true),
         ("LIST cluster-wide, limit=500 pages (Table, kubectl get -A)", Some(500), TABLE, false),
     ] {
-        let c = if account { &mut sa } else { &mut c };
+        // A connection of its own per row: the server closes one idle for 10 s.
+        let token = if account { account_token.as_str() } else { procs::READ_TOKEN };
+        let c = &mut Connection::open(&target, token).await?;
         let mut took = Vec::new();
         let mut last = (0, 0);
         list_all(c, limit, accept).await?; // warm-up: SQLite's page cache, the allocator
