@@ -7,6 +7,7 @@ use crate::{
     controlplane::{ControlPlaneError, Credentials, RETRY_MIN, Servers, Token, follow, sleep_or_shutdown},
     kubelet::{
         cri::Cri,
+        eviction,
         logs::rotate::{self, LogRotation},
         node,
         node_status::{self, NodeStatusConfig},
@@ -368,10 +369,15 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     });
     let pods_cfg =
         PodWorkersConfig { node_name: cfg.node_name.clone(), resync: cfg.resync, resync_steady: cfg.resync_steady };
-    let mut pods = PodWorkers::new(pods_cfg, runtime.clone(), prober, client.clone(), pod_config);
+    let evictions = eviction::Evictions::default();
+    let mut pods = PodWorkers::new(pods_cfg, runtime.clone(), prober, client.clone(), pod_config, evictions.clone());
     tasks.restarting("PLEG", AtStop::Abort, {
         let (runtime, wakers) = (runtime.clone(), pods.wakers());
         move |_| pleg::run(runtime.clone(), wakers.clone(), check_runtime.clone())
+    });
+    tasks.restarting("eviction manager", AtStop::Abort, {
+        let runtime = runtime.clone();
+        move |_| eviction::run(runtime.clone(), evictions.clone())
     });
     let failed = tokio::select! {
         () = follow(&mut pods, &client, &mut shutdown) => None,

@@ -62,6 +62,10 @@ pub struct AgentArgs {
     /// Container logs.
     #[arg(long, default_value = "/var/log/gitplane/pods")]
     pub pod_log_dir: PathBuf,
+    /// Where the `Localhost` seccomp profiles Pods name live (`localhostProfile` is relative
+    /// to it, as to the kubelet's `<root-dir>/seccomp`).
+    #[arg(long, default_value = "/var/lib/gitplane/seccomp")]
+    pub seccomp_profile_root: PathBuf,
     /// Stop and remove every Pod of this node (and its routes) when the agent exits: all at
     /// once, each container given 2 s after SIGTERM, within 4 s.
     #[arg(long)]
@@ -178,6 +182,7 @@ impl AgentArgs {
         };
         cfg.runtime.pod_dir = self.pod_dir;
         cfg.runtime.pod_log_dir = self.pod_log_dir;
+        cfg.runtime.seccomp_profile_root = self.seccomp_profile_root;
         cfg.remove_pods_on_exit = self.remove_pods_on_exit;
         cfg.credential_file = self.credential_file;
         cfg.kubelet_port = self.kubelet_port;

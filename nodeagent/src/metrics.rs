@@ -1,7 +1,7 @@
 //! The agent's Prometheus metrics, served on the kubelet endpoint (`GET /metrics`, see
 //! [`crate::kubelet::server`]) with the kubelet's and kube-proxy's names.
 
-use gitplane_metrics::{Family, Histogram, LATENCY_BUCKETS, SLOW_BUCKETS};
+use gitplane_metrics::{Counter, Family, Histogram, LATENCY_BUCKETS, SLOW_BUCKETS};
 use std::{
     sync::{Arc, LazyLock},
     time::Duration,
@@ -10,6 +10,7 @@ use std::{
 struct Families {
     pod_start: Arc<Family<Histogram>>,
     proxy_sync: Arc<Family<Histogram>>,
+    evictions: Arc<Family<Counter>>,
 }
 
 static METRICS: LazyLock<Families> = LazyLock::new(|| Families {
@@ -24,6 +25,11 @@ static METRICS: LazyLock<Families> = LazyLock::new(|| Families {
         "SyncProxyRules latency in seconds",
         &[],
         LATENCY_BUCKETS,
+    ),
+    evictions: gitplane_metrics::counter(
+        "kubelet_evictions",
+        "Cumulative number of pod evictions by eviction signal",
+        &["eviction_signal"],
     ),
 });
 
@@ -40,4 +46,9 @@ pub(crate) fn pod_started(took: Duration) {
 /// One sync of the Service rules.
 pub(crate) fn proxy_synced(took: Duration) {
     METRICS.proxy_sync.with(&[]).observe_duration(took);
+}
+
+/// A Pod evicted for `signal` (`ephemeralcontainerfs.limit`, ...).
+pub(crate) fn evicted(signal: &str) {
+    METRICS.evictions.with(&[signal]).inc();
 }

@@ -261,6 +261,13 @@ mod tests {
              json!([{"type": "Pod", "max": {"cpu": "500m"}}]),
              json!({"limits": {"cpu": "600m"}, "requests": {"cpu": "100m"}}),
              Err("maximum cpu usage per Pod is 500m, but limit is 600m")),
+            ("ephemeral storage is defaulted and bounded as any resource",
+             json!([{"type": "Container", "default": {"ephemeral-storage": "1Gi"}, "max": {"ephemeral-storage": "2Gi"}}]), json!({}),
+             Ok(json!({"limits": {"ephemeral-storage": "1Gi"}, "requests": {"ephemeral-storage": "1Gi"}}))),
+            ("ephemeral storage over the maximum is refused",
+             json!([{"type": "Container", "max": {"ephemeral-storage": "2Gi"}}]),
+             json!({"limits": {"ephemeral-storage": "4Gi"}}),
+             Err("maximum ephemeral-storage usage per Container is 2Gi, but limit is 4Gi")),
         ];
         for (what, items, given, outcome) in cases {
             let mut p = pod(given);

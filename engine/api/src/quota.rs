@@ -258,6 +258,11 @@ mod tests {
              "Pod", "pods", "",
              vec![("count/pods", 1000), ("cpu", 500), ("limits.cpu", 1000), ("limits.memory", 800 * MI),
                   ("memory", 600 * MI), ("pods", 1000), ("requests.cpu", 500), ("requests.memory", 600 * MI)]),
+            ("ephemeral storage is counted as any resource",
+             pod(json!({"requests": {"ephemeral-storage": "1Gi"}, "limits": {"ephemeral-storage": "2Gi"}})),
+             "Pod", "pods", "",
+             vec![("count/pods", 1000), ("ephemeral-storage", 1024 * MI), ("limits.ephemeral-storage", 2048 * MI),
+                  ("pods", 1000), ("requests.ephemeral-storage", 1024 * MI)]),
             ("Pod-level requests replace the containers' sum",
              {
                  let mut p = pod(json!({"requests": {"cpu": "100m", "memory": "64Mi"}}));

@@ -7,7 +7,7 @@
 //! statefulset` StatefulSet rollouts against a Deployment's there; `gitplane-bench
 //! podstart` Pod start on one node against bare CRI calls; `gitplane-bench api` reads of the status
 //! API with 150,000 Pods stored; `gitplane-bench scale` scheduling, rest and a Deployment on
-//! thousands of hollow nodes. Progress goes to
+//! hundreds of hollow nodes. Progress goes to
 //! stderr, one Markdown table to stdout.
 
 mod api;
@@ -101,9 +101,9 @@ enum Command {
     /// one Markdown table.
     Statefulset(statefulset::StatefulSetArgs),
     /// Hollow nodes (`gitplane agent --hollow`) beside one `gitplane server`: SchedulingBasic at
-    /// 500 and 5,000 nodes, the control plane's CPU and RSS while 5,000 nodes renew their
-    /// Leases, and a Deployment of 1,000 replicas from `git push` to Running. Prints one
-    /// Markdown table.
+    /// 100 and 250 nodes (the Pod range holds 256 nodes' podCIDRs), the control plane's CPU and
+    /// RSS while the nodes renew their Leases, and a Deployment of 1,000 replicas from `git push`
+    /// to Running. Prints one Markdown table.
     Scale(scale::ScaleArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]

@@ -12,6 +12,7 @@ use crate::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
+use gitplane_api::network::CLUSTER_CIDR;
 use gitplane_storage::remote::pb;
 use gitplane_store::Op;
 use serde_json::{Value, json};
@@ -25,8 +26,8 @@ use std::{
 #[derive(clap::Args, Clone)]
 pub struct ScaleArgs {
     /// SchedulingBasic's clusters, `<nodes>x<pods>`, smallest first; the last one also measures
-    /// the cluster at rest and the Deployment.
-    #[arg(long, value_delimiter = ',', default_values = ["500x1000", "5000x10000"])]
+    /// the cluster at rest and the Deployment. At most [`max_nodes`] nodes: the Pod range's /24s.
+    #[arg(long, value_delimiter = ',', default_values = ["100x1000", "250x2500"])]
     scheduling: Vec<String>,
     /// Replicas of the Deployment pushed to Git.
     #[arg(long, default_value_t = 1000)]
@@ -60,7 +61,20 @@ pub fn main(args: ScaleArgs) -> Result<()> {
         })
         .collect::<Result<Vec<_>>>()?;
     ensure!(!sizes.is_empty(), "no cluster size given");
+    if let Some((nodes, _)) = sizes.iter().find(|(nodes, _)| *nodes > max_nodes()) {
+        bail!(
+            "{nodes} nodes: the cluster's Pod range {}/{} holds {} nodes' /24 podCIDRs",
+            CLUSTER_CIDR.0,
+            CLUSTER_CIDR.1,
+            max_nodes()
+        );
+    }
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(&args, &gitplane, &sizes))
+}
+
+/// The nodes the control plane can give a podCIDR: the /24s of its Pod range.
+fn max_nodes() -> usize {
+    1 << (24 - CLUSTER_CIDR.1)
 }
 
 /// One SchedulingBasic measurement.

@@ -12,6 +12,24 @@ use gitplane_api::{
 };
 use gitplane_store::informer::Cache;
 use serde_json::Value;
+use std::sync::Arc;
+
+/// Where admission reads the namespace's LimitRanges, ResourceQuotas and what the quotas count:
+/// the informer's cache, or what a Git sync would leave stored.
+pub trait Objects {
+    /// The objects of a group kind in `namespace`.
+    fn list(&self, kind: &str, namespace: &str) -> Vec<Arc<Value>>;
+}
+
+impl Objects for Cache {
+    fn list(&self, kind: &str, namespace: &str) -> Vec<Arc<Value>> {
+        Cache::list(self, kind, Some(namespace))
+    }
+}
+
+fn list_typed<K: serde::de::DeserializeOwned>(objects: &dyn Objects, kind: &str, namespace: &str) -> Vec<K> {
+    objects.list(kind, namespace).iter().filter_map(|o| serde_json::from_value(o.as_ref().clone()).ok()).collect()
+}
 
 /// A create the API server refused: who asked (the object's controller) and why.
 #[derive(Debug, PartialEq)]
@@ -32,13 +50,13 @@ fn resource_of(object: &Value) -> Option<(&'static str, &'static str, String)> {
 /// ones admitted before it. Returns the objects as they are to be stored (a Pod with its
 /// defaults) or the refusal.
 pub struct Admission<'c> {
-    cache: &'c Cache,
+    objects: &'c dyn Objects,
     admitted: Vec<(String, Value)>,
 }
 
 impl<'c> Admission<'c> {
-    pub fn new(cache: &'c Cache) -> Self {
-        Admission { cache, admitted: Vec::new() }
+    pub fn new(objects: &'c dyn Objects) -> Self {
+        Admission { objects, admitted: Vec::new() }
     }
 
     pub fn admit(&mut self, object: Value) -> Result<Value, Refusal> {
@@ -50,8 +68,8 @@ impl<'c> Admission<'c> {
             message: format!("{plural} {name:?} is forbidden: {message}"),
         };
         let mut object = object.clone();
-        let ranges: Vec<LimitRange> = self.cache.list_typed(Some(&namespace));
-        let quotas: Vec<ResourceQuota> = self.cache.list_typed(Some(&namespace));
+        let ranges: Vec<LimitRange> = list_typed(self.objects, &kind_of::<LimitRange>(), &namespace);
+        let quotas: Vec<ResourceQuota> = list_typed(self.objects, &kind_of::<ResourceQuota>(), &namespace);
         if kind == "Pod" && (!ranges.is_empty() || !quotas.is_empty()) {
             let mut pod: Pod = from_value(object.clone()).map_err(|e| refuse(e.to_string()))?;
             limitrange::admit(&mut pod, &ranges).map_err(refuse)?;
@@ -65,7 +83,7 @@ impl<'c> Admission<'c> {
         }
         let requested = quota::usage_of(&object, kind, plural, &group);
         for q in quotas.iter().filter(|q| quota::applies_to(q, kind, &object)) {
-            let used = quota::used(q, usages(self.cache, q, &namespace, &self.admitted).iter());
+            let used = quota::used(q, usages(self.objects, q, &namespace, &self.admitted).iter());
             quota::check(q, &used, &requested).map_err(refuse)?;
         }
         self.admitted.push((namespace, object.clone()));
@@ -75,7 +93,7 @@ impl<'c> Admission<'c> {
 
 /// What a quota counts in its namespace: the cache's objects and `pending`, the creates admitted
 /// so far in a transaction.
-pub fn usages(cache: &Cache, q: &ResourceQuota, namespace: &str, pending: &[(String, Value)]) -> Vec<Usage> {
+pub fn usages(objects: &dyn Objects, q: &ResourceQuota, namespace: &str, pending: &[(String, Value)]) -> Vec<Usage> {
     let hard = quota::hard(q);
     let mut usages = Vec::new();
     for info in kinds::stored().filter(|k| k.namespaced) {
@@ -83,7 +101,7 @@ pub fn usages(cache: &Cache, q: &ResourceQuota, namespace: &str, pending: &[(Str
         if !quota::counts(&hard, &info.kind, &info.plural, group) {
             continue;
         }
-        let live = cache.list(&info.group_kind(), Some(namespace));
+        let live = objects.list(&info.group_kind(), namespace);
         let added = pending.iter().filter(|(ns, o)| ns == namespace && o["kind"] == info.kind.as_str()).map(|(_, o)| o);
         for o in live.iter().map(|o| o.as_ref()).chain(added) {
             if (info.kind != "Pod" || quota::pod_counts(o)) && quota::applies_to(q, &info.kind, o) {

@@ -49,7 +49,7 @@ impl Reconciler for ResourceQuotaController {
         let Some(q) = ctx.cache().get_typed::<ResourceQuota>(&key.namespace, &key.name) else {
             return Ok(Action::await_change());
         };
-        let usages = admission::usages(ctx.cache(), &q, &key.namespace, &[]);
+        let usages = admission::usages(&**ctx.cache(), &q, &key.namespace, &[]);
         let status = status(&q, &usages);
         if q.status.as_ref() != Some(&status) {
             ctx.update_status(&ResourceQuota { status: Some(status), ..q }).await?;

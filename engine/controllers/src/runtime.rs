@@ -129,7 +129,7 @@ impl Context {
     /// The ops with their creates as admission stores them; a refused create is left out and
     /// its controller gets the `FailedCreate` Event.
     fn admit(&self, ops: Vec<Op>) -> Vec<Op> {
-        let mut admission = Admission::new(self.cache());
+        let mut admission = Admission::new(&**self.cache());
         ops.into_iter()
             .filter_map(|op| match op {
                 Op::Create(object) => match admission.admit(object) {
@@ -146,7 +146,7 @@ impl Context {
 
     /// A plan's Pods as admission leaves them, before its controller tells of them.
     pub fn admit_pods(&self, plan: Vec<plan::Op<Pod>>) -> Vec<plan::Op<Pod>> {
-        let mut admission = Admission::new(self.cache());
+        let mut admission = Admission::new(&**self.cache());
         plan.into_iter()
             .filter_map(|op| match op {
                 plan::Op::Create(pod) => match admission.admit(to_value(&pod)).map(from_value::<Pod>) {

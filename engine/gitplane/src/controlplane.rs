@@ -45,9 +45,10 @@ pub struct ControllerArgs {
     /// and tainted unreachable (kube-controller-manager's flag of this name).
     #[arg(long, default_value = "40s", value_parser = crate::events::parse_ttl)]
     node_monitor_grace_period: Duration,
-    /// Score weights for the scheduler's plugins: a YAML file modelled on kube-scheduler's
-    /// KubeSchedulerConfiguration, `profiles[0].plugins.score.enabled[{name, weight}]`
-    /// (unlisted plugins keep kube-scheduler's default weights).
+    /// The scheduler's score weights and share of nodes looked at: a YAML file modelled on
+    /// kube-scheduler's KubeSchedulerConfiguration, `percentageOfNodesToScore` and
+    /// `profiles[0].plugins.score.enabled[{name, weight}]` (unlisted plugins keep
+    /// kube-scheduler's default weights).
     #[arg(long, value_name = "FILE")]
     scheduler_config: Option<PathBuf>,
 }
@@ -59,10 +60,9 @@ impl ControllerArgs {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("reading the scheduler configuration {}", path.display()))?;
-                gitplane_scheduler::config::plugins_from_yaml(&path.display().to_string(), &text)
-                    .map_err(anyhow::Error::msg)?
+                gitplane_scheduler::config::from_yaml(&path.display().to_string(), &text).map_err(anyhow::Error::msg)?
             }
-            None => gitplane_scheduler::plugins::DEFAULT_PLUGINS.to_vec(),
+            None => Default::default(),
         };
         let controllers = gitplane_controllers::Settings {
             // The replica wires the nodes' kubelets in.
@@ -80,11 +80,11 @@ impl ControllerArgs {
 }
 
 /// What the controllers and the scheduler run with: the controllers' settings and the
-/// scheduler's plugins with their score weights.
+/// scheduler's configuration.
 #[derive(Clone)]
 pub struct LoopSettings {
     pub controllers: gitplane_controllers::Settings,
-    pub scheduler: Vec<(&'static str, i64)>,
+    pub scheduler: gitplane_scheduler::config::SchedulerConfig,
 }
 
 /// Where the `kubernetes` Service points: the first of `candidates` (the listener's address,
@@ -159,7 +159,7 @@ impl ControlPlane {
             informer.wait_for(head).await;
         }
         let mut tasks = gitplane_controllers::spawn_all(store.clone(), informer.clone(), &controllers.controllers);
-        let profile = gitplane_scheduler::Profile::from_names(&controllers.scheduler).unwrap_or_default();
+        let profile = controllers.scheduler.profile().unwrap_or_default();
         tasks.push(tokio::spawn(gitplane_scheduler::Scheduler::new(store.clone(), informer.clone(), profile).run()));
         let store_for_events = store.clone();
         let source = SourceController::new(store, repos_dir, mirrors, record_key)

@@ -302,6 +302,8 @@ fn spawn_agent(cfg: &NodesConfig, node: &Place) -> anyhow::Result<Child> {
         .arg(dir.join("pods/logs"))
         .arg("--local-path-dir")
         .arg(dir.join("storage"))
+        .arg("--seccomp-profile-root")
+        .arg(dir.join("seccomp"))
         .arg("--join-token-file")
         .arg(cfg.data_dir.join("join-token"))
         .arg("--credential-file")

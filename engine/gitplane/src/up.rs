@@ -315,6 +315,7 @@ async fn run_node(
         cgroup_parent: args.cgroup_parent.clone(),
         pod_log_dir: data_dir.join("pods/logs"),
         pod_dir: data_dir.join("pods"),
+        seccomp_profile_root: data_dir.join("seccomp"),
         ..RuntimeConfig::default()
     };
     cfg.node.nodefs = data_dir.join("pods");

@@ -2,7 +2,9 @@
 //! with the plugins before NodeAffinity, NodePorts, InterPodAffinity and PodTopologySpread's own
 //! constraints against all of them.
 //!
-//! `cargo bench -p gitplane-scheduler --bench schedule [-- --nodes 500 --pods-per-node 20 --rounds 5]`
+//! `cargo bench -p gitplane-scheduler --bench schedule [-- --nodes 500 --pods-per-node 20 --rounds 5 --percentage 0]`
+//!
+//! `--percentage` is percentageOfNodesToScore (0: adaptive; 100: every node, as before it).
 //!
 //! The snapshot: `--nodes` nodes in 3 zones, each holding `--pods-per-node` Pods of 50
 //! ReplicaSets (a tenth with a preferred anti-affinity term and a host port). Each round
@@ -120,6 +122,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn main() {
     let (node_count, per_node, rounds) = (arg("--nodes", 500), arg("--pods-per-node", 20), arg("--rounds", 5));
+    let percentage = arg("--percentage", 0) as u32;
     let mut nodes: Vec<NodeInfo> = (0..node_count).map(node).collect();
     for (i, node) in nodes.iter_mut().enumerate() {
         for j in 0..per_node {
@@ -128,8 +131,8 @@ fn main() {
         }
     }
     let namespaces: NamespaceLabels = [("shop".to_owned(), Default::default())].into();
-    let previous = Profile::from_names(&PREVIOUS).expect("registered");
-    let all = Profile::default();
+    let previous = Profile::from_names(&PREVIOUS).expect("registered").with_percentage_of_nodes_to_score(percentage);
+    let all = Profile::default().with_percentage_of_nodes_to_score(percentage);
     let workloads = [
         ("plain replicas", (0..PODS).map(|i| replica(i % 50 + 1, &format!("new-{i}"), json!({}))).collect::<Vec<_>>()),
         (

@@ -7,6 +7,7 @@ use std::{
     any::Any,
     collections::{BTreeMap, HashMap},
     fmt,
+    sync::atomic::{AtomicUsize, Ordering},
 };
 
 pub use crate::terms::NamespaceLabels;
@@ -24,6 +25,7 @@ pub struct Cluster<'a> {
 #[derive(Clone, Debug)]
 pub struct PodInfo {
     pub namespace: String,
+    pub name: String,
     pub labels: BTreeMap<String, String>,
     /// Its required anti-affinity terms (which hold for Pods placed after it too).
     pub required_anti_affinity: Vec<Term>,
@@ -43,6 +45,7 @@ impl PodInfo {
         PodInfo {
             required_anti_affinity: required_terms(required_anti, &namespace, &labels),
             scoring: scoring_terms(pod_affinity, anti, &namespace, &labels, true),
+            name: pod.metadata.name.clone().unwrap_or_default(),
             namespace,
             labels,
         }
@@ -105,11 +108,51 @@ pub struct NodeInfo {
     /// Which of `pods` have inter-Pod affinity or anti-affinity terms (few do; they are what
     /// other Pods' placement is checked against).
     pub with_affinity: Vec<usize>,
+    /// Its Ready condition is True (what NodeReady reads of every node in every cycle).
+    pub ready: bool,
+    /// The sizes of the images the node holds, by each of their names as the runtime names
+    /// them (what ImageLocality looks up).
+    pub images: HashMap<String, i64>,
+}
+
+fn is_ready(node: &Node) -> bool {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+    conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn node_images(node: &Node) -> HashMap<String, i64> {
+    let images = node.status.as_ref().and_then(|s| s.images.as_deref()).unwrap_or_default();
+    let named = images.iter().flat_map(|i| i.names.iter().flatten().map(|n| (n, i.size_bytes.unwrap_or(0))));
+    named.map(|(name, size)| (normalized_image(name), size)).collect()
+}
+
+/// An image reference as the runtime names it: `nginx` -> `docker.io/library/nginx:latest`.
+pub fn normalized_image(image: &str) -> String {
+    let (name, tagged) = match image.rsplit_once('/') {
+        Some((_, last)) => (image.to_owned(), last.contains(':') || last.contains('@')),
+        None => (image.to_owned(), image.contains(':') || image.contains('@')),
+    };
+    let first = name.split('/').next().unwrap_or_default();
+    let has_registry = name.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
+    let name = match (has_registry, name.contains('/')) {
+        (true, _) => name,
+        (false, true) => format!("docker.io/{name}"),
+        (false, false) => format!("docker.io/library/{name}"),
+    };
+    if tagged { name } else { format!("{name}:latest") }
 }
 
 impl NodeInfo {
+    /// The node changed (its labels, taints, allocatable, conditions); its Pods stay counted.
+    pub fn set_node(&mut self, node: Node) {
+        self.allocatable = node_allocatable(&node);
+        self.images = node_images(&node);
+        self.ready = is_ready(&node);
+        self.node = node;
+    }
+
     pub fn new(node: Node) -> Self {
-        let allocatable = node_allocatable(&node);
+        let (allocatable, images, ready) = (node_allocatable(&node), node_images(&node), is_ready(&node));
         NodeInfo {
             node,
             allocatable,
@@ -119,6 +162,8 @@ impl NodeInfo {
             pods: Vec::new(),
             host_ports: Vec::new(),
             with_affinity: Vec::new(),
+            ready,
+            images,
         }
     }
 
@@ -144,6 +189,32 @@ impl NodeInfo {
         }
         self.pods.push(info);
         self.host_ports.extend(host_ports(pod));
+    }
+
+    /// Takes back what [`NodeInfo::add_pod`] accounted for `pod`; nothing if it is not counted.
+    pub fn remove_pod(&mut self, pod: &Pod) {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let Some(at) = self.pods.iter().position(|p| p.name == name && p.namespace == namespace) else { return };
+        self.pods.swap_remove(at);
+        self.with_affinity = (0..self.pods.len())
+            .filter(|i| !self.pods[*i].required_anti_affinity.is_empty() || !self.pods[*i].scoring.is_empty())
+            .collect();
+        self.requested.sub(&pod_requests(pod));
+        self.score_requested.sub(&pod_score_requests(pod));
+        if let Some(uid) = controller_uid(pod)
+            && let Some(count) = self.by_controller.get_mut(uid)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.by_controller.remove(uid);
+            }
+        }
+        for port in host_ports(pod) {
+            if let Some(i) = self.host_ports.iter().position(|p| *p == port) {
+                self.host_ports.swap_remove(i);
+            }
+        }
     }
 }
 
@@ -207,10 +278,35 @@ fn join_reasons(reasons: &BTreeMap<String, usize>) -> String {
     counted.join(", ")
 }
 
+/// Below this many nodes every node is filtered and scored (kube-scheduler's
+/// minFeasibleNodesToFind).
+const MIN_FEASIBLE_NODES_TO_FIND: usize = 100;
+/// The least percentage of the nodes the adaptive default looks at (minFeasibleNodesPercentageToFind).
+const MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND: usize = 5;
+
+/// How many feasible nodes a cycle looks for before it stops filtering and scores them
+/// (kube-scheduler's numFeasibleNodesToFind): `percentage` of `total`, or with 0 the adaptive
+/// default, 50% less one point per 125 nodes and at least 5%; never fewer than 100.
+pub fn feasible_nodes_to_find(percentage: u32, total: usize) -> usize {
+    if total < MIN_FEASIBLE_NODES_TO_FIND || percentage >= 100 {
+        return total;
+    }
+    let percentage = match percentage as usize {
+        0 => 50usize.saturating_sub(total / 125).max(MIN_FEASIBLE_NODES_PERCENTAGE_TO_FIND),
+        p => p,
+    };
+    (total * percentage / 100).max(MIN_FEASIBLE_NODES_TO_FIND)
+}
+
 /// An ordered set of plugins with score weights (a scheduler profile).
 pub struct Profile {
     filters: Vec<Box<dyn FilterPlugin>>,
     scores: Vec<(Box<dyn ScorePlugin>, i64)>,
+    /// percentageOfNodesToScore: 0 for the adaptive default.
+    percentage_of_nodes_to_score: u32,
+    /// Where the next cycle starts filtering (nextStartNodeIndex): after the last node the
+    /// previous one looked at, so that every node gets its turn.
+    next_start_node_index: AtomicUsize,
 }
 
 impl fmt::Debug for Profile {
@@ -224,7 +320,13 @@ impl fmt::Debug for Profile {
 
 impl Profile {
     pub fn new(filters: Vec<Box<dyn FilterPlugin>>, scores: Vec<(Box<dyn ScorePlugin>, i64)>) -> Self {
-        Profile { filters, scores }
+        Profile { filters, scores, percentage_of_nodes_to_score: 0, next_start_node_index: AtomicUsize::new(0) }
+    }
+
+    /// The profile looking for `percentage` of the nodes before it scores (0: adaptive).
+    pub fn with_percentage_of_nodes_to_score(mut self, percentage: u32) -> Self {
+        self.percentage_of_nodes_to_score = percentage;
+        self
     }
 
     /// The plugins' names and the score weights, in order (what a configuration file made).
@@ -234,7 +336,9 @@ impl Profile {
 
     /// Picks the best feasible node of `nodes`: the highest weighted score, ties to the lowest
     /// name so the result is deterministic. A node's reasons are those of the first filter it
-    /// fails, as kube-scheduler stops at it.
+    /// fails, as kube-scheduler stops at it. Filtering starts where the previous cycle stopped
+    /// and stops once [`feasible_nodes_to_find`] nodes passed; only those are scored. PreFilter
+    /// and the plugins' cluster-wide counts still see every node.
     pub fn schedule(
         &self,
         pod: &Pod,
@@ -267,14 +371,22 @@ impl Profile {
         let (request, score_request) = (pod_requests(pod), pod_score_requests(pod));
         let states: Vec<CycleState> = self.filters.iter().map(|f| f.pre_filter(pod, cluster)).collect();
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
-        let mut feasible: Vec<&NodeInfo> = Vec::with_capacity(nodes.len());
-        for node in nodes {
+        let to_find = feasible_nodes_to_find(self.percentage_of_nodes_to_score, nodes.len());
+        let start = self.next_start_node_index.load(Ordering::Relaxed) % nodes.len().max(1);
+        let mut feasible: Vec<&NodeInfo> = Vec::with_capacity(to_find);
+        let mut looked_at = 0;
+        for node in nodes[start..].iter().chain(&nodes[..start]) {
+            looked_at += 1;
             let mut checks = self.filters.iter().map(|f| &**f).zip(&states).chain(extra.map(|f| (f, &None)));
             match checks.find_map(|(f, state)| f.filter(pod, &request, node, state).err()) {
                 Some(unfit) => unfit.into_iter().for_each(|reason| *reasons.entry(reason).or_default() += 1),
                 None => feasible.push(node),
             }
+            if feasible.len() >= to_find {
+                break;
+            }
         }
+        self.next_start_node_index.store((start + looked_at) % nodes.len().max(1), Ordering::Relaxed);
         if feasible.is_empty() {
             return Err(ScheduleError::Unschedulable { total: nodes.len(), reasons });
         }
@@ -290,5 +402,69 @@ impl Profile {
             .max_by(|(a, s), (b, t)| s.cmp(t).then_with(|| b.name().cmp(a.name())))
             .map(|(node, _)| node.name().to_owned());
         best.ok_or(ScheduleError::Unschedulable { total: nodes.len(), reasons })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn feasible_nodes_to_find_as_kube_scheduler() {
+        for (percentage, total, expected) in [
+            (0, 0, 0),
+            (0, 99, 99),
+            (0, 100, 100),
+            (0, 500, 230),
+            (0, 1000, 420),
+            (0, 5000, 500),
+            (0, 6000, 300),
+            (0, 20_000, 1000),
+            (1, 1000, 100),
+            (10, 5000, 500),
+            (50, 150, 100),
+            (100, 5000, 5000),
+            (150, 5000, 5000),
+        ] {
+            assert_eq!(feasible_nodes_to_find(percentage, total), expected, "{percentage}% of {total}");
+        }
+    }
+
+    fn nodes(count: usize) -> Vec<NodeInfo> {
+        (0..count)
+            .map(|i| {
+                NodeInfo::new(
+                    serde_json::from_value(json!({
+                        "metadata": {"name": format!("n{i:03}")},
+                        "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                            "conditions": [{"type": "Ready", "status": "True"}]}
+                    }))
+                    .unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// Equal nodes score alike, so each cycle picks the lowest name among the nodes it looked at:
+    /// which node that is shows where the cycle started.
+    #[test]
+    fn cycles_start_where_the_previous_one_stopped() {
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}))
+                .unwrap();
+        let namespaces = NamespaceLabels::new();
+        for (percentage, count, expected) in [
+            (50, 200, vec!["n000", "n100", "n000"]),
+            (0, 250, vec!["n000", "n120", "n000"]),
+            (100, 200, vec!["n000", "n000"]),
+            (10, 50, vec!["n000", "n000"]),
+        ] {
+            let profile = Profile::default().with_percentage_of_nodes_to_score(percentage);
+            let nodes = nodes(count);
+            let picked: Vec<String> =
+                expected.iter().map(|_| profile.schedule(&pod, &nodes, &namespaces).unwrap()).collect();
+            assert_eq!(picked, expected, "{percentage}% of {count} nodes");
+        }
     }
 }

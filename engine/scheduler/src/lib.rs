@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod plugins;
 pub mod resources;
 pub mod scheduler;
+pub mod snapshot;
 pub mod terms;
 pub mod volume_binding;
 

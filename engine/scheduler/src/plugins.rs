@@ -6,7 +6,9 @@ pub mod node_affinity;
 pub mod node_ports;
 pub mod topology_spread;
 
-use crate::framework::{CycleState, FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin};
+use crate::framework::{
+    Cluster, CycleState, FilterPlugin, NodeInfo, Profile, ScheduleError, ScorePlugin, normalized_image,
+};
 use crate::resources::Resources;
 use gitplane_api::taints::{NO_SCHEDULE, UNSCHEDULABLE, tolerates};
 use inter_pod_affinity::InterPodAffinity;
@@ -25,21 +27,14 @@ impl FilterPlugin for NodeReady {
     }
 
     fn filter(&self, pod: &Pod, _: &Resources, node: &NodeInfo, _: &CycleState) -> Result<(), Vec<String>> {
-        let cordon = Taint { key: UNSCHEDULABLE.into(), effect: NO_SCHEDULE.into(), ..Default::default() };
         let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
+        let cordon = || Taint { key: UNSCHEDULABLE.into(), effect: NO_SCHEDULE.into(), ..Default::default() };
         if node.node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false)
-            && !tolerations.iter().any(|t| tolerates(t, &cordon))
+            && !tolerations.iter().any(|t| tolerates(t, &cordon()))
         {
             return Err(vec!["node(s) were unschedulable".into()]);
         }
-        let ready = node
-            .node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-            .is_some_and(|c| c.status == "True");
-        if ready { Ok(()) } else { Err(vec!["node(s) were not ready".into()]) }
+        if node.ready { Ok(()) } else { Err(vec!["node(s) were not ready".into()]) }
     }
 }
 
@@ -130,13 +125,12 @@ impl ScorePlugin for BalancedAllocation {
     }
 }
 
-fn untolerated<'a>(pod: &Pod, node: &'a NodeInfo, effects: &[&str]) -> impl Iterator<Item = &'a Taint> {
-    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.clone()).unwrap_or_default();
+fn untolerated<'a>(pod: &'a Pod, node: &'a NodeInfo, effects: &'a [&str]) -> impl Iterator<Item = &'a Taint> {
+    let tolerations = pod.spec.as_ref().and_then(|s| s.tolerations.as_deref()).unwrap_or_default();
     let taints = node.node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
-    let effects: Vec<String> = effects.iter().map(|e| e.to_string()).collect();
     taints
         .iter()
-        .filter(move |t| effects.contains(&t.effect))
+        .filter(move |t| effects.contains(&t.effect.as_str()))
         .filter(move |t| !tolerations.iter().any(|tol| tolerates(tol, t)))
 }
 
@@ -180,41 +174,27 @@ pub struct ImageLocality;
 const IMAGE_MIN_BYTES: i64 = 23 << 20;
 const IMAGE_MAX_BYTES_PER_CONTAINER: i64 = 1000 << 20;
 
-/// An image reference as the runtime names it: `nginx` -> `docker.io/library/nginx:latest`.
-fn normalized_image(image: &str) -> String {
-    let (name, tagged) = match image.rsplit_once('/') {
-        Some((_, last)) => (image.to_owned(), last.contains(':') || last.contains('@')),
-        None => (image.to_owned(), image.contains(':') || image.contains('@')),
-    };
-    let first = name.split('/').next().unwrap_or_default();
-    let has_registry = name.contains('/') && (first.contains('.') || first.contains(':') || first == "localhost");
-    let name = match (has_registry, name.contains('/')) {
-        (true, _) => name,
-        (false, true) => format!("docker.io/{name}"),
-        (false, false) => format!("docker.io/library/{name}"),
-    };
-    if tagged { name } else { format!("{name}:latest") }
-}
-
 impl ScorePlugin for ImageLocality {
     fn name(&self) -> &'static str {
         "ImageLocality"
     }
 
-    fn score(&self, pod: &Pod, _: &Resources, node: &NodeInfo) -> i64 {
-        let Some(spec) = pod.spec.as_ref() else { return 0 };
-        let images = node.node.status.as_ref().and_then(|s| s.images.as_deref()).unwrap_or_default();
-        let present: i64 = spec
-            .containers
-            .iter()
-            .filter_map(|c| c.image.as_deref())
-            .map(normalized_image)
-            .filter_map(|wanted| {
-                images.iter().find(|i| i.names.iter().flatten().any(|n| normalized_image(n) == wanted))?.size_bytes
-            })
-            .sum();
+    fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
+        self.score_all(pod, request, &[node], Cluster { nodes: &[], namespaces: &Default::default() })[0]
+    }
+
+    /// The Pod's images are named as the runtime names them once, the nodes' when they enter
+    /// the snapshot ([`NodeInfo::images`]).
+    fn score_all(&self, pod: &Pod, _: &Resources, nodes: &[&NodeInfo], _: Cluster<'_>) -> Vec<i64> {
+        let Some(spec) = pod.spec.as_ref() else { return vec![0; nodes.len()] };
+        let wanted: Vec<String> =
+            spec.containers.iter().filter_map(|c| c.image.as_deref()).map(normalized_image).collect();
         let max = IMAGE_MAX_BYTES_PER_CONTAINER * spec.containers.len().max(1) as i64;
-        ((present.clamp(IMAGE_MIN_BYTES, max) - IMAGE_MIN_BYTES) * 100) / (max - IMAGE_MIN_BYTES)
+        let score = |node: &&NodeInfo| {
+            let present: i64 = wanted.iter().filter_map(|w| node.images.get(w)).sum();
+            ((present.clamp(IMAGE_MIN_BYTES, max) - IMAGE_MIN_BYTES) * 100) / (max - IMAGE_MIN_BYTES)
+        };
+        nodes.iter().map(score).collect()
     }
 }
 
@@ -434,7 +414,9 @@ mod tests {
     fn image_locality_prefers_nodes_holding_big_images() {
         let with_images = |name: &str, images: serde_json::Value| {
             let mut info = node(name, "4", "8Gi", true);
-            info.node.status.as_mut().unwrap().images = serde_json::from_value(images).unwrap();
+            let mut changed = info.node.clone();
+            changed.status.as_mut().unwrap().images = serde_json::from_value(images).unwrap();
+            info.set_node(changed);
             info
         };
         let mut p = pod("100m", "64Mi");

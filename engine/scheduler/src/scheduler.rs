@@ -1,13 +1,21 @@
 //! The scheduling loop: pending Pods from the informer cache, snapshots of the nodes, bindings
 //! written with compare-and-swap.
 //!
+//! A Pod is bound asynchronously, as kube-scheduler's binding cycle: the loop counts it on its
+//! node at once and goes on to the next Pod while up to [`BINDS_IN_FLIGHT`] bindings commit. Each
+//! binding is a transaction of its own, so a Pod deleted or bound elsewhere meanwhile fails alone;
+//! the store commits the bindings waiting together in one write (SQLite's writer: one transaction
+//! and one fsync per batch, each binding accepted or rejected on its own).
+//!
 //! Pods wait in one [`WorkQueue`], as kube-scheduler's queues, run by the work queue's loop
 //! runner: a Pod that fits nowhere is parked until a change of the cluster could make room (a
 //! Node changed, a bound Pod was deleted or finished) or at most [`MAX_UNSCHEDULABLE_STAY`]; a Pod
 //! whose binding fails is retried after a per-Pod backoff. No failure drops a Pod.
 
-use crate::framework::{NamespaceLabels, NodeInfo, Profile, ScheduleError};
+use crate::framework::{Profile, ScheduleError};
+use crate::snapshot::{PodId, Snapshot, holds_room, is_terminal, node_name};
 use crate::volume_binding::{self, PodVolumes};
+use futures::StreamExt;
 use gitplane_api::events::{NORMAL, Source, WARNING, reference};
 use gitplane_api::object::{from_value, kind_of, to_value};
 use gitplane_store::events::Recorder;
@@ -25,11 +33,10 @@ use serde_json::Value;
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
-    time::Duration,
+    time::{Duration, Instant},
 };
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, mpsc};
 
-type PodId = (String, String);
 type Queue = WorkQueue<PodId, Reason>;
 
 /// kube-scheduler's podInitialBackoff and podMaxBackoff.
@@ -42,6 +49,8 @@ pub const MAX_UNSCHEDULABLE_STAY: Duration = Duration::from_secs(60);
 /// while they commit (nothing it decides depends on them), so a burst of Pods that fit nowhere
 /// shares the store's commits instead of waiting for one each.
 const STATUS_WRITES_IN_FLIGHT: usize = 64;
+/// Bindings committing at once: what one commit of the store takes in at most.
+const BINDS_IN_FLIGHT: usize = 100;
 
 /// Why a Pod is tried (again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,14 +75,29 @@ pub enum Reason {
 
 impl gitplane_workqueue::Reason for Reason {}
 
+/// A binding's outcome, back to the loop.
+pub struct Binding {
+    pod_id: PodId,
+    pod: Pod,
+    node: String,
+    /// When its scheduling attempt started.
+    started: Instant,
+    result: gitplane_store::Result<()>,
+}
+
+/// What the loop observes: the informer's changes and its own bindings' outcomes.
+pub enum Input {
+    Cache(Notification),
+    Bound(Box<Binding>),
+}
+
 pub struct Scheduler {
     store: Arc<dyn Store>,
     informer: Informer,
     profile: Profile,
-    /// The nodes as the Pods scheduled since it was taken left them, and the namespaces' labels,
-    /// kept until an event other than one of its own bindings showing in the cache could change
-    /// it: Pods that arrive one at a time must not rebuild it (decoding every bound Pod) each.
-    snapshot: Option<(Vec<NodeInfo>, NamespaceLabels)>,
+    /// The nodes with the Pods they hold and the namespaces' labels, built at the first Pod and
+    /// kept up to date from then on (none until then: a cluster with nothing pending keeps none).
+    snapshot: Option<Snapshot>,
     /// The queued Pods that fit nowhere at their last attempt: a cluster event wakes them.
     unschedulable: HashSet<PodId>,
     /// Bindings written but not yet seen in the cache: counted on their node meanwhile.
@@ -82,14 +106,11 @@ pub struct Scheduler {
     events: Recorder,
     /// Permits for [`STATUS_WRITES_IN_FLIGHT`].
     status_writes: Arc<Semaphore>,
-}
-
-fn is_terminal(pod: &Value) -> bool {
-    matches!(pod["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
-}
-
-fn node_name(pod: &Value) -> Option<&str> {
-    pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty())
+    /// Permits for [`BINDS_IN_FLIGHT`].
+    binds: Arc<Semaphore>,
+    /// Where bindings report, and where the loop reads them (taken by [`Scheduler::run`]).
+    bound: mpsc::UnboundedSender<Binding>,
+    bindings: Option<mpsc::UnboundedReceiver<Binding>>,
 }
 
 /// Unbound and not finished: what the scheduler places.
@@ -97,16 +118,14 @@ fn needs_node(pod: &Value) -> bool {
     pod["spec"].is_object() && node_name(pod).is_none() && !is_terminal(pod)
 }
 
-/// Holds room on its node: bound and not finished (kube-scheduler's informer lists Pods with
-/// `status.phase!=Succeeded,status.phase!=Failed`).
-fn holds_room(pod: &Value) -> bool {
-    node_name(pod).is_some() && !is_terminal(pod)
-}
-
 impl Scheduler {
     /// The informer must watch `Pod`, `Node` and `Namespace` (what `namespaceSelector`s select).
     pub fn new(store: Arc<dyn Store>, informer: Informer, profile: Profile) -> Self {
+        let (bound, bindings) = mpsc::unbounded_channel();
         Scheduler {
+            binds: Arc::new(Semaphore::new(BINDS_IN_FLIGHT)),
+            bound,
+            bindings: Some(bindings),
             informer,
             profile,
             snapshot: None,
@@ -118,12 +137,21 @@ impl Scheduler {
         }
     }
 
-    pub async fn run(self) {
-        let notifications = self.informer.notifications();
+    pub async fn run(mut self) {
+        let notifications = Box::pin(self.informer.notifications());
+        let Some(bindings) = self.bindings.take() else { return };
         self.informer.wait_synced().await;
+        // Ends with the informer's notifications.
+        let inputs = futures::stream::unfold((notifications, bindings), |(mut cache, mut bound)| async move {
+            let input = tokio::select! {
+                Some(binding) = bound.recv() => Input::Bound(Box::new(binding)),
+                notification = cache.next() => Input::Cache(notification?),
+            };
+            Some((input, (cache, bound)))
+        });
         // Pods waiting for a node: due now, backing off, or parked unschedulable.
         let queue = WorkQueue::new(BACKOFF).named("scheduler");
-        runner::run(self, queue, notifications).await;
+        runner::run(self, queue, inputs).await;
     }
 
     /// Tries the unschedulable Pods again, each once its backoff is over.
@@ -131,38 +159,6 @@ impl Scheduler {
         for pod_id in self.unschedulable.drain() {
             queue.add_after_backoff(pod_id, reason);
         }
-    }
-
-    fn snapshot(&self) -> (Vec<NodeInfo>, NamespaceLabels) {
-        let cache = self.informer.cache();
-        let namespaces = cache
-            .list_typed::<Namespace>(None)
-            .into_iter()
-            .map(|n| (n.metadata.name.unwrap_or_default(), n.metadata.labels.unwrap_or_default()))
-            .collect();
-        let mut nodes: HashMap<String, NodeInfo> = cache
-            .list_typed::<Node>(None)
-            .into_iter()
-            .map(|n| (n.metadata.name.clone().unwrap_or_default(), NodeInfo::new(n)))
-            .collect();
-        // Only Pods that hold room on a known node count: the others are not decoded at all.
-        let counted = |p: &Value| holds_room(p) && node_name(p).is_some_and(|n| nodes.contains_key(n));
-        for pod in cache.list_typed_where::<Pod>(None, counted) {
-            if self.assumed.contains_key(&id(&pod)) {
-                continue;
-            }
-            if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_ref()).and_then(|n| nodes.get_mut(n)) {
-                node.add_pod(&pod);
-            }
-        }
-        for (node, pod) in self.assumed.values() {
-            if let Some(node) = nodes.get_mut(node) {
-                node.add_pod(pod);
-            }
-        }
-        let mut nodes: Vec<_> = nodes.into_values().collect();
-        nodes.sort_by(|a, b| a.name().cmp(b.name()));
-        (nodes, namespaces)
     }
 
     /// The claims, volumes and classes of a Pod that names claims (nothing is read otherwise).
@@ -185,32 +181,47 @@ impl Scheduler {
         }
     }
 
-    /// Writes `spec.nodeName` (compare-and-swap on the Pod's resourceVersion), the PodScheduled
-    /// condition and the selected node of each claim that waited for it, in one transaction.
-    async fn bind(&self, pod: &Pod, node: &str, volumes: &PodVolumes) -> gitplane_store::Result<()> {
-        let mut bound = pod.clone();
-        if let Some(spec) = bound.spec.as_mut() {
-            spec.node_name = Some(node.to_owned());
-        }
-        let mut status = bound.clone();
-        status.metadata.resource_version = None; // ordered after the CAS above, in the same transaction
-        set_scheduled_condition(&mut status, "True", None, None);
-        let mut ops = vec![Op::Update(to_value(&bound)), Op::UpdateStatus(to_value(&status))];
-        for (claim, _) in &volumes.delayed {
-            let annotations = claim.metadata.annotations.as_ref();
-            if annotations.and_then(|a| a.get(gitplane_api::volumes::SELECTED_NODE)).map(String::as_str) == Some(node) {
-                continue;
+    /// Binds `pod` in the background, waiting only while [`BINDS_IN_FLIGHT`] are committing; the
+    /// outcome comes back as an [`Input::Bound`].
+    async fn start_binding(&self, pod_id: PodId, pod: Pod, node: String, volumes: PodVolumes, started: Instant) {
+        let Ok(permit) = self.binds.clone().acquire_owned().await else { return };
+        let (store, bound) = (self.store.clone(), self.bound.clone());
+        tokio::spawn(async move {
+            let result = bind(&*store, &pod, &node, &volumes).await;
+            drop(permit);
+            // Measured at the commit, not when the loop gets to the outcome.
+            crate::metrics::attempt(if result.is_ok() { "scheduled" } else { "error" }, started.elapsed());
+            let _ = bound.send(Binding { pod_id, pod, node, started, result });
+        });
+    }
+
+    /// A binding committed or failed: the first is recorded, the second un-counted and retried.
+    fn bound(&mut self, binding: Binding, queue: &mut Queue) {
+        let Binding { pod_id, pod, node, started, result } = binding;
+        let name = format!("{}/{}", pod_id.0, pod_id.1);
+        match result {
+            Ok(()) => {
+                tracing::info!(pod = %name, %node, elapsed = ?started.elapsed(), "bound");
+                let message = format!("Successfully assigned {name} to {node}");
+                self.events.event(reference(&pod), NORMAL, "Scheduled", &message);
             }
-            let mut selected = claim.clone();
-            selected
-                .metadata
-                .annotations
-                .get_or_insert_with(Default::default)
-                .insert(gitplane_api::volumes::SELECTED_NODE.into(), node.into());
-            ops.push(Op::Update(to_value(&selected)));
+            Err(e) => {
+                // Still assumed: the cache has not shown it bound, deleted or finished since.
+                if self.assumed.get(&pod_id).is_some_and(|(n, _)| *n == node) {
+                    self.assumed.remove(&pod_id);
+                    if let Some(snapshot) = self.snapshot.as_mut() {
+                        snapshot.uncount(&pod_id);
+                    }
+                }
+                let backoff = queue.add_with_backoff(pod_id, Reason::BindFailed);
+                if e.is_conflict() || e.is_not_found() {
+                    // Our cache was behind a concurrent writer.
+                    tracing::debug!(error = %e, pod = %name, ?backoff, "binding conflicted, retrying");
+                } else {
+                    tracing::warn!(error = %e, pod = %name, %node, ?backoff, "binding failed, retrying");
+                }
+            }
         }
-        self.store.txn(ops).await?;
-        Ok(())
     }
 
     /// Writes the PodScheduled=False condition in the background (compare-and-swap on the Pod
@@ -235,7 +246,7 @@ impl Scheduler {
 impl Reconcile for Scheduler {
     type Key = PodId;
     type Reason = Reason;
-    type Notification = Notification;
+    type Notification = Input;
 
     async fn resync(&mut self, queue: &mut Queue) {
         self.unschedulable.clear();
@@ -248,17 +259,23 @@ impl Reconcile for Scheduler {
         }
     }
 
-    async fn observe(&mut self, notification: Notification, queue: &mut Queue) {
-        let event = match notification {
-            Notification::Resync => return self.resync(queue).await,
-            Notification::Changed(event) => event,
+    async fn observe(&mut self, input: Input, queue: &mut Queue) {
+        let event = match input {
+            Input::Bound(binding) => return self.bound(*binding, queue),
+            Input::Cache(Notification::Resync) => return self.resync(queue).await,
+            Input::Cache(Notification::Changed(event)) => event,
         };
+        let object = (event.event_type != EventType::Deleted).then_some(&*event.object);
         if event.key.kind == kind_of::<Node>() {
-            self.snapshot = None;
+            if let Some(snapshot) = self.snapshot.as_mut() {
+                snapshot.node_changed(&event.key.name, object, self.informer.cache());
+            }
             return self.wake(queue, Reason::NodeChanged);
         }
         if event.key.kind == kind_of::<Namespace>() {
-            self.snapshot = None;
+            if let Some(snapshot) = self.snapshot.as_mut() {
+                snapshot.namespace_changed(&event.key.name, object);
+            }
             return;
         }
         let volume_kinds =
@@ -271,12 +288,15 @@ impl Reconcile for Scheduler {
         }
         let pod_id = (event.key.namespace.clone(), event.key.name.clone());
         let pod = &*event.object;
+        if let Some(snapshot) = self.snapshot.as_mut() {
+            let assumed = self.assumed.get(&pod_id).map(|(node, _)| node.as_str());
+            snapshot.pod_changed(&pod_id, object, assumed);
+        }
         if event.event_type == EventType::Deleted {
             queue.remove(&pod_id);
             self.unschedulable.remove(&pod_id);
             let assumed = self.assumed.remove(&pod_id).is_some();
             if assumed || holds_room(pod) {
-                self.snapshot = None;
                 self.wake(queue, Reason::PodDeleted);
             }
         } else if needs_node(pod) {
@@ -285,11 +305,8 @@ impl Reconcile for Scheduler {
                 queue.add(pod_id, Reason::PodChanged);
             }
         } else {
-            // A binding of this loop showing in the cache: the snapshot counts it already.
-            let ours = self.assumed.remove(&pod_id).is_some_and(|(node, _)| node_name(pod) == Some(&node));
-            if !ours || !holds_room(pod) {
-                self.snapshot = None;
-            }
+            // Bound (by this loop or another writer) or finished: no longer assumed.
+            self.assumed.remove(&pod_id);
             queue.remove(&pod_id);
             self.unschedulable.remove(&pod_id);
             if node_name(pod).is_some() && is_terminal(pod) {
@@ -298,7 +315,7 @@ impl Reconcile for Scheduler {
         }
     }
 
-    async fn reconcile(&mut self, pod_id: PodId, reason: Reason, queue: &Queue) -> Requeue<Reason> {
+    async fn reconcile(&mut self, pod_id: PodId, reason: Reason, _: &Queue) -> Requeue<Reason> {
         self.unschedulable.remove(&pod_id);
         if self.assumed.contains_key(&pod_id) {
             return Requeue::Done;
@@ -307,40 +324,27 @@ impl Reconcile for Scheduler {
         let Some(pod) = value.filter(|v| needs_node(v)).and_then(|v| from_value::<Pod>(Value::clone(&v)).ok()) else {
             return Requeue::Done;
         };
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let name = format!("{}/{}", pod_id.0, pod_id.1);
-        let (mut nodes, namespaces) = self.snapshot.take().unwrap_or_else(|| self.snapshot());
+        let mut snapshot = match self.snapshot.take() {
+            Some(snapshot) => snapshot,
+            None => Snapshot::build(self.informer.cache(), self.assumed.iter()),
+        };
+        let (nodes, namespaces) = (&snapshot.nodes, &snapshot.namespaces);
         let volumes = volume_binding::pre_filter(&pod, &self.volumes(&pod));
         let placed = match &volumes {
-            Ok(volumes) => self.profile.schedule_with(&pod, &nodes, &namespaces, volumes),
+            Ok(volumes) => self.profile.schedule_with(&pod, nodes, namespaces, volumes),
             Err(reason) => Err(ScheduleError::PreFilter { total: nodes.len(), reason: reason.clone() }),
         };
         let volumes = volumes.unwrap_or_default();
         let requeue = match placed {
-            Ok(node) => match self.bind(&pod, &node, &volumes).await {
-                Ok(()) => {
-                    crate::metrics::attempt("scheduled", started.elapsed());
-                    tracing::info!(pod = %name, %node, ?reason, elapsed = ?started.elapsed(), "bound");
-                    let message = format!("Successfully assigned {name} to {node}");
-                    self.events.event(reference(&pod), NORMAL, "Scheduled", &message);
-                    if let Some(info) = nodes.iter_mut().find(|n| n.name() == node) {
-                        info.add_pod(&pod);
-                    }
-                    self.assumed.insert(pod_id, (node, pod));
-                    Requeue::Done
-                }
-                Err(e) => {
-                    crate::metrics::attempt("error", started.elapsed());
-                    let backoff = queue.next_backoff(&pod_id);
-                    if e.is_conflict() {
-                        // Our cache was behind a concurrent writer.
-                        tracing::debug!(error = %e, pod = %name, ?backoff, "binding conflicted, retrying");
-                    } else {
-                        tracing::warn!(error = %e, pod = %name, %node, ?backoff, "binding failed, retrying");
-                    }
-                    Requeue::Backoff(Reason::BindFailed)
-                }
-            },
+            Ok(node) => {
+                tracing::debug!(pod = %name, %node, ?reason, "assumed");
+                snapshot.count(pod_id.clone(), node.clone(), pod.clone());
+                self.assumed.insert(pod_id.clone(), (node.clone(), pod.clone()));
+                self.start_binding(pod_id, pod, node, volumes, started).await;
+                Requeue::Done
+            }
             Err(unschedulable) => {
                 crate::metrics::attempt("unschedulable", started.elapsed());
                 tracing::info!(pod = %name, reason = %unschedulable, "unschedulable");
@@ -351,13 +355,37 @@ impl Reconcile for Scheduler {
                 Requeue::Park(MAX_UNSCHEDULABLE_STAY, Reason::UnschedulableTimeout)
             }
         };
-        self.snapshot = Some((nodes, namespaces));
+        self.snapshot = Some(snapshot);
         requeue
     }
 }
 
-fn id(pod: &Pod) -> PodId {
-    (pod.metadata.namespace.clone().unwrap_or_default(), pod.metadata.name.clone().unwrap_or_default())
+/// Writes `spec.nodeName` (compare-and-swap on the Pod's resourceVersion), the PodScheduled
+/// condition and the selected node of each claim that waited for it, in one transaction.
+async fn bind(store: &dyn Store, pod: &Pod, node: &str, volumes: &PodVolumes) -> gitplane_store::Result<()> {
+    let mut bound = pod.clone();
+    if let Some(spec) = bound.spec.as_mut() {
+        spec.node_name = Some(node.to_owned());
+    }
+    let mut status = bound.clone();
+    status.metadata.resource_version = None; // ordered after the CAS above, in the same transaction
+    set_scheduled_condition(&mut status, "True", None, None);
+    let mut ops = vec![Op::Update(to_value(&bound)), Op::UpdateStatus(to_value(&status))];
+    for (claim, _) in &volumes.delayed {
+        let annotations = claim.metadata.annotations.as_ref();
+        if annotations.and_then(|a| a.get(gitplane_api::volumes::SELECTED_NODE)).map(String::as_str) == Some(node) {
+            continue;
+        }
+        let mut selected = claim.clone();
+        selected
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(gitplane_api::volumes::SELECTED_NODE.into(), node.into());
+        ops.push(Op::Update(to_value(&selected)));
+    }
+    store.txn(ops).await?;
+    Ok(())
 }
 
 /// Sets the PodScheduled condition; `false` when it already said exactly this.

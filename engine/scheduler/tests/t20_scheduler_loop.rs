@@ -218,6 +218,70 @@ async fn a_failed_binding_is_retried() {
     assert_eq!(cluster.bound("p2").await, "a");
 }
 
+/// A store where another writer gets to some Pods just before the scheduler's binding of them
+/// commits: `gone` is deleted, `taken` is bound to node `b`.
+struct Interfering {
+    inner: Arc<dyn Store>,
+}
+
+#[async_trait::async_trait]
+impl Store for Interfering {
+    async fn get(&self, key: &gitplane_store::ObjectKey) -> gitplane_store::Result<Option<Value>> {
+        self.inner.get(key).await
+    }
+
+    async fn list(&self, kind: &str, options: &ListOptions) -> gitplane_store::Result<List> {
+        self.inner.list(kind, options).await
+    }
+
+    async fn txn(&self, ops: Vec<Op>) -> gitplane_store::Result<Committed> {
+        if let Some(Op::Update(pod)) = ops.first().filter(|_| is_binding(&ops)) {
+            let key = gitplane_store::ObjectKey::of::<Pod>("default", pod["metadata"]["name"].as_str().unwrap());
+            match key.name.as_str() {
+                "gone" => {
+                    self.inner.txn(vec![Op::Delete { key, revision: None }]).await?;
+                }
+                "taken" => {
+                    let mut current = self.inner.get(&key).await?.unwrap();
+                    current["spec"]["nodeName"] = json!("b");
+                    self.inner.txn(vec![Op::Update(current)]).await?;
+                }
+                _ => {}
+            }
+        }
+        self.inner.txn(ops).await
+    }
+
+    async fn watch(&self, from: Revision, options: WatchOptions) -> gitplane_store::Result<WatchStream> {
+        self.inner.watch(from, options).await
+    }
+
+    async fn revision(&self) -> gitplane_store::Result<Revision> {
+        self.inner.revision().await
+    }
+
+    async fn compact(&self, revision: Revision) -> gitplane_store::Result<()> {
+        self.inner.compact(revision).await
+    }
+}
+
+/// Bindings commit together but each on its own: a Pod deleted or bound by another writer
+/// meanwhile fails alone, and the loop goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_that_conflicts_fails_alone() {
+    let mut objects = vec![node("a", 110, true), node("b", 110, false), pod("gone"), pod("taken")];
+    objects.extend((0..20).map(|i| pod(&format!("p{i}"))));
+    let cluster = Cluster::start(Arc::new(Interfering { inner: sqlite().await }), objects).await;
+    for i in 0..20 {
+        assert_eq!(cluster.bound(&format!("p{i}")).await, "a");
+    }
+    assert_eq!(cluster.bound("taken").await, "b", "the other writer's binding stays");
+    let gone = cluster.store.get(&gitplane_store::ObjectKey::of::<Pod>("default", "gone")).await.unwrap();
+    assert!(gone.is_none());
+    cluster.store.txn(vec![Op::Create(pod("later"))]).await.unwrap();
+    assert_eq!(cluster.bound("later").await, "a");
+}
+
 fn zoned(name: &str, zone: &str) -> Value {
     let mut node = node(name, 110, true);
     node["metadata"]["labels"] = json!({"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": zone});

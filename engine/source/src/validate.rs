@@ -1215,8 +1215,9 @@ spec:
         }
     }
 
-    /// What the agent runs since: hostAliases, typed hostPath volumes, HTTPS probes, requests of
-    /// ephemeral storage and extended resources.
+    /// What the agent runs since: hostAliases, typed hostPath volumes, HTTPS probes, requests and
+    /// limits of ephemeral storage (evicted over them, as emptyDirs over their sizeLimit) and
+    /// extended resources.
     #[test]
     fn host_aliases_host_path_types_and_https_probes_are_accepted() {
         let pod = |volume_type: &str| {
@@ -1227,7 +1228,7 @@ kind: Pod
 metadata: {{name: p}}
 spec:
   hostAliases: [{{ip: 10.1.2.3, hostnames: [foo.local]}}]
-  volumes: [{{name: run, hostPath: {{path: /run/app, type: {volume_type}}}}}]
+  volumes: [{{name: run, hostPath: {{path: /run/app, type: {volume_type}}}}}, {{name: cache, emptyDir: {{sizeLimit: 10Mi}}}}]
   containers:
     - name: web
       image: i
@@ -1235,7 +1236,7 @@ spec:
       volumeMounts: [{{name: run, mountPath: /run/app}}]
       resources:
         requests: {{ephemeral-storage: 1Gi, nvidia.com/gpu: 1}}
-        limits: {{nvidia.com/gpu: 1}}
+        limits: {{ephemeral-storage: 2Gi, nvidia.com/gpu: 1}}
 "
             )
         };
@@ -1272,7 +1273,7 @@ spec:
                     at.replace("{}", "9")
                 ),
                 format!(
-                    "{}requests/hugepages-2Mi: resource hugepages-2Mi is not supported by gitplane's node agent yet (it supports cpu, memory, ephemeral-storage requests and extended resources such as example.com/foo)",
+                    "{}requests/hugepages-2Mi: resource hugepages-2Mi is not supported by gitplane's node agent yet (it supports cpu, memory, ephemeral-storage and extended resources such as example.com/foo)",
                     at.replace("{}", "9")
                 ),
                 format!(
@@ -1441,14 +1442,6 @@ spec:
                 "\"lots\" is not a quantity: write e.g. 250m or 0.5 (cpu), 64Mi or 1G (memory)".into(),
             ),
             (
-                27,
-                "/containers/0/resources/limits/ephemeral-storage".into(),
-                format!(
-                    "a limit of ephemeral-storage {not_yet} (no eviction over it): set it as \
-                     requests.ephemeral-storage instead, which scheduling counts"
-                ),
-            ),
-            (
                 30,
                 "/containers/0/volumeMounts/1/name".into(),
                 "\"data\" names no volume of the Pod: add it to spec.volumes, or fix the name".into(),
@@ -1483,13 +1476,55 @@ spec:
                 "job.yaml:8: Job j: /spec/template/spec/enableServiceLinks: enableServiceLinks (no Service variables are set) true {not_yet}: remove it, or set it to false"
             )]
         );
-        let rs = "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: r}\nspec:\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec:\n      securityContext: {seccompProfile: {type: Localhost, localhostProfile: p.json}}\n      containers: [{name: c, image: i}]\n";
-        assert_eq!(
-            errors(&[("rs.yaml", rs)]),
-            [format!(
-                "rs.yaml:9: ReplicaSet r: /spec/template/spec/securityContext/seccompProfile/type: securityContext.seccompProfile.type \"Localhost\" {not_yet}: remove it, or set it to \"RuntimeDefault\" or \"Unconfined\""
-            )]
-        );
+        // Seccomp and AppArmor profiles as the API server judges them; the node runs every type.
+        let profiles = |pod_sc: &str, container_sc: &str| {
+            format!(
+                "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {{name: r}}\nspec:\n  selector: {{matchLabels: {{a: b}}}}\n  template:\n    metadata: {{labels: {{a: b}}}}\n    spec:\n      securityContext: {pod_sc}\n      containers: [{{name: c, image: i, securityContext: {container_sc}}}]\n"
+            )
+        };
+        let at = "rs.yaml:9: ReplicaSet r: /spec/template/spec";
+        let cases = [
+            (
+                "{seccompProfile: {type: Localhost, localhostProfile: profiles/audit.json}}",
+                "{appArmorProfile: {type: RuntimeDefault}}",
+                vec![],
+            ),
+            (
+                "{appArmorProfile: {type: Localhost, localhostProfile: k8s-deny-write}}",
+                "{seccompProfile: {type: Unconfined}}",
+                vec![],
+            ),
+            (
+                "{seccompProfile: {type: Localhost, localhostProfile: ../../etc/x.json}}",
+                "{}",
+                vec![format!(
+                    "{at}/securityContext/seccompProfile/localhostProfile: localhostProfile \"../../etc/x.json\" must not contain '..': the profile stays inside the node's seccomp profile directory"
+                )],
+            ),
+            (
+                "{seccompProfile: {type: Localhost}}",
+                "{seccompProfile: {type: RuntimeDefault, localhostProfile: a.json}}",
+                vec![
+                    format!(
+                        "{at}/securityContext/seccompProfile/localhostProfile: localhostProfile \"\" must be set with type Localhost"
+                    ),
+                    format!(
+                        "rs.yaml:10: ReplicaSet r: /spec/template/spec/containers/0/securityContext/seccompProfile/localhostProfile: localhostProfile is for type Localhost only: remove it or set type: Localhost"
+                    ),
+                ],
+            ),
+            (
+                "{appArmorProfile: {type: Enforcing}}",
+                "{}",
+                vec![format!(
+                    "{at}/securityContext/appArmorProfile/type: appArmorProfile.type \"Enforcing\" is not one of RuntimeDefault, Unconfined, Localhost"
+                )],
+            ),
+        ];
+        for (pod_sc, container_sc, expected) in cases {
+            let got = check(&[("rs.yaml", &profiles(pod_sc, container_sc))]).err().unwrap_or_default();
+            assert_eq!(got, expected, "{pod_sc} {container_sc}");
+        }
         let groups = "apiVersion: v1\nkind: Pod\nmetadata: {name: g}\nspec:\n  securityContext: {fsGroup: 2000, fsGroupChangePolicy: Sometimes, supplementalGroupsPolicy: Strict}\n  containers: [{name: c, image: i}]\n";
         assert_eq!(
             errors(&[("groups.yaml", groups)]),

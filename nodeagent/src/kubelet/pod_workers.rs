@@ -3,6 +3,11 @@
 //! ([`super::pleg`]), by its probes and by the ConfigMaps and Secrets it references.
 
 use super::{
+    admission,
+    eviction::{
+        EVICTION_GRACE, Evictions,
+        local_storage::{REASON as EVICTED, evicted_status, is_evicted},
+    },
     podconfig::PodConfig,
     prober::{PodProber, Prober},
     runtime::{
@@ -49,6 +54,8 @@ pub(crate) struct PodWorkers {
     initial: Option<HashSet<String>>,
     /// Wakes the workers of Pods whose ConfigMaps or Secrets change.
     config: Arc<PodConfig>,
+    /// The Pods the eviction manager measures, and the evictions it decided.
+    evictions: Evictions,
 }
 
 impl Follower for PodWorkers {
@@ -106,6 +113,7 @@ impl PodWorkers {
         prober: Prober,
         client: Servers,
         config: Arc<PodConfig>,
+        evictions: Evictions,
     ) -> Self {
         PodWorkers {
             cfg,
@@ -116,6 +124,7 @@ impl PodWorkers {
             wakers: Wakers::default(),
             initial: None,
             config,
+            evictions,
         }
     }
 
@@ -128,6 +137,7 @@ impl PodWorkers {
         if let Some((tx, _)) = self.workers.get(&uid) {
             if let Some(wake) = self.wakers.lock().unwrap_or_else(PoisonError::into_inner).get(&uid) {
                 self.config.register(&uid, &pod, wake.clone());
+                self.evictions.update(&uid, &pod, wake.clone());
             }
             // The worker always gets the newest Pod, but is woken only by what it acts on: its
             // own status writes come back through the watch, and once woke it at once, so every
@@ -146,6 +156,7 @@ impl PodWorkers {
         );
         let wake = Arc::new(Notify::new());
         self.config.register(&uid, &pod, wake.clone());
+        self.evictions.update(&uid, &pod, wake.clone());
         let involved = gitplane_api::events::reference(&pod);
         let (tx, rx) = watch::channel(Some(pod));
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).insert(uid.clone(), wake.clone());
@@ -158,6 +169,7 @@ impl PodWorkers {
             resync_steady: self.cfg.resync_steady,
             wake,
             config: self.config.clone(),
+            evictions: self.evictions.clone(),
         };
         self.workers.insert(uid, (tx, tokio::spawn(worker.run(rx))));
     }
@@ -165,6 +177,7 @@ impl PodWorkers {
     fn delete(&mut self, uid: &str, last: Pod) {
         self.wakers.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
         self.config.unregister(uid);
+        self.evictions.forget(uid);
         match self.workers.remove(uid) {
             Some((tx, _)) => {
                 tx.send_replace(None);
@@ -185,6 +198,7 @@ impl PodWorkers {
         for uid in gone {
             self.wakers.lock().unwrap_or_else(PoisonError::into_inner).remove(&uid);
             self.config.unregister(&uid);
+            self.evictions.forget(&uid);
             if let Some((tx, _)) = self.workers.remove(&uid) {
                 tx.send_replace(None);
             }
@@ -291,6 +305,7 @@ struct PodWorker {
     /// or Secret it references changed.
     wake: Arc<Notify>,
     config: Arc<PodConfig>,
+    evictions: Evictions,
 }
 
 impl PodWorker {
@@ -304,11 +319,16 @@ impl PodWorker {
         // Pod already ran when first seen (adopted by a restarted agent).
         let seen = Instant::now();
         let mut start_recorded = false;
+        if self.rejects(&mut updates).await {
+            return;
+        }
+        // Evicted: the Pod never runs again; the worker waits for its deletion.
+        let mut evicted = false;
         loop {
             let pod = updates.borrow_and_update().clone();
             let Some(pod) = pod else {
                 let grace = last.as_ref().map_or(Duration::from_secs(30), grace_period);
-                if let Some(last) = &last {
+                if let Some(last) = last.as_ref().filter(|_| !evicted) {
                     self.killing(last);
                 }
                 let sidecars = last.as_ref().map(sidecar_names).unwrap_or_default();
@@ -318,6 +338,21 @@ impl PodWorker {
             if pod.metadata.deletion_timestamp.is_some() {
                 self.terminate(&pod).await;
                 return;
+            }
+            if !evicted && let Some(message) = self.evictions.decided(&self.uid) {
+                self.evict(&pod, &message).await;
+                evicted = true;
+            } else if !evicted && is_evicted(&pod) {
+                // Evicted before this agent started: what is left of it goes.
+                kill(&self.runtime, &self.uid, EVICTION_GRACE, &sidecar_names(&pod)).await;
+                evicted = true;
+            }
+            if evicted {
+                last = Some(pod);
+                if updates.changed().await.is_err() {
+                    return;
+                }
+                continue;
             }
             // What this version of the Pod references is here before it is read (once per version).
             if last.as_ref().is_none_or(|l| l.metadata.resource_version != pod.metadata.resource_version) {
@@ -392,6 +427,42 @@ impl PodWorker {
         }
     }
 
+    /// The kubelet's admission before the first sync: a Pod the node cannot run as written is
+    /// reported Failed with the reason, once, and never started; its worker then only waits for
+    /// its deletion. Whether the Pod was rejected (the worker is done).
+    async fn rejects(&self, updates: &mut watch::Receiver<Option<Pod>>) -> bool {
+        let Some(pod) = updates.borrow_and_update().clone() else {
+            return false;
+        };
+        if !admission::was_rejected(&pod) {
+            let Err(rejection) = admission::admit(&pod, self.runtime.config().host) else {
+                return false;
+            };
+            let name = pod.metadata.name.as_deref().unwrap_or("");
+            tracing::info!(pod = %name, reason = rejection.reason, message = %rejection.message, "pod rejected");
+            self.runtime.events().pod(&pod, gitplane_api::events::WARNING, rejection.reason, &rejection.message);
+            let mut failures = 0;
+            while !self.report(&pod, &rejection.status(&pod)).await {
+                failures += 1;
+                tokio::time::sleep(sync_backoff(failures)).await;
+            }
+        }
+        loop {
+            let pod = updates.borrow_and_update().clone();
+            match pod {
+                None => return true,
+                Some(pod) if pod.metadata.deletion_timestamp.is_some() => {
+                    self.terminate(&pod).await;
+                    return true;
+                }
+                Some(_) => {}
+            }
+            if updates.changed().await.is_err() {
+                return true;
+            }
+        }
+    }
+
     /// A `Killing` Event for each of the Pod's containers.
     fn killing(&self, pod: &Pod) {
         // The app containers first, then the sidecars, as they stop.
@@ -400,6 +471,39 @@ impl PodWorker {
             let message = format!("Stopping container {}", c.name);
             self.runtime.events().pod(pod, gitplane_api::events::NORMAL, "Killing", &message);
         }
+    }
+
+    /// The kubelet's eviction of the Pod (`message` says why): a Warning `Evicted` Event, its
+    /// containers stopped within [`EVICTION_GRACE`], its status Failed with reason `Evicted`,
+    /// then the rest of it (sandbox, emptyDirs, logs) removed, which frees the disk. The object
+    /// stays for its owner to replace and delete.
+    async fn evict(&self, pod: &Pod, message: &str) {
+        let name = pod.metadata.name.as_deref().unwrap_or("");
+        self.runtime.events().pod(pod, gitplane_api::events::WARNING, EVICTED, message);
+        self.killing(pod);
+        let mut stopped = None;
+        for failures in 1..=STOP_ATTEMPTS {
+            match self.runtime.stop_pod(pod, EVICTION_GRACE, &self.probes.snapshot()).await {
+                Ok(status) => {
+                    stopped = Some(status);
+                    break;
+                }
+                Err(error) => {
+                    tracing::warn!(pod = %name, %error, "stopping the evicted pod failed");
+                    tokio::time::sleep(sync_backoff(failures)).await;
+                }
+            }
+        }
+        // Without the runtime's word, the last status reported is the one to end from.
+        let status = evicted_status(stopped.or_else(|| pod.status.clone()).unwrap_or_default(), message);
+        self.probes.observe(&status);
+        let mut failures = 0;
+        while !self.report(pod, &status).await {
+            failures += 1;
+            tokio::time::sleep(sync_backoff(failures)).await;
+        }
+        kill(&self.runtime, &self.uid, EVICTION_GRACE, &sidecar_names(pod)).await;
+        tracing::info!(pod = %name, %message, "pod evicted");
     }
 
     /// The kubelet's graceful termination of a Pod being deleted: its containers stopped
@@ -459,6 +563,9 @@ impl PodWorker {
         }
     }
 }
+
+/// How often an evicted Pod's containers are asked to stop before its last status stands.
+const STOP_ATTEMPTS: u32 = 3;
 
 /// When a pod worker syncs again after `failures` failed syncs in a row: 1 s, doubling, at most
 /// 10 s (the kubelet's pod worker back-off). The runtime's return wakes every worker sooner.

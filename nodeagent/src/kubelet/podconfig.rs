@@ -183,9 +183,19 @@ impl PodConfig {
         self.interested.lock().unwrap_or_else(PoisonError::into_inner).remove(uid);
     }
 
-    /// Waits (at most [`ARRIVAL_TIMEOUT`]) until the stream has caught up with `pod`'s own
-    /// revision, so that what `pod` references is here if it exists.
+    /// Waits (at most [`ARRIVAL_TIMEOUT`] each) until the stream has caught up with `pod`'s own
+    /// revision, so that what `pod` references is here if it exists, and until the
+    /// ServiceAccount tokens its volumes project are here or refused.
     pub async fn wait_for(&self, pod: &Pod) {
+        let tokens = async {
+            if let Some(tokens) = self.tokens.get() {
+                tokens.wait_for(pod, ARRIVAL_TIMEOUT).await;
+            }
+        };
+        tokio::join!(tokens, self.wait_for_revision(pod));
+    }
+
+    async fn wait_for_revision(&self, pod: &Pod) {
         let Some(revision) = pod.metadata.resource_version.as_deref().and_then(|rv| rv.parse::<i64>().ok()) else {
             return;
         };

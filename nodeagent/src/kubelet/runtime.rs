@@ -99,6 +99,9 @@ impl RuntimeManager {
         if cfg.node_memory_bytes.is_none() {
             cfg.node_memory_bytes = tokio::fs::read_to_string("/proc/meminfo").await.ok().and_then(|m| mem_total(&m));
         }
+        // runc's `apparmor.IsEnabled`, as the kubelet asks it.
+        let apparmor = tokio::fs::read_to_string("/sys/module/apparmor/parameters/enabled").await;
+        cfg.host.apparmor = apparmor.is_ok_and(|enabled| enabled.starts_with('Y'));
         RuntimeManager {
             cri,
             cfg,
@@ -335,6 +338,49 @@ impl RuntimeManager {
         }
         tracing::info!(uid, "killed pod");
         Ok(())
+    }
+
+    /// Stops the Pod's running containers within `grace` (its sidecars last) and returns its
+    /// status then, with their exit codes: the kubelet's terminating step for a Pod that must
+    /// not run again (an evicted one), before [`Self::kill_pod`] removes it.
+    pub async fn stop_pod(&self, pod: &Pod, grace: Duration, probes: &PodProbes) -> Result<PodStatus, RuntimeError> {
+        let key = pod_key(pod);
+        let uid = pod_uid(pod).map_err(|source| RuntimeError::Spec { pod: key.clone(), source })?;
+        let runtime = self.observe(&key, uid).await?;
+        let alive: Vec<&RuntimeContainer> = runtime
+            .containers
+            .iter()
+            .filter(|c| matches!(c.state, ContainerRunState::Running | ContainerRunState::Created))
+            .collect();
+        self.stop_in_order(&key, &alive, &spec::sidecar_names(pod), grace).await?;
+        self.pod_status(pod, probes).await
+    }
+
+    /// The bytes of each container's writable layer, by pod uid and container name (the newest
+    /// run of each), from one CRI `ListContainerStats`; a container the runtime reports no
+    /// layer for is left out.
+    pub async fn writable_layers(&self) -> Result<HashMap<String, HashMap<String, u64>>, RuntimeError> {
+        let req = pb::ListContainerStatsRequest { filter: None };
+        let listed =
+            self.call("(all)", "ListContainerStats", None, self.cri.runtime().list_container_stats(req)).await?;
+        let mut newest: HashMap<(String, String), (u32, u64)> = HashMap::new();
+        for stats in listed.stats {
+            let (Some(attributes), Some(layer)) = (stats.attributes, stats.writable_layer) else { continue };
+            let (Some(uid), Some(metadata), Some(used)) =
+                (attributes.labels.get(LABEL_POD_UID), attributes.metadata, layer.used_bytes)
+            else {
+                continue;
+            };
+            let entry = newest.entry((uid.clone(), metadata.name)).or_insert((metadata.attempt, used.value));
+            if metadata.attempt >= entry.0 {
+                *entry = (metadata.attempt, used.value);
+            }
+        }
+        let mut layers: HashMap<String, HashMap<String, u64>> = HashMap::new();
+        for ((uid, name), (_, bytes)) in newest {
+            layers.entry(uid).or_default().insert(name, bytes);
+        }
+        Ok(layers)
     }
 
     /// The kubelet's orphaned pod cgroup cleanup: removes the cgroups of pods that have no

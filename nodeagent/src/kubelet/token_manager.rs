@@ -3,7 +3,9 @@
 //! then asked for again while the old one is still served, so a projected token file is
 //! replaced before it expires. The volume code reads them synchronously ([`TokenManager::get`]);
 //! a fetch runs in the background and wakes the Pod's worker when it lands, and again when the
-//! token it brought is due.
+//! token it brought is due. A Pod's worker first waits for its tokens ([`TokenManager::wait_for`]),
+//! as the kubelet's projected volume asks for its token while it sets the volume up, so a normal
+//! start never finds its volume waiting for a token.
 
 use crate::controlplane::Servers;
 use gitplane_proto::node::ServiceAccountTokenRequest;
@@ -40,6 +42,26 @@ pub struct TokenManager {
     servers: Servers,
     entries: Arc<Mutex<HashMap<Key, Entry>>>,
     wake: Wake,
+    /// Bumped whenever a fetch ends, with a token or a refusal.
+    landed: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+/// Why a Pod has no token yet.
+enum Missing {
+    /// A fetch is under way.
+    Waiting(String),
+    /// The control plane refused the last one.
+    Refused(String),
+}
+
+/// The (audience, expirationSeconds) of every ServiceAccount token `pod`'s projected volumes hold.
+pub fn projected_tokens(pod: &Pod) -> Vec<(String, i64)> {
+    let volumes = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+    let sources = volumes.filter_map(|v| v.projected.as_ref()).flat_map(|p| p.sources.iter().flatten());
+    sources
+        .filter_map(|s| s.service_account_token.as_ref())
+        .map(|t| (t.audience.clone().unwrap_or_default(), t.expiration_seconds.unwrap_or(3607)))
+        .collect()
 }
 
 fn now() -> i64 {
@@ -48,12 +70,39 @@ fn now() -> i64 {
 
 impl TokenManager {
     pub(crate) fn new(servers: Servers, wake: Wake) -> TokenManager {
-        TokenManager { servers, entries: Arc::default(), wake }
+        TokenManager { servers, entries: Arc::default(), wake, landed: Arc::new(tokio::sync::watch::channel(0).0) }
+    }
+
+    /// Asks for every token `pod`'s projected volumes hold and waits, at most `timeout`, until
+    /// each is here or refused.
+    pub async fn wait_for(&self, pod: &Pod, timeout: std::time::Duration) {
+        let tokens = projected_tokens(pod);
+        if tokens.is_empty() {
+            return;
+        }
+        let mut landed = self.landed.subscribe();
+        let all_answered = async {
+            loop {
+                let pending = tokens.iter().any(|(audience, expiration)| {
+                    matches!(self.lookup(pod, audience, *expiration), Err(Missing::Waiting(_)))
+                });
+                if !pending || landed.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        if tokio::time::timeout(timeout, all_answered).await.is_err() {
+            tracing::warn!(pod = ?pod.metadata.name, "the Pod's ServiceAccount token did not arrive in time");
+        }
     }
 
     /// The token of `pod`'s ServiceAccount for `audience` (empty: the API server), or why there
     /// is none yet. Starts a fetch when none is held or the held one is due.
     pub fn get(&self, pod: &Pod, audience: &str, expiration_seconds: i64) -> Result<String, String> {
+        self.lookup(pod, audience, expiration_seconds).map_err(|(Missing::Waiting(m) | Missing::Refused(m))| m)
+    }
+
+    fn lookup(&self, pod: &Pod, audience: &str, expiration_seconds: i64) -> Result<String, Missing> {
         let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
         let name = pod.metadata.name.clone().unwrap_or_default();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -82,6 +131,7 @@ impl TokenManager {
                 expiration_seconds,
             };
             let (servers, entries, wake) = (self.servers.clone(), self.entries.clone(), self.wake.clone());
+            let landed = self.landed.clone();
             let (pod, account) = (format!("{namespace}/{name}"), account.clone());
             tokio::spawn(async move {
                 let result = fetch(&servers, request).await;
@@ -109,12 +159,15 @@ impl TokenManager {
                         }
                     }
                 }
+                landed.send_modify(|n| *n += 1);
                 wake(&uid);
             });
         }
         held.ok_or_else(|| match &entry.error {
-            Some(error) => format!("requesting the token of ServiceAccount {namespace}/{account}: {error}"),
-            None => format!("waiting for the token of ServiceAccount {namespace}/{account}"),
+            Some(error) if !entry.fetching => {
+                Missing::Refused(format!("requesting the token of ServiceAccount {namespace}/{account}: {error}"))
+            }
+            _ => Missing::Waiting(format!("waiting for the token of ServiceAccount {namespace}/{account}")),
         })
     }
 }

@@ -17,6 +17,7 @@ use crate::source::{
 };
 use gitplane_api::hooks;
 use gitplane_api::object::{APPLICATION_ANNOTATION, resource_version};
+use gitplane_controllers::admission::{self, Admission};
 use gitplane_source::{Manifest, ManifestError};
 use gitplane_store::{ObjectKey, Op, deletion};
 use hmac::{Hmac, Mac};
@@ -543,6 +544,32 @@ fn admit(
     }
 }
 
+/// What admission reads while a commit is planned: the stored objects, but a namespace's
+/// LimitRanges and ResourceQuotas as the commit leaves them (Argo CD applies them before the
+/// Pods of the same sync, and kubectl's users do).
+struct AfterSync<'a> {
+    stored: &'a dyn Stored,
+    manifests: &'a [Arc<Manifest>],
+}
+
+impl admission::Objects for AfterSync<'_> {
+    fn list(&self, kind: &str, namespace: &str) -> Vec<Arc<Value>> {
+        let in_namespace = |v: &Value| v["metadata"]["namespace"].as_str().unwrap_or("") == namespace;
+        let mut objects: Vec<Arc<Value>> = self.stored.list(kind).into_iter().filter(|v| in_namespace(v)).collect();
+        if kind == "LimitRange" || kind == "ResourceQuota" {
+            let from_git: Vec<&Manifest> = self
+                .manifests
+                .iter()
+                .filter(|m| m.key.kind == kind && m.key.namespace == namespace)
+                .map(|m| &**m)
+                .collect();
+            objects.retain(|v| !from_git.iter().any(|m| v["metadata"]["name"].as_str() == Some(m.key.name.as_str())));
+            objects.extend(from_git.into_iter().map(|m| Arc::new(m.value.clone())));
+        }
+        objects
+    }
+}
+
 /// The ops that make the store match `manifests`, or every reason they cannot. Compares only
 /// what the inventory cannot vouch for, unless it is not `complete`: then every object.
 pub fn plan(
@@ -557,6 +584,9 @@ pub fn plan(
     let mut allocations: Option<Allocations> = None;
     let mut node_ips: Option<Vec<std::net::Ipv4Addr>> = None;
     let scaled = super::autoscale::scaled(manifests, cluster.stored.list(super::autoscale::HPA), policy.app);
+    // The API server's LimitRanger and ResourceQuota on every create, as on the controllers'.
+    let after_sync = AfterSync { stored: cluster.stored, manifests };
+    let mut admission = Admission::new(&after_sync);
     // Inventory entries that a manifest still names: when that is all of them, nothing left Git.
     let mut named = 0;
     for m in manifests {
@@ -594,6 +624,17 @@ pub fn plan(
                 errors.extend(problems.into_iter().map(|(path, message)| error_at(m, &path, message)));
                 continue;
             }
+            let object = match admission.admit(object) {
+                Ok(object) => object,
+                Err(refusal) => {
+                    let message = format!(
+                        "{}: raise the namespace's ResourceQuota or LimitRange, or ask for less",
+                        refusal.message
+                    );
+                    errors.push(error_at(m, "/metadata/name", message));
+                    continue;
+                }
+            };
             plan.ops.push(Op::Create(object));
             plan.written.push(m.clone());
             plan.created += 1;
@@ -888,6 +929,80 @@ mod tests {
         let later = plan_of(&manifests, &stored);
         let touches_web = later.ops.iter().any(|op| op.key().is_ok_and(|k| k == key));
         assert!(!touches_web && later.drifted.is_empty(), "{later:?}");
+    }
+
+    #[test]
+    fn pods_from_git_are_admitted_as_the_api_server_admits_them() {
+        let namespaces = HashSet::from(["default".to_owned()]);
+        let nodes = HashSet::new();
+        let policy =
+            Policy { app: "gitplane-system/a", prune: true, allow_empty: false, record_key: &RecordKey::new([1; 32]) };
+        let inventory = Inventory::default();
+        let pod = |name: &str, resources: Value| {
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+                   "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]}})
+        };
+        let quota = json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q", "namespace": "default"},
+                           "spec": {"hard": {"pods": "2", "requests.cpu": "1"}}});
+        let range = json!({"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "r", "namespace": "default"},
+                           "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "100m"}, "default": {"cpu": "200m"}}]}});
+        let small = json!({"requests": {"cpu": "100m"}});
+        let stored_pod = |name: &str| {
+            let mut p = pod(name, small.clone());
+            p["status"] = json!({"phase": "Running"});
+            (ObjectKey::new("Pod", "default", name), Arc::new(p))
+        };
+        // (case, the commit's objects, the stored Pods, the created Pod's resources or the error)
+        type Case<'a> = (&'a str, Vec<Value>, Vec<(ObjectKey, Arc<Value>)>, Result<Value, &'a str>);
+        let cases: Vec<Case> = vec![
+            ("no quota, no range", vec![pod("a", json!({}))], vec![], Ok(json!({}))),
+            (
+                "a range in the same commit gives its defaults",
+                vec![range.clone(), pod("a", json!({}))],
+                vec![],
+                Ok(json!({"requests": {"cpu": "100m"}, "limits": {"cpu": "200m"}})),
+            ),
+            ("within the quota", vec![quota.clone(), pod("a", small.clone())], vec![], Ok(small.clone())),
+            (
+                "a quota on cpu needs the Pod to ask for it",
+                vec![quota.clone(), pod("a", json!({}))],
+                vec![],
+                Err("pods \"a\" is forbidden: failed quota: q: must specify requests.cpu"),
+            ),
+            (
+                "over the stored Pods' count",
+                vec![quota.clone(), pod("c", small.clone())],
+                vec![stored_pod("a"), stored_pod("b")],
+                Err("pods \"c\" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2"),
+            ),
+        ];
+        for (case, objects, stored, expected) in cases {
+            let manifests: Vec<_> = objects.into_iter().map(manifest).collect();
+            let stored: BTreeMap<ObjectKey, Arc<Value>> = stored.into_iter().collect();
+            let cluster = Cluster {
+                stored: &stored,
+                inventory: &inventory,
+                namespaces: &namespaces,
+                nodes: &nodes,
+                service_ranges: &ServiceRanges::default(),
+            };
+            let got = plan(&manifests, &cluster, &policy)
+                .map(|plan| {
+                    let pod = plan.ops.iter().find_map(|op| match op {
+                        Op::Create(v) if v["kind"] == "Pod" => Some(v.clone()),
+                        _ => None,
+                    });
+                    pod.map(|p| p["spec"]["containers"][0]["resources"].clone()).unwrap_or_default()
+                })
+                .map_err(|errors| errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; "));
+            match expected {
+                Ok(resources) => assert_eq!(got, Ok(resources), "{case}"),
+                Err(message) => {
+                    let got = got.expect_err(case);
+                    assert!(got.starts_with(message), "{case}: {got}");
+                }
+            }
+        }
     }
 
     #[test]

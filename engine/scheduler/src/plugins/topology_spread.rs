@@ -204,6 +204,18 @@ fn spread_scores<'n>(
 ) -> Vec<i64> {
     let mut raw: Vec<Option<f64>> = vec![Some(0.0); scored.len()];
     for (i, (key, max_skew)) in constraints.iter().enumerate() {
+        if key == HOSTNAME {
+            // Each node its own domain: counted on the node itself, as upstream does, rather
+            // than through a map of every node.
+            let weight = (counted.len() as f64 + 2.0).ln();
+            for (score, node) in raw.iter_mut().zip(scored) {
+                match domain(node, key) {
+                    Some(_) => *score = score.map(|s| s + count(i, node) * weight + (max_skew - 1) as f64),
+                    None => *score = None,
+                }
+            }
+            continue;
+        }
         let mut in_domain: HashMap<&str, f64> = HashMap::new();
         for node in counted {
             if let Some(d) = domain(node, key) {

@@ -72,12 +72,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
     row("securityContext/seLinuxChangePolicy", Nothing, "securityContext.seLinuxChangePolicy"),
     row(
-        "securityContext/seccompProfile/type",
-        Values(&["\"RuntimeDefault\"", "\"Unconfined\""]),
-        "securityContext.seccompProfile.type",
-    ),
-    row("securityContext/appArmorProfile/type", Values(&["\"Unconfined\""]), "securityContext.appArmorProfile.type"),
-    row(
         "securityContext/supplementalGroupsPolicy",
         Values(&["\"Merge\""]),
         "securityContext.supplementalGroupsPolicy (containerd 1.6's CRI on the node always adds the groups the \
@@ -110,16 +104,6 @@ const UNSUPPORTED: &[Unsupported] = &[
     row("containers/*/resources/claims", Nothing, "resources.claims"),
     row("containers/*/securityContext/procMount", Values(&["\"Default\""]), "securityContext.procMount"),
     row("containers/*/securityContext/seLinuxOptions", Nothing, "securityContext.seLinuxOptions"),
-    row(
-        "containers/*/securityContext/seccompProfile/type",
-        Values(&["\"RuntimeDefault\"", "\"Unconfined\""]),
-        "securityContext.seccompProfile.type",
-    ),
-    row(
-        "containers/*/securityContext/appArmorProfile/type",
-        Values(&["\"Unconfined\""]),
-        "securityContext.appArmorProfile.type",
-    ),
     row("containers/*/terminationMessagePath", Values(&["\"/dev/termination-log\""]), "terminationMessagePath"),
     row("containers/*/terminationMessagePolicy", Values(&["\"File\""]), "terminationMessagePolicy"),
     row("containers/*/volumeDevices", Nothing, "volumeDevices"),
@@ -172,6 +156,7 @@ pub(super) fn problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> 
     problems.extend(probe_problems(spec, at));
     problems.extend(volume_problems(spec, at));
     problems.extend(identity_problems(spec, at));
+    problems.extend(security_profile_problems(spec, at));
     problems.extend(pod_resources_problems(spec, at));
     problems.extend(resize_policy_problems(spec, at));
     problems
@@ -342,6 +327,57 @@ fn resize_policy_problems(spec: &Value, at: &str) -> Vec<Problem> {
                         format!("{here}/{i}/restartPolicy"),
                         format!("{restart:?} is not a resize restart policy: use NotRequired or RestartContainer"),
                     ));
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// A seccomp or AppArmor profile as the API server validates it: a known type; `Localhost` with
+/// a `localhostProfile` (for seccomp a path below the node's profile directory, without `..`),
+/// and no `localhostProfile` with any other type.
+fn security_profile_problems(spec: &Value, at: &str) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    let places: [&[&str]; 3] =
+        [&["securityContext"], &["containers", "*", "securityContext"], &["initContainers", "*", "securityContext"]];
+    for place in places {
+        for (pointer, context) in matches(spec, at.to_owned(), place) {
+            for field in ["seccompProfile", "appArmorProfile"] {
+                let profile = &context[field];
+                if profile.is_null() {
+                    continue;
+                }
+                let at = format!("{pointer}/{field}");
+                let kind = profile["type"].as_str().unwrap_or_default();
+                let localhost = &profile["localhostProfile"];
+                if !["RuntimeDefault", "Unconfined", "Localhost"].contains(&kind) {
+                    problems.push(Problem::at(
+                        format!("{at}/type"),
+                        format!("{field}.type {kind:?} is not one of RuntimeDefault, Unconfined, Localhost"),
+                    ));
+                } else if kind != "Localhost" && !localhost.is_null() {
+                    problems.push(Problem::at(
+                        format!("{at}/localhostProfile"),
+                        "localhostProfile is for type Localhost only: remove it or set type: Localhost".to_owned(),
+                    ));
+                } else if kind == "Localhost" {
+                    let name = localhost.as_str().unwrap_or_default();
+                    let why = if name.is_empty() {
+                        Some("must be set with type Localhost")
+                    } else if field == "seccompProfile" && name.starts_with('/') {
+                        Some("must be a path relative to the node's seccomp profile directory")
+                    } else if field == "seccompProfile" && name.split('/').any(|part| part == "..") {
+                        Some("must not contain '..': the profile stays inside the node's seccomp profile directory")
+                    } else {
+                        None
+                    };
+                    if let Some(why) = why {
+                        problems.push(Problem::at(
+                            format!("{at}/localhostProfile"),
+                            format!("localhostProfile {name:?} {why}"),
+                        ));
+                    }
                 }
             }
         }
@@ -678,23 +714,14 @@ fn resource_name_problems(spec: &Value, at: &str) -> Vec<Problem> {
             for list in ["limits", "requests"] {
                 for (name, value) in resources[list].as_object().into_iter().flatten() {
                     let here = format!("{pointer}/{list}/{}", escape(name));
-                    if ["cpu", "memory"].contains(&name.as_str()) || (name == "ephemeral-storage" && list == "requests")
-                    {
+                    if ["cpu", "memory", "ephemeral-storage"].contains(&name.as_str()) {
                         continue;
                     }
-                    if name == "ephemeral-storage" {
+                    if !is_extended_resource(name) {
                         problems.push(Problem::at(
                             here,
                             format!(
-                                "a limit of ephemeral-storage {NOT_YET} (no eviction over it): set it as \
-                                 requests.ephemeral-storage instead, which scheduling counts"
-                            ),
-                        ));
-                    } else if !is_extended_resource(name) {
-                        problems.push(Problem::at(
-                            here,
-                            format!(
-                                "resource {name} {NOT_YET} (it supports cpu, memory, ephemeral-storage requests \
+                                "resource {name} {NOT_YET} (it supports cpu, memory, ephemeral-storage \
                                  and extended resources such as example.com/foo)"
                             ),
                         ));

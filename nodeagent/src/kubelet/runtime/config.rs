@@ -34,6 +34,10 @@ pub struct RuntimeConfig {
     pub cri_timeout: Duration,
     /// The node's registry mirrors and credentials (`--registries`).
     pub registries: crate::kubelet::registries::Registries,
+    /// Where `Localhost` seccomp profiles are read (the kubelet's `<root-dir>/seccomp`).
+    pub seccomp_profile_root: PathBuf,
+    /// What the node can enforce (read from the kernel when the runtime manager starts).
+    pub host: crate::kubelet::admission::Host,
 }
 
 impl Default for RuntimeConfig {
@@ -52,6 +56,8 @@ impl Default for RuntimeConfig {
             image_pull_timeout: Duration::from_secs(60),
             cri_timeout: Duration::from_secs(120),
             registries: Default::default(),
+            seccomp_profile_root: PathBuf::from("/var/lib/gitplane/seccomp"),
+            host: Default::default(),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! `kuberuntime_sandbox.go` / `kuberuntime_container.go` generate*Config).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use gitplane_api::quantity::{parse_milli, parse_units};
 use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod, PodSpec};
@@ -284,7 +284,7 @@ pub fn container_config(
         tty: container.tty.unwrap_or(false),
         linux: Some(pb::LinuxContainerConfig {
             resources: Some(linux_resources(pod, container, cfg)?),
-            security_context: Some(container_security_context(spec, container)?),
+            security_context: Some(container_security_context(pod, container, cfg)?),
         }),
     };
     Ok(ContainerPlan { config, host_dirs, hosts_file })
@@ -449,9 +449,12 @@ fn linux_resources(
 }
 
 fn container_security_context(
-    spec: &PodSpec,
+    pod: &Pod,
     container: &Container,
+    cfg: &RuntimeConfig,
 ) -> Result<pb::LinuxContainerSecurityContext, SpecError> {
+    let spec = pod_spec(pod)?;
+    let apparmor = apparmor(pod, container);
     let pod_sc = spec.security_context.as_ref();
     let sc = container.security_context.as_ref();
     let run_as_user = sc.and_then(|s| s.run_as_user).or(pod_sc.and_then(|s| s.run_as_user));
@@ -471,7 +474,9 @@ fn container_security_context(
         readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
         supplemental_groups: supplemental_groups(spec),
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
-        seccomp: Some(seccomp(spec, container)),
+        seccomp: Some(seccomp(spec, container, &cfg.seccomp_profile_root)?),
+        apparmor_profile: apparmor.as_ref().map(deprecated_apparmor_profile).unwrap_or_default(),
+        apparmor,
     })
 }
 
@@ -534,17 +539,80 @@ pub fn verify_run_as_non_root(
 }
 
 /// The container's seccomp profile, its own or else the Pod's: containerd's default profile for
-/// `RuntimeDefault`, none for `Unconfined` or nothing said (the kubelet's default). Other types
-/// are refused at push time.
-fn seccomp(spec: &PodSpec, container: &Container) -> pb::SecurityProfile {
-    let profile = |sc: Option<&k8s_openapi::api::core::v1::SeccompProfile>| sc.map(|p| p.type_.clone());
-    let own = profile(container.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()));
-    let pod = profile(spec.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()));
-    let profile_type = match own.or(pod).as_deref() {
-        Some("RuntimeDefault") => pb::security_profile::ProfileType::RuntimeDefault,
-        _ => pb::security_profile::ProfileType::Unconfined,
+/// `RuntimeDefault`, none for `Unconfined` or nothing said (the kubelet's default), the file
+/// `localhostProfile` names under `root` for `Localhost` (containerd reads it when it creates the
+/// container: a missing file is its CreateContainerError, as under the kubelet).
+fn seccomp(spec: &PodSpec, container: &Container, root: &Path) -> Result<pb::SecurityProfile, SpecError> {
+    use pb::security_profile::ProfileType;
+    let own = container.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref());
+    let pod = spec.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref());
+    let Some(profile) = own.or(pod) else {
+        return Ok(pb::SecurityProfile { profile_type: ProfileType::Unconfined.into(), localhost_ref: String::new() });
     };
-    pb::SecurityProfile { profile_type: profile_type.into(), localhost_ref: String::new() }
+    let (profile_type, localhost_ref) = match profile.type_.as_str() {
+        "RuntimeDefault" => (ProfileType::RuntimeDefault, String::new()),
+        "Localhost" => {
+            let relative = profile.localhost_profile.as_deref().unwrap_or_default();
+            let path = localhost_profile(root, relative).ok_or_else(|| SpecError::Unsupported {
+                what: format!(
+                    "seccompProfile.localhostProfile {relative:?} (it must be a path below the node's seccomp \
+                     profile directory, without \"..\")"
+                ),
+            })?;
+            (ProfileType::Localhost, path.to_string_lossy().into_owned())
+        }
+        _ => (ProfileType::Unconfined, String::new()),
+    };
+    Ok(pb::SecurityProfile { profile_type: profile_type.into(), localhost_ref })
+}
+
+/// The container's AppArmor profile, as the kubelet's `getAppArmorProfile` picks it: its own
+/// field, else the Pod's, else the deprecated annotation; none when nothing is said (containerd
+/// then applies none). Pods that ask for one on a node without AppArmor were rejected before.
+fn apparmor(pod: &Pod, container: &Container) -> Option<pb::SecurityProfile> {
+    use pb::security_profile::ProfileType;
+    let own = container.security_context.as_ref().and_then(|s| s.app_armor_profile.as_ref());
+    let pod_level =
+        pod.spec.as_ref().and_then(|s| s.security_context.as_ref()).and_then(|s| s.app_armor_profile.as_ref());
+    let (profile_type, name) = match own.or(pod_level) {
+        Some(p) => match p.type_.as_str() {
+            "RuntimeDefault" => (ProfileType::RuntimeDefault, String::new()),
+            "Localhost" => (ProfileType::Localhost, p.localhost_profile.clone().unwrap_or_default()),
+            _ => (ProfileType::Unconfined, String::new()),
+        },
+        None => {
+            let key = format!("{}{}", crate::kubelet::admission::APPARMOR_ANNOTATION_PREFIX, container.name);
+            match pod.metadata.annotations.as_ref().and_then(|a| a.get(&key)).map(String::as_str) {
+                Some("runtime/default") => (ProfileType::RuntimeDefault, String::new()),
+                Some(value) if value.starts_with("localhost/") => {
+                    (ProfileType::Localhost, value.trim_start_matches("localhost/").to_owned())
+                }
+                Some(_) => (ProfileType::Unconfined, String::new()),
+                None => return None,
+            }
+        }
+    };
+    Some(pb::SecurityProfile { profile_type: profile_type.into(), localhost_ref: name })
+}
+
+/// The same profile in the CRI's older string field, for runtimes that read only that one.
+fn deprecated_apparmor_profile(profile: &pb::SecurityProfile) -> String {
+    use pb::security_profile::ProfileType;
+    match ProfileType::try_from(profile.profile_type) {
+        Ok(ProfileType::RuntimeDefault) => "runtime/default".into(),
+        Ok(ProfileType::Localhost) => format!("localhost/{}", profile.localhost_ref),
+        _ => "unconfined".into(),
+    }
+}
+
+/// `relative` under `root`, if it is a descending path (the API server's
+/// `validateLocalDescendingPath`: not empty, not absolute, no `..`).
+pub fn localhost_profile(root: &Path, relative: &str) -> Option<PathBuf> {
+    use std::path::Component;
+    let path = Path::new(relative);
+    let descending =
+        !relative.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+    descending.then(|| root.join(path))
 }
 
 #[cfg(test)]
@@ -725,16 +793,23 @@ mod tests {
 
     #[test]
     fn seccomp_profiles_the_container_or_else_the_pod_sets() {
-        use pb::security_profile::ProfileType::{RuntimeDefault, Unconfined};
+        use pb::security_profile::ProfileType::{Localhost, RuntimeDefault, Unconfined};
+        let localhost = |p: &str| json!({"seccompProfile": {"type": "Localhost", "localhostProfile": p}});
         let cases = [
-            (json!({}), json!({}), Unconfined),
-            (json!({"seccompProfile": {"type": "RuntimeDefault"}}), json!({}), RuntimeDefault),
+            (json!({}), json!({}), Some((Unconfined, ""))),
+            (json!({"seccompProfile": {"type": "RuntimeDefault"}}), json!({}), Some((RuntimeDefault, ""))),
             (
                 json!({"seccompProfile": {"type": "RuntimeDefault"}}),
                 json!({"seccompProfile": {"type": "Unconfined"}}),
-                Unconfined,
+                Some((Unconfined, "")),
             ),
-            (json!({}), json!({"seccompProfile": {"type": "RuntimeDefault"}}), RuntimeDefault),
+            (json!({}), json!({"seccompProfile": {"type": "RuntimeDefault"}}), Some((RuntimeDefault, ""))),
+            (localhost("profiles/audit.json"), json!({}), Some((Localhost, "/seccomp/profiles/audit.json"))),
+            (json!({}), localhost("./fine.json"), Some((Localhost, "/seccomp/./fine.json"))),
+            (json!({}), localhost("../etc/passwd"), None),
+            (json!({}), localhost("profiles/../../x.json"), None),
+            (json!({}), localhost("/etc/x.json"), None),
+            (json!({}), localhost(""), None),
         ];
         for (pod_sc, container_sc, expected) in cases {
             let pod = pod(json!({
@@ -742,7 +817,55 @@ mod tests {
                 "containers": [{ "name": "c", "image": "i:1", "securityContext": container_sc }],
             }));
             let spec = pod.spec.as_ref().expect("spec");
-            assert_eq!(seccomp(spec, &spec.containers[0]).profile_type, expected as i32, "{pod_sc} {container_sc}");
+            let got = seccomp(spec, &spec.containers[0], Path::new("/seccomp")).ok();
+            let got = got.as_ref().map(|p| (p.profile_type, p.localhost_ref.as_str()));
+            assert_eq!(got, expected.map(|(t, r)| (t as i32, r)), "{pod_sc} {container_sc}");
+        }
+    }
+
+    #[test]
+    fn apparmor_profiles_the_container_the_pod_or_the_annotation_sets() {
+        use pb::security_profile::ProfileType::{Localhost, RuntimeDefault, Unconfined};
+        let annotation = |v: &str| json!({ "container.apparmor.security.beta.kubernetes.io/c": v });
+        let cases = [
+            (json!({}), json!({}), json!({}), None),
+            (
+                json!({"appArmorProfile": {"type": "RuntimeDefault"}}),
+                json!({}),
+                json!({}),
+                Some((RuntimeDefault, "", "runtime/default")),
+            ),
+            (
+                json!({"appArmorProfile": {"type": "RuntimeDefault"}}),
+                json!({"appArmorProfile": {"type": "Localhost", "localhostProfile": "k8s-deny-write"}}),
+                json!({}),
+                Some((Localhost, "k8s-deny-write", "localhost/k8s-deny-write")),
+            ),
+            (
+                json!({}),
+                json!({"appArmorProfile": {"type": "Unconfined"}}),
+                annotation("runtime/default"),
+                Some((Unconfined, "", "unconfined")),
+            ),
+            (
+                json!({}),
+                json!({}),
+                annotation("localhost/k8s-deny-write"),
+                Some((Localhost, "k8s-deny-write", "localhost/k8s-deny-write")),
+            ),
+            (json!({}), json!({}), annotation("unconfined"), Some((Unconfined, "", "unconfined"))),
+        ];
+        for (pod_sc, container_sc, annotations, expected) in cases {
+            let mut pod = pod(json!({
+                "securityContext": pod_sc,
+                "containers": [{ "name": "c", "image": "i:1", "securityContext": container_sc }],
+            }));
+            pod.metadata.annotations = serde_json::from_value(annotations.clone()).expect("annotations");
+            let container = &pod.spec.as_ref().expect("spec").containers[0];
+            let got = apparmor(&pod, container);
+            let got = got.as_ref().map(|p| (p.profile_type, p.localhost_ref.as_str(), deprecated_apparmor_profile(p)));
+            let expected = expected.map(|(t, r, old)| (t as i32, r, old.to_owned()));
+            assert_eq!(got, expected, "{pod_sc} {container_sc} {annotations}");
         }
     }
 
