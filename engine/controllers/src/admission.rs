@@ -1,14 +1,16 @@
-//! The admission the API server gives the objects controllers create: LimitRanger's defaults
-//! and bounds on a Pod ([`gitplane_api::limitrange`]), then the ResourceQuota plugin
+//! The admission the API server gives the objects controllers create: a claim's defaults
+//! ([`default_claim`], on the controllers' creates), LimitRanger's defaults and bounds on a Pod ([`gitplane_api::limitrange`]), then the ResourceQuota plugin
 //! ([`gitplane_api::quota`]) on anything counted. A refused create is left out of the
 //! transaction and its controller records the API server's error as upstream's controllers do:
 //! a `FailedCreate` Warning on the owner, `Error creating: pods "x" is forbidden: ...`.
 
 use gitplane_api::{
-    k8s_openapi::api::core::v1::{LimitRange, ObjectReference, Pod, ResourceQuota},
+    k8s_openapi::api::core::v1::{LimitRange, ObjectReference, PersistentVolumeClaim, Pod, ResourceQuota},
+    k8s_openapi::api::storage::v1::StorageClass,
     kinds, limitrange,
     object::{from_value, kind_of, to_value},
     quota::{self, Usage},
+    volumes,
 };
 use gitplane_store::informer::Cache;
 use serde_json::Value;
@@ -91,6 +93,20 @@ impl<'c> Admission<'c> {
     }
 }
 
+/// A new claim as the API server stores it: the default class when it names none (the
+/// DefaultStorageClass plugin) and phase Pending (its defaulting). Made at creation, the claim
+/// needs no write from the binder before the scheduler's write of its selected node, which
+/// would otherwise lose its compare-and-swap and back off a second.
+pub fn default_claim(claim: &mut Value, classes: &[StorageClass]) {
+    let named = from_value::<PersistentVolumeClaim>(claim.clone()).is_ok_and(|c| volumes::claim_class(&c).is_some());
+    if !named && let Some(name) = volumes::default_class(classes).and_then(|c| c.metadata.name.clone()) {
+        claim["spec"]["storageClassName"] = Value::String(name);
+    }
+    if claim["status"]["phase"].as_str().is_none_or(str::is_empty) {
+        claim["status"]["phase"] = Value::String("Pending".into());
+    }
+}
+
 /// What a quota counts in its namespace: the cache's objects and `pending`, the creates admitted
 /// so far in a transaction.
 pub fn usages(objects: &dyn Objects, q: &ResourceQuota, namespace: &str, pending: &[(String, Value)]) -> Vec<Usage> {
@@ -129,4 +145,37 @@ fn controller_of(object: &Value) -> Option<Box<ObjectReference>> {
 /// The kinds admission reads from the cache.
 pub fn watched_kinds() -> [String; 2] {
     [kind_of::<LimitRange>(), kind_of::<ResourceQuota>()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn class(name: &str, default: bool) -> StorageClass {
+        serde_json::from_value(json!({"metadata": {"name": name,
+            "annotations": {volumes::DEFAULT_CLASS: default.to_string()}}, "provisioner": "p"}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_new_claim_gets_the_default_class_and_phase_pending() {
+        let classes = [class("slow", false), class("local-path", true)];
+        let cases: Vec<(&str, Value, &[StorageClass], Value, &str)> = vec![
+            ("no class: the default", json!({}), &classes, json!("local-path"), "Pending"),
+            ("no default class", json!({}), &classes[..1], Value::Null, "Pending"),
+            ("a class named", json!({"storageClassName": "slow"}), &classes, json!("slow"), "Pending"),
+            ("no class asked for", json!({"storageClassName": ""}), &classes, json!(""), "Pending"),
+        ];
+        for (what, spec, classes, want_class, want_phase) in cases {
+            let mut claim = json!({"metadata": {"name": "data"}, "spec": spec});
+            default_claim(&mut claim, classes);
+            assert_eq!(claim["spec"]["storageClassName"], want_class, "{what}");
+            assert_eq!(claim["status"]["phase"], want_phase, "{what}");
+        }
+        let mut beta =
+            json!({"metadata": {"annotations": {"volume.beta.kubernetes.io/storage-class": "slow"}}, "spec": {}});
+        default_claim(&mut beta, &classes);
+        assert_eq!(beta["spec"]["storageClassName"], Value::Null, "the beta annotation names a class");
+    }
 }

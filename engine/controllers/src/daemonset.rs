@@ -12,13 +12,15 @@
 //! one is available. OnDelete leaves old Pods until someone deletes them.
 
 use crate::{
-    Action, Context, ReconcileError, Reconciler, disruption, names,
+    Action, Context, ReconcileError, Reconciler,
+    disruption::{self, Allowance},
+    names,
     owner::{controller_ref, controllers_of},
     plan::Op,
-    replicaset::{is_ready, is_terminating, pod_events},
+    replicaset::{availability, is_ready, is_terminating, pod_events},
     runtime::all_of,
 };
-use gitplane_api::events::NORMAL;
+use gitplane_api::events::{NORMAL, WARNING};
 use gitplane_api::nodeaffinity::{pin_to_node, required_matches, target_node};
 use gitplane_api::object::kind_of;
 use gitplane_api::taints::{
@@ -30,7 +32,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -113,25 +115,6 @@ fn is_finished(pod: &Pod) -> bool {
     !crate::replicaset::is_active(pod)
 }
 
-/// Ready for at least `min_ready` (upstream's `IsPodAvailable`): when not yet, the time it will be.
-fn availability(pod: &Pod, min_ready: i32, now: Timestamp) -> Result<(), Option<Timestamp>> {
-    if !is_ready(pod) {
-        return Err(None);
-    }
-    if min_ready <= 0 {
-        return Ok(());
-    }
-    let since = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map_or(now, |t| t.0);
-    let at = since.checked_add(SignedDuration::from_secs(i64::from(min_ready))).unwrap_or(since);
-    if at <= now { Ok(()) } else { Err(Some(at)) }
-}
-
 /// Bound Pods first, then the oldest, then by name (`podByCreationTimestampAndPhase`).
 fn oldest_first(pods: &mut [&Pod]) {
     pods.sort_by_key(|p| {
@@ -146,9 +129,8 @@ pub struct View<'a> {
     pub nodes: &'a [Node],
     pub owned: &'a [Pod],
     pub now: Timestamp,
-    /// How many more of its available Pods may be disrupted (its PodDisruptionBudgets'
-    /// `disruptionsAllowed`; `None`: no budget covers them).
-    pub disruptions_allowed: Option<i32>,
+    /// What its PodDisruptionBudgets allow (`None`: no budget covers its Pods).
+    pub disruptions: Option<&'a Allowance>,
 }
 
 impl View<'_> {
@@ -284,14 +266,16 @@ fn fenceposts(view: &View<'_>, desired: i32) -> Result<(i32, i32), ReconcileErro
 /// maxUnavailable nodes lack an available updated Pod. With surge: a new Pod beside an old one
 /// on at most maxSurge nodes at a time (at once where the old one is not available); the old
 /// one goes once the new one is available. Available old Pods are deleted only within the
-/// PodDisruptionBudgets that cover them.
+/// PodDisruptionBudgets that cover them, unavailable ones as their unhealthyPodEvictionPolicy
+/// lets them.
 fn rolling_update(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
     let hash = template_hash(view.ds);
     let nodes: Vec<(String, Vec<&Pod>)> =
         view.by_node()?.into_iter().filter(|(_, (e, _))| e.should_run).map(|(n, (_, pods))| (n, pods)).collect();
     let desired = i32::try_from(nodes.len()).unwrap_or(i32::MAX);
     let (max_surge, max_unavailable) = fenceposts(view, desired)?;
-    let mut budget = view.disruptions_allowed.unwrap_or(i32::MAX);
+    let mut budget = view.disruptions.map_or(i32::MAX, |a| a.healthy);
+    let unhealthy_may_go = view.disruptions.is_none_or(|a| a.unhealthy);
     let mut ops = Vec::new();
     if max_surge == 0 {
         let mut unavailable = 0;
@@ -300,7 +284,12 @@ fn rolling_update(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
             match updated_and_old(pods, &hash) {
                 None | Some((None, None)) | Some((Some(_), Some(_))) => unavailable += 1,
                 Some((Some(new), None)) => unavailable += i32::from(!view.available(new)),
-                Some((None, Some(old))) if !view.available(old) => ops.push(Op::Delete(old.clone())),
+                Some((None, Some(old))) if !view.available(old) => {
+                    if unhealthy_may_go {
+                        ops.push(Op::Delete(old.clone()));
+                    }
+                    unavailable += i32::from(!unhealthy_may_go);
+                }
                 Some((None, Some(old))) => candidates.push(old),
             }
         }
@@ -436,9 +425,15 @@ impl Reconciler for DaemonSetController {
         let nodes: Vec<Node> = ctx.cache().list_typed(None);
         let owned = |cache: &Cache| -> Vec<Pod> { cache.controlled_by::<Pod>(&key.namespace, &uid) };
         let before = owned(ctx.cache());
-        let disruptions_allowed = disruption::disruptions_allowed(ctx.cache(), &before);
-        let view = View { ds: &ds, nodes: &nodes, owned: &before, now: Timestamp::now(), disruptions_allowed };
+        let allowance = disruption::disruptions_allowed(ctx.cache(), &before);
+        let view =
+            View { ds: &ds, nodes: &nodes, owned: &before, now: Timestamp::now(), disruptions: allowance.as_ref() };
         let ops = plan(&view)?;
+        if let Some(held) = &allowance
+            && plan(&View { disruptions: None, ..view }).is_ok_and(|free| free != ops)
+        {
+            ctx.event("daemonset-controller", &ds, WARNING, disruption::HELD, &held.refusal);
+        }
         if !ops.is_empty() {
             let creating = ops.iter().filter(|op| matches!(op, Op::Create(_))).count();
             tracing::info!(creating, deleting = ops.len() - creating, "syncing daemon Pods");
@@ -571,7 +566,7 @@ mod tests {
 
     type Pods = fn(&DaemonSet) -> Vec<Pod>;
     /// (what, updateStrategy, nodes, the DaemonSet's Pods, disruptions allowed, the plan in words)
-    type Case = (&'static str, Value, Vec<Node>, Pods, Option<i32>, &'static [&'static str]);
+    type Case = (&'static str, Value, Vec<Node>, Pods, Option<(i32, bool)>, &'static [&'static str]);
 
     #[test]
     fn plan_table() {
@@ -628,10 +623,16 @@ mod tests {
              None, &["delete pa"]),
             ("rolling: a PodDisruptionBudget that allows none holds it", rolling(json!(0), json!(2)), three.clone(),
              |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
-             Some(0), &[]),
+             Some((0, true)), &[]),
             ("rolling: ... and one that allows one lets one go", rolling(json!(0), json!(2)), three.clone(),
              |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
-             Some(1), &["delete pa"]),
+             Some((1, true)), &["delete pa"]),
+            ("rolling: an old Pod not available goes under AlwaysAllow or a healthy budget", default.clone(), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, false, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             Some((0, true)), &["delete pa"]),
+            ("rolling: ... and stays under IfHealthyBudget short of healthy Pods", default.clone(), three.clone(),
+             |d| vec![pod(d, "pa", "a", false, false, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
+             Some((1, false)), &[]),
             ("surge: a new Pod beside the old one", rolling(json!(1), json!(0)), three.clone(),
              |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
              None, &["create on a"]),
@@ -645,10 +646,13 @@ mod tests {
              |d| vec![pod(d, "pa", "a", false, true, 1), pod(d, "pb", "b", false, true, 1), pod(d, "pc", "c", false, true, 1)],
              None, &[]),
         ];
-        for (what, strategy, nodes, pods, disruptions_allowed, expected) in cases {
+        for (what, strategy, nodes, pods, allowed, expected) in cases {
             let ds = daemon_set(json!({}), strategy);
             let owned = pods(&ds);
-            let view = View { ds: &ds, nodes: &nodes, owned: &owned, now: Timestamp::now(), disruptions_allowed };
+            let allowance =
+                allowed.map(|(healthy, unhealthy)| Allowance { healthy, unhealthy, refusal: String::new() });
+            let view =
+                View { ds: &ds, nodes: &nodes, owned: &owned, now: Timestamp::now(), disruptions: allowance.as_ref() };
             assert_eq!(describe(&plan(&view).unwrap()), expected, "{what}");
         }
     }
@@ -672,13 +676,13 @@ mod tests {
                 nodes: &nodes(&["a"]),
                 owned: &[],
                 now: Timestamp::now(),
-                disruptions_allowed: None
+                disruptions: None
             })
             .is_err()
         );
         let bad = daemon_set(json!({}), rolling(json!("lots"), json!(0)));
         let (owned, one) = ([pod_of(&bad)], nodes(&["a"]));
-        let view = View { ds: &bad, nodes: &one, owned: &owned, now: Timestamp::now(), disruptions_allowed: None };
+        let view = View { ds: &bad, nodes: &one, owned: &owned, now: Timestamp::now(), disruptions: None };
         assert!(plan(&view).unwrap_err().to_string().contains("maxSurge \"lots\" is neither"));
     }
 
@@ -705,7 +709,7 @@ mod tests {
             pod(&ds, "pe", "e", true, true, 4),
         ];
         let now = Timestamp::from_second(100).unwrap();
-        let view = View { ds: &ds, nodes: &nodes, owned: &owned, now, disruptions_allowed: None };
+        let view = View { ds: &ds, nodes: &nodes, owned: &owned, now, disruptions: None };
         let (status, next) = status(&view).unwrap();
         assert_eq!(
             (

@@ -6,12 +6,14 @@
 //! brings up the new one when their Pods are gone.
 
 use crate::{
-    Action, Context, ReconcileError, Reconciler, disruption, names,
+    Action, Context, ReconcileError, Reconciler,
+    disruption::{self, Allowance},
+    names,
     owner::{controller_ref, owner_keys_for},
     plan::Op,
     runtime::all_of,
 };
-use gitplane_api::events::NORMAL;
+use gitplane_api::events::{NORMAL, WARNING};
 use gitplane_store::{Event, ObjectKey, informer::Cache};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentStatus, ReplicaSet, ReplicaSetSpec};
 use k8s_openapi::api::core::v1::Pod;
@@ -57,12 +59,12 @@ fn is_current(rs: &ReplicaSet, hash: &str) -> bool {
 /// The writes that move a Deployment's ReplicaSets (`owned`: the ones it controls) toward its
 /// spec: the ReplicaSet of the current template toward `replicas` and the old ones toward zero,
 /// a step at a time (RollingUpdate) or old ones first (Recreate), and `revisionHistoryLimit`
-/// old ones kept. A RollingUpdate takes no more available Pods down than `disruptions_allowed`
-/// (its PodDisruptionBudgets', if any cover its Pods).
+/// old ones kept. A RollingUpdate takes no more available Pods down than `disruptions` allows
+/// (its PodDisruptionBudgets', if any cover its Pods), and unavailable ones only if it lets them go.
 pub fn plan(
     d: &Deployment,
     owned: &[ReplicaSet],
-    disruptions_allowed: Option<i32>,
+    disruptions: Option<&Allowance>,
 ) -> Result<Vec<Op<ReplicaSet>>, ReconcileError> {
     let spec = d.spec.as_ref().ok_or_else(|| ReconcileError::Invalid("Deployment has no spec".into()))?;
     let desired = desired(d);
@@ -71,7 +73,7 @@ pub fn plan(
     let (new, mut old): (Vec<&ReplicaSet>, Vec<&ReplicaSet>) = owned.iter().partition(|rs| is_current(rs, &hash));
     let new = new.first().copied();
     old.sort_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0));
-    let rollout = Rollout { d, hash: &hash, desired, new, old: &old, disruptions_allowed };
+    let rollout = Rollout { d, hash: &hash, desired, new, old: &old, disruptions };
     let mut ops = if recreate { rollout.recreate()? } else { rollout.rolling()? };
     // Keep revisionHistoryLimit scaled-down ReplicaSets, oldest deleted first.
     let limit = spec.revision_history_limit.unwrap_or(DEFAULT_HISTORY_LIMIT).max(0) as usize;
@@ -89,7 +91,7 @@ struct Rollout<'a> {
     desired: i32,
     new: Option<&'a ReplicaSet>,
     old: &'a [&'a ReplicaSet],
-    disruptions_allowed: Option<i32>,
+    disruptions: Option<&'a Allowance>,
 }
 
 impl Rollout<'_> {
@@ -135,8 +137,12 @@ impl Rollout<'_> {
         let min_available = desired - max_unavailable;
         let new_unavailable = target - new.map_or(0, |rs| status_of(rs).2);
         let mut scaled_down: Vec<i32> = old.iter().map(|rs| replicas(rs)).collect();
-        // Unavailable old Pods go first: removing them costs no availability.
+        // Unavailable old Pods go first: removing them costs no availability (but a budget's
+        // IfHealthyBudget keeps them while it is short of healthy Pods).
         let mut cleanup = old_replicas + target - min_available - new_unavailable;
+        if self.disruptions.is_some_and(|a| !a.unhealthy) {
+            cleanup = 0;
+        }
         for (rs, to) in old.iter().zip(scaled_down.iter_mut()) {
             let unavailable = (*to - status_of(rs).2).max(0).min(cleanup.max(0));
             *to -= unavailable;
@@ -145,7 +151,7 @@ impl Rollout<'_> {
         // Then available ones, as far as availability stays at min_available and the
         // PodDisruptionBudgets allow.
         let available: i32 = old.iter().chain(new.iter()).map(|rs| status_of(rs).2).sum();
-        let mut budget = (available - min_available).min(self.disruptions_allowed.unwrap_or(i32::MAX));
+        let mut budget = (available - min_available).min(self.disruptions.map_or(i32::MAX, |a| a.healthy));
         for to in scaled_down.iter_mut() {
             let down = (*to).min(budget.max(0));
             *to -= down;
@@ -270,7 +276,11 @@ impl Reconciler for DeploymentController {
             .flat_map(|uid| ctx.cache().controlled_by::<Pod>(&key.namespace, uid))
             .collect();
         pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let ops = plan(&d, &before, disruption::disruptions_allowed(ctx.cache(), &pods))?;
+        let disruptions = disruption::disruptions_allowed(ctx.cache(), &pods);
+        let ops = plan(&d, &before, disruptions.as_ref())?;
+        if let Some(held) = disruptions.filter(|_| plan(&d, &before, None).is_ok_and(|free| free != ops)) {
+            ctx.event("deployment-controller", &d, WARNING, disruption::HELD, &held.refusal);
+        }
         let scalings = scaling_messages(&ops, &before);
         ctx.apply(ops).await?;
         for message in scalings {
@@ -487,20 +497,24 @@ mod tests {
     #[test]
     fn rolling_updates_stay_within_the_disruption_budget() {
         let d = rolling(4, IntOrString::Int(0), IntOrString::Int(2));
-        let owned = |d: &Deployment| vec![rs(d, "old", 4, 4, 4, 1), rs(d, "new", 0, 0, 0, 2)];
+        let healthy = |d: &Deployment| vec![rs(d, "old", 4, 4, 4, 1), rs(d, "new", 0, 0, 0, 2)];
+        // Unavailable old Pods cost no availability: only IfHealthyBudget on a short budget holds them.
+        let broken = |d: &Deployment| vec![rs(d, "old", 4, 4, 0, 1), rs(d, "new", 0, 0, 0, 2)];
+        let allows = |healthy: i32, unhealthy: bool| Some(Allowance { healthy, unhealthy, refusal: String::new() });
+        type Owned = fn(&Deployment) -> Vec<ReplicaSet>;
         #[rustfmt::skip]
-        let cases: [(&str, Option<i32>, &[&str]); 4] = [
-            ("no budget: maxUnavailable alone", None, &["scale old 2"]),
-            ("a budget allowing one", Some(1), &["scale old 3"]),
-            ("a budget allowing none", Some(0), &[]),
-            ("a budget allowing more than maxUnavailable", Some(5), &["scale old 2"]),
+        let cases: [(&str, Owned, Option<Allowance>, &[&str]); 7] = [
+            ("no budget: maxUnavailable alone", healthy, None, &["scale old 2"]),
+            ("a budget allowing one", healthy, allows(1, true), &["scale old 3"]),
+            ("a budget allowing none", healthy, allows(0, true), &[]),
+            ("a budget allowing more than maxUnavailable", healthy, allows(5, true), &["scale old 2"]),
+            ("unavailable Pods, AlwaysAllow or a healthy budget", broken, allows(0, true), &["scale old 2"]),
+            ("unavailable Pods, IfHealthyBudget short of healthy Pods", broken, allows(0, false), &[]),
+            ("unavailable Pods, no budget", broken, None, &["scale old 2"]),
         ];
-        for (what, allowed, expected) in cases {
-            assert_eq!(describe(&plan(&d, &owned(&d), allowed).unwrap()), expected, "{what}");
+        for (what, owned, allowance, expected) in cases {
+            assert_eq!(describe(&plan(&d, &owned(&d), allowance.as_ref()).unwrap()), expected, "{what}");
         }
-        // Unavailable old Pods cost no availability: a budget does not hold them.
-        let broken = vec![rs(&d, "old", 4, 4, 0, 1), rs(&d, "new", 0, 0, 0, 2)];
-        assert_eq!(describe(&plan(&d, &broken, Some(0)).unwrap()), ["scale old 2"]);
     }
 
     #[test]

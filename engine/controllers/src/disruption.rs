@@ -5,8 +5,10 @@
 //! An eviction deletes the Pod and takes one disruption off its budget's status in one
 //! transaction, compare-and-swap on the budget: two evictions that race for the last allowed
 //! disruption cannot both succeed. One that the budget does not allow is refused, and the
-//! caller retries it later. Rollouts (Deployments, DaemonSets; StatefulSets through
-//! [`disruptions_allowed`]) take no more available Pods down than the budgets allow.
+//! caller retries it later. Rollouts (Deployments, DaemonSets, through [`disruptions_allowed`])
+//! take no more available Pods down than the budgets allow, and their unavailable ones only as
+//! `spec.unhealthyPodEvictionPolicy` lets them; a held one records upstream's refusal as a
+//! Warning Event on the workload.
 
 use crate::{Action, Context, ReconcileError, Reconciler, plan::Op, runtime::all_of};
 use gitplane_api::labels::{Labels, matches};
@@ -21,6 +23,10 @@ use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeSet;
 
 pub struct DisruptionController;
+
+/// The reason of the Warning Event a workload or a Pod's owner gets when a budget holds back a
+/// rollout or an eviction; its message is the eviction API's refusal.
+pub const HELD: &str = "DisruptionBudget";
 
 /// The condition a budget's status carries.
 pub const DISRUPTION_ALLOWED: &str = "DisruptionAllowed";
@@ -151,17 +157,60 @@ fn current_budget(cache: &Cache, pdb: &PodDisruptionBudget) -> Result<Budget, Re
     budget(pdb, &pods, healthy_pods, expected_scale(cache, &pods))
 }
 
-/// How many more of `pods` may be disrupted: the fewest any budget covering one of them allows
-/// now; `None` when no budget covers them. What rollouts cap their deletions of available Pods
-/// by.
-pub fn disruptions_allowed(cache: &Cache, pods: &[Pod]) -> Option<i32> {
+/// What the PodDisruptionBudgets covering a workload's Pods allow now: what rollouts cap their
+/// deletions by.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allowance {
+    /// How many more healthy Pods may go: the fewest any budget allows.
+    pub healthy: i32,
+    /// Whether Pods that are not healthy may go: every budget lets them ([`unhealthy_may_go`]).
+    pub unhealthy: bool,
+    /// Why the budget that holds them back refuses, in the eviction API's words.
+    pub refusal: String,
+}
+
+/// Whether a budget lets a Pod that is not healthy go (`spec.unhealthyPodEvictionPolicy`):
+/// `AlwaysAllow` always; `IfHealthyBudget`, the default, only while the budget has the healthy
+/// Pods it wants, so that an application already short of them is not disrupted further.
+pub fn unhealthy_may_go(pdb: &PodDisruptionBudget, current_healthy: i32, desired_healthy: i32) -> bool {
+    pdb.spec.as_ref().and_then(|s| s.unhealthy_pod_eviction_policy.as_deref()) == Some("AlwaysAllow")
+        || current_healthy >= desired_healthy
+}
+
+/// The eviction API's refusal when `name` allows no disruption.
+pub fn refusal(name: &str, desired_healthy: i32, current_healthy: i32) -> String {
+    format!(
+        "Cannot evict pod as it would violate the pod's disruption budget. The disruption budget {name} needs \
+         {desired_healthy} healthy pods and has {current_healthy} currently"
+    )
+}
+
+/// What `budgets` (each with its budget now) allow together; `None` when there are none.
+pub fn allowance(budgets: &[(&PodDisruptionBudget, Budget)]) -> Option<Allowance> {
+    let healthy = budgets.iter().map(|(_, b)| b.disruptions_allowed).min()?;
+    let held = budgets.iter().find(|(pdb, b)| !unhealthy_may_go(pdb, b.current_healthy, b.desired_healthy));
+    let (pdb, b) = held.or_else(|| budgets.iter().find(|(_, b)| b.disruptions_allowed == healthy))?;
+    Some(Allowance {
+        healthy,
+        unhealthy: held.is_none(),
+        refusal: refusal(pdb.metadata.name.as_deref().unwrap_or_default(), b.desired_healthy, b.current_healthy),
+    })
+}
+
+/// What the budgets covering any of `pods` allow now; `None` when no budget covers them.
+pub fn disruptions_allowed(cache: &Cache, pods: &[Pod]) -> Option<Allowance> {
     let namespace = pods.first()?.metadata.namespace.clone()?;
     let budgets: Vec<PodDisruptionBudget> = cache.list_typed(Some(&namespace));
-    budgets
+    let covering: Vec<(&PodDisruptionBudget, Budget)> = budgets
         .iter()
         .filter(|pdb| pods.iter().any(|p| selects(pdb, p)))
-        .map(|pdb| current_budget(cache, pdb).map_or(0, |b| b.disruptions_allowed))
-        .min()
+        .map(|pdb| {
+            // A malformed percentage allows nothing until it is fixed.
+            let none = Budget { expected_pods: 0, desired_healthy: 1, current_healthy: 0, disruptions_allowed: 0 };
+            (pdb, current_budget(cache, pdb).unwrap_or(none))
+        })
+        .collect();
+    allowance(&covering)
 }
 
 /// The budget's status for `budget`: the DisruptionAllowed condition keeps its
@@ -232,18 +281,12 @@ pub async fn evict(ctx: &Context, pod: &Pod, forced: bool) -> Result<Evicted, Re
     let Some(status) = pdb.status.as_ref().filter(|s| s.observed_generation >= pdb.metadata.generation) else {
         return Ok(Evicted::Refused(format!("the disruption budget {name} is still being processed by the server")));
     };
-    let unhealthy_may_go = !healthy(ctx.cache(), pod)
-        && (pdb.spec.as_ref().and_then(|s| s.unhealthy_pod_eviction_policy.as_deref()) == Some("AlwaysAllow")
-            || status.current_healthy >= status.desired_healthy);
-    if unhealthy_may_go {
+    if !healthy(ctx.cache(), pod) && unhealthy_may_go(pdb, status.current_healthy, status.desired_healthy) {
         ctx.commit(vec![delete]).await?;
         return Ok(Evicted::Yes);
     }
     if status.disruptions_allowed <= 0 {
-        return Ok(Evicted::Refused(format!(
-            "Cannot evict pod as it would violate the pod's disruption budget. The disruption budget {name} needs {} healthy pods and has {} currently",
-            status.desired_healthy, status.current_healthy
-        )));
+        return Ok(Evicted::Refused(refusal(name, status.desired_healthy, status.current_healthy)));
     }
     let mut spent = pdb.clone();
     if let Some(s) = spent.status.as_mut() {
@@ -372,6 +415,45 @@ mod tests {
         }
         let err = budget(&pdb(json!({"minAvailable": "half"})), &[], 0, 3).unwrap_err().to_string();
         assert!(err.contains("spec.minAvailable \"half\" is neither"), "{err}");
+    }
+
+    #[test]
+    fn unhealthy_pods_go_as_the_policy_says_and_budgets_combine() {
+        let with_policy = |policy: Option<&str>| {
+            let mut b = pdb(json!({"minAvailable": 2}));
+            b.spec.as_mut().unwrap().unhealthy_pod_eviction_policy = policy.map(str::to_owned);
+            b
+        };
+        // (what, policy, current healthy, desired healthy, may an unhealthy Pod go)
+        #[rustfmt::skip]
+        let cases = [
+            ("IfHealthyBudget by default, the budget healthy", None, 2, 2, true),
+            ("IfHealthyBudget by default, short of healthy Pods", None, 1, 2, false),
+            ("IfHealthyBudget, short", Some("IfHealthyBudget"), 1, 2, false),
+            ("AlwaysAllow, short", Some("AlwaysAllow"), 0, 2, true),
+        ];
+        for (what, policy, current, desired, want) in cases {
+            assert_eq!(unhealthy_may_go(&with_policy(policy), current, desired), want, "{what}");
+        }
+
+        let (loose, strict) = (with_policy(Some("AlwaysAllow")), with_policy(None));
+        let b = |current_healthy, desired_healthy, disruptions_allowed| Budget {
+            expected_pods: 3,
+            desired_healthy,
+            current_healthy,
+            disruptions_allowed,
+        };
+        assert_eq!(allowance(&[]), None, "no budget");
+        let both = allowance(&[(&loose, b(3, 1, 2)), (&strict, b(3, 2, 1))]).unwrap();
+        assert_eq!((both.healthy, both.unhealthy), (1, true), "the fewest allowed");
+        assert_eq!(
+            both.refusal,
+            "Cannot evict pod as it would violate the pod's disruption budget. The disruption budget web needs 2 \
+             healthy pods and has 3 currently"
+        );
+        let short = allowance(&[(&loose, b(0, 1, 0)), (&strict, b(1, 2, 0))]).unwrap();
+        assert_eq!((short.healthy, short.unhealthy), (0, false), "IfHealthyBudget short of healthy Pods holds them");
+        assert!(short.refusal.ends_with("needs 2 healthy pods and has 1 currently"), "{}", short.refusal);
     }
 
     #[test]

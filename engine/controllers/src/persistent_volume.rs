@@ -335,6 +335,13 @@ impl Reconciler for PersistentVolumeController {
         "persistentvolume-binder"
     }
 
+    /// Claims bind and provision on several workers so a hundred claims at once share the
+    /// store's commits. Two claims racing for one volume cannot both have it: every bind writes
+    /// the volume compare-and-swap on the resourceVersion it read, and the loser retries.
+    fn workers(&self) -> usize {
+        crate::runtime::CONCURRENT_SYNCS
+    }
+
     fn keys_for(&self, event: &Event, cache: &Cache) -> Vec<ObjectKey> {
         let kind = &event.key.kind;
         let object = &event.object;

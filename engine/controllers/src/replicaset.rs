@@ -17,6 +17,7 @@ use k8s_openapi::api::{
     core::v1::Pod,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde::{Serialize, de::DeserializeOwned};
 use std::marker::PhantomData;
 
@@ -81,6 +82,25 @@ pub(crate) fn is_ready(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Ready for at least `min_ready` (upstream's `IsPodAvailable`): when not yet, the time it will be.
+pub(crate) fn availability(pod: &Pod, min_ready: i32, now: Timestamp) -> Result<(), Option<Timestamp>> {
+    if !is_ready(pod) {
+        return Err(None);
+    }
+    if min_ready <= 0 {
+        return Ok(());
+    }
+    let since = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map_or(now, |t| t.0);
+    let at = since.checked_add(SignedDuration::from_secs(i64::from(min_ready))).unwrap_or(since);
+    if at <= now { Ok(()) } else { Err(Some(at)) }
 }
 
 /// Running or yet to run, and not being deleted (upstream's `FilterActivePods`): a terminating

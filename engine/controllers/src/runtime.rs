@@ -4,7 +4,7 @@ use crate::admission::{Admission, Refusal};
 use crate::plan;
 use gitplane_api::events::{Record, Source, WARNING, reference};
 use gitplane_api::{
-    k8s_openapi::api::core::v1::Pod,
+    k8s_openapi::api::core::v1::{ObjectReference, Pod},
     kube_core::Resource,
     object::{from_value, to_value},
 };
@@ -110,6 +110,29 @@ impl Context {
         self.events.record(Record::new(Source::component(component), reference(object), type_, reason, message));
     }
 
+    /// Records an Event from `component` about the object `about` names (a Pod's owner).
+    pub fn event_about(&self, component: &str, about: ObjectReference, type_: &str, reason: &str, message: &str) {
+        self.events.record(Record::new(Source::component(component), about, type_, reason, message));
+    }
+
+    /// Records an Event about `pod`'s controller (the workload it belongs to), or the Pod itself
+    /// when it has none.
+    pub fn event_on_owner(&self, component: &str, pod: &Pod, type_: &str, reason: &str, message: &str) {
+        let owner = pod.metadata.owner_references.iter().flatten().find(|o| o.controller == Some(true));
+        let about = match owner {
+            Some(o) => ObjectReference {
+                api_version: Some(o.api_version.clone()),
+                kind: Some(o.kind.clone()),
+                namespace: pod.metadata.namespace.clone(),
+                name: Some(o.name.clone()),
+                uid: Some(o.uid.clone()),
+                ..Default::default()
+            },
+            None => reference(pod),
+        };
+        self.event_about(component, about, type_, reason, message);
+    }
+
     pub fn cache(&self) -> &Arc<Cache> {
         self.informer.cache()
     }
@@ -132,13 +155,18 @@ impl Context {
         let mut admission = Admission::new(&**self.cache());
         ops.into_iter()
             .filter_map(|op| match op {
-                Op::Create(object) => match admission.admit(object) {
-                    Ok(object) => Some(Op::Create(object)),
-                    Err(refusal) => {
-                        self.refused(refusal);
-                        None
+                Op::Create(mut object) => {
+                    if object["kind"] == "PersistentVolumeClaim" {
+                        crate::admission::default_claim(&mut object, &self.cache().list_typed(None));
                     }
-                },
+                    match admission.admit(object) {
+                        Ok(object) => Some(Op::Create(object)),
+                        Err(refusal) => {
+                            self.refused(refusal);
+                            None
+                        }
+                    }
+                }
                 other => Some(other),
             })
             .collect()

@@ -182,7 +182,7 @@ impl Reconciler for TaintEvictionController {
             match evict(ctx, &pod, unreachable).await {
                 Ok(Evicted::Yes) => {}
                 Ok(Evicted::Refused(why)) => {
-                    ctx.event("taint-eviction-controller", &pod, WARNING, "DisruptionBudget", &why);
+                    ctx.event_on_owner("taint-eviction-controller", &pod, WARNING, crate::disruption::HELD, &why);
                     let retry = now + SignedDuration::try_from(BUDGET_RETRY).unwrap_or_default();
                     next = Some(next.map_or(retry, |n| n.min(retry)));
                 }

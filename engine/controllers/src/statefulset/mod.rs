@@ -87,12 +87,12 @@ impl Reconciler for StatefulSetController {
             current: pods::Revision { name: &current, template: &current_template },
             update: pods::Revision { name: &update, template: &update_template },
         };
-        let writes = pods::plan(&set, &chosen, &pods, &claims)?;
+        let now = gitplane_api::k8s_openapi::jiff::Timestamp::now();
+        let writes = pods::plan(&set, &chosen, &pods, &claims, now)?;
         let messages = events(&key.name, &writes);
         if !messages.is_empty() {
             tracing::info!(changes = messages.len(), "syncing Pods");
         }
-        let now = gitplane_api::k8s_openapi::jiff::Timestamp::now();
         let ops = history
             .ops
             .into_iter()
@@ -104,12 +104,20 @@ impl Reconciler for StatefulSetController {
         for (reason, message) in messages {
             ctx.event("statefulset-controller", &set, NORMAL, reason, &message);
         }
-        let status = pods::status(&set, &owned_pods(ctx.cache()), &current, &update, history.collision_count);
+        let (after, now) = (owned_pods(ctx.cache()), gitplane_api::k8s_openapi::jiff::Timestamp::now());
+        let status = pods::status(&set, &after, &current, &update, history.collision_count, now);
         if set.status.as_ref() != Some(&status) {
             let mut updated = set.clone();
             updated.status = Some(status);
             ctx.update_status(&updated).await?;
         }
-        Ok(Action::await_change())
+        // A Pod Ready but not yet for minReadySeconds changes nothing when it becomes available.
+        Ok(match pods::next_available(&set, &after, now) {
+            Some(at) => Action::requeue(
+                std::time::Duration::try_from(at.duration_since(now)).unwrap_or_default()
+                    + std::time::Duration::from_millis(100),
+            ),
+            None => Action::await_change(),
+        })
     }
 }

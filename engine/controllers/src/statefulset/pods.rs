@@ -1,9 +1,10 @@
 //! Which Pods and claims a StatefulSet sync writes (upstream's `stateful_set_control.go` and
 //! `stateful_set_utils.go`): Pods named `<set>-<ordinal>` with a stable identity, claims
 //! `<template>-<set>-<ordinal>` made before their Pod and kept after it as the retention policy
-//! says, OrderedReady (one Pod at a time, in order, each Running and Ready before the next;
+//! says, OrderedReady (one Pod at a time, in order, each Running and available before the next;
 //! scale down from the highest ordinal) or Parallel, then RollingUpdate (from the highest
-//! ordinal down to the partition, at most maxUnavailable at a time) or OnDelete. Pure.
+//! ordinal down to the partition, at most maxUnavailable unavailable at a time) or OnDelete.
+//! Available is Ready for `minReadySeconds` (upstream's `isRunningAndAvailable`). Pure.
 
 use super::revisions::{self, REVISION_LABEL};
 use crate::{
@@ -11,7 +12,7 @@ use crate::{
     endpoints::pods::is_terminating,
     owner::controller_ref,
     plan::Op,
-    replicaset::{is_active, is_finished, is_ready, phase},
+    replicaset::{availability, is_active, is_finished, is_ready, phase},
 };
 use k8s_openapi::api::{
     apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus},
@@ -20,6 +21,7 @@ use k8s_openapi::api::{
 use k8s_openapi::apimachinery::pkg::{
     apis::meta::v1::ObjectMeta, apis::meta::v1::OwnerReference, util::intstr::IntOrString,
 };
+use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
 
 /// The label naming a set's Pod, for a Service per Pod.
@@ -82,9 +84,24 @@ pub fn claim_name(template: &str, set: &str, ordinal: i32) -> String {
     format!("{template}-{set}-{ordinal}")
 }
 
-/// Running and Ready, and not being deleted: what OrderedReady waits for.
+/// Running and Ready, and not being deleted (upstream's `isHealthy`).
 fn is_healthy(pod: &Pod) -> bool {
     phase(pod) == "Running" && is_ready(pod) && !is_terminating(pod)
+}
+
+fn min_ready(set: &StatefulSet) -> i32 {
+    set.spec.as_ref().and_then(|s| s.min_ready_seconds).unwrap_or(0)
+}
+
+/// Healthy and Ready for the set's `minReadySeconds`: what OrderedReady and a RollingUpdate wait
+/// for.
+fn is_available(set: &StatefulSet, pod: &Pod, now: Timestamp) -> bool {
+    is_healthy(pod) && availability(pod, min_ready(set), now).is_ok()
+}
+
+/// When the first of `owned` that is Ready but not yet available will be: the set's next sync.
+pub fn next_available(set: &StatefulSet, owned: &[Pod], now: Timestamp) -> Option<Timestamp> {
+    owned.iter().filter(|p| is_healthy(p)).filter_map(|p| availability(p, min_ready(set), now).err().flatten()).min()
 }
 
 /// The Pod of `ordinal` from `template`, labelled with its name, index and revision, its
@@ -240,6 +257,7 @@ pub fn plan(
     revisions: &Revisions<'_>,
     owned: &[Pod],
     claims: &BTreeMap<String, PersistentVolumeClaim>,
+    now: Timestamp,
 ) -> Result<Writes, ReconcileError> {
     let spec = spec(set)?;
     let set_name = set_name(set);
@@ -290,7 +308,7 @@ pub fn plan(
                     writes.pods.push(Op::Delete((*pod).clone()));
                 } else {
                     // A terminating one is waited for: its name is taken until it is gone.
-                    healthy[i] = is_healthy(pod);
+                    healthy[i] = is_available(set, pod, now);
                 }
                 if ordered && !healthy[i] {
                     return Ok(writes);
@@ -323,7 +341,7 @@ pub fn plan(
         return Ok(writes); // OnDelete: a Pod takes the update revision when it is deleted.
     }
     // RollingUpdate: the highest ordinals first, down to the partition, while at most
-    // maxUnavailable Pods are unavailable.
+    // maxUnavailable Pods are unavailable (not yet Ready for minReadySeconds counts).
     let budget = max_unavailable(set)? - healthy.iter().filter(|h| !**h).count() as i32;
     let mut deleted = 0;
     for i in (partition as usize..slots.len()).rev() {
@@ -359,15 +377,16 @@ fn sync_claims(
     }
 }
 
-/// The set's status from its Pods after a sync (upstream's `updateStatefulSetStatus`): a
-/// RollingUpdate is complete, and the update revision becomes current, once every Pod is
-/// updated and ready.
+/// The set's status from its Pods after a sync (upstream's `updateStatefulSetStatus`): available
+/// ones are Ready for minReadySeconds; a RollingUpdate is complete, and the update revision
+/// becomes current, once every Pod is updated and ready.
 pub fn status(
     set: &StatefulSet,
     owned: &[Pod],
     current: &str,
     update: &str,
     collision_count: i32,
+    now: Timestamp,
 ) -> StatefulSetStatus {
     let set_name = set_name(set);
     let pods: Vec<&Pod> =
@@ -379,7 +398,9 @@ pub fn status(
         observed_generation: set.metadata.generation,
         replicas,
         ready_replicas: Some(ready),
-        available_replicas: Some(ready),
+        available_replicas: Some(count(&|p| {
+            is_active(p) && is_ready(p) && availability(p, min_ready(set), now).is_ok()
+        })),
         current_replicas: Some(count(&|p| revisions::of(p) == Some(current))),
         updated_replicas: Some(count(&|p| revisions::of(p) == Some(update))),
         current_revision: Some(current.into()),
@@ -479,7 +500,7 @@ mod tests {
             update: Revision { name: NEW, template: &template },
         };
         let claims = claims.iter().map(|c| (c.metadata.name.clone().unwrap(), c.clone())).collect();
-        describe(&plan(set, &revisions, pods, &claims).unwrap())
+        describe(&plan(set, &revisions, pods, &claims, Timestamp::UNIX_EPOCH).unwrap())
     }
 
     /// (what, set, Pods, the claims that exist (by ordinal), the writes in words)
@@ -579,14 +600,62 @@ mod tests {
     }
 
     #[test]
+    fn t10_min_ready_seconds_holds_ordered_creation_and_rollouts_and_counts_availability() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        // A Pod Ready since `ago` seconds.
+        let ready_for = |ordinal, revision, ago: i64| {
+            let mut p = pod(ordinal, revision, "ready");
+            let since = now.checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(ago)).unwrap();
+            p.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_transition_time =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since));
+            p
+        };
+        let with_min_ready = |mut set: StatefulSet| {
+            set.spec.as_mut().unwrap().min_ready_seconds = Some(10);
+            set
+        };
+        let ordered = with_min_ready(set(2, "OrderedReady", rolling(0, json!(1)), retain()));
+        let parallel = with_min_ready(set(3, "Parallel", rolling(0, json!(1)), retain()));
+        let plan_at = |set: &StatefulSet, pods: &[Pod]| {
+            let template = set.spec.as_ref().unwrap().template.clone();
+            let revisions = Revisions {
+                current: Revision { name: OLD, template: &template },
+                update: Revision { name: NEW, template: &template },
+            };
+            let claims = [0, 1, 2].map(claim).into_iter().map(|c| (c.metadata.name.clone().unwrap(), c)).collect();
+            describe(&plan(set, &revisions, pods, &claims, now).unwrap())
+        };
+        #[rustfmt::skip]
+        let cases: Vec<(&str, &StatefulSet, Vec<Pod>, Vec<&str>)> = vec![
+            ("OrderedReady: the next waits while web-0 is Ready for 5 s of 10", &ordered,
+             vec![ready_for(0, NEW, 5)], vec![]),
+            ("... and comes once it is available", &ordered, vec![ready_for(0, NEW, 15)], vec!["create web-1 at web-new"]),
+            ("a rollout waits while an updated Pod is not yet available", &parallel,
+             vec![ready_for(0, OLD, 60), ready_for(1, OLD, 60), ready_for(2, NEW, 5)], vec![]),
+            ("... and goes on once it is", &parallel,
+             vec![ready_for(0, OLD, 60), ready_for(1, OLD, 60), ready_for(2, NEW, 15)], vec!["delete web-1"]),
+        ];
+        for (what, set, pods, want) in cases {
+            assert_eq!(plan_at(set, &pods), want, "{what}");
+        }
+        let pods = [ready_for(0, NEW, 60), ready_for(1, NEW, 5), pod(2, NEW, "running")];
+        let counted = status(&parallel, &pods, NEW, NEW, 0, now);
+        assert_eq!((counted.ready_replicas, counted.available_replicas), (Some(2), Some(1)));
+        assert_eq!(next_available(&parallel, &pods, now), Some(now + k8s_openapi::jiff::SignedDuration::from_secs(5)));
+        assert_eq!(next_available(&parallel, &pods[..1], now), None);
+    }
+
+    #[test]
     fn t10_status_counts_revisions_and_completes_a_rollout() {
         let set = set(3, "OrderedReady", rolling(0, json!(1)), retain());
-        let during = status(&set, &[pod(0, OLD, "ready"), pod(1, OLD, "ready"), pod(2, NEW, "running")], OLD, NEW, 0);
+        let now = Timestamp::UNIX_EPOCH;
+        let during =
+            status(&set, &[pod(0, OLD, "ready"), pod(1, OLD, "ready"), pod(2, NEW, "running")], OLD, NEW, 0, now);
         assert_eq!((during.replicas, during.ready_replicas, during.available_replicas), (3, Some(2), Some(2)));
         assert_eq!((during.current_replicas, during.updated_replicas), (Some(2), Some(1)));
         assert_eq!((during.current_revision.as_deref(), during.update_revision.as_deref()), (Some(OLD), Some(NEW)));
         assert_eq!((during.observed_generation, during.collision_count), (Some(2), Some(0)));
-        let done = status(&set, &[pod(0, NEW, "ready"), pod(1, NEW, "ready"), pod(2, NEW, "ready")], OLD, NEW, 0);
+        let done = status(&set, &[pod(0, NEW, "ready"), pod(1, NEW, "ready"), pod(2, NEW, "ready")], OLD, NEW, 0, now);
         assert_eq!((done.current_revision.as_deref(), done.current_replicas), (Some(NEW), Some(3)));
     }
 }
