@@ -123,14 +123,21 @@ pub async fn admit(State(access): State<ApiAccess>, mut request: Request, next: 
         // Handlers that act for a person (exec) name them.
         request.extensions_mut().insert(user.clone());
         next.run(request).await
-    } else if is_service_account(&user) && (writes || rbac_reason(&access, &user, &info).is_some()) {
-        // Writes answer 405 as for everyone: Git is the only writer.
-        reason = rbac_reason(&access, &user, &info).map(|why| format!("RBAC: allowed by {why}")).unwrap_or_default();
-        request.extensions_mut().insert(user.clone());
-        next.run(request).await
     } else if is_service_account(&user) {
-        reason = "RBAC: no binding allows it".into();
-        crate::status(StatusCode::FORBIDDEN, "Forbidden", rbac_forbidden_message(&user, &info))
+        // One decision serves the answer and the audit line.
+        let allowed = rbac_reason(&access, &user, &info);
+        reason = match &allowed {
+            Some(why) => format!("RBAC: allowed by {why}"),
+            None if writes => String::new(),
+            None => "RBAC: no binding allows it".into(),
+        };
+        if writes || allowed.is_some() {
+            // Writes answer 405 as for everyone: Git is the only writer.
+            request.extensions_mut().insert(user.clone());
+            next.run(request).await
+        } else {
+            crate::status(StatusCode::FORBIDDEN, "Forbidden", rbac_forbidden_message(&user, &info))
+        }
     } else {
         crate::status(StatusCode::FORBIDDEN, "Forbidden", forbidden_message(&user, &info, role))
     };

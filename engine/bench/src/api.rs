@@ -7,7 +7,12 @@
 //! Kubernetes' API call latency SLOs (p99 of a read of one object under 1 s, of a cluster-wide
 //! list under 30 s) and the goal (a cluster-wide LIST under 1 s at p99).
 //!
-//! Every request carries a read token (the API refuses anonymous callers); `--https` reads over
+//! The LIST and GET rows run with a static read token (the token file's role) and again with a
+//! ServiceAccount's token, which RBAC authorizes (a ClusterRoleBinding of a ClusterRole that
+//! lists Pods, among 43 other bindings: `api_rbac`). A second table times one RBAC decision on
+//! the snapshot the API server builds of those objects.
+//!
+//! Every request carries a token (the API refuses anonymous callers); `--https` reads over
 //! the server's TLS listener, verifying it with the cluster CA (`<data-dir>/ca.crt`). Before the
 //! rows are timed the bench waits until the API server's watch cache serves Pod lists (a `hit`
 //! in `apiserver_cache_list_total` on `/metrics`) and prints how long the fill took, and the
@@ -17,6 +22,7 @@
 //! pushes one commit, so the push verdicts read the informer too, and prints the RSS again.
 
 use crate::{
+    api_rbac,
     procs::{self, Child},
     up::{git, git_in},
 };
@@ -119,14 +125,15 @@ fn pod(i: usize) -> Value {
     })
 }
 
-/// One HTTP/1.1 keep-alive connection.
+/// One HTTP/1.1 keep-alive connection, whose requests carry `token`.
 struct Connection {
     stream: BufReader<Box<dyn Io>>,
     addr: SocketAddr,
+    token: String,
 }
 
 impl Connection {
-    async fn open(target: &Target) -> Result<Connection> {
+    async fn open(target: &Target, token: &str) -> Result<Connection> {
         let addr = target.addr;
         let tcp = TcpStream::connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
         tcp.set_nodelay(true)?;
@@ -137,15 +144,14 @@ impl Connection {
                 Box::new(tls.connect(name, tcp).await.with_context(|| format!("TLS to {addr}"))?)
             }
         };
-        Ok(Connection { stream: BufReader::with_capacity(64 * 1024, stream), addr })
+        Ok(Connection { stream: BufReader::with_capacity(64 * 1024, stream), addr, token: token.to_owned() })
     }
 
     /// `GET path`: the body of a 200 answer (the server sends a Content-Length).
     async fn get(&mut self, path: &str, accept: &str) -> Result<Vec<u8>> {
         let request = format!(
             "GET {path} HTTP/1.1\r\nHost: {}\r\nAccept: {accept}\r\nAuthorization: Bearer {}\r\n\r\n",
-            self.addr,
-            procs::READ_TOKEN
+            self.addr, self.token
         );
         self.stream.get_mut().write_all(request.as_bytes()).await?;
         self.stream.get_mut().flush().await?;
@@ -243,15 +249,21 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
     let data = dir.path().join("replica-1");
     std::fs::create_dir_all(&data)?;
     let started = Instant::now();
-    {
+    let rbac = api_rbac::objects();
+    let account_token = {
         // Where `gitplane server` keeps the replica's store: `<data-dir>/store/store.db`.
         std::fs::create_dir_all(data.join("store"))?;
         let store = SqliteStore::open(&data.join("store/store.db"), Durability::Replicated).await?;
+        let mut first = None;
         for start in (0..args.pods).step_by(BATCH) {
             let ops = (start..(start + BATCH).min(args.pods)).map(|i| Op::Create(pod(i))).collect();
-            store.txn(ops).await.with_context(|| format!("writing Pods from {start}"))?;
+            let committed = store.txn(ops).await.with_context(|| format!("writing Pods from {start}"))?;
+            first = first.or(committed.objects.into_iter().next());
         }
-    }
+        let committed = store.txn(rbac.iter().cloned().map(Op::Create).collect()).await.context("writing RBAC")?;
+        let key = api_rbac::write_key(&data)?;
+        api_rbac::token(&key, &first.context("no Pod stored")?, &committed.objects[0])?
+    };
     eprintln!("stored {} Pods in {:.1} s", args.pods, started.elapsed().as_secs_f64());
 
     if args.push {
@@ -293,7 +305,7 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         false => None,
     };
     let target = Target { addr, tls };
-    let mut c = Connection::open(&target).await?;
+    let mut c = Connection::open(&target, procs::READ_TOKEN).await?;
     eprintln!("server RSS before the first LIST: {}", rss(server.pid()));
     let filled = wait_for_cache(&mut c, addr).await?;
     eprintln!("list cache serving after {:.2} s; server RSS {}", filled.as_secs_f64(), rss(server.pid()));
@@ -322,24 +334,27 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         eprintln!("pushed one commit over HTTP in {:.1} s", pushed.elapsed().as_secs_f64());
         let settled = wait_until_settled(server.pid()).await?;
         eprintln!("server settled after {:.1} s more; server RSS {}", settled.as_secs_f64(), rss(server.pid()));
-        // The server closes a connection idle for longer than its header read timeout.
-        c = Connection::open(&target).await?;
     }
 
     let transport = if args.https { "loopback HTTPS/1.1" } else { "loopback HTTP/1.1" };
     println!("| Read ({} Pods, {transport}) | Runs | p50 | p99 | Items | Bytes per LIST | Anchor |", args.pods);
     println!("|---|---|---|---|---|---|---|");
-    for (name, limit, accept) in [
-        ("LIST cluster-wide, unpaged (JSON)", None, "application/json"),
-        ("LIST cluster-wide, limit=500 pages (JSON, client-go)", Some(500), "application/json"),
-        ("LIST cluster-wide, limit=500 pages (Table, kubectl get -A)", Some(500), TABLE),
+    for (name, limit, accept, account) in [
+        ("LIST cluster-wide, unpaged (JSON)", None, "application/json", false),
+        ("LIST cluster-wide, unpaged (JSON), ServiceAccount token (RBAC)", None, "application/json", true),
+        ("LIST cluster-wide, limit=500 pages (JSON, client-go)", Some(500), "application/json", false),
+        ("LIST cluster-wide, limit=500 pages (JSON), ServiceAccount token (RBAC)", Some(500), "application/json", true),
+        ("LIST cluster-wide, limit=500 pages (Table, kubectl get -A)", Some(500), TABLE, false),
     ] {
+        // A connection of its own per row: the server closes one idle for 10 s.
+        let token = if account { account_token.as_str() } else { procs::READ_TOKEN };
+        let c = &mut Connection::open(&target, token).await?;
         let mut took = Vec::new();
         let mut last = (0, 0);
-        list_all(&mut c, limit, accept).await?; // warm-up: SQLite's page cache, the allocator
+        list_all(c, limit, accept).await?; // warm-up: SQLite's page cache, the allocator
         for _ in 0..args.lists {
             let t = Instant::now();
-            last = list_all(&mut c, limit, accept).await?;
+            last = list_all(c, limit, accept).await?;
             took.push(t.elapsed());
         }
         if last.0 != args.pods {
@@ -357,12 +372,27 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
         eprintln!("{name}: done");
     }
 
+    for (what, token) in [("", procs::READ_TOKEN), (", ServiceAccount token (RBAC)", account_token.as_str())] {
+        get_row(&args, &target, token, what).await?;
+    }
+    eprintln!("server RSS at the end: {}", rss(server.pid()));
+    println!();
+    println!("| Authorization decision (in process) | Decisions | Mean |");
+    println!("|---|---|---|");
+    for row in api_rbac::decision_rows(&rbac, 1_000_000)? {
+        println!("{row}");
+    }
+    Ok(())
+}
+
+/// The GET row: `args.readers` concurrent readers of one Pod each, for `args.duration`.
+async fn get_row(args: &ApiArgs, target: &Target, token: &str, what: &str) -> Result<()> {
     let window = Duration::from_secs_f64(args.duration);
     let (mut readers, pods) = (Vec::new(), args.pods);
     for r in 0..args.readers {
-        let target = target.clone();
+        let (target, token, step) = (target.clone(), token.to_owned(), args.readers);
         readers.push(tokio::spawn(async move {
-            let mut c = Connection::open(&target).await?;
+            let mut c = Connection::open(&target, &token).await?;
             let mut took = Vec::new();
             let end = Instant::now() + window;
             let mut i = r;
@@ -372,7 +402,7 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
                 let t = Instant::now();
                 c.get(&path, "application/json").await?;
                 took.push(t.elapsed());
-                i += args.readers;
+                i += step;
             }
             anyhow::Ok(took)
         }));
@@ -383,14 +413,13 @@ async fn run(args: ApiArgs, gitplane: PathBuf) -> Result<()> {
     }
     took.sort();
     println!(
-        "| GET one Pod, {} concurrent readers ({:.0} reads/s) | {} | {} | {} | 1 | | SLO 1 s |",
+        "| GET one Pod, {} concurrent readers ({:.0} reads/s){what} | {} | {} | {} | 1 | | SLO 1 s |",
         args.readers,
         took.len() as f64 / args.duration,
         took.len(),
         ms(quantile(&took, 0.5)),
         ms(quantile(&took, 0.99)),
     );
-    eprintln!("server RSS at the end: {}", rss(server.pid()));
     Ok(())
 }
 

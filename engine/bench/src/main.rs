@@ -11,6 +11,7 @@
 //! stderr, one Markdown table to stdout.
 
 mod api;
+mod api_rbac;
 mod apiwatch;
 mod auth;
 mod encryption;
