@@ -12,7 +12,7 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
 use serde_json::Value;
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(120);
 
@@ -131,18 +131,8 @@ spec:
       command: [/bin/busybox, sleep, "100000"]
 "#;
 
-fn kubectl(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
-    let out = Command::new("kubectl")
-        .args(["--server", &format!("http://{}", cluster.listen)])
-        .args(args)
-        .output()
-        .context("running kubectl (apt-get install kubectl)")?;
-    ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn explain(cluster: &LocalCluster) -> String {
-    let rows = kubectl(cluster, &["get", "pods,events", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
+    let rows = cluster.kubectl(&["get", "pods,events", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
     format!("{rows}\n{}", cluster.log_tail())
 }
 
@@ -183,7 +173,7 @@ fn t100_security_profiles_and_admission() -> Result<()> {
     // The Localhost profile: the denied syscall fails, the container runs on.
     let running = wait_for(DEADLINE, || cluster.running_pods("app=no-mkdir").ok()?.into_iter().next())
         .with_context(|| format!("no-mkdir never runs\n{}", explain(&cluster)))?;
-    let said = wait_for(DEADLINE, || kubectl(&cluster, &["logs", "no-mkdir"]).ok().filter(|l| l.contains("refused")));
+    let said = wait_for(DEADLINE, || cluster.kubectl(&["logs", "no-mkdir"]).ok().filter(|l| l.contains("refused")));
     // The denied call's error (stderr) and the echo (stdout), in either order.
     let said = said.unwrap_or_default();
     ensure!(
@@ -252,17 +242,14 @@ fn t100_security_profiles_and_admission() -> Result<()> {
     })
     .with_context(|| format!("the quota never counts 2 Pods\n{}", explain(&cluster)))?;
     ensure!(quota["status"]["used"]["requests.cpu"] == "200m", "the quota's status: {}", quota["status"]);
-    let resources = kubectl(
-        &cluster,
-        &[
-            "get",
-            "pods",
-            "-n",
-            "limited",
-            "-o",
-            "jsonpath={range .items[*]}{.spec.containers[0].resources}{\"\\n\"}{end}",
-        ],
-    )?;
+    let resources = cluster.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        "limited",
+        "-o",
+        "jsonpath={range .items[*]}{.spec.containers[0].resources}{\"\\n\"}{end}",
+    ])?;
     let defaulted = r#"{"limits":{"cpu":"200m","memory":"32Mi"},"requests":{"cpu":"100m","memory":"16Mi"}}"#;
     ensure!(resources.lines().collect::<Vec<_>>() == [defaulted; 2], "the Pods' resources:\n{resources}");
     let failed = wait_for(DEADLINE, || {

@@ -90,20 +90,9 @@ spec:
           command: [/bin/busybox, "true"]
 "#;
 
-fn kubectl(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
-    let out = Command::new("kubectl")
-        .arg("--server")
-        .arg(format!("http://{}", cluster.listen))
-        .args(args)
-        .output()
-        .context("running kubectl (apt-get install kubectl)")?;
-    ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// Every Event of the cluster, as `kubectl get events -A -o json` prints them.
 fn events(cluster: &LocalCluster) -> Result<Vec<Value>> {
-    let list: Value = serde_json::from_str(&kubectl(cluster, &["get", "events", "-A", "-o", "json"])?)?;
+    let list: Value = serde_json::from_str(&cluster.kubectl(&["get", "events", "-A", "-o", "json"])?)?;
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
 
@@ -189,12 +178,12 @@ fn t74_events_from_every_component() -> Result<()> {
             "describe needs the uid: {event}"
         );
     }
-    let described = kubectl(&cluster, &["describe", "pod", &pod_name])?;
+    let described = cluster.kubectl(&["describe", "pod", &pod_name])?;
     let section = described.split("Events:").nth(1).with_context(|| format!("no Events in:\n{described}"))?;
     for line in ["Scheduled", "Successfully assigned", "Pulled", "Created", "Started", "Started container web"] {
         ensure!(section.contains(line), "kubectl describe pod has no {line:?}:\n{described}");
     }
-    let described = kubectl(&cluster, &["describe", "deployment", "events-web"])?;
+    let described = cluster.kubectl(&["describe", "deployment", "events-web"])?;
     ensure!(described.contains("ScalingReplicaSet"), "kubectl describe deployment:\n{described}");
 
     // A Secret volume whose Secret is missing: FailedMount.
@@ -357,14 +346,14 @@ fn t74_no_event_carries_a_secret_value() -> Result<()> {
     result?;
 
     let encoded = base64_of(SECRET_VALUE);
-    let listed = kubectl(&cluster, &["get", "events", "-A", "-o", "json"])?;
+    let listed = cluster.kubectl(&["get", "events", "-A", "-o", "json"])?;
     let watched = std::fs::read_to_string(&watched)?;
     ensure!(watched.contains("secret-probe") && watched.contains("Unhealthy"), "the watch saw the Events: {watched}");
     for (how, text) in [("kubectl get events -o json", &listed), ("the watch", &watched)] {
         ensure!(!text.contains(SECRET_VALUE), "{how} carries the Secret's value:\n{text}");
         ensure!(!text.contains(&encoded), "{how} carries the Secret's value in base64:\n{text}");
     }
-    let described = kubectl(&cluster, &["describe", "pod", "secret-probe"])?;
+    let described = cluster.kubectl(&["describe", "pod", "secret-probe"])?;
     ensure!(!described.contains(SECRET_VALUE), "kubectl describe carries the Secret's value:\n{described}");
     cluster.stop(DEADLINE)?;
     Ok(())

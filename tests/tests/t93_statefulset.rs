@@ -13,7 +13,7 @@ use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, manifests::shell_pod, require_root, wait_for};
 use gitplane_testkit::registry::{self, Registry, StandIn};
 use serde_json::Value;
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(180);
 const NGINX_SLIM: &str = "registry.k8s.io/nginx-slim:0.21";
@@ -80,17 +80,6 @@ fn web(replicas: u32, partition: u32, revision: u32) -> String {
         ),
     );
     if revision < 2 { set } else { set.replace(NGINX_SLIM, NGINX_SLIM_NEXT) }
-}
-
-fn kubectl(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
-    let out = Command::new("kubectl")
-        .arg("--server")
-        .arg(format!("http://{}", cluster.listen))
-        .args(args)
-        .output()
-        .context("running kubectl (apt-get install kubectl)")?;
-    ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The set's Pods by name.
@@ -216,7 +205,7 @@ async fn t93_statefulset_basics() -> Result<()> {
         created == ["create Pod web-0 in StatefulSet web successful", "create Pod web-1 in StatefulSet web successful"],
         "{created:?}"
     );
-    let table = kubectl(&cluster, &["get", "statefulset", "-o", "wide"])?;
+    let table = cluster.kubectl(&["get", "statefulset", "-o", "wide"])?;
     println!("{table}");
     let row: Vec<&str> = table.lines().nth(1).unwrap_or("").split_whitespace().collect();
     ensure!(
@@ -342,7 +331,7 @@ async fn t93_statefulset_basics() -> Result<()> {
     let (update, _) = tokio::task::block_in_place(|| wait_for(DEADLINE, partitioned))
         .with_context(|| format!("partition 2 never updated web-2 alone: {:?}", revisions(&cluster)))?;
     ensure!(set(&cluster)?["status"]["currentRevision"] == before.as_str());
-    let history = kubectl(&cluster, &["get", "controllerrevisions"])?;
+    let history = cluster.kubectl(&["get", "controllerrevisions"])?;
     let rows: Vec<Vec<&str>> = history.lines().skip(1).map(|l| l.split_whitespace().take(3).collect()).collect();
     ensure!(rows.contains(&vec![update.as_str(), "statefulset.apps/web", "2"]), "{history}");
 
@@ -370,7 +359,7 @@ async fn t93_statefulset_basics() -> Result<()> {
         let updated: Vec<bool> = pods.iter().map(|(_, r)| *r == update).collect();
         ensure!(updated.windows(2).all(|w| !w[0] || w[1]), "a lower ordinal was updated first: {seen:?}");
     }
-    let status = kubectl(&cluster, &["rollout", "status", "statefulset/web", "--timeout=60s"])?;
+    let status = cluster.kubectl(&["rollout", "status", "statefulset/web", "--timeout=60s"])?;
     println!("{status}");
     drop(registry);
     tokio::task::block_in_place(|| cluster.stop(Duration::from_secs(120)))?;

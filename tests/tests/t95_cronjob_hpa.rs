@@ -140,18 +140,6 @@ const SHORT_SCALE_DOWN: &str = "  behavior:
       stabilizationWindowSeconds: 15
 ";
 
-fn kubectl(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
-    let out = Command::new("kubectl")
-        .arg("--server")
-        .arg(format!("http://{}", cluster.listen))
-        .args(args)
-        .output()
-        .context("running kubectl (apt-get install kubectl)")?;
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    ensure!(out.status.success(), "kubectl {args:?}: {}", text(&out.stderr));
-    Ok(text(&out.stdout))
-}
-
 /// Commits everything and pushes, returning what git printed (the verdict's `remote:` lines).
 fn push(work: &Worktree, dir: &Path, message: &str) -> Result<String> {
     work.commit(message)?;
@@ -209,7 +197,7 @@ fn t95_cronjobs_run_on_schedule_and_the_hpa_walkthrough_scales() -> Result<()> {
     work.write("load.yaml", LOAD)?;
     push(&work, &dir, "the load generator")?;
     let up = wait_for(Duration::from_secs(240), || replicas(&cluster).filter(|r| *r > 1));
-    let hpa_table = kubectl(&cluster, &["get", "hpa"]).unwrap_or_else(|e| e.to_string());
+    let hpa_table = cluster.kubectl(&["get", "hpa"]).unwrap_or_else(|e| e.to_string());
     let up = up.with_context(|| format!("no scale-up under load:\n{hpa_table}\n{}", cluster.log_tail()))?;
     println!("scaled up to {up}\n{hpa_table}");
     ensure!(
@@ -266,7 +254,7 @@ fn t95_cronjobs_run_on_schedule_and_the_hpa_walkthrough_scales() -> Result<()> {
         "{}",
         job["metadata"]
     );
-    let cron_table = kubectl(&cluster, &["get", "cronjobs"])?;
+    let cron_table = cluster.kubectl(&["get", "cronjobs"])?;
     println!("{cron_table}");
     ensure!(
         cron_table
@@ -282,7 +270,7 @@ fn t95_cronjobs_run_on_schedule_and_the_hpa_walkthrough_scales() -> Result<()> {
     work.write("hpa.yaml", &hpa(SHORT_SCALE_DOWN))?;
     push(&work, &dir, "no load, a short scale-down window")?;
     wait_for(Duration::from_secs(240), || (replicas(&cluster) == Some(1)).then_some(()))
-        .with_context(|| format!("no scale-down:\n{:?}", kubectl(&cluster, &["get", "hpa"])))?;
+        .with_context(|| format!("no scale-down:\n{:?}", cluster.kubectl(&["get", "hpa"])))?;
     cluster.stop(Duration::from_secs(60))?;
     Ok(())
 }

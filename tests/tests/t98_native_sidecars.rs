@@ -14,7 +14,6 @@ use gitplane_nodeagent::kubelet::runtime::spec::LABEL_POD_UID;
 use gitplane_testkit::registry::{self, Registry, StandIn};
 use serde_json::Value;
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const DEADLINE: Duration = Duration::from_secs(180);
@@ -24,23 +23,13 @@ const DEPLOYMENT: &str = include_str!("../corpus/plain/k8s-deployment-sidecar/de
 /// content/en/examples/application/job/job-sidecar.yaml of kubernetes/website.
 const JOB: &str = include_str!("../corpus/plain/k8s-job-sidecar/job-sidecar.yaml");
 
-fn kubectl(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
-    let out = Command::new("kubectl")
-        .args(["--server", &format!("http://{}", cluster.listen)])
-        .args(args)
-        .output()
-        .context("running kubectl (apt-get install kubectl)")?;
-    ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn pods(cluster: &LocalCluster, selector: &str) -> Result<Vec<Value>> {
     let list = cluster.get(&format!("/api/v1/namespaces/default/pods?labelSelector={selector}"))?;
     Ok(list["items"].as_array().cloned().unwrap_or_default())
 }
 
 fn explain(cluster: &LocalCluster) -> String {
-    let rows = kubectl(cluster, &["get", "pods", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
+    let rows = cluster.kubectl(&["get", "pods", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
     format!("{rows}\n{}", cluster.log_tail())
 }
 
@@ -71,7 +60,7 @@ fn t98_native_sidecars_run_beside_their_containers_and_stop_after_them() -> Resu
 
     // The Deployment: one main container and its sidecar, both counted by kubectl.
     let pod = wait_for(DEADLINE, || {
-        let rows = kubectl(&cluster, &["get", "pods", "-l", "app.kubernetes.io/name=myapp", "--no-headers"]).ok()?;
+        let rows = cluster.kubectl(&["get", "pods", "-l", "app.kubernetes.io/name=myapp", "--no-headers"]).ok()?;
         let row: Vec<&str> = rows.lines().next()?.split_whitespace().collect();
         (rows.lines().count() == 1 && row.get(1..3) == Some(&["2/2", "Running"][..])).then(|| row[0].to_owned())
     })
@@ -89,7 +78,7 @@ fn t98_native_sidecars_run_beside_their_containers_and_stop_after_them() -> Resu
     );
     ensure!(status["containerStatuses"][0]["state"]["running"].is_object(), "{status}");
     let shipped = wait_for(DEADLINE, || {
-        kubectl(&cluster, &["logs", &pod, "-c", "logshipper"]).ok().filter(|l| l.contains("logging"))
+        cluster.kubectl(&["logs", &pod, "-c", "logshipper"]).ok().filter(|l| l.contains("logging"))
     });
     ensure!(shipped.is_some(), "the sidecar never shipped the main container's lines\n{}", explain(&cluster));
 
@@ -114,7 +103,7 @@ fn t98_native_sidecars_run_beside_their_containers_and_stop_after_them() -> Resu
         "the sidecar did not run beside the main container: {status}"
     );
     let job_pod = job_pods[0]["metadata"]["name"].as_str().unwrap_or_default();
-    let logs = kubectl(&cluster, &["logs", job_pod, "-c", "logshipper"])?;
+    let logs = cluster.kubectl(&["logs", job_pod, "-c", "logshipper"])?;
     ensure!(logs.contains("logging"), "the Job's sidecar shipped nothing: {logs:?}");
 
     // Deleting the Deployment: its main container stops first, then the sidecar.

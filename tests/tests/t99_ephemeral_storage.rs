@@ -9,7 +9,7 @@
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, Worktree, require_root, wait_for};
 use serde_json::Value;
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 const DEADLINE: Duration = Duration::from_secs(180);
 
@@ -62,16 +62,6 @@ spec:
     volumeMounts: [{name: cache, mountPath: /cache}]
 ";
 
-fn kubectl(cluster: &LocalCluster, args: &[&str]) -> Result<String> {
-    let out = Command::new("kubectl")
-        .args(["--server", &format!("http://{}", cluster.listen)])
-        .args(args)
-        .output()
-        .context("running kubectl (apt-get install kubectl)")?;
-    ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn pods_of(cluster: &LocalCluster, app: &str) -> Result<Vec<Value>> {
     let list = cluster.get(&format!("/api/v1/namespaces/default/pods?labelSelector=app%3D{app}"))?;
     Ok(list["items"].as_array().cloned().unwrap_or_default())
@@ -97,8 +87,8 @@ fn evictions(cluster: &LocalCluster) -> Result<Vec<(String, String)>> {
 }
 
 fn explain(cluster: &LocalCluster) -> String {
-    let rows = kubectl(cluster, &["get", "pods", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
-    let events = kubectl(cluster, &["get", "events"]).unwrap_or_else(|e| e.to_string());
+    let rows = cluster.kubectl(&["get", "pods", "-o", "wide"]).unwrap_or_else(|e| e.to_string());
+    let events = cluster.kubectl(&["get", "events"]).unwrap_or_else(|e| e.to_string());
     format!("{rows}\n{events}\n{}", cluster.log_tail())
 }
 
@@ -125,7 +115,7 @@ fn t99_pods_over_their_local_storage_limits_are_evicted() -> Result<()> {
         found.into_iter().find(|(pod, message)| pod.starts_with("writer-") && message == container_message)
     })
     .with_context(|| format!("the writer is never evicted\n{}", explain(&cluster)))?;
-    let events = kubectl(&cluster, &["get", "events", "--field-selector", "reason=Evicted"])?;
+    let events = cluster.kubectl(&["get", "events", "--field-selector", "reason=Evicted"])?;
     ensure!(
         events.lines().any(|l| l.contains("Warning") && l.contains(&evicted.0) && l.contains(container_message.trim())),
         "kubectl does not show the eviction: {events}"
@@ -150,7 +140,7 @@ fn t99_pods_over_their_local_storage_limits_are_evicted() -> Result<()> {
     // kubectl's STATUS column says what the stopped container says, as upstream's printer does
     // for an evicted Pod; the Pod's reason and message are the eviction's.
     let shown =
-        kubectl(&cluster, &["get", "pod", "cache-filler", "-o", "jsonpath={.status.reason}: {.status.message}"])?;
+        cluster.kubectl(&["get", "pod", "cache-filler", "-o", "jsonpath={.status.reason}: {.status.message}"])?;
     ensure!(shown == format!("Evicted: {emptydir_message}"), "kubectl's reason and message: {shown:?}");
     ensure!(
         evictions(&cluster)?.iter().any(|(pod, m)| pod == "cache-filler" && m == emptydir_message),

@@ -371,6 +371,17 @@ impl LocalCluster {
         self.repos_dir.join("demo.git")
     }
 
+    /// What `kubectl <args>` against this cluster prints; its stderr in the error when it fails.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new("kubectl")
+            .args(["--server", &format!("http://{}", self.listen)])
+            .args(args)
+            .output()
+            .context("running kubectl (apt-get install kubectl)")?;
+        ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
     /// What `kubectl logs <pod>` prints, when it succeeds.
     pub fn kubectl_logs(&self, pod: &str) -> Option<String> {
         let out = Command::new("kubectl")
