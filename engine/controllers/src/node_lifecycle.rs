@@ -55,14 +55,12 @@ impl Reconciler for NodeLifecycleController {
         "node-lifecycle"
     }
 
+    /// Node changes only: a Lease renewal (every node's, every 10 s) wakes nothing, as the
+    /// reconcile of a node is requeued for when its Lease would expire and reads the Lease then;
+    /// a node that renews again after being marked Unknown is made Ready by the node service, a
+    /// Node change.
     fn keys_for(&self, event: &Event, _: &Cache) -> Vec<ObjectKey> {
-        if event.key.kind == kind_of::<Node>() {
-            vec![event.key.clone()]
-        } else if event.key.kind == kind_of::<Lease>() && event.key.namespace == NODE_LEASE_NAMESPACE {
-            vec![ObjectKey::of::<Node>("", &event.key.name)]
-        } else {
-            Vec::new()
-        }
+        if event.key.kind == kind_of::<Node>() { vec![event.key.clone()] } else { Vec::new() }
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {

@@ -19,6 +19,7 @@ mod references;
 pub mod tls;
 mod token_volume;
 pub mod tokens;
+mod watch_cache;
 
 pub use identity::NodeIdentity;
 use identity::{CERTIFICATES_ANNOTATION, Caller, caller, node_of};
@@ -46,7 +47,7 @@ use k8s_openapi::api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use std::{net::IpAddr, pin::Pin, sync::Arc, time::Duration};
+use std::{collections::HashMap, net::IpAddr, pin::Pin, sync::Arc, time::Duration};
 use tonic::{Request, Response, Status, service::interceptor::InterceptedService};
 
 const LEASE_DURATION_SECONDS: i32 = 40;
@@ -72,6 +73,11 @@ pub struct NodeService {
     events: gitplane_store::events::Recorder,
     /// Signs the Pods' ServiceAccount tokens; none: nodes get none.
     tokens: Option<Arc<tokens::TokenIssuer>>,
+    /// The Nodes calls are admitted against, and the Pods by node every Pod watch is fed from.
+    cache: watch_cache::WatchCache,
+    /// Each node's Lease as this replica last wrote it: the next renewal is a compare-and-swap
+    /// on it, with no read first.
+    leases: std::sync::Mutex<HashMap<String, Lease>>,
 }
 
 impl NodeService {
@@ -82,7 +88,18 @@ impl NodeService {
         reserved: addresses::Reserved,
     ) -> Self {
         let events = gitplane_store::events::Recorder::spawn(store.clone(), Default::default());
-        NodeService { store, identity, ca, reserved, allocating: tokio::sync::Mutex::new(()), events, tokens: None }
+        let cache = watch_cache::WatchCache::spawn(store.clone());
+        NodeService {
+            store,
+            identity,
+            ca,
+            reserved,
+            allocating: tokio::sync::Mutex::new(()),
+            events,
+            tokens: None,
+            cache,
+            leases: Default::default(),
+        }
     }
 
     /// Nodes get their Pods' ServiceAccount tokens, signed by `issuer`.
@@ -92,12 +109,18 @@ impl NodeService {
     }
 
     /// The node a request of a node comes from, if that node may act still ([`identity::admit`]),
-    /// with its stored Node.
-    async fn admitted<T>(&self, request: &Request<T>) -> Result<(String, Node), Status> {
+    /// with its stored Node: as the watch cache holds it, else (not there yet, or refused by what
+    /// it holds, which may be behind) as the store does.
+    async fn admitted<T>(&self, request: &Request<T>) -> Result<(String, Arc<Node>), Status> {
         let (name, proof) = node_of(request)?;
+        if let Some(node) = self.cache.node(&name)
+            && identity::admit(&name, &proof, Some(&node), false).is_ok()
+        {
+            return Ok((name, node));
+        }
         let node = Api::<Node>::new(self.store.clone()).get("", &name).await.map_err(store_status)?;
         identity::admit(&name, &proof, node.as_ref(), false)?;
-        Ok((name, node.unwrap_or_default()))
+        Ok((name, Arc::new(node.unwrap_or_default())))
     }
 
     /// The service behind its authentication.
@@ -289,6 +312,9 @@ impl NodeService {
                             .unwrap_or_default()
                             .to_owned(),
                     };
+                    // This replica admits the node's next calls by what it registered (its
+                    // certificates' uid, the end of its credential over TLS).
+                    self.cache.reached(committed.revision).await;
                     return Ok((cidr, uid));
                 }
             }
@@ -325,9 +351,52 @@ impl NodeService {
         Err(Status::aborted(format!("node {name} changed concurrently {CAS_ATTEMPTS} times; retry")))
     }
 
-    async fn renew_lease(&self, name: &str) -> Result<(), StoreError> {
+    /// Renews `name`'s Lease: a compare-and-swap on the Lease this replica last wrote, else
+    /// (none yet, or changed since) on the one read. `node`: its Node as the watch cache holds it,
+    /// if it does (else read when its Ready condition must be checked).
+    async fn renew_lease(&self, name: &str, node: Option<&Node>) -> Result<(), StoreError> {
         let leases = Api::<Lease>::new(self.store.clone());
         let now = MicroTime(Timestamp::now());
+        let cached = self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
+        let renewed = match cached {
+            Some(mut lease) => {
+                lease.spec.get_or_insert_with(Default::default).renew_time = Some(now.clone());
+                match leases.update(&lease).await {
+                    Err(e) if e.is_conflict() || e.is_not_found() => None,
+                    other => Some(other?),
+                }
+            }
+            None => None,
+        };
+        let renewed = match renewed {
+            Some(lease) => lease,
+            None => self.renew_read_lease(name, now).await?,
+        };
+        self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(name.to_owned(), renewed);
+        // A node that was marked Unknown is Ready again once it heartbeats (an agent whose
+        // runtime is down says so with its next status report); a node that reports Ready=False
+        // itself keeps it.
+        if node.is_some_and(|node| matches!(ready_status(node), Some("True" | "False"))) {
+            return Ok(());
+        }
+        let nodes = Api::<Node>::new(self.store.clone());
+        if let Some(mut node) = nodes.get("", name).await?
+            && ready_status(&node).is_none_or(|status| status == "Unknown")
+        {
+            let status = node.status.get_or_insert_with(Default::default);
+            let mut conditions = status.conditions.take().unwrap_or_default();
+            conditions.retain(|c| c.type_ != "Ready");
+            conditions.push(ready_condition(Timestamp::now()));
+            status.conditions = Some(conditions);
+            nodes.update_status(&node).await?;
+        }
+        Ok(())
+    }
+
+    /// Renews `name`'s Lease as stored now (creating it if there is none): the renewed Lease.
+    async fn renew_read_lease(&self, name: &str, now: MicroTime) -> Result<Lease, StoreError> {
+        let leases = Api::<Lease>::new(self.store.clone());
+        let mut last = None;
         for _ in 0..CAS_ATTEMPTS {
             let result = match leases.get(NODE_LEASE_NAMESPACE, name).await? {
                 Some(mut lease) => {
@@ -353,28 +422,11 @@ impl NodeService {
                 }
             };
             match result {
-                Err(e) if e.is_conflict() || e.is_already_exists() => continue,
-                other => {
-                    other?;
-                    break;
-                }
+                Err(e) if e.is_conflict() || e.is_already_exists() => last = Some(e),
+                other => return other,
             }
         }
-        // A node that was marked Unknown is Ready again once it heartbeats (an agent whose
-        // runtime is down says so with its next status report); a node that reports Ready=False
-        // itself keeps it.
-        let nodes = Api::<Node>::new(self.store.clone());
-        if let Some(mut node) = nodes.get("", name).await?
-            && ready_status(&node).is_none_or(|status| status == "Unknown")
-        {
-            let status = node.status.get_or_insert_with(Default::default);
-            let mut conditions = status.conditions.take().unwrap_or_default();
-            conditions.retain(|c| c.type_ != "Ready");
-            conditions.push(ready_condition(Timestamp::now()));
-            status.conditions = Some(conditions);
-            nodes.update_status(&node).await?;
-        }
-        Ok(())
+        Err(last.unwrap_or_else(|| StoreError::Unavailable(format!("the Lease of node {name} is contended; retry"))))
     }
 }
 
@@ -407,10 +459,6 @@ async fn service_account(
 ) -> Result<Option<serde_json::Value>, StoreError> {
     let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
     store.get(&ObjectKey::of::<ServiceAccount>(namespace, token_volume::service_account_name(pod))).await
-}
-
-fn bound_to(pod: &serde_json::Value, node: &str) -> bool {
-    pod["spec"]["nodeName"].as_str() == Some(node)
 }
 
 type PodEventStream = Pin<Box<dyn Stream<Item = Result<PodEvent, Status>> + Send>>;
@@ -590,7 +638,7 @@ impl node_service_server::NodeService for NodeService {
                     .map_err(|e| Status::invalid_argument(format!("node {name}: {e}")))?,
             ),
         };
-        self.renew_lease(&name).await.map_err(store_status)?;
+        self.renew_lease(&name, None).await.map_err(store_status)?;
         tracing::info!(node = %name, %pod_cidr, certificates = certificates.is_some(), "node registered");
         // Over TLS the client certificate replaces the credential; over cleartext (loopback) no
         // certificate can be presented, so the node keeps a credential.
@@ -626,12 +674,12 @@ impl node_service_server::NodeService for NodeService {
     }
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
-        let (own, _) = self.admitted(&request).await?;
+        let (own, node) = self.admitted(&request).await?;
         let name = &request.get_ref().node_name;
         if *name != own {
             return Err(Status::permission_denied(format!("node {own} cannot renew the lease of {name}")));
         }
-        self.renew_lease(name).await.map_err(store_status)?;
+        self.renew_lease(name, Some(&node)).await.map_err(store_status)?;
         Ok(Response::new(HeartbeatResponse {}))
     }
 
@@ -688,57 +736,36 @@ impl node_service_server::NodeService for NodeService {
         if node_name != own {
             return Err(Status::permission_denied(format!("node {own} cannot watch the Pods of {node_name}")));
         }
-        let mut initial = Vec::new();
         let mounts_tokens = self.tokens.is_some();
-        let from = if resource_version == 0 {
-            let list = self.store.list("Pod", &ListOptions::default()).await.map_err(store_status)?;
-            for pod in list.items.iter().filter(|p| bound_to(p, &node_name)) {
-                let pod = as_sent(&self.store, pod, mounts_tokens).await;
-                initial.push(Ok(pod_event(WireEventType::Added, list.revision, &pod)));
-            }
-            initial.push(Ok(PodEvent {
-                r#type: WireEventType::Bookmark as i32,
-                resource_version: list.revision,
-                pod: Vec::new(),
-            }));
-            list.revision
-        } else {
-            resource_version
-        };
-        // Its own Node too: the stream ends when the node is removed.
-        let options = WatchOptions { kinds: Some(vec!["Pod".into(), "Node".into()]), bookmarks: true };
-        let events = self.store.watch(from, options).await.map_err(store_status)?;
-        let node = node_name.clone();
+        // From the watch cache: its index of Pods by node for a first list, its recent changes
+        // for a watch that resumes; it ends the stream when the node is removed.
+        let changes = self.cache.watch(&node_name, resource_version).await?;
         let store = self.store.clone();
-        let changes = events.filter_map(move |event| {
-            let (node, store) = (node.clone(), store.clone());
+        let events = changes.then(move |change| {
+            let store = store.clone();
             async move {
-                match event {
-                    Err(e) => Some(Err(store_status(e))),
-                    Ok(e) if e.key.kind == "Node" => {
-                        identity::removes(&e, &node).then(|| Err(identity::removed(&node)))
-                    }
-                    // Bookmarks let an agent resume from a recent revision after a reconnect.
-                    Ok(e) if e.event_type == EventType::Bookmark => Some(Ok(PodEvent {
-                        r#type: WireEventType::Bookmark as i32,
-                        resource_version: e.revision,
-                        pod: Vec::new(),
-                    })),
-                    Ok(e) if bound_to(&e.object, &node) => {
+                match change {
+                    watch_cache::Change::Pod(e) => {
                         let kind = match e.event_type {
                             EventType::Added => WireEventType::Added,
                             EventType::Modified => WireEventType::Modified,
                             _ => WireEventType::Deleted,
                         };
                         let pod = as_sent(&store, &e.object, mounts_tokens).await;
-                        Some(Ok(pod_event(kind, e.revision, &pod)))
+                        Ok(pod_event(kind, e.revision, &pod))
                     }
-                    Ok(_) => None,
+                    // Bookmarks let an agent resume from a recent revision after a reconnect.
+                    watch_cache::Change::Bookmark(revision) => Ok(PodEvent {
+                        r#type: WireEventType::Bookmark as i32,
+                        resource_version: revision,
+                        pod: Vec::new(),
+                    }),
+                    watch_cache::Change::End(status) => Err(status),
                 }
             }
         });
-        tracing::info!(node = %node_name, from, "pod watch started");
-        Ok(Response::new(Box::pin(futures::stream::iter(initial).chain(changes))))
+        tracing::info!(node = %node_name, from = resource_version, "pod watch started");
+        Ok(Response::new(Box::pin(events)))
     }
 
     type WatchNetworkStream = ObjectEventStream;

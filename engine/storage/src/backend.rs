@@ -511,18 +511,19 @@ pub(crate) trait EventLog: Send + Sync + 'static {
     ) -> impl Future<Output = Result<EventRead>> + Send;
 }
 
-/// The latest revision that touched each kind some watch of one kind follows: such a watch
-/// wakes for its own kind's commits, not for every commit (a thousand watches of Pods are not
-/// woken by each Event written beside them).
+/// The latest revision that touched each set of kinds some watch follows: such a watch wakes
+/// for its own kinds' commits, not for every commit (a thousand watches of Pods are not woken by
+/// each Event or Lease written beside them).
 #[derive(Default)]
-pub(crate) struct KindCommits(std::sync::Mutex<HashMap<String, watch::Sender<Revision>>>);
+pub(crate) struct KindCommits(std::sync::Mutex<HashMap<Vec<String>, watch::Sender<Revision>>>);
 
 impl KindCommits {
     /// A commit at `revision` touched `kinds`; called after `committed` has moved to it.
     pub(crate) fn publish<'a>(&self, revision: Revision, kinds: impl IntoIterator<Item = &'a str>) {
+        let kinds: Vec<&str> = kinds.into_iter().collect();
         let senders = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for kind in kinds {
-            if let Some(sender) = senders.get(kind) {
+        for (followed, sender) in senders.iter() {
+            if followed.iter().any(|f| kinds.contains(&f.as_str())) {
                 sender.send_replace(revision);
             }
         }
@@ -535,18 +536,22 @@ impl KindCommits {
         }
     }
 
-    /// Follows `kind`'s commits. A new kind starts at the latest revision, read under the lock
-    /// that [`Self::publish`] takes after `committed` moved: no commit falls between the two.
-    pub(crate) fn subscribe(&self, kind: &str, committed: &watch::Sender<Revision>) -> watch::Receiver<Revision> {
+    /// Follows the commits of any of `kinds`. A new set starts at the latest revision, read under
+    /// the lock that [`Self::publish`] takes after `committed` moved: no commit falls between the
+    /// two.
+    pub(crate) fn subscribe(&self, kinds: &[String], committed: &watch::Sender<Revision>) -> watch::Receiver<Revision> {
+        let mut followed = kinds.to_vec();
+        followed.sort();
+        followed.dedup();
         let mut senders = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         senders.retain(|_, sender| sender.receiver_count() > 0);
-        senders.entry(kind.to_owned()).or_insert_with(|| watch::channel(*committed.borrow()).0).subscribe()
+        senders.entry(followed).or_insert_with(|| watch::channel(*committed.borrow()).0).subscribe()
     }
 }
 
 /// A watch from `from`: reads `log` whenever `committed` moves past what it has delivered.
-/// With `kind` (the watch's one kind's commits, from [`KindCommits`]) it reads at once when its
-/// kind changes, and for other commits at most every [`BOOKMARK_INTERVAL`]: that keeps its
+/// With `kind` (the commits of the watch's kinds, from [`KindCommits`]) it reads at once when
+/// one of its kinds changes, and for other commits at most every [`BOOKMARK_INTERVAL`]: that keeps its
 /// position near the head (inside the watch cache, ahead of compaction) and its bookmarks as
 /// fresh as before.
 pub(crate) fn watch_stream<L: EventLog>(
@@ -725,37 +730,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_watch_of_one_kind_reads_for_other_kinds_at_most_every_interval() {
-        let (committed, _) = watch::channel(0);
-        let log = Arc::new(MemoryLog {
-            events: Mutex::new(Vec::new()),
-            committed,
-            commit_during_read: Mutex::new(None),
-            reads: Default::default(),
-        });
-        let kinds = Arc::new(KindCommits::default());
-        let follow = kinds.subscribe("ConfigMap", &log.committed);
-        let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: false };
-        let mut w = watch_stream(log.clone(), log.committed.subscribe(), Some(follow), 0, options);
-        let watcher = tokio::spawn(async move { w.next().await });
-        let commit = |revision: Revision, kind: &str| {
-            log.events.lock().unwrap().push((0, event(revision, kind)));
-            log.committed.send_replace(revision);
-            kinds.publish(revision, [kind]);
-        };
-        let started = Instant::now();
-        for revision in 1..=200 {
-            commit(revision, "Pod");
-            tokio::task::yield_now().await;
+    async fn a_watch_of_some_kinds_reads_for_other_kinds_at_most_every_interval() {
+        // (the kinds followed, the commit of one of them that must wake the watch)
+        let cases: [(&[&str], &str); 2] = [(&["ConfigMap"], "ConfigMap"), (&["Node", "Pod"], "Node")];
+        for (followed, wakes) in cases {
+            let (committed, _) = watch::channel(0);
+            let log = Arc::new(MemoryLog {
+                events: Mutex::new(Vec::new()),
+                committed,
+                commit_during_read: Mutex::new(None),
+                reads: Default::default(),
+            });
+            let kinds = Arc::new(KindCommits::default());
+            let followed: Vec<String> = followed.iter().map(|k| k.to_string()).collect();
+            let follow = kinds.subscribe(&followed, &log.committed);
+            let options = WatchOptions { kinds: Some(followed.clone()), bookmarks: false };
+            let mut w = watch_stream(log.clone(), log.committed.subscribe(), Some(follow), 0, options);
+            let watcher = tokio::spawn(async move { w.next().await });
+            let commit = |revision: Revision, kind: &str| {
+                log.events.lock().unwrap().push((0, event(revision, kind)));
+                log.committed.send_replace(revision);
+                kinds.publish(revision, [kind]);
+            };
+            let started = Instant::now();
+            for revision in 1..=200 {
+                commit(revision, "Lease.coordination.k8s.io");
+                tokio::task::yield_now().await;
+            }
+            commit(201, wakes);
+            let e = tokio::time::timeout(Duration::from_secs(10), watcher).await.unwrap().unwrap().unwrap().unwrap();
+            assert_eq!((e.revision, e.key.kind.as_str()), (201, wakes), "{followed:?}");
+            // One read for the first Lease (it moves the position), one per interval since, and
+            // one for the change followed; a watch woken by every commit reads 201 times.
+            let reads = log.reads.load(std::sync::atomic::Ordering::SeqCst);
+            let intervals = (started.elapsed().as_millis() / BOOKMARK_INTERVAL.as_millis()) as usize;
+            assert!(reads <= 2 + intervals + 1, "{followed:?}: {reads} reads in {:?}", started.elapsed());
         }
-        commit(201, "ConfigMap");
-        let e = tokio::time::timeout(Duration::from_secs(10), watcher).await.unwrap().unwrap().unwrap().unwrap();
-        assert_eq!((e.revision, e.key.kind.as_str()), (201, "ConfigMap"));
-        // One read for the first Pod (it moves the position), one per interval since, and one
-        // for the ConfigMap; a watch woken by every commit reads 201 times.
-        let reads = log.reads.load(std::sync::atomic::Ordering::SeqCst);
-        let intervals = (started.elapsed().as_millis() / BOOKMARK_INTERVAL.as_millis()) as usize;
-        assert!(reads <= 2 + intervals + 1, "{reads} reads in {:?}", started.elapsed());
     }
 }
 

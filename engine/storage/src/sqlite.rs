@@ -540,7 +540,7 @@ impl Store for SqliteStore {
             return Err(StoreError::Expired { requested: from, compacted });
         }
         let kind = match options.kinds.as_deref() {
-            Some([kind]) => Some(self.inner.kinds.subscribe(kind, &self.inner.committed)),
+            Some(kinds) if !kinds.is_empty() => Some(self.inner.kinds.subscribe(kinds, &self.inner.committed)),
             _ => None,
         };
         Ok(backend::watch_stream(self.inner.clone(), self.inner.committed.subscribe(), kind, from, options))
