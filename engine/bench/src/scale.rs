@@ -387,11 +387,12 @@ fn print_table(args: &ScaleArgs, rows: &[Scheduling], rest: Option<&Rest>) {
     }
     if let Some(r) = rest {
         println!(
-            "| Control plane at rest, {} nodes renewing Leases ({} s window) | {:.0}% of one core, {:.0} revisions/s, Node writes {} | < 25% of one core |",
+            "| Control plane at rest, {} nodes renewing Leases ({} s window) | {:.1}% of one core, {:.0} revisions/s ({:.0} µs of CPU per revision), Node writes {} | < 25% of one core |",
             r.nodes,
             args.window,
             r.server_cpu * 100.0,
             r.revisions_per_second,
+            r.server_cpu * 1e6 / r.revisions_per_second.max(1.0),
             r.node_writes
         );
         println!("| Control plane RSS, {} nodes | {:.0} MiB | < 2 GiB |", r.nodes, r.server_rss_mib);
