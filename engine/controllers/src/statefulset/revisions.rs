@@ -20,7 +20,13 @@ const MAX_COLLISIONS: i32 = 16;
 
 /// The revision of the set's current template: the patch that restores it.
 pub fn data(set: &StatefulSet) -> Value {
-    let mut template = serde_json::to_value(set.spec.as_ref().map(|s| &s.template)).unwrap_or(Value::Null);
+    patch(set.spec.as_ref().map(|s| &s.template))
+}
+
+/// The patch that restores a workload's Pod template, a ControllerRevision's data for
+/// StatefulSets and DaemonSets alike (upstream's `getPatch`).
+pub fn patch(template: Option<&PodTemplateSpec>) -> Value {
+    let mut template = serde_json::to_value(template).unwrap_or(Value::Null);
     if let Some(t) = template.as_object_mut() {
         t.insert("$patch".into(), json!("replace"));
     }
