@@ -283,9 +283,8 @@ fn t94_the_documented_daemonset_runs_on_every_node_and_rolls_one_node_at_a_time(
     );
     ensure!(restarted.contains("restartedAt"), "the template was not changed");
     work.write("fluentd.yaml", &restarted)?;
-    work.write("filler.yaml", FILLER)?;
     let pushed = Instant::now();
-    work.commit_and_push("restart the DaemonSet's Pods; a DaemonSet whose Pods get evicted")?;
+    work.commit_and_push("restart the DaemonSet's Pods")?;
     let old: BTreeSet<String> = first.iter().map(|p| p.revision.clone()).collect();
     let mut fewest_ready = nodes.len();
     let mut replaced_in_order: Vec<String> = Vec::new();
@@ -320,6 +319,32 @@ fn t94_the_documented_daemonset_runs_on_every_node_and_rolls_one_node_at_a_time(
     let history = cluster.kubectl(&["-n", "kube-system", "rollout", "history", "daemonset/fluentd-elasticsearch"])?;
     let numbers: Vec<&str> = history.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
     ensure!(numbers == ["1", "2"], "kubectl rollout history:\n{history}");
+    let template = |n: &str| {
+        let revision = format!("--revision={n}");
+        cluster.kubectl(&["-n", "kube-system", "rollout", "history", "daemonset/fluentd-elasticsearch", &revision])
+    };
+    let (first_template, second_template) = (template("1")?, template("2")?);
+    ensure!(
+        !first_template.contains("restartedAt") && second_template.contains("kubectl.kubernetes.io/restartedAt"),
+        "each revision's template:\n{first_template}\n{second_template}"
+    );
+
+    // Budgets over a ReplicationController's three Pods (minAvailable 2: one may go) and a
+    // Deployment's two (maxUnavailable 0: none may).
+    work.write("budgeted.yaml", BUDGETED)?;
+    work.write("filler.yaml", FILLER)?;
+    work.commit_and_push(
+        "a ReplicationController and a Deployment, each with a PodDisruptionBudget; a DaemonSet whose Pods get evicted",
+    )?;
+    let expected = [("nginx", (3, 2, 3, 1, "True")), ("web", (2, 2, 2, 0, "False"))];
+    for (name, (pods, desired, healthy, allowed, condition)) in expected {
+        let want = (pods, desired, healthy, allowed, condition.to_owned());
+        wait_for(DEADLINE, || budget(&cluster, name).filter(|b| *b == want)).with_context(|| {
+            format!("PodDisruptionBudget {name}: {:?}, not {want:?}\n{}", budget(&cluster, name), explain(&cluster))
+        })?;
+    }
+    let rc = cluster.get("/api/v1/namespaces/default/replicationcontrollers/nginx")?;
+    ensure!(rc["status"]["readyReplicas"] == 3, "the ReplicationController's status: {}", rc["status"]);
 
     // The filler's Pods, evicted, end Failed: each is deleted with a Warning Event, paced by a
     // back-off per node, and replaced.
@@ -333,20 +358,6 @@ fn t94_the_documented_daemonset_runs_on_every_node_and_rolls_one_node_at_a_time(
             .all(|m| m.starts_with("Found failed daemon pod default/filler-") && m.ends_with("will try to kill it")),
         "{failed:?}"
     );
-
-    // Budgets over a ReplicationController's three Pods (minAvailable 2: one may go) and a
-    // Deployment's two (maxUnavailable 0: none may).
-    work.write("budgeted.yaml", BUDGETED)?;
-    work.commit_and_push("a ReplicationController and a Deployment, each with a PodDisruptionBudget")?;
-    let expected = [("nginx", (3, 2, 3, 1, "True")), ("web", (2, 2, 2, 0, "False"))];
-    for (name, (pods, desired, healthy, allowed, condition)) in expected {
-        let want = (pods, desired, healthy, allowed, condition.to_owned());
-        wait_for(DEADLINE, || budget(&cluster, name).filter(|b| *b == want)).with_context(|| {
-            format!("PodDisruptionBudget {name}: {:?}, not {want:?}\n{}", budget(&cluster, name), explain(&cluster))
-        })?;
-    }
-    let rc = cluster.get("/api/v1/namespaces/default/replicationcontrollers/nginx")?;
-    ensure!(rc["status"]["readyReplicas"] == 3, "the ReplicationController's status: {}", rc["status"]);
 
     // A budget that lets none of fluentd's Pods go holds its next rollout: a Warning Event with
     // the eviction API's refusal, and every Pod stays at its revision.
