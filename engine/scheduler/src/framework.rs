@@ -161,6 +161,7 @@ impl NodeInfo {
         self.labels()?.get(key).map(String::as_str)
     }
 
+    /// The node's labels: its Pods' topology domains.
     pub fn labels(&self) -> Option<&gitplane_api::labels::Labels> {
         self.node.metadata.labels.as_ref()
     }
