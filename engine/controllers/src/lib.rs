@@ -122,7 +122,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             Controller::new(replicaset::ReplicaSetController::<ReplicationController>::default(), ctx.clone()).run(),
         ),
         tokio::spawn(Controller::new(disruption::DisruptionController, ctx.clone()).run()),
-        tokio::spawn(Controller::new(daemonset::DaemonSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(daemonset::DaemonSetController::default(), ctx.clone()).run()),
         tokio::spawn(Controller::new(statefulset::StatefulSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(cronjob::CronJobController, ctx.clone()).run()),
