@@ -12,7 +12,7 @@ use crate::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
-use gitplane_api::network::CLUSTER_CIDR;
+use gitplane_api::network::PodRanges;
 use gitplane_storage::remote::pb;
 use gitplane_store::Op;
 use serde_json::{Value, json};
@@ -26,7 +26,7 @@ use std::{
 #[derive(clap::Args, Clone)]
 pub struct ScaleArgs {
     /// SchedulingBasic's clusters, `<nodes>x<pods>`, smallest first; the last one also measures
-    /// the cluster at rest and the Deployment. At most [`max_nodes`] nodes: the Pod range's /24s.
+    /// the cluster at rest and the Deployment. At most as many nodes as `--cluster-cidr` holds.
     #[arg(long, value_delimiter = ',', default_values = ["100x1000", "250x2500"])]
     scheduling: Vec<String>,
     /// Replicas of the Deployment pushed to Git.
@@ -42,6 +42,13 @@ pub struct ScaleArgs {
     /// The `gitplane` binary (default: next to this one).
     #[arg(long)]
     gitplane: Option<PathBuf>,
+    /// The server's `--cluster-cidr`: hollow nodes take no address, so a large range costs
+    /// nothing on the host.
+    #[arg(long, default_value = "10.128.0.0/12")]
+    cluster_cidr: String,
+    /// The server's `--node-cidr-mask-size` (/26 of a /12: 16,384 nodes of 62 Pods).
+    #[arg(long, default_value_t = 26)]
+    node_cidr_mask_size: u8,
 }
 
 /// How long registration, scheduling and the Deployment may take on a loaded 2-core machine.
@@ -61,20 +68,15 @@ pub fn main(args: ScaleArgs) -> Result<()> {
         })
         .collect::<Result<Vec<_>>>()?;
     ensure!(!sizes.is_empty(), "no cluster size given");
-    if let Some((nodes, _)) = sizes.iter().find(|(nodes, _)| *nodes > max_nodes()) {
+    let pods = PodRanges::new(&args.cluster_cidr, args.node_cidr_mask_size).map_err(anyhow::Error::msg)?;
+    if let Some((nodes, _)) = sizes.iter().find(|(nodes, _)| *nodes > pods.count() as usize) {
         bail!(
-            "{nodes} nodes: the cluster's Pod range {}/{} holds {} nodes' /24 podCIDRs",
-            CLUSTER_CIDR.0,
-            CLUSTER_CIDR.1,
-            max_nodes()
+            "{nodes} nodes: the cluster's Pod range {pods} holds {} nodes' /{} podCIDRs",
+            pods.count(),
+            pods.node_mask
         );
     }
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(&args, &gitplane, &sizes))
-}
-
-/// The nodes the control plane can give a podCIDR: the /24s of its Pod range.
-fn max_nodes() -> usize {
-    1 << (24 - CLUSTER_CIDR.1)
 }
 
 /// One SchedulingBasic measurement.
@@ -104,7 +106,7 @@ async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Res
     let mut rest = None;
     for (i, &(nodes, pods)) in sizes.iter().enumerate() {
         let largest = i + 1 == sizes.len();
-        let mut cluster = Cluster::start(gitplane, nodes).await?;
+        let mut cluster = Cluster::start(gitplane, nodes, &server_args(args)).await?;
         eprintln!("{nodes} hollow nodes Ready after {:.1} s", cluster.registered.as_secs_f64());
         if largest {
             rest = Some(cluster.rest(args).await?);
@@ -114,6 +116,15 @@ async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Res
     }
     print_table(args, &rows, rest.as_ref());
     Ok(())
+}
+
+/// The server's flags.
+fn server_args(args: &ScaleArgs) -> Vec<String> {
+    vec![
+        "--bootstrap=bootstrap".into(),
+        format!("--cluster-cidr={}", args.cluster_cidr),
+        format!("--node-cidr-mask-size={}", args.node_cidr_mask_size),
+    ]
 }
 
 /// A `gitplane server` and its hollow nodes.
@@ -127,8 +138,8 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(gitplane: &Path, nodes: usize) -> Result<Cluster> {
-        let server = Gitplane::start(gitplane, 1, &["--bootstrap".into(), "bootstrap".into()]).await?;
+    async fn start(gitplane: &Path, nodes: usize, server_args: &[String]) -> Result<Cluster> {
+        let server = Gitplane::start(gitplane, 1, server_args).await?;
         let addr = server.addrs[&1];
         let dir = server.dir().join("hollow");
         std::fs::create_dir_all(&dir)?;
