@@ -6,8 +6,9 @@
 //! a client Pod; kubectl prints the set as upstream's; scaling up adds web-2 and scaling down to
 //! none removes the highest ordinals first and keeps the claims, so web-0 comes back serving the
 //! page the tutorial wrote into its volume; a rolling update with a partition replaces only the
-//! Pods at or above it, and without one every Pod, the status naming both revisions. Images
-//! come from the test kit's registry (stand-ins of the published nginx-slim).
+//! Pods at or above it, and without one every Pod, the status naming both revisions, which
+//! `kubectl rollout history` lists. Images come from the test kit's registry (stand-ins of the
+//! published nginx-slim).
 
 use anyhow::{Context, Result, ensure};
 use gitplane_e2e::{LocalCluster, RunningPod, Worktree, manifests::shell_pod, require_root, wait_for};
@@ -334,6 +335,9 @@ async fn t93_statefulset_basics() -> Result<()> {
     let history = cluster.kubectl(&["get", "controllerrevisions"])?;
     let rows: Vec<Vec<&str>> = history.lines().skip(1).map(|l| l.split_whitespace().take(3).collect()).collect();
     ensure!(rows.contains(&vec![update.as_str(), "statefulset.apps/web", "2"]), "{history}");
+    let shown = cluster.kubectl(&["rollout", "history", "statefulset/web"])?;
+    let numbers: Vec<&str> = shown.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
+    ensure!(numbers == ["1", "2"], "kubectl rollout history:\n{shown}");
 
     work.write("nginx.yaml", &web(3, 0, 2))?;
     work.commit_and_push("web: partition 0")?;

@@ -3,8 +3,12 @@
 //! `gitplane up --nodes 3`, its image a stand-in served by the test kit's registry: a Pod on
 //! each node, placed by the scheduler through the node
 //! affinity the controller pins it with; a template change rolls them over one node at a time
-//! (maxUnavailable 1, the default); PodDisruptionBudgets over a ReplicationController and a
-//! Deployment count what they allow; a fourth node that joins gets a daemon Pod too.
+//! (maxUnavailable 1, the default), each template a ControllerRevision that `kubectl get
+//! controllerrevisions` and `kubectl rollout history` show; a daemon Pod evicted (its emptyDir
+//! over its sizeLimit) is deleted with a `FailedDaemonPod` Warning Event; PodDisruptionBudgets
+//! over a ReplicationController and a Deployment count what they allow, and one over the
+//! DaemonSet holds its next rollout with a Warning Event; a fourth node that joins gets a daemon
+//! Pod too.
 //!
 //! The DaemonSet mounts the node's `/var/log` (a hostPath volume), which Pod Security's
 //! `baseline` refuses; `kube-system` is `privileged`, as the cluster makes it.
@@ -134,6 +138,59 @@ spec:
       app: web
 ";
 
+/// A DaemonSet whose Pods fill their emptyDir past its sizeLimit: the kubelet evicts them, so
+/// they end Failed.
+const FILLER: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: filler
+spec:
+  selector:
+    matchLabels:
+      app: filler
+  template:
+    metadata:
+      labels:
+        app: filler
+    spec:
+      containers:
+      - name: filler
+        image: gitplane.local/httpd:1
+        command: [/bin/busybox, sh, -c, '/bin/busybox dd if=/dev/zero of=/cache/fill bs=1M count=8 && exec /bin/busybox sleep 3600']
+        volumeMounts:
+        - name: cache
+          mountPath: /cache
+      volumes:
+      - name: cache
+        emptyDir:
+          sizeLimit: 1Mi
+";
+
+/// A budget that lets none of fluentd's Pods go.
+const FLUENTD_BUDGET: &str = "apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: fluentd-elasticsearch
+  namespace: kube-system
+spec:
+  maxUnavailable: 0
+  selector:
+    matchLabels:
+      name: fluentd-elasticsearch
+";
+
+/// The messages of the Warning Events `reason` about DaemonSet `name`.
+fn warnings(cluster: &LocalCluster, namespace: &str, name: &str, reason: &str) -> Result<Vec<String>> {
+    let list = cluster.get(&format!("/api/v1/namespaces/{namespace}/events"))?;
+    let items = list["items"].as_array().context("EventList has items")?;
+    Ok(items
+        .iter()
+        .filter(|e| e["type"] == "Warning" && e["reason"] == reason)
+        .filter(|e| e["involvedObject"]["kind"] == "DaemonSet" && e["involvedObject"]["name"] == name)
+        .filter_map(|e| e["message"].as_str().map(str::to_owned))
+        .collect())
+}
+
 /// A budget's (expectedPods, desiredHealthy, currentHealthy, disruptionsAllowed, its
 /// DisruptionAllowed condition's status).
 fn budget(cluster: &LocalCluster, name: &str) -> Option<(i64, i64, i64, i64, String)> {
@@ -250,10 +307,35 @@ fn t94_the_documented_daemonset_runs_on_every_node_and_rolls_one_node_at_a_time(
     ensure!(fewest_ready >= nodes.len() - 1, "{fewest_ready} ready Pods at one point: more than one node at a time");
     ensure!(rolled.iter().all(|p| first.iter().all(|f| f.name != p.name)), "every Pod was replaced");
 
+    // Each template is a ControllerRevision named after the hash its Pods carry, numbered.
+    let (old, new) = (first[0].revision.as_str(), rolled[0].revision.as_str());
+    let listed = cluster.kubectl(&["-n", "kube-system", "get", "controllerrevisions"])?;
+    let rows: Vec<Vec<&str>> = listed.lines().skip(1).map(|l| l.split_whitespace().take(3).collect()).collect();
+    for (hash, number) in [(old, "1"), (new, "2")] {
+        let row =
+            vec![format!("fluentd-elasticsearch-{hash}"), "daemonset.apps/fluentd-elasticsearch".into(), number.into()];
+        ensure!(rows.iter().any(|r| *r == row), "no revision {number} ({hash}) in:\n{listed}");
+    }
+    let history = cluster.kubectl(&["-n", "kube-system", "rollout", "history", "daemonset/fluentd-elasticsearch"])?;
+    let numbers: Vec<&str> = history.lines().skip(2).filter_map(|l| l.split_whitespace().next()).collect();
+    ensure!(numbers == ["1", "2"], "kubectl rollout history:\n{history}");
+    let template = |n: &str| {
+        let revision = format!("--revision={n}");
+        cluster.kubectl(&["-n", "kube-system", "rollout", "history", "daemonset/fluentd-elasticsearch", &revision])
+    };
+    let (first_template, second_template) = (template("1")?, template("2")?);
+    ensure!(
+        !first_template.contains("restartedAt") && second_template.contains("kubectl.kubernetes.io/restartedAt"),
+        "each revision's template:\n{first_template}\n{second_template}"
+    );
+
     // Budgets over a ReplicationController's three Pods (minAvailable 2: one may go) and a
     // Deployment's two (maxUnavailable 0: none may).
     work.write("budgeted.yaml", BUDGETED)?;
-    work.commit_and_push("a ReplicationController and a Deployment, each with a PodDisruptionBudget")?;
+    work.write("filler.yaml", FILLER)?;
+    work.commit_and_push(
+        "a ReplicationController and a Deployment, each with a PodDisruptionBudget; a DaemonSet whose Pods get evicted",
+    )?;
     let expected = [("nginx", (3, 2, 3, 1, "True")), ("web", (2, 2, 2, 0, "False"))];
     for (name, (pods, desired, healthy, allowed, condition)) in expected {
         let want = (pods, desired, healthy, allowed, condition.to_owned());
@@ -263,6 +345,35 @@ fn t94_the_documented_daemonset_runs_on_every_node_and_rolls_one_node_at_a_time(
     }
     let rc = cluster.get("/api/v1/namespaces/default/replicationcontrollers/nginx")?;
     ensure!(rc["status"]["readyReplicas"] == 3, "the ReplicationController's status: {}", rc["status"]);
+
+    // The filler's Pods, evicted, end Failed: each is deleted with a Warning Event, paced by a
+    // back-off per node, and replaced.
+    let failed = wait_for(DEADLINE, || {
+        warnings(&cluster, "default", "filler", "FailedDaemonPod").ok().filter(|w| !w.is_empty())
+    })
+    .with_context(|| format!("no FailedDaemonPod Event for the filler\n{}", explain(&cluster)))?;
+    ensure!(
+        failed
+            .iter()
+            .all(|m| m.starts_with("Found failed daemon pod default/filler-") && m.ends_with("will try to kill it")),
+        "{failed:?}"
+    );
+
+    // A budget that lets none of fluentd's Pods go holds its next rollout: a Warning Event with
+    // the eviction API's refusal, and every Pod stays at its revision.
+    work.write("fluentd-budget.yaml", FLUENTD_BUDGET)?;
+    work.write("fluentd.yaml", &restarted.replace("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"))?;
+    work.remove("filler.yaml")?;
+    work.commit_and_push("fluentd under a budget that lets none go, and a new template")?;
+    let held = wait_for(DEADLINE, || {
+        warnings(&cluster, "kube-system", "fluentd-elasticsearch", "DisruptionBudget").ok().filter(|w| !w.is_empty())
+    })
+    .with_context(|| format!("no DisruptionBudget Event for the held rollout\n{}", explain(&cluster)))?;
+    let refusal = "Cannot evict pod as it would violate the pod's disruption budget. \
+                   The disruption budget fluentd-elasticsearch needs";
+    ensure!(held.iter().all(|m| m.starts_with(refusal)), "{held:?}");
+    let pods = daemons(&cluster)?;
+    ensure!(pods.len() == 3 && pods.iter().all(|p| p.revision == new), "a Pod went despite the budget: {pods:?}");
 
     // A fourth node joins (the appliance started again with one node more): it gets one too.
     cluster.kill()?;

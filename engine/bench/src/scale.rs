@@ -14,7 +14,7 @@ use crate::{
 };
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::StreamExt as _;
-use gitplane_api::network::CLUSTER_CIDR;
+use gitplane_api::network::PodRanges;
 use gitplane_storage::remote::pb;
 use gitplane_store::Op;
 use serde_json::{Value, json};
@@ -28,7 +28,7 @@ use std::{
 #[derive(clap::Args, Clone)]
 pub struct ScaleArgs {
     /// SchedulingBasic's clusters, `<nodes>x<pods>`, smallest first; the last one also measures
-    /// the cluster at rest and the Deployment. At most [`max_nodes`] nodes: the Pod range's /24s.
+    /// the cluster at rest and the Deployment. At most as many nodes as `--cluster-cidr` holds.
     #[arg(long, value_delimiter = ',', default_values = ["100x1000", "250x2500"])]
     scheduling: Vec<String>,
     /// Replicas of the Deployment pushed to Git.
@@ -44,6 +44,13 @@ pub struct ScaleArgs {
     /// The `gitplane` binary (default: next to this one).
     #[arg(long)]
     gitplane: Option<PathBuf>,
+    /// The server's `--cluster-cidr`: hollow nodes take no address, so a large range costs
+    /// nothing on the host.
+    #[arg(long, default_value = "10.128.0.0/12")]
+    cluster_cidr: String,
+    /// The server's `--node-cidr-mask-size` (/26 of a /12: 16,384 nodes of 62 Pods).
+    #[arg(long, default_value_t = 26)]
+    node_cidr_mask_size: u8,
     /// The store the clusters run on; `both` runs each size on SQLite, then on Postgres.
     #[arg(long, value_enum, default_value_t = Backends::Sqlite)]
     backend: Backends,
@@ -100,20 +107,15 @@ pub fn main(args: ScaleArgs) -> Result<()> {
         })
         .collect::<Result<Vec<_>>>()?;
     ensure!(!sizes.is_empty(), "no cluster size given");
-    if let Some((nodes, _)) = sizes.iter().find(|(nodes, _)| *nodes > max_nodes()) {
+    let pods = PodRanges::new(&args.cluster_cidr, args.node_cidr_mask_size).map_err(anyhow::Error::msg)?;
+    if let Some((nodes, _)) = sizes.iter().find(|(nodes, _)| *nodes > pods.count() as usize) {
         bail!(
-            "{nodes} nodes: the cluster's Pod range {}/{} holds {} nodes' /24 podCIDRs",
-            CLUSTER_CIDR.0,
-            CLUSTER_CIDR.1,
-            max_nodes()
+            "{nodes} nodes: the cluster's Pod range {pods} holds {} nodes' /{} podCIDRs",
+            pods.count(),
+            pods.node_mask
         );
     }
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(run(&args, &gitplane, &sizes))
-}
-
-/// The nodes the control plane can give a podCIDR: the /24s of its Pod range.
-fn max_nodes() -> usize {
-    1 << (24 - CLUSTER_CIDR.1)
 }
 
 /// One SchedulingBasic measurement.
@@ -153,7 +155,7 @@ async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Res
     for (i, &(nodes, pods)) in sizes.iter().enumerate() {
         let largest = i + 1 == sizes.len();
         for run in &mut runs {
-            let mut cluster = Cluster::start(gitplane, nodes, run.backend).await?;
+            let mut cluster = Cluster::start(gitplane, nodes, &server_args(args), run.backend).await?;
             eprintln!(
                 "{}: {nodes} hollow nodes Ready after {:.1} s",
                 run.backend.name(),
@@ -170,6 +172,15 @@ async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Res
     Ok(())
 }
 
+/// The server's flags.
+fn server_args(args: &ScaleArgs) -> Vec<String> {
+    vec![
+        "--bootstrap=bootstrap".into(),
+        format!("--cluster-cidr={}", args.cluster_cidr),
+        format!("--node-cidr-mask-size={}", args.node_cidr_mask_size),
+    ]
+}
+
 /// A `gitplane server` and its hollow nodes.
 struct Cluster {
     // The hollow nodes go before the server they call.
@@ -183,12 +194,12 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(gitplane: &Path, nodes: usize, backend: Backend) -> Result<Cluster> {
+    async fn start(gitplane: &Path, nodes: usize, server_args: &[String], backend: Backend) -> Result<Cluster> {
         let postgres = match backend {
             Backend::Sqlite => None,
             Backend::Postgres => Some(Postgres::start().await.context("PostgreSQL for --backend postgres")?),
         };
-        let mut args = vec!["--bootstrap".to_owned(), "bootstrap".to_owned()];
+        let mut args = server_args.to_vec();
         if let Some(postgres) = &postgres {
             args.extend([
                 "--store".to_owned(),

@@ -22,6 +22,7 @@ pub mod job;
 pub mod kubernetes_service;
 pub mod loadbalancer;
 pub mod names;
+pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod owner;
 pub mod persistent_volume;
@@ -122,7 +123,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             Controller::new(replicaset::ReplicaSetController::<ReplicationController>::default(), ctx.clone()).run(),
         ),
         tokio::spawn(Controller::new(disruption::DisruptionController, ctx.clone()).run()),
-        tokio::spawn(Controller::new(daemonset::DaemonSetController, ctx.clone()).run()),
+        tokio::spawn(Controller::new(daemonset::DaemonSetController::default(), ctx.clone()).run()),
         tokio::spawn(Controller::new(statefulset::StatefulSetController, ctx.clone()).run()),
         tokio::spawn(Controller::new(job::JobController, ctx.clone()).run()),
         tokio::spawn(Controller::new(cronjob::CronJobController, ctx.clone()).run()),
@@ -135,6 +136,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             )
             .run(),
         ),
+        tokio::spawn(Controller::new(node_ipam::NodeIpamController, ctx.clone()).run()),
         tokio::spawn(
             Controller::new(
                 taint_eviction::TaintEvictionController { defaults: settings.default_tolerations },

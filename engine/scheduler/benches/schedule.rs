@@ -13,7 +13,7 @@
 //! required anti-affinity, a host port and a spread constraint, which only the full set reads.
 //! Prints one Markdown table (medians over the rounds) on stdout.
 
-use gitplane_scheduler::{NamespaceLabels, NodeInfo, Profile};
+use gitplane_scheduler::{Cluster, NamespaceLabels, NodeInfo, Profile, index_pods};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 use std::time::Instant;
@@ -107,10 +107,10 @@ fn constrained(set: usize, name: &str) -> Pod {
 }
 
 /// Microseconds per Pod for scheduling `pods` on `nodes` with `profile`.
-fn per_pod(profile: &Profile, pods: &[Pod], nodes: &[NodeInfo], namespaces: &NamespaceLabels) -> f64 {
+fn per_pod(profile: &Profile, pods: &[Pod], cluster: Cluster<'_>) -> f64 {
     let started = Instant::now();
     for pod in pods {
-        std::hint::black_box(profile.schedule(pod, nodes, namespaces).expect("the pod fits"));
+        std::hint::black_box(profile.schedule(pod, cluster).expect("the pod fits"));
     }
     started.elapsed().as_secs_f64() * 1e6 / pods.len() as f64
 }
@@ -131,6 +131,8 @@ fn main() {
         }
     }
     let namespaces: NamespaceLabels = [("shop".to_owned(), Default::default())].into();
+    let placed_pods = index_pods(&nodes);
+    let cluster = Cluster { nodes: &nodes, namespaces: &namespaces, pods: &placed_pods };
     let previous = Profile::from_names(&PREVIOUS).expect("registered").with_percentage_of_nodes_to_score(percentage);
     let all = Profile::default().with_percentage_of_nodes_to_score(percentage);
     let workloads = [
@@ -148,11 +150,11 @@ fn main() {
         let (mut before, mut after) = (Vec::new(), Vec::new());
         for round in 0..rounds {
             if round.is_multiple_of(2) {
-                before.push(per_pod(&previous, pods, &nodes, &namespaces));
-                after.push(per_pod(&all, pods, &nodes, &namespaces));
+                before.push(per_pod(&previous, pods, cluster));
+                after.push(per_pod(&all, pods, cluster));
             } else {
-                after.push(per_pod(&all, pods, &nodes, &namespaces));
-                before.push(per_pod(&previous, pods, &nodes, &namespaces));
+                after.push(per_pod(&all, pods, cluster));
+                before.push(per_pod(&previous, pods, cluster));
             }
             eprintln!("{name}, round {round}: previous {:.0} µs, all {:.0} µs", before[round], after[round]);
         }

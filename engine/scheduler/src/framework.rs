@@ -1,7 +1,7 @@
 //! The pure scheduling core: filter, then score, then pick. No I/O.
 
+use crate::pod_index::PodIndex;
 use crate::resources::{Resources, is_sidecar, node_allocatable, pod_requests, pod_score_requests};
-use crate::terms::{Term, required_terms, scoring_terms};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use std::{
     any::Any,
@@ -10,46 +10,35 @@ use std::{
     sync::atomic::{AtomicUsize, Ordering},
 };
 
+pub use crate::pod_index::PodInfo;
 pub use crate::terms::NamespaceLabels;
 
-/// What a scheduling cycle sees of the cluster: every node (not only the feasible ones) and the
-/// namespaces' labels.
+/// What a scheduling cycle sees of the cluster: every node (not only the feasible ones), sorted
+/// by name, the namespaces' labels, and the index of the nodes' Pods.
 #[derive(Clone, Copy)]
 pub struct Cluster<'a> {
     pub nodes: &'a [NodeInfo],
     pub namespaces: &'a NamespaceLabels,
+    pub pods: &'a PodIndex,
 }
 
-/// A Pod bound to a node, as far as other Pods' placement depends on it: what inter-Pod
-/// affinity and topology spreading match, and its own inter-Pod affinity terms.
-#[derive(Clone, Debug)]
-pub struct PodInfo {
-    pub namespace: String,
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    /// Its required anti-affinity terms (which hold for Pods placed after it too).
-    pub required_anti_affinity: Vec<Term>,
-    /// Its terms that weigh on the score of Pods placed after it: preferred affinity and
-    /// anti-affinity, and required affinity with the hard weight.
-    pub scoring: Vec<Term>,
+impl<'a> Cluster<'a> {
+    /// The node of this name.
+    pub fn node(&self, name: &str) -> Option<&'a NodeInfo> {
+        let at = self.nodes.binary_search_by(|n| n.name().cmp(name)).ok()?;
+        Some(&self.nodes[at])
+    }
 }
 
-impl PodInfo {
-    pub fn new(pod: &Pod) -> Self {
-        let namespace = pod.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let labels = pod.metadata.labels.clone().unwrap_or_default();
-        let affinity = pod.spec.as_ref().and_then(|s| s.affinity.as_ref());
-        let (pod_affinity, anti) =
-            (affinity.and_then(|a| a.pod_affinity.as_ref()), affinity.and_then(|a| a.pod_anti_affinity.as_ref()));
-        let required_anti = anti.and_then(|a| a.required_during_scheduling_ignored_during_execution.as_ref());
-        PodInfo {
-            required_anti_affinity: required_terms(required_anti, &namespace, &labels),
-            scoring: scoring_terms(pod_affinity, anti, &namespace, &labels, true),
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            namespace,
-            labels,
+/// The index of every node's Pods at once (a snapshot keeps its own up to date instead).
+pub fn index_pods(nodes: &[NodeInfo]) -> PodIndex {
+    let mut index = PodIndex::default();
+    for node in nodes {
+        for pod in &node.pods {
+            index.add(pod, node.name(), node.labels());
         }
     }
+    index
 }
 
 /// A port of the node a Pod takes (`hostPort`): its address (`0.0.0.0` for all), protocol
@@ -105,9 +94,6 @@ pub struct NodeInfo {
     pub pods: Vec<PodInfo>,
     /// The host ports its Pods take.
     pub host_ports: Vec<HostPort>,
-    /// Which of `pods` have inter-Pod affinity or anti-affinity terms (few do; they are what
-    /// other Pods' placement is checked against).
-    pub with_affinity: Vec<usize>,
     /// Its Ready condition is True (what NodeReady reads of every node in every cycle).
     pub ready: bool,
     /// The sizes of the images the node holds, by each of their names as the runtime names
@@ -161,7 +147,6 @@ impl NodeInfo {
             by_controller: HashMap::new(),
             pods: Vec::new(),
             host_ports: Vec::new(),
-            with_affinity: Vec::new(),
             ready,
             images,
         }
@@ -173,33 +158,33 @@ impl NodeInfo {
 
     /// The value of one of the node's labels.
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.node.metadata.labels.as_ref()?.get(key).map(String::as_str)
+        self.labels()?.get(key).map(String::as_str)
     }
 
-    /// Accounts for a Pod bound (or assumed bound) to this node.
+    /// The node's labels: its Pods' topology domains.
+    pub fn labels(&self) -> Option<&gitplane_api::labels::Labels> {
+        self.node.metadata.labels.as_ref()
+    }
+
+    /// Accounts for a Pod bound (or assumed bound) to this node; what the index counts of it is
+    /// the last of `pods`.
     pub fn add_pod(&mut self, pod: &Pod) {
         self.requested.add(&pod_requests(pod));
         self.score_requested.add(&pod_score_requests(pod));
         if let Some(uid) = controller_uid(pod) {
             *self.by_controller.entry(uid.to_owned()).or_default() += 1;
         }
-        let info = PodInfo::new(pod);
-        if !info.required_anti_affinity.is_empty() || !info.scoring.is_empty() {
-            self.with_affinity.push(self.pods.len());
-        }
-        self.pods.push(info);
         self.host_ports.extend(host_ports(pod));
+        self.pods.push(PodInfo::new(pod));
     }
 
-    /// Takes back what [`NodeInfo::add_pod`] accounted for `pod`; nothing if it is not counted.
-    pub fn remove_pod(&mut self, pod: &Pod) {
+    /// Takes back what [`NodeInfo::add_pod`] accounted for `pod` and returns what the index
+    /// counted of it; nothing if it is not counted.
+    pub fn remove_pod(&mut self, pod: &Pod) -> Option<PodInfo> {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let Some(at) = self.pods.iter().position(|p| p.name == name && p.namespace == namespace) else { return };
-        self.pods.swap_remove(at);
-        self.with_affinity = (0..self.pods.len())
-            .filter(|i| !self.pods[*i].required_anti_affinity.is_empty() || !self.pods[*i].scoring.is_empty())
-            .collect();
+        let at = self.pods.iter().position(|p| p.name == name && p.namespace == namespace)?;
+        let info = self.pods.swap_remove(at);
         self.requested.sub(&pod_requests(pod));
         self.score_requested.sub(&pod_score_requests(pod));
         if let Some(uid) = controller_uid(pod)
@@ -215,6 +200,7 @@ impl NodeInfo {
                 self.host_ports.swap_remove(i);
             }
         }
+        Some(info)
     }
 }
 
@@ -339,13 +325,8 @@ impl Profile {
     /// fails, as kube-scheduler stops at it. Filtering starts where the previous cycle stopped
     /// and stops once [`feasible_nodes_to_find`] nodes passed; only those are scored. PreFilter
     /// and the plugins' cluster-wide counts still see every node.
-    pub fn schedule(
-        &self,
-        pod: &Pod,
-        nodes: &[NodeInfo],
-        namespaces: &NamespaceLabels,
-    ) -> Result<String, ScheduleError> {
-        self.place(pod, nodes, namespaces, None)
+    pub fn schedule(&self, pod: &Pod, cluster: Cluster<'_>) -> Result<String, ScheduleError> {
+        self.place(pod, cluster, None)
     }
 
     /// [`Profile::schedule`] with a filter made for this Pod after its own PreFilter (what its
@@ -353,21 +334,19 @@ impl Profile {
     pub fn schedule_with(
         &self,
         pod: &Pod,
-        nodes: &[NodeInfo],
-        namespaces: &NamespaceLabels,
+        cluster: Cluster<'_>,
         extra: &dyn FilterPlugin,
     ) -> Result<String, ScheduleError> {
-        self.place(pod, nodes, namespaces, Some(extra))
+        self.place(pod, cluster, Some(extra))
     }
 
     fn place(
         &self,
         pod: &Pod,
-        nodes: &[NodeInfo],
-        namespaces: &NamespaceLabels,
+        cluster: Cluster<'_>,
         extra: Option<&dyn FilterPlugin>,
     ) -> Result<String, ScheduleError> {
-        let cluster = Cluster { nodes, namespaces };
+        let nodes = cluster.nodes;
         let (request, score_request) = (pod_requests(pod), pod_score_requests(pod));
         let states: Vec<CycleState> = self.filters.iter().map(|f| f.pre_filter(pod, cluster)).collect();
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
@@ -453,7 +432,7 @@ mod tests {
         let pod: Pod =
             serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}))
                 .unwrap();
-        let namespaces = NamespaceLabels::new();
+        let (namespaces, pods) = (NamespaceLabels::new(), PodIndex::default());
         for (percentage, count, expected) in [
             (50, 200, vec!["n000", "n100", "n000"]),
             (0, 250, vec!["n000", "n120", "n000"]),
@@ -462,8 +441,12 @@ mod tests {
         ] {
             let profile = Profile::default().with_percentage_of_nodes_to_score(percentage);
             let nodes = nodes(count);
-            let picked: Vec<String> =
-                expected.iter().map(|_| profile.schedule(&pod, &nodes, &namespaces).unwrap()).collect();
+            let picked: Vec<String> = expected
+                .iter()
+                .map(|_| {
+                    profile.schedule(&pod, Cluster { nodes: &nodes, namespaces: &namespaces, pods: &pods }).unwrap()
+                })
+                .collect();
             assert_eq!(picked, expected, "{percentage}% of {count} nodes");
         }
     }

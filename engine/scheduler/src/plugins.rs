@@ -180,7 +180,8 @@ impl ScorePlugin for ImageLocality {
     }
 
     fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
-        self.score_all(pod, request, &[node], Cluster { nodes: &[], namespaces: &Default::default() })[0]
+        let cluster = Cluster { nodes: &[], namespaces: &Default::default(), pods: &Default::default() };
+        self.score_all(pod, request, &[node], cluster)[0]
     }
 
     /// The Pod's images are named as the runtime names them once, the nodes' when they enter
@@ -267,12 +268,17 @@ impl Default for Profile {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::framework::{Cluster, NamespaceLabels, NodeInfo};
+    use crate::framework::{Cluster, NamespaceLabels, NodeInfo, index_pods};
     use k8s_openapi::api::core::v1::Node;
     use serde_json::json;
     use std::sync::LazyLock;
 
     static NONE: LazyLock<NamespaceLabels> = LazyLock::new(NamespaceLabels::new);
+
+    /// The default profile's pick among `nodes` (sorted by name), with their Pods.
+    fn schedule(pod: &Pod, nodes: &[NodeInfo]) -> Result<String, ScheduleError> {
+        Profile::default().schedule(pod, Cluster { nodes, namespaces: &NONE, pods: &index_pods(nodes) })
+    }
 
     fn node(name: &str, cpu: &str, memory: &str, ready: bool) -> NodeInfo {
         NodeInfo::new(
@@ -297,7 +303,7 @@ mod tests {
     #[test]
     fn binds_to_a_ready_node_that_fits() {
         let nodes = [node("a", "1", "1Gi", false), node("b", "500m", "1Gi", true), node("c", "4", "8Gi", true)];
-        assert_eq!(Profile::default().schedule(&pod("1", "64Mi"), &nodes, &NONE), Ok("c".into()));
+        assert_eq!(schedule(&pod("1", "64Mi"), &nodes), Ok("c".into()));
     }
 
     #[test]
@@ -305,7 +311,7 @@ mod tests {
         let mut busy = node("a", "4", "8Gi", true);
         busy.add_pod(&pod("3", "6Gi"));
         let nodes = [busy, node("b", "4", "8Gi", true)];
-        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &nodes, &NONE), Ok("b".into()));
+        assert_eq!(schedule(&pod("100m", "64Mi"), &nodes), Ok("b".into()));
     }
 
     #[test]
@@ -314,7 +320,7 @@ mod tests {
         let mut one = node("a", "4", "8Gi", true);
         one.add_pod(&bare());
         let nodes = [one, node("b", "4", "8Gi", true)];
-        assert_eq!(Profile::default().schedule(&bare(), &nodes, &NONE), Ok("b".into()));
+        assert_eq!(schedule(&bare(), &nodes), Ok("b".into()));
     }
 
     #[test]
@@ -322,12 +328,12 @@ mod tests {
         let mut full = node("a", "2", "8Gi", true);
         full.add_pod(&pod("1500m", "1Gi"));
         let nodes = [full, node("b", "4", "64Mi", true), node("c", "4", "8Gi", false)];
-        let err = Profile::default().schedule(&pod("1", "128Mi"), &nodes, &NONE).unwrap_err();
+        let err = schedule(&pod("1", "128Mi"), &nodes).unwrap_err();
         assert_eq!(
             err.to_string(),
             "0/3 nodes are available: 1 Insufficient cpu, 1 Insufficient memory, 1 node(s) were not ready."
         );
-        let none = Profile::default().schedule(&pod("1", "1"), &[], &NONE).unwrap_err();
+        let none = schedule(&pod("1", "1"), &[]).unwrap_err();
         assert_eq!(none.to_string(), "0/0 nodes are available: no nodes are registered.");
     }
 
@@ -335,7 +341,7 @@ mod tests {
     fn node_selector_filters() {
         let mut p = pod("0", "0");
         p.spec.as_mut().unwrap().node_selector = Some([("disk".to_owned(), "hdd".to_owned())].into());
-        let err = Profile::default().schedule(&p, &[node("a", "1", "1Gi", true)], &NONE).unwrap_err();
+        let err = schedule(&p, &[node("a", "1", "1Gi", true)]).unwrap_err();
         assert!(err.to_string().contains("node affinity/selector"));
     }
 
@@ -346,21 +352,21 @@ mod tests {
         let mut p = pod("100m", "64Mi");
         gitplane_api::nodeaffinity::pin_to_node(p.spec.as_mut().unwrap(), "b");
         let nodes = [node("a", "4", "8Gi", true), node("b", "4", "8Gi", true)];
-        assert_eq!(Profile::default().schedule(&p, &nodes, &NONE), Ok("b".into()));
-        let err = Profile::default().schedule(&p, &nodes[..1], &NONE).unwrap_err();
+        assert_eq!(schedule(&p, &nodes), Ok("b".into()));
+        let err = schedule(&p, &nodes[..1]).unwrap_err();
         assert!(err.to_string().contains("node affinity/selector"), "{err}");
         let small = [node("a", "4", "8Gi", true), node("b", "50m", "8Gi", true)];
-        let err = Profile::default().schedule(&p, &small, &NONE).unwrap_err();
+        let err = schedule(&p, &small).unwrap_err();
         assert!(err.to_string().contains("1 Insufficient cpu"), "{err}");
         let mut cordoned = node("b", "4", "8Gi", true);
         cordoned.node.spec = Some(serde_json::from_value(json!({"unschedulable": true})).unwrap());
         let cordoned = [cordoned];
-        assert!(Profile::default().schedule(&p, &cordoned, &NONE).is_err());
+        assert!(schedule(&p, &cordoned).is_err());
         p.spec.as_mut().unwrap().tolerations = Some(
             serde_json::from_value(json!([{"key": UNSCHEDULABLE, "operator": "Exists", "effect": "NoSchedule"}]))
                 .unwrap(),
         );
-        assert_eq!(Profile::default().schedule(&p, &cordoned, &NONE), Ok("b".into()));
+        assert_eq!(schedule(&p, &cordoned), Ok("b".into()));
     }
 
     fn tainted(name: &str, taints: serde_json::Value) -> NodeInfo {
@@ -378,36 +384,29 @@ mod tests {
     #[test]
     fn taints_keep_pods_off_unless_tolerated() {
         let nodes = [tainted("a", json!([{"key": "dedicated", "value": "db", "effect": "NoSchedule"}]))];
-        let err = Profile::default().schedule(&pod("100m", "64Mi"), &nodes, &NONE).unwrap_err();
+        let err = schedule(&pod("100m", "64Mi"), &nodes).unwrap_err();
         assert_eq!(err.to_string(), "0/1 nodes are available: 1 node(s) had untolerated taint {dedicated: db}.");
         for tolerations in [
             json!([{"key": "dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"}]),
             json!([{"key": "dedicated", "operator": "Exists"}]),
             json!([{"operator": "Exists"}]),
         ] {
-            assert_eq!(
-                Profile::default().schedule(&tolerating(tolerations.clone()), &nodes, &NONE),
-                Ok("a".into()),
-                "{tolerations}"
-            );
+            assert_eq!(schedule(&tolerating(tolerations.clone()), &nodes), Ok("a".into()), "{tolerations}");
         }
         for tolerations in [
             json!([{"key": "dedicated", "value": "web", "effect": "NoSchedule"}]),
             json!([{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}]),
         ] {
-            assert!(
-                Profile::default().schedule(&tolerating(tolerations.clone()), &nodes, &NONE).is_err(),
-                "{tolerations}"
-            );
+            assert!(schedule(&tolerating(tolerations.clone()), &nodes).is_err(), "{tolerations}");
         }
     }
 
     #[test]
     fn prefer_no_schedule_is_a_preference() {
         let nodes = [tainted("a", json!([{"key": "spot", "effect": "PreferNoSchedule"}])), tainted("b", json!([]))];
-        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &nodes, &NONE), Ok("b".into()));
+        assert_eq!(schedule(&pod("100m", "64Mi"), &nodes), Ok("b".into()));
         let only = [tainted("a", json!([{"key": "spot", "effect": "PreferNoSchedule"}]))];
-        assert_eq!(Profile::default().schedule(&pod("100m", "64Mi"), &only, &NONE), Ok("a".into()));
+        assert_eq!(schedule(&pod("100m", "64Mi"), &only), Ok("a".into()));
     }
 
     #[test]
@@ -425,7 +424,7 @@ mod tests {
         let nodes = [with_images("a", json!([])), with_images("b", big)];
         assert!(ImageLocality.score(&p, &Resources::default(), &nodes[1]) > 30);
         assert_eq!(ImageLocality.score(&p, &Resources::default(), &nodes[0]), 0);
-        assert_eq!(Profile::default().schedule(&p, &nodes, &NONE), Ok("b".into()));
+        assert_eq!(schedule(&p, &nodes), Ok("b".into()));
         assert_eq!(normalized_image("gitplane.local/httpd:1"), "gitplane.local/httpd:1");
         assert_eq!(normalized_image("me/app"), "docker.io/me/app:latest");
     }
@@ -433,7 +432,7 @@ mod tests {
     #[test]
     fn a_node_short_of_several_resources_counts_under_each() {
         let nodes = [node("a", "1", "1Gi", true), node("b", "1", "1Gi", true), node("c", "1", "1Gi", true)];
-        let err = Profile::default().schedule(&pod("2", "2Gi"), &nodes, &NONE).unwrap_err();
+        let err = schedule(&pod("2", "2Gi"), &nodes).unwrap_err();
         assert_eq!(err.to_string(), "0/3 nodes are available: 3 Insufficient cpu, 3 Insufficient memory.");
     }
 
@@ -458,14 +457,14 @@ mod tests {
         let mut placed = Vec::new();
         for _ in 0..3 {
             let pod = replica("rs-1");
-            let name = Profile::default().schedule(&pod, &nodes, &NONE).unwrap();
+            let name = schedule(&pod, &nodes).unwrap();
             nodes.iter_mut().find(|n| n.name() == name).unwrap().add_pod(&pod);
             placed.push(name);
         }
         placed.sort();
         assert_eq!(placed, ["a", "b", "c"]);
         // Another controller's Pods do not count against this one's.
-        assert_eq!(Profile::default().schedule(&replica("rs-2"), &nodes[..2], &NONE), Ok("a".into()));
+        assert_eq!(schedule(&replica("rs-2"), &nodes[..2]), Ok("a".into()));
     }
 
     #[test]
@@ -481,13 +480,14 @@ mod tests {
             &replica("rs-1"),
             &Resources::default(),
             &nodes.iter().collect::<Vec<_>>(),
-            Cluster { nodes: &nodes, namespaces: &NONE },
+            Cluster { nodes: &nodes, namespaces: &NONE, pods: &index_pods(&nodes) },
         );
         // b1 is in the zone without a replica: the best; a2 shares a1's zone, a1 has one itself.
         assert_eq!(scores[2], 100, "{scores:?}");
         assert!(scores[0] < scores[1] && scores[1] < scores[2], "{scores:?}");
         // Without a controller there is nothing to spread.
-        let cluster = Cluster { nodes: &nodes, namespaces: &NONE };
+        let pods = index_pods(&nodes);
+        let cluster = Cluster { nodes: &nodes, namespaces: &NONE, pods: &pods };
         assert_eq!(PodTopologySpread.score_all(&pod("1", "1"), &Resources::default(), &[&nodes[0]], cluster), [100]);
     }
 
@@ -516,7 +516,7 @@ mod tests {
             ]}}}
         }}))
         .unwrap();
-        let err = Profile::default().schedule(&p, &nodes, &NONE).unwrap_err();
+        let err = schedule(&p, &nodes).unwrap_err();
         assert_eq!(
             err.to_string(),
             "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, \
@@ -558,13 +558,13 @@ mod tests {
                 Err("0/3 nodes are available: 3 Insufficient example.com/foo."),
             ),
         ] {
-            let placed = Profile::default().schedule(&asking(resources.clone()), &nodes, &NONE);
+            let placed = schedule(&asking(resources.clone()), &nodes);
             match expected {
                 Ok(node) => assert_eq!(placed, Ok(node.into()), "{resources}"),
                 Err(message) if message.contains("ephemeral") => {
                     // a is short of storage; b and c fit, so only a is counted.
                     assert!(placed.is_ok(), "{resources}");
-                    let only_a = Profile::default().schedule(&asking(resources.clone()), &nodes[..1], &NONE);
+                    let only_a = schedule(&asking(resources.clone()), &nodes[..1]);
                     assert_eq!(only_a.unwrap_err().to_string(), message.replace("0/3", "0/1"), "{resources}");
                 }
                 Err(message) => assert_eq!(placed.unwrap_err().to_string(), message, "{resources}"),
@@ -573,7 +573,7 @@ mod tests {
         // What is bound counts: two GPUs taken leave none.
         let mut full = nodes[2].clone();
         full.add_pod(&asking(json!({"limits": {"nvidia.com/gpu": "2"}})));
-        let err = Profile::default().schedule(&asking(json!({"limits": {"nvidia.com/gpu": "1"}})), &[full], &NONE);
+        let err = schedule(&asking(json!({"limits": {"nvidia.com/gpu": "1"}})), &[full]);
         assert_eq!(err.unwrap_err().to_string(), "0/1 nodes are available: 1 Insufficient nvidia.com/gpu.");
     }
 }

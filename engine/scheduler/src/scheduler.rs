@@ -330,11 +330,10 @@ impl Reconcile for Scheduler {
             Some(snapshot) => snapshot,
             None => Snapshot::build(self.informer.cache(), self.assumed.iter()),
         };
-        let (nodes, namespaces) = (&snapshot.nodes, &snapshot.namespaces);
         let volumes = volume_binding::pre_filter(&pod, &self.volumes(&pod));
         let placed = match &volumes {
-            Ok(volumes) => self.profile.schedule_with(&pod, nodes, namespaces, volumes),
-            Err(reason) => Err(ScheduleError::PreFilter { total: nodes.len(), reason: reason.clone() }),
+            Ok(volumes) => self.profile.schedule_with(&pod, snapshot.cluster(), volumes),
+            Err(reason) => Err(ScheduleError::PreFilter { total: snapshot.nodes.len(), reason: reason.clone() }),
         };
         let volumes = volumes.unwrap_or_default();
         let requeue = match placed {

@@ -3,7 +3,8 @@
 //! own bindings, as kube-scheduler's cache, instead of being rebuilt (decoding every bound Pod)
 //! whenever something changes.
 
-use crate::framework::{NamespaceLabels, NodeInfo};
+use crate::framework::{Cluster, NamespaceLabels, NodeInfo};
+use crate::pod_index::PodIndex;
 use gitplane_api::object::from_value;
 use gitplane_store::informer::Cache;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -35,6 +36,8 @@ pub struct Snapshot {
     /// Sorted by name.
     pub nodes: Vec<NodeInfo>,
     pub namespaces: NamespaceLabels,
+    /// The nodes' Pods, indexed for the plugins that look at all of them.
+    pub pods: PodIndex,
     /// Each Pod counted on a node, as it was counted: what to take back when it changes or goes.
     counted: HashMap<PodId, (String, Pod)>,
 }
@@ -49,7 +52,7 @@ impl Snapshot {
             .collect();
         let mut nodes: Vec<NodeInfo> = cache.list_typed::<Node>(None).into_iter().map(NodeInfo::new).collect();
         nodes.sort_by(|a, b| a.name().cmp(b.name()));
-        let mut snapshot = Snapshot { nodes, namespaces, counted: HashMap::new() };
+        let mut snapshot = Snapshot { nodes, namespaces, pods: PodIndex::default(), counted: HashMap::new() };
         let assumed: HashMap<&PodId, &(String, Pod)> = assumed.collect();
         // Only Pods that hold room on a known node count: the others are not decoded at all.
         let known = |p: &Value| holds_room(p) && node_name(p).is_some_and(|n| snapshot.position(n).is_ok());
@@ -67,6 +70,11 @@ impl Snapshot {
         snapshot
     }
 
+    /// What a scheduling cycle sees.
+    pub fn cluster(&self) -> Cluster<'_> {
+        Cluster { nodes: &self.nodes, namespaces: &self.namespaces, pods: &self.pods }
+    }
+
     fn position(&self, node: &str) -> Result<usize, usize> {
         self.nodes.binary_search_by(|n| n.name().cmp(node))
     }
@@ -76,6 +84,10 @@ impl Snapshot {
         self.uncount(&pod_id);
         if let Ok(at) = self.position(&node) {
             self.nodes[at].add_pod(&pod);
+            let counted = &self.nodes[at];
+            if let Some(info) = counted.pods.last() {
+                self.pods.add(info, &node, counted.labels());
+            }
             self.counted.insert(pod_id, (node, pod));
         }
     }
@@ -84,8 +96,9 @@ impl Snapshot {
     pub fn uncount(&mut self, pod_id: &PodId) {
         if let Some((node, pod)) = self.counted.remove(pod_id)
             && let Ok(at) = self.position(&node)
+            && let Some(info) = self.nodes[at].remove_pod(&pod)
         {
-            self.nodes[at].remove_pod(&pod);
+            self.pods.remove(&info, &node, self.nodes[at].labels());
         }
     }
 
@@ -112,10 +125,24 @@ impl Snapshot {
     pub fn node_changed(&mut self, name: &str, node: Option<&Value>, cache: &Cache) {
         match (self.position(name), node.map(|n| from_value::<Node>(n.clone()))) {
             (Ok(at), None | Some(Err(_))) => {
-                self.nodes.remove(at);
+                let gone = self.nodes.remove(at);
+                for pod in &gone.pods {
+                    self.pods.remove(pod, name, gone.labels());
+                }
                 self.counted.retain(|_, (node, _)| node != name);
             }
-            (Ok(at), Some(Ok(node))) => self.nodes[at].set_node(node),
+            (Ok(at), Some(Ok(node))) => {
+                // Its Pods' domains are its labels' values: counted again under the new ones.
+                let relabelled = node.metadata.labels.as_ref() != self.nodes[at].labels();
+                let info = &mut self.nodes[at];
+                if relabelled {
+                    info.pods.iter().for_each(|pod| self.pods.remove(pod, name, info.node.metadata.labels.as_ref()));
+                }
+                info.set_node(node);
+                if relabelled {
+                    info.pods.iter().for_each(|pod| self.pods.add(pod, name, info.node.metadata.labels.as_ref()));
+                }
+            }
             (Err(at), Some(Ok(node))) => {
                 self.nodes.insert(at, NodeInfo::new(node));
                 let on_it = |p: &Value| holds_room(p) && node_name(p) == Some(name);

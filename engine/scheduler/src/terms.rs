@@ -5,6 +5,7 @@
 use gitplane_api::labels::{Labels, matches};
 use k8s_openapi::api::core::v1::{PodAffinity, PodAffinityTerm, PodAntiAffinity, WeightedPodAffinityTerm};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use std::hash::{Hash, Hasher};
 
 /// The labels of each namespace, by name (what a term's `namespaceSelector` selects).
 pub type NamespaceLabels = std::collections::HashMap<String, Labels>;
@@ -14,8 +15,9 @@ pub type NamespaceLabels = std::collections::HashMap<String, Labels>;
 const HARD_POD_AFFINITY_WEIGHT: i64 = 1;
 
 /// A term resolved against the Pod that holds it: its selector with `matchLabelKeys` and
-/// `mismatchLabelKeys` merged in, and its namespaces.
-#[derive(Clone, Debug)]
+/// `mismatchLabelKeys` merged in, and its namespaces. Equal terms of different Pods are one
+/// entry of the snapshot's index ([`crate::pod_index`]).
+#[derive(Clone, Debug, PartialEq)]
 pub struct Term {
     pub topology_key: String,
     selector: Option<LabelSelector>,
@@ -65,6 +67,28 @@ impl Term {
                 matches(s, all.get(namespace).unwrap_or(&empty))
             });
         in_namespace && matches(selector, labels)
+    }
+}
+
+impl Eq for Term {}
+
+impl Hash for Term {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.topology_key.hash(state);
+        hash_selector(self.selector.as_ref(), state);
+        self.namespaces.hash(state);
+        hash_selector(self.namespace_selector.as_ref(), state);
+        self.weight.hash(state);
+    }
+}
+
+/// What `LabelSelector`'s derived equality compares (k8s-openapi derives no `Hash`).
+fn hash_selector<H: Hasher>(selector: Option<&LabelSelector>, state: &mut H) {
+    let Some(selector) = selector else { return 0u8.hash(state) };
+    1u8.hash(state);
+    selector.match_labels.hash(state);
+    for r in selector.match_expressions.iter().flatten() {
+        (&r.key, &r.operator, &r.values).hash(state);
     }
 }
 

@@ -105,7 +105,7 @@ impl FilterPlugin for PodVolumes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::framework::Profile;
+    use crate::framework::{Cluster, Profile};
     use serde_json::{Value, json};
 
     fn claim(name: &str, spec: Value) -> PersistentVolumeClaim {
@@ -190,7 +190,10 @@ mod tests {
             let p = pod(claims);
             let got = match pre_filter(&p, &snapshot) {
                 Err(reason) => Err(crate::framework::ScheduleError::PreFilter { total: nodes.len(), reason }),
-                Ok(volumes) => profile.schedule_with(&p, &nodes, &Default::default(), &volumes),
+                Ok(volumes) => {
+                    let cluster = Cluster { nodes: &nodes, namespaces: &Default::default(), pods: &Default::default() };
+                    profile.schedule_with(&p, cluster, &volumes)
+                }
             };
             let got = got.map_err(|e| e.to_string());
             assert_eq!(got.as_deref().map_err(String::as_str), want.map(|n| n), "{claims:?}");

@@ -14,13 +14,21 @@ use std::collections::BTreeSet;
 
 /// The label on a set's Pods (and claims) naming the revision they were made from.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
+/// The label on a revision holding the hash in its name (upstream's `ControllerRevisionHashLabel`).
+pub const HASH_LABEL: &str = "controller.kubernetes.io/hash";
 const DEFAULT_HISTORY_LIMIT: i32 = 10;
 /// How many hash collisions a sync resolves before it gives up on the set.
 const MAX_COLLISIONS: i32 = 16;
 
 /// The revision of the set's current template: the patch that restores it.
 pub fn data(set: &StatefulSet) -> Value {
-    let mut template = serde_json::to_value(set.spec.as_ref().map(|s| &s.template)).unwrap_or(Value::Null);
+    patch(set.spec.as_ref().map(|s| &s.template))
+}
+
+/// The patch that restores a workload's Pod template, a ControllerRevision's data for
+/// StatefulSets and DaemonSets alike (upstream's `getPatch`).
+pub fn patch(template: Option<&PodTemplateSpec>) -> Value {
+    let mut template = serde_json::to_value(template).unwrap_or(Value::Null);
     if let Some(t) = template.as_object_mut() {
         t.insert("$patch".into(), json!("replace"));
     }
@@ -92,7 +100,7 @@ pub fn plan(set: &StatefulSet, owned: &[ControllerRevision], pods: &[Pod]) -> Re
                 let hash = names::hash(format!("{data}/{collision_count}").as_bytes());
                 let candidate = format!("{}-{hash}", names::truncate(set_name, 52));
                 if !owned.iter().any(|r| name(r) == candidate) {
-                    break new_revision(set, candidate, data, newest + 1);
+                    break new_revision(set, candidate, &hash, data, newest + 1);
                 }
                 collision_count += 1;
                 if collision_count > MAX_COLLISIONS {
@@ -120,13 +128,15 @@ pub fn plan(set: &StatefulSet, owned: &[ControllerRevision], pods: &[Pod]) -> Re
     Ok(History { ops, current, update, collision_count })
 }
 
-fn new_revision(set: &StatefulSet, name: String, data: Value, revision: i64) -> ControllerRevision {
-    let labels = set.spec.as_ref().and_then(|s| s.template.metadata.as_ref()).and_then(|m| m.labels.clone());
+fn new_revision(set: &StatefulSet, name: String, hash: &str, data: Value, revision: i64) -> ControllerRevision {
+    let template = set.spec.as_ref().and_then(|s| s.template.metadata.as_ref());
+    let mut labels = template.and_then(|m| m.labels.clone()).unwrap_or_default();
+    labels.insert(HASH_LABEL.into(), hash.into());
     ControllerRevision {
         metadata: ObjectMeta {
             name: Some(name),
             namespace: set.metadata.namespace.clone(),
-            labels,
+            labels: Some(labels),
             owner_references: Some(vec![controller_ref("apps/v1", "StatefulSet", &set.metadata)]),
             ..Default::default()
         },
@@ -176,7 +186,9 @@ mod tests {
         assert_eq!(describe(&first.ops), ["create 1"]);
         assert!(name(&first.update).starts_with("web-") && name(&first.update).len() == 14, "{}", name(&first.update));
         assert_eq!(name(&first.current), name(&first.update), "no status yet: current is the update");
-        assert_eq!(first.update.metadata.labels.as_ref().unwrap()["app"], "nginx");
+        let labels = first.update.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["app"], "nginx");
+        assert_eq!(format!("web-{}", labels[HASH_LABEL]), name(&first.update), "upstream's hash label");
         assert_eq!(template(&first.update).unwrap(), v1.spec.as_ref().unwrap().template);
 
         let steady = plan(&v1, std::slice::from_ref(&r1), &[]).unwrap();

@@ -3,8 +3,12 @@
 //! both ways) filter; preferred terms, both the Pod's and the placed Pods', score. A term
 //! matches Pods by its label selector in its namespaces, and applies to the topology domain
 //! (nodes with the same value of `topologyKey`) of each matching Pod's node.
+//!
+//! The placed Pods are read through the snapshot's [`crate::pod_index::PodIndex`]: their distinct terms with
+//! counts per domain, and their distinct labels with counts per node, so a cycle's work grows
+//! with the distinct terms and labels rather than with the nodes and Pods.
 
-use crate::framework::{Cluster, CycleState, FilterPlugin, NamespaceLabels, NodeInfo, ScorePlugin};
+use crate::framework::{Cluster, CycleState, FilterPlugin, NamespaceLabels, NodeInfo, ScorePlugin, index_pods};
 use crate::resources::Resources;
 use crate::terms::{Term, required_terms, scoring_terms};
 use gitplane_api::labels::Labels;
@@ -31,13 +35,24 @@ fn incoming(pod: &Pod) -> Incoming<'_> {
     }
 }
 
-/// Counts of matching Pods per topology domain, `(key, value)`.
-type Domains = HashMap<(String, String), i64>;
+/// Counts of matching Pods per topology domain: by topology key, then by its value.
+type Domains = HashMap<String, HashMap<String, i64>>;
 
-fn add(domains: &mut Domains, node: &NodeInfo, key: &str, amount: i64) {
-    if let Some(value) = node.label(key) {
-        *domains.entry((key.to_owned(), value.to_owned())).or_default() += amount;
+fn add(domains: &mut Domains, key: &str, value: &str, amount: i64) {
+    let values = match domains.get_mut(key) {
+        Some(values) => values,
+        None => domains.entry(key.to_owned()).or_default(),
+    };
+    match values.get_mut(value) {
+        Some(count) => *count += amount,
+        None => {
+            values.insert(value.to_owned(), amount);
+        }
     }
+}
+
+fn count(domains: &Domains, key: &str, value: &str) -> i64 {
+    domains.get(key).and_then(|values| values.get(value)).copied().unwrap_or(0)
 }
 
 /// What the filter checks every node against (kube-scheduler's preFilterState).
@@ -59,6 +74,8 @@ impl FilterPlugin for InterPodAffinity {
         "InterPodAffinity"
     }
 
+    /// Each distinct term of the placed Pods is matched once against the incoming Pod, and each
+    /// of its terms once against each distinct set of placed Pods' labels.
     fn pre_filter(&self, pod: &Pod, cluster: Cluster<'_>) -> CycleState {
         let me = incoming(pod);
         let own = pod.spec.as_ref().and_then(|s| s.affinity.as_ref());
@@ -84,27 +101,33 @@ impl FilterPlugin for InterPodAffinity {
         };
         let own_terms = !state.affinity.is_empty() || !state.anti_affinity.is_empty();
         let mut any = own_terms;
-        for node in cluster.nodes {
-            for i in &node.with_affinity {
-                for term in &node.pods[*i].required_anti_affinity {
-                    if term.matches(&me.namespace, me.labels, cluster.namespaces) {
-                        add(&mut state.existing_anti_affinity_counts, node, &term.topology_key, 1);
-                        any = true;
-                    }
+        for (term, pods) in cluster.pods.required_anti_affinity() {
+            if term.matches(&me.namespace, me.labels, cluster.namespaces) {
+                any = true;
+                for (value, n) in &pods.by_domain {
+                    add(&mut state.existing_anti_affinity_counts, &term.topology_key, value, *n);
                 }
             }
-            if !own_terms {
-                continue;
-            }
-            for placed in &node.pods {
-                let selects = |t: &Term| t.matches(&placed.namespace, &placed.labels, cluster.namespaces);
-                if !state.affinity.is_empty() && state.affinity.iter().all(selects) {
-                    for term in &state.affinity {
-                        add(&mut state.affinity_counts, node, &term.topology_key, 1);
-                    }
+        }
+        if own_terms {
+            for (namespace, labels, on_nodes) in cluster.pods.groups() {
+                let selects = |t: &&Term| t.matches(namespace, labels, cluster.namespaces);
+                let affinity = !state.affinity.is_empty() && state.affinity.iter().all(|t| selects(&t));
+                let anti: Vec<&Term> = state.anti_affinity.iter().filter(selects).collect();
+                if !affinity && anti.is_empty() {
+                    continue;
                 }
-                for term in state.anti_affinity.iter().filter(|t| selects(t)) {
-                    add(&mut state.anti_affinity_counts, node, &term.topology_key, 1);
+                for (node, n) in on_nodes.iter().filter_map(|(name, n)| Some((cluster.node(name)?, *n))) {
+                    for term in state.affinity.iter().filter(|_| affinity) {
+                        if let Some(value) = node.label(&term.topology_key) {
+                            add(&mut state.affinity_counts, &term.topology_key, value, n);
+                        }
+                    }
+                    for term in &anti {
+                        if let Some(value) = node.label(&term.topology_key) {
+                            add(&mut state.anti_affinity_counts, &term.topology_key, value, n);
+                        }
+                    }
                 }
             }
         }
@@ -113,14 +136,12 @@ impl FilterPlugin for InterPodAffinity {
 
     fn filter(&self, _: &Pod, _: &Resources, node: &NodeInfo, state: &CycleState) -> Result<(), Vec<String>> {
         let Some(state) = state.as_ref().and_then(|s| s.downcast_ref::<FilterState>()) else { return Ok(()) };
-        let count = |domains: &Domains, key: &str| {
-            node.label(key).map(|value| domains.get(&(key.to_owned(), value.to_owned())).copied().unwrap_or(0))
-        };
+        let in_domain = |domains: &Domains, key: &str| node.label(key).map(|value| count(domains, key, value));
         // Every topology key must be on the node; each domain must hold a matching Pod, unless
         // none matches anywhere and the Pod matches its own terms.
         let mut pods_exist = true;
         for term in &state.affinity {
-            match count(&state.affinity_counts, &term.topology_key) {
+            match in_domain(&state.affinity_counts, &term.topology_key) {
                 None => return Err(vec![REASON_AFFINITY.into()]),
                 Some(0) => pods_exist = false,
                 Some(_) => {}
@@ -130,11 +151,12 @@ impl FilterPlugin for InterPodAffinity {
         if !(pods_exist || first_of_group) {
             return Err(vec![REASON_AFFINITY.into()]);
         }
-        if state.anti_affinity.iter().any(|t| count(&state.anti_affinity_counts, &t.topology_key).unwrap_or(0) > 0) {
+        let anti = &state.anti_affinity_counts;
+        if state.anti_affinity.iter().any(|t| in_domain(anti, &t.topology_key).unwrap_or(0) > 0) {
             return Err(vec![REASON_ANTI_AFFINITY.into()]);
         }
         let existing = &state.existing_anti_affinity_counts;
-        if existing.iter().any(|((key, value), n)| *n > 0 && node.label(key) == Some(value)) {
+        if existing.keys().any(|key| in_domain(existing, key).unwrap_or(0) > 0) {
             return Err(vec![REASON_EXISTING_ANTI_AFFINITY.into()]);
         }
         Ok(())
@@ -148,7 +170,7 @@ impl ScorePlugin for InterPodAffinity {
 
     fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
         let nodes = std::slice::from_ref(node);
-        let cluster = Cluster { nodes, namespaces: &NamespaceLabels::new() };
+        let cluster = Cluster { nodes, namespaces: &NamespaceLabels::new(), pods: &index_pods(nodes) };
         self.score_all(pod, request, &[node], cluster)[0]
     }
 
@@ -165,15 +187,25 @@ impl ScorePlugin for InterPodAffinity {
         // Scores by topology key, then by the key's value (borrowed: no copies), so that each
         // node looks up each key once.
         let mut domains: HashMap<&str, HashMap<&str, i64>> = HashMap::new();
-        for node in cluster.nodes {
-            let placed_terms = node.with_affinity.iter().flat_map(|i| &node.pods[*i].scoring);
-            let theirs = placed_terms.filter(|t| t.matches(&me.namespace, me.labels, cluster.namespaces));
-            let ours = node.pods.iter().filter(|_| !mine.is_empty()).flat_map(|other| {
-                mine.iter().filter(|t| t.matches(&other.namespace, &other.labels, cluster.namespaces))
-            });
-            for term in theirs.chain(ours) {
-                if let Some(value) = node.label(&term.topology_key) {
-                    *domains.entry(term.topology_key.as_str()).or_default().entry(value).or_default() += term.weight;
+        for (term, pods) in cluster.pods.scoring() {
+            if term.matches(&me.namespace, me.labels, cluster.namespaces) {
+                let values = domains.entry(term.topology_key.as_str()).or_default();
+                for (value, n) in &pods.by_domain {
+                    *values.entry(value.as_str()).or_default() += term.weight * n;
+                }
+            }
+        }
+        for (namespace, labels, on_nodes) in cluster.pods.groups().filter(|_| !mine.is_empty()) {
+            let ours: Vec<&Term> = mine.iter().filter(|t| t.matches(namespace, labels, cluster.namespaces)).collect();
+            if ours.is_empty() {
+                continue;
+            }
+            for (node, n) in on_nodes.iter().filter_map(|(name, n)| Some((cluster.node(name)?, *n))) {
+                for term in &ours {
+                    if let Some(value) = node.label(&term.topology_key) {
+                        *domains.entry(term.topology_key.as_str()).or_default().entry(value).or_default() +=
+                            term.weight * n;
+                    }
                 }
             }
         }
@@ -195,6 +227,7 @@ impl ScorePlugin for InterPodAffinity {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{self, Rng, random_snapshots};
     use k8s_openapi::api::core::v1::Node;
     use serde_json::{Value, json};
 
@@ -232,7 +265,7 @@ mod tests {
 
     /// Which of a1, a2, b1 the Pod may go to, and the reason on the others.
     fn fits(p: &Pod, nodes: &[NodeInfo], namespaces: &NamespaceLabels) -> Vec<Result<(), String>> {
-        let state = InterPodAffinity.pre_filter(p, Cluster { nodes, namespaces });
+        let state = InterPodAffinity.pre_filter(p, Cluster { nodes, namespaces, pods: &index_pods(nodes) });
         let result =
             |n: &NodeInfo| InterPodAffinity.filter(p, &Resources::default(), n, &state).map_err(|r| r.join(","));
         nodes.iter().map(result).collect()
@@ -340,7 +373,8 @@ mod tests {
         let namespaces = NamespaceLabels::new();
         let scores = |p: &Pod, nodes: &[NodeInfo]| {
             let refs: Vec<&NodeInfo> = nodes.iter().collect();
-            InterPodAffinity.score_all(p, &Resources::default(), &refs, Cluster { nodes, namespaces: &namespaces })
+            let cluster = Cluster { nodes, namespaces: &namespaces, pods: &index_pods(nodes) };
+            InterPodAffinity.score_all(p, &Resources::default(), &refs, cluster)
         };
         let near = pod(
             "shop",
@@ -368,7 +402,131 @@ mod tests {
         );
         assert_eq!(scores(&pod("shop", json!({"app": "web"}), json!({})), &cluster(Some(placed))), [0, 0, 100]);
         let plain = pod("shop", json!({}), json!({}));
-        let cluster = Cluster { nodes: &nodes, namespaces: &namespaces };
+        let pods = index_pods(&nodes);
+        let cluster = Cluster { nodes: &nodes, namespaces: &namespaces, pods: &pods };
         assert_eq!(InterPodAffinity.score_all(&plain, &Resources::default(), &refs, cluster), [0, 0, 0]);
+    }
+
+    /// The plugin as it was before the index: every placed Pod read on every node. What the
+    /// indexed plugin must agree with: the filter's outcome on each node, and the scores.
+    fn reference(p: &Pod, nodes: &[NodeInfo], namespaces: &NamespaceLabels) -> (Vec<Result<(), String>>, Vec<i64>) {
+        type Pairs = HashMap<(String, String), i64>;
+        let add = |domains: &mut Pairs, node: &NodeInfo, key: &str| {
+            if let Some(value) = node.label(key) {
+                *domains.entry((key.to_owned(), value.to_owned())).or_default() += 1;
+            }
+        };
+        let me = incoming(p);
+        let own = p.spec.as_ref().and_then(|s| s.affinity.as_ref());
+        let required = |anti: bool| {
+            let terms = own.and_then(|a| match anti {
+                true => a.pod_anti_affinity.as_ref()?.required_during_scheduling_ignored_during_execution.as_ref(),
+                false => a.pod_affinity.as_ref()?.required_during_scheduling_ignored_during_execution.as_ref(),
+            });
+            required_terms(terms, &me.namespace, me.labels)
+        };
+        let (affinity, anti_affinity) = (required(false), required(true));
+        let (mut affinity_counts, mut anti_counts, mut existing) = (Pairs::new(), Pairs::new(), Pairs::new());
+        for node in nodes {
+            for placed in &node.pods {
+                for term in &placed.required_anti_affinity {
+                    if term.matches(&me.namespace, me.labels, namespaces) {
+                        add(&mut existing, node, &term.topology_key);
+                    }
+                }
+                let selects = |t: &Term| t.matches(&placed.namespace, &placed.labels, namespaces);
+                if !affinity.is_empty() && affinity.iter().all(selects) {
+                    affinity.iter().for_each(|t| add(&mut affinity_counts, node, &t.topology_key));
+                }
+                anti_affinity.iter().filter(|t| selects(t)).for_each(|t| add(&mut anti_counts, node, &t.topology_key));
+            }
+        }
+        let matches_itself = affinity.iter().all(|t| t.matches(&me.namespace, me.labels, namespaces));
+        let fits = |node: &NodeInfo| {
+            let count = |domains: &Pairs, key: &str| {
+                node.label(key).map(|value| domains.get(&(key.to_owned(), value.to_owned())).copied().unwrap_or(0))
+            };
+            let mut pods_exist = true;
+            for term in &affinity {
+                match count(&affinity_counts, &term.topology_key) {
+                    None => return Err(REASON_AFFINITY.to_owned()),
+                    Some(0) => pods_exist = false,
+                    Some(_) => {}
+                }
+            }
+            if !(pods_exist || (affinity_counts.is_empty() && matches_itself)) {
+                return Err(REASON_AFFINITY.to_owned());
+            }
+            if anti_affinity.iter().any(|t| count(&anti_counts, &t.topology_key).unwrap_or(0) > 0) {
+                return Err(REASON_ANTI_AFFINITY.to_owned());
+            }
+            if existing.iter().any(|((key, value), n)| *n > 0 && node.label(key) == Some(value)) {
+                return Err(REASON_EXISTING_ANTI_AFFINITY.to_owned());
+            }
+            Ok(())
+        };
+        let mine = scoring_terms(
+            own.and_then(|a| a.pod_affinity.as_ref()),
+            own.and_then(|a| a.pod_anti_affinity.as_ref()),
+            &me.namespace,
+            me.labels,
+            false,
+        );
+        let mut scores = Pairs::new();
+        for node in nodes {
+            for placed in &node.pods {
+                let theirs = placed.scoring.iter().filter(|t| t.matches(&me.namespace, me.labels, namespaces));
+                let ours = mine.iter().filter(|t| t.matches(&placed.namespace, &placed.labels, namespaces));
+                for term in theirs.chain(ours) {
+                    if let Some(value) = node.label(&term.topology_key) {
+                        *scores.entry((term.topology_key.clone(), value.to_owned())).or_default() += term.weight;
+                    }
+                }
+            }
+        }
+        let raw: Vec<i64> = nodes
+            .iter()
+            .map(|node| scores.iter().filter(|((key, value), _)| node.label(key) == Some(value)).map(|(_, s)| s).sum())
+            .collect();
+        let (min, max) = (raw.iter().copied().min().unwrap_or(0), raw.iter().copied().max().unwrap_or(0));
+        let normalized = raw.iter().map(|s| if max > min { (s - min) * 100 / (max - min) } else { 0 }).collect();
+        (nodes.iter().map(fits).collect(), normalized)
+    }
+
+    #[test]
+    fn the_index_agrees_with_reading_every_pod() {
+        // (seed, nodes, placed Pods)
+        let cases = [(1, 4, 10), (2, 8, 40), (3, 12, 120), (4, 3, 60), (5, 20, 200), (6, 6, 0)];
+        // Every reason and some preference come up, so the cases compare more than empty answers.
+        let (mut reasons, mut scored) = (std::collections::BTreeSet::new(), false);
+        for (seed, node_count, pod_count) in cases {
+            let mut rng = Rng::new(seed + 100);
+            random_snapshots(seed, node_count, pod_count, &mut |step, snapshot| {
+                assert_eq!(
+                    snapshot.pods,
+                    index_pods(&snapshot.nodes),
+                    "seed {seed}, {step}: the index kept up to date"
+                );
+                for i in 0..20 {
+                    let p = testing::pod(&mut rng, "incoming", 90, false);
+                    let cluster = snapshot.cluster();
+                    let state = InterPodAffinity.pre_filter(&p, cluster);
+                    let fits: Vec<_> = cluster
+                        .nodes
+                        .iter()
+                        .map(|n| InterPodAffinity.filter(&p, &Resources::default(), n, &state).map_err(|r| r.join(",")))
+                        .collect();
+                    let refs: Vec<&NodeInfo> = cluster.nodes.iter().collect();
+                    let scores = InterPodAffinity.score_all(&p, &Resources::default(), &refs, cluster);
+                    let want = reference(&p, cluster.nodes, cluster.namespaces);
+                    assert_eq!((fits, scores), want, "seed {seed}, {step}, incoming Pod {i}: {p:?}");
+                    reasons.extend(want.0.into_iter().filter_map(Result::err));
+                    scored |= want.1.iter().any(|s| *s != want.1[0]);
+                }
+            });
+        }
+        let expected: std::collections::BTreeSet<String> =
+            [REASON_AFFINITY, REASON_ANTI_AFFINITY, REASON_EXISTING_ANTI_AFFINITY].map(String::from).into();
+        assert_eq!((reasons, scored), (expected, true));
     }
 }

@@ -179,7 +179,7 @@ mod tests {
             {"weight": 60, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}},
         ]}));
         let refs: Vec<&NodeInfo> = nodes.iter().collect();
-        let cluster = Cluster { nodes: &nodes, namespaces: &Default::default() };
+        let cluster = Cluster { nodes: &nodes, namespaces: &Default::default(), pods: &Default::default() };
         assert_eq!(NodeAffinity.score_all(&p, &Resources::default(), &refs, cluster), [25, 100, 0]);
         assert_eq!(NodeAffinity.score_all(&pod(json!({})), &Resources::default(), &refs, cluster), [0, 0, 0]);
     }

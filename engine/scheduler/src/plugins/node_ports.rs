@@ -66,7 +66,8 @@ mod tests {
             let mut node = NodeInfo::new(serde_json::from_value::<Node>(json!({"metadata": {"name": "n"}})).unwrap());
             node.add_pod(&pod(used.clone()));
             let p = pod(wanted.clone());
-            let state = NodePorts.pre_filter(&p, Cluster { nodes: &[], namespaces: &Default::default() });
+            let state = NodePorts
+                .pre_filter(&p, Cluster { nodes: &[], namespaces: &Default::default(), pods: &Default::default() });
             let result = NodePorts.filter(&p, &Resources::default(), &node, &state);
             assert_eq!(result.is_ok(), free, "{used} / {wanted}");
             if !free {

@@ -12,7 +12,7 @@
 
 use super::node_affinity::pod_matches_node;
 use super::untolerated;
-use crate::framework::{Cluster, CycleState, FilterPlugin, NodeInfo, ScorePlugin, controller_uid};
+use crate::framework::{Cluster, CycleState, FilterPlugin, NodeInfo, ScorePlugin, controller_uid, index_pods};
 use crate::resources::Resources;
 use gitplane_api::labels::{Labels, matches};
 use k8s_openapi::api::core::v1::{Pod, TopologySpreadConstraint};
@@ -71,11 +71,17 @@ impl Constraint {
         }
     }
 
-    /// The node's Pods this constraint counts: in the Pod's namespace, selected by its selector
-    /// (none without one).
-    fn count(&self, namespace: &str, node: &NodeInfo) -> i64 {
-        let Some(selector) = &self.selector else { return 0 };
-        node.pods.iter().filter(|p| p.namespace == namespace && matches(selector, &p.labels)).count() as i64
+    /// The placed Pods this constraint counts, by node name: in the Pod's namespace, selected by
+    /// its selector (none without one). Each distinct set of labels is matched once.
+    fn matching<'c>(&self, namespace: &str, cluster: Cluster<'c>) -> HashMap<&'c str, i64> {
+        let mut on = HashMap::new();
+        let Some(selector) = &self.selector else { return on };
+        for (_, on_nodes) in cluster.pods.groups_in(namespace).filter(|(labels, _)| matches(selector, labels)) {
+            for (node, n) in on_nodes {
+                *on.entry(node.as_str()).or_default() += n;
+            }
+        }
+        on
     }
 
     /// Whether the node's Pods count at all (its node inclusion policies).
@@ -116,11 +122,18 @@ impl FilterPlugin for PodTopologySpread {
         if constraints.is_empty() {
             return None;
         }
+        let matching: Vec<_> = constraints.iter().map(|c| c.matching(namespace(pod), cluster)).collect();
         let mut domains = vec![HashMap::<String, i64>::new(); constraints.len()];
         for node in cluster.nodes.iter().filter(|n| has_keys(n, &constraints)) {
-            for (c, counts) in constraints.iter().zip(domains.iter_mut()) {
+            for ((c, counts), on) in constraints.iter().zip(domains.iter_mut()).zip(&matching) {
                 if let Some(value) = node.label(&c.key).filter(|_| c.includes(pod, node)) {
-                    *counts.entry(value.to_owned()).or_default() += c.count(namespace(pod), node);
+                    let n = on.get(node.name()).copied().unwrap_or(0);
+                    match counts.get_mut(value) {
+                        Some(count) => *count += n,
+                        None => {
+                            counts.insert(value.to_owned(), n);
+                        }
+                    }
                 }
             }
         }
@@ -159,7 +172,8 @@ impl ScorePlugin for PodTopologySpread {
 
     fn score(&self, pod: &Pod, request: &Resources, node: &NodeInfo) -> i64 {
         let nodes = std::slice::from_ref(node);
-        self.score_all(pod, request, &[node], Cluster { nodes, namespaces: &Default::default() })[0]
+        let cluster = Cluster { nodes, namespaces: &Default::default(), pods: &index_pods(nodes) };
+        self.score_all(pod, request, &[node], cluster)[0]
     }
 
     fn score_all(&self, pod: &Pod, _: &Resources, nodes: &[&NodeInfo], cluster: Cluster<'_>) -> Vec<i64> {
@@ -175,9 +189,10 @@ impl ScorePlugin for PodTopologySpread {
         }
         let counted: Vec<&NodeInfo> = cluster.nodes.iter().filter(|n| has_keys(n, &constraints)).collect();
         let keys: Vec<(String, i64)> = constraints.iter().map(|c| (c.key.clone(), c.max_skew)).collect();
+        let matching: Vec<_> = constraints.iter().map(|c| c.matching(namespace(pod), cluster)).collect();
         let count = |i: usize, node: &NodeInfo| {
-            let c = &constraints[i];
-            if c.includes(pod, node) { c.count(namespace(pod), node) as f64 } else { 0.0 }
+            let on = matching[i].get(node.name()).copied().unwrap_or(0);
+            if constraints[i].includes(pod, node) { on as f64 } else { 0.0 }
         };
         spread_scores(&keys, &counted, nodes, NodeInfo::label, count)
     }
@@ -251,6 +266,7 @@ fn spread_scores<'n>(
 mod tests {
     use super::*;
     use crate::framework::NamespaceLabels;
+    use crate::testing::{self, Rng, random_snapshots};
     use k8s_openapi::api::core::v1::Node;
     use serde_json::{Value, json};
 
@@ -294,7 +310,8 @@ mod tests {
     }
 
     fn fits(p: &Pod, nodes: &[NodeInfo]) -> Vec<Result<(), String>> {
-        let state = PodTopologySpread.pre_filter(p, Cluster { nodes, namespaces: &NamespaceLabels::new() });
+        let cluster = Cluster { nodes, namespaces: &NamespaceLabels::new(), pods: &index_pods(nodes) };
+        let state = PodTopologySpread.pre_filter(p, cluster);
         nodes
             .iter()
             .map(|n| PodTopologySpread.filter(p, &Resources::default(), n, &state).map_err(|r| r.join(",")))
@@ -365,10 +382,84 @@ mod tests {
             &p,
             &Resources::default(),
             &refs,
-            Cluster { nodes: &nodes, namespaces: &NamespaceLabels::new() },
+            Cluster { nodes: &nodes, namespaces: &NamespaceLabels::new(), pods: &index_pods(&nodes) },
         );
         assert_eq!(scores[2], 100, "{scores:?}");
         assert!(scores[0] < scores[1] && scores[1] < scores[2], "{scores:?}");
         assert_eq!(scores[3], 0, "a node without the key is not scored: {scores:?}");
+    }
+
+    /// The plugin's counts as they were before the index: every node's Pods read. The filter
+    /// and the scores must agree with what these counts give.
+    fn reference(p: &Pod, nodes: &[NodeInfo]) -> (Vec<Result<(), String>>, Vec<i64>) {
+        let count = |c: &Constraint, node: &NodeInfo| {
+            let Some(selector) = &c.selector else { return 0 };
+            node.pods.iter().filter(|o| o.namespace == namespace(p) && matches(selector, &o.labels)).count() as i64
+        };
+        let filtering = constraints(p, "DoNotSchedule");
+        let state: CycleState = (!filtering.is_empty()).then(|| {
+            let constraints = filtering;
+            let mut domains = vec![HashMap::<String, i64>::new(); constraints.len()];
+            for node in nodes.iter().filter(|n| has_keys(n, &constraints)) {
+                for (c, counts) in constraints.iter().zip(domains.iter_mut()) {
+                    if let Some(value) = node.label(&c.key).filter(|_| c.includes(p, node)) {
+                        *counts.entry(value.to_owned()).or_default() += count(c, node);
+                    }
+                }
+            }
+            let min = |(c, counts): (&Constraint, &HashMap<String, i64>)| {
+                if counts.len() < c.min_domains { 0 } else { counts.values().copied().min().unwrap_or(0) }
+            };
+            let min_match = constraints.iter().zip(&domains).map(min).collect();
+            Box::new(FilterState { constraints, domains, min_match }) as _
+        });
+        let fits = nodes.iter().map(|n| PodTopologySpread.filter(p, &Resources::default(), n, &state));
+        let refs: Vec<&NodeInfo> = nodes.iter().collect();
+        let constraints = super::constraints(p, "ScheduleAnyway");
+        let scores = if constraints.is_empty() {
+            let cluster = Cluster { nodes, namespaces: &NamespaceLabels::new(), pods: &index_pods(nodes) };
+            PodTopologySpread.score_all(p, &Resources::default(), &refs, cluster)
+        } else {
+            let counted: Vec<&NodeInfo> = nodes.iter().filter(|n| has_keys(n, &constraints)).collect();
+            let keys: Vec<(String, i64)> = constraints.iter().map(|c| (c.key.clone(), c.max_skew)).collect();
+            let c = |i: usize, node: &NodeInfo| {
+                if constraints[i].includes(p, node) { count(&constraints[i], node) as f64 } else { 0.0 }
+            };
+            spread_scores(&keys, &counted, &refs, NodeInfo::label, c)
+        };
+        (fits.map(|f| f.map_err(|r| r.join(","))).collect(), scores)
+    }
+
+    #[test]
+    fn the_index_agrees_with_reading_every_pod() {
+        // (seed, nodes, placed Pods)
+        let cases = [(11, 4, 10), (12, 8, 40), (13, 12, 120), (14, 3, 60), (15, 20, 200), (16, 6, 0)];
+        // Every reason and some preference come up, so the cases compare more than empty answers.
+        let (mut reasons, mut scored) = (std::collections::BTreeSet::new(), false);
+        for (seed, node_count, pod_count) in cases {
+            let mut rng = Rng::new(seed + 100);
+            random_snapshots(seed, node_count, pod_count, &mut |step, snapshot| {
+                for i in 0..20 {
+                    let p = testing::pod(&mut rng, "incoming", 0, true);
+                    let cluster = snapshot.cluster();
+                    let state = PodTopologySpread.pre_filter(&p, cluster);
+                    let fits: Vec<_> = cluster
+                        .nodes
+                        .iter()
+                        .map(|n| {
+                            PodTopologySpread.filter(&p, &Resources::default(), n, &state).map_err(|r| r.join(","))
+                        })
+                        .collect();
+                    let refs: Vec<&NodeInfo> = cluster.nodes.iter().collect();
+                    let scores = PodTopologySpread.score_all(&p, &Resources::default(), &refs, cluster);
+                    let want = reference(&p, cluster.nodes);
+                    assert_eq!((fits, scores), want, "seed {seed}, {step}, incoming Pod {i}: {p:?}");
+                    reasons.extend(want.0.into_iter().filter_map(Result::err));
+                    scored |= want.1.iter().any(|s| *s != want.1[0]);
+                }
+            });
+        }
+        let expected: std::collections::BTreeSet<String> = [REASON, REASON_MISSING_LABEL].map(String::from).into();
+        assert_eq!((reasons, scored), (expected, true));
     }
 }

@@ -10,6 +10,13 @@
 //! do moves a RollingUpdate on: old Pods deleted within maxUnavailable (their replacements come
 //! with the next sync), or with maxSurge a new Pod beside the old one, which goes once the new
 //! one is available. OnDelete leaves old Pods until someone deletes them.
+//!
+//! A node's failed daemon Pod is deleted only after its [`backoff`], with a `FailedDaemonPod`
+//! Warning Event, and replaced by the sync after; each template is a ControllerRevision
+//! ([`history`]) whose hash labels the Pods made from it.
+
+pub mod backoff;
+pub mod history;
 
 use crate::{
     Action, Context, ReconcileError, Reconciler,
@@ -17,9 +24,10 @@ use crate::{
     names,
     owner::{controller_ref, controllers_of},
     plan::Op,
-    replicaset::{availability, is_ready, is_terminating, pod_events},
+    replicaset::{availability, is_ready, is_terminating, phase, pod_events},
     runtime::all_of,
 };
+use backoff::Backoff;
 use gitplane_api::events::{NORMAL, WARNING};
 use gitplane_api::nodeaffinity::{pin_to_node, required_matches, target_node};
 use gitplane_api::object::kind_of;
@@ -28,18 +36,24 @@ use gitplane_api::taints::{
     tolerates,
 };
 use gitplane_store::{Event, ObjectKey, informer::Cache};
-use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetStatus};
+pub use history::CONTROLLER_REVISION_HASH;
+use k8s_openapi::api::apps::v1::{ControllerRevision, DaemonSet, DaemonSetStatus};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-pub struct DaemonSetController;
+#[derive(Default)]
+pub struct DaemonSetController {
+    /// When each node's next failed daemon Pod may be deleted (upstream's `failedPodsBackoff`).
+    failed_pods: Mutex<Backoff>,
+}
 
-/// The label that ties a daemon Pod to the template it was made from.
-pub const CONTROLLER_REVISION_HASH: &str = "controller-revision-hash";
+/// The reason of the Warning Event a DaemonSet gets when one of its Pods failed and is deleted.
+pub const FAILED_DAEMON_POD: &str = "FailedDaemonPod";
 
 /// The tolerations upstream adds to every daemon Pod (`AddOrUpdateDaemonPodTolerations`): a
 /// daemon stays on a node that is not ready or unreachable, and lands on nodes under pressure
@@ -101,11 +115,6 @@ pub fn eligibility(spec: &PodSpec, node: &Node) -> Eligibility {
     Eligibility { should_run: stays && !untolerated(NO_SCHEDULE), should_continue_running: stays }
 }
 
-/// The hash of the DaemonSet's template, the `controller-revision-hash` of its current Pods.
-pub fn template_hash(ds: &DaemonSet) -> String {
-    names::hash(&ds.spec.as_ref().map(|s| serde_json::to_vec(&s.template).unwrap_or_default()).unwrap_or_default())
-}
-
 fn is_updated(pod: &Pod, hash: &str) -> bool {
     pod.metadata.labels.as_ref().and_then(|l| l.get(CONTROLLER_REVISION_HASH)).is_some_and(|h| h == hash)
 }
@@ -123,14 +132,18 @@ fn oldest_first(pods: &mut [&Pod]) {
     });
 }
 
-/// What the controller sees: the DaemonSet, the nodes, its Pods, and the time.
+/// What the controller sees: the DaemonSet, its current revision's hash, the nodes, its Pods,
+/// and the time.
 pub struct View<'a> {
     pub ds: &'a DaemonSet,
+    pub hash: &'a str,
     pub nodes: &'a [Node],
     pub owned: &'a [Pod],
     pub now: Timestamp,
     /// What its PodDisruptionBudgets allow (`None`: no budget covers its Pods).
     pub disruptions: Option<&'a Allowance>,
+    /// The nodes whose failed Pod waits out its back-off, and for how long still.
+    pub backing_off: &'a BTreeMap<String, Duration>,
 }
 
 impl View<'_> {
@@ -183,36 +196,70 @@ fn is_zero(value: &IntOrString) -> bool {
     }
 }
 
+/// What a sync decides.
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    pub pods: Vec<Op<Pod>>,
+    /// The failed Pods among the deletes, by node: each restarts its node's back-off and is
+    /// told in a `FailedDaemonPod` Event.
+    pub failed: Vec<(String, Pod)>,
+    /// When the first failed Pod held by its back-off may go.
+    pub retry_after: Option<Duration>,
+}
+
 /// The writes that bring the DaemonSet's Pods to what its nodes should run, then, if there is
 /// nothing of that to do, one step of its RollingUpdate.
-pub fn plan(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
-    let ops = manage(view)?;
-    if !ops.is_empty() || view.rolling_update().is_none() {
-        return Ok(ops);
+pub fn plan(view: &View<'_>) -> Result<Plan, ReconcileError> {
+    let mut plan = manage(view)?;
+    if plan.pods.is_empty() && view.rolling_update().is_some() {
+        plan.pods = rolling_update(view)?;
     }
-    rolling_update(view)
+    Ok(plan)
 }
 
 /// Each node to what it should hold (upstream's `podsShouldBeOnNode`).
-fn manage(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
-    let hash = template_hash(view.ds);
+fn manage(view: &View<'_>) -> Result<Plan, ReconcileError> {
     let surge = view.surge_allowed();
-    let mut ops = Vec::new();
+    let mut plan = Plan::default();
+    let ops = &mut plan.pods;
     for (node, (eligible, pods)) in view.by_node()? {
-        // A terminating Pod is already going: not deleted again, and while it is, the node gets
-        // no new Pod (upstream's `exists`), so two never run there at once.
-        let terminating = pods.iter().any(|p| is_terminating(p));
+        // Any Pod there, even one terminating or failed, means no new one yet (upstream's
+        // `exists`): two never run at once, and a failed Pod is replaced only once it is
+        // deleted, which its back-off paces.
+        let exists = !pods.is_empty();
         let pods = pods.into_iter().filter(|p| !is_terminating(p));
         if !eligible.should_continue_running {
             ops.extend(pods.map(|p| Op::Delete(p.clone())));
             continue;
         }
-        let (finished, mut running): (Vec<&Pod>, Vec<&Pod>) = pods.partition(|p| is_finished(p));
-        ops.extend(finished.into_iter().map(|p| Op::Delete(p.clone())));
-        if running.is_empty() {
-            if eligible.should_run && !terminating {
-                ops.push(Op::Create(new_pod(view.ds, &node, &hash)?));
+        if !exists {
+            if eligible.should_run {
+                ops.push(Op::Create(new_pod(view.ds, &node, view.hash)?));
             }
+            continue;
+        }
+        let mut running = Vec::new();
+        let mut held = view.backing_off.get(&node).copied();
+        for pod in pods {
+            match phase(pod) {
+                "Failed" => match held {
+                    Some(wait) => {
+                        // After one deletion the node's others wait for the next back-off.
+                        if !wait.is_zero() {
+                            plan.retry_after = Some(plan.retry_after.map_or(wait, |r| r.min(wait)));
+                        }
+                    }
+                    None => {
+                        ops.push(Op::Delete(pod.clone()));
+                        plan.failed.push((node.clone(), pod.clone()));
+                        held = Some(Duration::ZERO);
+                    }
+                },
+                "Succeeded" => ops.push(Op::Delete(pod.clone())),
+                _ => running.push(pod),
+            }
+        }
+        if running.is_empty() {
             continue;
         }
         oldest_first(&mut running);
@@ -223,7 +270,7 @@ fn manage(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
         // With surge, an old Pod may stay beside the oldest new one until that one is available.
         let (mut new, mut old): (Option<&Pod>, Option<&Pod>) = (None, None);
         for pod in running {
-            let slot = if is_updated(pod, &hash) { &mut new } else { &mut old };
+            let slot = if is_updated(pod, view.hash) { &mut new } else { &mut old };
             match slot {
                 None => *slot = Some(pod),
                 Some(_) => ops.push(Op::Delete(pod.clone())),
@@ -235,7 +282,7 @@ fn manage(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
             ops.push(Op::Delete(old.clone()));
         }
     }
-    Ok(ops)
+    Ok(plan)
 }
 
 /// maxSurge and maxUnavailable as Pod counts of `desired` nodes, both rounded up; both zero
@@ -269,7 +316,7 @@ fn fenceposts(view: &View<'_>, desired: i32) -> Result<(i32, i32), ReconcileErro
 /// PodDisruptionBudgets that cover them, unavailable ones as their unhealthyPodEvictionPolicy
 /// lets them.
 fn rolling_update(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
-    let hash = template_hash(view.ds);
+    let hash = view.hash;
     let nodes: Vec<(String, Vec<&Pod>)> =
         view.by_node()?.into_iter().filter(|(_, (e, _))| e.should_run).map(|(n, (_, pods))| (n, pods)).collect();
     let desired = i32::try_from(nodes.len()).unwrap_or(i32::MAX);
@@ -281,7 +328,7 @@ fn rolling_update(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
         let mut unavailable = 0;
         let mut candidates = Vec::new();
         for (_, pods) in &nodes {
-            match updated_and_old(pods, &hash) {
+            match updated_and_old(pods, hash) {
                 None | Some((None, None)) | Some((Some(_), Some(_))) => unavailable += 1,
                 Some((Some(new), None)) => unavailable += i32::from(!view.available(new)),
                 Some((None, Some(old))) if !view.available(old) => {
@@ -300,7 +347,7 @@ fn rolling_update(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
     let mut surging = 0;
     let (mut replace_now, mut candidates) = (Vec::new(), Vec::new());
     for (node, pods) in &nodes {
-        match updated_and_old(pods, &hash) {
+        match updated_and_old(pods, hash) {
             None => surging += 1,
             Some((_, None)) => {}
             Some((None, Some(old))) if !view.available(old) => replace_now.push(node.as_str()),
@@ -315,7 +362,7 @@ fn rolling_update(view: &View<'_>) -> Result<Vec<Op<Pod>>, ReconcileError> {
     }
     let room = (max_surge - surging).max(0) as usize;
     for node in replace_now.into_iter().chain(candidates.into_iter().take(room)) {
-        ops.push(Op::Create(new_pod(view.ds, node, &hash)?));
+        ops.push(Op::Create(new_pod(view.ds, node, hash)?));
     }
     Ok(ops)
 }
@@ -360,7 +407,7 @@ fn new_pod(ds: &DaemonSet, node: &str, hash: &str) -> Result<Pod, ReconcileError
 /// should not run one as misscheduled. Also when the next Pod becomes available, if one waits
 /// for minReadySeconds.
 pub fn status(view: &View<'_>) -> Result<(DaemonSetStatus, Option<Timestamp>), ReconcileError> {
-    let hash = template_hash(view.ds);
+    let hash = view.hash;
     let mut status = DaemonSetStatus { observed_generation: view.ds.metadata.generation, ..Default::default() };
     let (mut ready, mut available, mut updated) = (0, 0, 0);
     let mut next: Option<Timestamp> = None;
@@ -384,7 +431,7 @@ pub fn status(view: &View<'_>) -> Result<(DaemonSetStatus, Option<Timestamp>), R
             }
             Err(None) => {}
         }
-        updated += i32::from(is_updated(pod, &hash));
+        updated += i32::from(is_updated(pod, hash));
     }
     status.number_ready = ready;
     status.number_available = Some(available);
@@ -402,7 +449,7 @@ impl Reconciler for DaemonSetController {
     fn keys_for(&self, event: &Event, cache: &Cache) -> Vec<ObjectKey> {
         if event.key.kind == kind_of::<DaemonSet>() {
             vec![event.key.clone()]
-        } else if event.key.kind == kind_of::<Pod>() {
+        } else if event.key.kind == kind_of::<Pod>() || event.key.kind == kind_of::<ControllerRevision>() {
             controllers_of::<DaemonSet>(event)
         } else if event.key.kind == kind_of::<Node>() {
             // A node that comes, goes or changes its labels or taints may change where every
@@ -425,14 +472,42 @@ impl Reconciler for DaemonSetController {
         let nodes: Vec<Node> = ctx.cache().list_typed(None);
         let owned = |cache: &Cache| -> Vec<Pod> { cache.controlled_by::<Pod>(&key.namespace, &uid) };
         let before = owned(ctx.cache());
+        let revisions = ctx.cache().controlled_by::<ControllerRevision>(&key.namespace, &uid);
+        let taken = |name: &str| {
+            ctx.cache().get(&ObjectKey::new(kind_of::<ControllerRevision>(), &key.namespace, name)).is_some()
+        };
+        let history = history::plan(&ds, &revisions, taken, &before)?;
+        let clock = Instant::now();
+        let backing_off = self.backing_off(&ds, &before, clock);
         let allowance = disruption::disruptions_allowed(ctx.cache(), &before);
-        let view =
-            View { ds: &ds, nodes: &nodes, owned: &before, now: Timestamp::now(), disruptions: allowance.as_ref() };
-        let ops = plan(&view)?;
+        let view = View {
+            ds: &ds,
+            hash: &history.hash,
+            nodes: &nodes,
+            owned: &before,
+            now: Timestamp::now(),
+            disruptions: allowance.as_ref(),
+            backing_off: &backing_off,
+        };
+        let decided = plan(&view)?;
         if let Some(held) = &allowance
-            && plan(&View { disruptions: None, ..view }).is_ok_and(|free| free != ops)
+            && plan(&View { disruptions: None, ..view }).is_ok_and(|free| free.pods != decided.pods)
         {
             ctx.event("daemonset-controller", &ds, WARNING, disruption::HELD, &held.refusal);
+        }
+        if !history.ops.is_empty() {
+            ctx.apply(history.ops).await?;
+        }
+        let Plan { pods: ops, failed, retry_after } = decided;
+        if !failed.is_empty() {
+            let mut backoff = self.failed_pods.lock().unwrap_or_else(PoisonError::into_inner);
+            for (node, pod) in &failed {
+                backoff.next(&Backoff::key(&ds, node), clock);
+                let name = pod.metadata.name.as_deref().unwrap_or_default();
+                let message =
+                    format!("Found failed daemon pod {}/{name} on node {node}, will try to kill it", key.namespace);
+                ctx.event("daemonset-controller", &ds, WARNING, FAILED_DAEMON_POD, &message);
+            }
         }
         if !ops.is_empty() {
             let creating = ops.iter().filter(|op| matches!(op, Op::Create(_))).count();
@@ -447,18 +522,34 @@ impl Reconciler for DaemonSetController {
         let after = owned(ctx.cache());
         let now = Timestamp::now();
         let view = View { owned: &after, now, ..view };
-        let (status, next) = status(&view)?;
+        let (mut status, next) = status(&view)?;
+        let counted = ds.status.as_ref().and_then(|s| s.collision_count).is_some();
+        status.collision_count = (counted || history.collision_count > 0).then_some(history.collision_count);
         if ds.status.as_ref() != Some(&status) {
             let mut updated = ds.clone();
             updated.status = Some(status);
             ctx.update_status(&updated).await?;
         }
-        Ok(match next {
-            Some(at) => Action::requeue(
-                Duration::try_from(at.duration_since(now)).unwrap_or_default() + Duration::from_millis(100),
-            ),
+        let available =
+            next.map(|at| Duration::try_from(at.duration_since(now)).unwrap_or_default() + Duration::from_millis(100));
+        Ok(match available.into_iter().chain(retry_after).min() {
+            Some(after) => Action::requeue(after),
             None => Action::await_change(),
         })
+    }
+}
+
+impl DaemonSetController {
+    /// The nodes whose failed Pod of `ds` waits out its back-off at `clock`, and how much
+    /// longer; expired back-offs are forgotten on the way.
+    fn backing_off(&self, ds: &DaemonSet, pods: &[Pod], clock: Instant) -> BTreeMap<String, Duration> {
+        let mut backoff = self.failed_pods.lock().unwrap_or_else(PoisonError::into_inner);
+        backoff.gc(clock);
+        pods.iter()
+            .filter(|p| phase(p) == "Failed")
+            .filter_map(target_node)
+            .filter_map(|node| Some((node.to_owned(), backoff.remaining(&Backoff::key(ds, node), clock)?)))
+            .collect()
     }
 }
 
@@ -524,10 +615,15 @@ mod tests {
         }
     }
 
+    /// The hash of the DaemonSet's current revision.
+    fn hash_of(ds: &DaemonSet) -> String {
+        history::plan(ds, &[], |_| false, &[]).unwrap().hash
+    }
+
     /// A daemon Pod `name` on `node` (bound), of the current template or an old one, ready or
     /// not, created at second `created`.
     fn pod(ds: &DaemonSet, name: &str, node: &str, current: bool, ready: bool, created: i64) -> Pod {
-        let hash = if current { template_hash(ds) } else { "old".to_owned() };
+        let hash = if current { hash_of(ds) } else { "old".to_owned() };
         let mut pod = new_pod(ds, node, &hash).unwrap();
         pod.metadata.name = Some(name.into());
         pod.metadata.resource_version = Some("5".into());
@@ -540,6 +636,12 @@ mod tests {
                                 "lastTransitionTime": "1970-01-01T00:00:00Z"}]}))
             .unwrap(),
         );
+        pod
+    }
+
+    /// `pod`, failed.
+    fn failed(mut pod: Pod) -> Pod {
+        pod.status.as_mut().unwrap().phase = Some("Failed".into());
         pod
     }
 
@@ -586,9 +688,11 @@ mod tests {
              |d| vec![pod(d, "pa", "a", true, true, 1), pod(d, "pb", "b", true, true, 1)], None, &["delete pb"]),
             ("extras go, the oldest stays", default.clone(), nodes(&["a"]),
              |d| vec![pod(d, "new", "a", true, true, 2), pod(d, "old", "a", true, true, 1)], None, &["delete new"]),
-            ("a failed Pod is replaced", default.clone(), nodes(&["a"]),
-             |d| { let mut p = pod(d, "pa", "a", true, false, 1); p.status.as_mut().unwrap().phase = Some("Failed".into()); vec![p] },
-             None, &["delete pa", "create on a"]),
+            ("a failed Pod goes; its replacement comes with the next sync", default.clone(), nodes(&["a"]),
+             |d| vec![failed(pod(d, "pa", "a", true, false, 1))], None, &["delete pa"]),
+            ("a succeeded one too", default.clone(), nodes(&["a"]),
+             |d| { let mut p = pod(d, "pa", "a", true, false, 1); p.status.as_mut().unwrap().phase = Some("Succeeded".into()); vec![p] },
+             None, &["delete pa"]),
             ("steady", default.clone(), nodes(&["a"]), |d| vec![pod(d, "pa", "a", true, true, 1)], None, &[]),
             ("a terminating Pod: no second one on its node until it is gone", default.clone(), nodes(&["a"]),
              |d| vec![terminating(pod(d, "pa", "a", true, true, 1))], None, &[]),
@@ -651,9 +755,74 @@ mod tests {
             let owned = pods(&ds);
             let allowance =
                 allowed.map(|(healthy, unhealthy)| Allowance { healthy, unhealthy, refusal: String::new() });
-            let view =
-                View { ds: &ds, nodes: &nodes, owned: &owned, now: Timestamp::now(), disruptions: allowance.as_ref() };
-            assert_eq!(describe(&plan(&view).unwrap()), expected, "{what}");
+            let view = View {
+                ds: &ds,
+                hash: &hash_of(&ds),
+                nodes: &nodes,
+                owned: &owned,
+                now: Timestamp::now(),
+                disruptions: allowance.as_ref(),
+                backing_off: &BTreeMap::new(),
+            };
+            assert_eq!(describe(&plan(&view).unwrap().pods), expected, "{what}");
+        }
+    }
+
+    /// (what, the DaemonSet's Pods, the nodes backing off and for how many seconds still, the
+    /// plan in words, the nodes told of a failed Pod, the retry in seconds)
+    type FailedCase =
+        (&'static str, Pods, Vec<(&'static str, u64)>, &'static [&'static str], &'static [&'static str], Option<u64>);
+
+    #[test]
+    fn failed_pods_table() {
+        let two = nodes(&["a", "b"]);
+        #[rustfmt::skip]
+        let cases: Vec<FailedCase> = vec![
+            ("no back-off yet: deleted, and told", |d| vec![failed(pod(d, "pa", "a", true, false, 1)), pod(d, "pb", "b", true, true, 1)],
+             vec![], &["delete pa"], &["a"], None),
+            ("backing off: it stays, no Pod beside it, a retry when the back-off ends",
+             |d| vec![failed(pod(d, "pa", "a", true, false, 1)), pod(d, "pb", "b", true, true, 1)],
+             vec![("a", 4)], &[], &[], Some(4)),
+            ("only the node backing off waits",
+             |d| vec![failed(pod(d, "pa", "a", true, false, 1)), failed(pod(d, "pb", "b", true, false, 1))],
+             vec![("a", 8), ("b", 2)], &[], &[], Some(2)),
+            ("... the other's goes", |d| vec![failed(pod(d, "pa", "a", true, false, 1)), failed(pod(d, "pb", "b", true, false, 1))],
+             vec![("a", 8)], &["delete pb"], &["b"], Some(8)),
+            ("two failed on one node: one goes, the other waits for the back-off that starts",
+             |d| vec![failed(pod(d, "pa", "a", true, false, 1)), failed(pod(d, "pa2", "a", true, false, 2)), pod(d, "pb", "b", true, true, 1)],
+             vec![], &["delete pa"], &["a"], None),
+            ("a failed Pod beside a running one goes (and the running one stays)",
+             |d| vec![failed(pod(d, "pa", "a", true, false, 1)), pod(d, "pa2", "a", true, true, 2), pod(d, "pb", "b", true, true, 1)],
+             vec![], &["delete pa"], &["a"], None),
+            ("a failed Pod on a node that should not run one goes at once",
+             |d| vec![pod(d, "pa", "a", true, true, 1), pod(d, "pb", "b", true, true, 1), failed(pod(d, "pc", "c", true, false, 1))],
+             vec![("c", 60)], &["delete pc"], &[], None),
+            ("a terminating failed Pod: nothing until it is gone",
+             |d| vec![terminating(failed(pod(d, "pa", "a", true, false, 1))), pod(d, "pb", "b", true, true, 1)],
+             vec![], &[], &[], None),
+            ("a failed Pod backing off counts as unavailable: the rollout waits",
+             |d| vec![failed(pod(d, "pa", "a", false, false, 1)), pod(d, "pb", "b", false, true, 1)],
+             vec![("a", 4)], &[], &[], Some(4)),
+        ];
+        for (what, pods, backing_off, expected, told, retry) in cases {
+            let ds = daemon_set(json!({}), json!({}));
+            let owned = pods(&ds);
+            let backing_off: BTreeMap<String, Duration> =
+                backing_off.into_iter().map(|(n, s)| (n.to_owned(), Duration::from_secs(s))).collect();
+            let view = View {
+                ds: &ds,
+                hash: &hash_of(&ds),
+                nodes: &two,
+                owned: &owned,
+                now: Timestamp::now(),
+                disruptions: None,
+                backing_off: &backing_off,
+            };
+            let plan = plan(&view).unwrap();
+            assert_eq!(describe(&plan.pods), expected, "{what}");
+            let nodes: Vec<&str> = plan.failed.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(nodes, told, "{what}");
+            assert_eq!(plan.retry_after, retry.map(Duration::from_secs), "{what}");
         }
     }
 
@@ -673,16 +842,26 @@ mod tests {
         assert!(
             plan(&View {
                 ds: &DaemonSet::default(),
+                hash: "h",
                 nodes: &nodes(&["a"]),
                 owned: &[],
                 now: Timestamp::now(),
-                disruptions: None
+                disruptions: None,
+                backing_off: &BTreeMap::new(),
             })
             .is_err()
         );
         let bad = daemon_set(json!({}), rolling(json!("lots"), json!(0)));
         let (owned, one) = ([pod_of(&bad)], nodes(&["a"]));
-        let view = View { ds: &bad, nodes: &one, owned: &owned, now: Timestamp::now(), disruptions: None };
+        let view = View {
+            ds: &bad,
+            hash: &hash_of(&bad),
+            nodes: &one,
+            owned: &owned,
+            now: Timestamp::now(),
+            disruptions: None,
+            backing_off: &BTreeMap::new(),
+        };
         assert!(plan(&view).unwrap_err().to_string().contains("maxSurge \"lots\" is neither"));
     }
 
@@ -709,7 +888,16 @@ mod tests {
             pod(&ds, "pe", "e", true, true, 4),
         ];
         let now = Timestamp::from_second(100).unwrap();
-        let view = View { ds: &ds, nodes: &nodes, owned: &owned, now, disruptions: None };
+        let hash = hash_of(&ds);
+        let view = View {
+            ds: &ds,
+            hash: &hash,
+            nodes: &nodes,
+            owned: &owned,
+            now,
+            disruptions: None,
+            backing_off: &BTreeMap::new(),
+        };
         let (status, next) = status(&view).unwrap();
         assert_eq!(
             (
