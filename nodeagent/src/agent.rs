@@ -53,9 +53,8 @@ pub struct AgentConfig {
     pub cni_data_dir: PathBuf,
     /// The Linux bridge the Pods attach to.
     pub bridge: String,
-    /// The cluster's Pod range (every podCIDR lies in it) and Service range: Pod traffic to
-    /// them is not masqueraded.
-    pub cluster_cidr: Ipv4Cidr,
+    /// The cluster's Service range: Pod traffic to it is not masqueraded (nor to the cluster's
+    /// Pod range, which registration tells).
     pub service_cidr: Ipv4Cidr,
     /// Which rules program Services (kube-proxy's `--proxy-mode`).
     pub proxy_backend: proxy::Backend,
@@ -110,7 +109,6 @@ impl AgentConfig {
             cni_conf_dir: PathBuf::from("/etc/gitplane/cni/net.d"),
             cni_data_dir: PathBuf::from("/var/lib/gitplane/cni"),
             bridge: "gitplane0".into(),
-            cluster_cidr: Ipv4Cidr::CLUSTER_DEFAULT,
             service_cidr: Ipv4Cidr::SERVICE_DEFAULT,
             proxy_backend: proxy::Backend::Nftables,
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
@@ -151,6 +149,8 @@ pub enum AgentError {
     Cni(#[from] cni::CniError),
     #[error("the podCIDR the control plane gave: {0}")]
     PodCidr(#[source] CidrError),
+    #[error("the cluster Pod range the control plane gave: {0}")]
+    ClusterCidr(#[source] CidrError),
     #[error("the node's Pod network: {0}")]
     PodNetwork(#[from] crate::network::routes::StartError),
     #[error("the node's address {0:?} is not an IPv4 address")]
@@ -177,10 +177,15 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         crate::kubelet::containerd::write_registry_hosts(dir, &cfg.runtime.registries)
             .map_err(|source| AgentError::RegistryHosts { dir: dir.clone(), source })?;
     }
-    let Some(Registered { pod_cidr, client, client_pair, serving, certificate_authority }) =
+    let Some(Registered { pod_cidr, cluster_cidr, client, client_pair, serving, certificate_authority }) =
         register(&cfg, &runtime_version, None, &mut shutdown).await?
     else {
         return Ok(());
+    };
+    // Control planes that send none had only the default range.
+    let cluster_cidr = match cluster_cidr.as_str() {
+        "" => Ipv4Cidr::CLUSTER_DEFAULT,
+        text => text.parse().map_err(AgentError::ClusterCidr)?,
     };
     let conflist = cni::write_conflist(&cfg.cni_conf_dir, "gitplane", &cfg.bridge, &pod_cidr, &cfg.cni_data_dir)?;
     tracing::info!(node = %cfg.node_name, %pod_cidr, conflist = %conflist.display(), "node registered");
@@ -188,7 +193,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
         PodNetwork::start(PodNetworkConfig {
             node_name: cfg.node_name.clone(),
             pod_cidr: pod_cidr.parse().map_err(AgentError::PodCidr)?,
-            cluster_cidr: cfg.cluster_cidr,
+            cluster_cidr,
             service_cidr: cfg.service_cidr,
         })
         .await?,
@@ -204,7 +209,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let dns = Dns::new(
         ZoneConfig {
             domain: cfg.runtime.cluster_domain.clone(),
-            pod_cidrs: vec![ipnet::Ipv4Net::from(cfg.cluster_cidr).into()],
+            pod_cidrs: vec![ipnet::Ipv4Net::from(cluster_cidr).into()],
             service_cidrs: vec![ipnet::Ipv4Net::from(cfg.service_cidr).into()],
             nameservers: vec![cluster_dns.into()],
             ..ZoneConfig::default()
@@ -216,7 +221,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     // Names outside the cluster are resolved for the Pods and the node only (a query the node
     // sends to cluster DNS's address comes from that address); cluster names for anyone.
     let mut allow_recursion = dns::server::loopback();
-    allow_recursion.push(ipnet::Ipv4Net::from(cfg.cluster_cidr).into());
+    allow_recursion.push(ipnet::Ipv4Net::from(cluster_cidr).into());
     allow_recursion.extend(
         node_ips(&cfg)?.into_iter().chain([cluster_dns]).map(|ip| ipnet::IpNet::from(std::net::IpAddr::V4(ip))),
     );
@@ -328,7 +333,7 @@ pub async fn run(cfg: AgentConfig, mut shutdown: watch::Receiver<bool>) -> Resul
     let node_context = NodeContext {
         node_name: cfg.node_name.clone(),
         node_ips: node_ips(&cfg)?,
-        cluster_cidr: cfg.cluster_cidr,
+        cluster_cidr,
         service_cidr: cfg.service_cidr,
     };
     tasks.restarting("Service proxy", AtStop::Await, {
@@ -494,6 +499,8 @@ fn kubelet_ip(cfg: &AgentConfig) -> Result<std::net::IpAddr, AgentError> {
 /// What registration gave the node.
 pub(crate) struct Registered {
     pub pod_cidr: String,
+    /// The cluster Pod range (empty from control planes before it was configurable).
+    pub cluster_cidr: String,
     /// The node service's clients from now on (showing the node's new client certificate).
     pub client: Servers,
     pub client_pair: Option<KeyAndCertificate>,
@@ -538,8 +545,10 @@ pub(crate) async fn register(
                     Ok((client_pair, serving)) => {
                         let client = Servers::connect(&cfg.servers, token, ca, client_pair.as_ref(), shared)?;
                         let certificate_authority = r.certificate_authority;
-                        let pod_cidr = r.pod_cidr;
-                        return Ok(Some(Registered { pod_cidr, client, client_pair, serving, certificate_authority }));
+                        let (pod_cidr, cluster_cidr) = (r.pod_cidr, r.cluster_cidr);
+                        let registered =
+                            Registered { pod_cidr, cluster_cidr, client, client_pair, serving, certificate_authority };
+                        return Ok(Some(registered));
                     }
                     Err(e) => tracing::error!(error = %e, "keeping what registration returned failed, retrying"),
                 }

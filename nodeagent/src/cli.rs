@@ -37,9 +37,6 @@ pub struct AgentArgs {
     /// The bridge Pods attach to.
     #[arg(long, default_value = "gitplane0")]
     pub bridge: String,
-    /// The cluster's Pod range: every node's podCIDR lies in it.
-    #[arg(long, default_value_t = Ipv4Cidr::CLUSTER_DEFAULT)]
-    pub cluster_cidr: Ipv4Cidr,
     /// The cluster's Service range (the control plane's `--service-cidr`).
     #[arg(long, default_value_t = Ipv4Cidr::SERVICE_DEFAULT)]
     pub service_cidr: Ipv4Cidr,
@@ -166,7 +163,6 @@ impl AgentArgs {
         cfg.cni_conf_dir = self.cni_conf_dir;
         cfg.cni_data_dir = self.cni_data_dir;
         cfg.bridge = self.bridge;
-        cfg.cluster_cidr = self.cluster_cidr;
         cfg.service_cidr = self.service_cidr;
         cfg.proxy_backend = self.proxy_mode;
         cfg.resolv_conf = self.resolv_conf;

@@ -1,17 +1,22 @@
 //! 100 hollow nodes (`gitplane agent --hollow`) beside the real `gitplane up --nodes 1`, whose
 //! one real node is tainted so that the Deployment's Pods go to the hollow ones: every hollow
-//! node registers through the node service and is Ready in kubectl; a Lease renewal leaves the
-//! Node object as it was; a Deployment of 300 replicas pushed to Git runs Running and Ready over
-//! the nodes, each Pod with an address of its node's podCIDR. Then the process holding 20 of
-//! the nodes stops: they become NotReady once the grace period passes
-//! (`--node-monitor-grace-period=12s` here), and their Pods, which tolerate that for 2 s
-//! (`--default-unreachable-toleration-seconds=2`), are made anew on the other 80.
+//! node registers through the node service and is Ready in kubectl, each with its own /26 of the
+//! cluster's `--cluster-cidr`; a Lease renewal leaves the Node object as it was; a Deployment of
+//! 300 replicas pushed to Git runs Running and Ready over the nodes, each Pod with an address of
+//! its node's podCIDR. Then the process holding 20 of the nodes stops: they become NotReady once
+//! the grace period passes (`--node-monitor-grace-period=12s` here), and their Pods, which
+//! tolerate that for 2 s (`--default-unreachable-toleration-seconds=2`), are made anew on the
+//! other 80. A deleted Node's podCIDR is released (its record deleted).
 
 use anyhow::{Context, Result, ensure};
+use gitplane_api::ObjectKey;
 use gitplane_e2e::{LocalCluster, Worktree, manifests, require_root, wait_for};
+use gitplane_storage::remote::{PeerToken, RemoteStore};
+use gitplane_store::{Op, Store};
 use serde_json::Value;
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
     os::unix::process::CommandExt as _,
     path::Path,
     process::{Child, Command, Stdio},
@@ -124,10 +129,16 @@ fn pod_cidrs(cluster: &LocalCluster) -> Result<BTreeMap<String, String>> {
         .collect())
 }
 
-/// Whether `ip` lies in the /24 `cidr` (the control plane gives each node a /24).
-fn in_slash_24(ip: &str, cidr: &str) -> bool {
-    let prefix = cidr.trim_end_matches("0/24");
-    cidr.ends_with(".0/24") && ip.starts_with(prefix) && ip.len() > prefix.len()
+/// Whether `ip` lies in `cidr`.
+fn within(ip: &str, cidr: &str) -> bool {
+    let Some((network, prefix)) = cidr.split_once('/') else { return false };
+    let (Ok(network), Ok(prefix), Ok(ip)) =
+        (network.parse::<Ipv4Addr>(), prefix.parse::<u32>(), ip.parse::<Ipv4Addr>())
+    else {
+        return false;
+    };
+    let mask = u32::MAX.checked_shl(32 - prefix.min(32)).unwrap_or(0);
+    u32::from(network) & mask == u32::from(ip) & mask
 }
 
 fn kubectl_ready_nodes(cluster: &LocalCluster, kubectl_dir: &Path) -> Result<BTreeSet<String>> {
@@ -153,6 +164,8 @@ async fn t101_hollow_nodes_register_run_a_deployment_and_go_not_ready_when_stopp
     let flags = [
         "--node-monitor-grace-period=12s",
         "--default-unreachable-toleration-seconds=2",
+        "--cluster-cidr=10.240.0.0/16",
+        "--node-cidr-mask-size=26",
         "--agent-arg=--register-with-taints=gitplane.io/real-node=true:NoSchedule",
     ];
     let cluster = tokio::task::block_in_place(|| LocalCluster::up_with("gp101", 1, &flags))?;
@@ -172,6 +185,16 @@ async fn t101_hollow_nodes_register_run_a_deployment_and_go_not_ready_when_stopp
         format!("hollow nodes not Ready: {:?}\n{}\n{}", readiness(&cluster), kept.log_tail(), stopped.log_tail())
     })?;
     println!("100 hollow nodes Ready in kubectl {:.1} s after they started", started.elapsed().as_secs_f64());
+    // Each its own /26 of the cluster range, the real node's too.
+    let cidrs = pod_cidrs(&cluster)?;
+    let distinct: BTreeSet<&String> = cidrs.values().collect();
+    ensure!(distinct.len() == cidrs.len() && cidrs.len() == 101, "podCIDRs not one per node: {cidrs:?}");
+    for (node, cidr) in &cidrs {
+        ensure!(
+            cidr.ends_with("/26") && within(cidr.split('/').next().unwrap_or_default(), "10.240.0.0/16"),
+            "{node}'s podCIDR {cidr} is not a /26 of 10.240.0.0/16"
+        );
+    }
 
     // Lease renewals write the Lease alone: the Node keeps its resourceVersion.
     let node = format!("{kept_base}-1");
@@ -216,7 +239,7 @@ async fn t101_hollow_nodes_register_run_a_deployment_and_go_not_ready_when_stopp
     ensure!(ips.len() == REPLICAS, "Pod IPs are not unique: {} for {REPLICAS} Pods", ips.len());
     for (name, node, ip) in &pods {
         let cidr = cidrs.get(node).map(String::as_str).unwrap_or_default();
-        ensure!(in_slash_24(ip, cidr), "{name}'s IP {ip} is not in {node}'s podCIDR {cidr:?}");
+        ensure!(within(ip, cidr), "{name}'s IP {ip} is not in {node}'s podCIDR {cidr:?}");
     }
 
     // 20 nodes stop: NotReady after the grace period, their Pods made anew on the others.
@@ -245,6 +268,27 @@ async fn t101_hollow_nodes_register_run_a_deployment_and_go_not_ready_when_stopp
     })
     .with_context(|| format!("the stopped nodes' Pods never moved: {:?}", ready_pods(&cluster).map(|p| p.len())))?;
     println!("{moved} Pods of the stopped nodes ran elsewhere {:.1} s after", stop.elapsed().as_secs_f64());
+
+    // A stopped node's Node deleted: its podCIDR's record goes with it.
+    let gone = format!("{stopped_base}-1");
+    let record = format!("pod-cidr-{}", cidrs[&gone].replace('/', "-"));
+    let records = || -> Result<BTreeMap<String, String>> {
+        let list = cluster.get("/api/v1/namespaces/kube-system/configmaps?labelSelector=gitplane.io%2Fpod-cidr")?;
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        Ok(items
+            .iter()
+            .filter_map(|c| Some((c["metadata"]["name"].as_str()?.into(), c["data"]["node"].as_str()?.into())))
+            .collect())
+    };
+    ensure!(records()?.get(&record) == Some(&gone), "no record {record} of {gone}: {:?}", records());
+    let token = std::fs::read_to_string(cluster.data_dir.join("peer-token"))?;
+    let store = RemoteStore::with_token(&[format!("http://{}", cluster.listen)], PeerToken::new(token.trim())?)?;
+    store.txn(vec![Op::Delete { key: ObjectKey::new("Node", "", &gone), revision: None }]).await?;
+    tokio::task::block_in_place(|| {
+        wait_for(DEADLINE, || records().ok().filter(|r| !r.contains_key(&record) && r.len() == 100).map(|_| ()))
+    })
+    .with_context(|| format!("{gone}'s podCIDR record {record} outlived its Node"))?;
+    println!("{gone}'s podCIDR released");
     drop(kept);
     tokio::task::block_in_place(|| cluster.stop_within(Duration::from_secs(20)))?;
     Ok(())

@@ -1,5 +1,6 @@
 //! Pod to Pod across hosts, on `gitplane up --nodes 3` (three network-namespace hosts on a
-//! bridge, each with its own containerd and agent): a Deployment spread over the three; a Pod on
+//! bridge, each with its own containerd and agent) with a cluster Pod range other than the
+//! default, which the agents learn at registration: a Deployment spread over the three; a Pod on
 //! one node reaches the Pods on the other two by pod IP, and they see its own address (no NAT);
 //! its traffic to the control plane, outside the cluster's ranges, is masqueraded; every node
 //! routes each other node's podCIDR through that node's address, and the machine's own
@@ -96,6 +97,9 @@ fn routes_in(netns: &str) -> Result<BTreeSet<(String, String)>> {
         .collect())
 }
 
+/// The cluster's Pod range: not the default, which the agents would assume.
+const CLUSTER_CIDR: &str = "10.246.0.0/16";
+
 /// The routes node `me` should have: every other node's podCIDR through its address.
 fn expected_routes(me: &str, nodes: &BTreeMap<String, (Ipv4Cidr, Ipv4Addr)>) -> BTreeSet<(String, String)> {
     nodes.iter().filter(|(name, _)| *name != me).map(|(_, (cidr, ip))| (cidr.to_string(), ip.to_string())).collect()
@@ -109,7 +113,7 @@ fn fetch(cluster: &LocalCluster, pod: &RunningPod, url: &str) -> Result<String> 
 /// The machine's own routes into the Pod or Service range (the nodes must add none).
 fn machine_routes_into_cluster_ranges() -> Result<Vec<String>> {
     let out = Command::new("ip").args(["-4", "route", "show", "table", "all"]).output()?;
-    let ranges = [Ipv4Cidr::CLUSTER_DEFAULT, Ipv4Cidr::SERVICE_DEFAULT];
+    let ranges = [CLUSTER_CIDR.parse::<Ipv4Cidr>()?, Ipv4Cidr::SERVICE_DEFAULT];
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|line| {
@@ -126,7 +130,9 @@ async fn t62_pods_reach_pods_on_other_hosts_by_pod_ip_without_nat() -> Result<()
     require_root()?;
     let started = Instant::now();
     let before = machine_routes_into_cluster_ranges()?;
-    let cluster = tokio::task::block_in_place(|| LocalCluster::up("gp62", 3))?;
+    let flags = [format!("--cluster-cidr={CLUSTER_CIDR}"), "--node-cidr-mask-size=25".into()];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let cluster = tokio::task::block_in_place(|| LocalCluster::up_with("gp62", 3, &flags))?;
     println!("3 nodes Ready in {:?}", started.elapsed());
     let after = machine_routes_into_cluster_ranges()?;
     ensure!(
@@ -148,6 +154,10 @@ async fn t62_pods_reach_pods_on_other_hosts_by_pod_ip_without_nat() -> Result<()
     ensure!(spread.len() == 3, "the Pods are not spread over the 3 nodes: {pods:?}");
     let nodes = nodes(&cluster)?;
     ensure!(nodes.len() == 3, "nodes: {nodes:?}");
+    let range = CLUSTER_CIDR.parse::<Ipv4Cidr>()?;
+    for (name, (cidr, _)) in &nodes {
+        ensure!(range.covers(cidr) && cidr.prefix() == 25, "{name}'s podCIDR {cidr} is not a /25 of {range}");
+    }
     for pod in &pods {
         ensure!(nodes[&pod.node].0.contains(pod.ip), "{} has {} outside its node's podCIDR", pod.name, pod.ip);
     }

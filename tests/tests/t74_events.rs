@@ -2,7 +2,9 @@
 //! `kubectl get events -o json` and `kubectl describe`: the scheduler's Scheduled and
 //! FailedScheduling (with the per-plugin reasons), the deployment and ReplicaSet controllers'
 //! ScalingReplicaSet and SuccessfulCreate, the job controller's Completed, the kubelet's Pulled,
-//! Created and Started, FailedMount for a Secret volume whose Secret is missing, Killing for the
+//! Created and Started, FailedMount for a Secret volume whose Secret is missing and for nfs
+//! volumes (in the Pod, and behind a claim bound to a static volume), which no node can mount
+//! (the source's UnmountableVolume warning at sync), Killing for the
 //! container of a Pod the ReplicaSet deleted when the Deployment scaled down, one BackOff Event
 //! for a crash-looping container whose count grows (not one Event per back-off), the source's
 //! Synced; and Events older than `--event-ttl` go. A second test: no Event carries a Secret's
@@ -63,6 +65,53 @@ spec:
   volumes:
     - name: s
       secret: {secretName: not-there}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: inline-nfs
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: gitplane.local/httpd:1
+      volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+    - name: data
+      nfs: {server: nfs.invalid, path: /exports}
+---
+apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: events-nfs
+spec:
+  capacity: {storage: 1Gi}
+  accessModes: [ReadWriteMany]
+  storageClassName: manual
+  nfs: {server: nfs.invalid, path: /exports}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: nfs-claim
+spec:
+  accessModes: [ReadWriteMany]
+  storageClassName: manual
+  resources: {requests: {storage: 1Gi}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: claimed-nfs
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+    - name: c
+      image: gitplane.local/httpd:1
+      volumeMounts: [{name: data, mountPath: /data}]
+  volumes:
+    - name: data
+      persistentVolumeClaim: {claimName: nfs-claim}
 ---
 apiVersion: v1
 kind: Pod
@@ -189,6 +238,26 @@ fn t74_events_from_every_component() -> Result<()> {
     // A Secret volume whose Secret is missing: FailedMount.
     let mount = wait_event(&cluster, "Pod", "mountless", "FailedMount", |_| true)?;
     ensure!(mount["type"] == "Warning" && message(&mount).contains("not-there"), "{mount}");
+    // nfs volumes: accepted with a warning, as the API server accepts them; the kubelet has no
+    // plugin, so the Pods wait in ContainerCreating, in the Pod or behind a bound claim.
+    let warned = wait_event(&cluster, "Pod", "inline-nfs", "UnmountableVolume", |_| true)?;
+    ensure!(warned["type"] == "Warning" && message(&warned).contains("/spec/volumes/0/nfs"), "{warned}");
+    for (pod, says) in
+        [("inline-nfs", "cannot mount an nfs volume"), ("claimed-nfs", "\"events-nfs\" is an nfs volume")]
+    {
+        let mount = wait_event(&cluster, "Pod", pod, "FailedMount", |_| true)?;
+        ensure!(message(&mount).contains("no volume plugin matched") && message(&mount).contains(says), "{mount}");
+        let status = cluster.kubectl(&[
+            "get",
+            "pod",
+            pod,
+            "-o",
+            "jsonpath={.status.phase} {.status.containerStatuses[0].state.waiting.reason}",
+        ])?;
+        ensure!(status.trim() == "Pending ContainerCreating", "{pod}: {status}");
+    }
+    let bound = cluster.kubectl(&["get", "pv", "events-nfs", "-o", "jsonpath={.status.phase}"])?;
+    ensure!(bound.trim() == "Bound", "the static nfs volume binds: {bound}");
 
     // Scaled down: the ReplicaSet deletes a Pod, and the kubelet says it stops its container,
     // although the Pod is gone by the time the Event arrives.

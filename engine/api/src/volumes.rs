@@ -33,6 +33,44 @@ const BETA_DEFAULT_CLASS: &str = "storageclass.beta.kubernetes.io/is-default-cla
 const BETA_STORAGE_CLASS: &str = "volume.beta.kubernetes.io/storage-class";
 pub const WAIT_FOR_FIRST_CONSUMER: &str = "WaitForFirstConsumer";
 
+/// The volume sources of Pods and PersistentVolumes whose plugins gitplane's nodes lack: cloud
+/// disks, network file systems, CSI and FlexVolume drivers. The API server accepts them; the
+/// kubelet fails to mount them when its node has no such plugin, and so does gitplane's.
+pub const UNMOUNTABLE_SOURCES: [&str; 20] = [
+    "awsElasticBlockStore",
+    "azureDisk",
+    "azureFile",
+    "cephfs",
+    "cinder",
+    "csi",
+    "fc",
+    "flexVolume",
+    "flocker",
+    "gcePersistentDisk",
+    "glusterfs",
+    "iscsi",
+    "nfs",
+    "photonPersistentDisk",
+    "portworxVolume",
+    "quobyte",
+    "rbd",
+    "scaleIO",
+    "storageos",
+    "vsphereVolume",
+];
+
+/// The first of [`UNMOUNTABLE_SOURCES`] set in a Pod volume or a PersistentVolume spec (JSON).
+pub fn unmountable_source(source: &serde_json::Value) -> Option<&'static str> {
+    UNMOUNTABLE_SOURCES.into_iter().find(|s| source.get(*s).is_some_and(|v| !v.is_null()))
+}
+
+/// "an nfs volume", "a cinder volume": the article as the source's name is spoken (nfs, rbd and
+/// fc letter by letter).
+pub fn source_with_article(source: &str) -> String {
+    let vowel = matches!(source, "nfs" | "rbd" | "fc") || source.starts_with(['a', 'e', 'i', 'o', 'A', 'E', 'I', 'O']);
+    format!("{} {source} volume", if vowel { "an" } else { "a" })
+}
+
 fn annotation<'a>(meta: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
@@ -203,6 +241,27 @@ mod tests {
 
     fn node(name: &str, labels: serde_json::Value) -> Node {
         serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap()
+    }
+
+    #[test]
+    fn sources_the_nodes_cannot_mount_are_named() {
+        let cases = [
+            (json!({"name": "d", "nfs": {"server": "s", "path": "/x"}}), Some("nfs"), "an nfs volume"),
+            (json!({"capacity": {"storage": "1Gi"}, "rbd": {"image": "i"}}), Some("rbd"), "an rbd volume"),
+            (json!({"name": "d", "awsElasticBlockStore": {"volumeID": "v"}}), Some("awsElasticBlockStore"), ""),
+            (json!({"name": "d", "csi": {"driver": "x"}}), Some("csi"), "a csi volume"),
+            (json!({"name": "d", "cinder": {"volumeID": "v"}}), Some("cinder"), "a cinder volume"),
+            (json!({"name": "d", "iscsi": {}}), Some("iscsi"), "an iscsi volume"),
+            (json!({"name": "d", "fc": {}}), Some("fc"), "an fc volume"),
+            (json!({"name": "d", "hostPath": {"path": "/x"}}), None, ""),
+            (json!({"name": "d", "nfs": null, "emptyDir": {}}), None, ""),
+        ];
+        for (source, name, spoken) in cases {
+            assert_eq!(unmountable_source(&source), name, "{source}");
+            if !spoken.is_empty() {
+                assert_eq!(source_with_article(name.unwrap_or_default()), spoken);
+            }
+        }
     }
 
     #[test]

@@ -24,8 +24,8 @@ use gitplane_store::{Event, ObjectKey, Op, informer::Cache};
 use k8s_openapi::{
     api::{
         autoscaling::v2::{
-            HorizontalPodAutoscaler, HorizontalPodAutoscalerCondition, HorizontalPodAutoscalerStatus, MetricStatus,
-            MetricValueStatus, ResourceMetricStatus,
+            HorizontalPodAutoscaler, HorizontalPodAutoscalerCondition, HorizontalPodAutoscalerStatus, MetricSpec,
+            MetricStatus, MetricValueStatus, ResourceMetricStatus,
         },
         core::v1::Pod,
     },
@@ -88,11 +88,17 @@ impl Scale {
     }
 }
 
-/// What a metric spec asks for: the resource and the target, or why it cannot be served.
-fn resource_target(metric: &k8s_openapi::api::autoscaling::v2::MetricSpec) -> Result<(String, Target), String> {
+/// Why a metric could not be read: the Warning Event's reason and message, as upstream's
+/// `getUnableComputeReplicaCountCondition` records them.
+type Failure = (&'static str, String);
+
+/// What a metric spec asks for: the resource and the target, or why it cannot be served. Pods,
+/// Object and External metrics need a custom or external metrics API, which no adapter serves
+/// here: they fail as on a cluster without one (`FailedGetPodsMetric`, ...).
+fn resource_target(metric: &MetricSpec) -> Result<(String, Target), Failure> {
     let resource = match (metric.type_.as_str(), metric.resource.as_ref()) {
         ("Resource", Some(resource)) => resource,
-        (other, _) => return Err(format!("metric type {other} is not supported: use Resource metrics (cpu, memory)")),
+        _ => return Err(unserved(metric)),
     };
     let target = match (resource.target.type_.as_str(), &resource.target) {
         ("Utilization", t) => Target::Utilization(t.average_utilization.unwrap_or(80)),
@@ -100,9 +106,41 @@ fn resource_target(metric: &k8s_openapi::api::autoscaling::v2::MetricSpec) -> Re
             let value = t.average_value.as_ref().and_then(|q| parse_milli(&q.0)).unwrap_or(0);
             Target::AverageValue(value.clamp(0, i128::from(i64::MAX)) as i64)
         }
-        (other, _) => return Err(format!("target type {other} is not supported for a Resource metric")),
+        (other, _) => {
+            let why = format!("target type {other} is not supported for a Resource metric");
+            return Err((RESOURCE_FAILED, why));
+        }
     };
     Ok((resource.name.clone(), target))
+}
+
+const RESOURCE_FAILED: &str = "FailedGetResourceMetric";
+
+/// A metric of a type no metrics API here serves, with upstream's reason and the error its
+/// metrics client returns when the API is not registered.
+fn unserved(metric: &MetricSpec) -> Failure {
+    const CUSTOM: &str = "unable to fetch metrics from custom metrics API: no custom metrics API \
+                          (custom.metrics.k8s.io) registered";
+    const EXTERNAL: &str = "unable to fetch metrics from external metrics API: no external metrics API \
+                            (external.metrics.k8s.io) registered";
+    match metric.type_.as_str() {
+        "Pods" => {
+            let name = metric.pods.as_ref().map_or("", |p| p.metric.name.as_str());
+            ("FailedGetPodsMetric", format!("unable to get metric {name}: {CUSTOM}"))
+        }
+        "Object" => {
+            let name = metric.object.as_ref().map_or("", |o| o.metric.name.as_str());
+            let described =
+                metric.object.as_ref().map(|o| format!("{} {}", o.described_object.kind, o.described_object.name));
+            let on = described.map(|d| format!(" on {d}")).unwrap_or_default();
+            ("FailedGetObjectMetric", format!("unable to get metric {name}{on}: {CUSTOM}"))
+        }
+        "External" => {
+            let name = metric.external.as_ref().map_or("", |e| e.metric.name.as_str());
+            ("FailedGetExternalMetric", format!("unable to get external metric {name}: {EXTERNAL}"))
+        }
+        other => (RESOURCE_FAILED, format!("metric type {other:?} is not supported")),
+    }
 }
 
 /// `250m`, `26214400`: a milli-quantity as the API prints it.
@@ -212,11 +250,12 @@ pub fn decide(
         let mut failures = Vec::new();
         for metric in &metrics {
             let computed = resource_target(metric).and_then(|(resource, target)| {
-                let usage = usage.map_err(|e| format!("unable to get metrics for resource {resource}: {e}"))?;
+                let usage = usage
+                    .map_err(|e| (RESOURCE_FAILED, format!("unable to get metrics for resource {resource}: {e}")))?;
                 let samples: BTreeMap<String, Sample> =
                     usage.iter().filter_map(|(pod, u)| Some((pod.clone(), sample(u, &resource)?))).collect();
                 let proposal = calculator::replicas(current, &resource, target, pods, &samples, now)
-                    .map_err(|e| format!("failed to get {resource} utilization: {e}"))?;
+                    .map_err(|e| (RESOURCE_FAILED, format!("failed to get {resource} utilization: {e}")))?;
                 Ok((resource, target, proposal))
             });
             match computed {
@@ -241,13 +280,18 @@ pub fn decide(
             }
         }
         current_metrics = (!statuses.is_empty()).then_some(statuses);
+        // Every metric that could not be read is said, each time, as upstream says it.
+        events.extend(failures.iter().map(|(reason, why)| (WARNING, *reason, why.clone())));
         let invalid = !failures.is_empty();
         match proposed {
             // A metric that could not be read may be the one that keeps the replicas up.
-            Some((replicas, _)) if invalid && replicas < current => {
-                (current, fail(&mut conditions, &mut events, &failures, now))
+            Some((replicas, _)) if invalid && replicas < current => (current, fail(&mut conditions, &failures, now)),
+            None => {
+                if failures.is_empty() {
+                    events.push((WARNING, RESOURCE_FAILED, "no metrics are set".into()));
+                }
+                (current, fail(&mut conditions, &failures, now))
             }
-            None => (current, fail(&mut conditions, &mut events, &failures, now)),
             Some((replicas, metric)) => {
                 let message = format!("the HPA was able to successfully calculate a replica count from {metric}");
                 set_condition(&mut conditions, "ScalingActive", true, "ValidMetricFound", message, now);
@@ -295,17 +339,15 @@ pub fn decide(
     }
 }
 
-/// No metric could be used: ScalingActive False and a Warning, the replicas left as they are.
-fn fail(
-    conditions: &mut Vec<HorizontalPodAutoscalerCondition>,
-    events: &mut Vec<Note>,
-    failures: &[String],
-    now: Timestamp,
-) -> String {
-    let why = if failures.is_empty() { "no metrics are set".to_owned() } else { failures.join("; ") };
+/// No metric could be used, or one could not and the others would scale down: ScalingActive
+/// False for the first that could not, the replicas left as they are.
+fn fail(conditions: &mut Vec<HorizontalPodAutoscalerCondition>, failures: &[Failure], now: Timestamp) -> String {
+    let (reason, why) = match failures.first() {
+        Some((reason, why)) => (*reason, why.as_str()),
+        None => (RESOURCE_FAILED, "no metrics are set"),
+    };
     let message = format!("the HPA was unable to compute the replica count: {why}");
-    set_condition(conditions, "ScalingActive", false, "FailedGetResourceMetric", message.clone(), now);
-    events.push((WARNING, "FailedGetResourceMetric", why));
+    set_condition(conditions, "ScalingActive", false, reason, message, now);
     String::new()
 }
 
@@ -556,6 +598,108 @@ mod tests {
             assert_eq!(d.status.current_replicas, Some(current), "{name}");
             assert_eq!(d.status.last_scale_time.is_some(), desired != current, "{name}");
         }
+    }
+
+    /// Pods, Object and External metrics need a metrics API no adapter serves here: each fails
+    /// with upstream's reason and a Warning; Resource metrics beside them still scale up, not
+    /// down.
+    #[test]
+    fn metrics_without_an_api_fail_and_resource_metrics_still_scale_up() {
+        let cpu = json!({"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}});
+        let pods_metric = json!({"type": "Pods", "pods": {"metric": {"name": "packets-per-second"},
+            "target": {"type": "AverageValue", "averageValue": "1k"}}});
+        let object = json!({"type": "Object", "object": {"metric": {"name": "requests-per-second"},
+            "describedObject": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "name": "main-route"},
+            "target": {"type": "Value", "value": "10k"}}});
+        let external = json!({"type": "External", "external": {"metric": {"name": "queue_messages_ready"},
+            "target": {"type": "AverageValue", "averageValue": "30"}}});
+        let custom =
+            "unable to fetch metrics from custom metrics API: no custom metrics API (custom.metrics.k8s.io) registered";
+        let pods_failed = ("FailedGetPodsMetric", format!("unable to get metric packets-per-second: {custom}"));
+        let object_failed = (
+            "FailedGetObjectMetric",
+            format!("unable to get metric requests-per-second on Ingress main-route: {custom}"),
+        );
+        let external_failed = (
+            "FailedGetExternalMetric",
+            "unable to get external metric queue_messages_ready: unable to fetch metrics from external metrics API: no \
+             external metrics API (external.metrics.k8s.io) registered"
+                .to_owned(),
+        );
+        /// (name, metrics, current replicas, each Pod's millicores, desired, ScalingActive, Warnings)
+        type Case<'a> = (&'a str, Vec<Value>, i32, u64, i32, (&'a str, &'a str), Vec<(&'a str, String)>);
+        let cases: Vec<Case> = vec![
+            (
+                "Pods alone",
+                vec![pods_metric.clone()],
+                2,
+                100,
+                2,
+                ("False", "FailedGetPodsMetric"),
+                vec![pods_failed.clone()],
+            ),
+            ("Object alone", vec![object], 2, 100, 2, ("False", "FailedGetObjectMetric"), vec![object_failed]),
+            (
+                "External then Pods: the first failure is the condition's",
+                vec![external, pods_metric.clone()],
+                2,
+                100,
+                2,
+                ("False", "FailedGetExternalMetric"),
+                vec![external_failed, pods_failed.clone()],
+            ),
+            (
+                "with cpu above target: up",
+                vec![pods_metric.clone(), cpu.clone()],
+                1,
+                500,
+                4,
+                ("True", "ValidMetricFound"),
+                vec![pods_failed.clone()],
+            ),
+            (
+                "with cpu on target: stays",
+                vec![cpu.clone(), pods_metric.clone()],
+                2,
+                100,
+                2,
+                ("True", "ValidMetricFound"),
+                vec![pods_failed.clone()],
+            ),
+            (
+                "with cpu idle: not down",
+                vec![cpu, pods_metric],
+                4,
+                0,
+                4,
+                ("False", "FailedGetPodsMetric"),
+                vec![pods_failed],
+            ),
+        ];
+        for (name, metrics, current, millicores, desired, active, warnings) in cases {
+            let hpa = hpa(json!({"metrics": metrics}));
+            let n = current as usize;
+            let d = decide(&hpa, &scale(current), &pods(n), Ok(&usage(n, millicores)), &mut History::default(), now());
+            assert_eq!(d.desired, desired, "{name}");
+            assert_eq!(condition(&d, "ScalingActive"), active, "{name}");
+            let got: Vec<(&str, String)> =
+                d.events.iter().filter(|e| e.0 == WARNING).map(|e| (e.1, e.2.clone())).collect();
+            assert_eq!(got, warnings, "{name}");
+            if active.0 == "False" {
+                let message = hpa_condition_message(&d);
+                assert_eq!(
+                    message,
+                    format!("the HPA was unable to compute the replica count: {}", warnings[0].1),
+                    "{name}"
+                );
+            }
+        }
+    }
+
+    fn hpa_condition_message(d: &Decision) -> String {
+        let conditions = d.status.conditions.as_ref().unwrap();
+        let active = conditions.iter().find(|c| c.type_ == "ScalingActive").unwrap();
+        active.message.clone().unwrap_or_default()
     }
 
     #[test]

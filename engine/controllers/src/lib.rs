@@ -22,6 +22,7 @@ pub mod job;
 pub mod kubernetes_service;
 pub mod loadbalancer;
 pub mod names;
+pub mod node_ipam;
 pub mod node_lifecycle;
 pub mod owner;
 pub mod persistent_volume;
@@ -135,6 +136,7 @@ pub fn spawn_all(store: Arc<dyn Store>, informer: Informer, settings: &Settings)
             )
             .run(),
         ),
+        tokio::spawn(Controller::new(node_ipam::NodeIpamController, ctx.clone()).run()),
         tokio::spawn(
             Controller::new(
                 taint_eviction::TaintEvictionController { defaults: settings.default_tolerations },

@@ -1,7 +1,8 @@
 //! What only the leader runs: the source, the scheduler and the controllers. A replica starts
 //! them when it becomes the acting leader and stops them the moment it is not.
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
+use gitplane_api::network::PodRanges;
 use gitplane_controllers::{
     kubernetes_service::ApiEndpoints, loadbalancer::AddressPool, taint_eviction::DefaultTolerations,
 };
@@ -51,9 +52,27 @@ pub struct ControllerArgs {
     /// kube-scheduler's default weights).
     #[arg(long, value_name = "FILE")]
     scheduler_config: Option<PathBuf>,
+    /// The cluster's Pod range: each node's podCIDR is a range of it, taken at its first
+    /// registration and kept (kube-controller-manager's flag of this name).
+    #[arg(long, default_value = "10.244.0.0/16")]
+    cluster_cidr: String,
+    /// The prefix length of each node's podCIDR: the cluster range holds 2^(mask - prefix) nodes,
+    /// at most 65,536 (kube-controller-manager's flag of this name).
+    #[arg(long, default_value_t = gitplane_api::network::NODE_CIDR_MASK_SIZE)]
+    node_cidr_mask_size: u8,
 }
 
 impl ControllerArgs {
+    /// The cluster Pod range, checked, and apart from the Service range `services`.
+    pub fn pod_ranges(&self, services: &ServiceRanges) -> anyhow::Result<PodRanges> {
+        let pods = PodRanges::new(&self.cluster_cidr, self.node_cidr_mask_size).map_err(anyhow::Error::msg)?;
+        let service_cidr = format!("{}/{}", services.network, services.prefix);
+        if pods.contains(services.network) || services.contains(pods.network) {
+            bail!("--cluster-cidr {pods} overlaps the Service range {service_cidr}: give them ranges apart");
+        }
+        Ok(pods)
+    }
+
     /// The settings, with the scheduler configuration file read and checked.
     pub fn settings(&self) -> anyhow::Result<LoopSettings> {
         let scheduler = match &self.scheduler_config {

@@ -151,6 +151,7 @@ impl Replica {
         let reserved = gitplane_nodeservice::addresses::Reserved {
             replicas: replica_addresses,
             services: (service_ranges.network, service_ranges.prefix),
+            pods: service_ranges.pods,
             load_balancers: controllers.controllers.load_balancer_pool,
         };
         let key = SigningKey::from_pkcs8(&tokens.key).context("the ServiceAccount token key")?;

@@ -159,6 +159,7 @@ pub async fn server(args: ServerArgs) -> anyhow::Result<()> {
         .collect();
     let mut ranges = ServiceRanges::with_cidr(&args.service_cidr).map_err(anyhow::Error::msg)?;
     ranges.external_ips = args.external_ip_pool;
+    ranges.pods = args.controllers.pod_ranges(&ranges)?;
     let certificate =
         security.ca.replica_certificate(&[&names[..], &controlplane::kubernetes_service_names(&ranges)].concat())?;
     let listener = security.listener(tcp, &certificate)?;

@@ -149,6 +149,7 @@ pub async fn up(args: UpArgs) -> anyhow::Result<()> {
     let names = security::serving_names(args.listen, &[nodes::GATEWAY.to_string()]);
     let mut ranges = ServiceRanges::with_cidr(&args.service_cidr.to_string()).map_err(anyhow::Error::msg)?;
     ranges.external_ips = args.external_ip_pool;
+    ranges.pods = args.controllers.pod_ranges(&ranges)?;
     let certificate =
         security.ca.replica_certificate(&[&names[..], &controlplane::kubernetes_service_names(&ranges)].concat())?;
     let mut listeners = vec![security.listener(listener, &certificate)?];

@@ -5,6 +5,7 @@
 //! the control plane's or the cluster's (a replica, the Service range, the Pod range, the
 //! load-balancer pool).
 
+use gitplane_api::network::PodRanges;
 use gitplane_controllers::loadbalancer::AddressPool;
 use std::net::{IpAddr, Ipv4Addr};
 use tonic::Status;
@@ -16,13 +17,20 @@ pub struct Reserved {
     pub replicas: Vec<IpAddr>,
     /// The Service range: its network and prefix length.
     pub services: (Ipv4Addr, u8),
+    /// The cluster Pod range, which new nodes' podCIDRs come from.
+    pub pods: PodRanges,
     pub load_balancers: Option<AddressPool>,
 }
 
 impl Default for Reserved {
     /// Nothing but the default Service range and the Pod range.
     fn default() -> Reserved {
-        Reserved { replicas: Vec::new(), services: (Ipv4Addr::new(10, 96, 0, 0), 12), load_balancers: None }
+        Reserved {
+            replicas: Vec::new(),
+            services: (Ipv4Addr::new(10, 96, 0, 0), 12),
+            pods: PodRanges::default(),
+            load_balancers: None,
+        }
     }
 }
 
@@ -33,8 +41,7 @@ impl Reserved {
             return Some("a control-plane replica's");
         }
         let IpAddr::V4(v4) = ip else { return None };
-        let (pods, prefix) = gitplane_api::network::CLUSTER_CIDR;
-        if within(v4, pods, prefix) {
+        if self.pods.contains(v4) {
             Some("in the Pod range")
         } else if within(v4, self.services.0, self.services.1) {
             Some("in the Service range")
@@ -100,6 +107,7 @@ mod tests {
             replicas: vec![ip("192.0.2.75"), ip("192.0.2.77")],
             services: (Ipv4Addr::new(10, 96, 0, 0), 12),
             load_balancers: Some(AddressPool::parse("198.51.100.0/28").unwrap()),
+            ..Default::default()
         };
         let admit = |reported: Option<&str>, peer: &str, stored: Option<&str>| {
             reserved.admit("n1", reported.map(ip), ip(peer), stored.map(ip)).map_err(|s| s.message().to_owned())

@@ -42,7 +42,7 @@ use gitplane_proto::node::{
 use gitplane_store::{Api, EventType, ListOptions, ObjectKey, Op, Rejection, Store, StoreError, WatchOptions};
 use k8s_openapi::api::{
     coordination::v1::{Lease, LeaseSpec},
-    core::v1::{ConfigMap, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodStatus, ServiceAccount},
+    core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodStatus, ServiceAccount},
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -52,7 +52,7 @@ use tonic::{Request, Response, Status, service::interceptor::InterceptedService}
 const LEASE_DURATION_SECONDS: i32 = 40;
 /// Compare-and-swap retries before giving up on a contended object.
 const CAS_ATTEMPTS: usize = 10;
-/// How long a registration retries a contended allocation record.
+/// How long a registration retries while others take the ranges it reserves.
 const REGISTRATION_DEADLINE: Duration = Duration::from_secs(20);
 /// The largest message an agent sends (a Node or a Pod status is a few KiB).
 const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -64,10 +64,8 @@ pub struct NodeService {
     ca: Arc<ClusterCa>,
     /// The addresses no node may take.
     reserved: addresses::Reserved,
-    /// Registrations of new nodes through this replica take turns: they all write the one
-    /// allocation record, so in parallel all but one would fail their compare-and-swap.
-    /// (Replicas still race each other; the compare-and-swap decides, and the loser retries.)
-    allocating: tokio::sync::Mutex<()>,
+    /// New nodes' podCIDRs.
+    pod_cidrs: podcidr::Allocator,
     /// The kubelet's Events, from every node this replica serves.
     events: gitplane_store::events::Recorder,
     /// Signs the Pods' ServiceAccount tokens; none: nodes get none.
@@ -82,7 +80,8 @@ impl NodeService {
         reserved: addresses::Reserved,
     ) -> Self {
         let events = gitplane_store::events::Recorder::spawn(store.clone(), Default::default());
-        NodeService { store, identity, ca, reserved, allocating: tokio::sync::Mutex::new(()), events, tokens: None }
+        let pod_cidrs = podcidr::Allocator::new(reserved.pods);
+        NodeService { store, identity, ca, reserved, pod_cidrs, events, tokens: None }
     }
 
     /// Nodes get their Pods' ServiceAccount tokens, signed by `issuer`.
@@ -208,7 +207,6 @@ impl NodeService {
         certificates_over_tls: bool,
     ) -> Result<(String, String), RegisterError> {
         let nodes = Api::<Node>::new(self.store.clone());
-        let configmaps = Api::<ConfigMap>::new(self.store.clone());
         let name = reported.metadata.name.clone().unwrap_or_default();
         let mut status = reported.status.clone().unwrap_or_default();
         // The node's own word on Ready (older agents send none: Ready, as they registered).
@@ -216,12 +214,12 @@ impl NodeService {
         if !conditions.iter().any(|c| c.type_ == "Ready") {
             conditions.push(ready_condition(Timestamp::now()));
         }
-        // Registrations through other replicas may win the record's compare-and-swap again and
+        // Registrations through other replicas may take the range this one reserved again and
         // again while many nodes join at once: retry until a deadline, not a count.
         let deadline = tokio::time::Instant::now() + REGISTRATION_DEADLINE;
         while tokio::time::Instant::now() < deadline {
             let mut ops = Vec::with_capacity(3);
-            let turn = self.allocating.lock().await;
+            let mut reservation = None;
             let stored = nodes.get("", &name).await?;
             let at = |node: &Node| node_ip(node);
             self.reserved
@@ -234,8 +232,10 @@ impl NodeService {
                 }
                 Some(node) => node,
                 None => {
-                    let (record, cidr) = podcidr::allocation(&configmaps, &nodes, &name).await?;
-                    ops.push(record);
+                    let reserved = self.pod_cidrs.reserve(&self.store, &name).await?;
+                    let cidr = reserved.cidr.clone();
+                    ops.push(reserved.record.clone());
+                    reservation = Some(reserved);
                     // Taints come with the first registration only, as the kubelet's
                     // --register-with-taints: later changes are the cluster owner's.
                     let taints = reported.spec.as_ref().and_then(|s| s.taints.clone()).filter(|t| !t.is_empty());
@@ -272,9 +272,15 @@ impl NodeService {
             with_status.status = Some(status.clone());
             ops.push(if create { Op::Create(to_value(&node)) } else { Op::Update(to_value(&node)) });
             ops.push(Op::UpdateStatus(to_value(&with_status)));
-            match self.store.txn(ops).await {
+            let committed = self.store.txn(ops).await;
+            // A range another registration took stays marked taken; any other failure frees it.
+            if let (Err(e), Some(reservation)) = (&committed, &reservation)
+                && !e.is_already_exists()
+            {
+                self.pod_cidrs.unreserve(reservation).await;
+            }
+            match committed {
                 Err(e) if e.is_conflict() || e.is_already_exists() => {
-                    drop(turn);
                     tokio::time::sleep(Duration::from_millis(rand::random::<u64>() % 20)).await;
                 }
                 Err(e) => return Err(e.into()),
@@ -605,6 +611,7 @@ impl node_service_server::NodeService for NodeService {
             client_certificate,
             serving_certificate,
             certificate_authority: self.ca.pem(),
+            cluster_cidr: self.reserved.pods.to_string(),
         }))
     }
 
@@ -1046,7 +1053,9 @@ mod tests {
         // Names: the joiner cannot take a live node's name; a node re-registers only itself.
         assert_eq!(code(service.register(as_caller(node("a"), Caller::Joiner)).await), tonic::Code::PermissionDenied);
         assert_eq!(code(service.register(as_caller(node("b"), as_a.clone())).await), tonic::Code::PermissionDenied);
-        assert_eq!(code(service.register(as_caller(node("a"), as_a.clone())).await), tonic::Code::Ok);
+        let again = service.register(as_caller(node("a"), as_a.clone())).await.unwrap().into_inner();
+        let ranges = (again.pod_cidr.as_str(), again.cluster_cidr.as_str());
+        assert_eq!(ranges, (a.pod_cidr.as_str(), "10.244.0.0/16"), "registering again keeps the podCIDR");
         assert_eq!(
             code(service.register(as_caller(node("Bad_Name"), Caller::Joiner)).await),
             tonic::Code::InvalidArgument

@@ -347,14 +347,13 @@ pub(crate) fn load<'c>(
         errors.extend(outcome.errors.iter().cloned());
     }
     let started = Instant::now();
-    let accepted: Vec<&Accepted> = outcomes.iter().flat_map(|o| o.manifests.iter()).collect();
-    let mut across = validate::duplicates(&accepted);
-    across.extend(validate::unknown_target_ports(&accepted));
+    let (accepted, repeated) = validate::last_definitions(outcomes.iter().flat_map(|o| o.manifests.iter()).collect());
+    let mut across = validate::unknown_target_ports(&accepted);
     across.extend(validate::selected_service_endpoints(&accepted));
     across.extend(validate::missing_keys(&accepted));
     cache.stats.validating += started.elapsed();
     if errors.is_empty() && across.is_empty() {
-        return Ok(accepted.into_iter().map(|a| Arc::clone(&a.manifest)).collect());
+        return Ok(validate::with_warnings(accepted, repeated));
     }
     errors.extend(across.into_iter().map(|(_, error)| error));
     let rank: HashMap<&str, usize> = candidates.iter().enumerate().map(|(i, c)| (c.path.as_str(), i)).collect();
@@ -976,26 +975,36 @@ spec:
         assert_eq!(load_head(&head, &app, &mut cache).unwrap_err(), expected);
         assert_eq!(work(before, cache.stats()), (3, 0, 0, 0));
 
-        // A duplicate across files is found over cached files too, and goes when fixed.
+        // An object defined again in a later file is found over cached files too: the last wins.
+        files.insert("a.yaml", cm("a", "1"));
         files.insert("c.yaml", cm("b", "2"));
         let head = repo.commit(&files);
         let before = cache.stats();
-        let errors = load_head(&head, &app, &mut cache).unwrap_err();
-        assert_eq!(work(before, cache.stats()), (2, 1, 0, 1));
+        let loaded = load_commit(&head, &app, &VALIDATOR, &Limits::default(), &mut cache).unwrap();
+        assert_eq!(work(before, cache.stats()), (1, 2, 0, 2));
+        let objects: Vec<_> = loaded.iter().map(|m| (m.key.to_string(), m.value["data"].clone())).collect();
         assert_eq!(
-            errors,
+            objects,
             [
-                expected[0],
-                "deploy/c.yaml:4: ConfigMap b: /metadata/name: ConfigMap default/b is also defined at deploy/b.yaml:4: \
-                 keep only one of them"
+                ("ConfigMap default/a".into(), json!({"value": "1"})),
+                ("ConfigMap default/b".into(), json!({"value": "2"}))
             ]
         );
-        assert_eq!(errors, load_head(&head, &app, &mut SourceCache::new()).unwrap_err());
-        files.insert("a.yaml", cm("a", "1"));
+        let warnings: Vec<String> = loaded.iter().flat_map(|m| &m.warnings).map(ToString::to_string).collect();
+        assert_eq!(
+            warnings,
+            [
+                "deploy/c.yaml:4: ConfigMap b: /metadata/name: ConfigMap default/b is also defined at deploy/b.yaml:4: the \
+              last definition read, this one, is applied, as kubectl apply -f would; keep only one of them"
+            ]
+        );
+        let cold = load_commit(&head, &app, &VALIDATOR, &Limits::default(), &mut SourceCache::new()).unwrap();
+        assert_eq!(loaded, cold);
         files.insert("c.yaml", cm("c", "1"));
-        let keys: Vec<String> =
-            load_head(&repo.commit(&files), &app, &mut cache).unwrap().into_iter().map(|(k, _)| k).collect();
+        let loaded = load_commit(&repo.commit(&files), &app, &VALIDATOR, &Limits::default(), &mut cache).unwrap();
+        let keys: Vec<String> = loaded.iter().map(|m| m.key.to_string()).collect();
         assert_eq!(keys, ["ConfigMap default/a", "ConfigMap default/b", "ConfigMap default/c"]);
+        assert!(loaded.iter().all(|m| m.warnings.is_empty()));
         assert_eq!(cache.len(), 3);
 
         // Another default namespace is another outcome: everything is validated again.

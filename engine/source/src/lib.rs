@@ -42,7 +42,7 @@ pub use error::{ManifestError, SourceError, redacted};
 pub use git::{Commit, Head, head_at, read_commit, read_dir, read_head};
 pub use manifest::{Document, parse};
 pub use template::{is_template, merge_values, set_value};
-pub use validate::{Manifest, Validator};
+pub use validate::{Manifest, ManifestWarning, Validator};
 
 use gitplane_api::ApplicationSpec;
 use serde_json::Value;
@@ -345,7 +345,7 @@ fn load_kustomization(
                 }
                 let mut m = (*m).clone();
                 m.line = line;
-                for w in &mut m.warnings {
+                for w in m.warnings.iter_mut().map(|w| &mut w.detail) {
                     w.line = w.line.map(|l| in_git(&w.file, l));
                 }
                 Arc::new(m)

@@ -71,10 +71,31 @@ pub struct Manifest {
     /// The object as written, with its namespace defaulted (namespaced kinds) and without
     /// `status` or fields set to `null`.
     pub value: Value,
-    /// What the API server would accept and change silently (a cluster-scoped object's
-    /// namespace, which it clears): shown as warnings, never refused.
-    pub warnings: Vec<ManifestError>,
+    /// What the API server accepts and changes silently (a cluster-scoped object's namespace,
+    /// which it clears), or accepts though it cannot work here (a volume the nodes cannot
+    /// mount): shown as warnings, never refused.
+    pub warnings: Vec<ManifestWarning>,
 }
+
+/// A warning about an object accepted from Git: where and what, and the reason of the Warning
+/// Event each sync records on the object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ManifestWarning {
+    pub reason: &'static str,
+    pub detail: ManifestError,
+}
+
+impl fmt::Display for ManifestWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.detail.fmt(f)
+    }
+}
+
+/// Reasons of the warnings.
+const FIELD_IGNORED: &str = "FieldIgnored";
+const UNMOUNTABLE_VOLUME: &str = "UnmountableVolume";
+const REPEATED_RESOURCE: &str = "RepeatedResourceWarning";
+const METRICS_UNAVAILABLE: &str = "MetricsUnavailable";
 
 impl fmt::Debug for Manifest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -166,16 +187,17 @@ impl Validator {
                 locator,
             })
             .collect();
-        let all: Vec<&Accepted> = accepted.iter().collect();
-        errors.extend(duplicates(&all).into_iter().map(|(_, error)| error));
+        let (all, repeated) = last_definitions(accepted.iter().collect());
         errors.extend(unknown_target_ports(&all).into_iter().map(|(_, error)| error));
         errors.extend(selected_service_endpoints(&all).into_iter().map(|(_, error)| error));
         errors.extend(missing_keys(&all).into_iter().map(|(_, error)| error));
         if !errors.is_empty() {
             return Err(errors);
         }
+        let manifests = with_warnings(all, repeated);
+        drop(accepted);
         // Nothing else holds the objects: unwrapping does not copy them.
-        Ok(accepted.into_iter().map(|a| Arc::try_unwrap(a.manifest).unwrap_or_else(|m| (*m).clone())).collect())
+        Ok(manifests.into_iter().map(|m| Arc::try_unwrap(m).unwrap_or_else(|m| (*m).clone())).collect())
     }
 
     /// Checks one document on its own (everything but duplicates, which need all of them): the
@@ -188,7 +210,7 @@ impl Validator {
         match self.check(&mut doc.value, default_namespace) {
             Ok((key, warnings)) => {
                 // Warning path only, as the error path: valid documents index no lines.
-                let warnings = if warnings.is_empty() { Vec::new() } else { located(&doc, warnings) };
+                let warnings = if warnings.is_empty() { Vec::new() } else { located_warnings(&doc, warnings) };
                 let locator = doc.locator();
                 let manifest =
                     Manifest { file: doc.file, index: doc.index, line: doc.line, key, value: doc.value, warnings };
@@ -201,7 +223,12 @@ impl Validator {
 
     /// Checks one object and normalizes it (status dropped, namespace defaulted): its key and
     /// what the API server would change silently, or everything wrong with it.
-    fn check(&self, value: &mut Value, default_namespace: &str) -> Result<(ObjectKey, Vec<Problem>), Vec<Problem>> {
+    #[allow(clippy::type_complexity)]
+    fn check(
+        &self,
+        value: &mut Value,
+        default_namespace: &str,
+    ) -> Result<(ObjectKey, Vec<(&'static str, Problem)>), Vec<Problem>> {
         let Some(object) = value.as_object_mut() else {
             return Err(vec![Problem::whole(not_an_object(value))]);
         };
@@ -232,7 +259,8 @@ impl Validator {
         if !problems.is_empty() {
             return Err(problems);
         }
-        let warnings = ignored_namespace(value, info).into_iter().collect();
+        let mut warnings: Vec<_> = ignored_namespace(value, info).into_iter().map(|p| (FIELD_IGNORED, p)).collect();
+        warnings.extend(kind_warnings(value, info));
         let key = normalize(value, info, default_namespace)?;
         match generated {
             Some(prefix) => {
@@ -295,14 +323,18 @@ impl Hasher for Prehashed {
     }
 }
 
-/// The later definitions of a key already defined, by their position in `accepted`, each with an
-/// error naming both places. Runs on the keys' hashes: no object is validated or hashed again.
-pub(crate) fn duplicates(accepted: &[&Accepted]) -> Vec<(usize, ManifestError)> {
+/// Objects defined more than once keep their last definition in the order files are read, as
+/// `kubectl apply -f DIR` applies each in turn and Argo CD applies the last
+/// (RepeatedResourceWarning): the objects to apply, and for each one defined more than once, by
+/// its position among them, a warning naming the other definitions. Runs on the keys' hashes: no
+/// object is validated or hashed again.
+pub(crate) fn last_definitions(accepted: Vec<&Accepted>) -> (Vec<&Accepted>, Vec<(usize, ManifestWarning)>) {
     let mut first: HashMap<u64, usize, BuildHasherDefault<Prehashed>> =
         HashMap::with_capacity_and_hasher(accepted.len(), Default::default());
     // Keys whose hash equals that of another key: practically never, but then compared in full.
     let mut collided: HashMap<&ObjectKey, usize> = HashMap::new();
-    let mut errors = Vec::new();
+    // Every definition of a key defined more than once, by the position of its first.
+    let mut repeated: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for (position, a) in accepted.iter().enumerate() {
         let earlier = match first.entry(a.key_hash) {
             Entry::Vacant(entry) => {
@@ -318,49 +350,95 @@ pub(crate) fn duplicates(accepted: &[&Accepted]) -> Vec<(usize, ManifestError)> 
                 Entry::Occupied(entry) => *entry.get(),
             },
         };
-        let (m, first) = (&a.manifest, accepted[earlier]);
-        // Error path only: index the two documents now.
-        let first_line = first.locator.lines().line_of("/metadata/name");
-        let line = a.locator.lines().line_of("/metadata/name");
-        let error = ManifestError {
+        repeated.entry(earlier).or_insert_with(|| vec![earlier]).push(position);
+    }
+    if repeated.is_empty() {
+        return (accepted, Vec::new());
+    }
+    let mut warned: HashMap<usize, ManifestWarning> = HashMap::new();
+    let mut dropped = vec![false; accepted.len()];
+    for positions in repeated.values() {
+        let Some((&last, before)) = positions.split_last() else { continue };
+        // Warning path only: index the documents now.
+        let at = |p: usize| {
+            format!("{}:{}", accepted[p].manifest.file, accepted[p].locator.lines().line_of("/metadata/name"))
+        };
+        let others: Vec<String> = before.iter().map(|&p| at(p)).collect();
+        let m = &accepted[last].manifest;
+        let detail = ManifestError {
             file: m.file.clone(),
-            line: Some(line),
+            line: Some(accepted[last].locator.lines().line_of("/metadata/name")),
             column: None,
             document: Some(m.index),
             object: object_label(&m.value),
             path: Some("/metadata/name".into()),
             message: format!(
-                "{} is also defined at {}:{first_line}: keep only one of them",
-                m.key, first.manifest.file
+                "{} is also defined at {}: the last definition read, this one, is applied, as kubectl apply -f \
+                 would; keep only one of them",
+                m.key,
+                others.join(", ")
             ),
         };
-        errors.push((position, error));
+        warned.insert(last, ManifestWarning { reason: REPEATED_RESOURCE, detail });
+        before.iter().for_each(|&p| dropped[p] = true);
     }
-    errors
+    let mut kept = Vec::with_capacity(accepted.len());
+    let mut warnings = Vec::new();
+    for (position, a) in accepted.into_iter().enumerate() {
+        if dropped[position] {
+            continue;
+        }
+        if let Some(warning) = warned.remove(&position) {
+            warnings.push((kept.len(), warning));
+        }
+        kept.push(a);
+    }
+    (kept, warnings)
 }
 
-/// Problems (or warnings) of a document at their lines, in line order.
+/// The objects to apply, with the warnings [`last_definitions`] gave them.
+pub(crate) fn with_warnings(kept: Vec<&Accepted>, warnings: Vec<(usize, ManifestWarning)>) -> Vec<Arc<Manifest>> {
+    let mut manifests: Vec<Arc<Manifest>> = kept.into_iter().map(|a| Arc::clone(&a.manifest)).collect();
+    for (position, warning) in warnings {
+        Arc::make_mut(&mut manifests[position]).warnings.push(warning);
+    }
+    manifests
+}
+
+/// Problems of a document at their lines, in line order.
 fn located(doc: &Document, problems: Vec<Problem>) -> Vec<ManifestError> {
+    located_with(doc, problems.into_iter().map(|p| ((), p)).collect()).into_iter().map(|(_, e)| e).collect()
+}
+
+/// Warnings of a document at their lines, in line order.
+fn located_warnings(doc: &Document, warnings: Vec<(&'static str, Problem)>) -> Vec<ManifestWarning> {
+    located_with(doc, warnings).into_iter().map(|(reason, detail)| ManifestWarning { reason, detail }).collect()
+}
+
+fn located_with<T>(doc: &Document, problems: Vec<(T, Problem)>) -> Vec<(T, ManifestError)> {
     let lines = doc.lines();
     let mut located: Vec<_> = problems
         .into_iter()
-        .map(|p| {
+        .map(|(tag, p)| {
             let at = p.at.as_deref().or(p.pointer.as_deref()).unwrap_or("");
-            (lines.line_of(at), p)
+            (lines.line_of(at), tag, p)
         })
         .collect();
-    located.sort_by_key(|(line, _)| *line);
+    located.sort_by_key(|(line, _, _)| *line);
     let object = object_label(&doc.value);
     located
         .into_iter()
-        .map(|(line, problem)| ManifestError {
-            file: doc.file.clone(),
-            line: Some(line),
-            column: None,
-            document: Some(doc.index),
-            object: object.clone(),
-            path: problem.pointer.filter(|p| !p.is_empty()),
-            message: problem.message,
+        .map(|(line, tag, problem)| {
+            let error = ManifestError {
+                file: doc.file.clone(),
+                line: Some(line),
+                column: None,
+                document: Some(doc.index),
+                object: object.clone(),
+                path: problem.pointer.filter(|p| !p.is_empty()),
+                message: problem.message,
+            };
+            (tag, error)
         })
         .collect()
 }
@@ -612,6 +690,25 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
         problems.extend(pod::problems(spec, at, &claims));
     }
     problems
+}
+
+/// What the API server accepts but gitplane warns of, with the warning's reason: volume sources
+/// the nodes cannot mount (they fail at mount, as on a kubelet without the plugin), HPA metrics
+/// no metrics API serves here.
+fn kind_warnings(value: &Value, info: &KindInfo) -> Vec<(&'static str, Problem)> {
+    let mut warnings = Vec::new();
+    if info.kind == "PersistentVolume" {
+        warnings.extend(storage::unmountable(value).map(|p| (UNMOUNTABLE_VOLUME, p)));
+    }
+    if info.kind == "HorizontalPodAutoscaler" {
+        warnings.extend(autoscaling::warnings(value).into_iter().map(|p| (METRICS_UNAVAILABLE, p)));
+    }
+    if let Some(at) = pod::pod_spec_pointer(&info.kind)
+        && let Some(spec) = value.pointer(at)
+    {
+        warnings.extend(pod::unmountable_volumes(spec, at).into_iter().map(|p| (UNMOUNTABLE_VOLUME, p)));
+    }
+    warnings
 }
 
 /// What the API server refuses of a StatefulSet beyond its schema: the policies' values, a
@@ -1100,6 +1197,72 @@ spec:
         }
     }
 
+    /// Volume sources the nodes cannot mount are accepted with a warning each, as the API server
+    /// accepts them and the kubelet fails at mount; their fields are still checked.
+    #[test]
+    fn t10_volumes_the_nodes_cannot_mount_are_accepted_with_a_warning() {
+        let pod = |volumes: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: p}}\nspec:\n  containers: [{{name: c, image: i}}]\n  \
+                 volumes:\n{volumes}"
+            )
+        };
+        let instead = "the Pod will not start (FailedMount); use a persistentVolumeClaim of the default local-path \
+                       StorageClass, or a hostPath volume";
+        let cases = [
+            (
+                pod("  - {name: a, nfs: {server: s, path: /x}}\n  - {name: b, emptyDir: {}}\n"),
+                vec![format!(
+                    "v.yaml:7: Pod p: /spec/volumes/0/nfs: gitplane's nodes cannot mount an nfs volume: {instead}"
+                )],
+            ),
+            (
+                pod("  - {name: a, awsElasticBlockStore: {volumeID: v, fsType: ext4}}\n  - {name: b, csi: {driver: d}}\n"),
+                vec![
+                    format!(
+                        "v.yaml:7: Pod p: /spec/volumes/0/awsElasticBlockStore: gitplane's nodes cannot mount an \
+                         awsElasticBlockStore volume: {instead}"
+                    ),
+                    format!("v.yaml:8: Pod p: /spec/volumes/1/csi: gitplane's nodes cannot mount a csi volume: {instead}"),
+                ],
+            ),
+            (
+                "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  selector: {matchLabels: {a: b}}\n  \
+                 template:\n    metadata: {labels: {a: b}}\n    spec:\n      containers: [{name: c, image: i}]\n      \
+                 volumes: [{name: g, glusterfs: {endpoints: e, path: p}}]\n"
+                    .to_owned(),
+                vec![format!(
+                    "v.yaml:10: Deployment d: /spec/template/spec/volumes/0/glusterfs: gitplane's nodes cannot mount a \
+                     glusterfs volume: {instead}"
+                )],
+            ),
+            (
+                "apiVersion: v1\nkind: PersistentVolume\nmetadata: {name: pv}\nspec:\n  capacity: {storage: 1Gi}\n  \
+                 accessModes: [ReadWriteMany]\n  rbd: {monitors: [m], image: i}\n"
+                    .to_owned(),
+                vec![
+                    "v.yaml:7: PersistentVolume pv: /spec/rbd: gitplane's nodes cannot mount an rbd volume: a Pod using \
+                     this volume will not start (FailedMount); use hostPath or local (a directory on the node), or a \
+                     persistentVolumeClaim of the default local-path StorageClass"
+                        .to_owned(),
+                ],
+            ),
+            (pod("  - {name: a, hostPath: {path: /x}}\n"), vec![]),
+        ];
+        for (yaml, expected) in cases {
+            let manifests = check(&[("v.yaml", &yaml)]).unwrap_or_else(|e| panic!("{yaml}: {e:?}"));
+            let got: Vec<String> = manifests[0].warnings.iter().map(ToString::to_string).collect();
+            assert_eq!(got, expected, "{yaml}");
+            assert!(manifests[0].warnings.iter().all(|w| w.reason == "UnmountableVolume"));
+        }
+        // Their fields are the schema's as any other.
+        let misspelt = pod("  - {name: a, rbd: {monitors: [m], image: i, imageformat: \"2\"}}\n");
+        assert_eq!(
+            errors(&[("v.yaml", &misspelt)]),
+            ["v.yaml:7: Pod p: /spec/volumes/0/rbd: unknown field \"imageformat\""]
+        );
+    }
+
     /// resizePolicy and Pod-level requests are accepted; Pod-level limits, fields of a newer
     /// Kubernetes and image volumes get one message each, saying what to do instead.
     #[test]
@@ -1347,8 +1510,12 @@ spec:
         let cases: Vec<(String, &str)> = vec![
             (v2("  minReplicas: 3\n  maxReplicas: 2\n"),
              "hpa.yaml:8: HorizontalPodAutoscaler web: /spec/maxReplicas: must be greater than or equal to minReplicas (3) and to 1 (it is 2)"),
-            (v2("  maxReplicas: 5\n  metrics:\n  - type: External\n    external: {metric: {name: queue}, target: {type: Value, value: 1}}\n"),
-             "hpa.yaml:9: HorizontalPodAutoscaler web: /spec/metrics/0/type: External metrics need a custom or external metrics API, which gitplane does not serve: use type Resource (cpu or memory)"),
+            (v2("  maxReplicas: 5\n  metrics:\n  - type: External\n    external: {metric: {name: queue}, target: {type: Value}}\n"),
+             "hpa.yaml:10: HorizontalPodAutoscaler web: /spec/metrics/0/external/target/value: a Value target needs value (a quantity, e.g. 100 or 1k)"),
+            (v2("  maxReplicas: 5\n  metrics:\n  - type: Pods\n    pods: {metric: {name: rps}, target: {type: Value, value: 1}}\n"),
+             "hpa.yaml:10: HorizontalPodAutoscaler web: /spec/metrics/0/pods/target/type: unsupported value \"Value\" for a Pods metric: use \"AverageValue\""),
+            (v2("  maxReplicas: 5\n  metrics:\n  - type: Object\n"),
+             "hpa.yaml:9: HorizontalPodAutoscaler web: /spec/metrics/0/object: an Object metric must populate object"),
             (v2("  maxReplicas: 5\n  metrics:\n  - type: Resource\n    resource: {name: cpu, target: {type: Utilization}}\n"),
              "hpa.yaml:10: HorizontalPodAutoscaler web: /spec/metrics/0/resource/target/averageUtilization: a Utilization target needs averageUtilization greater than 0"),
             (v2("  maxReplicas: 5\n").replace("kind: Deployment", "kind: Job").replace("apps/v1", "batch/v1"),
@@ -1357,6 +1524,44 @@ spec:
         for (text, want) in cases {
             let errors = errors(&[("hpa.yaml", &text)]);
             assert_eq!(errors, [want], "{text}");
+        }
+        // Metrics of a custom or external metrics API are accepted with a warning each.
+        let then_resource = "it scales on the Resource metrics alone, up but not down while this one cannot be read";
+        let pods = "  - type: Pods\n    pods: {metric: {name: rps}, target: {type: AverageValue, averageValue: 1k}}\n";
+        let external =
+            "  - type: External\n    external: {metric: {name: queue}, target: {type: Value, value: \"30\"}}\n";
+        let cpu =
+            "  - type: Resource\n    resource: {name: cpu, target: {type: Utilization, averageUtilization: 50}}\n";
+        let warned = |line: usize, i: usize, type_: &str, api: &str, reason: &str, then: &str| {
+            format!(
+                "hpa.yaml:{line}: HorizontalPodAutoscaler web: /spec/metrics/{i}/type: {type_} metrics need {api} \
+                 metrics API, which gitplane does not serve: the HorizontalPodAutoscaler will report ScalingActive False \
+                 ({reason}) and {then}; use type Resource (cpu or memory) to scale on usage"
+            )
+        };
+        let cases = [
+            (
+                format!("{pods}{external}"),
+                vec![
+                    warned(9, 0, "Pods", "a custom", "FailedGetPodsMetric", "the replicas stay as they are"),
+                    warned(
+                        11,
+                        1,
+                        "External",
+                        "an external",
+                        "FailedGetExternalMetric",
+                        "the replicas stay as they are",
+                    ),
+                ],
+            ),
+            (format!("{cpu}{pods}"), vec![warned(11, 1, "Pods", "a custom", "FailedGetPodsMetric", then_resource)]),
+            (cpu.to_owned(), vec![]),
+        ];
+        for (metrics, expected) in cases {
+            let text = v2(&format!("  maxReplicas: 5\n  metrics:\n{metrics}"));
+            let manifests = check(&[("hpa.yaml", &text)]).unwrap_or_else(|e| panic!("{text}: {e:?}"));
+            let got: Vec<String> = manifests[0].warnings.iter().map(ToString::to_string).collect();
+            assert_eq!(got, expected, "{text}");
         }
     }
 
@@ -1840,10 +2045,9 @@ volumeBindingMode: WaitForFirstConsumer
                 ],
             ),
             (
-                "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], nfs: {server: s, path: /x}}",
-                &[
-                    "/spec/nfs: gitplane's nodes cannot mount a nfs volume: use hostPath or local (a directory on the node)",
-                ],
+                "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], nfs: {server: s, \
+                 path: /x, readonly: true}}",
+                &["/spec/nfs: unknown field \"readonly\" (did you mean \"readOnly\"?)"],
             ),
             (
                 "kind: PersistentVolume\nspec: {capacity: {storage: 1Gi}, accessModes: [ReadWriteOnce], local: {path: data}}",
@@ -1948,18 +2152,51 @@ metadata: {name: prod, namespace: \"\"}
         assert_eq!(manifests[2].value["metadata"], json!({"name": "prod"}));
     }
 
+    /// The last definition read wins, as with kubectl apply -f DIR; it is warned of, naming the
+    /// others, and the object is applied once.
     #[test]
-    fn t10_duplicates_name_both_places() {
-        let cm = |ns: &str| format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n{ns}");
-        let first = cm("");
-        let second = format!("# again\n{}", cm("  namespace: default\n"));
-        let other = format!("---\n{}", cm("  namespace: other\n"));
-        assert_eq!(
-            errors(&[("a.yaml", &first), ("b.yaml", &second), ("c.yaml", &other)]),
-            [
-                "b.yaml:5: ConfigMap c: /metadata/name: ConfigMap default/c is also defined at a.yaml:4: keep only one of them"
-            ]
-        );
+    fn t10_repeated_objects_keep_the_last_definition_with_a_warning() {
+        let cm = |ns: &str, v: &str| {
+            format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n{ns}data: {{v: '{v}'}}\n")
+        };
+        let first = cm("", "1");
+        let second = format!("# again\n{}", cm("  namespace: default\n", "2"));
+        let other = format!("---\n{}", cm("  namespace: other\n", "3"));
+        let third = cm("", "4");
+        let also = "the last definition read, this one, is applied, as kubectl apply -f would; keep only one of them";
+        let cases = [
+            (
+                vec![("a.yaml", &first), ("b.yaml", &second), ("c.yaml", &other)],
+                vec![("ConfigMap default/c", "2"), ("ConfigMap other/c", "3")],
+                vec![format!(
+                    "b.yaml:5: ConfigMap c: /metadata/name: ConfigMap default/c is also defined at a.yaml:4: {also}"
+                )],
+            ),
+            (
+                vec![("a.yaml", &first), ("b.yaml", &second), ("c.yaml", &other), ("d.yaml", &third)],
+                vec![("ConfigMap other/c", "3"), ("ConfigMap default/c", "4")],
+                vec![format!(
+                    "d.yaml:4: ConfigMap c: /metadata/name: ConfigMap default/c is also defined at a.yaml:4, \
+                     b.yaml:5: {also}"
+                )],
+            ),
+            (
+                vec![("a.yaml", &first), ("c.yaml", &other)],
+                vec![("ConfigMap default/c", "1"), ("ConfigMap other/c", "3")],
+                vec![],
+            ),
+        ];
+        for (files, objects, warnings) in cases {
+            let files: Vec<(&str, &str)> = files.into_iter().map(|(f, t)| (f, t.as_str())).collect();
+            let manifests = check(&files).unwrap_or_else(|e| panic!("{e:?}"));
+            let got: Vec<_> =
+                manifests.iter().map(|m| (m.key.to_string(), m.value["data"]["v"].as_str().unwrap())).collect();
+            let objects: Vec<_> = objects.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+            assert_eq!(got, objects);
+            let got: Vec<String> = manifests.iter().flat_map(|m| &m.warnings).map(ToString::to_string).collect();
+            assert_eq!(got, warnings);
+            assert!(manifests.iter().flat_map(|m| &m.warnings).all(|w| w.reason == "RepeatedResourceWarning"));
+        }
     }
 
     #[test]

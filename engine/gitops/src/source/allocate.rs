@@ -18,6 +18,7 @@
 //! DenyServiceExternalIPs admission refuses them, unless the operator gives a pool
 //! (`--external-ip-pool`), and never an address of the Service or Pod ranges or a node's.
 
+use gitplane_api::network::PodRanges;
 use gitplane_controllers::loadbalancer::AddressPool;
 use gitplane_store::ObjectKey;
 use serde_json::{Value, json};
@@ -31,6 +32,8 @@ pub struct ServiceRanges {
     pub node_ports: RangeInclusive<u16>,
     /// Where `spec.externalIPs` may point; none: nowhere.
     pub external_ips: Option<AddressPool>,
+    /// The cluster Pod range, which no external IP may be in.
+    pub pods: PodRanges,
 }
 
 impl Default for ServiceRanges {
@@ -40,6 +43,7 @@ impl Default for ServiceRanges {
             prefix: 12,
             node_ports: 30000..=32767,
             external_ips: None,
+            pods: PodRanges::default(),
         }
     }
 }
@@ -99,10 +103,9 @@ pub fn external_ip_problems(service: &Value, ranges: &ServiceRanges, nodes: &[Ip
             problems.push((path, format!("{text:?} is not an IPv4 address")));
             continue;
         };
-        let (pods, prefix) = gitplane_api::network::CLUSTER_CIDR;
         let why = if ranges.contains(ip) {
             "it is in the Service range".to_owned()
-        } else if u32::from(ip) & mask(prefix) == u32::from(pods) {
+        } else if ranges.pods.contains(ip) {
             "it is in the Pod range".to_owned()
         } else if nodes.contains(&ip) {
             "it is a node's address, whose own traffic it would take".to_owned()

@@ -781,9 +781,10 @@ pub fn plan(
         }]);
     }
     // What validation accepted and changed as the API server would (a cluster-scoped object's
-    // namespace): said at every plan, as the autoscaling warnings are.
+    // namespace), or accepted though it cannot work here: said at every plan, as the autoscaling
+    // warnings are.
     plan.warnings.extend(manifests.iter().flat_map(|m| {
-        m.warnings.iter().map(|w| Warning { key: m.key.clone(), reason: "FieldIgnored", message: w.to_string() })
+        m.warnings.iter().map(|w| Warning { key: m.key.clone(), reason: w.reason, message: w.to_string() })
     }));
     plan.warnings.extend(super::autoscale::warnings(manifests, &scaled));
     plan.warnings

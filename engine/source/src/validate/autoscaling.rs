@@ -1,6 +1,8 @@
 //! HorizontalPodAutoscalers: what the API server refuses beyond the schema, what the controller
-//! cannot serve (metrics other than Resource cpu and memory, targets that have no scale), and
-//! autoscaling/v1 read as the autoscaling/v2 object the store holds.
+//! cannot serve (targets that have no scale, container metrics), the warning for Pods, Object and
+//! External metrics (no custom or external metrics API serves them: the controller reports
+//! FailedGet*Metric and scales on the Resource metrics beside them), and autoscaling/v1 read as
+//! the autoscaling/v2 object the store holds.
 
 use super::Problem;
 use serde_json::{Value, json};
@@ -40,13 +42,14 @@ pub(super) fn problems(value: &Value) -> Vec<Problem> {
     for (i, metric) in spec["metrics"].as_array().into_iter().flatten().enumerate() {
         let at = format!("/spec/metrics/{i}");
         let type_ = metric["type"].as_str().unwrap_or("");
+        if let Some((_, source, _)) = UNSERVED.iter().find(|(t, _, _)| *t == type_) {
+            problems.extend(unserved_problems(&metric[*source], &format!("{at}/{source}"), type_));
+            continue;
+        }
         if type_ != "Resource" {
             problems.push(Problem::at(
                 format!("{at}/type"),
-                format!(
-                    "{type_} metrics need a custom or external metrics API, which gitplane does not serve: use type \
-                     Resource (cpu or memory)"
-                ),
+                format!("{type_} metrics are not served by gitplane: use type Resource (cpu or memory)"),
             ));
             continue;
         }
@@ -77,6 +80,77 @@ pub(super) fn problems(value: &Value) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// Metric types served by a custom or external metrics API, which gitplane has not: their field
+/// and the reason the controller reports them with.
+const UNSERVED: [(&str, &str, &str); 3] = [
+    ("Pods", "pods", "FailedGetPodsMetric"),
+    ("Object", "object", "FailedGetObjectMetric"),
+    ("External", "external", "FailedGetExternalMetric"),
+];
+
+/// Upstream's `validatePodsSource`, `validateObjectSource`, `validateExternalSource` beyond the
+/// schema: the source set for its type, a target with the value its type reads.
+fn unserved_problems(source: &Value, at: &str, type_: &str) -> Vec<Problem> {
+    let Some(source) = source.as_object() else {
+        let field = at.rsplit('/').next().unwrap_or("");
+        return vec![Problem::at(
+            at,
+            format!("{} {type_} metric must populate {field}", super::indefinite_article(type_)),
+        )];
+    };
+    let target = &source["target"];
+    let set = |field: &str| target.get(field).is_some_and(|v| !v.is_null());
+    let mut problems = Vec::new();
+    let needs = match (type_, target["type"].as_str().unwrap_or("")) {
+        ("Pods", "AverageValue") | ("Object" | "External", "AverageValue") => Some("averageValue"),
+        ("Object" | "External", "Value") => Some("value"),
+        (_, other) => {
+            let allowed = if type_ == "Pods" { "\"AverageValue\"" } else { "\"Value\" or \"AverageValue\"" };
+            problems.push(Problem::at(
+                format!("{at}/target/type"),
+                format!("unsupported value {other:?} for a {type_} metric: use {allowed}"),
+            ));
+            None
+        }
+    };
+    if let Some(field) = needs
+        && !set(field)
+    {
+        problems.push(Problem::at(
+            format!("{at}/target/{field}"),
+            format!("a {} target needs {field} (a quantity, e.g. 100 or 1k)", target["type"].as_str().unwrap_or("")),
+        ));
+    }
+    problems
+}
+
+/// Pods, Object and External metrics: accepted, as the API server accepts them, with a warning
+/// each saying what the controller will report.
+pub(super) fn warnings(value: &Value) -> Vec<Problem> {
+    let metrics = value["spec"]["metrics"].as_array().into_iter().flatten().enumerate();
+    let has_resource = value["spec"]["metrics"].as_array().into_iter().flatten().any(|m| m["type"] == "Resource");
+    metrics
+        .filter_map(|(i, metric)| {
+            let type_ = metric["type"].as_str()?;
+            let (_, _, reason) = UNSERVED.iter().find(|(t, _, _)| *t == type_)?;
+            let api = if type_ == "External" { "an external" } else { "a custom" };
+            let then = if has_resource {
+                "it scales on the Resource metrics alone, up but not down while this one cannot be read"
+            } else {
+                "the replicas stay as they are"
+            };
+            Some(Problem::at(
+                format!("/spec/metrics/{i}/type"),
+                format!(
+                    "{type_} metrics need {api} metrics API, which gitplane does not serve: the HorizontalPodAutoscaler \
+                     will report ScalingActive False ({reason}) and {then}; use type Resource (cpu or memory) to scale \
+                     on usage"
+                ),
+            ))
+        })
+        .collect()
 }
 
 /// An autoscaling/v1 HPA as autoscaling/v2 (the API server's conversion):

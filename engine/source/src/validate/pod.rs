@@ -3,10 +3,16 @@
 //! commit time instead, so that what is Synced can run.
 //!
 //! [`UNSUPPORTED`] is the one list of such fields. When the agent learns one, its row goes.
+//! Volume sources whose plugins the nodes lack (nfs, csi, cloud disks) are the exception: the
+//! API server accepts them and the kubelet fails at mount, so they are warned of instead
+//! ([`unmountable_volumes`]).
 
 use super::Problem;
 use crate::locate::escape;
-use gitplane_api::quantity::{format_milli, parse_milli};
+use gitplane_api::{
+    quantity::{format_milli, parse_milli},
+    volumes::{UNMOUNTABLE_SOURCES, source_with_article, unmountable_source},
+};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -160,6 +166,25 @@ pub(super) fn problems(spec: &Value, at: &str, claims: &[&str]) -> Vec<Problem> 
     problems.extend(pod_resources_problems(spec, at));
     problems.extend(resize_policy_problems(spec, at));
     problems
+}
+
+/// The Pod's volumes whose source the nodes cannot mount: accepted, as the API server accepts
+/// them, with a warning each; the node agent reports FailedMount and does not start the Pod.
+pub(super) fn unmountable_volumes(spec: &Value, at: &str) -> Vec<Problem> {
+    matches(spec, at.to_owned(), &["volumes", "*"])
+        .into_iter()
+        .filter_map(|(pointer, volume)| {
+            let source = unmountable_source(volume)?;
+            Some(Problem::at(
+                format!("{pointer}/{source}"),
+                format!(
+                    "gitplane's nodes cannot mount {}: the Pod will not start (FailedMount); use a \
+                     persistentVolumeClaim of the default local-path StorageClass, or a hostPath volume",
+                    source_with_article(source)
+                ),
+            ))
+        })
+        .collect()
 }
 
 /// Fields of newer Kubernetes releases than the schema's, which gitplane does not carry out:
@@ -631,8 +656,10 @@ fn check(row: &Unsupported, pointer: String, value: &Value) -> Vec<Problem> {
             .as_object()
             .into_iter()
             .flatten()
-            // A field of a newer Kubernetes is the schema's to report, once.
+            // A field of a newer Kubernetes is the schema's to report, once; a volume the nodes
+            // cannot mount is a warning (`unmountable_volumes`).
             .filter(|(key, v)| !allowed.contains(&key.as_str()) && !v.is_null() && newer_field(key).is_none())
+            .filter(|(key, _)| row.path != "volumes/*" || !UNMOUNTABLE_SOURCES.contains(&key.as_str()))
             .map(|(key, _)| {
                 let at = format!("{pointer}/{}", escape(key));
                 let what = name_key(what, key);

@@ -1,11 +1,11 @@
 //! What kube-apiserver refuses of claims, volumes and classes beyond their schema
 //! (`ValidatePersistentVolumeClaim`, `ValidatePersistentVolume`, `ValidateStorageClass`), and
-//! the volume sources gitplane's nodes cannot mount: a claim needs access modes and a storage
-//! request; a volume needs a capacity, access modes and exactly one source, `hostPath` or
-//! `local` (a `local` one pinned to nodes by nodeAffinity); a class names its provisioner.
+//! the warning for volume sources gitplane's nodes cannot mount: a claim needs access modes and a
+//! storage request; a volume needs a capacity, access modes and exactly one source (a `local`
+//! one pinned to nodes by nodeAffinity); a class names its provisioner.
 
 use super::Problem;
-use gitplane_api::quantity;
+use gitplane_api::{quantity, volumes};
 use serde_json::Value;
 
 const ACCESS_MODES: [&str; 4] = ["ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany", "ReadWriteOncePod"];
@@ -54,13 +54,6 @@ pub(super) fn volume_problems(volume: &Value) -> Vec<Problem> {
         [] => {
             problems.push(Problem::at("/spec", "a volume needs a source: set hostPath or local (the path on the node)"))
         }
-        [one] if !MOUNTED_SOURCES.contains(one) => problems.push(Problem::at(
-            format!("/spec/{one}"),
-            format!(
-                "gitplane's nodes cannot mount {} {one} volume: use hostPath or local (a directory on the node)",
-                super::indefinite_article(one)
-            ),
-        )),
         [_] => {}
         many => problems.push(Problem::at(
             "/spec",
@@ -81,6 +74,21 @@ pub(super) fn volume_problems(volume: &Value) -> Vec<Problem> {
         ));
     }
     problems
+}
+
+/// A PersistentVolume whose source the nodes cannot mount: the API server accepts it and the PV
+/// controller binds it; a Pod using it fails at mount, so the push says so.
+pub(super) fn unmountable(volume: &Value) -> Option<Problem> {
+    let source = volumes::unmountable_source(&volume["spec"])?;
+    Some(Problem::at(
+        format!("/spec/{source}"),
+        format!(
+            "gitplane's nodes cannot mount {}: a Pod using this volume will not start (FailedMount); use \
+             hostPath or local (a directory on the node), or a persistentVolumeClaim of the default local-path \
+             StorageClass",
+            volumes::source_with_article(source)
+        ),
+    ))
 }
 
 pub(super) fn class_problems(class: &Value) -> Vec<Problem> {

@@ -20,7 +20,10 @@ pub mod projection;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use gitplane_api::quantity::parse_units;
+use gitplane_api::{
+    quantity::parse_units,
+    volumes::{source_with_article, unmountable_source},
+};
 use k8s_openapi::api::core::v1::{Pod, Volume};
 
 use super::config::RuntimeConfig;
@@ -87,7 +90,40 @@ pub fn claim_volume(namespace: &str, name: &str, objects: &dyn ConfigSource) -> 
     if let Some(local) = spec.and_then(|s| s.local.as_ref()) {
         return Ok(ClaimVolume { path: PathBuf::from(&local.path), create: false, local: true });
     }
-    Err(format!("persistentvolume \"{volume_name}\" has neither hostPath nor local: this node mounts only those"))
+    let source = spec.and_then(|s| serde_json::to_value(s).ok()).and_then(|s| unmountable_source(&s));
+    Err(match source {
+        Some(source) => format!(
+            "persistentvolume \"{volume_name}\" is {}: no volume plugin matched (gitplane's nodes mount hostPath \
+             and local volumes); use a claim of the default local-path StorageClass instead",
+            source_with_article(source)
+        ),
+        None => {
+            format!("persistentvolume \"{volume_name}\" has neither hostPath nor local: this node mounts only those")
+        }
+    })
+}
+
+/// Why this node cannot mount `volume`, when it has no plugin for its source (an nfs, csi or
+/// cloud disk volume): the kubelet's "no volume plugin matched", which keeps the Pod waiting.
+pub fn missing_plugin(volume: &Volume) -> Option<String> {
+    let mounted = volume.persistent_volume_claim.is_some()
+        || volume.config_map.is_some()
+        || volume.secret.is_some()
+        || volume.downward_api.is_some()
+        || volume.projected.is_some()
+        || volume.empty_dir.is_some()
+        || volume.host_path.is_some();
+    if mounted {
+        return None;
+    }
+    let what = match serde_json::to_value(volume).ok().as_ref().and_then(unmountable_source) {
+        Some(source) => source_with_article(source),
+        None => "a volume of this type".to_owned(),
+    };
+    Some(format!(
+        "no volume plugin matched: gitplane's nodes cannot mount {what}; use a persistentVolumeClaim of the default \
+         local-path StorageClass, or a hostPath volume"
+    ))
 }
 
 /// Whether the pod has a volume this module sets up (or, for a typed hostPath, checks).
@@ -100,6 +136,7 @@ pub fn has_volumes(pod: &Pod) -> bool {
             || v.projected.is_some()
             || v.empty_dir.is_some()
             || v.host_path.as_ref().is_some_and(|h| h.type_.as_deref().is_some_and(|t| !t.is_empty()))
+            || missing_plugin(v).is_some()
     })
 }
 
@@ -129,6 +166,9 @@ pub fn set_up(
     for volume in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
         let fail = |message: String| VolumeError { volume: volume.name.clone(), message };
         let name = safe_name("volume name", &volume.name).map_err(|e| fail(e.to_string()))?;
+        if let Some(message) = missing_plugin(volume) {
+            return Err(fail(message));
+        }
         let first = !mounted(name);
         if first {
             mounting.push(name.to_owned());
@@ -315,6 +355,8 @@ pub fn tear_down(pod_dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Secret};
+    use std::sync::Arc;
 
     #[test]
     fn mountinfo_paths_are_unescaped() {
@@ -340,5 +382,78 @@ mod tests {
         );
         let volume: Volume = serde_json::from_value(serde_json::json!({"name": "..", "downwardAPI": {}})).unwrap();
         assert!(host_path(&cfg, "u", &volume).is_err());
+    }
+
+    /// A claim and its volume, as the agent's informer holds them.
+    struct Claims(PersistentVolume);
+
+    impl ConfigSource for Claims {
+        fn config_map(&self, _: &str, _: &str) -> Option<Arc<ConfigMap>> {
+            None
+        }
+        fn secret(&self, _: &str, _: &str) -> Option<Arc<Secret>> {
+            None
+        }
+        fn persistent_volume_claim(&self, namespace: &str, name: &str) -> Option<Arc<PersistentVolumeClaim>> {
+            let claim = serde_json::json!({"metadata": {"name": name, "namespace": namespace},
+                "spec": {"volumeName": self.0.metadata.name}});
+            Some(Arc::new(serde_json::from_value(claim).unwrap()))
+        }
+        fn persistent_volume(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+            (self.0.metadata.name.as_deref() == Some(name)).then(|| Arc::new(self.0.clone()))
+        }
+    }
+
+    /// A volume whose plugin the node lacks keeps the Pod waiting with the kubelet's "no volume
+    /// plugin matched", whether in the Pod or behind its claim; nothing is created for it.
+    #[test]
+    fn volumes_without_a_plugin_fail_to_mount() {
+        let instead = "use a persistentVolumeClaim of the default local-path StorageClass, or a hostPath volume";
+        let claim = "use a claim of the default local-path StorageClass instead";
+        let cases = [
+            (
+                serde_json::json!({"name": "data", "nfs": {"server": "s", "path": "/x"}}),
+                serde_json::json!({"hostPath": {"path": "/"}}),
+                Some(format!(
+                    "MountVolume.SetUp failed for volume \"data\": no volume plugin matched: gitplane's nodes cannot \
+                     mount an nfs volume; {instead}"
+                )),
+            ),
+            (
+                serde_json::json!({"name": "disk", "awsElasticBlockStore": {"volumeID": "v"}}),
+                serde_json::json!({"hostPath": {"path": "/"}}),
+                Some(format!(
+                    "MountVolume.SetUp failed for volume \"disk\": no volume plugin matched: gitplane's nodes cannot \
+                     mount an awsElasticBlockStore volume; {instead}"
+                )),
+            ),
+            (
+                serde_json::json!({"name": "data", "persistentVolumeClaim": {"claimName": "c"}}),
+                serde_json::json!({"nfs": {"server": "s", "path": "/x"}}),
+                Some(format!(
+                    "MountVolume.SetUp failed for volume \"data\": persistentvolume \"pv\" is an nfs volume: no \
+                     volume plugin matched (gitplane's nodes mount hostPath and local volumes); {claim}"
+                )),
+            ),
+            (
+                serde_json::json!({"name": "data", "persistentVolumeClaim": {"claimName": "c"}}),
+                serde_json::json!({"hostPath": {"path": "/"}}),
+                None,
+            ),
+        ];
+        let dir = std::env::temp_dir().join(format!("gp-volumes-{}", std::process::id()));
+        let cfg = RuntimeConfig { pod_dir: dir.clone(), ..Default::default() };
+        for (volume, source, expected) in cases {
+            let pod: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+                "spec": {"containers": [{"name": "c", "image": "i"}], "volumes": [volume]}}))
+            .unwrap();
+            let pv = serde_json::json!({"metadata": {"name": "pv"}, "spec": source});
+            let objects = Claims(serde_json::from_value(pv).unwrap());
+            assert!(has_volumes(&pod), "{volume}");
+            let got = set_up(&pod, "u", &cfg, &objects, &|_| false);
+            assert_eq!(got.err().map(|e| e.to_string()), expected, "{volume}");
+        }
+        assert!(!dir.exists(), "nothing is made for a volume that cannot be mounted");
     }
 }
