@@ -111,6 +111,22 @@ pub fn cpu_time(pids: &[u32]) -> Duration {
     Duration::from_secs_f64(ticks as f64 / ticks_per_second)
 }
 
+/// These processes and their direct children (a PostgreSQL server's backends), from `/proc`.
+pub fn with_children(pids: &[u32]) -> Vec<u32> {
+    let mut all = pids.to_vec();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return all };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let parent = rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok());
+        if parent.is_some_and(|p| pids.contains(&p)) && !all.contains(&pid) {
+            all.push(pid);
+        }
+    }
+    all
+}
+
 /// Where server logs go instead of their temporary directories (`--logs`), to be read after a run.
 static LOG_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 

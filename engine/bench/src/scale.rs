@@ -5,9 +5,11 @@
 //! size; on the largest cluster, the control plane's and the hollow process's CPU and RSS at rest
 //! while every node renews its Lease, and a Deployment pushed to Git until every replica is
 //! Running. The hollow nodes take every bound Pod to Running meanwhile, as kubelets would.
+//! `--backend` runs each cluster on SQLite (Raft's replica store), on a PostgreSQL server of its
+//! own (`--store postgres`), or on both, size by size.
 
 use crate::{
-    procs::{self, Child, Gitplane, READ_TOKEN, StoreClient},
+    procs::{self, Child, Gitplane, Postgres, READ_TOKEN, StoreClient},
     up::{git, git_in},
 };
 use anyhow::{Context as _, Result, bail, ensure};
@@ -49,6 +51,43 @@ pub struct ScaleArgs {
     /// The server's `--node-cidr-mask-size` (/26 of a /12: 16,384 nodes of 62 Pods).
     #[arg(long, default_value_t = 26)]
     node_cidr_mask_size: u8,
+    /// The store the clusters run on; `both` runs each size on SQLite, then on Postgres.
+    #[arg(long, value_enum, default_value_t = Backends::Sqlite)]
+    backend: Backends,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Backends {
+    Sqlite,
+    Postgres,
+    Both,
+}
+
+impl Backends {
+    fn each(self) -> Vec<Backend> {
+        match self {
+            Backends::Sqlite => vec![Backend::Sqlite],
+            Backends::Postgres => vec![Backend::Postgres],
+            Backends::Both => vec![Backend::Sqlite, Backend::Postgres],
+        }
+    }
+}
+
+/// One cluster's store: the server's default (SQLite under Raft), or a PostgreSQL server of its
+/// own, started as the store bench starts it, behind `--store postgres`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres => "Postgres",
+        }
+    }
 }
 
 /// How long registration, scheduling and the Deployment may take on a loaded 2-core machine.
@@ -94,6 +133,8 @@ struct Rest {
     nodes: usize,
     server_cpu: f64,
     server_rss_mib: f64,
+    /// PostgreSQL's server and backends, on Postgres.
+    postgres: Option<(f64, f64)>,
     hollow_cpu: f64,
     hollow_rss_mib: f64,
     revisions_per_second: f64,
@@ -101,20 +142,33 @@ struct Rest {
     deployment: Duration,
 }
 
+/// What one backend measured over every size.
+struct Run {
+    backend: Backend,
+    rows: Vec<Scheduling>,
+    rest: Option<Rest>,
+}
+
 async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Result<()> {
-    let mut rows = Vec::new();
-    let mut rest = None;
+    let mut runs: Vec<Run> =
+        args.backend.each().into_iter().map(|backend| Run { backend, rows: Vec::new(), rest: None }).collect();
     for (i, &(nodes, pods)) in sizes.iter().enumerate() {
         let largest = i + 1 == sizes.len();
-        let mut cluster = Cluster::start(gitplane, nodes, &server_args(args)).await?;
-        eprintln!("{nodes} hollow nodes Ready after {:.1} s", cluster.registered.as_secs_f64());
-        if largest {
-            rest = Some(cluster.rest(args).await?);
+        for run in &mut runs {
+            let mut cluster = Cluster::start(gitplane, nodes, &server_args(args), run.backend).await?;
+            eprintln!(
+                "{}: {nodes} hollow nodes Ready after {:.1} s",
+                run.backend.name(),
+                cluster.registered.as_secs_f64()
+            );
+            if largest {
+                run.rest = Some(cluster.rest(args).await?);
+            }
+            run.rows.push(cluster.scheduling_basic(pods).await?);
+            cluster.stop();
         }
-        rows.push(cluster.scheduling_basic(pods).await?);
-        cluster.stop();
     }
-    print_table(args, &rows, rest.as_ref());
+    print_table(args, &runs);
     Ok(())
 }
 
@@ -132,14 +186,29 @@ struct Cluster {
     // The hollow nodes go before the server they call.
     hollow: Child,
     server: Gitplane,
+    // The database after the server that writes to it.
+    postgres: Option<Postgres>,
     nodes: usize,
     registered: Duration,
     store: StoreClient,
 }
 
 impl Cluster {
-    async fn start(gitplane: &Path, nodes: usize, server_args: &[String]) -> Result<Cluster> {
-        let server = Gitplane::start(gitplane, 1, server_args).await?;
+    async fn start(gitplane: &Path, nodes: usize, server_args: &[String], backend: Backend) -> Result<Cluster> {
+        let postgres = match backend {
+            Backend::Sqlite => None,
+            Backend::Postgres => Some(Postgres::start().await.context("PostgreSQL for --backend postgres")?),
+        };
+        let mut args = server_args.to_vec();
+        if let Some(postgres) = &postgres {
+            args.extend([
+                "--store".to_owned(),
+                "postgres".to_owned(),
+                "--postgres-url".to_owned(),
+                postgres.url.clone(),
+            ]);
+        }
+        let server = Gitplane::start(gitplane, 1, &args).await?;
         let addr = server.addrs[&1];
         let dir = server.dir().join("hollow");
         std::fs::create_dir_all(&dir)?;
@@ -160,7 +229,7 @@ impl Cluster {
         let hollow = Child::spawn("gitplane agent --hollow", command, &server.dir().join("hollow.log"))?;
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
         let store = procs::store_client(channel);
-        let mut cluster = Cluster { hollow, server, nodes, registered: Duration::ZERO, store };
+        let mut cluster = Cluster { hollow, server, postgres, nodes, registered: Duration::ZERO, store };
         procs::wait_for("every hollow node Ready", DEADLINE, || async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             (cluster.ready_nodes().await.ok()? >= nodes).then_some(())
@@ -263,14 +332,17 @@ impl Cluster {
         eprintln!("at rest: {} s to settle, {} s measured", args.settle, args.window);
         tokio::time::sleep(Duration::from_secs(args.settle)).await;
         let (server, hollow) = (self.server.pids(), vec![self.hollow.pid()]);
+        let postgres = self.postgres.as_ref().map(Postgres::pids).unwrap_or_default();
         let node_before = self.node_revisions().await?;
-        let (revision, server_cpu, hollow_cpu) =
-            (self.revision().await?, procs::cpu_time(&server), procs::cpu_time(&hollow));
+        let (revision, server_cpu, hollow_cpu, postgres_cpu) =
+            (self.revision().await?, procs::cpu_time(&server), procs::cpu_time(&hollow), procs::cpu_time(&postgres));
         let started = Instant::now();
         tokio::time::sleep(Duration::from_secs(args.window)).await;
         let window = started.elapsed().as_secs_f64();
         let server_cpu = (procs::cpu_time(&server) - server_cpu).as_secs_f64() / window;
         let hollow_cpu = (procs::cpu_time(&hollow) - hollow_cpu).as_secs_f64() / window;
+        let postgres_cpu = (procs::cpu_time(&postgres) - postgres_cpu).as_secs_f64() / window;
+        let postgres_rss: f64 = procs::with_children(&postgres).into_iter().map(pss_mib).sum();
         let revisions_per_second = (self.revision().await? - revision) as f64 / window;
         let node_writes = self.node_revisions().await? - node_before;
         let deployment = self.deployment(args.replicas).await?;
@@ -278,6 +350,7 @@ impl Cluster {
             nodes: self.nodes,
             server_cpu,
             server_rss_mib: server.iter().map(|p| rss_mib(*p)).sum(),
+            postgres: self.postgres.is_some().then_some((postgres_cpu, postgres_rss)),
             hollow_cpu,
             hollow_rss_mib: rss_mib(self.hollow.pid()),
             revisions_per_second,
@@ -382,42 +455,87 @@ fn rss_mib(pid: u32) -> f64 {
     kib / 1024.0
 }
 
-fn print_table(args: &ScaleArgs, rows: &[Scheduling], rest: Option<&Rest>) {
-    println!("| What | Measured | Goal |");
-    println!("|---|---|---|");
-    for r in rows {
-        println!(
-            "| SchedulingBasic, {} hollow nodes / {} Pods (nodes Ready {:.0} s after start) | {:.0} Pods/s; creation to bound p50 {:.2} s, p99 {:.2} s | |",
-            r.nodes,
-            r.pods,
-            r.registered.as_secs_f64(),
-            r.pods_per_second,
-            r.p50.as_secs_f64(),
-            r.p99.as_secs_f64()
+/// Proportional set size: a PostgreSQL backend's RSS counts the shared buffers it touched, which
+/// every backend shares.
+fn pss_mib(pid: u32) -> f64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let kib = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:")?.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+fn at_rest(run: &Run) -> &Rest {
+    run.rest.as_ref().expect("every backend measures the largest cluster at rest")
+}
+
+/// One column per backend: `| What | SQLite | Postgres | Goal |`.
+fn print_table(args: &ScaleArgs, runs: &[Run]) {
+    let names: Vec<&str> = runs.iter().map(|r| r.backend.name()).collect();
+    println!("| What | {} | Goal |", names.join(" | "));
+    println!("|---|{}---|", "---|".repeat(runs.len()));
+    let row = |what: String, cell: &dyn Fn(&Run) -> String, goal: &str| {
+        let cells: Vec<String> = runs.iter().map(cell).collect();
+        println!("| {what} | {} | {goal} |", cells.join(" | "));
+    };
+    for (i, first) in runs[0].rows.iter().enumerate() {
+        row(
+            format!("SchedulingBasic, {} hollow nodes / {} Pods", first.nodes, first.pods),
+            &|run| {
+                let r = &run.rows[i];
+                format!(
+                    "{:.0} Pods/s; creation to bound p50 {:.2} s, p99 {:.2} s (nodes Ready {:.0} s after start)",
+                    r.pods_per_second,
+                    r.p50.as_secs_f64(),
+                    r.p99.as_secs_f64(),
+                    r.registered.as_secs_f64()
+                )
+            },
+            "",
         );
     }
-    if let Some(r) = rest {
-        println!(
-            "| Control plane at rest, {} nodes renewing Leases ({} s window) | {:.1}% of one core, {:.0} revisions/s ({:.0} µs of CPU per revision), Node writes {} | < 25% of one core |",
-            r.nodes,
-            args.window,
-            r.server_cpu * 100.0,
-            r.revisions_per_second,
-            r.server_cpu * 1e6 / r.revisions_per_second.max(1.0),
-            r.node_writes
-        );
-        println!("| Control plane RSS, {} nodes | {:.0} MiB | < 2 GiB |", r.nodes, r.server_rss_mib);
-        println!(
-            "| Hollow process, {} nodes | {:.0}% of one core, {:.0} MiB RSS | |",
-            r.nodes,
-            r.hollow_cpu * 100.0,
-            r.hollow_rss_mib
-        );
-        println!(
-            "| Deployment of {} replicas, `git push` to every Pod Running ({} nodes) | {:.1} s | < 5 s |",
-            args.replicas,
-            r.nodes,
-            r.deployment.as_secs_f64()
-        );
-    }
+    let Some(nodes) = runs[0].rest.as_ref().map(|r| r.nodes) else { return };
+    row(
+        format!("Control plane at rest, {nodes} nodes renewing Leases ({} s window)", args.window),
+        &|run| {
+            let r = at_rest(run);
+            let postgres = r.postgres.map_or(0.0, |(cpu, _)| cpu);
+            let split = match r.postgres {
+                Some((cpu, _)) => format!(" (gitplane {:.0}%, PostgreSQL {:.0}%)", r.server_cpu * 100.0, cpu * 100.0),
+                None => String::new(),
+            };
+            format!(
+                "{:.1}% of one core{split}, {:.0} revisions/s ({:.0} µs of CPU per revision), Node writes {}",
+                (r.server_cpu + postgres) * 100.0,
+                r.revisions_per_second,
+                (r.server_cpu + postgres) * 1e6 / r.revisions_per_second.max(1.0),
+                r.node_writes
+            )
+        },
+        "< 25% of one core",
+    );
+    row(
+        format!("Control plane RSS, {nodes} nodes"),
+        &|run| {
+            let r = at_rest(run);
+            match r.postgres {
+                Some((_, pss)) => format!("{:.0} MiB; PostgreSQL {pss:.0} MiB (PSS)", r.server_rss_mib),
+                None => format!("{:.0} MiB", r.server_rss_mib),
+            }
+        },
+        "< 2 GiB",
+    );
+    row(
+        format!("Hollow process, {nodes} nodes"),
+        &|run| {
+            format!("{:.0}% of one core, {:.0} MiB RSS", at_rest(run).hollow_cpu * 100.0, at_rest(run).hollow_rss_mib)
+        },
+        "",
+    );
+    row(
+        format!("Deployment of {} replicas, `git push` to every Pod Running ({nodes} nodes)", args.replicas),
+        &|run| format!("{:.1} s", at_rest(run).deployment.as_secs_f64()),
+        "< 5 s",
+    );
 }

@@ -29,6 +29,13 @@
 //! compaction mark and the latest revision, so a concurrent compaction yields `Expired`, never a
 //! silent gap.
 //!
+//! Like SQLite's, the store keeps the events of its own latest commits in a watch cache, and a
+//! watcher whose cursor is inside it, with nothing committed beyond it, reads memory instead of
+//! the table: with one node's Pod watch per node, every commit would otherwise wake hundreds of
+//! watchers into a query each. The cache holds contiguous revisions only: a batch that starts
+//! past its end (another replica wrote in between) empties it first, and a watcher that has seen
+//! a newer revision than the cache's end reads the table.
+//!
 //! # Leader election and fencing
 //!
 //! [`LeaderLease`] keeps a single `leader` row (holder, token, expiry by the database's `now()`).
@@ -62,7 +69,7 @@ use crate::{
     migrate,
 };
 use gitplane_store::{
-    Committed, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, WatchOptions,
+    Committed, Event, List, ListOptions, ObjectKey, Op, Rejection, Result, Revision, Store, StoreError, WatchOptions,
     WatchStream,
 };
 use serde_json::Value;
@@ -72,7 +79,11 @@ use sqlx::{
     postgres::{PgConnectOptions, PgListener, PgPoolOptions},
 };
 use std::collections::HashMap;
-use std::{sync::Arc, time::Duration};
+use std::sync::{
+    Arc,
+    atomic::{AtomicI64, Ordering},
+};
+use std::time::Duration;
 use tokio::{
     sync::{mpsc, oneshot, watch},
     task::JoinHandle,
@@ -84,6 +95,8 @@ const CHANNEL: &str = "gitplane_store";
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Connections per store: the writer, the listener, and reads.
 const POOL_SIZE: u32 = 10;
+/// Events the watch cache holds (SQLite's size).
+const WATCH_CACHE: usize = 8192;
 /// How long a session may sit idle inside a transaction (unless the URL sets it).
 const IDLE_IN_TRANSACTION: (&str, &str) = ("idle_in_transaction_session_timeout", "60s");
 /// Reads that span several statements see one snapshot.
@@ -127,6 +140,13 @@ struct Inner {
     /// Seals Secrets on the way in, opens them on the way out. Every replica on the database
     /// must hold the same keys.
     secrets: Keyring,
+    /// This process's latest commits' events.
+    cache: backend::WatchCache,
+    /// The revision up to which the cache holds every event (its end); held while the cache is
+    /// filled, so the end only moves forward and never past what the cache holds.
+    cached: std::sync::Mutex<Revision>,
+    /// The highest compaction mark this process has seen.
+    compacted: AtomicI64,
 }
 
 impl Drop for Inner {
@@ -189,12 +209,16 @@ impl PostgresStore {
         let _ = probe.close().await;
         let pool = PgPoolOptions::new().max_connections(POOL_SIZE).connect_lazy_with(options);
         migrator().run(&pool).await.map_err(migrate)?;
-        let (committed, _) = watch::channel(meta(&pool, "revision").await?);
+        let revision = meta(&pool, "revision").await?;
+        let compacted = AtomicI64::new(meta(&pool, "compacted").await?);
+        let (committed, _) = watch::channel(revision);
         let followers = [
             tokio::spawn(listen(pool.clone(), committed.clone())),
             tokio::spawn(poll(pool.clone(), committed.clone(), poll_interval)),
         ];
-        let inner = Arc::new(Inner { pool, committed, followers, secrets });
+        let cache = backend::WatchCache::new(WATCH_CACHE, revision);
+        let cached = std::sync::Mutex::new(revision);
+        let inner = Arc::new(Inner { pool, committed, followers, secrets, cache, cached, compacted });
         let (writer, queue) = mpsc::channel(MAX_BATCH);
         tokio::spawn(write_loop(inner.clone(), queue));
         Ok(PostgresStore { inner, writer, fence: None })
@@ -336,7 +360,7 @@ impl Inner {
             .fetch_one(&mut *tx)
             .await
             .map_err(db)?;
-        let backend::Applied { results, revision, .. } =
+        let backend::Applied { results, revision, events } =
             backend::apply_txns(&mut *tx, &self.secrets, txns, start).await?;
         if revision != start {
             sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'")
@@ -353,8 +377,67 @@ impl Inner {
                 .map_err(db)?;
         }
         tx.commit().await.map_err(db)?;
+        // The cache first, then the news: a woken watcher finds the events in memory.
+        self.fill_cache(start, revision, events);
         advance(&self.committed, revision);
         Ok(results)
+    }
+
+    /// Adds a batch's events, committed on top of `start`, to the watch cache. After a commit of
+    /// another replica (`start` past the cache's end) the cache starts over at `start`; a batch
+    /// older than the cache's end (`apply_batch` racing the writer task) is left to the table.
+    fn fill_cache(&self, start: Revision, revision: Revision, events: Vec<(i64, Event)>) {
+        let mut end = self.cached.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match cache_step(*end, start, revision) {
+            CacheStep::Skip => return,
+            CacheStep::Append => {}
+            CacheStep::Restart => self.cache.reset(start),
+        }
+        self.cache.push(events);
+        *end = revision;
+    }
+
+    /// The events after `after` from the watch cache, when it holds them and everything this
+    /// process knows to be committed.
+    fn read_cache(&self, after: (Revision, i64), kinds: Option<&[String]>, limit: i64) -> Option<EventRead> {
+        // `latest` before the cache's end: a commit of another replica seen after this point is
+        // past `latest`, and a reset after it starts the cache past `latest` too, where `after`
+        // cannot be.
+        let latest = *self.committed.borrow();
+        if *self.cached.lock().unwrap_or_else(std::sync::PoisonError::into_inner) < latest {
+            return None;
+        }
+        self.cache.read(after, kinds, limit, latest)
+    }
+
+    fn check_compacted(&self, position: Revision) -> Result<()> {
+        let compacted = self.compacted.load(Ordering::SeqCst);
+        if position < compacted {
+            return Err(StoreError::Expired { requested: position, compacted });
+        }
+        Ok(())
+    }
+}
+
+/// What a batch committed on top of `start` up to `revision` does to a watch cache that ends at
+/// `end`.
+#[derive(Debug, PartialEq, Eq)]
+enum CacheStep {
+    /// Nothing to add (no commit), or older than what the cache holds.
+    Skip,
+    /// It follows the cache's end.
+    Append,
+    /// Another replica committed in between: the cache starts over at `start`.
+    Restart,
+}
+
+fn cache_step(end: Revision, start: Revision, revision: Revision) -> CacheStep {
+    if revision == start || start < end {
+        CacheStep::Skip
+    } else if start == end {
+        CacheStep::Append
+    } else {
+        CacheStep::Restart
     }
 }
 
@@ -524,8 +607,13 @@ impl ListSource for PgConnection {
 /// no commit or compaction can land between the check and the read.
 impl EventLog for Inner {
     async fn read(&self, after: (Revision, i64), kinds: Option<&[String]>, limit: i64) -> Result<EventRead> {
+        self.check_compacted(after.0)?;
+        if let Some(read) = self.read_cache(after, kinds, limit) {
+            return Ok(read);
+        }
         let mut tx = self.pool.begin_with(SNAPSHOT).await.map_err(db)?;
         let (latest, compacted) = tx.bounds().await?;
+        self.compacted.fetch_max(compacted, Ordering::SeqCst);
         if after.0 < compacted {
             return Err(StoreError::Expired { requested: after.0, compacted });
         }
@@ -605,6 +693,7 @@ impl Store for PostgresStore {
         let mut tx = self.inner.pool.begin_with(SNAPSHOT).await.map_err(db)?;
         let (latest, compacted) = tx.bounds().await?;
         tx.commit().await.map_err(db)?;
+        self.inner.compacted.fetch_max(compacted, Ordering::SeqCst);
         if from < compacted {
             return Err(StoreError::Expired { requested: from, compacted });
         }
@@ -653,6 +742,7 @@ impl Store for PostgresStore {
             .await
             .map_err(db)?;
         tx.commit().await.map_err(db)?;
+        self.inner.compacted.fetch_max(revision, Ordering::SeqCst);
         // Autovacuum would get to the deleted rows once they pass its threshold (a fifth of the
         // table) at its next round; vacuuming now makes their space (and their TOASTed values',
         // where large objects live) reusable at once and gives empty pages at the table's end back.

@@ -44,6 +44,20 @@ where
     }
 }
 
+#[test]
+fn the_watch_cache_holds_contiguous_revisions_only() {
+    // (cache end, batch start, batch revision, step)
+    let cases = [
+        (10, 10, 10, CacheStep::Skip),    // every transaction refused or empty
+        (10, 10, 12, CacheStep::Append),  // the next revisions after the cache's end
+        (10, 11, 12, CacheStep::Restart), // another replica committed 11
+        (12, 10, 11, CacheStep::Skip),    // a batch that raced the writer task and lost
+    ];
+    for (end, start, revision, step) in cases {
+        assert_eq!(cache_step(end, start, revision), step, "end {end}, batch {start}..{revision}");
+    }
+}
+
 #[tokio::test]
 async fn conformance() {
     let cluster = PgCluster::start();
@@ -353,4 +367,91 @@ async fn keys_postgres_cannot_store_are_refused_alone() {
     assert!(store.get(&key("a", "nul\0name")).await.unwrap().is_none());
     let options = ListOptions { namespace: Some("a\0".into()), ..Default::default() };
     assert!(matches!(store.list("Pod", &options).await, Err(StoreError::BadRequest(_))));
+}
+
+/// A table's shape, as both databases describe it: (column, integer or text, NOT NULL, place in
+/// the primary key).
+type Columns = Vec<(String, &'static str, bool, i64)>;
+
+fn type_class(declared: &str) -> &'static str {
+    match declared.to_ascii_lowercase().as_str() {
+        "integer" | "bigint" => "integer",
+        "text" => "text",
+        _ => "other",
+    }
+}
+
+async fn sqlite_tables(pool: &sqlx::SqlitePool) -> BTreeMap<String, Columns> {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' AND name NOT LIKE '_sqlx%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut shapes = BTreeMap::new();
+    for table in tables {
+        let rows: Vec<(String, String, bool, i64)> =
+            sqlx::query_as("SELECT name, type, \"notnull\", pk FROM pragma_table_info(?) ORDER BY cid")
+                .bind(&table)
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        shapes.insert(table, rows.into_iter().map(|(c, t, n, pk)| (c, type_class(&t), n || pk > 0, pk)).collect());
+    }
+    shapes
+}
+
+async fn postgres_tables(pool: &PgPool) -> BTreeMap<String, Columns> {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables
+         WHERE table_schema = current_schema() AND table_name NOT LIKE '\\_sqlx%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut shapes = BTreeMap::new();
+    for table in tables {
+        let rows: Vec<(String, String, bool, i64)> = sqlx::query_as(
+            "SELECT c.column_name::text, c.data_type::text, c.is_nullable = 'NO',
+                    -- indkey's subscripts start at 0; SQLite counts from 1.
+                    COALESCE((SELECT (array_position(i.indkey::int2[], a.attnum)
+                                      - array_lower(i.indkey::int2[], 1) + 1)::bigint
+                              FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid
+                              WHERE i.indrelid = $1::regclass AND i.indisprimary AND a.attname = c.column_name), 0)
+             FROM information_schema.columns c
+             WHERE c.table_schema = current_schema() AND c.table_name = $1 ORDER BY c.ordinal_position",
+        )
+        .bind(&table)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        shapes.insert(table, rows.into_iter().map(|(c, t, n, pk)| (c, type_class(&t), n, pk)).collect());
+    }
+    shapes
+}
+
+#[tokio::test]
+async fn the_tables_and_indexes_are_sqlites() {
+    let cluster = PgCluster::start();
+    let postgres = PostgresStore::connect_with(cluster.empty_database().await).await.unwrap();
+    let sqlite = crate::sqlite::SqliteStore::memory().await.unwrap();
+    let mut tables = postgres_tables(postgres.pool()).await;
+    // The one table SQLite has no use for: Raft elects its leader.
+    assert!(tables.remove("leader").is_some(), "the leader lease's table");
+    assert_eq!(tables, sqlite_tables(sqlite.pool()).await, "Postgres' tables against SQLite's");
+    let sqlite_index: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM pragma_index_info('events_by_key') ORDER BY seqno")
+            .fetch_all(sqlite.pool())
+            .await
+            .unwrap();
+    let postgres_index: Vec<String> = sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid
+         AND a.attnum = ANY(i.indkey) WHERE i.indexrelid = 'events_by_key'::regclass
+         ORDER BY array_position(i.indkey::int2[], a.attnum)",
+    )
+    .fetch_all(postgres.pool())
+    .await
+    .unwrap();
+    assert_eq!(postgres_index, sqlite_index);
+    assert_eq!(sqlite_index, ["kind", "namespace", "name", "revision", "seq"]);
 }
