@@ -2,6 +2,7 @@
 
 use crate::schema::strict_schema;
 use k8s_openapi::api::{
+    admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
     apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet},
     autoscaling::{v1, v2},
     batch::v1::{CronJob, Job},
@@ -100,6 +101,9 @@ static ACCEPTED: LazyLock<Vec<KindInfo>> = LazyLock::new(|| {
         KindInfo::of::<PersistentVolume>(false),
         KindInfo::of::<StorageClass>(false),
         KindInfo::of::<APIService>(false),
+        // Stored and served, never called: gitplane calls no admission webhooks.
+        KindInfo::of::<ValidatingWebhookConfiguration>(false),
+        KindInfo::of::<MutatingWebhookConfiguration>(false),
         KindInfo::of::<crate::Application>(true),
     ]
 });

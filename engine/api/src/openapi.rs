@@ -4,6 +4,7 @@
 //! carries `x-kubernetes-group-version-kind`, which `kubectl explain` looks kinds up by.
 
 use k8s_openapi::api::{
+    admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
     apps::v1::{ControllerRevision, DaemonSet, Deployment, ReplicaSet, StatefulSet},
     autoscaling::v2::HorizontalPodAutoscaler,
     batch::v1::{CronJob, Job},
@@ -158,6 +159,8 @@ pub fn definitions(dialect: Dialect) -> Definitions {
     b.add::<PersistentVolume>();
     b.add::<StorageClass>();
     b.add::<APIService>();
+    b.add::<ValidatingWebhookConfiguration>();
+    b.add::<MutatingWebhookConfiguration>();
     b.add::<crate::Application>();
     let metadata = b.generator.subschema_for::<ObjectMeta>().to_value();
     let mut schemas = b.generator.take_definitions(true);
@@ -236,7 +239,7 @@ mod tests {
     fn every_served_kind_carries_its_group_version_kind() {
         for dialect in [Dialect::V2, Dialect::V3] {
             let d = definitions(dialect);
-            assert_eq!(d.roots.len(), 33);
+            assert_eq!(d.roots.len(), 35);
             for root in &d.roots {
                 let gvk = &d.schemas[&root.definition]["x-kubernetes-group-version-kind"][0];
                 assert_eq!((gvk["kind"].as_str(), gvk["version"].as_str()), (Some(&*root.kind), Some(&*root.version)));

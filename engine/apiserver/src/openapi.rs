@@ -170,6 +170,7 @@ mod tests {
                 "apis/rbac.authorization.k8s.io/v1",
                 "apis/storage.k8s.io/v1",
                 "apis/apiregistration.k8s.io/v1",
+                "apis/admissionregistration.k8s.io/v1",
                 "apis/gitplane.io/v1"
             ]
         );

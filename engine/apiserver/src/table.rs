@@ -216,6 +216,9 @@ fn columns(kind: &str) -> Vec<Value> {
         }
         "IngressClass" => vec![("Name", S, 0), ("Controller", S, 0), ("Parameters", S, 0), ("Age", S, 0)],
         "APIService" => vec![("Name", S, 0), ("Service", S, 0), ("Available", S, 0), ("Age", S, 0)],
+        "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration" => {
+            vec![("Name", S, 0), ("Webhooks", I, 0), ("Age", S, 0)]
+        }
         "NetworkPolicy" => vec![("Name", S, 0), ("Pod-Selector", S, 0), ("Age", S, 0)],
         "PersistentVolumeClaim" => vec![
             ("Name", S, 0),
@@ -742,6 +745,9 @@ fn cells(kind: &str, o: &Value) -> Vec<Cell> {
             ]
         }
         "Namespace" => vec![name, cell(status["phase"].as_str().unwrap_or("Active")), age],
+        "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration" => {
+            vec![name, cell(array(&o["webhooks"]).count()), age]
+        }
         "ConfigMap" => {
             let count = |v: &Value| v.as_object().map_or(0, |m| m.len());
             vec![name, cell(count(&o["data"]) + count(&o["binaryData"])), age]

@@ -1,6 +1,7 @@
 //! Documents into objects gitplane accepts: known kind, strict schema, Kubernetes names and
 //! scope, no server-managed fields, no duplicates, the namespace defaulted.
 
+mod admission_webhooks;
 mod autoscaling;
 mod config_refs;
 mod cron_job;
@@ -96,6 +97,7 @@ const FIELD_IGNORED: &str = "FieldIgnored";
 const UNMOUNTABLE_VOLUME: &str = "UnmountableVolume";
 const REPEATED_RESOURCE: &str = "RepeatedResourceWarning";
 const METRICS_UNAVAILABLE: &str = "MetricsUnavailable";
+const WEBHOOK_NOT_CALLED: &str = "WebhookNotCalled";
 
 impl fmt::Debug for Manifest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -672,6 +674,8 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
         "PersistentVolume" => storage::volume_problems(value),
         "StorageClass" => storage::class_problems(value),
         "APIService" => api_service_problems(value),
+        "ValidatingWebhookConfiguration" => admission_webhooks::problems(value, false),
+        "MutatingWebhookConfiguration" => admission_webhooks::problems(value, true),
         "LimitRange" => resource_limits::limit_range_problems(value),
         "ResourceQuota" => resource_limits::resource_quota_problems(value),
         "ConfigMap" => kube_dns_problems(value, default_namespace),
@@ -694,7 +698,7 @@ fn kind_problems(value: &Value, info: &KindInfo, default_namespace: &str) -> Vec
 
 /// What the API server accepts but gitplane warns of, with the warning's reason: volume sources
 /// the nodes cannot mount (they fail at mount, as on a kubelet without the plugin), HPA metrics
-/// no metrics API serves here.
+/// no metrics API serves here, admission webhooks gitplane does not call.
 fn kind_warnings(value: &Value, info: &KindInfo) -> Vec<(&'static str, Problem)> {
     let mut warnings = Vec::new();
     if info.kind == "PersistentVolume" {
@@ -702,6 +706,9 @@ fn kind_warnings(value: &Value, info: &KindInfo) -> Vec<(&'static str, Problem)>
     }
     if info.kind == "HorizontalPodAutoscaler" {
         warnings.extend(autoscaling::warnings(value).into_iter().map(|p| (METRICS_UNAVAILABLE, p)));
+    }
+    if matches!(info.kind.as_str(), "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration") {
+        warnings.extend(admission_webhooks::not_called(value).map(|p| (WEBHOOK_NOT_CALLED, p)));
     }
     if let Some(at) = pod::pod_spec_pointer(&info.kind)
         && let Some(spec) = value.pointer(at)
@@ -1064,7 +1071,9 @@ spec:
                    Role (rbac.authorization.k8s.io/v1), ClusterRole (rbac.authorization.k8s.io/v1), RoleBinding (rbac.authorization.k8s.io/v1), \
                    ClusterRoleBinding (rbac.authorization.k8s.io/v1), \
                    PersistentVolumeClaim (v1), PersistentVolume (v1), StorageClass (storage.k8s.io/v1), \
-                   APIService (apiregistration.k8s.io/v1), Application (gitplane.io/v1)"],
+                   APIService (apiregistration.k8s.io/v1), \
+                   ValidatingWebhookConfiguration (admissionregistration.k8s.io/v1), \
+                   MutatingWebhookConfiguration (admissionregistration.k8s.io/v1), Application (gitplane.io/v1)"],
             ),
             (
                 "apiVersion: policy/v1beta1\nkind: PodDisruptionBudget\nmetadata: {name: web}\n".into(),
@@ -1194,6 +1203,115 @@ spec:
             assert_eq!(namespace.is_some(), key.contains('/'), "{:?}", m.value);
             let got: Vec<String> = m.warnings.iter().map(ToString::to_string).collect();
             assert_eq!(got, warnings);
+        }
+    }
+
+    /// Webhook configurations are accepted as the API server accepts them, each with a warning
+    /// that gitplane does not call it; their schema and the API server's rules still refuse.
+    #[test]
+    fn t10_webhook_configurations_are_accepted_with_a_warning_and_not_called() {
+        let configuration = |kind: &str, webhooks: &str| {
+            format!(
+                "apiVersion: admissionregistration.k8s.io/v1\nkind: {kind}\nmetadata:\n  name: hooks\nwebhooks:\n{webhooks}"
+            )
+        };
+        let service = "- name: validate.nginx.ingress.kubernetes.io\n  admissionReviewVersions: [v1]\n  sideEffects: None\n  \
+                       clientConfig:\n    service: {name: admission, namespace: ingress-nginx, port: 443}\n";
+        let url = "- name: mutate.example.com\n  admissionReviewVersions: [v1]\n  sideEffects: None\n  \
+                   reinvocationPolicy: IfNeeded\n  clientConfig: {url: \"https://hooks.example.com/mutate\"}\n";
+        let not_called = "stored but not called: gitplane calls no admission webhooks: objects its rules match are \
+                          checked by gitplane's schemas and built-in admission only; the webhook's Service still runs";
+        // The document, then its warnings or its errors.
+        type Outcome = Result<Vec<String>, Vec<String>>;
+        let cases: Vec<(String, Outcome)> = vec![
+            (
+                configuration("ValidatingWebhookConfiguration", service),
+                Ok(vec![format!(
+                    "h.yaml:5: ValidatingWebhookConfiguration hooks: /webhooks: {not_called} \
+                     (webhook validate.nginx.ingress.kubernetes.io: Service ingress-nginx/admission)"
+                )]),
+            ),
+            (
+                configuration("MutatingWebhookConfiguration", url),
+                Ok(vec![format!(
+                    "h.yaml:5: MutatingWebhookConfiguration hooks: /webhooks: {not_called} \
+                     (webhook mutate.example.com: https://hooks.example.com/mutate)"
+                )]),
+            ),
+            // No webhook, nothing left uncalled.
+            (configuration("ValidatingWebhookConfiguration", "  []\n"), Ok(vec![])),
+            (
+                configuration("ValidatingWebhookConfiguration", &format!("{service}  timeoutSeconds: ten\n")),
+                Err(vec!["h.yaml:11: ValidatingWebhookConfiguration hooks: /webhooks/0/timeoutSeconds: \"ten\" is not of type \"integer\"".to_owned()]),
+            ),
+            (
+                configuration("MutatingWebhookConfiguration", &url.replace("sideEffects", "sideEffect")),
+                Err(vec![
+                    "h.yaml:6: MutatingWebhookConfiguration hooks: /webhooks/0: \"sideEffects\" is a required property"
+                        .to_owned(),
+                    "h.yaml:8: MutatingWebhookConfiguration hooks: /webhooks/0: unknown field \"sideEffect\" (did you \
+                     mean \"sideEffects\"?)"
+                        .to_owned(),
+                ]),
+            ),
+            (
+                configuration(
+                    "ValidatingWebhookConfiguration",
+                    &format!("{service}  timeoutSeconds: 60\n  failurePolicy: Retry\n{service}")
+                        .replace("clientConfig:\n", "clientConfig:\n    url: https://a.example.com\n"),
+                ),
+                Err(vec![
+                    "h.yaml:9: ValidatingWebhookConfiguration hooks: /webhooks/0/clientConfig: exactly one of url or \
+                     service is required"
+                        .to_owned(),
+                    "h.yaml:12: ValidatingWebhookConfiguration hooks: /webhooks/0/timeoutSeconds: the timeout value must \
+                     be between 1 and 30 seconds"
+                        .to_owned(),
+                    "h.yaml:13: ValidatingWebhookConfiguration hooks: /webhooks/0/failurePolicy: Unsupported value: \
+                     \"Retry\": supported values: \"Ignore\", \"Fail\""
+                        .to_owned(),
+                    "h.yaml:14: ValidatingWebhookConfiguration hooks: /webhooks/1/name: Duplicate value: \
+                     \"validate.nginx.ingress.kubernetes.io\""
+                        .to_owned(),
+                    "h.yaml:17: ValidatingWebhookConfiguration hooks: /webhooks/1/clientConfig: exactly one of url or \
+                     service is required"
+                        .to_owned(),
+                ]),
+            ),
+            (
+                configuration(
+                    "MutatingWebhookConfiguration",
+                    "- name: hook\n  admissionReviewVersions: [v2]\n  sideEffects: Some\n  reinvocationPolicy: Always\n  \
+                     clientConfig: {service: {name: s, namespace: n, port: 0}}\n",
+                ),
+                Err(vec![
+                    "h.yaml:6: MutatingWebhookConfiguration hooks: /webhooks/0/name: \"hook\" is not a fully qualified \
+                     webhook name: use a domain with at least three segments, e.g. validate.example.com"
+                        .to_owned(),
+                    "h.yaml:7: MutatingWebhookConfiguration hooks: /webhooks/0/admissionReviewVersions: must include at \
+                     least one of v1, v1beta1: add v1"
+                        .to_owned(),
+                    "h.yaml:8: MutatingWebhookConfiguration hooks: /webhooks/0/sideEffects: Unsupported value: \"Some\": \
+                     supported values: \"None\", \"NoneOnDryRun\""
+                        .to_owned(),
+                    "h.yaml:9: MutatingWebhookConfiguration hooks: /webhooks/0/reinvocationPolicy: Unsupported value: \
+                     \"Always\": supported values: \"Never\", \"IfNeeded\""
+                        .to_owned(),
+                    "h.yaml:10: MutatingWebhookConfiguration hooks: /webhooks/0/clientConfig/service/port: must be \
+                     between 1 and 65535"
+                        .to_owned(),
+                ]),
+            ),
+        ];
+        for (yaml, expected) in cases {
+            let got = check(&[("h.yaml", &yaml)]).map(|manifests| {
+                assert!(manifests[0].warnings.iter().all(|w| w.reason == "WebhookNotCalled"));
+                assert!(
+                    manifests[0].key.to_string().contains("WebhookConfiguration.admissionregistration.k8s.io hooks")
+                );
+                manifests[0].warnings.iter().map(ToString::to_string).collect::<Vec<_>>()
+            });
+            assert_eq!(got, expected, "{yaml}");
         }
     }
 

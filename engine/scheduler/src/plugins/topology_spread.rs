@@ -180,8 +180,7 @@ impl ScorePlugin for PodTopologySpread {
         let own = pod.spec.as_ref().and_then(|s| s.topology_spread_constraints.as_ref()).is_some_and(|c| !c.is_empty());
         if !own {
             let Some(owner) = controller_uid(pod) else { return vec![100; nodes.len()] };
-            let count = |_: usize, node: &NodeInfo| f64::from(node.by_controller.get(owner).copied().unwrap_or(0));
-            return spread_scores(&DEFAULT_SPREAD.map(|(k, s)| (k.to_owned(), s)), nodes, nodes, default_domain, count);
+            return default_spread_scores(owner, nodes);
         }
         let constraints = constraints(pod, "ScheduleAnyway");
         if constraints.is_empty() {
@@ -198,12 +197,44 @@ impl ScorePlugin for PodTopologySpread {
     }
 }
 
-/// A node's domain for the system defaults: a node without a hostname label is its own.
-fn default_domain<'n>(node: &'n NodeInfo, key: &str) -> Option<&'n str> {
-    match key {
-        HOSTNAME => Some(node.label(key).unwrap_or(node.name())),
-        _ => node.label(key),
-    }
+/// [`spread_scores`] of the system defaults over the feasible nodes (counted and scored alike),
+/// each node's zone and Pods of the controller read once: every node is in a hostname domain
+/// (its own, labelled or not), so only the zone groups nodes.
+fn default_spread_scores(owner: &str, nodes: &[&NodeInfo]) -> Vec<i64> {
+    let [(_, host_skew), (zone_key, zone_skew)] = DEFAULT_SPREAD;
+    let mut zones: HashMap<&str, usize> = HashMap::new();
+    let mut in_zone: Vec<f64> = Vec::new();
+    let per_node: Vec<(f64, Option<usize>)> = nodes
+        .iter()
+        .map(|node| {
+            let count = f64::from(node.by_controller.get(owner).copied().unwrap_or(0));
+            let zone = node.label(zone_key).map(|zone| {
+                let next = zones.len();
+                let at = *zones.entry(zone).or_insert(next);
+                if at == next {
+                    in_zone.push(0.0);
+                }
+                in_zone[at] += count;
+                at
+            });
+            (count, zone)
+        })
+        .collect();
+    let host_weight = (nodes.len() as f64 + 2.0).ln();
+    let zone_weight = (in_zone.len() as f64 + 2.0).ln();
+    let raw: Vec<Option<f64>> = per_node
+        .iter()
+        .map(|(count, zone)| {
+            // In spread_scores' order of additions, so the scores are the same to the bit.
+            let host = 0.0 + count * host_weight + (host_skew - 1) as f64;
+            match zone {
+                _ if in_zone.is_empty() => Some(host),
+                Some(at) => Some(host + in_zone[*at] * zone_weight + (zone_skew - 1) as f64),
+                None => None,
+            }
+        })
+        .collect();
+    normalized(&raw)
 }
 
 /// upstream's scoring of `ScheduleAnyway` constraints (`constraints`: key and maxSkew): per
@@ -251,6 +282,11 @@ fn spread_scores<'n>(
             }
         }
     }
+    normalized(&raw)
+}
+
+/// Raw spread scores (`None`: left out) to 0-100, the emptiest 100.
+fn normalized(raw: &[Option<f64>]) -> Vec<i64> {
     let known = raw.iter().flatten();
     let (min, max) = known.fold((f64::MAX, 0.0f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
     raw.iter()
@@ -428,6 +464,53 @@ mod tests {
             spread_scores(&keys, &counted, &refs, NodeInfo::label, c)
         };
         (fits.map(|f| f.map_err(|r| r.join(","))).collect(), scores)
+    }
+
+    /// A node's domain for the system defaults: a node without a hostname label is its own.
+    fn default_domain<'n>(node: &'n NodeInfo, key: &str) -> Option<&'n str> {
+        match key {
+            HOSTNAME => Some(node.label(key).unwrap_or(node.name())),
+            _ => node.label(key),
+        }
+    }
+
+    #[test]
+    fn default_spread_agrees_with_the_general_scoring() {
+        // (seed, nodes, percent of nodes in a zone)
+        let cases = [(1, 1, 100), (2, 6, 80), (3, 40, 100), (4, 40, 0), (5, 300, 90), (6, 300, 100)];
+        let (mut left_out, mut scored) = (false, false);
+        for (seed, node_count, zoned) in cases {
+            let mut rng = Rng::new(seed);
+            let nodes: Vec<NodeInfo> = (0..node_count)
+                .map(|i| {
+                    let mut labels = json!({});
+                    if rng.chance(80) {
+                        labels[HOSTNAME] = json!(format!("n{i}"));
+                    }
+                    if rng.chance(zoned) {
+                        labels["topology.kubernetes.io/zone"] = json!(*rng.pick(&["a", "b", "c", "d", "e"]));
+                    }
+                    let node = json!({"metadata": {"name": format!("n{i}"), "labels": labels}});
+                    let mut info = NodeInfo::new(serde_json::from_value::<Node>(node).unwrap());
+                    for owner in ["rs-a", "rs-b"] {
+                        if rng.chance(60) {
+                            info.by_controller.insert(owner.into(), 1 + rng.below(5) as u32);
+                        }
+                    }
+                    info
+                })
+                .collect();
+            for owner in ["rs-a", "rs-b", "rs-c"] {
+                let feasible: Vec<&NodeInfo> = nodes.iter().filter(|_| rng.chance(70)).collect();
+                let count = |_: usize, node: &NodeInfo| f64::from(node.by_controller.get(owner).copied().unwrap_or(0));
+                let keys = DEFAULT_SPREAD.map(|(k, s)| (k.to_owned(), s));
+                let want = spread_scores(&keys, &feasible, &feasible, default_domain, count);
+                assert_eq!(default_spread_scores(owner, &feasible), want, "seed {seed}, owner {owner}");
+                left_out |= want.contains(&0);
+                scored |= want.iter().any(|s| *s != want[0]);
+            }
+        }
+        assert!(left_out && scored);
     }
 
     #[test]
