@@ -63,6 +63,17 @@ spec:
       containers:
         - name: migrate
           image: gitplane.local/busybox:1
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: web-admission
+webhooks:
+  - name: validate.web.example.com
+    admissionReviewVersions: [v1]
+    sideEffects: None
+    clientConfig:
+      service: {name: web, namespace: default, port: 80}
 "#;
 
 /// The real kubectl with the replica's kubeconfig (HTTPS, the cluster CA, a read token), with
@@ -166,6 +177,13 @@ fn t73_kubectl_discovers_explains_and_prints_wide_tables() -> Result<()> {
     ensure!(short.contains("pod/web-") && short.contains("deployment.apps/web"), "short names:\n{short}");
     let more = kubectl.ok(&["get", "cm,ns,no,ev", "-A"])?;
     ensure!(more.contains("configmap/settings") && more.contains("namespace/default"), "cm,ns,no,ev:\n{more}");
+    // Stored and served, though gitplane calls no admission webhooks.
+    let webhooks = kubectl.ok(&["get", "validatingwebhookconfigurations"])?;
+    header_has(&webhooks, &["NAME", "WEBHOOKS", "AGE"])?;
+    ensure!(
+        rows(&webhooks).iter().any(|r| r.starts_with(&["web-admission", "1"])),
+        "webhook configurations:\n{webhooks}"
+    );
 
     // Every write answers 405 naming what owns the object: its Application and repository,
     // up the controller chain for a Pod, or that nothing in Git owns it.
