@@ -101,9 +101,9 @@ enum Command {
     /// one Markdown table.
     Statefulset(statefulset::StatefulSetArgs),
     /// Hollow nodes (`gitplane agent --hollow`) beside one `gitplane server`: SchedulingBasic at
-    /// 100 and 250 nodes (the Pod range holds 256 nodes' podCIDRs), the control plane's CPU and
-    /// RSS while the nodes renew their Leases, and a Deployment of 1,000 replicas from `git push`
-    /// to Running. Prints one Markdown table.
+    /// 100 and 250 nodes by default (up to as many as `--cluster-cidr` holds), the control
+    /// plane's CPU and RSS while the nodes renew their Leases, and a Deployment of 1,000 replicas
+    /// from `git push` to Running. Prints one Markdown table.
     Scale(scale::ScaleArgs),
     /// One measurement of `source`, in a process of its own (run by `source`).
     #[command(hide = true)]
