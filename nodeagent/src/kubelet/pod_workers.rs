@@ -319,6 +319,9 @@ impl PodWorker {
         // Pod already ran when first seen (adopted by a restarted agent).
         let seen = Instant::now();
         let mut start_recorded = false;
+        // Whether a sync here found the Pod started: the store's copy may still say Pending when
+        // the runtime goes away before the echo of that status arrives.
+        let mut started_here = false;
         if self.rejects(&mut updates).await {
             return;
         }
@@ -385,6 +388,7 @@ impl PodWorker {
                         }
                     }
                     self.probes.observe(&status);
+                    started_here |= started_status(&status);
                     if steady(&status) {
                         next_sync = self.resync_steady;
                     }
@@ -398,7 +402,11 @@ impl PodWorker {
                     }
                     // A Pod that never ran here says why it does not; one that runs keeps its
                     // status (its containers may well run on in their shims).
-                    if started(&pod) { None } else { self.runtime.sandbox_failed(&pod, &self.probes.snapshot(), &e) }
+                    if started_here || started(&pod) {
+                        None
+                    } else {
+                        self.runtime.sandbox_failed(&pod, &self.probes.snapshot(), &e)
+                    }
                 }
             };
             if let Some(status) = status {
@@ -576,8 +584,11 @@ fn sync_backoff(failures: u32) -> Duration {
 /// Whether the Pod's status says it got a sandbox (an address) or got past Pending: a sync that
 /// fails then leaves its status as it is.
 fn started(pod: &Pod) -> bool {
-    let status = pod.status.as_ref();
-    status.is_some_and(|s| s.pod_ip.is_some() || s.phase.as_deref().is_some_and(|p| p != "Pending"))
+    pod.status.as_ref().is_some_and(started_status)
+}
+
+fn started_status(status: &k8s_openapi::api::core::v1::PodStatus) -> bool {
+    status.pod_ip.is_some() || status.phase.as_deref().is_some_and(|p| p != "Pending")
 }
 
 /// A Pod that only a change in the runtime (which the relist reports) or in its spec can move:
