@@ -314,19 +314,31 @@ impl LocalCluster {
     }
 
     /// Runs `cmd` in a container through its node's containerd (as `kubectl exec`); its stdout.
+    ///
+    /// containerd may lose what a process wrote just before it exited, so `cmd` runs under the
+    /// image's busybox shell, which ends the output with a marker, and runs again when the
+    /// marker is missing.
     pub fn exec(&self, node: &str, container_id: &str, cmd: &[&str]) -> Result<String> {
-        let exec_id = format!("e2e-{}", EXECS.fetch_add(1, Ordering::Relaxed));
-        let out = Command::new("ctr")
-            .arg("-a")
-            .arg(self.containerd_socket(node))
-            .args(["-n", "k8s.io", "tasks", "exec", "--exec-id", &exec_id, container_id])
-            .args(cmd)
-            .output()?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            bail!("exec {cmd:?} in {container_id} on {node}: {} {}", out.status, stderr.trim());
+        const END: &str = "\ngitplane-exec-end\n";
+        const WRAPPER: &str = "\"$@\"; status=$?; echo; echo gitplane-exec-end; exit $status";
+        for _ in 0..3 {
+            let exec_id = format!("e2e-{}", EXECS.fetch_add(1, Ordering::Relaxed));
+            let out = Command::new("ctr")
+                .arg("-a")
+                .arg(self.containerd_socket(node))
+                .args(["-n", "k8s.io", "tasks", "exec", "--exec-id", &exec_id, container_id])
+                .args(["/bin/busybox", "sh", "-c", WRAPPER, "sh"])
+                .args(cmd)
+                .output()?;
+            if !out.status.success() {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                bail!("exec {cmd:?} in {container_id} on {node}: {} {}", out.status, stderr.trim());
+            }
+            if let Some(stdout) = String::from_utf8_lossy(&out.stdout).strip_suffix(END) {
+                return Ok(stdout.to_owned());
+            }
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        bail!("exec {cmd:?} in {container_id} on {node}: containerd lost its output three times")
     }
 
     /// `wget -O - url` from inside a container, bounded (Debian's busybox has no `wget -T`).
