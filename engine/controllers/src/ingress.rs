@@ -10,33 +10,51 @@ use gitplane_api::{
     ingress::{self, Inputs, RouteTable},
     object::{from_value, kind_of},
 };
-use gitplane_store::{Event, ObjectKey, informer::Cache};
+use gitplane_store::{Event, EventType, ObjectKey, informer::Cache};
 use k8s_openapi::api::{
     core::v1::{Node, Secret, Service},
     networking::v1::{Ingress, IngressClass, IngressLoadBalancerIngress, IngressLoadBalancerStatus, IngressStatus},
 };
-use std::sync::Mutex;
+use serde_json::Value;
+use std::{collections::BTreeMap, sync::Mutex};
 
 const COMPONENT: &str = "ingress-controller";
 
 #[derive(Default)]
 pub struct IngressController {
-    /// The node addresses last seen: a Node change that keeps them touches no Ingress.
-    addresses: Mutex<Vec<String>>,
+    /// Each node's InternalIPs, kept from its events: a Node change that keeps them touches no
+    /// Ingress, and neither an event nor a reconcile decodes every Node.
+    addresses: Mutex<BTreeMap<String, Vec<String>>>,
 }
 
-/// The InternalIPs of every node, sorted.
-fn node_addresses(cache: &Cache) -> Vec<String> {
-    let mut addresses: Vec<String> = cache
-        .list_typed::<Node>(None)
-        .iter()
-        .flat_map(|n| n.status.iter().flat_map(|s| s.addresses.iter().flatten()))
-        .filter(|a| a.type_ == "InternalIP")
-        .map(|a| a.address.clone())
-        .collect();
-    addresses.sort();
-    addresses.dedup();
-    addresses
+/// A Node's InternalIPs, read from its JSON.
+fn internal_ips(node: &Value) -> Vec<String> {
+    let addresses = node["status"]["addresses"].as_array().into_iter().flatten();
+    addresses.filter(|a| a["type"] == "InternalIP").filter_map(|a| a["address"].as_str().map(str::to_owned)).collect()
+}
+
+impl IngressController {
+    fn known(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<String>>> {
+        self.addresses.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a Node's addresses (none: it is gone); true when they changed.
+    fn observe_node(&self, name: &str, addresses: Option<Vec<String>>) -> bool {
+        let mut known = self.known();
+        let old = match &addresses {
+            Some(new) => known.insert(name.to_owned(), new.clone()),
+            None => known.remove(name),
+        };
+        old.unwrap_or_default() != addresses.unwrap_or_default()
+    }
+
+    /// The InternalIPs of every node, sorted.
+    fn node_addresses(&self) -> Vec<String> {
+        let mut addresses: Vec<String> = self.known().values().flatten().cloned().collect();
+        addresses.sort();
+        addresses.dedup();
+        addresses
+    }
 }
 
 /// The status an Ingress should have: every node's address.
@@ -67,10 +85,8 @@ impl Reconciler for IngressController {
             return ingresses(Some(&event.key.namespace));
         }
         if *kind == kind_of::<Node>() {
-            let now = node_addresses(cache);
-            let mut seen = self.addresses.lock().unwrap_or_else(|e| e.into_inner());
-            if *seen != now {
-                *seen = now;
+            let addresses = (event.event_type != EventType::Deleted).then(|| internal_ips(&event.object));
+            if self.observe_node(&event.key.name, addresses) {
                 return ingresses(None);
             }
         }
@@ -78,7 +94,9 @@ impl Reconciler for IngressController {
     }
 
     fn all_keys(&self, cache: &Cache) -> Vec<ObjectKey> {
-        *self.addresses.lock().unwrap_or_else(|e| e.into_inner()) = node_addresses(cache);
+        let nodes = cache.list(&kind_of::<Node>(), None);
+        *self.known() =
+            nodes.iter().filter_map(|n| Some((n["metadata"]["name"].as_str()?.to_owned(), internal_ips(n)))).collect();
         crate::runtime::all_of::<Ingress>(cache)
     }
 
@@ -118,7 +136,7 @@ impl Reconciler for IngressController {
             tracing::warn!(reason, "{message}");
             ctx.event(COMPONENT, &ingress, WARNING, reason, &message);
         }
-        let desired = desired_status(&node_addresses(ctx.cache()));
+        let desired = desired_status(&self.node_addresses());
         let current = ingress.status.as_ref().and_then(|s| s.load_balancer.clone()).unwrap_or_default();
         if current != desired {
             tracing::info!(addresses = ?desired.ingress.iter().flatten().filter_map(|i| i.ip.as_deref()).collect::<Vec<_>>(), "ingress addresses");
@@ -127,5 +145,39 @@ impl Reconciler for IngressController {
             ctx.update_status(&updated).await?;
         }
         Ok(Action::await_change())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(ips: &[&str]) -> Value {
+        let addresses: Vec<Value> = ips.iter().map(|ip| json!({"type": "InternalIP", "address": ip})).collect();
+        let mut with_hostname = addresses.clone();
+        with_hostname.push(json!({"type": "Hostname", "address": "n"}));
+        json!({"metadata": {"name": "n"}, "status": {"addresses": with_hostname}})
+    }
+
+    #[test]
+    fn only_a_change_of_a_nodes_addresses_counts() {
+        let c = IngressController::default();
+        // (node, its InternalIPs or None when deleted, whether that changed them, every node's)
+        type Step<'a> = (&'a str, Option<&'a [&'a str]>, bool, &'a [&'a str]);
+        let steps: [Step; 7] = [
+            ("a", Some(&[]), false, &[]),
+            ("a", Some(&["10.0.0.2"]), true, &["10.0.0.2"]),
+            ("a", Some(&["10.0.0.2"]), false, &["10.0.0.2"]),
+            ("b", Some(&["10.0.0.1", "10.0.0.2"]), true, &["10.0.0.1", "10.0.0.2"]),
+            ("a", None, true, &["10.0.0.1", "10.0.0.2"]),
+            ("a", None, false, &["10.0.0.1", "10.0.0.2"]),
+            ("b", Some(&[]), true, &[]),
+        ];
+        for (i, (name, addresses, changed, all)) in steps.into_iter().enumerate() {
+            let addresses = addresses.map(|ips| internal_ips(&node(ips)));
+            assert_eq!(c.observe_node(name, addresses), changed, "step {i}");
+            assert_eq!(c.node_addresses(), all, "step {i}");
+        }
     }
 }

@@ -83,6 +83,14 @@ pub fn watched_kinds() -> Vec<String> {
     kinds
 }
 
+/// What the controllers read from the informer cache without reacting to its changes: the
+/// nodes' Leases, renewed every 10 s each and read on the node lifecycle controller's own clock.
+pub fn unannounced() -> gitplane_store::informer::Unannounced {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let kind = gitplane_api::object::kind_of::<Lease>();
+    gitplane_store::informer::Unannounced::of(kind, gitplane_api::object::NODE_LEASE_NAMESPACE)
+}
+
 /// What the controllers are configured with.
 #[derive(Clone)]
 pub struct Settings {

@@ -166,7 +166,10 @@ impl Replica {
         let info = backend.clone();
         let auth = githttp::GitAuth { push_token: credentials.git_token.clone() };
         let record_key = RecordKey::new(credentials.record_key());
-        let informers = Arc::new(SharedInformerFactory::new(shared.clone(), controlplane::watched_kinds()));
+        let informers = Arc::new(
+            SharedInformerFactory::new(shared.clone(), controlplane::watched_kinds())
+                .unannounced(gitplane_controllers::unannounced()),
+        );
         let verdicts =
             Arc::new(Verdicts::new(shared.clone(), informers.clone(), record_key.clone(), service_ranges.clone()));
         let plans = verdicts.plans();

@@ -216,6 +216,23 @@ fn decode<K: Resource<DynamicType = ()> + DeserializeOwned>(value: &Value) -> Op
     }
 }
 
+/// Objects of a kind in a namespace that are cached but never announced: changes no loop reacts
+/// to, too frequent to wake every subscriber (node heartbeats: 5,000 nodes renew a Lease each
+/// every 10 s, and the node lifecycle controller reads them on its own clock).
+#[derive(Clone, Debug, Default)]
+pub struct Unannounced(Vec<(String, String)>);
+
+impl Unannounced {
+    /// The objects of `kind` in `namespace`.
+    pub fn of(kind: impl Into<String>, namespace: impl Into<String>) -> Self {
+        Unannounced(vec![(kind.into(), namespace.into())])
+    }
+
+    fn contains(&self, key: &ObjectKey) -> bool {
+        self.0.iter().any(|(kind, namespace)| *kind == key.kind && *namespace == key.namespace)
+    }
+}
+
 /// A running informer: its cache, its subscribers, and the revision the cache has reached
 /// (0 until the first list of every kind is in). Clones share it; the list + watch task stops
 /// when the last clone is dropped.
@@ -241,6 +258,12 @@ impl Drop for AbortOnDrop {
 impl Informer {
     /// Starts list + watch of `kinds` (group kinds such as `Pod`, `Deployment.apps`).
     pub fn spawn(store: Arc<dyn Store>, kinds: Vec<String>) -> Self {
+        Self::spawn_with(store, kinds, Unannounced::default())
+    }
+
+    /// [`Informer::spawn`], with changes to the `unannounced` objects cached and not sent to
+    /// subscribers.
+    pub fn spawn_with(store: Arc<dyn Store>, kinds: Vec<String>, unannounced: Unannounced) -> Self {
         let cache = Arc::new(Cache::default());
         let (notifications, _) = broadcast::channel(16 * 1024);
         let (revision_tx, revision) = watch::channel(0);
@@ -249,7 +272,8 @@ impl Informer {
             let (cache, notifications) = (task_cache, task_notifications);
             let mut resume: Option<Revision> = None;
             loop {
-                match run(&*store, &kinds, &cache, &notifications, &revision_tx, &mut resume).await {
+                let out = Out { cache: &cache, notifications: &notifications, unannounced: &unannounced };
+                match run(&*store, &kinds, &out, &revision_tx, &mut resume).await {
                     Err(StoreError::Expired { .. }) => {
                         tracing::info!("informer watch expired, re-listing");
                         resume = None;
@@ -312,12 +336,19 @@ impl Informer {
 pub struct SharedInformerFactory {
     store: Arc<dyn Store>,
     kinds: Vec<String>,
+    unannounced: Unannounced,
     running: Mutex<Weak<Running>>,
 }
 
 impl SharedInformerFactory {
     pub fn new(store: Arc<dyn Store>, kinds: Vec<String>) -> Self {
-        SharedInformerFactory { store, kinds, running: Mutex::default() }
+        SharedInformerFactory { store, kinds, unannounced: Unannounced::default(), running: Mutex::default() }
+    }
+
+    /// Changes to these objects are cached and not sent to subscribers.
+    pub fn unannounced(mut self, unannounced: Unannounced) -> Self {
+        self.unannounced = unannounced;
+        self
     }
 
     /// The running informer, or a new one (call it within a tokio runtime).
@@ -326,7 +357,7 @@ impl SharedInformerFactory {
         if let Some(informer) = running.upgrade() {
             return Informer(informer);
         }
-        let informer = Informer::spawn(self.store.clone(), self.kinds.clone());
+        let informer = Informer::spawn_with(self.store.clone(), self.kinds.clone(), self.unannounced.clone());
         *running = Arc::downgrade(&informer.0);
         informer
     }
@@ -335,11 +366,17 @@ impl SharedInformerFactory {
 /// Lists every kind at one revision (unless resuming), then follows the watch. `resume` holds
 /// the revision the cache has reached, so a broken watch (a replica gone, a leader change)
 /// continues from there without a new list; only an expired revision makes it list again.
+/// Where a watch's events go.
+struct Out<'a> {
+    cache: &'a Cache,
+    notifications: &'a broadcast::Sender<Notification>,
+    unannounced: &'a Unannounced,
+}
+
 async fn run(
     store: &dyn Store,
     kinds: &[String],
-    cache: &Cache,
-    notifications: &broadcast::Sender<Notification>,
+    out: &Out<'_>,
     revision: &watch::Sender<Revision>,
     resume: &mut Option<Revision>,
 ) -> Result<(), StoreError> {
@@ -350,11 +387,11 @@ async fn run(
             for kind in kinds {
                 let list = store.list(kind, &ListOptions { at_revision: at, ..Default::default() }).await?;
                 at = Some(list.revision);
-                cache.replace(kind, list.items);
+                out.cache.replace(kind, list.items);
             }
             let listed = at.unwrap_or(0);
             revision.send_replace(listed.max(1));
-            let _ = notifications.send(Notification::Resync);
+            let _ = out.notifications.send(Notification::Resync);
             listed
         }
     };
@@ -362,11 +399,11 @@ async fn run(
     let options = WatchOptions { kinds: Some(kinds.to_vec()), bookmarks: true };
     let mut events = store.watch(from, options).await?;
     while let Some(event) = events.next().await {
-        let mut last = apply(event?, cache, notifications);
+        let mut last = out.apply(event?);
         // Publish the revision once the events that are already here (a whole transaction,
         // usually) are applied, so a waiter never sees half a transaction.
         while let Some(Some(event)) = events.next().now_or_never() {
-            last = apply(event?, cache, notifications);
+            last = out.apply(event?);
         }
         *resume = Some(last);
         revision.send_if_modified(|r| {
@@ -378,13 +415,17 @@ async fn run(
     Ok(())
 }
 
-fn apply(event: Event, cache: &Cache, notifications: &broadcast::Sender<Notification>) -> Revision {
-    let revision = event.revision;
-    if event.event_type != EventType::Bookmark {
-        cache.apply(&event);
-        let _ = notifications.send(Notification::Changed(Arc::new(event)));
+impl Out<'_> {
+    fn apply(&self, event: Event) -> Revision {
+        let revision = event.revision;
+        if event.event_type != EventType::Bookmark {
+            self.cache.apply(&event);
+            if !self.unannounced.contains(&event.key) {
+                let _ = self.notifications.send(Notification::Changed(Arc::new(event)));
+            }
+        }
+        revision
     }
-    revision
 }
 
 #[cfg(test)]
@@ -430,6 +471,22 @@ mod tests {
         cache.replace("ConfigMap", vec![config_map("d", Some("s/x"))]);
         assert_eq!((owned(&cache, "s/x"), owned(&cache, "s/y")), (vec!["d".to_owned()], Vec::<String>::new()));
         assert_eq!(cache.objects.read().unwrap().owned.len(), 1, "no empty entries are kept");
+    }
+
+    #[test]
+    fn unannounced_changes_are_cached_and_not_sent() {
+        let cache = Cache::default();
+        cache.replace("Lease.coordination.k8s.io", Vec::new());
+        let (notifications, mut received) = broadcast::channel(16);
+        let unannounced = Unannounced::of("Lease.coordination.k8s.io", "kube-node-lease");
+        let out = Out { cache: &cache, notifications: &notifications, unannounced: &unannounced };
+        let lease = |namespace: &str| json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "n1", "namespace": namespace}});
+        out.apply(event(EventType::Added, lease("kube-node-lease")));
+        out.apply(event(EventType::Added, lease("default")));
+        assert_eq!(cache.list("Lease.coordination.k8s.io", None).len(), 2, "both cached");
+        let Ok(Notification::Changed(sent)) = received.try_recv() else { panic!("one notification") };
+        assert_eq!(sent.key.namespace, "default");
+        assert!(received.try_recv().is_err(), "the node's heartbeat is not announced");
     }
 
     fn pod(name: &str, namespace: &str, controllers: &[(&str, bool)]) -> Value {
