@@ -9,6 +9,7 @@
 
 pub mod addresses;
 mod events;
+mod heartbeats;
 mod identity;
 mod ingress_secrets;
 mod nodestatus;
@@ -76,6 +77,7 @@ pub struct NodeService {
     /// Each node's Lease as this replica last wrote it: the next renewal is a compare-and-swap
     /// on it, with no read first.
     leases: std::sync::Mutex<HashMap<String, Lease>>,
+    heartbeats: heartbeats::Heartbeats,
 }
 
 impl NodeService {
@@ -88,6 +90,7 @@ impl NodeService {
         let events = gitplane_store::events::Recorder::spawn(store.clone(), Default::default());
         let pod_cidrs = podcidr::Allocator::new(reserved.pods);
         let cache = watch_cache::WatchCache::spawn(store.clone());
+        let heartbeats = heartbeats::Heartbeats::spawn(store.clone());
         NodeService {
             store,
             identity,
@@ -98,6 +101,7 @@ impl NodeService {
             tokens: None,
             cache,
             leases: Default::default(),
+            heartbeats,
         }
     }
 
@@ -357,20 +361,17 @@ impl NodeService {
         Err(Status::aborted(format!("node {name} changed concurrently {CAS_ATTEMPTS} times; retry")))
     }
 
-    /// Renews `name`'s Lease: a compare-and-swap on the Lease this replica last wrote, else
-    /// (none yet, or changed since) on the one read. `node`: its Node as the watch cache holds it,
-    /// if it does (else read when its Ready condition must be checked).
+    /// Renews `name`'s Lease: a compare-and-swap on the Lease this replica last wrote, in one
+    /// transaction with other nodes' renewals, else (none yet, changed since, or the batch
+    /// failed) on the one read. `node`: its Node as the watch cache holds it, if it does (else
+    /// read when its Ready condition must be checked).
     async fn renew_lease(&self, name: &str, node: Option<&Node>) -> Result<(), StoreError> {
-        let leases = Api::<Lease>::new(self.store.clone());
         let now = MicroTime(Timestamp::now());
         let cached = self.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(name);
         let renewed = match cached {
             Some(mut lease) => {
                 lease.spec.get_or_insert_with(Default::default).renew_time = Some(now.clone());
-                match leases.update(&lease).await {
-                    Err(e) if e.is_conflict() || e.is_not_found() => None,
-                    other => Some(other?),
-                }
+                self.heartbeats.renew(lease).await
             }
             None => None,
         };
