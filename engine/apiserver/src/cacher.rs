@@ -1,6 +1,7 @@
-//! The watch cache for LIST, as kube-apiserver's cacher: per kind, filled on the first LIST of
-//! that kind with one unpaged [`Store::list_json`] at the latest revision, then kept current by
-//! the store's `watch(from = that revision)`. It holds each object's stored JSON text (never a
+//! The watch cache for LIST, as kube-apiserver's cacher: per kind, filled at start-up (Pods and
+//! Nodes, [`Cacher::start`]) or on the first LIST of that kind with one unpaged
+//! [`Store::list_json`] at the latest revision, then kept current by the store's
+//! `watch(from = that revision)`. It holds each object's stored JSON text (never a
 //! parsed `Value`: a parsed Pod takes several times its text), in (namespace, name) order, so a
 //! LIST is spliced from it exactly as from the store, with no query. A cluster-wide LIST of
 //! 150,000 Pods costs the store 1-2.5 s of CPU per request; from here it costs a walk over the
@@ -343,6 +344,13 @@ impl Cacher {
                 Arc::new(KindCache { current, following, paged: Mutex::default(), _task: task })
             })
             .clone()
+    }
+
+    /// Starts filling and following the caches of `kinds` now, not at their first LIST.
+    pub fn start(&self, kinds: &[&str]) {
+        for kind in kinds {
+            self.kind(kind);
+        }
     }
 
     /// The list of `kind` under `options` from the cache, or `None` when the store must answer

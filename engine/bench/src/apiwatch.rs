@@ -147,7 +147,7 @@ pub fn main(args: ApiWatchArgs) -> Result<()> {
 
 /// How the watches reach the server.
 #[derive(Clone, Copy)]
-enum Transport {
+pub(crate) enum Transport {
     Http1,
     Http2 { connections: usize },
 }
@@ -236,7 +236,9 @@ async fn open(source: IpAddr, server: SocketAddr, from: i64) -> Result<BufReader
     Ok(reader)
 }
 
-async fn run(
+/// `watchers` watches of the default namespace's Pods while Pods are created there at `rate`
+/// for `duration`: each creation's delivery to each watch.
+pub(crate) async fn run(
     server: SocketAddr,
     transport: Transport,
     watchers: usize,

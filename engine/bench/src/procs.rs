@@ -493,6 +493,11 @@ fn postgres_user() -> Result<(u32, u32)> {
 }
 
 impl Postgres {
+    /// The database cluster's directory.
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
     pub async fn start() -> Result<Postgres> {
         let bin = postgres_bin()?;
         let (uid, gid) = postgres_user()?;

@@ -5,6 +5,9 @@
 //! size; on the largest cluster, the control plane's and the hollow process's CPU and RSS at rest
 //! while every node renews its Lease, and a Deployment pushed to Git until every replica is
 //! Running. The hollow nodes take every bound Pod to Running meanwhile, as kubelets would.
+//! With `--hold N`, the largest cluster then takes BestEffort Pods up to N in all and is measured
+//! holding them: CPU and RSS at rest, the store's size, LIST of every Pod, and a Pod watch's
+//! delivery while Pods are created.
 //! `--backend` runs each cluster on SQLite (Raft's replica store), on a PostgreSQL server of its
 //! own (`--store postgres`), or on both, size by size.
 
@@ -54,6 +57,10 @@ pub struct ScaleArgs {
     /// The store the clusters run on; `both` runs each size on SQLite, then on Postgres.
     #[arg(long, value_enum, default_value_t = Backends::Sqlite)]
     backend: Backends,
+    /// Pods the largest cluster holds for the steady rows, SchedulingBasic's included (the rest
+    /// BestEffort, as scheduler_perf's nodes fit only so many of its Pods); 0: no steady rows.
+    #[arg(long, default_value_t = 0)]
+    hold: usize,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,6 +101,11 @@ impl Backend {
 const DEADLINE: Duration = Duration::from_secs(900);
 /// Pods per store transaction (the whole burst is sent back to back).
 const PODS_PER_TXN: usize = 1000;
+/// LISTs of every Pod timed while the cluster holds its Pods.
+const LISTS: usize = 10;
+/// Pod watches, and Pods created a second, while a Pod watch's delivery is timed.
+const WATCHES: usize = 100;
+const CHURN: u32 = 100;
 
 pub fn main(args: ScaleArgs) -> Result<()> {
     let gitplane = procs::prepare(args.gitplane.as_deref(), None)?;
@@ -142,16 +154,37 @@ struct Rest {
     deployment: Duration,
 }
 
+/// The largest cluster holding `--hold` Pods.
+struct Steady {
+    pods: usize,
+    /// Placing the Pods beyond SchedulingBasic's.
+    placed: Scheduling,
+    cpu: f64,
+    revisions_per_second: f64,
+    server_rss_mib: f64,
+    hollow_rss_mib: f64,
+    store_mib: f64,
+    /// The first LIST of every Pod, then the next ones, sorted.
+    first_list: Duration,
+    lists: Vec<Duration>,
+    watch: crate::watch::WatchResult,
+}
+
 /// What one backend measured over every size.
 struct Run {
     backend: Backend,
     rows: Vec<Scheduling>,
     rest: Option<Rest>,
+    steady: Option<Steady>,
 }
 
 async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Result<()> {
-    let mut runs: Vec<Run> =
-        args.backend.each().into_iter().map(|backend| Run { backend, rows: Vec::new(), rest: None }).collect();
+    let mut runs: Vec<Run> = args
+        .backend
+        .each()
+        .into_iter()
+        .map(|backend| Run { backend, rows: Vec::new(), rest: None, steady: None })
+        .collect();
     for (i, &(nodes, pods)) in sizes.iter().enumerate() {
         let largest = i + 1 == sizes.len();
         for run in &mut runs {
@@ -165,6 +198,9 @@ async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Res
                 run.rest = Some(cluster.rest(args).await?);
             }
             run.rows.push(cluster.scheduling_basic(pods).await?);
+            if largest && args.hold > pods {
+                run.steady = Some(cluster.steady(args, pods).await?);
+            }
             cluster.stop();
         }
     }
@@ -277,16 +313,21 @@ impl Cluster {
         Ok(self.store.watch(request).await?.into_inner())
     }
 
-    /// `pods` unbound Pods, created back to back, until each is bound.
+    /// SchedulingBasic: `pods` unbound Pods, created back to back, until each is bound.
     async fn scheduling_basic(&mut self, pods: usize) -> Result<Scheduling> {
+        eprintln!("SchedulingBasic: {pods} Pods on {} nodes", self.nodes);
+        self.place(pods, "basic-", basic_pod).await
+    }
+
+    /// `pods` unbound Pods named `prefix<i>`, created back to back, until each is bound.
+    async fn place(&mut self, pods: usize, prefix: &str, pod: fn(usize) -> Value) -> Result<Scheduling> {
         let mut events = self.watch_pods().await?;
         let batches: Vec<Vec<Op>> = (0..pods)
-            .map(|i| Op::Create(basic_pod(i)))
+            .map(|i| Op::Create(pod(i)))
             .collect::<Vec<_>>()
             .chunks(PODS_PER_TXN)
             .map(<[Op]>::to_vec)
             .collect();
-        eprintln!("SchedulingBasic: {pods} Pods on {} nodes", self.nodes);
         for ops in batches {
             let json = serde_json::to_vec(&ops)?;
             let reply = self.store.txn(tonic::Request::new(pb::Payload { json, data: Vec::new() })).await?;
@@ -303,7 +344,7 @@ impl Cluster {
                 .with_context(|| format!("{} of {pods} Pods bound within {DEADLINE:?}", bound.len()))?
                 .context("the store's watch ended")??;
             let seen = Instant::now();
-            if !event.name.starts_with("basic-") {
+            if !event.name.starts_with(prefix) {
                 continue;
             }
             created.entry(event.name.clone()).or_insert(seen);
@@ -356,6 +397,59 @@ impl Cluster {
             revisions_per_second,
             node_writes,
             deployment,
+        })
+    }
+
+    /// Holding `--hold` Pods (`scheduled` of them SchedulingBasic's): BestEffort Pods up to it,
+    /// then CPU and RSS at rest, the store's size, LIST of every Pod, and a Pod watch's delivery
+    /// while Pods are created.
+    async fn steady(&mut self, args: &ScaleArgs, scheduled: usize) -> Result<Steady> {
+        let pods = args.hold;
+        eprintln!("holding {pods} Pods: {} more", pods - scheduled);
+        let placed = self.place(pods - scheduled, "held-", held_pod).await?;
+        eprintln!("holding {pods} Pods: {} s to settle, {} s measured", args.settle, args.window);
+        tokio::time::sleep(Duration::from_secs(args.settle)).await;
+        let mut pids = self.server.pids();
+        pids.extend(self.postgres.as_ref().map(Postgres::pids).unwrap_or_default());
+        let (revision, cpu) = (self.revision().await?, procs::cpu_time(&pids));
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_secs(args.window)).await;
+        let window = started.elapsed().as_secs_f64();
+        let cpu = (procs::cpu_time(&pids) - cpu).as_secs_f64() / window;
+        let revisions_per_second = (self.revision().await? - revision) as f64 / window;
+        let store_dir = match &self.postgres {
+            Some(postgres) => postgres.data_dir(),
+            None => self.server.dir().join("replica-1"),
+        };
+        let store_mib = dir_bytes(&store_dir) as f64 / (1024.0 * 1024.0);
+        let addr = self.server.addrs[&1];
+        // The first LIST is timed apart: it would include filling a cache the API server had not
+        // filled at start-up.
+        let mut lists = Vec::new();
+        for _ in 0..=LISTS {
+            let started = Instant::now();
+            let body =
+                gitplane_testkit::http_get_async(addr, "/api/v1/pods", Some(READ_TOKEN), Duration::from_secs(60))
+                    .await?;
+            lists.push(started.elapsed());
+            ensure!(body.contains("\"kind\":\"PodList\""), "LIST of every Pod: {}", &body[..body.len().min(200)]);
+        }
+        let first_list = lists.remove(0);
+        lists.sort();
+        eprintln!("holding {pods} Pods: {WATCHES} watches while {CHURN} Pods/s are created");
+        let transport = crate::apiwatch::Transport::Http2 { connections: 1 };
+        let watch = crate::apiwatch::run(addr, transport, WATCHES, CHURN, Duration::from_secs(10)).await?;
+        Ok(Steady {
+            pods,
+            placed,
+            cpu,
+            revisions_per_second,
+            server_rss_mib: self.server.pids().iter().map(|p| rss_mib(*p)).sum(),
+            hollow_rss_mib: rss_mib(self.hollow.pid()),
+            store_mib,
+            first_list,
+            lists,
+            watch,
         })
     }
 
@@ -432,6 +526,28 @@ fn basic_pod(i: usize) -> Value {
     })
 }
 
+/// A Pod that requests nothing: nodes hold as many as their Pod count allows.
+fn held_pod(i: usize) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("held-{i}"), "namespace": "default"},
+        "spec": {"containers": [{"name": "pause", "image": "registry.k8s.io/pause:3.10"}]}
+    })
+}
+
+/// The bytes of the files under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
 fn application() -> String {
     "apiVersion: gitplane.io/v1\nkind: Application\nmetadata:\n  name: scale\n  namespace: gitplane-system\n\
      spec:\n  repo: scale\n  path: manifests\n  namespace: default\n  prune: true\n"
@@ -464,6 +580,10 @@ fn pss_mib(pid: u32) -> f64 {
         .find_map(|l| l.strip_prefix("Pss:")?.split_whitespace().next()?.parse::<f64>().ok())
         .unwrap_or(0.0);
     kib / 1024.0
+}
+
+fn steady(run: &Run) -> &Steady {
+    run.steady.as_ref().expect("every backend holds the Pods")
 }
 
 fn at_rest(run: &Run) -> &Rest {
@@ -505,11 +625,13 @@ fn print_table(args: &ScaleArgs, runs: &[Run]) {
                 Some((cpu, _)) => format!(" (gitplane {:.0}%, PostgreSQL {:.0}%)", r.server_cpu * 100.0, cpu * 100.0),
                 None => String::new(),
             };
+            // Every node renews its Lease every 10 s.
+            let renewals = r.nodes as f64 / 10.0;
             format!(
-                "{:.1}% of one core{split}, {:.0} revisions/s ({:.0} µs of CPU per revision), Node writes {}",
+                "{:.1}% of one core{split}, {:.0} revisions/s ({:.0} µs of CPU per Lease renewal), Node writes {}",
                 (r.server_cpu + postgres) * 100.0,
                 r.revisions_per_second,
-                (r.server_cpu + postgres) * 1e6 / r.revisions_per_second.max(1.0),
+                (r.server_cpu + postgres) * 1e6 / renewals,
                 r.node_writes
             )
         },
@@ -537,5 +659,66 @@ fn print_table(args: &ScaleArgs, runs: &[Run]) {
         format!("Deployment of {} replicas, `git push` to every Pod Running ({nodes} nodes)", args.replicas),
         &|run| format!("{:.1} s", at_rest(run).deployment.as_secs_f64()),
         "< 5 s",
+    );
+    let Some(pods) = runs[0].steady.as_ref().map(|s| s.pods) else { return };
+
+    row(
+        format!("Placing BestEffort Pods up to {pods} ({nodes} nodes)"),
+        &|run| {
+            let p = &steady(run).placed;
+            format!(
+                "{} Pods, {:.0} Pods/s; p50 {:.2} s, p99 {:.2} s",
+                p.pods,
+                p.pods_per_second,
+                p.p50.as_secs_f64(),
+                p.p99.as_secs_f64()
+            )
+        },
+        "",
+    );
+    row(
+        format!("Control plane holding {pods} Pods on {nodes} nodes: CPU at rest ({} s window), RSS", args.window),
+        &|run| {
+            let s = steady(run);
+            format!(
+                "{:.1}% of one core, {:.0} revisions/s; server RSS {:.0} MiB; hollow process {:.0} MiB",
+                s.cpu * 100.0,
+                s.revisions_per_second,
+                s.server_rss_mib,
+                s.hollow_rss_mib
+            )
+        },
+        "RSS < 2 GiB",
+    );
+    row(format!("Store size holding {pods} Pods"), &|run| format!("{:.0} MiB", steady(run).store_mib), "");
+    row(
+        format!("LIST of all {pods} Pods through the API ({LISTS} in a row, after the first)"),
+        &|run| {
+            let (first, lists) = (steady(run).first_list, &steady(run).lists);
+            let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+            format!(
+                "p50 {:.0} ms, p99 {:.0} ms; the first {:.0} ms",
+                ms(&lists[lists.len() / 2]),
+                ms(&lists[lists.len() - 1]),
+                ms(&first)
+            )
+        },
+        "p99 < 1 s",
+    );
+    row(
+        format!("A Pod watch's delivery holding {pods} Pods, {WATCHES} watches, {CHURN} Pods/s created for 10 s"),
+        &|run| {
+            let w = &steady(run).watch;
+            let ms = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.1} ms", d.as_secs_f64() * 1e3));
+            format!(
+                "p50 {}, p99 {}, max {} ({} of {} delivered)",
+                ms(w.delivery.quantile(0.5)),
+                ms(w.delivery.quantile(0.99)),
+                ms(w.delivery.max()),
+                w.delivery.len(),
+                w.expected
+            )
+        },
+        "p99 < 100 ms",
     );
 }

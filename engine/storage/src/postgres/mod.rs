@@ -19,9 +19,13 @@
 //!
 //! # Watching commits of other replicas
 //!
-//! Each writing transaction runs `pg_notify('gitplane_store', <revision>)`; Postgres delivers it
-//! at commit, so a notification always names a visible revision. Every store keeps one
-//! connection `LISTEN`ing and advances its `committed` revision with each notification. A
+//! Each writing transaction runs `pg_notify('gitplane_store', '<revision> <writer> <kinds>')`;
+//! Postgres delivers it at commit, so a notification always names a visible revision. Every store
+//! keeps one connection `LISTEN`ing and advances its `committed` revision with each notification
+//! of another writer, waking the watches of the kinds it names (as SQLite's store wakes a watch
+//! for its kinds' commits only); its own it skips, since its writer task has already filled the
+//! watch cache and told its watchers (the notification can arrive first: the watchers it woke
+//! would find the cache behind and query the table). A
 //! notification can be lost (the listening connection drops and reconnects), so a poll of
 //! `meta.revision` every second backs it up, and the listener polls once after each
 //! (re)subscription. Watchers never trust the notification for content: like SQLite's, they
@@ -95,6 +99,8 @@ const CHANNEL: &str = "gitplane_store";
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Connections per store: the writer, the listener, and reads.
 const POOL_SIZE: u32 = 10;
+/// The longest list of kinds a notification names (Postgres refuses payloads of 8,000 bytes).
+const MAX_NOTICED_KINDS: usize = 4000;
 /// Events the watch cache holds (SQLite's size).
 const WATCH_CACHE: usize = 8192;
 /// How long a session may sit idle inside a transaction (unless the URL sets it).
@@ -132,10 +138,9 @@ struct Request {
 
 struct Inner {
     pool: PgPool,
-    /// The latest revision this process knows to be committed (its own commits, notifications,
-    /// polls); watchers wake on it.
-    committed: watch::Sender<Revision>,
-    /// The notification listener and the poll; they only feed `committed`.
+    /// What this process knows to be committed; watchers wake on it.
+    commits: Commits,
+    /// The notification listener and the poll; they only feed `commits`.
     followers: [JoinHandle<()>; 2],
     /// Seals Secrets on the way in, opens them on the way out. Every replica on the database
     /// must hold the same keys.
@@ -211,14 +216,18 @@ impl PostgresStore {
         migrator().run(&pool).await.map_err(migrate)?;
         let revision = meta(&pool, "revision").await?;
         let compacted = AtomicI64::new(meta(&pool, "compacted").await?);
-        let (committed, _) = watch::channel(revision);
+        let commits = Commits {
+            latest: watch::channel(revision).0,
+            kinds: Arc::default(),
+            writer: uuid::Uuid::new_v4().simple().to_string(),
+        };
         let followers = [
-            tokio::spawn(listen(pool.clone(), committed.clone())),
-            tokio::spawn(poll(pool.clone(), committed.clone(), poll_interval)),
+            tokio::spawn(listen(pool.clone(), commits.clone())),
+            tokio::spawn(poll(pool.clone(), commits.clone(), poll_interval)),
         ];
         let cache = backend::WatchCache::new(WATCH_CACHE, revision);
         let cached = std::sync::Mutex::new(revision);
-        let inner = Arc::new(Inner { pool, committed, followers, secrets, cache, cached, compacted });
+        let inner = Arc::new(Inner { pool, commits, followers, secrets, cache, cached, compacted });
         let (writer, queue) = mpsc::channel(MAX_BATCH);
         tokio::spawn(write_loop(inner.clone(), queue));
         Ok(PostgresStore { inner, writer, fence: None })
@@ -244,7 +253,7 @@ impl PostgresStore {
 
     /// Follows the latest revision this process knows to be committed, by any replica.
     pub fn committed(&self) -> watch::Receiver<Revision> {
-        self.inner.committed.subscribe()
+        self.inner.commits.latest.subscribe()
     }
 
     /// The keys Secrets are sealed with.
@@ -278,15 +287,65 @@ async fn meta<'c, E: sqlx::PgExecutor<'c>>(executor: E, key: &str) -> Result<i64
     sqlx::query_scalar("SELECT value FROM meta WHERE key = $1").bind(key).fetch_one(executor).await.map_err(db)
 }
 
-/// Moves `committed` forward (never back: notifications and polls arrive in any order).
-fn advance(committed: &watch::Sender<Revision>, revision: Revision) {
-    committed.send_if_modified(|current| {
-        let newer = revision > *current;
-        if newer {
-            *current = revision;
+/// What this process knows to be committed, by any replica.
+#[derive(Clone)]
+struct Commits {
+    /// The latest revision (own commits, notifications, polls, reads of the table).
+    latest: watch::Sender<Revision>,
+    /// The commits of each set of watched kinds.
+    kinds: Arc<backend::KindCommits>,
+    /// Names this store's commits in their notifications.
+    writer: String,
+}
+
+impl Commits {
+    /// Moves `latest` forward (never back: notifications and polls arrive in any order) to a
+    /// commit that touched `kinds` (`None`: unknown, any kind).
+    fn advance(&self, revision: Revision, kinds: Option<&[&str]>) {
+        let moved = self.latest.send_if_modified(|current| {
+            let newer = revision > *current;
+            if newer {
+                *current = revision;
+            }
+            newer
+        });
+        match kinds {
+            Some(kinds) => self.kinds.publish(revision, kinds.iter().copied()),
+            None if moved => self.kinds.publish_all(revision),
+            None => {}
         }
-        newer
-    });
+    }
+
+    /// A revision read from the database: its kinds are unknown.
+    fn learn(&self, revision: Revision) {
+        self.advance(revision, None);
+    }
+
+    /// The payload of a commit's notification: its revision, this writer, the kinds it touched
+    /// (left out past a size well inside Postgres' 8,000 bytes: then every watch wakes).
+    fn notice(&self, revision: Revision, kinds: &[&str]) -> String {
+        let kinds = kinds.join(",");
+        let kinds = if kinds.len() <= MAX_NOTICED_KINDS { kinds.as_str() } else { "" };
+        format!("{revision} {} {kinds}", self.writer)
+    }
+}
+
+/// A commit's notification, as [`Commits::notice`] writes it; an older replica's payload is the
+/// revision alone.
+#[derive(Debug, PartialEq, Eq)]
+struct Notice<'a> {
+    revision: Revision,
+    writer: Option<&'a str>,
+    /// `None` when the payload does not name them.
+    kinds: Option<Vec<&'a str>>,
+}
+
+fn parse_notice(payload: &str) -> Option<Notice<'_>> {
+    let mut fields = payload.split(' ');
+    let revision = fields.next()?.parse().ok()?;
+    let writer = fields.next();
+    let kinds = fields.next().filter(|k| !k.is_empty()).map(|k| k.split(',').collect());
+    Some(Notice { revision, writer, kinds })
 }
 
 /// Postgres text cannot hold NUL; no stored key contains one.
@@ -362,6 +421,8 @@ impl Inner {
             .map_err(db)?;
         let backend::Applied { results, revision, events } =
             backend::apply_txns(&mut *tx, &self.secrets, txns, start).await?;
+        let kinds: Vec<String> = touched(&events).into_iter().map(str::to_owned).collect();
+        let kinds: Vec<&str> = kinds.iter().map(String::as_str).collect();
         if revision != start {
             sqlx::query("UPDATE meta SET value = $1 WHERE key = 'revision'")
                 .bind(revision)
@@ -371,7 +432,7 @@ impl Inner {
             // Delivered at commit, to every listening replica.
             sqlx::query("SELECT pg_notify($1, $2)")
                 .bind(CHANNEL)
-                .bind(revision.to_string())
+                .bind(self.commits.notice(revision, &kinds))
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;
@@ -379,7 +440,9 @@ impl Inner {
         tx.commit().await.map_err(db)?;
         // The cache first, then the news: a woken watcher finds the events in memory.
         self.fill_cache(start, revision, events);
-        advance(&self.committed, revision);
+        if revision != start {
+            self.commits.advance(revision, Some(&kinds));
+        }
         Ok(results)
     }
 
@@ -403,7 +466,7 @@ impl Inner {
         // `latest` before the cache's end: a commit of another replica seen after this point is
         // past `latest`, and a reset after it starts the cache past `latest` too, where `after`
         // cannot be.
-        let latest = *self.committed.borrow();
+        let latest = *self.commits.latest.borrow();
         if *self.cached.lock().unwrap_or_else(std::sync::PoisonError::into_inner) < latest {
             return None;
         }
@@ -429,6 +492,14 @@ enum CacheStep {
     Append,
     /// Another replica committed in between: the cache starts over at `start`.
     Restart,
+}
+
+/// The kinds a batch's events touched, each once.
+fn touched(events: &[(i64, Event)]) -> Vec<&str> {
+    let mut kinds: Vec<&str> = events.iter().map(|(_, e)| e.key.kind.as_str()).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    kinds
 }
 
 fn cache_step(end: Revision, start: Revision, revision: Revision) -> CacheStep {
@@ -641,7 +712,7 @@ impl EventLog for Inner {
             .map_err(db)?,
         };
         tx.commit().await.map_err(db)?;
-        advance(&self.committed, latest);
+        self.commits.learn(latest);
         EventRead::from_rows(rows, &self.secrets, latest)
     }
 }
@@ -699,13 +770,18 @@ impl Store for PostgresStore {
         }
         // Another replica's commits may not have reached us yet: without this a watch from an
         // older revision would wait for the next notification or poll before replaying them.
-        advance(&self.inner.committed, latest);
-        Ok(backend::watch_stream(self.inner.clone(), self.inner.committed.subscribe(), None, from, options))
+        self.inner.commits.learn(latest);
+        let commits = &self.inner.commits;
+        let kind = match options.kinds.as_deref() {
+            Some(kinds) if !kinds.is_empty() => Some(commits.kinds.subscribe(kinds, &commits.latest)),
+            _ => None,
+        };
+        Ok(backend::watch_stream(self.inner.clone(), commits.latest.subscribe(), kind, from, options))
     }
 
     async fn revision(&self) -> Result<Revision> {
         let revision = meta(&self.inner.pool, "revision").await?;
-        advance(&self.inner.committed, revision);
+        self.inner.commits.learn(revision);
         Ok(revision)
     }
 
@@ -758,10 +834,10 @@ impl Store for PostgresStore {
 }
 
 /// Follows the notifications of every replica's commits; reconnects with a growing pause.
-async fn listen(pool: PgPool, committed: watch::Sender<Revision>) {
+async fn listen(pool: PgPool, commits: Commits) {
     let mut pause = Duration::from_millis(100);
     loop {
-        match follow_notifications(&pool, &committed, &mut pause).await {
+        match follow_notifications(&pool, &commits, &mut pause).await {
             Ok(never) => match never {},
             Err(e) => tracing::warn!(
                 error = %e,
@@ -776,35 +852,37 @@ async fn listen(pool: PgPool, committed: watch::Sender<Revision>) {
 
 async fn follow_notifications(
     pool: &PgPool,
-    committed: &watch::Sender<Revision>,
+    commits: &Commits,
     pause: &mut Duration,
 ) -> Result<std::convert::Infallible, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
     *pause = Duration::from_millis(100);
     // Commits before the LISTEN took effect notified nobody here.
-    catch_up(pool, committed).await;
+    catch_up(pool, commits).await;
     loop {
         match listener.try_recv().await? {
-            Some(notification) => match notification.payload().parse::<Revision>() {
-                Ok(revision) => advance(committed, revision),
-                Err(_) => catch_up(pool, committed).await,
+            Some(notification) => match parse_notice(notification.payload()) {
+                // Told by the writer task, after it filled the watch cache.
+                Some(notice) if notice.writer == Some(commits.writer.as_str()) => {}
+                Some(notice) => commits.advance(notice.revision, notice.kinds.as_deref()),
+                None => catch_up(pool, commits).await,
             },
             // The connection dropped and sqlx re-subscribed: notifications in between are lost.
-            None => catch_up(pool, committed).await,
+            None => catch_up(pool, commits).await,
         }
     }
 }
 
-async fn catch_up(pool: &PgPool, committed: &watch::Sender<Revision>) {
+async fn catch_up(pool: &PgPool, commits: &Commits) {
     match meta(pool, "revision").await {
-        Ok(revision) => advance(committed, revision),
+        Ok(revision) => commits.learn(revision),
         Err(e) => tracing::debug!(error = %e, "reading the latest revision failed"),
     }
 }
 
 /// The fallback for lost notifications: reads the latest revision every `interval`.
-async fn poll(pool: PgPool, committed: watch::Sender<Revision>, interval: Duration) {
+async fn poll(pool: PgPool, commits: Commits, interval: Duration) {
     let mut ticks = tokio::time::interval(interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
@@ -816,7 +894,7 @@ async fn poll(pool: PgPool, committed: watch::Sender<Revision>, interval: Durati
                     tracing::info!("the Postgres store is reachable again");
                 }
                 failing = false;
-                advance(&committed, revision);
+                commits.learn(revision);
             }
             Err(e) => {
                 if !failing {

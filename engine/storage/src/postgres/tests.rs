@@ -58,6 +58,34 @@ fn the_watch_cache_holds_contiguous_revisions_only() {
     }
 }
 
+#[test]
+fn notices_name_the_revision_the_writer_and_the_kinds() {
+    let commits = Commits { latest: watch::channel(0).0, kinds: Arc::default(), writer: "w1".into() };
+    let many: Vec<String> = (0..400).map(|i| format!("Kind{i}.example.com")).collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    // (kinds written, payload, kinds read back)
+    type Case<'a> = (&'a [&'a str], &'a str, Option<Vec<&'a str>>);
+    let cases: [Case; 3] = [
+        (&["Lease.coordination.k8s.io"], "7 w1 Lease.coordination.k8s.io", Some(vec!["Lease.coordination.k8s.io"])),
+        (&["Node", "Pod"], "7 w1 Node,Pod", Some(vec!["Node", "Pod"])),
+        (&many, "7 w1 ", None), // too long to name: every watch wakes
+    ];
+    for (kinds, payload, read) in cases {
+        assert_eq!(commits.notice(7, kinds), payload);
+        assert_eq!(parse_notice(payload), Some(Notice { revision: 7, writer: Some("w1"), kinds: read }), "{payload}");
+    }
+    // (payload of another version or writer, what is read)
+    let foreign = [
+        ("12", Some(Notice { revision: 12, writer: None, kinds: None })),
+        ("12 w2", Some(Notice { revision: 12, writer: Some("w2"), kinds: None })),
+        ("", None),
+        ("twelve w2 Pod", None),
+    ];
+    for (payload, notice) in foreign {
+        assert_eq!(parse_notice(payload), notice, "{payload:?}");
+    }
+}
+
 #[tokio::test]
 async fn conformance() {
     let cluster = PgCluster::start();
@@ -131,14 +159,18 @@ async fn notifications_wake_watchers_without_the_poll() {
     let reader = PostgresStore::open(db, Duration::from_secs(3600), Keyring::identity()).await.unwrap();
     let mut committed = reader.committed();
     let mut watch = reader.watch(0, WatchOptions::default()).await.unwrap();
+    let pods = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: false };
+    let mut of_pods = reader.watch(0, pods).await.unwrap();
     // The listener subscribes in the background; a commit before that is caught up by its
     // first poll, so keep committing until the reader has seen one through NOTIFY alone.
     let c = writer.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), committed.wait_for(|r| *r >= c.revision)).await.unwrap().unwrap();
     assert_eq!(next(&mut watch).await.revision, c.revision);
+    assert_eq!(next(&mut of_pods).await.revision, c.revision);
     for i in 0..5 {
         let c = writer.txn(vec![Op::Create(pod("a", &format!("n{i}")))]).await.unwrap();
         assert_eq!(next(&mut watch).await.revision, c.revision);
+        assert_eq!(next(&mut of_pods).await.revision, c.revision);
     }
 }
 
