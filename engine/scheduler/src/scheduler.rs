@@ -17,7 +17,7 @@ use crate::snapshot::{PodId, Snapshot, holds_room, is_terminal, node_name};
 use crate::volume_binding::{self, PodVolumes};
 use futures::StreamExt;
 use gitplane_api::events::{NORMAL, Source, WARNING, reference};
-use gitplane_api::object::{from_value, kind_of, to_value};
+use gitplane_api::object::{kind_of, to_value};
 use gitplane_store::events::Recorder;
 use gitplane_store::{
     EventType, ObjectKey, Op, Store,
@@ -29,6 +29,7 @@ use gitplane_workqueue::{
 };
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, PodCondition};
 use k8s_openapi::api::storage::v1::StorageClass;
+use serde::Deserialize;
 use serde_json::Value;
 use std::{
     collections::{HashMap, HashSet},
@@ -78,6 +79,7 @@ impl gitplane_workqueue::Reason for Reason {}
 /// A binding's outcome, back to the loop.
 pub struct Binding {
     pod_id: PodId,
+    /// The Pod as bound (for the Scheduled Event's reference).
     pod: Pod,
     node: String,
     /// When its scheduling attempt started.
@@ -100,8 +102,9 @@ pub struct Scheduler {
     snapshot: Option<Snapshot>,
     /// The queued Pods that fit nowhere at their last attempt: a cluster event wakes them.
     unschedulable: HashSet<PodId>,
-    /// Bindings written but not yet seen in the cache: counted on their node meanwhile.
-    assumed: HashMap<PodId, (String, Pod)>,
+    /// Bindings written but not yet seen in the cache: counted on their node meanwhile (the
+    /// snapshot shares the Pod).
+    assumed: HashMap<PodId, (String, Arc<Pod>)>,
     /// Scheduled and FailedScheduling, as kube-scheduler records them.
     events: Recorder,
     /// Permits for [`STATUS_WRITES_IN_FLIGHT`].
@@ -183,11 +186,11 @@ impl Scheduler {
 
     /// Binds `pod` in the background, waiting only while [`BINDS_IN_FLIGHT`] are committing; the
     /// outcome comes back as an [`Input::Bound`].
-    async fn start_binding(&self, pod_id: PodId, pod: Pod, node: String, volumes: PodVolumes, started: Instant) {
+    async fn start_binding(&self, pod_id: PodId, pod: Arc<Pod>, node: String, volumes: PodVolumes, started: Instant) {
         let Ok(permit) = self.binds.clone().acquire_owned().await else { return };
         let (store, bound) = (self.store.clone(), self.bound.clone());
         tokio::spawn(async move {
-            let result = bind(&*store, &pod, &node, &volumes).await;
+            let (pod, result) = bind(&*store, &pod, &node, &volumes).await;
             drop(permit);
             // Measured at the commit, not when the loop gets to the outcome.
             crate::metrics::attempt(if result.is_ok() { "scheduled" } else { "error" }, started.elapsed());
@@ -321,7 +324,8 @@ impl Reconcile for Scheduler {
             return Requeue::Done;
         }
         let value = self.informer.cache().get(&ObjectKey::of::<Pod>(&pod_id.0, &pod_id.1));
-        let Some(pod) = value.filter(|v| needs_node(v)).and_then(|v| from_value::<Pod>(Value::clone(&v)).ok()) else {
+        // Decoded from the cached object as it is, without a copy of it first.
+        let Some(pod) = value.filter(|v| needs_node(v)).and_then(|v| Pod::deserialize(&*v).ok()) else {
             return Requeue::Done;
         };
         let started = Instant::now();
@@ -339,6 +343,7 @@ impl Reconcile for Scheduler {
         let requeue = match placed {
             Ok(node) => {
                 tracing::debug!(pod = %name, %node, ?reason, "assumed");
+                let pod = Arc::new(pod);
                 snapshot.count(pod_id.clone(), node.clone(), pod.clone());
                 self.assumed.insert(pod_id.clone(), (node.clone(), pod.clone()));
                 self.start_binding(pod_id, pod, node, volumes, started).await;
@@ -360,16 +365,19 @@ impl Reconcile for Scheduler {
 }
 
 /// Writes `spec.nodeName` (compare-and-swap on the Pod's resourceVersion), the PodScheduled
-/// condition and the selected node of each claim that waited for it, in one transaction.
-async fn bind(store: &dyn Store, pod: &Pod, node: &str, volumes: &PodVolumes) -> gitplane_store::Result<()> {
+/// condition and the selected node of each claim that waited for it, in one transaction. One
+/// copy of the Pod serves both writes; it comes back as bound, for the Scheduled Event.
+async fn bind(store: &dyn Store, pod: &Pod, node: &str, volumes: &PodVolumes) -> (Pod, gitplane_store::Result<()>) {
     let mut bound = pod.clone();
     if let Some(spec) = bound.spec.as_mut() {
         spec.node_name = Some(node.to_owned());
     }
-    let mut status = bound.clone();
-    status.metadata.resource_version = None; // ordered after the CAS above, in the same transaction
-    set_scheduled_condition(&mut status, "True", None, None);
-    let mut ops = vec![Op::Update(to_value(&bound)), Op::UpdateStatus(to_value(&status))];
+    let update = Op::Update(to_value(&bound));
+    // Ordered after the compare-and-swap above, in the same transaction.
+    let resource_version = bound.metadata.resource_version.take();
+    set_scheduled_condition(&mut bound, "True", None, None);
+    let mut ops = vec![update, Op::UpdateStatus(to_value(&bound))];
+    bound.metadata.resource_version = resource_version;
     for (claim, _) in &volumes.delayed {
         let annotations = claim.metadata.annotations.as_ref();
         if annotations.and_then(|a| a.get(gitplane_api::volumes::SELECTED_NODE)).map(String::as_str) == Some(node) {
@@ -383,8 +391,8 @@ async fn bind(store: &dyn Store, pod: &Pod, node: &str, volumes: &PodVolumes) ->
             .insert(gitplane_api::volumes::SELECTED_NODE.into(), node.into());
         ops.push(Op::Update(to_value(&selected)));
     }
-    store.txn(ops).await?;
-    Ok(())
+    let result = store.txn(ops).await.map(drop);
+    (bound, result)
 }
 
 /// Sets the PodScheduled condition; `false` when it already said exactly this.

@@ -9,7 +9,7 @@ use gitplane_api::object::from_value;
 use gitplane_store::informer::Cache;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use serde_json::Value;
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 pub type PodId = (String, String);
 
@@ -39,12 +39,12 @@ pub struct Snapshot {
     /// The nodes' Pods, indexed for the plugins that look at all of them.
     pub pods: PodIndex,
     /// Each Pod counted on a node, as it was counted: what to take back when it changes or goes.
-    counted: HashMap<PodId, (String, Pod)>,
+    counted: HashMap<PodId, (String, Arc<Pod>)>,
 }
 
 impl Snapshot {
     /// From the cache, with the Pods bound but not yet seen there (`assumed`).
-    pub fn build<'a>(cache: &Cache, assumed: impl Iterator<Item = (&'a PodId, &'a (String, Pod))>) -> Snapshot {
+    pub fn build<'a>(cache: &Cache, assumed: impl Iterator<Item = (&'a PodId, &'a (String, Arc<Pod>))>) -> Snapshot {
         let namespaces = cache
             .list_typed::<Namespace>(None)
             .into_iter()
@@ -53,7 +53,7 @@ impl Snapshot {
         let mut nodes: Vec<NodeInfo> = cache.list_typed::<Node>(None).into_iter().map(NodeInfo::new).collect();
         nodes.sort_by(|a, b| a.name().cmp(b.name()));
         let mut snapshot = Snapshot { nodes, namespaces, pods: PodIndex::default(), counted: HashMap::new() };
-        let assumed: HashMap<&PodId, &(String, Pod)> = assumed.collect();
+        let assumed: HashMap<&PodId, &(String, Arc<Pod>)> = assumed.collect();
         // Only Pods that hold room on a known node count: the others are not decoded at all.
         let known = |p: &Value| holds_room(p) && node_name(p).is_some_and(|n| snapshot.position(n).is_ok());
         for pod in cache.list_typed_where::<Pod>(None, known) {
@@ -80,8 +80,9 @@ impl Snapshot {
     }
 
     /// Counts `pod` on `node` (nothing if the node is unknown).
-    pub fn count(&mut self, pod_id: PodId, node: String, pod: Pod) {
+    pub fn count(&mut self, pod_id: PodId, node: String, pod: impl Into<Arc<Pod>>) {
         self.uncount(&pod_id);
+        let pod = pod.into();
         if let Ok(at) = self.position(&node) {
             self.nodes[at].add_pod(&pod);
             let counted = &self.nodes[at];
