@@ -43,7 +43,7 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = 500)]
     election_timeout_max_ms: u64,
     /// Take a Raft snapshot every this many log entries, keeping this many behind it.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 100_000)]
     snapshot_every: u64,
     #[arg(long, default_value_t = 5_000)]
     logs_to_keep: u64,

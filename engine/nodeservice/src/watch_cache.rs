@@ -11,7 +11,8 @@ use crate::identity;
 use futures::Stream;
 use gitplane_api::object::from_value;
 use gitplane_store::informer::AbortOnDrop;
-use gitplane_store::{Event, EventType, ListOptions, ObjectKey, Revision, Store, StoreError, WatchOptions};
+use gitplane_store::reflector::{self, Reflect};
+use gitplane_store::{Event, EventType, ObjectKey, Revision, Store};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -261,23 +262,14 @@ impl WatchCache {
     pub fn spawn(store: Arc<dyn Store>) -> WatchCache {
         let state = Arc::new(Mutex::new(State::default()));
         let (revision_tx, revision) = watch::channel(0);
-        let task_state = state.clone();
-        let task = tokio::spawn(async move {
-            let mut resume = None;
-            loop {
-                match follow(&*store, &task_state, &revision_tx, &mut resume).await {
-                    Err(StoreError::Expired { .. }) => {
-                        tracing::info!("the node service's Pod watch expired, listing again");
-                        resume = None;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, ?resume, "the node service's Pod watch failed, resuming");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Ok(()) => return, // the store has shut down
-                }
-            }
-        });
+        let kinds = vec!["Pod".into(), "Node".into()];
+        let task = tokio::spawn(reflector::run(
+            "the node service's Pod watch",
+            store,
+            kinds,
+            Feed(state.clone()),
+            revision_tx,
+        ));
         WatchCache { state, revision, _task: AbortOnDrop(task.abort_handle()) }
     }
 
@@ -332,35 +324,22 @@ impl WatchCache {
     }
 }
 
-/// Lists (unless resuming), then follows the store's watch into the state.
-async fn follow(
-    store: &dyn Store,
-    state: &Mutex<State>,
-    revision: &watch::Sender<Revision>,
-    resume: &mut Option<Revision>,
-) -> Result<(), StoreError> {
-    let from = match *resume {
-        Some(from) => from,
-        None => {
-            let pods = store.list("Pod", &ListOptions::default()).await?;
-            let at = ListOptions { at_revision: Some(pods.revision), ..ListOptions::default() };
-            let nodes = store.list("Node", &at).await?;
-            state.lock().unwrap_or_else(PoisonError::into_inner).relist(pods.revision, pods.items, nodes.items);
-            revision.send_replace(pods.revision.max(1));
-            *resume = Some(pods.revision);
-            pods.revision
-        }
-    };
-    let options = WatchOptions { kinds: Some(vec!["Pod".into(), "Node".into()]), bookmarks: true };
-    let mut events = store.watch(from, options).await?;
-    while let Some(event) = futures::StreamExt::next(&mut events).await {
-        let event = event?;
-        let at = event.revision;
-        state.lock().unwrap_or_else(PoisonError::into_inner).apply(event);
-        *resume = Some(at);
-        revision.send_replace(at.max(1));
+/// What the reflector lists and watches goes into the state.
+struct Feed(Arc<Mutex<State>>);
+
+impl Reflect for Feed {
+    fn replace(&mut self, lists: Vec<(String, Vec<Value>)>, revision: Revision) {
+        let mut lists = lists.into_iter().map(|(_, items)| items);
+        let (pods, nodes) = (lists.next().unwrap_or_default(), lists.next().unwrap_or_default());
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).relist(revision, pods, nodes);
     }
-    Ok(())
+
+    fn apply(&mut self, events: Vec<Event>) {
+        let mut state = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        for event in events {
+            state.apply(event);
+        }
+    }
 }
 
 #[cfg(test)]

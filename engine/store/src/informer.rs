@@ -7,8 +7,8 @@
 //! A watch that falls behind compaction re-lists; subscribers then receive `Resync` and should
 //! re-enqueue everything (level-triggered, as Kubernetes controllers are).
 
-use crate::{Event, EventType, ListOptions, ObjectKey, Revision, Store, StoreError, WatchOptions};
-use futures::{FutureExt, StreamExt};
+use crate::reflector::{self, Reflect};
+use crate::{Event, EventType, ObjectKey, Revision, Store};
 use gitplane_api::kube_core::Resource;
 use gitplane_api::object::{APPLICATION_ANNOTATION, from_value, kind_of};
 use serde::de::DeserializeOwned;
@@ -16,7 +16,6 @@ use serde_json::Value;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::{Arc, Mutex, RwLock, Weak},
-    time::Duration,
 };
 use tokio::sync::{broadcast, watch};
 
@@ -267,25 +266,8 @@ impl Informer {
         let cache = Arc::new(Cache::default());
         let (notifications, _) = broadcast::channel(16 * 1024);
         let (revision_tx, revision) = watch::channel(0);
-        let (task_cache, task_notifications) = (cache.clone(), notifications.clone());
-        let task = tokio::spawn(async move {
-            let (cache, notifications) = (task_cache, task_notifications);
-            let mut resume: Option<Revision> = None;
-            loop {
-                let out = Out { cache: &cache, notifications: &notifications, unannounced: &unannounced };
-                match run(&*store, &kinds, &out, &revision_tx, &mut resume).await {
-                    Err(StoreError::Expired { .. }) => {
-                        tracing::info!("informer watch expired, re-listing");
-                        resume = None;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, ?resume, "informer watch failed, resuming");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Ok(()) => return, // the store has shut down
-                }
-            }
-        });
+        let out = Out { cache: cache.clone(), notifications: notifications.clone(), unannounced };
+        let task = tokio::spawn(reflector::run("informer", store, kinds, out, revision_tx));
         Informer(Arc::new(Running { cache, notifications, revision, _task: AbortOnDrop(task.abort_handle()) }))
     }
 
@@ -363,71 +345,33 @@ impl SharedInformerFactory {
     }
 }
 
-/// Lists every kind at one revision (unless resuming), then follows the watch. `resume` holds
-/// the revision the cache has reached, so a broken watch (a replica gone, a leader change)
-/// continues from there without a new list; only an expired revision makes it list again.
-/// Where a watch's events go.
-struct Out<'a> {
-    cache: &'a Cache,
-    notifications: &'a broadcast::Sender<Notification>,
-    unannounced: &'a Unannounced,
+/// Where the informer's list and watch go: its cache, then its subscribers.
+struct Out {
+    cache: Arc<Cache>,
+    notifications: broadcast::Sender<Notification>,
+    unannounced: Unannounced,
 }
 
-async fn run(
-    store: &dyn Store,
-    kinds: &[String],
-    out: &Out<'_>,
-    revision: &watch::Sender<Revision>,
-    resume: &mut Option<Revision>,
-) -> Result<(), StoreError> {
-    let from = match *resume {
-        Some(from) => from,
-        None => {
-            let mut at = None;
-            for kind in kinds {
-                let list = store.list(kind, &ListOptions { at_revision: at, ..Default::default() }).await?;
-                at = Some(list.revision);
-                out.cache.replace(kind, list.items);
-            }
-            let listed = at.unwrap_or(0);
-            revision.send_replace(listed.max(1));
-            let _ = out.notifications.send(Notification::Resync);
-            listed
+impl Reflect for Out {
+    fn replace(&mut self, lists: Vec<(String, Vec<Value>)>, _: Revision) {
+        for (kind, items) in lists {
+            self.cache.replace(&kind, items);
         }
-    };
-    *resume = Some(from);
-    let options = WatchOptions { kinds: Some(kinds.to_vec()), bookmarks: true };
-    let mut events = store.watch(from, options).await?;
-    while let Some(event) = events.next().await {
-        let mut last = out.apply(event?);
-        // Publish the revision once the events that are already here (a whole transaction,
-        // usually) are applied, so a waiter never sees half a transaction.
-        while let Some(Some(event)) = events.next().now_or_never() {
-            last = out.apply(event?);
-        }
-        *resume = Some(last);
-        revision.send_if_modified(|r| {
-            let advanced = last > *r;
-            *r = (*r).max(last);
-            advanced
-        });
+        let _ = self.notifications.send(Notification::Resync);
     }
-    Ok(())
-}
 
-impl Out<'_> {
-    fn apply(&self, event: Event) -> Revision {
-        let revision = event.revision;
-        if event.event_type != EventType::Bookmark {
+    fn apply(&mut self, events: Vec<Event>) {
+        for event in events {
+            if event.event_type == EventType::Bookmark {
+                continue;
+            }
             self.cache.apply(&event);
             if !self.unannounced.contains(&event.key) {
                 let _ = self.notifications.send(Notification::Changed(Arc::new(event)));
             }
         }
-        revision
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -475,14 +419,13 @@ mod tests {
 
     #[test]
     fn unannounced_changes_are_cached_and_not_sent() {
-        let cache = Cache::default();
+        let cache = Arc::new(Cache::default());
         cache.replace("Lease.coordination.k8s.io", Vec::new());
         let (notifications, mut received) = broadcast::channel(16);
         let unannounced = Unannounced::of("Lease.coordination.k8s.io", "kube-node-lease");
-        let out = Out { cache: &cache, notifications: &notifications, unannounced: &unannounced };
+        let mut out = Out { cache: cache.clone(), notifications, unannounced };
         let lease = |namespace: &str| json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "n1", "namespace": namespace}});
-        out.apply(event(EventType::Added, lease("kube-node-lease")));
-        out.apply(event(EventType::Added, lease("default")));
+        out.apply(vec![event(EventType::Added, lease("kube-node-lease")), event(EventType::Added, lease("default"))]);
         assert_eq!(cache.list("Lease.coordination.k8s.io", None).len(), 2, "both cached");
         let Ok(Notification::Changed(sent)) = received.try_recv() else { panic!("one notification") };
         assert_eq!(sent.key.namespace, "default");

@@ -18,6 +18,7 @@ pub mod deletion;
 mod error;
 pub mod events;
 pub mod informer;
+pub mod reflector;
 pub mod selector;
 
 pub use api::Api;

@@ -6,9 +6,10 @@
 //! are kept (the scheduler's own [`pod_requests`], so the page and the scheduler agree); a
 //! node's allocation is the sum over its Pods that are not Succeeded or Failed.
 
-use futures::{FutureExt as _, StreamExt as _};
+use futures::StreamExt as _;
 use gitplane_scheduler::resources::{Resources, pod_requests};
-use gitplane_store::{Event, EventType, ListOptions, Revision, Store, StoreError, WatchOptions, informer::AbortOnDrop};
+use gitplane_store::reflector::{self, Reflect};
+use gitplane_store::{Event, EventType, Revision, Store, StoreError, WatchOptions, informer::AbortOnDrop};
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize as _;
 use serde_json::Value;
@@ -104,20 +105,8 @@ impl Allocated {
     pub fn spawn(store: Arc<dyn Store>) -> Allocated {
         let index = Arc::new(RwLock::new(Index::default()));
         let (reached, revision) = watch::channel(0);
-        let task_index = index.clone();
-        let task = tokio::spawn(async move {
-            let mut resume = None;
-            loop {
-                match follow(&*store, &task_index, &reached, &mut resume).await {
-                    Err(StoreError::Expired { .. }) => resume = None,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the nodes view's Pod index lost its watch, resuming");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                    Ok(()) => return,
-                }
-            }
-        });
+        let feed = Feed(index.clone());
+        let task = tokio::spawn(reflector::run("the nodes view's Pod index", store, vec!["Pod".into()], feed, reached));
         Allocated { index, revision, _task: Arc::new(AbortOnDrop(task.abort_handle())) }
     }
 
@@ -166,48 +155,24 @@ impl Allocated {
     }
 }
 
-/// Lists the Pods (unless resuming), then applies the watch's events as they come.
-async fn follow(
-    store: &dyn Store,
-    index: &RwLock<Index>,
-    reached: &watch::Sender<Revision>,
-    resume: &mut Option<Revision>,
-) -> Result<(), StoreError> {
-    let from = match *resume {
-        Some(from) => from,
-        None => {
-            let list = store.list("Pod", &ListOptions::default()).await?;
-            let mut fresh = Index::default();
-            for pod in &list.items {
-                fresh.insert(pod);
-            }
-            *index.write().unwrap_or_else(|e| e.into_inner()) = fresh;
-            reached.send_replace(list.revision.max(1));
-            list.revision
+/// What the reflector lists and watches goes into the index.
+struct Feed(Arc<RwLock<Index>>);
+
+impl Reflect for Feed {
+    fn replace(&mut self, lists: Vec<(String, Vec<Value>)>, _: Revision) {
+        let mut fresh = Index::default();
+        for pod in lists.iter().flat_map(|(_, items)| items) {
+            fresh.insert(pod);
         }
-    };
-    *resume = Some(from);
-    let options = WatchOptions { kinds: Some(vec!["Pod".to_owned()]), bookmarks: true };
-    let mut events = store.watch(from, options).await?;
-    while let Some(event) = events.next().await {
-        let mut last = event?;
-        {
-            // What is already here (usually a whole transaction) under one lock.
-            let mut index = index.write().unwrap_or_else(|e| e.into_inner());
-            index.apply(&last);
-            while let Some(Some(event)) = events.next().now_or_never() {
-                last = event?;
-                index.apply(&last);
-            }
-        }
-        *resume = Some(last.revision);
-        reached.send_if_modified(|r| {
-            let advanced = last.revision > *r;
-            *r = (*r).max(last.revision);
-            advanced
-        });
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = fresh;
     }
-    Ok(())
+
+    fn apply(&mut self, events: Vec<Event>) {
+        let mut index = self.0.write().unwrap_or_else(|e| e.into_inner());
+        for event in &events {
+            index.apply(event);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -99,7 +99,8 @@ impl ReplicaConfig {
             // openraft 0.9 followers wait out election_timeout_max as a leader lease, then their own
             // random timeout: failover takes about max + a random draw in [min, max).
             election_timeout: (Duration::from_millis(300), Duration::from_millis(500)),
-            snapshot_every: 20_000,
+            // etcd's default (--snapshot-count): a snapshot copies the whole database.
+            snapshot_every: 100_000,
             logs_to_keep: 5_000,
             peer_token,
             secrets: Keyring::identity(),
