@@ -17,7 +17,7 @@ use tonic::transport::Channel;
 pub const VALUE_BYTES: usize = 1024;
 pub const NAMESPACE: &str = "bench";
 /// How long one write may take before it counts as failed.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The ConfigMap JSON of a write: what a GitOps sync would create.
 pub fn config_map(name: &str) -> String {
@@ -153,7 +153,7 @@ pub struct Measured {
     pub client_cpu_per_write: Option<Duration>,
 }
 
-/// One closed-loop client: `write` issues its next write and returns once it is acknowledged.
+/// One closed-loop client: `write` sends its next write and returns once it is acknowledged.
 pub trait LoopClient: Send + 'static {
     fn write(&mut self) -> impl Future<Output = Result<(), String>> + Send;
 }

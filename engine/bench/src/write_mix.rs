@@ -16,7 +16,7 @@
 
 use crate::{
     etcd::pb as etcdpb,
-    load::{LoopClient, Writer},
+    load::{LoopClient, WRITE_TIMEOUT, Writer},
 };
 use anyhow::{Context as _, Result, ensure};
 use gitplane_storage::remote::pb;
@@ -188,7 +188,9 @@ async fn cas(writer: &mut Writer, object: &mut Object, write: Write) -> Result<(
                 Write::Bind => vec![Op::Update(value), Op::UpdateStatus(object.value.clone())],
             };
             let json = serde_json::to_vec(&ops).map_err(|e| e.to_string())?;
-            let reply = client.txn(pb::Payload { json, data: Vec::new() }).await.map_err(error)?.into_inner();
+            let mut request = tonic::Request::new(pb::Payload { json, data: Vec::new() });
+            request.set_timeout(WRITE_TIMEOUT);
+            let reply = client.txn(request).await.map_err(error)?.into_inner();
             match committed(reply) {
                 Ok(revision) => {
                     object.revision = revision;
@@ -202,6 +204,8 @@ async fn cas(writer: &mut Writer, object: &mut Object, write: Write) -> Result<(
                         name: key.name,
                         linearizable: false,
                     };
+                    let mut request = tonic::Request::new(request);
+                    request.set_timeout(WRITE_TIMEOUT);
                     let stored = client.get(request).await.map_err(error)?.into_inner();
                     let stored: Value = serde_json::from_slice(&stored.json).map_err(|e| e.to_string())?;
                     object.revision = gitplane_api::object::resource_version(&stored).unwrap_or(object.revision);
@@ -223,7 +227,9 @@ async fn cas(writer: &mut Writer, object: &mut Object, write: Write) -> Result<(
                 success: vec![request(etcd_op::Request::RequestPut(put))],
                 failure: vec![request(etcd_op::Request::RequestRange(get))],
             };
-            let reply = client.txn(txn).await.map_err(error)?.into_inner();
+            let mut request = tonic::Request::new(txn);
+            request.set_timeout(WRITE_TIMEOUT);
+            let reply = client.txn(request).await.map_err(error)?.into_inner();
             if reply.succeeded {
                 object.revision = reply.header.map_or(object.revision, |h| h.revision);
                 return Ok(());
