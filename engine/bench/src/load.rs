@@ -9,7 +9,6 @@ use anyhow::{Context as _, Result};
 use gitplane_storage::remote::pb;
 use std::{
     net::SocketAddr,
-    sync::Arc,
     time::{Duration, Instant},
 };
 use tonic::transport::Channel;
@@ -18,7 +17,7 @@ use tonic::transport::Channel;
 pub const VALUE_BYTES: usize = 1024;
 pub const NAMESPACE: &str = "bench";
 /// How long one write may take before it counts as failed.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The ConfigMap JSON of a write: what a GitOps sync would create.
 pub fn config_map(name: &str) -> String {
@@ -154,41 +153,64 @@ pub struct Measured {
     pub client_cpu_per_write: Option<Duration>,
 }
 
+/// One closed-loop client: `write` sends its next write and returns once it is acknowledged.
+pub trait LoopClient: Send + 'static {
+    fn write(&mut self) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// A client creating ConfigMaps `<prefix>-<client>-<seq>`.
+pub struct Creates {
+    pub writer: Writer,
+    pub name: String,
+    pub seq: u64,
+}
+
+impl LoopClient for Creates {
+    async fn write(&mut self) -> Result<(), String> {
+        self.seq += 1;
+        let name = format!("{}-{}", self.name, self.seq);
+        self.writer.create(&name).await
+    }
+}
+
+/// `clients` ConfigMap creators spread over `channels`, named after `prefix`.
+pub fn creates(api: Api, channels: &[Channel], clients: usize, prefix: &str) -> Vec<Creates> {
+    (0..clients)
+        .map(|c| Creates {
+            writer: Writer::new(api, channels[c % channels.len()].clone()),
+            name: format!("{prefix}-{c}"),
+            seq: 0,
+        })
+        .collect()
+}
+
 struct ClientResult {
     latencies: Vec<Duration>,
     errors: u64,
     first_error: Option<String>,
 }
 
-/// Runs `clients` closed-loop writers spread over `channels` for `warmup`, then measures for
-/// `window`: every write acknowledged inside the window counts, with its latency.
-pub async fn closed_loop(
-    api: Api,
-    channels: &[Channel],
-    clients: usize,
-    prefix: &str,
+/// Runs the clients in a closed loop for `warmup`, then measures for `window`: every write
+/// acknowledged inside the window counts, with its latency. The clients come back with it.
+pub async fn closed_loop<C: LoopClient>(
+    clients: Vec<C>,
     warmup: Duration,
     window: Duration,
     server_pids: &[u32],
-) -> Result<Measured> {
+) -> Result<(Measured, Vec<C>)> {
     let start = Instant::now();
     let window_start = start + warmup;
     let end = window_start + window;
-    let prefix: Arc<str> = Arc::from(prefix);
-    let mut tasks = Vec::with_capacity(clients);
-    for client in 0..clients {
-        let mut writer = Writer::new(api, channels[client % channels.len()].clone());
-        let prefix = prefix.clone();
+    let mut tasks = Vec::with_capacity(clients.len());
+    for mut client in clients {
         tasks.push(tokio::spawn(async move {
             let mut result = ClientResult { latencies: Vec::new(), errors: 0, first_error: None };
-            let mut seq = 0u64;
             loop {
                 let sent = Instant::now();
                 if sent >= end {
-                    return result;
+                    return (result, client);
                 }
-                seq += 1;
-                let outcome = writer.create(&format!("{prefix}-{client}-{seq}")).await;
+                let outcome = client.write().await;
                 let acked = Instant::now();
                 match outcome {
                     Ok(()) => {
@@ -213,22 +235,25 @@ pub async fn closed_loop(
     let mut latencies = Vec::new();
     let mut errors = 0;
     let mut first_error = None;
+    let mut clients = Vec::with_capacity(tasks.len());
     for task in tasks {
-        let r = task.await.context("a load client panicked")?;
+        let (r, client) = task.await.context("a load client panicked")?;
         latencies.extend(r.latencies);
         errors += r.errors;
         first_error = first_error.or(r.first_error);
+        clients.push(client);
     }
     let writes = latencies.len();
     let per_write = |d: Duration| (writes > 0).then(|| d / writes as u32);
-    Ok(Measured {
+    let measured = Measured {
         writes_per_second: writes as f64 / window.as_secs_f64(),
         latencies: Latencies::new(latencies),
         errors,
         first_error,
         server_cpu_per_write: per_write(server_after.saturating_sub(server_before)),
         client_cpu_per_write: per_write(client_after.saturating_sub(client_before)),
-    })
+    };
+    Ok((measured, clients))
 }
 
 /// CPU time (user + system) of this process so far.

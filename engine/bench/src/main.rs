@@ -1,7 +1,7 @@
 //! `gitplane-bench`: benchmarks that print ratios against a baseline measured in the same run.
 //!
 //! `gitplane-bench store` compares gitplane's store with etcd, driven by one load generator:
-//! write throughput and latency, leader failover, and watch fan-out. `gitplane-bench source`
+//! write throughput and latency, a cluster's write mix, leader failover, and watch fan-out. `gitplane-bench source`
 //! measures the GitOps source against the bare YAML parse and `kubectl kustomize`;
 //! `gitplane-bench services` Services across the nodes of `gitplane up --nodes`; `gitplane-bench
 //! statefulset` StatefulSet rollouts against a Deployment's there; `gitplane-bench
@@ -32,6 +32,7 @@ mod source;
 mod statefulset;
 mod up;
 mod watch;
+mod write_mix;
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
@@ -161,6 +162,8 @@ const ROWS: &[&str] = &[
     "write/gitplane-sqlite-3-via-follower",
     "write/etcd-3",
     "write/etcd-3-all-members",
+    "mix/gitplane-sqlite-3",
+    "mix/etcd-3",
     "failover/gitplane-sqlite-3",
     "failover/etcd-3",
     "watch/gitplane-sqlite-1",
@@ -309,6 +312,21 @@ async fn store(s: &Settings) -> Result<()> {
             results.etcd3_all = vec![(256, measured)];
         }
     }
+    if s.wants("mix/gitplane-sqlite-3") {
+        let cluster = Gitplane::start(&s.gitplane, 3, &s.args.server_args).await?;
+        let leader = cluster.wait_ready_leader().await?;
+        let system = format!("gitplane, SQLite, 3 replicas, to the leader (replica {leader})");
+        results.gp3_mix =
+            mix_rows(s, &system, Api::Gitplane, cluster.addrs[&leader], &cluster.pids(), &mut results.mix_sizes)
+                .await?;
+    }
+    if s.wants("mix/etcd-3") {
+        let cluster = Etcd::start(&s.args.etcd, 3).await?;
+        let leader = cluster.leader().await.context("etcd lost its leader")?;
+        let system = format!("etcd 3.4, 3 members, to the leader (member {leader})");
+        results.etcd3_mix =
+            mix_rows(s, &system, Api::Etcd, cluster.clients[&leader], &cluster.pids(), &mut results.mix_sizes).await?;
+    }
     write_table_rows(&results, &mut rows);
     if s.wants("auth/peer-token") {
         rows.push(auth_row(&results));
@@ -438,6 +456,10 @@ struct Results {
     gp3_follower: Vec<(usize, Measured)>,
     etcd3: Vec<(usize, Measured)>,
     etcd3_all: Vec<(usize, Measured)>,
+    gp3_mix: Vec<(usize, Measured)>,
+    etcd3_mix: Vec<(usize, Measured)>,
+    /// The write mix's JSON sizes: a Lease, a Pod Running.
+    mix_sizes: (usize, usize),
 }
 
 async fn measure(
@@ -454,7 +476,13 @@ async fn measure(
     static MEASUREMENTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = MEASUREMENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let prefix = format!("m{n}-c{clients}");
-    let m = load::closed_loop(api, &channels, clients, &prefix, s.warmup, s.window, pids).await?;
+    let writers = load::creates(api, &channels, clients, &prefix);
+    let (m, _) = load::closed_loop(writers, s.warmup, s.window, pids).await?;
+    report(&m);
+    Ok(m)
+}
+
+fn report(m: &Measured) {
     eprintln!(
         "  {:.0} writes/s, p50 {} ms, p99 {} ms, {} errors{}; CPU per write: servers {} µs, load generator {} µs",
         m.writes_per_second,
@@ -465,7 +493,31 @@ async fn measure(
         us(m.server_cpu_per_write),
         us(m.client_cpu_per_write),
     );
-    Ok(m)
+}
+
+/// The write mix (`write_mix`) on one system: its objects created once, then each client count.
+async fn mix_rows(
+    s: &Settings,
+    system: &str,
+    api: Api,
+    addr: SocketAddr,
+    pids: &[u32],
+    sizes: &mut (usize, usize),
+) -> Result<Vec<(usize, Measured)>> {
+    let channels = load::connections(&[addr], s.args.connections).await?;
+    eprintln!("write mix: {system}: creating {} Leases and {} Pods", write_mix::LEASES, write_mix::PODS);
+    let mut objects = write_mix::create(&mut load::Writer::new(api, channels[0].clone())).await?;
+    *sizes = objects.sizes();
+    let mut out = Vec::new();
+    for clients in s.args.clients.iter().copied() {
+        eprintln!("write mix: {system}, {clients} client(s) over {} connections", s.args.connections);
+        let writers = write_mix::clients(|c| load::Writer::new(api, c), &channels, clients, objects);
+        let (m, writers) = load::closed_loop(writers, s.warmup, s.window, pids).await?;
+        report(&m);
+        objects = write_mix::objects(writers);
+        out.push((clients, m));
+    }
+    Ok(out)
 }
 
 async fn write_rows(
@@ -591,6 +643,44 @@ fn write_table_rows(r: &Results, rows: &mut Vec<Row>) {
     push("gitplane, SQLite, 3 replicas, via a follower", &r.gp3_follower, Some((&r.etcd3, "etcd-3")));
     push("etcd 3.4, 3 members, to the leader", &r.etcd3, None);
     push("etcd 3.4, 3 members, over all members", &r.etcd3_all, Some((&r.etcd3, "etcd-3")));
+    let (lease, pod) = r.mix_sizes;
+    let notes = format!(
+        "Lease renewals : binds : Pod status updates = 1 : 6 : 6, compare-and-swap; {} Leases ({lease} bytes), {} Pods ({pod} bytes Running)",
+        write_mix::LEASES,
+        write_mix::PODS
+    );
+    for (system, set, baseline) in [
+        ("gitplane, SQLite, 3 replicas, to the leader", &r.gp3_mix, Some(&r.etcd3_mix)),
+        ("etcd 3.4, 3 members, to the leader", &r.etcd3_mix, None),
+    ] {
+        for (clients, m) in set {
+            let base = baseline.and_then(|b| b.iter().find(|(c, _)| c == clients)?.1.server_cpu_per_write);
+            let baseline = match (baseline, base, m.server_cpu_per_write) {
+                (None, ..) => "baseline".to_owned(),
+                (Some(_), Some(b), Some(cpu)) if !b.is_zero() => {
+                    format!("{:.2}× etcd-3 CPU/write", cpu.as_secs_f64() / b.as_secs_f64())
+                }
+                _ => "–".to_owned(),
+            };
+            let errors = if m.errors > 0 {
+                format!("; {} errors (first: {})", m.errors, m.first_error.as_deref().unwrap_or(""))
+            } else {
+                String::new()
+            };
+            rows.push(Row {
+                benchmark: "write mix",
+                system: system.to_owned(),
+                load: format!("{clients} client{}", if *clients == 1 { "" } else { "s" }),
+                throughput: Some(m.writes_per_second),
+                p50: m.latencies.quantile(0.5),
+                p99: m.latencies.quantile(0.99),
+                max: m.latencies.max(),
+                cpu: m.server_cpu_per_write,
+                baseline,
+                notes: format!("{notes}{errors}"),
+            });
+        }
+    }
     if let Some(Err(reason)) = &r.pg1 {
         rows.push(Row {
             benchmark: "writes",
@@ -666,6 +756,20 @@ fn print_goals(
         println!(
             "- Writes, 3 replicas, 256 clients, to the leader: gitplane / etcd = {ratio:.2}× (goal ≥ 2×: {})",
             verdict(ratio >= 2.0)
+        );
+    }
+    let cpu_at = |set: &[(usize, Measured)]| {
+        set.iter().max_by_key(|(c, _)| *c).and_then(|(c, m)| Some((*c, m.server_cpu_per_write?)))
+    };
+    if let (Some((clients, gp)), Some((_, etcd))) = (cpu_at(&r.gp3_mix), cpu_at(&r.etcd3_mix))
+        && !etcd.is_zero()
+    {
+        let ratio = gp.as_secs_f64() / etcd.as_secs_f64();
+        println!(
+            "- Write mix, 3 replicas, {clients} clients, to the leader: server CPU per write gitplane / etcd = {ratio:.2}× ({} / {} µs; goal ≤ 1.0×: {})",
+            us(Some(gp)),
+            us(Some(etcd)),
+            verdict(ratio <= 1.0)
         );
     }
     if let Some(f) = failover

@@ -3,8 +3,9 @@
 //! (unbound Pods created at once, in store transactions of 1,000, to bound: Pods/s, and p50 /
 //! p99 from each Pod's creation to its binding, both seen on the store's watch), per cluster
 //! size; on the largest cluster, the control plane's and the hollow process's CPU and RSS at rest
-//! while every node renews its Lease, and a Deployment pushed to Git until every replica is
-//! Running. The hollow nodes take every bound Pod to Running meanwhile, as kubelets would.
+//! while every node renews its Lease, a Deployment pushed to Git until every replica is Running,
+//! and its rollout of a new Pod template until the new ReplicaSet's Pods replaced every old one.
+//! The hollow nodes take every bound Pod to Running meanwhile, as kubelets would.
 //! With `--hold N`, the largest cluster then takes BestEffort Pods up to N in all and is measured
 //! holding them: CPU and RSS at rest, the store's size, LIST of every Pod, and a Pod watch's
 //! delivery while Pods are created.
@@ -156,6 +157,7 @@ struct Rest {
     revisions_per_second: f64,
     node_writes: i64,
     deployment: Duration,
+    rollout: Duration,
 }
 
 /// The largest cluster holding `--hold` Pods.
@@ -400,7 +402,7 @@ impl Cluster {
         let postgres_rss: f64 = procs::with_children(&postgres).into_iter().map(pss_mib).sum();
         let revisions_per_second = (self.revision().await? - revision) as f64 / window;
         let node_writes = self.node_revisions().await? - node_before;
-        let deployment = self.deployment(args.replicas).await?;
+        let (deployment, rollout) = self.deployment(args.replicas).await?;
         Ok(Rest {
             nodes: self.nodes,
             server_cpu,
@@ -411,6 +413,7 @@ impl Cluster {
             revisions_per_second,
             node_writes,
             deployment,
+            rollout,
         })
     }
 
@@ -478,14 +481,17 @@ impl Cluster {
             .sum())
     }
 
-    /// From `git push` of a Deployment of `replicas` to every one of its Pods Running.
-    async fn deployment(&mut self, replicas: usize) -> Result<Duration> {
+    /// From `git push` of a Deployment of `replicas` to every one of its Pods Running; then from
+    /// `git push` of a new Pod template (`kubectl rollout restart`'s annotation) to every Pod of
+    /// the new ReplicaSet Running and no old Pod left. The rollout is RollingUpdate's default
+    /// (25% surge, 25% unavailable); the hollow nodes finalize the old Pods' graceful deletes.
+    async fn deployment(&mut self, replicas: usize) -> Result<(Duration, Duration)> {
         let addr = self.server.addrs[&1];
         let token = std::fs::read_to_string(self.server.dir().join("replica-1/git-token"))?.trim().to_owned();
         let remote = |name: &str| format!("http://git:{token}@{addr}/git/{name}.git");
         let work = self.server.dir().join("work");
         for (repo, file, content) in
-            [("bootstrap", "scale.yaml", application()), ("scale", "manifests/scale.yaml", deployment(replicas))]
+            [("bootstrap", "scale.yaml", application()), ("scale", "manifests/scale.yaml", deployment(replicas, None))]
         {
             let dir = work.join(repo);
             std::fs::create_dir_all(dir.join("manifests"))?;
@@ -503,22 +509,22 @@ impl Cluster {
             }
         }
         let mut events = self.watch_pods().await?;
+        let mut pods = DeploymentPods::default();
         eprintln!("a Deployment of {replicas} replicas pushed");
+        let scale = work.join("scale");
         let pushed = Instant::now();
-        git(git_in(&work.join("scale")).args(["push", "-q", &remote("scale"), "main"])).await?;
-        let mut running = std::collections::HashSet::new();
-        let deadline = Instant::now() + DEADLINE;
-        while running.len() < replicas {
-            let Ok(event) = tokio::time::timeout_at(deadline.into(), events.next()).await else {
-                bail!("{} of {replicas} Pods Running within {DEADLINE:?}", running.len());
-            };
-            let event = event.context("the store's watch ended")??;
-            let object: Value = serde_json::from_slice(&event.object)?;
-            if object["metadata"]["labels"]["app"] == "scale" && object["status"]["phase"] == "Running" {
-                running.insert(event.name);
-            }
-        }
-        Ok(pushed.elapsed())
+        git(git_in(&scale).args(["push", "-q", &remote("scale"), "main"])).await?;
+        pods.follow(&mut events, replicas, None).await?;
+        let created = pushed.elapsed();
+
+        let restarted_at = k8s_openapi::jiff::Timestamp::now().to_string();
+        std::fs::write(scale.join("manifests/scale.yaml"), deployment(replicas, Some(&restarted_at)))?;
+        git(git_in(&scale).args(["commit", "-q", "-a", "-m", "restart"])).await?;
+        eprintln!("its rollout of a new Pod template pushed");
+        let pushed = Instant::now();
+        git(git_in(&scale).args(["push", "-q", &remote("scale"), "main"])).await?;
+        pods.follow(&mut events, replicas, Some(&restarted_at)).await?;
+        Ok((created, pushed.elapsed()))
     }
 
     fn stop(self) {
@@ -526,6 +532,51 @@ impl Cluster {
         drop(self);
     }
 }
+
+/// The Deployment's Pods on the store's watch, by name: the template's restart annotation, and
+/// whether the Pod is Running.
+#[derive(Default)]
+struct DeploymentPods(HashMap<String, (Option<String>, bool)>);
+
+impl DeploymentPods {
+    /// Follows the watch until `replicas` Pods of the template restarted at `restarted_at` are
+    /// Running and no other Pod of the Deployment is left.
+    async fn follow(
+        &mut self,
+        events: &mut tonic::Streaming<pb::WatchEvent>,
+        replicas: usize,
+        restarted_at: Option<&str>,
+    ) -> Result<()> {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let current = self.0.values().filter(|(at, _)| at.as_deref() == restarted_at);
+            let running = current.clone().filter(|(_, running)| *running).count();
+            if running >= replicas && current.count() == self.0.len() {
+                return Ok(());
+            }
+            let Ok(event) = tokio::time::timeout_at(deadline.into(), events.next()).await else {
+                bail!(
+                    "{running} of {replicas} Pods of the template Running, {} Pods in all, within {DEADLINE:?}",
+                    self.0.len()
+                );
+            };
+            let event = event.context("the store's watch ended")??;
+            let object: Value = serde_json::from_slice(&event.object)?;
+            if object["metadata"]["labels"]["app"] != "scale" {
+                continue;
+            }
+            if event.r#type == "DELETED" {
+                self.0.remove(&event.name);
+                continue;
+            }
+            let at = object["metadata"]["annotations"][RESTARTED_AT].as_str().map(str::to_owned);
+            self.0.insert(event.name, (at, object["status"]["phase"] == "Running"));
+        }
+    }
+}
+
+/// The Pod template annotation `kubectl rollout restart` sets.
+const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
 
 /// scheduler_perf's default Pod (`pod-default.yaml`): one pause container asking 100m CPU and
 /// 500Mi of memory.
@@ -568,10 +619,12 @@ fn application() -> String {
         .to_owned()
 }
 
-fn deployment(replicas: usize) -> String {
+fn deployment(replicas: usize, restarted_at: Option<&str>) -> String {
+    let annotations =
+        restarted_at.map(|at| format!("      annotations:\n        {RESTARTED_AT}: \"{at}\"\n")).unwrap_or_default();
     format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: scale\nspec:\n  replicas: {replicas}\n  \
-         selector:\n    matchLabels:\n      app: scale\n  template:\n    metadata:\n      labels:\n        app: scale\n    \
+         selector:\n    matchLabels:\n      app: scale\n  template:\n    metadata:\n{annotations}      labels:\n        app: scale\n    \
          spec:\n      containers:\n        - name: pause\n          image: registry.k8s.io/pause:3.10\n"
     )
 }
@@ -673,6 +726,14 @@ fn print_table(args: &ScaleArgs, runs: &[Run]) {
         format!("Deployment of {} replicas, `git push` to every Pod Running ({nodes} nodes)", args.replicas),
         &|run| format!("{:.1} s", at_rest(run).deployment.as_secs_f64()),
         "< 5 s",
+    );
+    row(
+        format!(
+            "Rollout of its new Pod template (RollingUpdate 25% / 25%), `git push` to every new Pod Running and \
+             no old Pod left ({nodes} nodes)"
+        ),
+        &|run| format!("{:.1} s", at_rest(run).rollout.as_secs_f64()),
+        "",
     );
     let Some(pods) = runs[0].steady.as_ref().map(|s| s.pods) else { return };
 

@@ -612,7 +612,7 @@ mod tests {
             .iter()
             .map(|op| match op {
                 Op::Create(_) => "create",
-                Op::Update(_) => "update",
+                Op::Update(_) | Op::UpdateWithStatus(_) => "update",
                 Op::UpdateStatus(_) => "status",
                 Op::Delete { .. } => "delete",
             })

@@ -110,7 +110,7 @@ mod tests {
             .map(|op| {
                 let verb = match op {
                     Op::Create(_) => "create",
-                    Op::Update(_) => "update",
+                    Op::Update(_) | Op::UpdateWithStatus(_) => "update",
                     Op::UpdateStatus(_) => "status",
                     Op::Delete { .. } => "delete",
                 };

@@ -200,7 +200,7 @@ async fn run(args: DiffArgs) -> anyhow::Result<bool> {
     for op in &plan.ops {
         let (key, before, after) = match op {
             Op::Create(v) => (ObjectKey::from_value(v)?, None, Some(v.clone())),
-            Op::Update(v) => {
+            Op::Update(v) | Op::UpdateWithStatus(v) => {
                 let key = ObjectKey::from_value(v)?;
                 (key.clone(), live.get(&key).map(|l| (**l).clone()), Some(v.clone()))
             }

@@ -167,27 +167,37 @@ impl NodeInfo {
     }
 
     /// Accounts for a Pod bound (or assumed bound) to this node; what the index counts of it is
-    /// the last of `pods`.
-    pub fn add_pod(&mut self, pod: &Pod) {
-        self.requested.add(&pod_requests(pod));
-        self.score_requested.add(&pod_score_requests(pod));
-        if let Some(uid) = controller_uid(pod) {
-            *self.by_controller.entry(uid.to_owned()).or_default() += 1;
+    /// the last of `pods`. Returns what was counted, all [`NodeInfo::remove_pod`] needs: the
+    /// snapshot keeps that instead of the Pod (a decoded Pod is several KiB, and a cluster holds
+    /// 150,000 of them).
+    pub fn add_pod(&mut self, pod: &Pod) -> Counted {
+        let info = PodInfo::new(pod);
+        let counted = Counted {
+            namespace: info.namespace.clone(),
+            name: info.name.clone(),
+            requests: pod_requests(pod),
+            score_requests: pod_score_requests(pod),
+            controller: controller_uid(pod).map(str::to_owned),
+            host_ports: host_ports(pod),
+        };
+        self.requested.add(&counted.requests);
+        self.score_requested.add(&counted.score_requests);
+        if let Some(uid) = &counted.controller {
+            *self.by_controller.entry(uid.clone()).or_default() += 1;
         }
-        self.host_ports.extend(host_ports(pod));
-        self.pods.push(PodInfo::new(pod));
+        self.host_ports.extend(counted.host_ports.iter().cloned());
+        self.pods.push(info);
+        counted
     }
 
-    /// Takes back what [`NodeInfo::add_pod`] accounted for `pod` and returns what the index
+    /// Takes back what [`NodeInfo::add_pod`] accounted for a Pod and returns what the index
     /// counted of it; nothing if it is not counted.
-    pub fn remove_pod(&mut self, pod: &Pod) -> Option<PodInfo> {
-        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-        let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let at = self.pods.iter().position(|p| p.name == name && p.namespace == namespace)?;
+    pub fn remove_pod(&mut self, counted: &Counted) -> Option<PodInfo> {
+        let at = self.pods.iter().position(|p| p.name == counted.name && p.namespace == counted.namespace)?;
         let info = self.pods.swap_remove(at);
-        self.requested.sub(&pod_requests(pod));
-        self.score_requested.sub(&pod_score_requests(pod));
-        if let Some(uid) = controller_uid(pod)
+        self.requested.sub(&counted.requests);
+        self.score_requested.sub(&counted.score_requests);
+        if let Some(uid) = &counted.controller
             && let Some(count) = self.by_controller.get_mut(uid)
         {
             *count -= 1;
@@ -195,13 +205,24 @@ impl NodeInfo {
                 self.by_controller.remove(uid);
             }
         }
-        for port in host_ports(pod) {
-            if let Some(i) = self.host_ports.iter().position(|p| *p == port) {
+        for port in &counted.host_ports {
+            if let Some(i) = self.host_ports.iter().position(|p| p == port) {
                 self.host_ports.swap_remove(i);
             }
         }
         Some(info)
     }
+}
+
+/// What [`NodeInfo::add_pod`] accounted for one Pod.
+#[derive(Clone, Debug)]
+pub struct Counted {
+    namespace: String,
+    name: String,
+    requests: Resources,
+    score_requests: Resources,
+    controller: Option<String>,
+    host_ports: Vec<HostPort>,
 }
 
 /// The uid of the Pod's controller (its ownerReference with `controller: true`).

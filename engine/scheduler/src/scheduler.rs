@@ -364,20 +364,18 @@ impl Reconcile for Scheduler {
     }
 }
 
-/// Writes `spec.nodeName` (compare-and-swap on the Pod's resourceVersion), the PodScheduled
-/// condition and the selected node of each claim that waited for it, in one transaction. One
-/// copy of the Pod serves both writes; it comes back as bound, for the Scheduled Event.
+/// Writes `spec.nodeName` and the PodScheduled condition (one write of the Pod, compare-and-swap
+/// on its resourceVersion) and the selected node of each claim that waited for it, in one
+/// transaction. The Pod comes back as bound, for the Scheduled Event.
 async fn bind(store: &dyn Store, pod: &Pod, node: &str, volumes: &PodVolumes) -> (Pod, gitplane_store::Result<()>) {
     let mut bound = pod.clone();
     if let Some(spec) = bound.spec.as_mut() {
         spec.node_name = Some(node.to_owned());
     }
-    let update = Op::Update(to_value(&bound));
-    // Ordered after the compare-and-swap above, in the same transaction.
-    let resource_version = bound.metadata.resource_version.take();
     set_scheduled_condition(&mut bound, "True", None, None);
-    let mut ops = vec![update, Op::UpdateStatus(to_value(&bound))];
-    bound.metadata.resource_version = resource_version;
+    // One write of the node and the condition, compare-and-swap on the Pod the cycle placed (the
+    // binding subresource's one update, not a spec and a status write of the same Pod).
+    let mut ops = vec![Op::UpdateWithStatus(to_value(&bound))];
     for (claim, _) in &volumes.delayed {
         let annotations = claim.metadata.annotations.as_ref();
         if annotations.and_then(|a| a.get(gitplane_api::volumes::SELECTED_NODE)).map(String::as_str) == Some(node) {

@@ -3,7 +3,7 @@
 //! own bindings, as kube-scheduler's cache, instead of being rebuilt (decoding every bound Pod)
 //! whenever something changes.
 
-use crate::framework::{Cluster, NamespaceLabels, NodeInfo};
+use crate::framework::{Cluster, Counted, NamespaceLabels, NodeInfo};
 use crate::pod_index::PodIndex;
 use gitplane_api::object::from_value;
 use gitplane_store::informer::Cache;
@@ -38,8 +38,9 @@ pub struct Snapshot {
     pub namespaces: NamespaceLabels,
     /// The nodes' Pods, indexed for the plugins that look at all of them.
     pub pods: PodIndex,
-    /// Each Pod counted on a node, as it was counted: what to take back when it changes or goes.
-    counted: HashMap<PodId, (String, Arc<Pod>)>,
+    /// Each Pod counted on a node, as it was counted: what to take back when it changes or goes
+    /// (not the Pod: the informer holds that).
+    counted: HashMap<PodId, (String, Counted)>,
 }
 
 impl Snapshot {
@@ -84,20 +85,20 @@ impl Snapshot {
         self.uncount(&pod_id);
         let pod = pod.into();
         if let Ok(at) = self.position(&node) {
-            self.nodes[at].add_pod(&pod);
-            let counted = &self.nodes[at];
-            if let Some(info) = counted.pods.last() {
-                self.pods.add(info, &node, counted.labels());
+            let counted = self.nodes[at].add_pod(&pod);
+            let info = &self.nodes[at];
+            if let Some(pod) = info.pods.last() {
+                self.pods.add(pod, &node, info.labels());
             }
-            self.counted.insert(pod_id, (node, pod));
+            self.counted.insert(pod_id, (node, counted));
         }
     }
 
     /// Takes back what [`Snapshot::count`] counted for the Pod.
     pub fn uncount(&mut self, pod_id: &PodId) {
-        if let Some((node, pod)) = self.counted.remove(pod_id)
+        if let Some((node, counted)) = self.counted.remove(pod_id)
             && let Ok(at) = self.position(&node)
-            && let Some(info) = self.nodes[at].remove_pod(&pod)
+            && let Some(info) = self.nodes[at].remove_pod(&counted)
         {
             self.pods.remove(&info, &node, self.nodes[at].labels());
         }

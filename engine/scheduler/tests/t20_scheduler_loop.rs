@@ -168,7 +168,7 @@ struct FailingBinds {
 }
 
 fn is_binding(ops: &[Op]) -> bool {
-    matches!(ops.first(), Some(Op::Update(pod)) if pod["kind"] == "Pod" && pod["spec"]["nodeName"].is_string())
+    matches!(ops.first(), Some(Op::UpdateWithStatus(pod)) if pod["kind"] == "Pod" && pod["spec"]["nodeName"].is_string())
 }
 
 #[async_trait::async_trait]
@@ -235,7 +235,7 @@ impl Store for Interfering {
     }
 
     async fn txn(&self, ops: Vec<Op>) -> gitplane_store::Result<Committed> {
-        if let Some(Op::Update(pod)) = ops.first().filter(|_| is_binding(&ops)) {
+        if let Some(Op::UpdateWithStatus(pod)) = ops.first().filter(|_| is_binding(&ops)) {
             let key = gitplane_store::ObjectKey::of::<Pod>("default", pod["metadata"]["name"].as_str().unwrap());
             match key.name.as_str() {
                 "gone" => {

@@ -128,7 +128,8 @@ pub(crate) async fn apply_txns<W: TxnWriter, T: Borrow<Txn>>(
     keys.retain(|k| writer.admit(k).is_ok());
     let mut found = writer.current_many(&keys).await?;
     let mut unreadable: HashMap<ObjectKey, String> = HashMap::new();
-    let mut state: HashMap<ObjectKey, Option<Value>> = HashMap::with_capacity(keys.len());
+    // Shared with the watch cache's events: an object is copied once per write, for `Committed`.
+    let mut state: HashMap<ObjectKey, Option<Arc<Value>>> = HashMap::with_capacity(keys.len());
     for k in keys {
         let value = match found.remove(&k).map(|text| decode(secrets, &k, &text)).transpose() {
             Ok(v) => v,
@@ -137,7 +138,7 @@ pub(crate) async fn apply_txns<W: TxnWriter, T: Borrow<Txn>>(
                 continue;
             }
         };
-        state.insert(k, value);
+        state.insert(k, value.map(Arc::new));
     }
     let mut objects: BTreeMap<ObjectKey, ObjectWrite> = BTreeMap::new();
     let mut events = Vec::new();
@@ -159,17 +160,17 @@ pub(crate) async fn apply_txns<W: TxnWriter, T: Borrow<Txn>>(
                 for ((seq, op_type, key, text, value), event_type) in staged.into_iter().zip(folded) {
                     let gone = op_type == EventType::Deleted;
                     let text = secrets.seal(&key, text);
+                    let value = Arc::new(value);
                     state.insert(key.clone(), (!gone).then(|| value.clone()));
                     objects.insert(
                         key.clone(),
                         ObjectWrite { key: key.clone(), revision, value: (!gone).then(|| text.clone()) },
                     );
                     if let Some(event_type) = event_type {
-                        let object = Arc::new(value.clone());
-                        watched.push((seq, Event { revision, event_type, key: key.clone(), object }));
+                        watched.push((seq, Event { revision, event_type, key: key.clone(), object: value.clone() }));
                         events.push(EventWrite { revision, seq, event_type, key, value: text });
                     }
-                    committed.push(value);
+                    committed.push(Arc::unwrap_or_clone(value));
                 }
                 results.push(Ok(Committed { revision, objects: committed }));
             }
@@ -256,23 +257,23 @@ fn stage_txn<W: TxnWriter>(
     writer: &W,
     txn: &Txn,
     revision: Revision,
-    state: &HashMap<ObjectKey, Option<Value>>,
+    state: &HashMap<ObjectKey, Option<Arc<Value>>>,
 ) -> Result<Vec<Staged>, Rejection> {
-    // This transaction's own writes, seen by its later ops.
-    let mut local: HashMap<ObjectKey, Option<Value>> = HashMap::new();
-    let mut staged = Vec::with_capacity(txn.ops.len());
+    // This transaction's own writes, seen by its later ops: where each object was last staged.
+    let mut local: HashMap<ObjectKey, usize> = HashMap::new();
+    let mut staged: Vec<Staged> = Vec::with_capacity(txn.ops.len());
     let mut uids = txn.uids.iter();
     for (seq, op) in txn.ops.iter().enumerate() {
         let key = op.key()?;
         writer.admit(&key)?;
         let existing = match local.get(&key) {
-            Some(v) => v.clone(),
-            None => state.get(&key).cloned().flatten(),
+            Some(&i) => (staged[i].1 != EventType::Deleted).then_some(&staged[i].4),
+            None => state.get(&key).and_then(Option::as_deref),
         };
         let (event_type, value) = stage_op(op, &key, existing, revision, &mut uids, &txn.time)?;
         let text = value.to_string();
         stage::check_size(&key, &text)?;
-        local.insert(key.clone(), (event_type != EventType::Deleted).then(|| value.clone()));
+        local.insert(key.clone(), staged.len());
         staged.push((seq as i64, event_type, key, text, value));
     }
     Ok(staged)
@@ -280,9 +281,9 @@ fn stage_txn<W: TxnWriter>(
 
 /// One event per object per transaction, as kube-apiserver gives one per write (and etcd refuses
 /// a key twice in one transaction): an op followed by another on the same object is folded into
-/// the later one, whose event carries the object's change as a whole (the scheduler's bind writes
-/// `spec.nodeName` and the PodScheduled condition as two ops; a watcher sees one MODIFIED, not a
-/// state that no read could see). Created and deleted in one transaction: no event; deleted and
+/// the later one, whose event carries the object's change as a whole (a Node's registration writes
+/// the Node and its status as two ops; a watcher sees one event, not a state that no read could
+/// see). Created and deleted in one transaction: no event; deleted and
 /// created again: both, as they are two objects.
 fn fold(staged: &[Staged]) -> Vec<Option<EventType>> {
     let mut events: Vec<Option<EventType>> = staged.iter().map(|(_, event_type, ..)| Some(*event_type)).collect();
@@ -312,7 +313,7 @@ fn check_revision(key: &ObjectKey, expected: Option<Revision>, old: &Value) -> R
 fn stage_op(
     op: &Op,
     key: &ObjectKey,
-    current: Option<Value>,
+    current: Option<&Value>,
     revision: Revision,
     uids: &mut std::slice::Iter<'_, String>,
     time: &str,
@@ -324,20 +325,24 @@ fn stage_op(
                 uids.next().cloned().ok_or_else(|| Rejection::Invalid("transaction has no uid for a create".into()))?;
             Ok((EventType::Added, stage::create(value.clone(), revision, uid, time)?))
         }
-        (Op::Update(_) | Op::UpdateStatus(_) | Op::Delete { .. }, None) => {
+        (Op::Update(_) | Op::UpdateStatus(_) | Op::UpdateWithStatus(_) | Op::Delete { .. }, None) => {
             Err(Rejection::NotFound { key: key.clone() })
         }
         (Op::Update(value), Some(old)) => {
-            check_revision(key, stage::expected_revision(value), &old)?;
-            Ok((EventType::Modified, stage::update(&old, value.clone(), revision)?))
+            check_revision(key, stage::expected_revision(value), old)?;
+            Ok((EventType::Modified, stage::update(old, value.clone(), revision)?))
         }
         (Op::UpdateStatus(value), Some(old)) => {
-            check_revision(key, stage::expected_revision(value), &old)?;
-            Ok((EventType::Modified, stage::update_status(&old, value, revision)?))
+            check_revision(key, stage::expected_revision(value), old)?;
+            Ok((EventType::Modified, stage::update_status(old, value, revision)?))
+        }
+        (Op::UpdateWithStatus(value), Some(old)) => {
+            check_revision(key, stage::expected_revision(value), old)?;
+            Ok((EventType::Modified, stage::update_with_status(old, value.clone(), revision)?))
         }
         (Op::Delete { revision: expected, .. }, Some(old)) => {
-            check_revision(key, *expected, &old)?;
-            Ok((EventType::Deleted, stage::delete(&old, revision)?))
+            check_revision(key, *expected, old)?;
+            Ok((EventType::Deleted, stage::delete(old, revision)?))
         }
     }
 }

@@ -40,15 +40,28 @@ pub fn expected_revision(value: &Value) -> Option<Revision> {
 /// defaults, bumps `generation` when anything but metadata and status changed.
 pub fn update(old: &Value, mut new: Value, revision: Revision) -> Result<Value> {
     gitplane_api::defaults::apply(&mut new);
-    let spec_changed = without(old, &["metadata", "status"]) != without(&new, &["metadata", "status"]);
+    replace(old, new, old.get("status").cloned(), revision)
+}
+
+/// An update of metadata, spec and status in one write (a Pod's binding sets `spec.nodeName` and
+/// its PodScheduled condition together): as [`update`], but the status is the new object's.
+pub fn update_with_status(old: &Value, mut new: Value, revision: Revision) -> Result<Value> {
+    gitplane_api::defaults::apply(&mut new);
+    let status = new.as_object_mut().and_then(|obj| obj.remove("status"));
+    replace(old, new, status, revision)
+}
+
+/// `new` (defaulted) with the managed metadata of `old` and `status`.
+fn replace(old: &Value, mut new: Value, status: Option<Value>, revision: Revision) -> Result<Value> {
+    let spec_changed = !same_apart_from(old, &new, &["metadata", "status"]);
     let generation = old["metadata"]["generation"].as_i64().unwrap_or(1) + i64::from(spec_changed);
     copy_managed(old, &mut new)?;
     let meta = metadata_mut(&mut new)?;
     meta.insert("generation".into(), generation.into());
     meta.insert("resourceVersion".into(), revision.to_string().into());
-    match (new.as_object_mut(), old.get("status")) {
+    match (new.as_object_mut(), status) {
         (Some(obj), Some(status)) => {
-            obj.insert("status".into(), status.clone());
+            obj.insert("status".into(), status);
         }
         (Some(obj), None) => {
             obj.remove("status");
@@ -60,12 +73,14 @@ pub fn update(old: &Value, mut new: Value, revision: Revision) -> Result<Value> 
 
 /// A status write: only `status` changes; generation stays.
 pub fn update_status(old: &Value, new: &Value, revision: Revision) -> Result<Value> {
-    let mut stored = old.clone();
-    let obj = stored.as_object_mut().ok_or_else(|| Rejection::Invalid("stored object is not a JSON object".into()))?;
-    match new.get("status") {
-        Some(status) => obj.insert("status".into(), status.clone()),
-        None => obj.remove("status"),
-    };
+    let old = old.as_object().ok_or_else(|| Rejection::Invalid("stored object is not a JSON object".into()))?;
+    // Everything but the status, which is replaced: copied once.
+    let mut stored: Map<String, Value> =
+        old.iter().filter(|(k, _)| k.as_str() != "status").map(|(k, v)| (k.clone(), v.clone())).collect();
+    if let Some(status) = new.get("status") {
+        stored.insert("status".into(), status.clone());
+    }
+    let mut stored = Value::Object(stored);
     metadata_mut(&mut stored)?.insert("resourceVersion".into(), revision.to_string().into());
     Ok(stored)
 }
@@ -104,13 +119,13 @@ fn copy_managed(old: &Value, new: &mut Value) -> Result<()> {
     Ok(())
 }
 
-fn without(value: &Value, fields: &[&str]) -> Value {
-    match value {
-        Value::Object(map) => Value::Object(
-            map.iter().filter(|(k, _)| !fields.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect(),
-        ),
-        other => other.clone(),
-    }
+/// Whether two objects are equal in every top-level field but `fields` (compared in place: an
+/// update of a large object copies nothing to find out whether its spec changed).
+fn same_apart_from(a: &Value, b: &Value, fields: &[&str]) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else { return a == b };
+    let kept = |(k, _): &(&String, &Value)| !fields.contains(&k.as_str());
+    a.iter().filter(kept).count() == b.iter().filter(kept).count()
+        && a.iter().filter(kept).all(|(k, v)| b.get(k) == Some(v))
 }
 
 #[cfg(test)]

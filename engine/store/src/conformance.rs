@@ -40,11 +40,12 @@ where
 
 type Check = fn(Arc<dyn Store>) -> LocalBoxFuture<'static, ()>;
 
-const CHECKS: [Check; 17] = [
+const CHECKS: [Check; 18] = [
     |s| Box::pin(create_get_and_already_exists(s)),
     |s| Box::pin(revisions_are_global_and_monotonic(s)),
     |s| Box::pin(update_is_compare_and_swap(s)),
     |s| Box::pin(status_is_a_subresource(s)),
+    |s| Box::pin(update_with_status_writes_both_at_once(s)),
     |s| Box::pin(delete_with_precondition(s)),
     |s| Box::pin(transactions_are_all_or_nothing(s)),
     |s| Box::pin(list_filters_namespace_at_one_revision(s)),
@@ -121,6 +122,35 @@ async fn status_is_a_subresource(store: Arc<dyn Store>) {
     let v = store.txn(vec![Op::Update(spec_change)]).await.unwrap().objects.remove(0);
     assert_eq!(v["status"]["phase"], "Running", "an update keeps the stored status");
     assert_eq!(v["metadata"]["generation"], 2);
+}
+
+async fn update_with_status_writes_both_at_once(store: Arc<dyn Store>) {
+    let created = store.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap().objects.remove(0);
+    let from = store.revision().await.unwrap();
+    let mut watch = store.watch(from, WatchOptions::default()).await.unwrap();
+    let mut bound = created.clone();
+    bound["spec"]["nodeName"] = json!("n1");
+    bound["status"] = json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]});
+    bound["metadata"]["uid"] = json!("not-the-stores");
+    let v = store.txn(vec![Op::UpdateWithStatus(bound.clone())]).await.unwrap().objects.remove(0);
+    assert_eq!(v["spec"]["nodeName"], "n1");
+    assert_eq!(v["status"]["conditions"][0]["type"], "PodScheduled");
+    assert_eq!(v["metadata"]["generation"], 2, "the spec changed");
+    assert_eq!(v["metadata"]["uid"], created["metadata"]["uid"], "managed metadata stays the store's");
+    assert_eq!(store.get(&key("a", "p")).await.unwrap().unwrap(), v);
+    let e = next(&mut watch).await;
+    assert_eq!((e.event_type, e.revision, &*e.object), (EventType::Modified, rv(&v), &v), "one event, one write");
+    // Compare-and-swap: the object moved on since `bound` was read.
+    let err = store.txn(vec![Op::UpdateWithStatus(bound)]).await.unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    // Without a status the object has none; the spec unchanged keeps the generation.
+    let mut cleared = v.clone();
+    cleared.as_object_mut().unwrap().remove("status");
+    let v = store.txn(vec![Op::UpdateWithStatus(cleared)]).await.unwrap().objects.remove(0);
+    assert!(v.get("status").is_none());
+    assert_eq!(v["metadata"]["generation"], 2);
+    let missing = store.txn(vec![Op::UpdateWithStatus(pod("a", "nope"))]).await.unwrap_err();
+    assert!(missing.is_not_found(), "{missing}");
 }
 
 async fn delete_with_precondition(store: Arc<dyn Store>) {

@@ -46,6 +46,9 @@ pub enum Op {
     Update(Value),
     /// Replace only an object's status (the status subresource). Compare-and-swap as `Update`.
     UpdateStatus(Value),
+    /// Replace an object's metadata, spec and status in one write, as a Pod's binding sets
+    /// `spec.nodeName` and the PodScheduled condition together. Compare-and-swap as `Update`.
+    UpdateWithStatus(Value),
     /// Delete an object, when `revision` is given only if it is still at that revision.
     Delete { key: ObjectKey, revision: Option<Revision> },
 }
@@ -53,7 +56,7 @@ pub enum Op {
 impl Op {
     pub fn key(&self) -> std::result::Result<ObjectKey, Rejection> {
         match self {
-            Op::Create(v) | Op::Update(v) | Op::UpdateStatus(v) => {
+            Op::Create(v) | Op::Update(v) | Op::UpdateStatus(v) | Op::UpdateWithStatus(v) => {
                 ObjectKey::from_value(v).map_err(|e| Rejection::Invalid(e.to_string()))
             }
             Op::Delete { key, .. } => Ok(key.clone()),

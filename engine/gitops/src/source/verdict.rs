@@ -489,7 +489,9 @@ impl<'a> AfterParent<'a> {
         let written = ops
             .into_iter()
             .filter_map(|op| match op {
-                Op::Create(v) | Op::Update(v) => Some((ObjectKey::from_value(&v).ok()?, Some(Arc::new(v)))),
+                Op::Create(v) | Op::Update(v) | Op::UpdateWithStatus(v) => {
+                    Some((ObjectKey::from_value(&v).ok()?, Some(Arc::new(v))))
+                }
                 Op::Delete { key, .. } => Some((key, None)),
                 Op::UpdateStatus(_) => None,
             })
@@ -651,7 +653,7 @@ fn describe(out: &mut String, plan: &apply::Plan, stored: &dyn apply::Stored) {
     for op in &plan.ops {
         let (sign, key, desired) = match op {
             Op::Create(v) => ("+", ObjectKey::from_value(v).ok(), Some(v)),
-            Op::Update(v) => ("~", ObjectKey::from_value(v).ok(), Some(v)),
+            Op::Update(v) | Op::UpdateWithStatus(v) => ("~", ObjectKey::from_value(v).ok(), Some(v)),
             Op::Delete { key, .. } => ("-", Some(key.clone()), None),
             Op::UpdateStatus(_) => continue,
         };

@@ -341,7 +341,7 @@ impl Store for RaftStore {
     async fn txn(&self, ops: Vec<Op>) -> Result<Committed> {
         // Refuse oversized objects at the door, as etcd limits requests: never replicate them.
         for op in &ops {
-            if let Op::Create(v) | Op::Update(v) | Op::UpdateStatus(v) = op {
+            if let Op::Create(v) | Op::Update(v) | Op::UpdateStatus(v) | Op::UpdateWithStatus(v) = op {
                 crate::stage::check_size(&op.key()?, &v.to_string())?;
             }
         }
