@@ -110,6 +110,10 @@ pub struct AgentArgs {
     /// container runtime, network or kubelet endpoint is used.
     #[arg(long, default_value_t = 0)]
     pub hollow: usize,
+    /// With --hollow: each node also holds the network and Pod config watches an agent holds
+    /// (kubemark's hollow proxy), reading what they carry and dropping it.
+    #[arg(long)]
+    pub hollow_all_watches: bool,
     /// The port of the node's kubelet endpoint, on --node-ip (else loopback), where the
     /// control plane reads container logs (the kubelet's --port).
     #[arg(long, default_value_t = gitplane_kubelet::DEFAULT_PORT)]
@@ -212,7 +216,7 @@ impl AgentArgs {
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
-    let hollow = args.hollow;
+    let (hollow, all_watches) = (args.hollow, args.hollow_all_watches);
     let cfg = args.into_config()?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -220,7 +224,7 @@ pub async fn run(args: AgentArgs) -> Result<(), AgentError> {
         let _ = stop.send(true);
     });
     if hollow > 0 {
-        return crate::hollow::run(cfg, hollow, stopped).await;
+        return crate::hollow::run(cfg, hollow, all_watches, stopped).await;
     }
     agent::run(cfg, stopped).await
 }

@@ -8,6 +8,7 @@
 
 mod addresses;
 mod pods;
+mod watches;
 
 use crate::{
     agent::{self, AgentConfig, AgentError, Registered},
@@ -32,9 +33,9 @@ use tokio::sync::{Notify, Semaphore, watch};
 /// The runtime a hollow node reports (kubemark's fake runtime says `fakeRuntime://...`).
 const RUNTIME_VERSION: &str = "hollow://0";
 
-/// Nodes per shared connection: each holds a Pod watch open, and the control plane takes at
-/// most 256 streams on one connection.
-const NODES_PER_CONNECTION: usize = 128;
+/// Nodes per shared connection: each holds up to three watches open (Pods, network, Pod
+/// config), and the control plane takes at most 256 streams on one connection.
+const NODES_PER_CONNECTION: usize = 64;
 
 /// Registrations under way at once (each signs a key's certificates on the control plane).
 const REGISTRATIONS_AT_ONCE: usize = 16;
@@ -42,7 +43,12 @@ const REGISTRATIONS_AT_ONCE: usize = 16;
 /// Runs `count` hollow nodes named `<cfg.node_name>-1` … `-<count>` until `shutdown`. Each
 /// keeps its credential and certificates in `<credential file's directory>/<node>/`, so a
 /// restarted process takes its nodes up again.
-pub async fn run(cfg: AgentConfig, count: usize, mut shutdown: watch::Receiver<bool>) -> Result<(), AgentError> {
+pub async fn run(
+    cfg: AgentConfig,
+    count: usize,
+    all_watches: bool,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), AgentError> {
     let ca = cfg.certificate_authority.as_deref();
     let pools = (0..count.div_ceil(NODES_PER_CONNECTION))
         .map(|_| channels(&cfg.servers, ca, None).map(Arc::new))
@@ -64,7 +70,7 @@ pub async fn run(cfg: AgentConfig, count: usize, mut shutdown: watch::Receiver<b
             if registered.fetch_add(1, Ordering::Relaxed) + 1 == count {
                 tracing::info!(count, "every hollow node registered");
             }
-            serve(node, r, shutdown).await
+            serve(node, r, all_watches, shutdown).await
         });
     }
     tracing::info!(count, base = %cfg.node_name, "hollow nodes starting");
@@ -102,6 +108,7 @@ async fn register(
 async fn serve(
     cfg: AgentConfig,
     registered: Registered,
+    all_watches: bool,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), AgentError> {
     let pod_cidr = registered.pod_cidr.parse().map_err(AgentError::PodCidr)?;
@@ -115,6 +122,14 @@ async fn serve(
     let resend = Arc::new(Notify::new());
     let heartbeat = tokio::spawn(node_status::heartbeat(status_cfg.clone(), client.clone(), resend.clone()));
     let status = tokio::spawn(report(status_cfg, client.clone(), resend));
+    let mut others = tokio::task::JoinSet::new();
+    if all_watches {
+        let (servers, mut stop) = (client.clone(), shutdown.clone());
+        others.spawn(async move { follow(&mut watches::Network, &servers, &mut stop).await });
+        let (servers, mut stop) = (client.clone(), shutdown.clone());
+        let mut config = watches::PodConfig { node_name: cfg.node_name.clone() };
+        others.spawn(async move { follow(&mut config, &servers, &mut stop).await });
+    }
     let mut pods = pods::HollowPods {
         node_name: cfg.node_name.clone(),
         client: client.clone(),
@@ -124,6 +139,7 @@ async fn serve(
     follow(&mut pods, &client, &mut shutdown).await;
     heartbeat.abort();
     status.abort();
+    others.shutdown().await;
     Ok(())
 }
 

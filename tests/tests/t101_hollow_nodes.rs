@@ -1,6 +1,7 @@
 //! 100 hollow nodes (`gitplane agent --hollow`) beside the real `gitplane up --nodes 1`, whose
-//! one real node is tainted so that the Deployment's Pods go to the hollow ones: every hollow
-//! node registers through the node service and is Ready in kubectl, each with its own /26 of the
+//! one real node is tainted so that the Deployment's Pods go to the hollow ones. Each holds an
+//! agent's three watches (Pods, network, Pod config), so the control plane serves them all.
+//! Every hollow node registers through the node service and is Ready in kubectl, each with its own /26 of the
 //! cluster's `--cluster-cidr`; a Lease renewal leaves the Node object as it was; a Deployment of
 //! 300 replicas pushed to Git runs Running and Ready over the nodes, each Pod with an address of
 //! its node's podCIDR. Then the process holding 20 of the nodes stops: they become NotReady once
@@ -41,6 +42,7 @@ impl Hollow {
         let child = Command::new(gitplane_testkit::binary("gitplane")?)
             .arg("agent")
             .arg(format!("--hollow={count}"))
+            .arg("--hollow-all-watches")
             .arg(format!("--node-name={base}"))
             .arg(format!("--server=http://{}", cluster.listen))
             .arg("--join-token-file")

@@ -62,6 +62,10 @@ pub struct ScaleArgs {
     /// BestEffort, as scheduler_perf's nodes fit only so many of its Pods); 0: no steady rows.
     #[arg(long, default_value_t = 0)]
     hold: usize,
+    /// The hollow nodes also hold the network and Pod config watches an agent holds (kubemark's
+    /// hollow proxy), besides their Pod watches.
+    #[arg(long)]
+    all_watches: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -190,7 +194,8 @@ async fn run(args: &ScaleArgs, gitplane: &Path, sizes: &[(usize, usize)]) -> Res
     for (i, &(nodes, pods)) in sizes.iter().enumerate() {
         let largest = i + 1 == sizes.len();
         for run in &mut runs {
-            let mut cluster = Cluster::start(gitplane, nodes, &server_args(args), run.backend).await?;
+            let mut cluster =
+                Cluster::start(gitplane, nodes, &server_args(args), run.backend, args.all_watches).await?;
             eprintln!(
                 "{}: {nodes} hollow nodes Ready after {:.1} s",
                 run.backend.name(),
@@ -232,7 +237,13 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(gitplane: &Path, nodes: usize, server_args: &[String], backend: Backend) -> Result<Cluster> {
+    async fn start(
+        gitplane: &Path,
+        nodes: usize,
+        server_args: &[String],
+        backend: Backend,
+        all_watches: bool,
+    ) -> Result<Cluster> {
         let postgres = match backend {
             Backend::Sqlite => None,
             Backend::Postgres => Some(Postgres::start().await.context("PostgreSQL for --backend postgres")?),
@@ -263,6 +274,9 @@ impl Cluster {
             .arg("--pod-dir")
             .arg(&dir)
             .env("RUST_LOG", "warn");
+        if all_watches {
+            command.arg("--hollow-all-watches");
+        }
         let started = Instant::now();
         let hollow = Child::spawn("gitplane agent --hollow", command, &server.dir().join("hollow.log"))?;
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;

@@ -506,14 +506,51 @@ fn policy_pod(pod: &serde_json::Value) -> serde_json::Value {
     })
 }
 
-/// What the network watch sends of an object: a Pod slimmed ([`policy_pod`]), others whole.
-fn network_value(kind: &str, object: &serde_json::Value) -> serde_json::Value {
-    if kind == "Pod" { policy_pod(object) } else { object.clone() }
+/// A Node as the routes to other nodes need it, and no more: its name, podCIDRs and addresses.
+/// Its conditions and heartbeats stay out, so one node's status reaches no other node.
+fn route_node(node: &serde_json::Value) -> serde_json::Value {
+    let (spec, status) = (&node["spec"], &node["status"]);
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": node["metadata"]["name"]},
+        "spec": {"podCIDR": spec["podCIDR"], "podCIDRs": spec["podCIDRs"]},
+        "status": {"addresses": status["addresses"]},
+    })
 }
 
-/// What one network stream last sent of each object: a Pod's status changes that leave its
-/// slimmed form alone (conditions, container states) are not sent again.
-type Sent = std::collections::HashMap<ObjectKey, serde_json::Value>;
+/// What the network watch sends of an object, as JSON: a Pod ([`policy_pod`]) and a Node
+/// ([`route_node`]) slimmed, others whole.
+fn network_bytes(kind: &str, object: &serde_json::Value) -> Vec<u8> {
+    let bytes = match kind {
+        "Pod" => serde_json::to_vec(&policy_pod(object)),
+        "Node" => serde_json::to_vec(&route_node(object)),
+        _ => serde_json::to_vec(object),
+    };
+    bytes.unwrap_or_default()
+}
+
+/// What one network stream last sent of each object: a change that leaves what is sent alone
+/// (a Pod's conditions, a Node's heartbeat) is not sent again. Every stream knows every object
+/// it sent, so it keeps a hash of the bytes (SipHash under keys drawn for the stream, which
+/// nobody who writes objects can aim a collision at), not the object.
+#[derive(Default)]
+struct Sent {
+    hasher: std::hash::RandomState,
+    last: HashMap<ObjectKey, u64>,
+}
+
+impl Sent {
+    /// Whether `bytes` differ from what was last sent of `key`, remembering them.
+    fn changed(&mut self, key: &ObjectKey, bytes: &[u8]) -> bool {
+        let hash = std::hash::BuildHasher::hash_one(&self.hasher, bytes);
+        self.last.insert(key.clone(), hash) != Some(hash)
+    }
+
+    fn forget(&mut self, key: &ObjectKey) {
+        self.last.remove(key);
+    }
+}
 
 /// The events of the network watch one store event makes: the object if the node may see it
 /// (unless it is what was last sent of it), and for an Ingress the TLS Secrets it starts naming
@@ -554,18 +591,17 @@ async fn network_events(
     if !network_object(&e.key) {
         return Vec::new();
     }
-    let object = network_value(&e.key.kind, &e.object);
+    let object = network_bytes(&e.key.kind, &e.object);
     {
         let mut sent = sent.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if wire == WireEventType::Deleted {
-            sent.remove(&e.key);
-        } else if sent.get(&e.key) == Some(&object) {
+            sent.forget(&e.key);
+        } else if !sent.changed(&e.key, &object) {
             return Vec::new();
-        } else {
-            sent.insert(e.key.clone(), object.clone());
         }
     }
-    let mut out = vec![Ok(object_event(wire, e.revision, &e.key.kind, &object))];
+    let event = ObjectEvent { r#type: wire as i32, resource_version: e.revision, kind: e.key.kind.clone(), object };
+    let mut out = vec![Ok(event)];
     if e.key.kind == ingress_secrets::INGRESS {
         let (added, removed) = lock().set_ingress(&e.key, present);
         for (namespace, name) in added {
@@ -786,7 +822,7 @@ impl node_service_server::NodeService for NodeService {
         let resource_version = request.into_inner().resource_version;
         let mut initial = Vec::new();
         let mut tls = TlsReferences::default();
-        let mut sent = Sent::new();
+        let mut sent = Sent::default();
         let from = if resource_version == 0 {
             // Every kind as of one revision: the first list's.
             let mut revision = None;
@@ -800,9 +836,15 @@ impl node_service_server::NodeService for NodeService {
                         tls.set_ingress(&key, Some(o));
                     }
                     if network_object(&key) {
-                        let o = network_value(kind, o);
-                        initial.push(Ok(object_event(WireEventType::Added, list.revision, kind, &o)));
-                        sent.insert(key, o);
+                        let object = network_bytes(kind, o);
+                        sent.changed(&key, &object);
+                        let r#type = WireEventType::Added as i32;
+                        initial.push(Ok(ObjectEvent {
+                            r#type,
+                            resource_version: list.revision,
+                            kind: kind.into(),
+                            object,
+                        }));
                     }
                 }
             }
