@@ -2,7 +2,7 @@
 //! renewals, Pod binds and Pod status updates, each a compare-and-swap on the object's last
 //! revision, as kube-apiserver's `GuaranteedUpdate` makes them. Both systems get the same JSON:
 //! the store `Op::Update` / `Op::UpdateStatus` carrying `resourceVersion` (a bind is the
-//! scheduler's transaction: the Pod with `spec.nodeName`, then its PodScheduled condition); etcd
+//! scheduler's one `Op::UpdateWithStatus`: the Pod with `spec.nodeName` and its status); etcd
 //! a `Txn` that compares the key's `mod_revision`, puts the object (without `resourceVersion`, as
 //! kube-apiserver stores it) and reads the key instead when the compare fails.
 //!
@@ -185,7 +185,7 @@ async fn cas(writer: &mut Writer, object: &mut Object, write: Write) -> Result<(
             let ops = match write {
                 Write::Renew => vec![Op::Update(value)],
                 Write::Status => vec![Op::UpdateStatus(value)],
-                Write::Bind => vec![Op::Update(value), Op::UpdateStatus(object.value.clone())],
+                Write::Bind => vec![Op::UpdateWithStatus(value)],
             };
             let json = serde_json::to_vec(&ops).map_err(|e| e.to_string())?;
             let mut request = tonic::Request::new(pb::Payload { json, data: Vec::new() });
