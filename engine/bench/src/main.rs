@@ -605,6 +605,34 @@ fn auth_row(r: &Results) -> Row {
     }
 }
 
+/// The row of one closed-loop load, with its `baseline` and `notes` as the caller words them.
+fn measured_row(
+    benchmark: &'static str,
+    system: &str,
+    clients: usize,
+    m: &Measured,
+    baseline: String,
+    notes: String,
+) -> Row {
+    Row {
+        benchmark,
+        system: system.to_owned(),
+        load: format!("{clients} client{}", if clients == 1 { "" } else { "s" }),
+        throughput: Some(m.writes_per_second),
+        p50: m.latencies.quantile(0.5),
+        p99: m.latencies.quantile(0.99),
+        max: m.latencies.max(),
+        cpu: m.server_cpu_per_write,
+        baseline,
+        notes,
+    }
+}
+
+/// How many writes failed, and the first one's error.
+fn errors(m: &Measured) -> Option<String> {
+    (m.errors > 0).then(|| format!("{} errors (first: {})", m.errors, m.first_error.as_deref().unwrap_or("")))
+}
+
 fn write_table_rows(r: &Results, rows: &mut Vec<Row>) {
     let rate_at = |set: &[(usize, Measured)], clients: usize| {
         set.iter().find(|(c, _)| *c == clients).map(|(_, m)| m.writes_per_second)
@@ -612,26 +640,12 @@ fn write_table_rows(r: &Results, rows: &mut Vec<Row>) {
     let mut push = |system: &str, set: &[(usize, Measured)], baseline: Option<(&[(usize, Measured)], &str)>| {
         for (clients, m) in set {
             let base = baseline.and_then(|(b, name)| Some((rate_at(b, *clients)?, name)));
-            rows.push(Row {
-                benchmark: "writes",
-                system: system.to_owned(),
-                load: format!("{clients} client{}", if *clients == 1 { "" } else { "s" }),
-                throughput: Some(m.writes_per_second),
-                p50: m.latencies.quantile(0.5),
-                p99: m.latencies.quantile(0.99),
-                max: m.latencies.max(),
-                cpu: m.server_cpu_per_write,
-                baseline: match (baseline, base) {
-                    (None, _) => "baseline".to_owned(),
-                    (Some(_), Some((b, name))) if b > 0.0 => format!("{:.2}× {name}", m.writes_per_second / b),
-                    (Some(_), _) => "–".to_owned(),
-                },
-                notes: if m.errors > 0 {
-                    format!("{} errors (first: {})", m.errors, m.first_error.as_deref().unwrap_or(""))
-                } else {
-                    String::new()
-                },
-            });
+            let baseline = match (baseline, base) {
+                (None, _) => "baseline".to_owned(),
+                (Some(_), Some((b, name))) if b > 0.0 => format!("{:.2}× {name}", m.writes_per_second / b),
+                (Some(_), _) => "–".to_owned(),
+            };
+            rows.push(measured_row("writes", system, *clients, m, baseline, errors(m).unwrap_or_default()));
         }
     };
     push("gitplane, SQLite, 1 replica", &r.gp1, Some((&r.etcd1, "etcd-1")));
@@ -662,23 +676,8 @@ fn write_table_rows(r: &Results, rows: &mut Vec<Row>) {
                 }
                 _ => "–".to_owned(),
             };
-            let errors = if m.errors > 0 {
-                format!("; {} errors (first: {})", m.errors, m.first_error.as_deref().unwrap_or(""))
-            } else {
-                String::new()
-            };
-            rows.push(Row {
-                benchmark: "write mix",
-                system: system.to_owned(),
-                load: format!("{clients} client{}", if *clients == 1 { "" } else { "s" }),
-                throughput: Some(m.writes_per_second),
-                p50: m.latencies.quantile(0.5),
-                p99: m.latencies.quantile(0.99),
-                max: m.latencies.max(),
-                cpu: m.server_cpu_per_write,
-                baseline,
-                notes: format!("{notes}{errors}"),
-            });
+            let notes = errors(m).map_or_else(|| notes.clone(), |errors| format!("{notes}; {errors}"));
+            rows.push(measured_row("write mix", system, *clients, m, baseline, notes));
         }
     }
     if let Some(Err(reason)) = &r.pg1 {
