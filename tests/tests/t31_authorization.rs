@@ -184,7 +184,7 @@ async fn t31_every_service_and_method_by_credential() -> Result<()> {
         m.grpc("Store/Get", who, peer_only(who), grpc_outcome(store.get(tokens.request(who, get)).await));
         let list = pb::ListRequest { kind: "Secret".into(), ..Default::default() };
         m.grpc("Store/List", who, peer_only(who), grpc_outcome(store.list(tokens.request(who, list)).await));
-        let watch = pb::WatchRequest { from_revision: 0, kinds: vec![], bookmarks: false };
+        let watch = pb::WatchRequest { from_revision: 0, kinds: vec![], bookmarks: false, ..Default::default() };
         m.grpc("Store/Watch", who, peer_only(who), grpc_outcome(store.watch(tokens.request(who, watch)).await));
         m.grpc(
             "Store/Revision",

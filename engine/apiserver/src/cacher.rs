@@ -432,15 +432,16 @@ async fn follow(
         let started = Instant::now();
         // Following only once the store's watch is open: until then a read that needs a newer
         // revision goes to the store, not waiting for one this cache cannot get.
-        let result = match store.watch(state.1, WatchOptions { kinds: None, bookmarks: true }).await {
-            Ok(events) => {
-                following.store(true, Ordering::Relaxed);
-                let result = watch_into(events, &kind, &tx, &mut state, &mut backoff).await;
-                following.store(false, Ordering::Relaxed);
-                result
-            }
-            Err(e) => Err(e),
-        };
+        let result =
+            match store.watch(state.1, WatchOptions { kinds: None, bookmarks: true, ..Default::default() }).await {
+                Ok(events) => {
+                    following.store(true, Ordering::Relaxed);
+                    let result = watch_into(events, &kind, &tx, &mut state, &mut backoff).await;
+                    following.store(false, Ordering::Relaxed);
+                    result
+                }
+                Err(e) => Err(e),
+            };
         if started.elapsed() >= MAX_BACKOFF {
             // A watch that ran a while was healthy, with or without events (an idle kind).
             backoff = MIN_BACKOFF;

@@ -381,7 +381,8 @@ impl Watcher {
         };
         self.revision = from;
         // The store's bookmarks only feed this watch's own, which the client may not want.
-        let options = WatchOptions { kinds: Some(vec![kind]), bookmarks: self.bookmarks.is_some() };
+        let options =
+            WatchOptions { kinds: Some(vec![kind]), bookmarks: self.bookmarks.is_some(), ..Default::default() };
         self.events = Some(store.watch(from, options).await?);
         Ok(())
     }

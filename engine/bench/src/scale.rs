@@ -325,7 +325,8 @@ impl Cluster {
     /// The store's watch of Pods from now.
     async fn watch_pods(&mut self) -> Result<tonic::Streaming<pb::WatchEvent>> {
         let from = self.revision().await?;
-        let request = pb::WatchRequest { from_revision: from, kinds: vec!["Pod".into()], bookmarks: false };
+        let request =
+            pb::WatchRequest { from_revision: from, kinds: vec!["Pod".into()], bookmarks: false, ..Default::default() };
         Ok(self.store.watch(request).await?.into_inner())
     }
 

@@ -862,7 +862,12 @@ async fn push_to_applied(gitplane: &Path, repo: &Path, rounds: usize, nodes: usi
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect().await?;
     let mut client = crate::procs::store_client(channel);
     let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
-    let request = pb::WatchRequest { from_revision: from, kinds: vec!["ConfigMap".into()], bookmarks: false };
+    let request = pb::WatchRequest {
+        from_revision: from,
+        kinds: vec!["ConfigMap".into()],
+        bookmarks: false,
+        ..Default::default()
+    };
     let mut events = client.watch(request).await?.into_inner();
     let (mut judged, mut unjudged) = (Pushes::default(), Pushes::default());
     let load_before = crate::up::load_average();

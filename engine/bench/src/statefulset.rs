@@ -224,8 +224,12 @@ struct ClaimTimes {
 impl ClaimWatch {
     async fn start(store: &mut StoreClient) -> Result<ClaimWatch> {
         let from = store.revision(pb::Empty {}).await?.into_inner().index as i64;
-        let request =
-            pb::WatchRequest { from_revision: from, kinds: vec!["PersistentVolumeClaim".into()], bookmarks: false };
+        let request = pb::WatchRequest {
+            from_revision: from,
+            kinds: vec!["PersistentVolumeClaim".into()],
+            bookmarks: false,
+            ..Default::default()
+        };
         let mut events = store.watch(request).await?.into_inner();
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {

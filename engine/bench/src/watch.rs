@@ -108,8 +108,12 @@ impl Stream {
                 let mut client = crate::procs::store_client(channel);
                 // From the replica's latest revision: only what is written from now on.
                 let from = client.revision(pb::Empty {}).await?.into_inner().index as i64;
-                let request =
-                    pb::WatchRequest { from_revision: from, kinds: vec!["ConfigMap".into()], bookmarks: false };
+                let request = pb::WatchRequest {
+                    from_revision: from,
+                    kinds: vec!["ConfigMap".into()],
+                    bookmarks: false,
+                    ..Default::default()
+                };
                 Ok(Stream::Gitplane(client.watch(request).await?.into_inner()))
             }
             Api::Etcd => {

@@ -173,7 +173,7 @@ async fn deleted_pod(store: &dyn Store, involved: &ObjectReference) -> Option<Po
     let uid = involved.uid.as_deref()?;
     let (namespace, name) = (involved.namespace.as_deref().unwrap_or_default(), involved.name.as_deref()?);
     let now = store.revision().await.ok()?;
-    let options = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: false };
+    let options = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: false, ..Default::default() };
     let mut history = store.watch(seen, options).await.ok()?;
     let scan = async {
         while let Some(Ok(event)) = history.next().await {

@@ -879,8 +879,18 @@ impl node_service_server::NodeService for NodeService {
             resource_version
         };
         let kinds = NETWORK_KINDS.iter().chain([&ingress_secrets::SECRET]).map(|k| k.to_string()).collect();
-        let events =
-            self.store.watch(from, WatchOptions { kinds: Some(kinds), bookmarks: true }).await.map_err(store_status)?;
+        let events = self
+            .store
+            .watch(
+                from,
+                WatchOptions {
+                    kinds: Some(kinds),
+                    bookmarks: true,
+                    bookmark_interval: Some(watch_cache::BOOKMARK_INTERVAL),
+                },
+            )
+            .await
+            .map_err(store_status)?;
         let (store, tls) = (self.store.clone(), Arc::new(std::sync::Mutex::new(tls)));
         let sent = Arc::new(std::sync::Mutex::new(sent));
         let node = Arc::new(own.clone());

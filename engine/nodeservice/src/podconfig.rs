@@ -243,7 +243,8 @@ pub(super) async fn watch(store: Arc<dyn Store>, node: String) -> Result<ObjectE
     let volumes = store.list("PersistentVolume", &at_pods).await.map_err(store_status)?;
     let kinds =
         ["Pod", "ConfigMap", "Secret", "PersistentVolumeClaim", "PersistentVolume", "Node"].map(String::from).to_vec();
-    let options = WatchOptions { kinds: Some(kinds), bookmarks: true };
+    let bookmark_interval = Some(super::watch_cache::BOOKMARK_INTERVAL);
+    let options = WatchOptions { kinds: Some(kinds), bookmarks: true, bookmark_interval };
     let events = store.watch(pods.revision, options).await.map_err(store_status)?;
     let mut follow = Follow { store, node, refs: References::default(), events, out: VecDeque::new(), done: false };
     let mut added = Vec::new();

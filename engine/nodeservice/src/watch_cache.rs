@@ -23,8 +23,10 @@ use tonic::Status;
 
 /// Recent changes kept for watches that resume (Kubernetes' watch cache keeps a window too).
 const RECENT: usize = 20_000;
-/// How often every Pod watch gets a bookmark, so an idle node resumes from a recent revision.
-const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
+/// How often every node's watch gets a bookmark, so an idle node resumes from a recent revision
+/// (its network and Pod config watches too: each store watch held per node then wakes for other
+/// kinds' commits that seldom, not ten times a second).
+pub(crate) const BOOKMARK_INTERVAL: Duration = Duration::from_secs(5);
 /// Changes a node's watch may have in flight before it counts as fallen behind and ends.
 const WATCHER_BUFFER: usize = 1024;
 

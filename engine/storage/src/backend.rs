@@ -27,7 +27,7 @@ pub(crate) const WATCH_BATCH: i64 = 1000;
 pub(crate) const MAX_BATCH: usize = 1024;
 /// Rows read per query while a label selector filters a page.
 const LIST_BATCH: i64 = 512;
-/// Bookmarks for a filtered watch are sent at most this often.
+/// Bookmarks for a filtered watch are sent at most this often, unless it asks otherwise.
 const BOOKMARK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// A migrator for SQL embedded in the binary: `(version, description, sql)`.
@@ -556,9 +556,9 @@ impl KindCommits {
 
 /// A watch from `from`: reads `log` whenever `committed` moves past what it has delivered.
 /// With `kind` (the commits of the watch's kinds, from [`KindCommits`]) it reads at once when
-/// one of its kinds changes, and for other commits at most every [`BOOKMARK_INTERVAL`]: that keeps its
-/// position near the head (inside the watch cache, ahead of compaction) and its bookmarks as
-/// fresh as before.
+/// one of its kinds changes, and for other commits at most every [`BOOKMARK_INTERVAL`] (or its
+/// own `bookmark_interval`): that keeps its position near the head (inside the watch cache,
+/// ahead of compaction) and its bookmarks as fresh as before.
 pub(crate) fn watch_stream<L: EventLog>(
     log: Arc<L>,
     committed: watch::Receiver<Revision>,
@@ -624,14 +624,18 @@ impl<L: EventLog> Cursor<L> {
         }
     }
 
+    fn interval(&self) -> Duration {
+        self.options.bookmark_interval.unwrap_or(BOOKMARK_INTERVAL)
+    }
+
     /// Whether there is something to read now.
     fn behind(&mut self) -> bool {
-        let position = self.position.0;
+        let (position, interval) = (self.position.0, self.interval());
         match &mut self.kind {
             None => *self.committed.borrow_and_update() > position,
             Some(kind) => {
                 *kind.borrow_and_update() > position
-                    || (self.last_read.is_none_or(|t| t.elapsed() >= BOOKMARK_INTERVAL)
+                    || (self.last_read.is_none_or(|t| t.elapsed() >= interval)
                         && *self.committed.borrow_and_update() > position)
             }
         }
@@ -639,8 +643,9 @@ impl<L: EventLog> Cursor<L> {
 
     /// Waits for a commit that may be worth reading; false when the store is gone.
     async fn changed(&mut self) -> bool {
+        let interval = self.interval();
         let Some(kind) = &mut self.kind else { return self.committed.changed().await.is_ok() };
-        let others_after = self.last_read.map_or_else(Instant::now, |t| t + BOOKMARK_INTERVAL);
+        let others_after = self.last_read.map_or_else(Instant::now, |t| t + interval);
         let committed = &mut self.committed;
         tokio::select! {
             changed = kind.changed() => changed.is_ok(),
@@ -658,7 +663,7 @@ impl<L: EventLog> Cursor<L> {
         if read.events.is_empty() {
             // Nothing for us up to `latest` (filtered out, or compacted away under us).
             self.position = self.position.max((read.latest, i64::MAX));
-            let due = self.last_bookmark.is_none_or(|t| t.elapsed() >= BOOKMARK_INTERVAL);
+            let due = self.last_bookmark.is_none_or(|t| t.elapsed() >= self.interval());
             if self.options.bookmarks && due {
                 self.last_bookmark = Some(Instant::now());
                 self.buffer.push_back(Event::bookmark(self.position.0));
@@ -726,7 +731,7 @@ mod tests {
             commit_during_read: Mutex::new(Some(event(2, "ConfigMap"))),
             reads: Default::default(),
         });
-        let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: true };
+        let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: true, ..Default::default() };
         let mut w = watch_stream(log.clone(), log.committed.subscribe(), None, 0, options);
         let bookmark = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap().unwrap();
         assert_eq!((bookmark.event_type, bookmark.revision), (EventType::Bookmark, 1));
@@ -749,7 +754,7 @@ mod tests {
             let kinds = Arc::new(KindCommits::default());
             let followed: Vec<String> = followed.iter().map(|k| k.to_string()).collect();
             let follow = kinds.subscribe(&followed, &log.committed);
-            let options = WatchOptions { kinds: Some(followed.clone()), bookmarks: false };
+            let options = WatchOptions { kinds: Some(followed.clone()), bookmarks: false, ..Default::default() };
             let mut w = watch_stream(log.clone(), log.committed.subscribe(), Some(follow), 0, options);
             let watcher = tokio::spawn(async move { w.next().await });
             let commit = |revision: Revision, kind: &str| {

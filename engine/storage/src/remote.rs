@@ -287,9 +287,10 @@ impl store_service_server::StoreService for StoreServer {
     async fn watch(&self, request: Request<pb::WatchRequest>) -> Result<Response<EventStream>, Status> {
         let r = request.into_inner();
         let kinds = (!r.kinds.is_empty()).then_some(r.kinds);
+        let bookmark_interval = (r.bookmark_interval_ms > 0).then(|| Duration::from_millis(r.bookmark_interval_ms));
         let events = self
             .store
-            .watch(r.from_revision, WatchOptions { kinds, bookmarks: r.bookmarks })
+            .watch(r.from_revision, WatchOptions { kinds, bookmarks: r.bookmarks, bookmark_interval })
             .await
             .map_err(to_status)?;
         let stream = events.map(|event| {
@@ -479,6 +480,7 @@ impl Store for RemoteStore {
             from_revision: from,
             kinds: options.kinds.unwrap_or_default(),
             bookmarks: options.bookmarks,
+            bookmark_interval_ms: options.bookmark_interval.map_or(0, |d| d.as_millis() as u64),
         };
         let stream = self
             .read(|mut c| {

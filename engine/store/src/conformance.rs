@@ -370,7 +370,7 @@ async fn compaction_keeps_what_later_lists_need(store: Arc<dyn Store>) {
 }
 
 async fn watches_filter_kinds_and_send_bookmarks(store: Arc<dyn Store>) {
-    let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: true };
+    let options = WatchOptions { kinds: Some(vec!["ConfigMap".into()]), bookmarks: true, ..Default::default() };
     let mut w = store.watch(0, options).await.unwrap();
     let noise = store.txn(vec![Op::Create(pod("a", "p"))]).await.unwrap().revision;
     let e = next(&mut w).await;

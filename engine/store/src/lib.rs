@@ -138,6 +138,10 @@ pub struct WatchOptions {
     /// Send a `Bookmark` with the latest revision when filtered-out commits move it on, so the
     /// watcher can resume from there.
     pub bookmarks: bool,
+    /// At most how often a watch of some kinds reads past other kinds' commits, moving its
+    /// position (and sending a bookmark); `None`: the store's 100 ms. A watch held by every node
+    /// takes seconds, as kube-apiserver sends its watchers' bookmarks about once a minute.
+    pub bookmark_interval: Option<std::time::Duration>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -70,7 +70,7 @@ async fn follow(
         }
     };
     *resume = Some(from);
-    let options = WatchOptions { kinds: Some(kinds.to_vec()), bookmarks: true };
+    let options = WatchOptions { kinds: Some(kinds.to_vec()), bookmarks: true, ..Default::default() };
     let mut events = store.watch(from, options).await?;
     while let Some(event) = events.next().await {
         let mut arrived = vec![event?];

@@ -124,7 +124,7 @@ impl Allocated {
             if at >= latest {
                 return Ok(at);
             }
-            let options = WatchOptions { kinds: Some(vec!["Pod".to_owned()]), bookmarks: true };
+            let options = WatchOptions { kinds: Some(vec!["Pod".to_owned()]), bookmarks: true, ..Default::default() };
             let first = tokio::time::timeout_at(deadline, async {
                 if at == 0 {
                     return Ok(None); // the first list is not in yet

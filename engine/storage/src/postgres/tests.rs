@@ -159,7 +159,7 @@ async fn notifications_wake_watchers_without_the_poll() {
     let reader = PostgresStore::open(db, Duration::from_secs(3600), Keyring::identity()).await.unwrap();
     let mut committed = reader.committed();
     let mut watch = reader.watch(0, WatchOptions::default()).await.unwrap();
-    let pods = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: false };
+    let pods = WatchOptions { kinds: Some(vec!["Pod".into()]), bookmarks: false, ..Default::default() };
     let mut of_pods = reader.watch(0, pods).await.unwrap();
     // The listener subscribes in the background; a commit before that is caught up by its
     // first poll, so keep committing until the reader has seen one through NOTIFY alone.
@@ -212,7 +212,8 @@ async fn concurrent_writers_on_two_replicas_get_distinct_revisions_in_commit_ord
             let store = store.clone();
             tokio::spawn(async move {
                 let kinds = (i >= 2).then(|| vec!["Pod".to_owned()]);
-                let mut w = store.watch(0, WatchOptions { kinds, bookmarks: false }).await.unwrap();
+                let mut w =
+                    store.watch(0, WatchOptions { kinds, bookmarks: false, ..Default::default() }).await.unwrap();
                 let mut seen = Vec::new();
                 while seen.len() < 200 {
                     let e = next(&mut w).await;
